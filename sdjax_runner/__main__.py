@@ -1,0 +1,3 @@
+from sdjax_runner.cli import main
+
+main()

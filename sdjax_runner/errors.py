@@ -1,0 +1,81 @@
+"""User-facing errors: one line naming the offending key and what is allowed."""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import typing
+from typing import Iterable, Optional
+
+
+class UserError(Exception):
+    """Bad input the user can fix. Printed as one line, never with a traceback."""
+
+    def __init__(self, key: str, problem: str, allowed: Optional[str | Iterable[str]] = None):
+        self.key = key
+        self.problem = problem
+        if allowed is not None and not isinstance(allowed, str):
+            allowed = ", ".join(str(a) for a in allowed)
+        self.allowed = allowed
+        text = f"{key}: {problem}" if key else problem
+        if allowed:
+            text += f" (allowed: {allowed})"
+        super().__init__(text)
+
+
+def _schema_keys(full_key: str) -> Optional[list[str]]:
+    """The keys the schema allows beside ``full_key`` (e.g. sampling.foo -> sampling's fields)."""
+    from sdjax_runner.schema import RunConfig
+
+    node: typing.Any = RunConfig
+    for part in full_key.split(".")[:-1]:
+        if not dataclasses.is_dataclass(node):
+            return None
+        hints = typing.get_type_hints(node)
+        if part not in hints:
+            return None
+        node = hints[part]
+    if not dataclasses.is_dataclass(node):
+        return None
+    return [f.name for f in dataclasses.fields(node)]
+
+
+def _one_line(text: str) -> str:
+    return " ".join(line.strip() for line in str(text).splitlines() if line.strip())
+
+
+def describe(exc: BaseException) -> Optional[str]:
+    """One line for a config or input error, or None if ``exc`` is not one (a bug, say)."""
+    from hydra.errors import HydraException, MissingConfigException
+    from omegaconf.errors import (
+        ConfigAttributeError,
+        ConfigKeyError,
+        MissingMandatoryValue,
+        OmegaConfBaseException,
+    )
+
+    if isinstance(exc, UserError):
+        return str(exc)
+    if isinstance(exc, MissingConfigException):
+        found = re.search(r"Could not find '([^']+)'", str(exc))
+        if found and "/" in found.group(1):
+            group, option = found.group(1).rsplit("/", 1)
+            allowed = ", ".join(exc.options) if exc.options else "none found"
+            return f"{group}={option}: no such option (allowed: {allowed})"
+        return _one_line(exc)
+    cause = exc.__cause__ if isinstance(exc, HydraException) else None
+    omega = exc if isinstance(exc, OmegaConfBaseException) else cause
+    if isinstance(omega, OmegaConfBaseException):
+        key = getattr(omega, "full_key", None) or ""
+        message = getattr(omega, "msg", None) or str(omega)
+        message = _one_line(message.split("\n")[0])
+        if isinstance(omega, MissingMandatoryValue):
+            return f"{key}: a value is required (set it on the command line: {key}=...)"
+        if isinstance(omega, (ConfigKeyError, ConfigAttributeError)) and key:
+            allowed = _schema_keys(key)
+            if allowed is not None:
+                return f"{key}: unknown key (allowed: {', '.join(allowed)})"
+        return f"{key}: {message}" if key else message
+    if isinstance(exc, HydraException):
+        return _one_line(exc)
+    return None

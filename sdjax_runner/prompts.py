@@ -1,0 +1,31 @@
+"""Read the prompt list a run asks for: inline texts plus an optional prompt file."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from sdjax_runner.errors import UserError
+
+
+def read_prompt_file(path: str) -> list[str]:
+    """One prompt per line of a UTF-8 file; blank lines are skipped."""
+    file = Path(path).expanduser()
+    if not file.is_file():
+        raise UserError("prompts.file", f"no such file: {file}", "a UTF-8 text file with one prompt per line")
+    try:
+        text = file.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise UserError("prompts.file", f"{file} is not valid UTF-8 (byte {exc.start})") from None
+    prompts = [line.strip() for line in text.splitlines() if line.strip()]
+    if not prompts:
+        raise UserError("prompts.file", f"{file} has no prompts", "a UTF-8 text file with one prompt per line")
+    return prompts
+
+
+def load_prompts(texts: list[str], file: str | None) -> list[str]:
+    prompts = [str(t) for t in texts]
+    if file:
+        prompts += read_prompt_file(file)
+    if not prompts:
+        raise UserError("prompts.texts", "no prompts given", "a non-empty prompts.texts list or a prompts.file")
+    return prompts

@@ -1,0 +1,134 @@
+"""The structured config schema: every key a run accepts, with its type.
+
+Hydra merges the YAML files under ``conf/`` onto these dataclasses, so a
+misspelled key or a value of the wrong type fails at compose time, before
+anything is loaded. Value *ranges* (multiples of 8, positive counts, ...) are
+checked in :mod:`sdjax_runner.plan`. The YAML files document each key.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any, Dict, List, Optional
+
+from hydra.core.config_store import ConfigStore
+from omegaconf import MISSING
+
+
+class Dtype(Enum):
+    float32 = "float32"
+    bfloat16 = "bfloat16"
+    float16 = "float16"
+
+
+class ParallelMode(Enum):
+    pmap = "pmap"
+
+
+class PromptFill(Enum):
+    cycle = "cycle"  # repeat the prompt list to fill the last batch; every image is kept
+    pad = "pad"  # fill the last batch with copies too, but drop those images from the outputs
+
+
+class TrackingBackend(Enum):
+    mlflow = "mlflow"
+    none = "none"
+
+
+@dataclass
+class ModelConfig:
+    name: str = MISSING
+    pretrained_model_name_or_path: str = MISSING
+    revision: Optional[str] = None
+    variant: Optional[str] = None
+    safety_checker: bool = False
+    builtin: Optional[str] = None
+
+
+@dataclass
+class DtypeConfig:
+    name: str = MISSING
+    weights_dtype: Dtype = Dtype.float32
+    activations_dtype: Dtype = Dtype.float32
+
+
+@dataclass
+class SchedulerConfig:
+    name: str = MISSING
+    config_overrides: Dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class PromptsConfig:
+    name: str = MISSING
+    texts: List[str] = field(default_factory=list)
+    file: Optional[str] = None
+    negative: Optional[str] = None
+    fill: PromptFill = PromptFill.cycle
+
+
+@dataclass
+class SamplingConfig:
+    num_inference_steps: int = 50
+    guidance_scale: float = 7.5
+    height: Optional[int] = None
+    width: Optional[int] = None
+
+
+@dataclass
+class ParallelismConfig:
+    mode: ParallelMode = ParallelMode.pmap
+    num_devices: Optional[int] = None
+    per_device_batch_size: int = 1
+    num_batches: Optional[int] = None
+    host_device_count: Optional[int] = None
+
+
+@dataclass
+class TrackingConfig:
+    backend: TrackingBackend = TrackingBackend.mlflow
+    uri: Optional[str] = None
+    experiment_name: str = "sdjax-runner"
+
+
+@dataclass
+class OutputConfig:
+    save_images: bool = True
+    grid: bool = True
+    grid_rows: Optional[int] = None
+    grid_cols: Optional[int] = None
+
+
+@dataclass
+class TimingConfig:
+    repeats: int = 3
+
+
+@dataclass
+class PathsConfig:
+    output_root: str = "outputs"
+    cache_dir: str = MISSING
+
+
+@dataclass
+class RunConfig:
+    model: ModelConfig = MISSING
+    dtype: DtypeConfig = MISSING
+    scheduler: SchedulerConfig = MISSING
+    prompts: PromptsConfig = MISSING
+    sampling: SamplingConfig = field(default_factory=SamplingConfig)
+    parallelism: ParallelismConfig = field(default_factory=ParallelismConfig)
+    tracking: TrackingConfig = field(default_factory=TrackingConfig)
+    output: OutputConfig = field(default_factory=OutputConfig)
+    timing: TimingConfig = field(default_factory=TimingConfig)
+    paths: PathsConfig = field(default_factory=PathsConfig)
+    seed: int = 0
+    run_name: str = MISSING
+    experiment: Optional[str] = None
+
+
+def register() -> None:
+    """Register the schema so ``conf/config.yaml`` can list it first in its defaults."""
+    cs = ConfigStore.instance()
+    cs.store(name="run_schema", node=RunConfig)

@@ -1,0 +1,122 @@
+"""Run directory -> tracker. Everything logged here was written to disk first.
+
+``tracking=mlflow`` logs one MLflow run per job through ``MlflowClient`` (no
+global active-run state, so multirun jobs in one process cannot mix up).
+With ``tracking.uri: null`` (and no ``MLFLOW_TRACKING_URI``) the store is
+embedded at a fixed place under ``paths.output_root``: ``mlflow.db`` and
+``mlartifacts/``. ``tracking=none`` logs nothing.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+from typing import Any, Optional
+
+from omegaconf import DictConfig, OmegaConf
+
+# Lists (prompt texts) and other long values go to artifacts, not params.
+MAX_PARAM_CHARS = 500
+
+
+def flatten_params(cfg: DictConfig) -> dict[str, str]:
+    out: dict[str, str] = {}
+
+    def walk(prefix: str, node: Any) -> None:
+        if isinstance(node, dict):
+            for key, value in node.items():
+                walk(f"{prefix}.{key}" if prefix else str(key), value)
+        elif not isinstance(node, list):
+            text = "null" if node is None else str(node)
+            if len(text) <= MAX_PARAM_CHARS:
+                out[prefix] = text
+
+    walk("", OmegaConf.to_container(cfg, resolve=True, enum_to_str=True))
+    return out
+
+
+def numeric_metrics(data: dict[str, Any]) -> dict[str, float]:
+    return {k: float(v) for k, v in data.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+
+
+class NullTracker:
+    run_id: Optional[str] = None
+    description = "tracking=none"
+
+    def start(self, run_name: str, params: dict[str, str], tags: dict[str, str]) -> None:
+        pass
+
+    def log_outputs(self, run_dir: Path, metrics: dict[str, float]) -> None:
+        pass
+
+    def end(self, status: str, error: Optional[str] = None) -> None:
+        pass
+
+
+class MlflowTracker:
+    def __init__(self, tracking: DictConfig, output_root: str):
+        root = Path(output_root).expanduser().resolve()
+        self.uri = tracking.uri or os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{root / 'mlflow.db'}"
+        self.artifact_location: Optional[str] = None
+        if self.uri.startswith("sqlite:///"):
+            db = Path(self.uri[len("sqlite:///"):]).expanduser().resolve()
+            db.parent.mkdir(parents=True, exist_ok=True)
+            self.artifact_location = (db.parent / "mlartifacts").as_uri()
+        self.experiment_name = tracking.experiment_name
+        self.run_id: Optional[str] = None
+        self.client: Any = None
+
+    @property
+    def description(self) -> str:
+        return f"mlflow run {self.run_id} in experiment {self.experiment_name!r} at {self.uri}"
+
+    def start(self, run_name: str, params: dict[str, str], tags: dict[str, str]) -> None:
+        from mlflow.entities import Param
+        from mlflow.tracking import MlflowClient
+
+        # mlflow sets its logger to INFO when imported; its store-creation notices are noise here.
+        logging.getLogger("mlflow").setLevel(logging.WARNING)
+        logging.getLogger("alembic").setLevel(logging.WARNING)
+
+        self.client = MlflowClient(tracking_uri=self.uri)
+        experiment = self.client.get_experiment_by_name(self.experiment_name)
+        if experiment is None:
+            experiment_id = self.client.create_experiment(self.experiment_name,
+                                                          artifact_location=self.artifact_location)
+        else:
+            experiment_id = experiment.experiment_id
+        run = self.client.create_run(experiment_id, run_name=run_name, tags=tags)
+        self.run_id = run.info.run_id
+        self.client.log_batch(self.run_id, params=[Param(k, v) for k, v in sorted(params.items())])
+
+    def log_outputs(self, run_dir: Path, metrics: dict[str, float]) -> None:
+        from mlflow.entities import Metric
+        from mlflow.utils.time import get_current_time_millis
+        from PIL import Image
+
+        now = get_current_time_millis()
+        self.client.log_batch(self.run_id, metrics=[Metric(k, v, now, 0) for k, v in sorted(metrics.items())])
+        for name in ("timings.json", "images.json"):
+            if (run_dir / name).exists():
+                self.client.log_artifact(self.run_id, str(run_dir / name))
+        if (run_dir / "images").is_dir():
+            self.client.log_artifacts(self.run_id, str(run_dir / "images"), artifact_path="images")
+        if (run_dir / ".hydra").is_dir():
+            self.client.log_artifacts(self.run_id, str(run_dir / ".hydra"), artifact_path="config")
+        if (run_dir / "grid.png").exists():
+            with Image.open(run_dir / "grid.png") as grid:
+                self.client.log_image(self.run_id, grid.copy(), artifact_file="grid.png")
+
+    def end(self, status: str, error: Optional[str] = None) -> None:
+        if self.run_id is None:
+            return
+        if error:
+            self.client.set_tag(self.run_id, "error", error[:5000])
+        self.client.set_terminated(self.run_id, status=status)
+
+
+def make_tracker(cfg: DictConfig):
+    if cfg.tracking.backend.name == "none":
+        return NullTracker()
+    return MlflowTracker(cfg.tracking, cfg.paths.output_root)
