@@ -1,0 +1,52 @@
+"""Shared fixtures. JAX sees 8 CPU devices, so replication and sharding really run."""
+
+import os
+
+# Must happen before anything imports JAX.
+os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8").strip()
+os.environ.pop("MLFLOW_TRACKING_URI", None)
+
+import subprocess  # noqa: E402
+import sys  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+import pytest  # noqa: E402
+
+from sdjax_runner import quiet  # noqa: E402
+
+quiet.silence_libraries()  # the guide code run in-process logs Flax deprecation notices too
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="session")
+def cache_dir(tmp_path_factory) -> Path:
+    """One model cache for the whole session: the tiny model is built once."""
+    path = tmp_path_factory.mktemp("cache")
+    os.environ["SDJAX_RUNNER_CACHE_DIR"] = str(path)
+    return path
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(cache_dir) -> Path:
+    from sdjax_runner.tiny_model import build_tiny_pipeline
+
+    return build_tiny_pipeline(cache_dir / "models" / "tiny-random-v1")
+
+
+def run_cli(*overrides: str, cwd: Path, env: dict | None = None, timeout: int = 300) -> subprocess.CompletedProcess:
+    """``python -m sdjax_runner OVERRIDES`` in a subprocess, as a user runs it."""
+    full_env = {k: v for k, v in os.environ.items() if k not in ("HYDRA_FULL_ERROR", "MLFLOW_TRACKING_URI")}
+    full_env.update(env or {})
+    return subprocess.run([sys.executable, "-m", "sdjax_runner", *overrides], cwd=cwd, env=full_env,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.fixture(scope="session")
+def smoke_run(tmp_path_factory, tiny_model_dir):
+    """The README's command, ``+experiment=smoke``, with outputs under a temporary directory."""
+    work = tmp_path_factory.mktemp("smoke")
+    run_dir = work / "outputs" / "the-run"
+    result = run_cli("+experiment=smoke", f"hydra.run.dir={run_dir}", cwd=work)
+    assert result.returncode == 0, result.stderr
+    return work, run_dir, result

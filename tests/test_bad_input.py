@@ -1,0 +1,83 @@
+"""Bad input: one line naming the key and what is allowed, exit 2, no traceback, no RUNNING run."""
+
+import json
+import sqlite3
+
+import pytest
+
+from conftest import run_cli
+
+CASES = {
+    "unknown option": (["scheduler=nope"], "error: scheduler=nope: no such option (allowed: pndm)"),
+    "unknown experiment": (["+experiment=nope"], "error: experiment=nope: no such option (allowed: guide_different_prompts, guide_same_prompt, smoke)"),
+    "misspelled key": (["sampling.num_inference_step=3"],
+                       "error: sampling.num_inference_step: unknown key (allowed: num_inference_steps, guidance_scale, height, width)"),
+    "wrong type": (["seed=abc"], "error: seed: Value 'abc' of type 'str' could not be converted to Integer"),
+    "bad enum": (["dtype.weights_dtype=int8"],
+                 "error: dtype.weights_dtype: Invalid value 'int8', expected one of [float32, bfloat16, float16]"),
+    "height not multiple of 8": (["sampling.height=65"],
+                                 "error: sampling.height: must be a positive multiple of 8, got 65 (allowed: 8, 16, ..., 512, ... or null)"),
+    "zero width": (["sampling.width=0"], "error: sampling.width: must be a positive multiple of 8, got 0"),
+    "steps < 1": (["sampling.num_inference_steps=0"],
+                  "error: sampling.num_inference_steps: must be a positive integer, got 0 (allowed: 1, 2, 3, ...)"),
+    "guidance not finite": (["sampling.guidance_scale=inf"],
+                            "error: sampling.guidance_scale: must be a finite number, got inf"),
+    "per-device batch < 1": (["parallelism.per_device_batch_size=0"],
+                             "error: parallelism.per_device_batch_size: must be a positive integer, got 0"),
+    "too many devices": (["parallelism.num_devices=9"],
+                         "error: parallelism.num_devices: 9 requested but only 8 available (allowed: 1..8 or null)"),
+    "empty prompt list": (["prompts.texts=[]"], "error: prompts.texts: no prompts given"),
+    "missing prompt file": (["prompts.file=/no/such/prompts.txt"],
+                            "error: prompts.file: no such file: /no/such/prompts.txt"),
+    "local model without a path": (["model=local"],
+                                   "error: model.pretrained_model_name_or_path: a value is required"),
+    "missing local model": (["model=local", "model.pretrained_model_name_or_path=/no/such/model"],
+                            "error: model.pretrained_model_name_or_path: no such directory: /no/such/model"),
+}
+
+
+def mlflow_statuses(work):
+    db = work / "outputs" / "mlflow.db"
+    if not db.exists():
+        return []
+    with sqlite3.connect(db) as conn:
+        return [row[0] for row in conn.execute("select status from runs")]
+
+
+def assert_one_line_error(result, expected):
+    assert result.returncode == 2, result.stderr
+    assert "Traceback" not in result.stderr + result.stdout
+    errors = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(errors) == 1, result.stderr
+    assert errors[0].startswith(expected), errors[0]
+
+
+@pytest.mark.parametrize("overrides,expected", CASES.values(), ids=CASES.keys())
+def test_bad_input_fails_fast_with_one_line(tmp_path, overrides, expected):
+    result = run_cli("+experiment=smoke", *overrides, cwd=tmp_path)
+    assert_one_line_error(result, expected)
+    assert "load:" not in result.stdout  # failed before the model loaded
+    assert mlflow_statuses(tmp_path) == []  # no tracker run was even started
+
+
+def test_empty_prompt_file(tmp_path):
+    empty = tmp_path / "prompts.txt"
+    empty.write_text("\n   \n", encoding="utf-8")
+    result = run_cli("+experiment=smoke", f"prompts.file={empty}", "prompts.texts=[]", cwd=tmp_path)
+    assert_one_line_error(result, f"error: prompts.file: {empty} has no prompts")
+
+
+def test_size_the_model_cannot_take_fails_after_load_and_ends_the_run(tmp_path, tiny_model_dir):
+    run_dir = tmp_path / "run"
+    result = run_cli("+experiment=smoke", "sampling.height=72", f"hydra.run.dir={run_dir}", cwd=tmp_path)
+    assert_one_line_error(result, "error: sampling.height: 72 does not fit tiny-random's down-sampling "
+                                  "(allowed: multiples of 16)")
+    assert mlflow_statuses(tmp_path) == ["FAILED"]
+    status = json.loads((run_dir / "status.json").read_text())
+    assert status["status"] == "FAILED" and "sampling.height" in status["error"]
+    assert not (run_dir / "images").exists() and not (run_dir / "timings.json").exists()
+
+
+def test_full_error_env_brings_the_traceback_back(tmp_path):
+    result = run_cli("+experiment=smoke", "sampling.height=65", cwd=tmp_path, env={"HYDRA_FULL_ERROR": "1"})
+    assert result.returncode != 0 and "Traceback" in result.stderr

@@ -1,0 +1,86 @@
+"""Every config composes against the schema; typos fail at compose time."""
+
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_dir
+from hydra.errors import ConfigCompositionException
+from omegaconf import OmegaConf
+
+from sdjax_runner import schema
+from sdjax_runner.errors import describe
+from sdjax_runner.plan import make_plan
+
+CONF = Path(__file__).resolve().parent.parent / "conf"
+EXPERIMENTS = sorted(p.stem for p in (CONF / "experiment").glob("*.yaml"))
+GROUP_OPTIONS = sorted(
+    (group.name, option.stem)
+    for group in CONF.iterdir()
+    if group.is_dir() and group.name not in ("experiment", "hydra")
+    for option in group.glob("*.yaml")
+)
+
+
+def compose_cfg(overrides):
+    schema.register()
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        return compose(config_name="config", overrides=overrides)
+
+
+def test_the_config_tree_is_what_the_tests_cover():
+    assert EXPERIMENTS == ["guide_different_prompts", "guide_same_prompt", "smoke"]
+    assert ("model", "sd-v1-4") in GROUP_OPTIONS and ("tracking", "none") in GROUP_OPTIONS
+
+
+@pytest.mark.parametrize("name", EXPERIMENTS)
+def test_every_experiment_composes_resolves_and_plans(name):
+    cfg = compose_cfg([f"+experiment={name}"])
+    resolved = OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True)
+    assert resolved["experiment"] == name
+    # Validation needs no weights: the real-weight experiments plan without the hub.
+    plan = make_plan(cfg, available_devices=8)
+    assert plan.num_devices == 8 and plan.images_per_batch == 8
+
+
+@pytest.mark.parametrize("group,option", GROUP_OPTIONS)
+def test_every_group_option_composes(group, option):
+    overrides = [f"{group}={option}"]
+    if (group, option) == ("model", "local"):
+        overrides.append("model.pretrained_model_name_or_path=/some/dir")
+    cfg = compose_cfg(overrides)
+    OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True)
+
+
+def test_guide_experiments_match_the_guide():
+    same = compose_cfg(["+experiment=guide_same_prompt"])
+    different = compose_cfg(["+experiment=guide_different_prompts"])
+    for cfg in (same, different):
+        assert cfg.model.pretrained_model_name_or_path == "CompVis/stable-diffusion-v1-4"
+        assert cfg.model.variant == "bf16" and cfg.model.safety_checker is True
+        assert cfg.dtype.weights_dtype.name == cfg.dtype.activations_dtype.name == "bfloat16"
+        assert (cfg.sampling.num_inference_steps, cfg.sampling.height, cfg.sampling.width) == (50, 512, 512)
+        assert cfg.scheduler.name == "pndm" and cfg.seed == 0
+    plan = make_plan(different, available_devices=8)
+    assert [s.prompt for s in plan.images][:2] == ["Labrador in the style of Hokusai",
+                                                  "Painting of a squirrel skating in New York"]
+    assert len(set(s.prompt for s in plan.images)) == 8
+    assert len(set(s.prompt for s in make_plan(same, available_devices=8).images)) == 1
+
+
+def test_smoke_is_small():
+    cfg = compose_cfg(["+experiment=smoke"])
+    assert cfg.model.builtin == "tiny-random" and cfg.dtype.name == "fp32"
+    assert cfg.sampling.num_inference_steps <= 8 and cfg.sampling.height <= 128
+
+
+@pytest.mark.parametrize("override,message", [
+    ("sampling.num_inference_step=3", "sampling.num_inference_step: unknown key (allowed: num_inference_steps,"),
+    ("seed=abc", "seed: Value 'abc'"),
+    ("dtype.weights_dtype=int8", "expected one of [float32, bfloat16, float16]"),
+    ("scheduler=nope", "scheduler=nope: no such option (allowed: pndm)"),
+])
+def test_schema_rejects_bad_values_at_compose_time(override, message):
+    with pytest.raises(ConfigCompositionException) as info:
+        compose_cfg(["+experiment=smoke", override])
+    line = describe(info.value)
+    assert message in line and "\n" not in line
