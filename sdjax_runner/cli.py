@@ -8,6 +8,7 @@ traceback. ``HYDRA_FULL_ERROR=1`` brings the traceback back. Anything else
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
 from pathlib import Path
@@ -19,9 +20,12 @@ from omegaconf import DictConfig
 
 from sdjax_runner import schema
 from sdjax_runner.errors import describe
+from sdjax_runner.sweep import failure_message, job_label, read_sweep_file
 
 CONFIG_DIR = str(Path(__file__).resolve().parent.parent / "conf")
 BAD_INPUT_EXIT = 2
+SWEEP_FAILED_EXIT = 1
+log = logging.getLogger("sdjax_runner")
 _show_tracebacks = False
 
 
@@ -35,15 +39,28 @@ def _app(cfg: DictConfig) -> dict:
     from sdjax_runner.runner import run
 
     hydra_cfg = HydraConfig.get()
+    overrides = list(hydra_cfg.overrides.task)
+    run_dir = Path(hydra_cfg.runtime.output_dir)
+    if hydra_cfg.mode != RunMode.MULTIRUN:
+        try:
+            return run(cfg, run_dir, overrides)
+        except Exception as exc:
+            message = describe(exc)
+            if message is None or _show_tracebacks:
+                raise
+            _fail(message)
+    # A sweep job: a child of the sweep's tracker run, named after the values it sweeps. A failed
+    # job is recorded (status.json, FAILED tracker run) and the sweep goes on; the summary at the
+    # end lists it and the command exits 1.
+    sweep = read_sweep_file(Path(hydra_cfg.sweep.dir))
+    name = f"{cfg.run_name} {job_label(overrides, sweep.get('swept_keys', []))}"
     try:
-        return run(cfg, Path(hydra_cfg.runtime.output_dir), list(hydra_cfg.overrides.task))
+        return run(cfg, run_dir, overrides, run_name=name, parent_run_id=sweep.get("parent_run_id"))
     except Exception as exc:
-        message = describe(exc)
-        # In a multirun the sweep goes on and Hydra reports the failed job at the end.
-        if message is None or _show_tracebacks or hydra_cfg.mode == RunMode.MULTIRUN:
+        if _show_tracebacks:
             raise
-        _fail(message)
-        raise  # unreachable: _fail exits
+        log.error("error: %s", describe(exc) or f"{type(exc).__name__}: {exc}", exc_info=describe(exc) is None)
+        return {"run_dir": str(run_dir), "error": str(exc)}
 
 
 def main() -> None:
@@ -59,3 +76,7 @@ def main() -> None:
         if message is None or _show_tracebacks:
             raise
         _fail(message)
+    failed_sweep = failure_message()
+    if failed_sweep:
+        print(f"error: {failed_sweep}", file=sys.stderr)
+        sys.exit(SWEEP_FAILED_EXIT)

@@ -15,7 +15,7 @@ from typing import Any, Callable, Iterator, Optional
 
 import numpy as np
 
-from sdjax_runner.parallel import replicate_from_host, shard
+from sdjax_runner.parallel import shard
 from sdjax_runner.plan import Plan
 
 
@@ -31,16 +31,12 @@ def batch_keys(seed: int, batch: int, num_devices: int):
 
 @dataclass
 class Timings:
-    replicate_s: float = 0.0
-    compile_s: float = 0.0
-    first_batch_s: float = 0.0  # the first execution after compiling, blocked
+    first_batch_s: float = 0.0  # the first execution in this job, blocked
     steady_s: list[float] = field(default_factory=list)  # later executions, each blocked
 
     def summary(self, images_per_batch: int, steps: int) -> dict[str, float]:
         median = statistics.median(self.steady_s)
         return {
-            "replicate_s": self.replicate_s,
-            "compile_s": self.compile_s,
             "first_batch_s": self.first_batch_s,
             "generate_s": median,
             "generate_s_min": min(self.steady_s),
@@ -51,47 +47,43 @@ class Timings:
         }
 
 
-class PmapGenerator:
-    """Replicated params + the compiled generate function for one plan and image size."""
+def compile_key(plan: Plan, height: int, width: int) -> tuple:
+    """What, besides the pipeline and devices, makes the compiled program differ."""
+    return (plan.num_inference_steps, height, width, plan.per_device_batch_size, plan.negative is not None)
 
-    def __init__(self, pipeline: Any, host_params: dict, plan: Plan, height: int, width: int):
-        import jax
+
+class PmapGenerator:
+    """One job's batches through diffusers' pmapped generate function."""
+
+    def __init__(self, pipeline: Any, params: dict, safety_params: Any, plan: Plan, height: int, width: int):
         import jax.numpy as jnp
 
-        self.pipeline, self.plan, self.height, self.width = pipeline, plan, height, width
-        self.devices = jax.local_devices()[: plan.num_devices]
+        self.pipeline, self.params, self.safety_params = pipeline, params, safety_params
+        self.plan, self.height, self.width = plan, height, width
         self.timings = Timings()
-        started = time.perf_counter()
-        self.params = replicate_from_host({k: v for k, v in host_params.items() if k != "safety_checker"},
-                                          self.devices)
-        jax.block_until_ready(self.params)
-        self.timings.replicate_s = time.perf_counter() - started
-        self.safety_params = host_params.get("safety_checker")
         # As pipeline.__call__ builds it from a float guidance scale: one per device, float32.
         self.guidance = jnp.array([plan.guidance_scale] * plan.num_devices)[:, None]
         self.negative_ids = None
         if plan.negative:
             ids = pipeline.prepare_inputs([plan.negative] * plan.images_per_batch)
             self.negative_ids = shard(ids, plan.num_devices)
-        self._compiled: Optional[Callable] = None
+        self.compiled: Optional[Callable] = None
 
     def inputs(self, batch: int):
         ids = self.pipeline.prepare_inputs(self.plan.batch_prompts(batch))
         return shard(ids, self.plan.num_devices), batch_keys(self.plan.seed, batch, self.plan.num_devices)
 
-    def compile(self) -> None:
+    def lower(self):
+        """The guide's ``pipeline(..., jit=True)`` program, lowered for this job's shapes."""
         from diffusers.pipelines.stable_diffusion.pipeline_flax_stable_diffusion import _p_generate
 
         ids, keys = self.inputs(0)
-        started = time.perf_counter()
-        lowered = _p_generate.lower(self.pipeline, ids, self.params, keys, self.plan.num_inference_steps,
-                                    self.height, self.width, self.guidance, None, self.negative_ids)
-        self._compiled = lowered.compile()
-        self.timings.compile_s = time.perf_counter() - started
+        return _p_generate.lower(self.pipeline, ids, self.params, keys, self.plan.num_inference_steps,
+                                 self.height, self.width, self.guidance, None, self.negative_ids)
 
     def run(self, ids, keys):
         """One batch, asynchronously: a (devices, per_device, H, W, 3) float array in [0, 1]."""
-        return self._compiled(ids, self.params, keys, self.guidance, None, self.negative_ids)
+        return self.compiled(ids, self.params, keys, self.guidance, None, self.negative_ids)
 
     def _timed(self, ids, keys) -> tuple[Any, float]:
         started = time.perf_counter()
@@ -99,9 +91,7 @@ class PmapGenerator:
         return out, time.perf_counter() - started
 
     def generate(self, progress: Callable[[Iterator[int]], Iterator[int]] = iter) -> Iterator[np.ndarray]:
-        """Compile, then yield each batch's images (N, H, W, 3) as uint8, recording timings."""
-        if self._compiled is None:
-            self.compile()
+        """Yield each batch's images (N, H, W, 3) as uint8, recording timings."""
         for batch in progress(iter(range(self.plan.num_batches))):
             ids, keys = self.inputs(batch)
             out, seconds = self._timed(ids, keys)

@@ -26,8 +26,9 @@ MODEL_PARAM_GROUPS = ("unet", "vae", "text_encoder", "safety_checker")
 @dataclass
 class LoadedModel:
     pipeline: Any
-    params: dict
+    params: dict  # host arrays of unet, vae, text_encoder (and safety_checker); no scheduler state
     load_s: float
+    path: str
 
     @property
     def native_size(self) -> int:
@@ -68,14 +69,14 @@ def resolve_path(model: DictConfig) -> str:
     return str(Path(path).expanduser()) if path.startswith("~") else path
 
 
-def load_model(model: DictConfig, dtype: DictConfig, scheduler: DictConfig) -> LoadedModel:
+def load_model(model: DictConfig, dtype: DictConfig) -> LoadedModel:
+    """The pipeline (with the model's own scheduler) and its weights as host arrays."""
     import jax.numpy as jnp
     from diffusers import FlaxStableDiffusionPipeline
 
     started = time.perf_counter()
     path = resolve_path(model)
-    sched, sched_state = build_scheduler(scheduler.name, dict(scheduler.config_overrides), path, model.revision)
-    kwargs: dict[str, Any] = {"dtype": getattr(jnp, dtype.activations_dtype.name), "scheduler": sched}
+    kwargs: dict[str, Any] = {"dtype": getattr(jnp, dtype.activations_dtype.name)}
     if model.revision:
         kwargs["revision"] = model.revision
     if model.variant:
@@ -90,5 +91,13 @@ def load_model(model: DictConfig, dtype: DictConfig, scheduler: DictConfig) -> L
         raise
     weights = numpy_dtype(dtype.weights_dtype.name)
     host_params = {name: to_host(tree, weights) for name, tree in params.items() if name in MODEL_PARAM_GROUPS}
-    host_params["scheduler"] = to_host(sched_state, np.dtype(np.float32))  # never cast
-    return LoadedModel(pipeline, host_params, time.perf_counter() - started)
+    return LoadedModel(pipeline, host_params, time.perf_counter() - started, path)
+
+
+def with_scheduler(loaded: LoadedModel, scheduler: DictConfig, revision: str | None):
+    """A pipeline sharing ``loaded``'s modules with the configured scheduler, and its float32 state."""
+    sched, state = build_scheduler(scheduler.name, dict(scheduler.config_overrides), loaded.path, revision)
+    p = loaded.pipeline
+    pipeline = type(p)(vae=p.vae, text_encoder=p.text_encoder, tokenizer=p.tokenizer, unet=p.unet, scheduler=sched,
+                       safety_checker=p.safety_checker, feature_extractor=p.feature_extractor, dtype=p.dtype)
+    return pipeline, to_host(state, np.dtype(np.float32))  # the scheduler state is never cast

@@ -43,9 +43,12 @@ def git_commit() -> Optional[str]:
     return result.stdout.strip() if result.returncode == 0 else None
 
 
-def run_tags(overrides: list[str], experiment: Optional[str]) -> dict[str, str]:
+def run_tags(overrides: list[str], experiment: Optional[str], with_devices: bool = True) -> dict[str, str]:
+    """Tags for a tracker run; ``with_devices=False`` where JAX must not grab the devices
+    (the process that launches a sweep's jobs elsewhere)."""
     tags = {f"version.{k}": v for k, v in package_versions().items()}
-    tags.update({k: str(v) for k, v in device_facts().items()})
+    if with_devices:
+        tags.update({k: str(v) for k, v in device_facts().items()})
     tags["hydra.overrides"] = " ".join(overrides)
     if experiment:
         tags["experiment"] = experiment

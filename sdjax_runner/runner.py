@@ -16,7 +16,7 @@ from typing import Any, Iterator, Optional
 from omegaconf import DictConfig
 from PIL import Image
 
-from sdjax_runner import outputs, quiet
+from sdjax_runner import compile_cache, outputs, quiet
 from sdjax_runner.errors import UserError, describe
 from sdjax_runner.plan import Plan, make_plan
 from sdjax_runner.tracking import NullTracker, flatten_params, make_tracker, numeric_metrics
@@ -52,7 +52,7 @@ class Job:
         self.status: dict[str, Any] = {"status": "RUNNING"}
 
     def write_status(self, **fields: Any) -> None:
-        self.status.update(fields, tracking=self.tracker.description)
+        self.status.update(fields, tracking=self.tracker.description, run_id=self.tracker.run_id)
         outputs.write_json(self.run_dir / "status.json", self.status)
 
     def start_tracker(self, tracker, run_name: str, params: dict[str, str], tags: dict[str, str]) -> None:
@@ -75,6 +75,38 @@ class Job:
         self.tracker.end("FINISHED")
 
 
+def image_size(plan: Plan, loaded, model_name: str) -> tuple[int, int]:
+    """The plan's height/width, defaulting to the model's native size; checked against the model."""
+    height, width = plan.height or loaded.native_size, plan.width or loaded.native_size
+    for key, value in (("sampling.height", height), ("sampling.width", width)):
+        if value % loaded.size_multiple:
+            raise UserError(key, f"{value} does not fit {model_name}'s down-sampling",
+                            f"multiples of {loaded.size_multiple}")
+    return height, width
+
+
+def write_batches(run_dir: Path, cfg: DictConfig, plan: Plan, batches: Iterator, meta: dict[str, Any]):
+    """Each batch's kept images to images/ as it arrives (so an interruption keeps what was made)."""
+    records, images, write_s = [], [], 0.0
+    if cfg.output.save_images:
+        (run_dir / "images").mkdir(exist_ok=True)
+    for batch, pixels in enumerate(batches):
+        started = time.perf_counter()
+        slots = plan.images[batch * plan.images_per_batch:(batch + 1) * plan.images_per_batch]
+        for slot, array in zip(slots, pixels):
+            if not slot.kept:
+                continue
+            image = Image.fromarray(array)
+            record = dict(meta, index=slot.index, batch=slot.batch, device=slot.device, prompt=slot.prompt,
+                          file=f"images/{outputs.image_name(slot.index, plan.seed)}")
+            if cfg.output.save_images:
+                outputs.save_png(image, run_dir / record["file"], record)
+            records.append(record)
+            images.append(image)
+        write_s += time.perf_counter() - started
+    return records, images, write_s
+
+
 def image_meta(cfg: DictConfig, plan: Plan, height: int, width: int) -> dict[str, Any]:
     return {
         "negative_prompt": plan.negative,
@@ -90,14 +122,17 @@ def image_meta(cfg: DictConfig, plan: Plan, height: int, width: int) -> dict[str
     }
 
 
-def run(cfg: DictConfig, run_dir: Path, overrides: list[str]) -> dict[str, Any]:
+def run(cfg: DictConfig, run_dir: Path, overrides: list[str], run_name: Optional[str] = None,
+        parent_run_id: Optional[str] = None) -> dict[str, Any]:
+    """Run one job into ``run_dir``; ``parent_run_id`` links its tracker run to a sweep's."""
     started = time.perf_counter()
     job = Job(run_dir)
     with job.recorded():
-        return _run(cfg, job, overrides, started)
+        return _run(cfg, job, overrides, run_name or cfg.run_name, parent_run_id, started)
 
 
-def _run(cfg: DictConfig, job: Job, overrides: list[str], started: float) -> dict[str, Any]:
+def _run(cfg: DictConfig, job: Job, overrides: list[str], run_name: str, parent_run_id: Optional[str],
+         started: float) -> dict[str, Any]:
     run_dir = job.run_dir
     use_host_devices(cfg.parallelism.host_device_count)
     quiet.silence_libraries()
@@ -111,50 +146,40 @@ def _run(cfg: DictConfig, job: Job, overrides: list[str], started: float) -> dic
         log.info("plan: %d padding image(s) will be generated and dropped (prompts.fill=pad)",
                  len(plan.images) - len(plan.kept_images))
 
-    from sdjax_runner.provenance import device_facts, run_tags
-
-    job.start_tracker(make_tracker(cfg), cfg.run_name, flatten_params(cfg), run_tags(overrides, cfg.experiment))
-    from sdjax_runner.generate import PmapGenerator
-    from sdjax_runner.loading import load_model
+    from sdjax_runner.generate import PmapGenerator, compile_key
     from sdjax_runner.parallel import param_bytes_per_device
+    from sdjax_runner.provenance import device_facts, run_tags
+    from sdjax_runner.session import SESSION
 
-    model = load_model(cfg.model, cfg.dtype, cfg.scheduler)
-    height, width = plan.height or model.native_size, plan.width or model.native_size
-    for key, value in (("sampling.height", height), ("sampling.width", width)):
-        if value % model.size_multiple:
-            raise UserError(key, f"{value} does not fit {cfg.model.name}'s down-sampling",
-                            f"multiples of {model.size_multiple}")
-    log.info("load: %s from %s in %.1f s", cfg.model.name, cfg.model.pretrained_model_name_or_path,
-             model.load_s)
+    tags = run_tags(overrides, cfg.experiment)
+    if parent_run_id:
+        tags["mlflow.parentRunId"] = parent_run_id
+    job.start_tracker(make_tracker(cfg), run_name, flatten_params(cfg), tags)
+    compile_cache.configure(cfg.compilation_cache)
 
-    generator = PmapGenerator(model.pipeline, model.params, plan, height, width)
-    meta = image_meta(cfg, plan, height, width)
-    (run_dir / "images").mkdir(exist_ok=True)
-    records, pil_images, write_s = [], [], 0.0
+    entry, model_reused = SESSION.model(cfg)
+    height, width = image_size(plan, entry.loaded, cfg.model.name)
+    log.info("load: %s %s", cfg.model.name, "reused from an earlier job of this process" if model_reused else
+             f"from {entry.loaded.path} in {entry.loaded.load_s:.1f} s")
+    devices = jax.local_devices()[: plan.num_devices]
+    prepared = SESSION.prepare(cfg, entry, model_reused, devices, compile_key(plan, height, width))
+    generator = PmapGenerator(prepared.pipeline, prepared.params, prepared.safety_params, plan, height, width)
+    trace_s, compile_s, cache_hit = 0.0, 0.0, False
+    if prepared.compiled is None:
+        generator.compiled, trace_s, compile_s, cache_hit = SESSION.compile(prepared, generator.lower)
+        log.info("compile: %.1f s (+ %.1f s tracing)%s", compile_s, trace_s,
+                 ", from the persistent compilation cache" if cache_hit else "")
+    else:
+        generator.compiled = prepared.compiled
+        log.info("compile: reused from an earlier job of this process")
+
     from tqdm import tqdm
 
-    def progress(batches):
-        return tqdm(batches, total=plan.num_batches, desc="generate", unit="batch",
-                    disable=plan.num_batches < 2, leave=False)
-
-    for batch, pixels in enumerate(generator.generate(progress)):
-        if batch == 0:
-            log.info("compile: %.1f s (first batch %.2f s)", generator.timings.compile_s,
-                     generator.timings.first_batch_s)
-        write_started = time.perf_counter()
-        slots = plan.images[batch * plan.images_per_batch:(batch + 1) * plan.images_per_batch]
-        for slot, image in zip(slots, (Image.fromarray(p) for p in pixels)):
-            if not slot.kept:
-                continue
-            record = dict(meta, index=slot.index, batch=slot.batch, device=slot.device, prompt=slot.prompt,
-                          file=f"images/{outputs.image_name(slot.index, plan.seed)}")
-            if cfg.output.save_images:
-                outputs.save_png(image, run_dir / record["file"], record)
-            records.append(record)
-            pil_images.append(image)
-        write_s += time.perf_counter() - write_started
-
+    batches = generator.generate(lambda it: tqdm(it, total=plan.num_batches, desc="generate", unit="batch",
+                                                 disable=plan.num_batches < 2, leave=False))
+    records, images, write_s = write_batches(run_dir, cfg, plan, batches, image_meta(cfg, plan, height, width))
     summary = generator.timings.summary(plan.images_per_batch, plan.num_inference_steps)
+    summary.update(trace_s=trace_s, compile_s=compile_s)
     log.info("generate: %.3f s/batch median of %d (min %.3f, max %.3f), %.2f images/s",
              summary["generate_s"], summary["steady_state_samples"], summary["generate_s_min"],
              summary["generate_s_max"], summary["images_per_s"])
@@ -162,20 +187,28 @@ def _run(cfg: DictConfig, job: Job, overrides: list[str], started: float) -> dic
     write_started = time.perf_counter()
     outputs.write_json(run_dir / "images.json", records)
     if cfg.output.grid:
-        rows, cols = outputs.grid_shape(len(pil_images), cfg.output.grid_rows, cfg.output.grid_cols)
-        outputs.make_grid(pil_images, rows, cols).save(run_dir / "grid.png")
+        rows, cols = outputs.grid_shape(len(images), cfg.output.grid_rows, cfg.output.grid_cols)
+        outputs.make_grid(images, rows, cols).save(run_dir / "grid.png")
     write_s += time.perf_counter() - write_started
     facts = device_facts()
+    counters = SESSION.counters
     timings = dict(
         summary,
-        load_s=model.load_s,
+        load_s=prepared.load_s,
+        replicate_s=prepared.replicate_s,
         write_s=write_s,
+        model_reused=int(model_reused),
+        compile_reused=int(prepared.compiled is not None),
+        compile_cache_hit=int(cache_hit),
+        process_model_loads=counters.model_loads,
+        process_compiles=counters.compiles,
         num_images=len(records),
         images_per_batch=plan.images_per_batch,
         num_batches=plan.num_batches,
         num_devices=plan.num_devices,
         per_device_batch_size=plan.per_device_batch_size,
-        param_bytes_per_device=param_bytes_per_device({k: v for k, v in model.params.items() if k != "safety_checker"}),
+        param_bytes_per_device=param_bytes_per_device(
+            {k: v for k, v in entry.loaded.params.items() if k != "safety_checker"}),
         device_kind=facts["device_kind"],
         backend=facts["backend"],
         process_count=facts["process_count"],

@@ -106,6 +106,18 @@ class TimingConfig:
 
 
 @dataclass
+class ReuseConfig:
+    max_models: int = 1
+
+
+@dataclass
+class CompilationCacheConfig:
+    enabled: bool = True
+    dir: str = MISSING
+    min_compile_time_s: float = 0.0
+
+
+@dataclass
 class PathsConfig:
     output_root: str = "outputs"
     cache_dir: str = MISSING
@@ -123,6 +135,8 @@ class RunConfig:
     output: OutputConfig = field(default_factory=OutputConfig)
     timing: TimingConfig = field(default_factory=TimingConfig)
     paths: PathsConfig = field(default_factory=PathsConfig)
+    reuse: ReuseConfig = field(default_factory=ReuseConfig)
+    compilation_cache: CompilationCacheConfig = field(default_factory=CompilationCacheConfig)
     seed: int = 0
     run_name: str = MISSING
     experiment: Optional[str] = None

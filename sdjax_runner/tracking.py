@@ -50,6 +50,9 @@ class NullTracker:
     def log_outputs(self, run_dir: Path, metrics: dict[str, float]) -> None:
         pass
 
+    def log_sweep(self, sweep_dir: Path, rows: list[dict[str, Any]], metrics: dict[str, float]) -> None:
+        pass
+
     def end(self, status: str, error: Optional[str] = None) -> None:
         pass
 
@@ -107,6 +110,24 @@ class MlflowTracker:
         if (run_dir / "grid.png").exists():
             with Image.open(run_dir / "grid.png") as grid:
                 self.client.log_image(self.run_id, grid.copy(), artifact_file="grid.png")
+
+    def log_sweep(self, sweep_dir: Path, rows: list[dict[str, Any]], metrics: dict[str, float]) -> None:
+        """The sweep's summary (as an MLflow table and CSV) and contact sheet, on the parent run."""
+        from mlflow.entities import Metric
+        from mlflow.utils.time import get_current_time_millis
+        from PIL import Image
+
+        now = get_current_time_millis()
+        self.client.log_batch(self.run_id, metrics=[Metric(k, v, now, 0) for k, v in sorted(metrics.items())])
+        if rows:
+            table = {column: [str(row[column]) for row in rows] for column in rows[0]}
+            self.client.log_table(self.run_id, data=table, artifact_file="summary_table.json")
+        for name in ("summary.csv", "sweep.json"):
+            if (sweep_dir / name).exists():
+                self.client.log_artifact(self.run_id, str(sweep_dir / name))
+        if (sweep_dir / "contact_sheet.png").exists():
+            with Image.open(sweep_dir / "contact_sheet.png") as sheet:
+                self.client.log_image(self.run_id, sheet.copy(), artifact_file="contact_sheet.png")
 
     def end(self, status: str, error: Optional[str] = None) -> None:
         if self.run_id is None:

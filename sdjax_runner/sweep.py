@@ -1,0 +1,158 @@
+"""A multirun as one experiment: an MLflow parent run, a summary table and a contact sheet.
+
+Hydra calls :class:`SweepCallback` in the launching process. At the start it opens the
+parent run and writes ``sweep.json`` into the sweep directory; each job -- in this process
+or another (joblib launcher) -- reads it to link its own run as a child and to name itself
+after the values it sweeps. At the end the callback reads every job's directory, writes
+``summary.csv``, ``summary.json`` and ``contact_sheet.png`` beside them, logs them to the
+parent, and ends the parent FAILED if any job failed (the command then exits 1).
+"""
+
+from __future__ import annotations
+
+import csv
+import logging
+from pathlib import Path
+from typing import Any, Optional
+
+from hydra.experimental.callback import Callback
+from omegaconf import DictConfig, OmegaConf
+
+from sdjax_runner import outputs
+
+log = logging.getLogger("sdjax_runner")
+
+SWEEP_FILE = "sweep.json"
+SUMMARY_TIMINGS = ("compile_s", "trace_s", "first_batch_s", "generate_s", "images_per_s", "model_reused",
+                   "compile_reused", "compile_cache_hit", "wall_s")
+CELL = 256  # contact sheet cell width in pixels
+
+# What the last sweep in this process ended with; cli.main turns failures into exit code 1.
+last_result: dict[str, Any] = {}
+
+
+def swept_keys(task_overrides: list[str]) -> list[str]:
+    """The keys a multirun sweeps over (``seed=0,1,2`` -> ``seed``), in command-line order."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    parsed = OverridesParser.create().parse_overrides(task_overrides)
+    return [o.get_key_element().lstrip("+~") for o in parsed if o.is_sweep_override()]
+
+
+def job_label(job_overrides: list[str], keys: list[str]) -> str:
+    """``seed=1 sampling.guidance_scale=3``: the job's values of the swept keys."""
+    values = dict(o.lstrip("+~").split("=", 1) for o in job_overrides if "=" in o)
+    return " ".join(f"{k}={values[k]}" for k in keys if k in values) or "job"
+
+
+def read_sweep_file(sweep_dir: Path) -> dict[str, Any]:
+    path = sweep_dir / SWEEP_FILE
+    return outputs.read_json(path) if path.exists() else {}
+
+
+def collect_jobs(sweep_dir: Path, keys: list[str]) -> list[dict[str, Any]]:
+    """One row per job directory (``<sweep>/<job number>/``), in job order."""
+    rows = []
+    for job_dir in sorted((p for p in sweep_dir.iterdir() if p.is_dir() and p.name.isdigit()), key=lambda p: int(p.name)):
+        overrides = OmegaConf.to_container(OmegaConf.load(job_dir / ".hydra" / "overrides.yaml"))
+        status = outputs.read_json(job_dir / "status.json") if (job_dir / "status.json").exists() else {}
+        timings = outputs.read_json(job_dir / "timings.json") if (job_dir / "timings.json").exists() else {}
+        values = dict(o.lstrip("+~").split("=", 1) for o in overrides if "=" in o)
+        row = {"job": int(job_dir.name), "label": job_label(overrides, keys), "status": status.get("status", "UNKNOWN"),
+               "error": status.get("error", ""), "run_id": status.get("run_id", ""), "dir": str(job_dir)}
+        row.update({k: values.get(k, "") for k in keys})
+        row.update({k: timings.get(k, "") for k in SUMMARY_TIMINGS})
+        rows.append(row)
+    return rows
+
+
+def contact_sheet(rows: list[dict[str, Any]], keys: list[str]):
+    """Rows: the first swept key's values (or all but the last key's); columns: the last key's."""
+    from PIL import Image, ImageDraw, ImageFont
+
+    def axis(row, names):
+        return " ".join(f"{k}={row[k]}" for k in names)
+
+    row_keys, col_keys = (keys[:-1], keys[-1:]) if len(keys) > 1 else ([], keys)
+    row_values = list(dict.fromkeys(axis(r, row_keys) for r in rows))
+    col_values = list(dict.fromkeys(axis(r, col_keys) for r in rows))
+    font = ImageFont.load_default()
+    label_h = 16
+    cells = {}
+    for r in rows:
+        grid = Path(r["dir"]) / "grid.png"
+        if r["status"] == "FINISHED" and grid.exists():
+            with Image.open(grid) as image:
+                image = image.convert("RGB")
+                cells[(axis(r, row_keys), axis(r, col_keys))] = image.resize(
+                    (CELL, max(1, round(image.height * CELL / image.width))))
+    cell_h = max((c.height for c in cells.values()), default=CELL)
+    sheet = Image.new("RGB", (CELL * len(col_values), (cell_h + label_h) * len(row_values)), "white")
+    draw = ImageDraw.Draw(sheet)
+    for r in rows:
+        i, j = row_values.index(axis(r, row_keys)), col_values.index(axis(r, col_keys))
+        x, y = j * CELL, i * (cell_h + label_h)
+        draw.text((x + 3, y + 2), r["label"], fill="black", font=font)
+        cell = cells.get((axis(r, row_keys), axis(r, col_keys)))
+        if cell is not None:
+            sheet.paste(cell, (x, y + label_h))
+        else:
+            draw.rectangle((x, y + label_h, x + CELL - 1, y + label_h + cell_h - 1), fill=(200, 200, 200))
+            draw.text((x + 6, y + label_h + 6), r["status"], fill="red", font=font)
+    return sheet
+
+
+def write_summary(sweep_dir: Path, rows: list[dict[str, Any]], keys: list[str]) -> None:
+    columns = ["job", "label", *keys, "status", "error", *SUMMARY_TIMINGS, "run_id", "dir"]
+    with open(sweep_dir / "summary.csv", "w", newline="", encoding="utf-8") as f:
+        writer = csv.DictWriter(f, fieldnames=columns)
+        writer.writeheader()
+        writer.writerows(rows)
+    outputs.write_json(sweep_dir / "summary.json", rows)
+    if rows:
+        contact_sheet(rows, keys).save(sweep_dir / "contact_sheet.png")
+
+
+class SweepCallback(Callback):
+    def __init__(self) -> None:
+        self.tracker: Any = None
+
+    def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        from sdjax_runner.provenance import run_tags
+        from sdjax_runner.tracking import make_tracker
+
+        last_result.clear()
+        sweep_dir = Path(config.hydra.sweep.dir)
+        sweep_dir.mkdir(parents=True, exist_ok=True)
+        task = list(config.hydra.overrides.task)
+        keys = swept_keys(task)
+        self.tracker = make_tracker(config)
+        self.tracker.start(f"{config.run_name} sweep", {"sweep.overrides": " ".join(task)[:500],
+                                                      "sweep.keys": " ".join(keys)},
+                           run_tags(task, config.experiment, with_devices=False))
+        outputs.write_json(sweep_dir / SWEEP_FILE, {"parent_run_id": self.tracker.run_id, "swept_keys": keys,
+                                                   "overrides": task})
+        log.info("sweep: %s over %s -> %s", self.tracker.description, ", ".join(keys) or "nothing", sweep_dir)
+
+    def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
+        sweep_dir = Path(config.hydra.sweep.dir)
+        keys = read_sweep_file(sweep_dir).get("swept_keys", [])
+        rows = collect_jobs(sweep_dir, keys)
+        write_summary(sweep_dir, rows, keys)  # disk first
+        failed = [r for r in rows if r["status"] != "FINISHED"]
+        last_result.update(jobs=len(rows), failed=failed, sweep_dir=str(sweep_dir))
+        if self.tracker is not None:
+            self.tracker.log_sweep(sweep_dir, rows, {"jobs": len(rows), "failed_jobs": len(failed)})
+            self.tracker.end("FAILED" if failed else "FINISHED",
+                             f"{len(failed)} of {len(rows)} job(s) failed" if failed else None)
+        log.info("sweep: %d job(s), %d failed; summary.csv and contact_sheet.png in %s", len(rows), len(failed),
+                 sweep_dir)
+
+
+def failure_message() -> Optional[str]:
+    if not last_result.get("failed"):
+        return None
+    failed = last_result["failed"]
+    names = "; ".join(f"#{r['job']} {r['label']}: {r['error'] or r['status']}" for r in failed[:3])
+    return (f"sweep: {len(failed)} of {last_result['jobs']} job(s) failed ({names}); "
+            f"see {last_result['sweep_dir']}/summary.csv")

@@ -1,0 +1,131 @@
+"""Multirun sweeps: load and compile once, a parent run with children, failures that do not sink
+the sweep, the persistent compilation cache across processes, and the joblib launcher."""
+
+import csv
+import json
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from conftest import run_cli
+from sdjax_runner.sweep import job_label, swept_keys
+
+
+def timings(job_dir):
+    return json.loads((job_dir / "timings.json").read_text())
+
+
+def summary(sweep_dir):
+    with open(sweep_dir / "summary.csv", newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def mlflow_runs(work):
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=f"sqlite:///{work / 'outputs' / 'mlflow.db'}")
+    experiment = client.get_experiment_by_name("sdjax-runner")
+    runs = client.search_runs([experiment.experiment_id])
+    [parent] = [r for r in runs if "mlflow.parentRunId" not in r.data.tags]
+    children = sorted((r for r in runs if r is not parent), key=lambda r: r.info.run_name)
+    return client, parent, children
+
+
+def test_sweep_keys_and_labels():
+    assert swept_keys(["+experiment=smoke", "seed=0,1", "prompts=guide_single,guide_eight", "tracking=none"]) == [
+        "seed", "prompts"]
+    assert swept_keys(["sampling.guidance_scale=range(1,3)", "+x=choice(a,b)"]) == ["sampling.guidance_scale", "x"]
+    assert job_label(["+experiment=smoke", "seed=1", "prompts=guide_eight"], ["seed", "prompts"]) == \
+        "seed=1 prompts=guide_eight"
+
+
+def test_seed_sweep_loads_and_compiles_once_under_one_parent_run(tmp_path, tiny_model_dir):
+    sweep_dir = tmp_path / "sweep"
+    result = run_cli("-m", "+experiment=smoke", "seed=0,1,2,3", f"hydra.sweep.dir={sweep_dir}",
+                     f"compilation_cache.dir={tmp_path / 'xla'}", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    jobs = [sweep_dir / str(i) for i in range(4)]
+    assert all(len(list((j / "images").glob("*.png"))) == 8 for j in jobs)
+    first, *rest = [timings(j) for j in jobs]
+    assert (first["model_reused"], first["compile_reused"], first["compile_s"] > 0) == (0, 0, True)
+    assert all((t["model_reused"], t["compile_reused"], t["compile_s"]) == (1, 1, 0.0) for t in rest)
+    # The process's own counters: one model load and one compile for the whole sweep.
+    assert (rest[-1]["process_model_loads"], rest[-1]["process_compiles"]) == (1, 1)
+    assert result.stdout.count("compile: reused from an earlier job of this process") == 3
+    # Different seeds, different images.
+    grids = [np.asarray(Image.open(j / "grid.png")) for j in jobs]
+    assert len({g.tobytes() for g in grids}) == 4
+
+    rows = summary(sweep_dir)
+    assert [(r["label"], r["status"]) for r in rows] == [(f"seed={i}", "FINISHED") for i in range(4)]
+    with Image.open(sweep_dir / "contact_sheet.png") as sheet:
+        assert sheet.size[0] == 4 * 256  # one row, a column per seed
+
+    client, parent, children = mlflow_runs(tmp_path)
+    assert parent.info.run_name == "smoke sweep" and parent.info.status == "FINISHED"
+    assert parent.data.metrics["jobs"] == 4 and parent.data.metrics["failed_jobs"] == 0
+    assert {"summary.csv", "contact_sheet.png", "summary_table.json", "sweep.json"} <= {
+        a.path for a in client.list_artifacts(parent.info.run_id)}
+    assert [c.info.run_name for c in children] == [f"smoke seed={i}" for i in range(4)]
+    assert all(c.data.tags["mlflow.parentRunId"] == parent.info.run_id for c in children)
+    assert all(c.info.status == "FINISHED" for c in children)
+    assert [r["run_id"] for r in rows] == [c.info.run_id for c in children]
+
+
+def test_guidance_sweep_does_not_recompile(tmp_path, tiny_model_dir):
+    sweep_dir = tmp_path / "sweep"
+    result = run_cli("-m", "+experiment=smoke", "sampling.guidance_scale=1.0,7.5", "tracking=none",
+                     f"hydra.sweep.dir={sweep_dir}", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    second = timings(sweep_dir / "1")
+    assert (second["compile_reused"], second["process_compiles"]) == (1, 1)
+    a, b = (np.asarray(Image.open(sweep_dir / str(i) / "grid.png")) for i in (0, 1))
+    assert not np.array_equal(a, b)  # the guidance value really changed the images
+
+
+def test_a_failed_point_does_not_sink_the_sweep(tmp_path, tiny_model_dir):
+    sweep_dir = tmp_path / "sweep"
+    result = run_cli("-m", "+experiment=smoke", "sampling.height=64,72,48", f"hydra.sweep.dir={sweep_dir}",
+                     cwd=tmp_path)
+    assert result.returncode == 1
+    assert "Traceback" not in result.stderr
+    last = result.stderr.strip().splitlines()[-1]
+    assert last.startswith("error: sweep: 1 of 3 job(s) failed (#1 sampling.height=72: sampling.height: 72 does "
+                           "not fit tiny-random's down-sampling (allowed: multiples of 16))")
+    rows = summary(sweep_dir)
+    assert [r["status"] for r in rows] == ["FINISHED", "FAILED", "FINISHED"]
+    assert "multiples of 16" in rows[1]["error"]
+    assert len(list((sweep_dir / "2" / "images").glob("*.png"))) == 8  # the job after the failure ran
+    _, parent, children = mlflow_runs(tmp_path)
+    assert parent.info.status == "FAILED" and parent.data.metrics["failed_jobs"] == 1
+    assert [c.info.status for c in children] == ["FINISHED", "FINISHED", "FAILED"]  # sorted by name: 48, 64, 72
+    assert "multiples of 16" in children[2].data.tags["error"]
+
+
+def test_persistent_compilation_cache_serves_a_new_process(tmp_path, tiny_model_dir):
+    cache = f"compilation_cache.dir={tmp_path / 'xla'}"
+    cold = run_cli("+experiment=smoke", "tracking=none", cache, f"hydra.run.dir={tmp_path / 'a'}", cwd=tmp_path)
+    warm = run_cli("+experiment=smoke", "tracking=none", cache, "seed=5", f"hydra.run.dir={tmp_path / 'b'}",
+                   cwd=tmp_path)
+    off = run_cli("+experiment=smoke", "tracking=none", cache, "compilation_cache.enabled=false",
+                  f"hydra.run.dir={tmp_path / 'c'}", cwd=tmp_path)
+    assert cold.returncode == warm.returncode == off.returncode == 0, cold.stderr + warm.stderr + off.stderr
+    cold_t, warm_t, off_t = timings(tmp_path / "a"), timings(tmp_path / "b"), timings(tmp_path / "c")
+    assert (cold_t["compile_cache_hit"], warm_t["compile_cache_hit"], off_t["compile_cache_hit"]) == (0, 1, 0)
+    assert any((tmp_path / "xla").iterdir())
+    assert "from the persistent compilation cache" in warm.stdout
+
+
+@pytest.mark.timeout(400)
+def test_joblib_launcher_keeps_the_parent_child_linkage(tmp_path, tiny_model_dir):
+    sweep_dir = tmp_path / "sweep"
+    result = run_cli("-m", "+experiment=smoke", "seed=0,1", "hydra/launcher=joblib", "hydra.launcher.n_jobs=2",
+                     f"hydra.sweep.dir={sweep_dir}", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    # Separate processes: each job loads and compiles for itself (the persistent cache may serve it).
+    assert all(timings(sweep_dir / str(i))["process_model_loads"] == 1 for i in (0, 1))
+    _, parent, children = mlflow_runs(tmp_path)
+    assert parent.info.status == "FINISHED" and len(children) == 2
+    assert all(c.data.tags["mlflow.parentRunId"] == parent.info.run_id for c in children)
+    assert [r["status"] for r in summary(sweep_dir)] == ["FINISHED", "FINISHED"]
