@@ -1,9 +1,16 @@
-"""Sharded batches -> images and timings, on the guide's pmap path.
+"""Sharded batches -> images and timings.
 
-The function that runs is diffusers' own ``_p_generate`` -- what
-``pipeline(prompt_ids, params, rng, jit=True)`` calls -- compiled ahead of
-time so compilation is timed apart from execution. Its outputs are therefore
-the guide's images, bit for bit.
+Both paths run diffusers' own ``FlaxStableDiffusionPipeline._generate`` and give the same
+images for the same plan:
+
+* ``pmap`` -- the guide's path: diffusers' ``_p_generate`` (what ``pipeline(..., jit=True)``
+  calls) over params with a leading device axis and inputs sharded as ``(devices, batch, ...)``.
+* ``sharded`` -- one ``jax.jit`` over a ``Mesh(devices, ("data",))``: params replicated with
+  ``NamedSharding(mesh, P())``, the batch sharded along ``data``. Each device's latents are
+  drawn from its own key with the per-device shape, exactly as under pmap, and handed to
+  ``_generate`` as ``latents``.
+
+Programs are compiled ahead of time so compilation is timed apart from execution.
 """
 
 from __future__ import annotations
@@ -15,18 +22,18 @@ from typing import Any, Callable, Iterator, Optional
 
 import numpy as np
 
-from sdjax_runner.parallel import shard
+from sdjax_runner.parallel import global_array, shard
 from sdjax_runner.plan import Plan
 
 
-def batch_keys(seed: int, batch: int, num_devices: int):
+def batch_keys(seed: int, batch: int, num_devices: int) -> np.ndarray:
     """Per-device PRNG keys: the guide's split(PRNGKey(seed)) for batch 0, fold_in(batch) after."""
     import jax
 
     key = jax.random.PRNGKey(seed)
     if batch:
         key = jax.random.fold_in(key, batch)
-    return jax.random.split(key, num_devices)
+    return np.asarray(jax.random.split(key, num_devices))
 
 
 @dataclass
@@ -52,29 +59,79 @@ def compile_key(plan: Plan, height: int, width: int) -> tuple:
     return (plan.num_inference_steps, height, width, plan.per_device_batch_size, plan.negative is not None)
 
 
-class PmapGenerator:
-    """One job's batches through diffusers' pmapped generate function."""
+class Generator:
+    """One job's batches through a compiled generate function; subclasses place the data."""
 
-    def __init__(self, pipeline: Any, params: dict, safety_params: Any, plan: Plan, height: int, width: int):
-        import jax.numpy as jnp
-
+    def __init__(self, pipeline: Any, params: dict, safety_params: Any, plan: Plan, height: int, width: int,
+                 devices: list):
         self.pipeline, self.params, self.safety_params = pipeline, params, safety_params
-        self.plan, self.height, self.width = plan, height, width
+        self.plan, self.height, self.width, self.devices = plan, height, width, devices
         self.timings = Timings()
-        # As pipeline.__call__ builds it from a float guidance scale: one per device, float32.
-        self.guidance = jnp.array([plan.guidance_scale] * plan.num_devices)[:, None]
+        self.compiled: Optional[Callable] = None
         self.negative_ids = None
         if plan.negative:
-            ids = pipeline.prepare_inputs([plan.negative] * plan.images_per_batch)
-            self.negative_ids = shard(ids, plan.num_devices)
-        self.compiled: Optional[Callable] = None
+            self.negative_ids = self.place_ids(pipeline.prepare_inputs([plan.negative] * plan.images_per_batch))
 
-    def inputs(self, batch: int):
-        ids = self.pipeline.prepare_inputs(self.plan.batch_prompts(batch))
-        return shard(ids, self.plan.num_devices), batch_keys(self.plan.seed, batch, self.plan.num_devices)
+    def place_ids(self, ids: np.ndarray):
+        raise NotImplementedError
+
+    def inputs(self, batch: int) -> tuple:
+        raise NotImplementedError
 
     def lower(self):
-        """The guide's ``pipeline(..., jit=True)`` program, lowered for this job's shapes."""
+        raise NotImplementedError
+
+    def run(self, *inputs):
+        """One batch, asynchronously."""
+        raise NotImplementedError
+
+    def fetch(self, out) -> np.ndarray:
+        """The batch's images on the host, (images, H, W, 3) floats in [0, 1]."""
+        return np.asarray(out).reshape((-1, self.height, self.width, 3))
+
+    def _timed(self, inputs: tuple) -> tuple[Any, float]:
+        started = time.perf_counter()
+        out = self.run(*inputs).block_until_ready()
+        return out, time.perf_counter() - started
+
+    def generate(self, progress: Callable[[Iterator[int]], Iterator[int]] = iter) -> Iterator[np.ndarray]:
+        """Yield each batch's images (N, H, W, 3) as uint8, recording timings."""
+        for batch in progress(iter(range(self.plan.num_batches))):
+            out, seconds = self._timed(self.inputs(batch))
+            if batch == 0:
+                self.timings.first_batch_s = seconds
+            else:
+                self.timings.steady_s.append(seconds)
+            yield self._to_uint8(self.fetch(out))
+        first = self.inputs(0)
+        while len(self.timings.steady_s) < self.plan.repeats:
+            self.timings.steady_s.append(self._timed(first)[1])
+
+    def _to_uint8(self, images: np.ndarray) -> np.ndarray:
+        pixels = (images * 255).round().astype("uint8")  # as pipeline.numpy_to_pil does
+        if self.pipeline.safety_checker is not None:
+            pixels, _ = self.pipeline._run_safety_checker(pixels, self.safety_params, jit=False)
+        return pixels
+
+
+class PmapGenerator(Generator):
+    """The guide's ``pipeline(prompt_ids, params, rng, jit=True)``, compiled ahead of time."""
+
+    def __init__(self, *args: Any):
+        super().__init__(*args)
+        import jax.numpy as jnp
+
+        # As pipeline.__call__ builds it from a float guidance scale: one per device, float32.
+        self.guidance = jnp.array([self.plan.guidance_scale] * self.plan.num_devices)[:, None]
+
+    def place_ids(self, ids: np.ndarray):
+        return shard(ids, self.plan.num_devices)
+
+    def inputs(self, batch: int) -> tuple:
+        ids = self.place_ids(self.pipeline.prepare_inputs(self.plan.batch_prompts(batch)))
+        return ids, batch_keys(self.plan.seed, batch, self.plan.num_devices)
+
+    def lower(self):
         from diffusers.pipelines.stable_diffusion.pipeline_flax_stable_diffusion import _p_generate
 
         ids, keys = self.inputs(0)
@@ -82,31 +139,64 @@ class PmapGenerator:
                                  self.height, self.width, self.guidance, None, self.negative_ids)
 
     def run(self, ids, keys):
-        """One batch, asynchronously: a (devices, per_device, H, W, 3) float array in [0, 1]."""
         return self.compiled(ids, self.params, keys, self.guidance, None, self.negative_ids)
 
-    def _timed(self, ids, keys) -> tuple[Any, float]:
-        started = time.perf_counter()
-        out = self.run(ids, keys).block_until_ready()
-        return out, time.perf_counter() - started
 
-    def generate(self, progress: Callable[[Iterator[int]], Iterator[int]] = iter) -> Iterator[np.ndarray]:
-        """Yield each batch's images (N, H, W, 3) as uint8, recording timings."""
-        for batch in progress(iter(range(self.plan.num_batches))):
-            ids, keys = self.inputs(batch)
-            out, seconds = self._timed(ids, keys)
-            if batch == 0:
-                self.timings.first_batch_s = seconds
-            else:
-                self.timings.steady_s.append(seconds)
-            yield self._to_uint8(np.asarray(out))
-        ids, keys = self.inputs(0)
-        while len(self.timings.steady_s) < self.plan.repeats:
-            self.timings.steady_s.append(self._timed(ids, keys)[1])
+class ShardedGenerator(Generator):
+    """One jit over a ``data`` mesh; works unchanged across processes (multi-host)."""
 
-    def _to_uint8(self, images: np.ndarray) -> np.ndarray:
-        flat = images.reshape((-1,) + images.shape[-3:])
-        pixels = (flat * 255).round().astype("uint8")  # as pipeline.numpy_to_pil does
-        if self.pipeline.safety_checker is not None:
-            pixels, _ = self.pipeline._run_safety_checker(pixels, self.safety_params, jit=False)
-        return pixels
+    def __init__(self, *args: Any):
+        import jax
+
+        self.mesh = jax.sharding.Mesh(np.array(args[-1]), ("data",))
+        self.data = jax.NamedSharding(self.mesh, jax.P("data"))
+        self.replicated = jax.NamedSharding(self.mesh, jax.P())
+        super().__init__(*args)
+        self.guidance = global_array(np.float32(self.plan.guidance_scale), self.replicated)
+        self.latent_shape = (self.plan.per_device_batch_size, self.pipeline.unet.config.in_channels,
+                             self.height // self.pipeline.vae_scale_factor,
+                             self.width // self.pipeline.vae_scale_factor)
+
+    def place_ids(self, ids: np.ndarray):
+        return global_array(ids, self.data)
+
+    def inputs(self, batch: int) -> tuple:
+        ids = self.place_ids(self.pipeline.prepare_inputs(self.plan.batch_prompts(batch)))
+        return ids, global_array(batch_keys(self.plan.seed, batch, self.plan.num_devices), self.data)
+
+    def _args(self, ids, keys) -> tuple:
+        args = (ids, self.params, keys, self.guidance)
+        return args + (self.negative_ids,) if self.negative_ids is not None else args
+
+    def lower(self):
+        import jax
+        import jax.numpy as jnp
+
+        pipeline, plan, shape = self.pipeline, self.plan, self.latent_shape
+
+        def generate(ids, params, keys, guidance, negative_ids=None):
+            # Device d's latents are normal(key_d, (per_device_batch, C, h, w)), as under pmap.
+            latents = jax.vmap(lambda key: jax.random.normal(key, shape, dtype=jnp.float32))(keys)
+            latents = latents.reshape((-1,) + shape[1:])
+            return pipeline._generate(ids, params, keys[0], plan.num_inference_steps, self.height, self.width,
+                                      guidance, latents, negative_ids)
+
+        shardings = (self.data, self.replicated, self.data, self.replicated)
+        if self.negative_ids is not None:
+            shardings += (self.data,)
+        function = jax.jit(generate, in_shardings=shardings, out_shardings=self.data)
+        return function.lower(*self._args(*self.inputs(0)))
+
+    def run(self, ids, keys):
+        return self.compiled(*self._args(ids, keys))
+
+    def fetch(self, out) -> np.ndarray:
+        import jax
+        from jax.experimental import multihost_utils
+
+        if jax.process_count() > 1:
+            out = multihost_utils.process_allgather(out, tiled=True)
+        return np.asarray(out)
+
+
+GENERATORS = {"pmap": PmapGenerator, "sharded": ShardedGenerator}

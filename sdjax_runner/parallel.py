@@ -26,6 +26,27 @@ def replicate_from_host(tree, devices):
     return jax.tree_util.tree_map(put, tree)
 
 
+def global_array(host, sharding):
+    """A global array from a host value every process holds in full: each process transfers
+    only its own devices' shards, straight from host memory (works across hosts)."""
+    import jax
+
+    host = np.asarray(host)
+    return jax.make_array_from_callback(host.shape, sharding, lambda index: host[index])
+
+
+def replicate_sharded(tree, devices):
+    """Every leaf replicated over ``Mesh(devices, ("data",))`` with ``NamedSharding(mesh, P())``:
+    the array keeps its own shape (no device axis), one copy per device, sent from host memory."""
+    import jax
+
+    sharding = jax.NamedSharding(jax.sharding.Mesh(np.array(devices), ("data",)), jax.P())
+    return jax.tree_util.tree_map(lambda leaf: global_array(leaf, sharding), tree)
+
+
+PLACEMENTS = {"pmap": replicate_from_host, "sharded": replicate_sharded}
+
+
 def shard(array: np.ndarray, num_devices: int) -> np.ndarray:
     """(num_devices * b, ...) -> (num_devices, b, ...), as flax's shard does for all devices."""
     return array.reshape((num_devices, -1) + array.shape[1:])

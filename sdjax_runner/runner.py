@@ -16,7 +16,7 @@ from typing import Any, Iterator, Optional
 from omegaconf import DictConfig
 from PIL import Image
 
-from sdjax_runner import compile_cache, outputs, quiet
+from sdjax_runner import compile_cache, distributed, outputs, quiet
 from sdjax_runner.errors import UserError, describe
 from sdjax_runner.plan import Plan, make_plan
 from sdjax_runner.tracking import NullTracker, flatten_params, make_tracker, numeric_metrics
@@ -46,14 +46,16 @@ class Job:
     leaves no tracker run behind -- but status.json still says why the job stopped.
     """
 
-    def __init__(self, run_dir: Path):
+    def __init__(self, run_dir: Path, writes: bool = True):
         self.run_dir = run_dir
+        self.writes = writes  # False on processes other than 0 of a multi-host run
         self.tracker: Any = NullTracker()
         self.status: dict[str, Any] = {"status": "RUNNING"}
 
     def write_status(self, **fields: Any) -> None:
         self.status.update(fields, tracking=self.tracker.description, run_id=self.tracker.run_id)
-        outputs.write_json(self.run_dir / "status.json", self.status)
+        if self.writes:
+            outputs.write_json(self.run_dir / "status.json", self.status)
 
     def start_tracker(self, tracker, run_name: str, params: dict[str, str], tags: dict[str, str]) -> None:
         self.tracker = tracker
@@ -70,7 +72,14 @@ class Job:
             self.write_status(status="KILLED" if killed else "FAILED",
                               error=describe(exc) or f"{type(exc).__name__}: {exc}")
             self.tracker.end(self.status["status"], self.status["error"])
+            if not killed and "jax" in sys.modules:
+                distributed.agree(failed=True)
             raise
+        if distributed.agree(failed=False):
+            error = "another process of this multi-host run failed"
+            self.write_status(status="FAILED", error=error)
+            self.tracker.end("FAILED", error)
+            raise RuntimeError(error)
         self.write_status(status="FINISHED")
         self.tracker.end("FINISHED")
 
@@ -126,7 +135,9 @@ def run(cfg: DictConfig, run_dir: Path, overrides: list[str], run_name: Optional
         parent_run_id: Optional[str] = None) -> dict[str, Any]:
     """Run one job into ``run_dir``; ``parent_run_id`` links its tracker run to a sweep's."""
     started = time.perf_counter()
-    job = Job(run_dir)
+    use_host_devices(cfg.parallelism.host_device_count)
+    distributed.initialize(cfg.parallelism)
+    job = Job(run_dir, writes=distributed.is_writer())
     with job.recorded():
         return _run(cfg, job, overrides, run_name or cfg.run_name, parent_run_id, started)
 
@@ -134,11 +145,10 @@ def run(cfg: DictConfig, run_dir: Path, overrides: list[str], run_name: Optional
 def _run(cfg: DictConfig, job: Job, overrides: list[str], run_name: str, parent_run_id: Optional[str],
          started: float) -> dict[str, Any]:
     run_dir = job.run_dir
-    use_host_devices(cfg.parallelism.host_device_count)
     quiet.silence_libraries()
     import jax
 
-    plan = make_plan(cfg, jax.local_device_count())
+    plan = make_plan(cfg, jax.device_count() if cfg.parallelism.mode.name == "sharded" else jax.local_device_count())
     log.info("plan: %d image(s) = %d batch(es) x %d device(s) x %d per device; %s %s, %s %d steps, seed %d",
              len(plan.kept_images), plan.num_batches, plan.num_devices, plan.per_device_batch_size,
              cfg.model.name, cfg.dtype.name, cfg.scheduler.name, plan.num_inference_steps, plan.seed)
@@ -146,24 +156,27 @@ def _run(cfg: DictConfig, job: Job, overrides: list[str], run_name: str, parent_
         log.info("plan: %d padding image(s) will be generated and dropped (prompts.fill=pad)",
                  len(plan.images) - len(plan.kept_images))
 
-    from sdjax_runner.generate import PmapGenerator, compile_key
+    from sdjax_runner.generate import GENERATORS, compile_key
     from sdjax_runner.parallel import param_bytes_per_device
     from sdjax_runner.provenance import device_facts, run_tags
     from sdjax_runner.session import SESSION
 
     tags = run_tags(overrides, cfg.experiment)
+    tags["parallelism.layout"] = (f"{cfg.parallelism.mode.name}: {plan.num_devices} device(s) x "
+                                  f"{plan.per_device_batch_size} per device over {jax.process_count()} process(es)")
     if parent_run_id:
         tags["mlflow.parentRunId"] = parent_run_id
-    job.start_tracker(make_tracker(cfg), run_name, flatten_params(cfg), tags)
+    job.start_tracker(make_tracker(cfg) if job.writes else NullTracker(), run_name, flatten_params(cfg), tags)
     compile_cache.configure(cfg.compilation_cache)
 
     entry, model_reused = SESSION.model(cfg)
     height, width = image_size(plan, entry.loaded, cfg.model.name)
     log.info("load: %s %s", cfg.model.name, "reused from an earlier job of this process" if model_reused else
              f"from {entry.loaded.path} in {entry.loaded.load_s:.1f} s")
-    devices = jax.local_devices()[: plan.num_devices]
+    devices = jax.devices()[: plan.num_devices]
     prepared = SESSION.prepare(cfg, entry, model_reused, devices, compile_key(plan, height, width))
-    generator = PmapGenerator(prepared.pipeline, prepared.params, prepared.safety_params, plan, height, width)
+    generator = GENERATORS[cfg.parallelism.mode.name](prepared.pipeline, prepared.params, prepared.safety_params,
+                                                      plan, height, width, devices)
     trace_s, compile_s, cache_hit = 0.0, 0.0, False
     if prepared.compiled is None:
         generator.compiled, trace_s, compile_s, cache_hit = SESSION.compile(prepared, generator.lower)
@@ -177,6 +190,11 @@ def _run(cfg: DictConfig, job: Job, overrides: list[str], run_name: str, parent_
 
     batches = generator.generate(lambda it: tqdm(it, total=plan.num_batches, desc="generate", unit="batch",
                                                  disable=plan.num_batches < 2, leave=False))
+    if not job.writes:  # still take part in every batch: gathering the images is collective
+        for _ in batches:
+            pass
+        log.info("generate: done on process %d; process 0 writes the outputs", jax.process_index())
+        return {"run_dir": None}
     records, images, write_s = write_batches(run_dir, cfg, plan, batches, image_meta(cfg, plan, height, width))
     summary = generator.timings.summary(plan.images_per_batch, plan.num_inference_steps)
     summary.update(trace_s=trace_s, compile_s=compile_s)

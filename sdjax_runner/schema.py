@@ -23,7 +23,8 @@ class Dtype(Enum):
 
 
 class ParallelMode(Enum):
-    pmap = "pmap"
+    pmap = "pmap"  # the guide's path: replicate + shard + jax.pmap
+    sharded = "sharded"  # one jax.jit over a Mesh("data"), NamedSharding params and batch
 
 
 class PromptFill(Enum):
@@ -77,12 +78,21 @@ class SamplingConfig:
 
 
 @dataclass
+class DistributedConfig:
+    enabled: bool = False
+    coordinator_address: Optional[str] = None
+    num_processes: Optional[int] = None
+    process_id: Optional[int] = None
+
+
+@dataclass
 class ParallelismConfig:
     mode: ParallelMode = ParallelMode.pmap
     num_devices: Optional[int] = None
     per_device_batch_size: int = 1
     num_batches: Optional[int] = None
     host_device_count: Optional[int] = None
+    distributed: DistributedConfig = field(default_factory=DistributedConfig)
 
 
 @dataclass

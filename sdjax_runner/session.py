@@ -25,7 +25,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from sdjax_runner import compile_cache
 from sdjax_runner.loading import LoadedModel, load_model, with_scheduler
-from sdjax_runner.parallel import replicate_from_host
+from sdjax_runner.parallel import PLACEMENTS
 
 
 @dataclass
@@ -41,7 +41,7 @@ class Counters:
 class ModelEntry:
     loaded: LoadedModel
     pipelines: dict[tuple, tuple[Any, Any]] = field(default_factory=dict)  # scheduler key -> (pipeline, state)
-    weights_on: tuple = ()  # the devices ``weights`` are replicated to
+    weights_on: tuple = ()  # (parallel mode, devices) ``weights`` are placed for
     weights: Any = None
     compiled: dict[tuple, Callable] = field(default_factory=dict)
 
@@ -95,28 +95,30 @@ class Session:
         pipeline, state = entry.pipelines[sched_key]
 
         started = time.perf_counter()
-        device_ids = tuple(d.id for d in devices)
-        if entry.weights_on != device_ids:
-            entry.weights = None  # one replicated copy per model at a time
+        mode = cfg.parallelism.mode.name
+        place = PLACEMENTS[mode]
+        placement = (mode, tuple(d.id for d in devices))
+        if entry.weights_on != placement:
+            entry.weights = None  # one placed copy per model at a time
             weights = {k: v for k, v in entry.loaded.params.items() if k != "safety_checker"}
-            entry.weights = replicate_from_host(weights, devices)
-            entry.weights_on = device_ids
+            entry.weights = place(weights, devices)
+            entry.weights_on = placement
             self.counters.replications += 1
-        params = dict(entry.weights, scheduler=replicate_from_host(state, devices))
+        params = dict(entry.weights, scheduler=place(state, devices))
         jax.block_until_ready(params)
         replicate_s = time.perf_counter() - started
 
-        compile_key = (sched_key, device_ids) + plan_key
+        compile_key = (sched_key, placement) + plan_key
         return Prepared(pipeline, params, entry.loaded.params.get("safety_checker"),
                         entry.compiled.get(compile_key), entry, compile_key, reused,
                         0.0 if reused else entry.loaded.load_s, replicate_s)
 
     def compile(self, prepared: Prepared, lower: Callable[[], Any]) -> tuple[Callable, float, float, bool]:
         """(compiled function, trace+lower seconds, XLA compile seconds, served by the persistent cache)."""
-        hits = compile_cache.hits()
         started = time.perf_counter()
         lowered = lower()
         traced = time.perf_counter()
+        hits = compile_cache.hits()  # only the XLA compile of this program counts
         compiled = lowered.compile()
         trace_s, compile_s = traced - started, time.perf_counter() - traced
         prepared.entry.compiled[prepared.compile_key] = compiled
