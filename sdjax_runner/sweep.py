@@ -39,9 +39,14 @@ def swept_keys(task_overrides: list[str]) -> list[str]:
     return [o.get_key_element().lstrip("+~") for o in parsed if o.is_sweep_override()]
 
 
+def override_values(job_overrides: list[str]) -> dict[str, str]:
+    """``["+experiment=smoke", "seed=1"]`` -> ``{"experiment": "smoke", "seed": "1"}``."""
+    return dict(o.lstrip("+~").split("=", 1) for o in job_overrides if "=" in o)
+
+
 def job_label(job_overrides: list[str], keys: list[str]) -> str:
     """``seed=1 sampling.guidance_scale=3``: the job's values of the swept keys."""
-    values = dict(o.lstrip("+~").split("=", 1) for o in job_overrides if "=" in o)
+    values = override_values(job_overrides)
     return " ".join(f"{k}={values[k]}" for k in keys if k in values) or "job"
 
 
@@ -57,7 +62,7 @@ def collect_jobs(sweep_dir: Path, keys: list[str]) -> list[dict[str, Any]]:
         overrides = OmegaConf.to_container(OmegaConf.load(job_dir / ".hydra" / "overrides.yaml"))
         status = outputs.read_json(job_dir / "status.json") if (job_dir / "status.json").exists() else {}
         timings = outputs.read_json(job_dir / "timings.json") if (job_dir / "timings.json").exists() else {}
-        values = dict(o.lstrip("+~").split("=", 1) for o in overrides if "=" in o)
+        values = override_values(overrides)
         row = {"job": int(job_dir.name), "label": job_label(overrides, keys), "status": status.get("status", "UNKNOWN"),
                "error": status.get("error", ""), "run_id": status.get("run_id", ""), "dir": str(job_dir)}
         row.update({k: values.get(k, "") for k in keys})

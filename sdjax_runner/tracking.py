@@ -93,13 +93,17 @@ class MlflowTracker:
         self.run_id = run.info.run_id
         self.client.log_batch(self.run_id, params=[Param(k, v) for k, v in sorted(params.items())])
 
-    def log_outputs(self, run_dir: Path, metrics: dict[str, float]) -> None:
+    def _log_metrics(self, metrics: dict[str, float]) -> None:
         from mlflow.entities import Metric
         from mlflow.utils.time import get_current_time_millis
-        from PIL import Image
 
         now = get_current_time_millis()
         self.client.log_batch(self.run_id, metrics=[Metric(k, v, now, 0) for k, v in sorted(metrics.items())])
+
+    def log_outputs(self, run_dir: Path, metrics: dict[str, float]) -> None:
+        from PIL import Image
+
+        self._log_metrics(metrics)
         for name in ("timings.json", "images.json"):
             if (run_dir / name).exists():
                 self.client.log_artifact(self.run_id, str(run_dir / name))
@@ -113,12 +117,9 @@ class MlflowTracker:
 
     def log_sweep(self, sweep_dir: Path, rows: list[dict[str, Any]], metrics: dict[str, float]) -> None:
         """The sweep's summary (as an MLflow table and CSV) and contact sheet, on the parent run."""
-        from mlflow.entities import Metric
-        from mlflow.utils.time import get_current_time_millis
         from PIL import Image
 
-        now = get_current_time_millis()
-        self.client.log_batch(self.run_id, metrics=[Metric(k, v, now, 0) for k, v in sorted(metrics.items())])
+        self._log_metrics(metrics)
         if rows:
             table = {column: [str(row[column]) for row in rows] for column in rows[0]}
             self.client.log_table(self.run_id, data=table, artifact_file="summary_table.json")
