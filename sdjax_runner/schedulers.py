@@ -7,9 +7,15 @@ from typing import Any
 
 from sdjax_runner.errors import UserError
 
-# scheduler.name -> diffusers Flax class name
+# scheduler.name -> diffusers Flax class name. Two of diffusers 0.39's Flax schedulers cannot
+# run in the pipeline's jitted loop here: FlaxLMSDiscreteScheduler keeps a Python list of
+# derivatives and integrates its coefficients with SciPy per step (not traceable), and
+# FlaxDDPMScheduler calls jnp.clip(a_min=...), which JAX 0.10 removed.
 SCHEDULERS = {
     "pndm": "FlaxPNDMScheduler",
+    "ddim": "FlaxDDIMScheduler",
+    "dpm_solver_pp": "FlaxDPMSolverMultistepScheduler",
+    "euler": "FlaxEulerDiscreteScheduler",
 }
 
 

@@ -17,6 +17,7 @@ from sdjax_runner import quiet  # noqa: E402
 quiet.silence_libraries()  # the guide code run in-process logs Flax deprecation notices too
 
 REPO = Path(__file__).resolve().parent.parent
+CONF_SCHEDULERS = sorted(p.stem for p in (REPO / "conf" / "scheduler").glob("*.yaml"))
 
 
 @pytest.fixture(scope="session")

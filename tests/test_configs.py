@@ -77,7 +77,7 @@ def test_smoke_is_small():
     ("sampling.num_inference_step=3", "sampling.num_inference_step: unknown key (allowed: num_inference_steps,"),
     ("seed=abc", "seed: Value 'abc'"),
     ("dtype.weights_dtype=int8", "expected one of [float32, bfloat16, float16]"),
-    ("scheduler=nope", "scheduler=nope: no such option (allowed: pndm)"),
+    ("scheduler=nope", "scheduler=nope: no such option (allowed: ddim, dpm_solver_pp, euler, pndm)"),
 ])
 def test_schema_rejects_bad_values_at_compose_time(override, message):
     with pytest.raises(ConfigCompositionException) as info:
