@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import sys
 from pathlib import Path
 
@@ -19,12 +20,14 @@ from hydra.types import RunMode
 from omegaconf import DictConfig
 
 from sdjax_runner import schema
-from sdjax_runner.errors import describe
-from sdjax_runner.sweep import failure_message, job_label, read_sweep_file
+from sdjax_runner.errors import Terminated, describe, stop_reason
+from sdjax_runner.sweep import abort, failure_message, job_label, read_sweep_file
 
 CONFIG_DIR = str(Path(__file__).resolve().parent.parent / "conf")
 BAD_INPUT_EXIT = 2
 SWEEP_FAILED_EXIT = 1
+INTERRUPTED_EXIT = 128 + signal.SIGINT  # 130, as a shell reports Ctrl-C
+TERMINATED_EXIT = 128 + signal.SIGTERM  # 143
 log = logging.getLogger("sdjax_runner")
 _show_tracebacks = False
 
@@ -63,14 +66,27 @@ def _app(cfg: DictConfig) -> dict:
         return {"run_dir": str(run_dir), "error": str(exc)}
 
 
+def _terminate(signum: int, frame: object) -> None:
+    raise Terminated()
+
+
 def main() -> None:
     global _show_tracebacks
     schema.register()
+    # SIGTERM ends the job like Ctrl-C does: the tracker run ends KILLED, status.json says so,
+    # and what was written stays. (Python sees a signal between bytecodes: a long XLA call
+    # finishes first.)
+    signal.signal(signal.SIGTERM, _terminate)
     _show_tracebacks = os.environ.get("HYDRA_FULL_ERROR") == "1"
     # Let Hydra pass its composition errors up instead of printing them itself.
     os.environ["HYDRA_FULL_ERROR"] = "1"
     try:
         _app()
+    except (KeyboardInterrupt, Terminated) as exc:
+        reason = stop_reason(exc)[1]
+        abort(reason)
+        print(f"error: {reason}", file=sys.stderr)
+        sys.exit(INTERRUPTED_EXIT if isinstance(exc, KeyboardInterrupt) else TERMINATED_EXIT)
     except Exception as exc:
         message = describe(exc)
         if message is None or _show_tracebacks:

@@ -8,6 +8,10 @@ import typing
 from typing import Iterable, Optional
 
 
+class Terminated(BaseException):
+    """SIGTERM, raised in the main thread so a run ends KILLED like on Ctrl-C (SIGINT)."""
+
+
 class UserError(Exception):
     """Bad input the user can fix. Printed as one line, never with a traceback."""
 
@@ -79,3 +83,14 @@ def describe(exc: BaseException) -> Optional[str]:
     if isinstance(exc, HydraException):
         return _one_line(exc)
     return None
+
+
+def stop_reason(exc: BaseException) -> tuple[str, str]:
+    """(tracker status, one-line reason) for whatever ended a job."""
+    if isinstance(exc, KeyboardInterrupt):
+        return "KILLED", "interrupted (SIGINT)"
+    if isinstance(exc, Terminated):
+        return "KILLED", "terminated (SIGTERM)"
+    if isinstance(exc, SystemExit):
+        return "KILLED", f"exited with status {exc.code}"
+    return "FAILED", describe(exc) or f"{type(exc).__name__}: {exc}"

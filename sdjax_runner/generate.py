@@ -94,15 +94,16 @@ class Generator:
         out = self.run(*inputs).block_until_ready()
         return out, time.perf_counter() - started
 
-    def generate(self, progress: Callable[[Iterator[int]], Iterator[int]] = iter) -> Iterator[np.ndarray]:
+    def generate(self, on_batch: Callable[[], Any] = lambda: None) -> Iterator[np.ndarray]:
         """Yield each batch's images (N, H, W, 3) as uint8, recording timings."""
-        for batch in progress(iter(range(self.plan.num_batches))):
+        for batch in range(self.plan.num_batches):
             out, seconds = self._timed(self.inputs(batch))
             if batch == 0:
                 self.timings.first_batch_s = seconds
             else:
                 self.timings.steady_s.append(seconds)
             yield self._to_uint8(self.fetch(out))
+            on_batch()
         first = self.inputs(0)
         while len(self.timings.steady_s) < self.plan.repeats:
             self.timings.steady_s.append(self._timed(first)[1])

@@ -17,7 +17,7 @@ from omegaconf import DictConfig
 from PIL import Image
 
 from sdjax_runner import compile_cache, distributed, outputs, quiet
-from sdjax_runner.errors import UserError, describe
+from sdjax_runner.errors import UserError, stop_reason
 from sdjax_runner.plan import Plan, make_plan
 from sdjax_runner.tracking import NullTracker, flatten_params, make_tracker, numeric_metrics
 
@@ -68,11 +68,10 @@ class Job:
         try:
             yield self
         except BaseException as exc:
-            killed = isinstance(exc, (KeyboardInterrupt, SystemExit))
-            self.write_status(status="KILLED" if killed else "FAILED",
-                              error=describe(exc) or f"{type(exc).__name__}: {exc}")
-            self.tracker.end(self.status["status"], self.status["error"])
-            if not killed and "jax" in sys.modules:
+            status, error = stop_reason(exc)
+            self.write_status(status=status, error=error)
+            self.tracker.end(status, error)
+            if status == "FAILED" and "jax" in sys.modules:
                 distributed.agree(failed=True)
             raise
         if distributed.agree(failed=False):
@@ -188,14 +187,16 @@ def _run(cfg: DictConfig, job: Job, overrides: list[str], run_name: str, parent_
 
     from tqdm import tqdm
 
-    batches = generator.generate(lambda it: tqdm(it, total=plan.num_batches, desc="generate", unit="batch",
-                                                 disable=plan.num_batches < 2, leave=False))
-    if not job.writes:  # still take part in every batch: gathering the images is collective
-        for _ in batches:
-            pass
-        log.info("generate: done on process %d; process 0 writes the outputs", jax.process_index())
-        return {"run_dir": None}
-    records, images, write_s = write_batches(run_dir, cfg, plan, batches, image_meta(cfg, plan, height, width))
+    # The bar is closed however the loop ends, so an interrupt's message starts on a clean line.
+    with tqdm(total=plan.num_batches, desc="generate", unit="batch", disable=plan.num_batches < 2,
+              leave=False) as bar:
+        batches = generator.generate(on_batch=bar.update)
+        if not job.writes:  # still take part in every batch: gathering the images is collective
+            for _ in batches:
+                pass
+            log.info("generate: done on process %d; process 0 writes the outputs", jax.process_index())
+            return {"run_dir": None}
+        records, images, write_s = write_batches(run_dir, cfg, plan, batches, image_meta(cfg, plan, height, width))
     summary = generator.timings.summary(plan.images_per_batch, plan.num_inference_steps)
     summary.update(trace_s=trace_s, compile_s=compile_s)
     log.info("generate: %.3f s/batch median of %d (min %.3f, max %.3f), %.2f images/s",

@@ -29,6 +29,8 @@ CELL = 256  # contact sheet cell width in pixels
 
 # What the last sweep in this process ended with; cli.main turns failures into exit code 1.
 last_result: dict[str, Any] = {}
+# The parent run of a sweep under way, so an interrupt can end it (Hydra skips on_multirun_end).
+_open_parent: list[Any] = []
 
 
 def swept_keys(task_overrides: list[str]) -> list[str]:
@@ -135,6 +137,7 @@ class SweepCallback(Callback):
         self.tracker.start(f"{config.run_name} sweep", {"sweep.overrides": " ".join(task)[:500],
                                                       "sweep.keys": " ".join(keys)},
                            run_tags(task, config.experiment, with_devices=False))
+        _open_parent[:] = [self.tracker]
         outputs.write_json(sweep_dir / SWEEP_FILE, {"parent_run_id": self.tracker.run_id, "swept_keys": keys,
                                                    "overrides": task})
         log.info("sweep: %s over %s -> %s", self.tracker.description, ", ".join(keys) or "nothing", sweep_dir)
@@ -146,12 +149,19 @@ class SweepCallback(Callback):
         write_summary(sweep_dir, rows, keys)  # disk first
         failed = [r for r in rows if r["status"] != "FINISHED"]
         last_result.update(jobs=len(rows), failed=failed, sweep_dir=str(sweep_dir))
+        _open_parent.clear()
         if self.tracker is not None:
             self.tracker.log_sweep(sweep_dir, rows, {"jobs": len(rows), "failed_jobs": len(failed)})
             self.tracker.end("FAILED" if failed else "FINISHED",
                              f"{len(failed)} of {len(rows)} job(s) failed" if failed else None)
         log.info("sweep: %d job(s), %d failed; summary.csv and contact_sheet.png in %s", len(rows), len(failed),
                  sweep_dir)
+
+
+def abort(reason: str) -> None:
+    """End the parent run of an interrupted sweep KILLED."""
+    while _open_parent:
+        _open_parent.pop().end("KILLED", reason)
 
 
 def failure_message() -> Optional[str]:

@@ -1,0 +1,62 @@
+"""SIGINT / SIGTERM mid-run: tracker runs end KILLED, status.json says so, images made so far stay."""
+
+import json
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+
+import pytest
+
+ENV_DROP = ("HYDRA_FULL_ERROR", "MLFLOW_TRACKING_URI")
+
+
+def start(tmp_path, *overrides):
+    env = {k: v for k, v in os.environ.items() if k not in ENV_DROP}
+    return subprocess.Popen([sys.executable, "-m", "sdjax_runner", *overrides], cwd=tmp_path, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def wait_for_images(directory, count, proc, timeout=120):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if directory.is_dir() and len(list(directory.glob("*.png"))) >= count:
+            return
+        assert proc.poll() is None, proc.communicate()
+        time.sleep(0.2)
+    raise AssertionError("no images appeared")
+
+
+def run_statuses(tmp_path):
+    with sqlite3.connect(tmp_path / "outputs" / "mlflow.db") as db:
+        return sorted(db.execute("select name, status from runs").fetchall())
+
+
+@pytest.mark.parametrize("sig,code,reason", [(signal.SIGTERM, 143, "terminated (SIGTERM)"),
+                                             (signal.SIGINT, 130, "interrupted (SIGINT)")])
+def test_a_signal_ends_the_run_killed_and_keeps_the_images(tmp_path, tiny_model_dir, sig, code, reason):
+    run_dir = tmp_path / "run"
+    proc = start(tmp_path, "+experiment=smoke", "parallelism.num_batches=500", f"hydra.run.dir={run_dir}")
+    wait_for_images(run_dir / "images", 16, proc)
+    proc.send_signal(sig)
+    _, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == code
+    assert stderr.strip().splitlines()[-1] == f"error: {reason}" and "Traceback" not in stderr
+    status = json.loads((run_dir / "status.json").read_text())
+    assert (status["status"], status["error"]) == ("KILLED", reason)
+    assert len(list((run_dir / "images").glob("*.png"))) >= 16
+    assert run_statuses(tmp_path) == [("smoke", "KILLED")]
+
+
+def test_a_terminated_sweep_leaves_no_run_running(tmp_path, tiny_model_dir):
+    sweep_dir = tmp_path / "sweep"
+    proc = start(tmp_path, "-m", "+experiment=smoke", "seed=0,1,2", "parallelism.num_batches=500",
+                 f"hydra.sweep.dir={sweep_dir}")
+    wait_for_images(sweep_dir / "0" / "images", 16, proc)
+    proc.send_signal(signal.SIGTERM)
+    proc.communicate(timeout=60)
+    assert proc.returncode == 143
+    assert run_statuses(tmp_path) == [("smoke seed=0", "KILLED"), ("smoke sweep", "KILLED")]
+    assert not (sweep_dir / "1").exists()  # the sweep stopped
