@@ -10,14 +10,15 @@ import os
 import re
 import sys
 import time
+import uuid
 from pathlib import Path
-from typing import Any, Iterator, Optional
+from typing import Any, Callable, Iterator, Optional
 
 from omegaconf import DictConfig
 from PIL import Image
 
 from sdjax_runner import compile_cache, distributed, outputs, quiet
-from sdjax_runner.errors import UserError, stop_reason
+from sdjax_runner.errors import UserError, describe, stop_reason
 from sdjax_runner.plan import Plan, make_plan
 from sdjax_runner.tracking import NullTracker, flatten_params, make_tracker, numeric_metrics
 
@@ -42,25 +43,52 @@ def use_host_devices(count: Optional[int]) -> None:
 class Job:
     """status.json and the tracker run follow the job: RUNNING, then FINISHED/FAILED/KILLED.
 
-    The tracker starts only once the config has passed validation, so bad input
-    leaves no tracker run behind -- but status.json still says why the job stopped.
+    The tracker starts only once the config has passed validation, so bad input leaves no
+    tracker run behind -- but status.json still says why the job stopped. What the tracker is
+    to receive is written to tracking.json first; if the tracker fails (a server down), the job
+    goes on, status.json says ``"logged": false``, and ``python -m sdjax_runner.sync`` logs it later.
     """
 
     def __init__(self, run_dir: Path, writes: bool = True):
         self.run_dir = run_dir
         self.writes = writes  # False on processes other than 0 of a multi-host run
         self.tracker: Any = NullTracker()
+        self.tracker_error: Optional[str] = None
         self.status: dict[str, Any] = {"status": "RUNNING"}
 
     def write_status(self, **fields: Any) -> None:
         self.status.update(fields, tracking=self.tracker.description, run_id=self.tracker.run_id)
+        if isinstance(self.tracker, NullTracker):
+            self.status["logged"] = None  # tracking=none: nothing to log
+        else:
+            self.status["logged"] = self.tracker_error is None and self.status["status"] != "RUNNING"
+            if self.tracker_error:
+                self.status["tracking_error"] = self.tracker_error
         if self.writes:
             outputs.write_json(self.run_dir / "status.json", self.status)
 
+    def tracked(self, call: Callable[[], Any]) -> None:
+        """A tracker call; the first failure is reported once and the tracker is left alone after."""
+        if self.tracker_error is not None:
+            return
+        try:
+            call()
+        except Exception as exc:
+            self.tracker_error = describe(exc) or f"{type(exc).__name__}: {exc}"
+            log.warning("tracking failed, the run goes on and keeps everything in %s (log it later: "
+                        "python -m sdjax_runner.sync %s): %s", self.run_dir, self.run_dir,
+                        " ".join(self.tracker_error.split())[:300])
+
     def start_tracker(self, tracker, run_name: str, params: dict[str, str], tags: dict[str, str]) -> None:
         self.tracker = tracker
-        tracker.start(run_name, params, tags)
+        if self.writes and not isinstance(tracker, NullTracker):
+            outputs.write_json(self.run_dir / "tracking.json", {"run_name": run_name, "params": params, "tags": tags})
+        self.tracked(lambda: tracker.start(run_name, params, tags))
         self.write_status()
+
+    def end_tracker(self, status: str, error: Optional[str] = None) -> None:
+        self.tracked(lambda: self.tracker.end(status, error))
+        self.write_status(status=status, **({"error": error} if error else {}))
 
     @contextlib.contextmanager
     def recorded(self) -> Iterator["Job"]:
@@ -69,18 +97,15 @@ class Job:
             yield self
         except BaseException as exc:
             status, error = stop_reason(exc)
-            self.write_status(status=status, error=error)
-            self.tracker.end(status, error)
+            self.end_tracker(status, error)
             if status == "FAILED" and "jax" in sys.modules:
                 distributed.agree(failed=True)
             raise
         if distributed.agree(failed=False):
             error = "another process of this multi-host run failed"
-            self.write_status(status="FAILED", error=error)
-            self.tracker.end("FAILED", error)
+            self.end_tracker("FAILED", error)
             raise RuntimeError(error)
-        self.write_status(status="FINISHED")
-        self.tracker.end("FINISHED")
+        self.end_tracker("FINISHED")
 
 
 def image_size(plan: Plan, loaded, model_name: str) -> tuple[int, int]:
@@ -161,6 +186,7 @@ def _run(cfg: DictConfig, job: Job, overrides: list[str], run_name: str, parent_
     from sdjax_runner.session import SESSION
 
     tags = run_tags(overrides, cfg.experiment)
+    tags["sdjax.run_uid"] = uuid.uuid4().hex  # lets sync find this run again instead of duplicating it
     tags["parallelism.layout"] = (f"{cfg.parallelism.mode.name}: {plan.num_devices} device(s) x "
                                   f"{plan.per_device_batch_size} per device over {jax.process_count()} process(es)")
     if parent_run_id:
@@ -236,6 +262,7 @@ def _run(cfg: DictConfig, job: Job, overrides: list[str], run_name: str, parent_
     outputs.write_json(run_dir / "timings.json", timings)
     log.info("write: %d image(s)%s to %s in %.2f s", len(records), " + grid" if cfg.output.grid else "",
              run_dir, write_s)
-    job.tracker.log_outputs(run_dir, numeric_metrics(timings))
-    log.info("track: %s", job.tracker.description)
+    job.tracked(lambda: job.tracker.log_outputs(run_dir, numeric_metrics(timings)))
+    if job.tracker_error is None:
+        log.info("track: %s", job.tracker.description)
     return {"run_dir": str(run_dir), "timings": timings}

@@ -100,6 +100,9 @@ class TrackingConfig:
     backend: TrackingBackend = TrackingBackend.mlflow
     uri: Optional[str] = None
     experiment_name: str = "sdjax-runner"
+    max_retries: int = 2
+    backoff_factor: int = 1
+    timeout_s: int = 10
 
 
 @dataclass

@@ -134,13 +134,18 @@ class SweepCallback(Callback):
         task = list(config.hydra.overrides.task)
         keys = swept_keys(task)
         self.tracker = make_tracker(config)
-        self.tracker.start(f"{config.run_name} sweep", {"sweep.overrides": " ".join(task)[:500],
-                                                      "sweep.keys": " ".join(keys)},
-                           run_tags(task, config.experiment, with_devices=False))
-        _open_parent[:] = [self.tracker]
-        outputs.write_json(sweep_dir / SWEEP_FILE, {"parent_run_id": self.tracker.run_id, "swept_keys": keys,
-                                                   "overrides": task})
-        log.info("sweep: %s over %s -> %s", self.tracker.description, ", ".join(keys) or "nothing", sweep_dir)
+        try:
+            self.tracker.start(f"{config.run_name} sweep", {"sweep.overrides": " ".join(task)[:500],
+                                                          "sweep.keys": " ".join(keys)},
+                               run_tags(task, config.experiment, with_devices=False))
+        except Exception as exc:  # the jobs still run and keep everything on disk
+            log.warning("sweep: tracking failed, no parent run (%s)", " ".join(str(exc).split())[:200])
+            self.tracker = None
+        _open_parent[:] = [self.tracker] if self.tracker else []
+        parent = self.tracker.run_id if self.tracker else None
+        outputs.write_json(sweep_dir / SWEEP_FILE, {"parent_run_id": parent, "swept_keys": keys, "overrides": task})
+        log.info("sweep: over %s -> %s%s", ", ".join(keys) or "nothing", sweep_dir,
+                 f"; {self.tracker.description}" if self.tracker else "")
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         sweep_dir = Path(config.hydra.sweep.dir)

@@ -58,9 +58,15 @@ class NullTracker:
 
 
 class MlflowTracker:
-    def __init__(self, tracking: DictConfig, output_root: str):
+    def __init__(self, tracking: DictConfig, output_root: str, uri: Optional[str] = None):
         root = Path(output_root).expanduser().resolve()
-        self.uri = tracking.uri or os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{root / 'mlflow.db'}"
+        self.uri = uri or tracking.uri or os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{root / 'mlflow.db'}"
+        # Bounded retries for a server that is down or flaky (MLflow reads these per request;
+        # a user's own MLFLOW_HTTP_REQUEST_* settings win).
+        for name, value in (("MAX_RETRIES", tracking.max_retries), ("BACKOFF_FACTOR", tracking.backoff_factor),
+                            ("TIMEOUT", tracking.timeout_s)):
+            os.environ.setdefault(f"MLFLOW_HTTP_REQUEST_{name}", str(value))
+        os.environ.setdefault("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", "true")  # our own "track:" line says it
         self.artifact_location: Optional[str] = None
         if self.uri.startswith("sqlite:///"):
             db = Path(self.uri[len("sqlite:///"):]).expanduser().resolve()
@@ -72,17 +78,36 @@ class MlflowTracker:
 
     @property
     def description(self) -> str:
+        if self.run_id is None:
+            return f"mlflow at {self.uri} (no run)"
         return f"mlflow run {self.run_id} in experiment {self.experiment_name!r} at {self.uri}"
+
+    def find_run(self, tag: str, value: str) -> Optional[str]:
+        """The id of this experiment's run whose ``tag`` is ``value``, if there is one."""
+        self._connect()
+        experiment = self.client.get_experiment_by_name(self.experiment_name)
+        if experiment is None:
+            return None
+        runs = self.client.search_runs([experiment.experiment_id], f"tags.`{tag}` = '{value}'", max_results=1)
+        return runs[0].info.run_id if runs else None
+
+    def _connect(self) -> None:
+        if self.client is None:
+            from mlflow.tracking import MlflowClient
+
+            # mlflow sets its logger to INFO when imported; its store-creation notices are noise here.
+            self.client = MlflowClient(tracking_uri=self.uri)
+            logging.getLogger("mlflow").setLevel(logging.WARNING)
+            logging.getLogger("alembic").setLevel(logging.WARNING)
+
+    def resume(self, run_id: str) -> None:
+        self._connect()
+        self.run_id = run_id
 
     def start(self, run_name: str, params: dict[str, str], tags: dict[str, str]) -> None:
         from mlflow.entities import Param
-        from mlflow.tracking import MlflowClient
 
-        # mlflow sets its logger to INFO when imported; its store-creation notices are noise here.
-        logging.getLogger("mlflow").setLevel(logging.WARNING)
-        logging.getLogger("alembic").setLevel(logging.WARNING)
-
-        self.client = MlflowClient(tracking_uri=self.uri)
+        self._connect()
         experiment = self.client.get_experiment_by_name(self.experiment_name)
         if experiment is None:
             experiment_id = self.client.create_experiment(self.experiment_name,

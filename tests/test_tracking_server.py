@@ -1,5 +1,6 @@
 """``tracking.uri=http://...``: the runner logs to a real MLflow tracking server on loopback."""
 
+import json
 import os
 import signal
 import subprocess
@@ -56,3 +57,31 @@ def test_smoke_run_logs_to_a_tracking_server(tmp_path, mlflow_server, tiny_model
     assert len(client.list_artifacts(run.info.run_id, "images")) == 8
     grid = client.download_artifacts(run.info.run_id, "grid.png", str(tmp_path))
     assert Path(grid).read_bytes() == (tmp_path / "run" / "grid.png").read_bytes()
+
+
+def test_tracker_down_loses_nothing_and_sync_logs_it_later_once(tmp_path, mlflow_server, tiny_model_dir):
+    from mlflow.tracking import MlflowClient
+
+    run_dir = tmp_path / "run"
+    dead = f"http://127.0.0.1:{free_port()}"  # nothing listens there
+    result = run_cli("+experiment=smoke", f"tracking.uri={dead}", f"hydra.run.dir={run_dir}", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    warnings = [line for line in result.stdout.splitlines() if "tracking failed" in line]
+    assert len(warnings) == 1 and f"python -m sdjax_runner.sync {run_dir}" in warnings[0]
+    assert "Traceback" not in result.stdout + result.stderr
+    status = json.loads((run_dir / "status.json").read_text())
+    assert (status["status"], status["logged"]) == ("FINISHED", False) and "Connection refused" in status["tracking_error"]
+    assert len(list((run_dir / "images").glob("*.png"))) == 8 and (run_dir / "timings.json").exists()
+
+    sync = [sys.executable, "-m", "sdjax_runner.sync", str(run_dir), "--uri", mlflow_server]
+    first = subprocess.run(sync, capture_output=True, text=True, timeout=120)
+    second = subprocess.run(sync, capture_output=True, text=True, timeout=120)
+    assert first.returncode == second.returncode == 0, first.stderr + second.stderr
+    assert "logged as mlflow run" in first.stdout and second.stdout.strip().endswith("already logged")
+    client = MlflowClient(tracking_uri=mlflow_server)
+    [run] = client.search_runs([client.get_experiment_by_name("sdjax-runner").experiment_id])
+    assert run.info.status == "FINISHED" and run.info.run_name == "smoke"
+    timings = json.loads((run_dir / "timings.json").read_text())
+    assert run.data.metrics["generate_s"] == pytest.approx(timings["generate_s"])
+    assert len(client.list_artifacts(run.info.run_id, "images")) == 8
+    assert json.loads((run_dir / "status.json").read_text())["logged"] is True

@@ -1,0 +1,77 @@
+"""``python -m sdjax_runner.sync PATH... [--uri URI]``: log runs the tracker missed.
+
+A run whose tracker was unreachable (``"logged": false`` in its status.json) kept everything
+on disk, including ``tracking.json`` -- the run name, params and tags it meant to log. This
+logs such runs now: the run (found again by its ``sdjax.run_uid`` tag if an earlier sync got
+part-way, so nothing is duplicated), its metrics and artifacts, and its final status. PATH is
+a run directory or a multirun directory (its job directories are synced). Running it twice
+logs nothing twice.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Optional
+
+from omegaconf import OmegaConf
+
+from sdjax_runner import outputs
+from sdjax_runner.tracking import MlflowTracker, numeric_metrics
+
+
+def run_dirs(path: Path) -> list[Path]:
+    if (path / "status.json").exists():
+        return [path]
+    return sorted((p for p in path.iterdir() if (p / "status.json").exists()), key=lambda p: p.name)
+
+
+def sync_run(run_dir: Path, uri: Optional[str]) -> str:
+    status = outputs.read_json(run_dir / "status.json")
+    if status.get("logged") is not False:
+        return "already logged" if status.get("logged") else "nothing to log (tracking=none)"
+    if status["status"] == "RUNNING":
+        return "skipped: still running"
+    cfg = OmegaConf.load(run_dir / ".hydra" / "config.yaml")
+    intended = outputs.read_json(run_dir / "tracking.json")
+    tracker = MlflowTracker(cfg.tracking, cfg.paths.output_root, uri=uri)
+    uid = intended["tags"]["sdjax.run_uid"]
+    existing = tracker.find_run("sdjax.run_uid", uid)
+    if existing:
+        tracker.resume(existing)
+    else:
+        tracker.start(intended["run_name"], intended["params"], intended["tags"])
+    timings_file = run_dir / "timings.json"
+    metrics = numeric_metrics(outputs.read_json(timings_file)) if timings_file.exists() else {}
+    tracker.log_outputs(run_dir, metrics)
+    tracker.end(status["status"], status.get("error"))
+    status.update(logged=True, run_id=tracker.run_id, tracking=tracker.description)
+    status.pop("tracking_error", None)
+    outputs.write_json(run_dir / "status.json", status)
+    return f"logged as {tracker.description}"
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m sdjax_runner.sync", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("paths", nargs="+", type=Path, help="run or multirun directories")
+    parser.add_argument("--uri", help="tracking URI to log to (default: the run's own tracking config)")
+    args = parser.parse_args(argv)
+    failed = 0
+    for path in args.paths:
+        if not path.is_dir():
+            print(f"error: {path}: no such directory", file=sys.stderr)
+            failed += 1
+            continue
+        for run_dir in run_dirs(path):
+            try:
+                print(f"{run_dir}: {sync_run(run_dir, args.uri)}")
+            except Exception as exc:  # one bad run must not stop the others
+                print(f"error: {run_dir}: {type(exc).__name__}: {' '.join(str(exc).split())[:300]}", file=sys.stderr)
+                failed += 1
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
