@@ -247,6 +247,7 @@ def _run(cfg: DictConfig, job: Job, overrides: list[str], run_name: str, parent_
         compile_cache_hit=int(cache_hit),
         process_model_loads=counters.model_loads,
         process_compiles=counters.compiles,
+        process_models_held=len(SESSION.models),
         num_images=len(records),
         images_per_batch=plan.images_per_batch,
         num_batches=plan.num_batches,

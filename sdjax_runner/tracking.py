@@ -96,9 +96,9 @@ class MlflowTracker:
             from mlflow.tracking import MlflowClient
 
             # mlflow sets its logger to INFO when imported; its store-creation notices are noise here.
-            self.client = MlflowClient(tracking_uri=self.uri)
             logging.getLogger("mlflow").setLevel(logging.WARNING)
             logging.getLogger("alembic").setLevel(logging.WARNING)
+            self.client = MlflowClient(tracking_uri=self.uri)
 
     def resume(self, run_id: str) -> None:
         self._connect()

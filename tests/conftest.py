@@ -6,6 +6,7 @@ import os
 os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8").strip()
 os.environ.pop("MLFLOW_TRACKING_URI", None)
 
+import shutil  # noqa: E402
 import subprocess  # noqa: E402
 import sys  # noqa: E402
 from pathlib import Path  # noqa: E402
@@ -35,6 +36,28 @@ def tiny_model_dir(cache_dir) -> Path:
     return build_tiny_pipeline(cache_dir / "models" / "tiny-random-v1")
 
 
+@pytest.fixture(scope="session")
+def mlflow_template(tmp_path_factory) -> Path:
+    """An empty embedded MLflow store, migrated once: creating one costs ~5 s of schema migrations."""
+    from mlflow.tracking import MlflowClient
+
+    db = tmp_path_factory.mktemp("mlflow-template") / "mlflow.db"
+    MlflowClient(tracking_uri=f"sqlite:///{db}").search_experiments()
+    return db
+
+
+def seed_store(directory: Path, template: Path) -> None:
+    """Give ``directory/outputs`` a copy of the migrated store, as if earlier runs had created it."""
+    (directory / "outputs").mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(template, directory / "outputs" / "mlflow.db")
+
+
+@pytest.fixture(autouse=True)
+def _seeded_store(request, mlflow_template):
+    if "tmp_path" in request.fixturenames:
+        seed_store(request.getfixturevalue("tmp_path"), mlflow_template)
+
+
 def run_cli(*overrides: str, cwd: Path, env: dict | None = None, timeout: int = 300) -> subprocess.CompletedProcess:
     """``python -m sdjax_runner OVERRIDES`` in a subprocess, as a user runs it."""
     full_env = {k: v for k, v in os.environ.items() if k not in ("HYDRA_FULL_ERROR", "MLFLOW_TRACKING_URI")}
@@ -44,9 +67,10 @@ def run_cli(*overrides: str, cwd: Path, env: dict | None = None, timeout: int = 
 
 
 @pytest.fixture(scope="session")
-def smoke_run(tmp_path_factory, tiny_model_dir):
+def smoke_run(tmp_path_factory, tiny_model_dir, mlflow_template):
     """The README's command, ``+experiment=smoke``, with outputs under a temporary directory."""
     work = tmp_path_factory.mktemp("smoke")
+    seed_store(work, mlflow_template)
     run_dir = work / "outputs" / "the-run"
     result = run_cli("+experiment=smoke", f"hydra.run.dir={run_dir}", cwd=work)
     assert result.returncode == 0, result.stderr

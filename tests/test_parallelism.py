@@ -24,34 +24,35 @@ def run_ok(tmp_path, name, *overrides):
     return run_dir, result
 
 
-def test_sharded_path_gives_the_pmap_images_in_fp32(smoke_run, tmp_path):
-    _, pmap_dir, _ = smoke_run
-    sharded_dir, _ = run_ok(tmp_path, "sharded", "parallelism=sharded")
-    pmap_images, sharded_images = runner_images(pmap_dir), runner_images(sharded_dir)
-    assert len(sharded_images) == 8
-    assert all(np.array_equal(a, b) for a, b in zip(pmap_images, sharded_images, strict=True))
-    timings = json.loads((sharded_dir / "timings.json").read_text())
-    assert timings["num_devices"] == 8 and timings["param_bytes_per_device"] > 0
-
-
-def test_sharded_path_matches_pmap_within_one_level_in_bf16(tmp_path):
-    pmap_dir, _ = run_ok(tmp_path, "pmap", "dtype=bf16", "parallelism.num_devices=4")
-    sharded_dir, _ = run_ok(tmp_path, "sharded", "dtype=bf16", "parallelism=sharded", "parallelism.num_devices=4")
-    for a, b in zip(runner_images(pmap_dir), runner_images(sharded_dir), strict=True):
+def test_sharded_path_gives_the_pmap_images_fp32_exactly_bf16_within_one_level(tmp_path):
+    # One process, four jobs: (fp32, pmap), (fp32, sharded), (bf16, pmap), (bf16, sharded).
+    sweep = tmp_path / "sweep"
+    result = run_cli("-m", "+experiment=smoke", "tracking=none", "dtype=fp32,bf16", "parallelism=pmap,sharded",
+                     "parallelism.num_devices=4", f"hydra.sweep.dir={sweep}", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    fp32_pmap, fp32_sharded, bf16_pmap, bf16_sharded = (runner_images(sweep / str(i)) for i in range(4))
+    assert len(fp32_sharded) == 4
+    assert all(np.array_equal(a, b) for a, b in zip(fp32_pmap, fp32_sharded, strict=True))
+    for a, b in zip(bf16_pmap, bf16_sharded, strict=True):
         assert np.abs(a.astype(int) - b.astype(int)).max() <= 1
+    assert not np.array_equal(fp32_pmap[0], bf16_pmap[0])  # bf16 really ran in bf16
+    timings = json.loads((sweep / "1" / "timings.json").read_text())
+    assert timings["num_devices"] == 4 and timings["param_bytes_per_device"] > 0
 
 
-@pytest.mark.parametrize("mode", ["pmap", "sharded"])
-def test_two_per_device_on_four_devices_is_the_guide_flow_with_that_layout(tmp_path, tiny_model_dir, mode):
+def test_two_per_device_on_four_devices_is_the_guide_flow_with_that_layout(tmp_path, tiny_model_dir):
     """The mapping that holds: with D devices and B images each, device d draws its B latents
     from split(PRNGKey(seed), D)[d] -- so a 4 x 2 run equals the guide's code on 4 devices with
-    (4, 2, 77) prompt shards, not the 8 x 1 run."""
+    (4, 2, 77) prompt shards, not the 8 x 1 run. Both paths, one process."""
     from diffusers import FlaxStableDiffusionPipeline
     from flax.jax_utils import replicate
 
     prompts = [f"prompt number {i}" for i in range(8)]
-    run_dir, _ = run_ok(tmp_path, mode, f"parallelism={mode}", "parallelism.num_devices=4",
-                        "parallelism.per_device_batch_size=2", f"prompts.texts=[{','.join(prompts)}]")
+    sweep = tmp_path / "sweep"
+    result = run_cli("-m", "+experiment=smoke", "tracking=none", "parallelism=pmap,sharded",
+                     "parallelism.num_devices=4", "parallelism.per_device_batch_size=2",
+                     f"prompts.texts=[{','.join(prompts)}]", f"hydra.sweep.dir={sweep}", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
     pipeline, params = FlaxStableDiffusionPipeline.from_pretrained(
         str(tiny_model_dir), dtype=jnp.float32, safety_checker=None, feature_extractor=None)
     prompt_ids = pipeline.prepare_inputs(prompts).reshape(4, 2, 77)
@@ -59,8 +60,9 @@ def test_two_per_device_on_four_devices_is_the_guide_flow_with_that_layout(tmp_p
     images = pipeline(prompt_ids, replicate(params, devices=jax.local_devices()[:4]), rng, num_inference_steps=4,
                       height=64, width=64, jit=True).images
     expected = [np.asarray(i) for i in pipeline.numpy_to_pil(images.reshape((8, 64, 64, 3)))]
-    got = runner_images(run_dir)
-    assert all(np.array_equal(a, b) for a, b in zip(got, expected, strict=True))
+    for job in ("0", "1"):
+        got = runner_images(sweep / job)
+        assert all(np.array_equal(a, b) for a, b in zip(got, expected, strict=True)), f"job {job}"
 
 
 def test_padding_is_generated_but_dropped(tmp_path):

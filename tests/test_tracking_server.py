@@ -50,7 +50,9 @@ def test_smoke_run_logs_to_a_tracking_server(tmp_path, mlflow_server, tiny_model
     result = run_cli("+experiment=smoke", f"tracking.uri={mlflow_server}", "tracking.experiment_name=remote",
                      f"hydra.run.dir={tmp_path / 'run'}", cwd=tmp_path)
     assert result.returncode == 0, result.stderr
-    assert not (tmp_path / "outputs" / "mlflow.db").exists()  # nothing went to the embedded store
+    from test_bad_input import mlflow_statuses
+
+    assert mlflow_statuses(tmp_path) == []  # nothing went to the embedded store
     client = MlflowClient(tracking_uri=mlflow_server)
     [run] = client.search_runs([client.get_experiment_by_name("remote").experiment_id])
     assert run.info.status == "FINISHED" and run.data.params["seed"] == "0"
