@@ -140,6 +140,46 @@ def write_batches(run_dir: Path, cfg: DictConfig, plan: Plan, batches: Iterator,
     return records, images, write_s
 
 
+def compile_generator(generator, prepared) -> tuple[float, float, bool]:
+    """Give ``generator`` its compiled program, reused if this process has it; (trace_s, compile_s, cache hit)."""
+    from sdjax_runner.session import SESSION
+
+    if prepared.compiled is not None:
+        generator.compiled = prepared.compiled
+        log.info("compile: reused from an earlier job of this process")
+        return 0.0, 0.0, False
+    generator.compiled, trace_s, compile_s, cache_hit = SESSION.compile(prepared, generator.lower)
+    log.info("compile: %.1f s (+ %.1f s tracing)%s", compile_s, trace_s,
+             ", from the persistent compilation cache" if cache_hit else "")
+    return trace_s, compile_s, cache_hit
+
+
+def write_run_files(run_dir: Path, cfg: DictConfig, records: list[dict], images: list) -> float:
+    """images.json and grid.png; returns the seconds it took."""
+    started = time.perf_counter()
+    outputs.write_json(run_dir / "images.json", records)
+    if cfg.output.grid:
+        rows, cols = outputs.grid_shape(len(images), cfg.output.grid_rows, cfg.output.grid_cols)
+        outputs.make_grid(images, rows, cols).save(run_dir / "grid.png")
+    return time.perf_counter() - started
+
+
+def process_facts() -> dict[str, Any]:
+    """The devices, and what this process has loaded and compiled so far (sweeps read these)."""
+    from sdjax_runner.provenance import device_facts
+    from sdjax_runner.session import SESSION
+
+    facts = device_facts()
+    return {
+        "process_model_loads": SESSION.counters.model_loads,
+        "process_compiles": SESSION.counters.compiles,
+        "process_models_held": len(SESSION.models),
+        "device_kind": facts["device_kind"],
+        "backend": facts["backend"],
+        "process_count": facts["process_count"],
+    }
+
+
 def image_meta(cfg: DictConfig, plan: Plan, height: int, width: int) -> dict[str, Any]:
     return {
         "negative_prompt": plan.negative,
@@ -182,7 +222,7 @@ def _run(cfg: DictConfig, job: Job, overrides: list[str], run_name: str, parent_
 
     from sdjax_runner.generate import GENERATORS, compile_key
     from sdjax_runner.parallel import param_bytes_per_device
-    from sdjax_runner.provenance import device_facts, run_tags
+    from sdjax_runner.provenance import run_tags
     from sdjax_runner.session import SESSION
 
     tags = run_tags(overrides, cfg.experiment)
@@ -202,14 +242,7 @@ def _run(cfg: DictConfig, job: Job, overrides: list[str], run_name: str, parent_
     prepared = SESSION.prepare(cfg, entry, model_reused, devices, compile_key(plan, height, width))
     generator = GENERATORS[cfg.parallelism.mode.name](prepared.pipeline, prepared.params, prepared.safety_params,
                                                       plan, height, width, devices)
-    trace_s, compile_s, cache_hit = 0.0, 0.0, False
-    if prepared.compiled is None:
-        generator.compiled, trace_s, compile_s, cache_hit = SESSION.compile(prepared, generator.lower)
-        log.info("compile: %.1f s (+ %.1f s tracing)%s", compile_s, trace_s,
-                 ", from the persistent compilation cache" if cache_hit else "")
-    else:
-        generator.compiled = prepared.compiled
-        log.info("compile: reused from an earlier job of this process")
+    trace_s, compile_s, cache_hit = compile_generator(generator, prepared)
 
     from tqdm import tqdm
 
@@ -229,14 +262,7 @@ def _run(cfg: DictConfig, job: Job, overrides: list[str], run_name: str, parent_
              summary["generate_s"], summary["steady_state_samples"], summary["generate_s_min"],
              summary["generate_s_max"], summary["images_per_s"])
 
-    write_started = time.perf_counter()
-    outputs.write_json(run_dir / "images.json", records)
-    if cfg.output.grid:
-        rows, cols = outputs.grid_shape(len(images), cfg.output.grid_rows, cfg.output.grid_cols)
-        outputs.make_grid(images, rows, cols).save(run_dir / "grid.png")
-    write_s += time.perf_counter() - write_started
-    facts = device_facts()
-    counters = SESSION.counters
+    write_s += write_run_files(run_dir, cfg, records, images)
     timings = dict(
         summary,
         load_s=prepared.load_s,
@@ -245,9 +271,7 @@ def _run(cfg: DictConfig, job: Job, overrides: list[str], run_name: str, parent_
         model_reused=int(model_reused),
         compile_reused=int(prepared.compiled is not None),
         compile_cache_hit=int(cache_hit),
-        process_model_loads=counters.model_loads,
-        process_compiles=counters.compiles,
-        process_models_held=len(SESSION.models),
+        **process_facts(),
         num_images=len(records),
         images_per_batch=plan.images_per_batch,
         num_batches=plan.num_batches,
@@ -255,9 +279,6 @@ def _run(cfg: DictConfig, job: Job, overrides: list[str], run_name: str, parent_
         per_device_batch_size=plan.per_device_batch_size,
         param_bytes_per_device=param_bytes_per_device(
             {k: v for k, v in entry.loaded.params.items() if k != "safety_checker"}),
-        device_kind=facts["device_kind"],
-        backend=facts["backend"],
-        process_count=facts["process_count"],
         wall_s=time.perf_counter() - started,
     )
     outputs.write_json(run_dir / "timings.json", timings)
