@@ -180,6 +180,19 @@ def process_facts() -> dict[str, Any]:
     }
 
 
+def warn_truncated(tokenizer, prompts: tuple[str, ...]) -> None:
+    """CLIP reads model_max_length tokens (77 with start and end); say what a longer prompt loses."""
+    limit = tokenizer.model_max_length
+    unique = list(dict.fromkeys(prompts))
+    for number, prompt in enumerate(unique, start=1):
+        count = len(tokenizer(prompt, truncation=False).input_ids)
+        if count > limit:
+            kept = tokenizer.decode(tokenizer(prompt, truncation=True, max_length=limit).input_ids,
+                                    skip_special_tokens=True)
+            log.warning("prompt %d of %d has %d tokens; the text encoder reads %d, so the last %d are dropped "
+                        "(it reads up to: ...%s)", number, len(unique), count, limit, count - limit, kept[-40:])
+
+
 def image_meta(cfg: DictConfig, plan: Plan, height: int, width: int) -> dict[str, Any]:
     return {
         "negative_prompt": plan.negative,
@@ -238,6 +251,7 @@ def _run(cfg: DictConfig, job: Job, overrides: list[str], run_name: str, parent_
     height, width = image_size(plan, entry.loaded, cfg.model.name)
     log.info("load: %s %s", cfg.model.name, "reused from an earlier job of this process" if model_reused else
              f"from {entry.loaded.path} in {entry.loaded.load_s:.1f} s")
+    warn_truncated(entry.loaded.pipeline.tokenizer, plan.prompts)
     devices = jax.devices()[: plan.num_devices]
     prepared = SESSION.prepare(cfg, entry, model_reused, devices, compile_key(plan, height, width))
     generator = GENERATORS[cfg.parallelism.mode.name](prepared.pipeline, prepared.params, prepared.safety_params,

@@ -78,3 +78,19 @@ def test_prompt_file_that_is_not_utf8_is_an_error(tmp_path):
     file.write_bytes(b"ok\n\xff\xfe bad\n")
     with pytest.raises(UserError, match=r"prompts.file: .* is not valid UTF-8 \(byte 3\)"):
         plan_for(f"prompts.file={file}")
+
+
+def test_prompts_longer_than_clip_reads_are_named_with_what_is_dropped(tiny_model_dir, caplog):
+    from transformers import CLIPTokenizer
+
+    from sdjax_runner.runner import warn_truncated
+
+    tokenizer = CLIPTokenizer.from_pretrained(tiny_model_dir / "tokenizer")
+    long = " ".join(["a red car on a blue street"] * 14)
+    with caplog.at_level("WARNING", logger="sdjax_runner"):
+        warn_truncated(tokenizer, ("short one", long, "short one"))
+    [record] = caplog.records
+    dropped = len(tokenizer(long).input_ids) - 77
+    assert dropped > 0
+    assert record.getMessage().startswith(f"prompt 2 of 2 has {77 + dropped} tokens; the text encoder reads 77, "
+                                          f"so the last {dropped} are dropped")
