@@ -75,8 +75,13 @@ class Generator:
     def place_ids(self, ids: np.ndarray):
         raise NotImplementedError
 
-    def inputs(self, batch: int) -> tuple:
+    def place_keys(self, keys: np.ndarray):
         raise NotImplementedError
+
+    def inputs(self, batch: int) -> tuple:
+        """The batch's prompt ids and per-device keys, placed for this path."""
+        ids = self.place_ids(self.pipeline.prepare_inputs(self.plan.batch_prompts(batch)))
+        return ids, self.place_keys(batch_keys(self.plan.seed, batch, self.plan.num_devices))
 
     def lower(self):
         raise NotImplementedError
@@ -128,9 +133,8 @@ class PmapGenerator(Generator):
     def place_ids(self, ids: np.ndarray):
         return shard(ids, self.plan.num_devices)
 
-    def inputs(self, batch: int) -> tuple:
-        ids = self.place_ids(self.pipeline.prepare_inputs(self.plan.batch_prompts(batch)))
-        return ids, batch_keys(self.plan.seed, batch, self.plan.num_devices)
+    def place_keys(self, keys: np.ndarray):
+        return keys
 
     def lower(self):
         from diffusers.pipelines.stable_diffusion.pipeline_flax_stable_diffusion import _p_generate
@@ -161,9 +165,8 @@ class ShardedGenerator(Generator):
     def place_ids(self, ids: np.ndarray):
         return global_array(ids, self.data)
 
-    def inputs(self, batch: int) -> tuple:
-        ids = self.place_ids(self.pipeline.prepare_inputs(self.plan.batch_prompts(batch)))
-        return ids, global_array(batch_keys(self.plan.seed, batch, self.plan.num_devices), self.data)
+    def place_keys(self, keys: np.ndarray):
+        return global_array(keys, self.data)
 
     def _args(self, ids, keys) -> tuple:
         args = (ids, self.params, keys, self.guidance)

@@ -31,6 +31,11 @@ class LoadedModel:
     path: str
 
     @property
+    def weights(self) -> dict:
+        """The params the generate function takes (the safety checker runs apart, on the host)."""
+        return {k: v for k, v in self.params.items() if k != "safety_checker"}
+
+    @property
     def native_size(self) -> int:
         return self.pipeline.unet.config.sample_size * self.pipeline.vae_scale_factor
 

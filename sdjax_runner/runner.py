@@ -291,8 +291,7 @@ def _run(cfg: DictConfig, job: Job, overrides: list[str], run_name: str, parent_
         num_batches=plan.num_batches,
         num_devices=plan.num_devices,
         per_device_batch_size=plan.per_device_batch_size,
-        param_bytes_per_device=param_bytes_per_device(
-            {k: v for k, v in entry.loaded.params.items() if k != "safety_checker"}),
+        param_bytes_per_device=param_bytes_per_device(entry.loaded.weights),
         wall_s=time.perf_counter() - started,
     )
     outputs.write_json(run_dir / "timings.json", timings)

@@ -33,7 +33,6 @@ class Counters:
     """How often this process did each expensive step (tests and timings.json read these)."""
 
     model_loads: int = 0
-    replications: int = 0
     compiles: int = 0
 
 
@@ -60,7 +59,6 @@ class Prepared:
     compiled: Callable | None
     entry: ModelEntry
     compile_key: tuple
-    model_reused: bool
     load_s: float
     replicate_s: float
 
@@ -100,18 +98,15 @@ class Session:
         placement = (mode, tuple(d.id for d in devices))
         if entry.weights_on != placement:
             entry.weights = None  # one placed copy per model at a time
-            weights = {k: v for k, v in entry.loaded.params.items() if k != "safety_checker"}
-            entry.weights = place(weights, devices)
+            entry.weights = place(entry.loaded.weights, devices)
             entry.weights_on = placement
-            self.counters.replications += 1
         params = dict(entry.weights, scheduler=place(state, devices))
         jax.block_until_ready(params)
         replicate_s = time.perf_counter() - started
 
         compile_key = (sched_key, placement) + plan_key
         return Prepared(pipeline, params, entry.loaded.params.get("safety_checker"),
-                        entry.compiled.get(compile_key), entry, compile_key, reused,
-                        0.0 if reused else entry.loaded.load_s, replicate_s)
+                        entry.compiled.get(compile_key), entry, compile_key, 0.0 if reused else entry.loaded.load_s, replicate_s)
 
     def compile(self, prepared: Prepared, lower: Callable[[], Any]) -> tuple[Callable, float, float, bool]:
         """(compiled function, trace+lower seconds, XLA compile seconds, served by the persistent cache)."""
