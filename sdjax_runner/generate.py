@@ -15,7 +15,9 @@ Programs are compiled ahead of time so compilation is timed apart from execution
 
 from __future__ import annotations
 
+import inspect
 import statistics
+import sys
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, Optional
@@ -70,7 +72,7 @@ class Generator:
         self.compiled: Optional[Callable] = None
         self.negative_ids = None
         if plan.negative:
-            self.negative_ids = self.place_ids(pipeline.prepare_inputs([plan.negative] * plan.images_per_batch))
+            self.negative_ids = self.place_ids(np.asarray(pipeline.prepare_inputs([plan.negative] * plan.images_per_batch)))
 
     def place_ids(self, ids: np.ndarray):
         raise NotImplementedError
@@ -80,7 +82,7 @@ class Generator:
 
     def inputs(self, batch: int) -> tuple:
         """The batch's prompt ids and per-device keys, placed for this path."""
-        ids = self.place_ids(self.pipeline.prepare_inputs(self.plan.batch_prompts(batch)))
+        ids = self.place_ids(np.asarray(self.pipeline.prepare_inputs(self.plan.batch_prompts(batch))))
         return ids, self.place_keys(batch_keys(self.plan.seed, batch, self.plan.num_devices))
 
     def lower(self):
@@ -115,7 +117,7 @@ class Generator:
 
     def _to_uint8(self, images: np.ndarray) -> np.ndarray:
         pixels = (images * 255).round().astype("uint8")  # as pipeline.numpy_to_pil does
-        if self.pipeline.safety_checker is not None:
+        if getattr(self.pipeline, "safety_checker", None) is not None:  # SD 1.x/2.x only
             pixels, _ = self.pipeline._run_safety_checker(pixels, self.safety_params, jit=False)
         return pixels
 
@@ -137,11 +139,12 @@ class PmapGenerator(Generator):
         return keys
 
     def lower(self):
-        from diffusers.pipelines.stable_diffusion.pipeline_flax_stable_diffusion import _p_generate
-
+        # The pipeline module's own pmapped _p_generate; SDXL's takes a trailing static return_latents.
+        module = sys.modules[type(self.pipeline).__module__]
+        extra = (False,) if len(inspect.signature(module._p_generate).parameters) > 10 else ()
         ids, keys = self.inputs(0)
-        return _p_generate.lower(self.pipeline, ids, self.params, keys, self.plan.num_inference_steps,
-                                 self.height, self.width, self.guidance, None, self.negative_ids)
+        return module._p_generate.lower(self.pipeline, ids, self.params, keys, self.plan.num_inference_steps,
+                                        self.height, self.width, self.guidance, None, self.negative_ids, *extra)
 
     def run(self, ids, keys):
         return self.compiled(ids, self.params, keys, self.guidance, None, self.negative_ids)

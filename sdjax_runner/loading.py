@@ -1,34 +1,46 @@
-"""Load a pipeline and its params the way the guide does, through from_pretrained.
+"""Model config -> pipeline modules and their params as host arrays, whatever format the weights are in.
 
-Built-in models are first built into the cache; every model then takes the
-same path a hub model takes. Params come back as host (NumPy) arrays in the
-requested weights dtype -- ready to be replicated from host memory -- and the
-scheduler state stays float32.
+The model's directory (a built-in model, a local path or a hub snapshot, see
+:mod:`sdjax_runner.sources`) is read component by component, each as diffusers' Flax
+``from_pretrained`` reads it: Flax weights with the libraries' own loaders; components that
+only have PyTorch safetensors are converted without torch (:mod:`sdjax_runner.checkpoints`),
+one at a time. Pickles are refused unless ``model.allow_pickle``. SD 1.x/2.x and SDXL
+pipelines are told apart by ``model_index.json``. Params come back as host (NumPy) arrays in
+the requested weights dtype -- ready to be replicated from host memory -- and the scheduler
+state stays float32.
 """
 
 from __future__ import annotations
 
+import importlib
+import inspect
+import json
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 from omegaconf import DictConfig
 
+from sdjax_runner import sources
+from sdjax_runner.checkpoints import convert_safetensors, find_weights
 from sdjax_runner.errors import UserError
 from sdjax_runner.schedulers import build_scheduler
-from sdjax_runner.tiny_model import TINY_RANDOM, build_tiny_pipeline
 
-MODEL_PARAM_GROUPS = ("unet", "vae", "text_encoder", "safety_checker")
+# model_index.json's pipeline class (with or without "Flax") -> the Flax pipeline that runs it.
+PIPELINES = {"StableDiffusionPipeline": "FlaxStableDiffusionPipeline",
+             "StableDiffusionXLPipeline": "FlaxStableDiffusionXLPipeline"}
+NOT_WEIGHTS = ("tokenizer", "tokenizer_2", "feature_extractor", "scheduler")
 
 
 @dataclass
 class LoadedModel:
-    pipeline: Any
-    params: dict  # host arrays of unet, vae, text_encoder (and safety_checker); no scheduler state
+    pipeline: Any  # with the model's own scheduler; see with_scheduler
+    params: dict  # host arrays of unet, vae, text encoder(s) (and safety_checker); no scheduler state
     load_s: float
     path: str
+    formats: dict[str, str] = field(default_factory=dict)  # component -> "flax", "safetensors" or "pickle"
 
     @property
     def weights(self) -> dict:
@@ -44,6 +56,10 @@ class LoadedModel:
         """Height/width must be multiples of this: VAE factor x the UNet's down-sampling."""
         levels = len(self.pipeline.unet.config.block_out_channels)
         return self.pipeline.vae_scale_factor * 2 ** (levels - 1)
+
+    @property
+    def is_xl(self) -> bool:
+        return "text_encoder_2" in self.params
 
 
 def numpy_dtype(name: str):
@@ -67,42 +83,110 @@ def to_host(tree, dtype: np.dtype):
     return jax.tree_util.tree_map(convert, tree)
 
 
-def resolve_path(model: DictConfig) -> str:
-    path = str(model.pretrained_model_name_or_path)
-    if model.builtin == TINY_RANDOM:
-        return str(build_tiny_pipeline(Path(path).expanduser()))
-    return str(Path(path).expanduser()) if path.startswith("~") else path
+def pipeline_class(directory: Path):
+    import diffusers
+
+    name = json.loads((directory / "model_index.json").read_text(encoding="utf-8"))["_class_name"]
+    name = name.removeprefix("Flax")
+    if name not in PIPELINES:
+        raise UserError(sources.KEY, f"{directory} holds a {name}, which this runner does not run",
+                        ", ".join(PIPELINES))
+    return getattr(diffusers, PIPELINES[name])
+
+
+def component_class(library: str, class_name: str):
+    """The Flax class diffusers' loader would use for a model_index.json entry."""
+    from diffusers.pipelines.pipeline_flax_utils import import_flax_or_no_model
+
+    module = importlib.import_module(f"diffusers.pipelines.{library}" if library == "stable_diffusion" else library)
+    return import_flax_or_no_model(module, class_name.removeprefix("Flax"))
+
+
+def load_component(folder: Path, library: str, cls, model: DictConfig, activations, weights: np.dtype):
+    """(module, host params or None, weights format) for one component folder."""
+    from diffusers import FlaxModelMixin
+    from transformers import FlaxPreTrainedModel
+
+    is_diffusers = issubclass(cls, FlaxModelMixin)
+    if not (is_diffusers or issubclass(cls, FlaxPreTrainedModel)):
+        return cls.from_pretrained(folder), None, ""  # a tokenizer or feature extractor
+    found = find_weights(folder, "diffusers" if is_diffusers else "transformers", model.variant)
+    if found.format == "flax":
+        # As diffusers' FlaxDiffusionPipeline.from_pretrained does: transformers models keep their own dtype.
+        module, params = (cls.from_pretrained(folder, dtype=activations) if is_diffusers
+                          else cls.from_pretrained(folder, _do_init=False))
+    elif found.format == "safetensors":
+        module = (cls.from_config(cls.load_config(folder), dtype=activations) if is_diffusers
+                  else cls(cls.config_class.from_pretrained(folder), _do_init=False))
+        try:
+            params = convert_safetensors(found.files, module, "diffusers" if is_diffusers else "transformers", weights)
+        except ValueError as exc:
+            raise UserError(sources.KEY, f"{folder.name}/ does not match its config.json: {exc}") from None
+    elif found.format == "pickle":
+        names = ", ".join(f.name for f in found.files)
+        if not model.allow_pickle:
+            raise UserError("model.allow_pickle", f"{folder.name}/ has only pickle weights ({names}); unpickling "
+                            "can run code, so they are not loaded", "true to load them anyway (needs torch)")
+        try:
+            import torch  # noqa: F401
+        except ImportError:
+            raise UserError("model.allow_pickle", f"loading {folder.name}/{names} needs torch, which is not installed",
+                            "pip install torch, or convert the weights to safetensors") from None
+        if is_diffusers:
+            module, params = cls.from_pretrained(folder, dtype=activations, from_pt=True)
+        else:
+            module = cls.from_pretrained(folder, from_pt=True)
+            params = module.params
+    else:
+        raise UserError(sources.KEY, f"{folder} has no weights (looked for Flax .msgpack, PyTorch .safetensors "
+                        "and, with model.allow_pickle, .bin files)", "a complete diffusers-format pipeline")
+    return module, to_host(params, weights), found.format
 
 
 def load_model(model: DictConfig, dtype: DictConfig) -> LoadedModel:
     """The pipeline (with the model's own scheduler) and its weights as host arrays."""
     import jax.numpy as jnp
-    from diffusers import FlaxStableDiffusionPipeline
 
     started = time.perf_counter()
-    path = resolve_path(model)
-    kwargs: dict[str, Any] = {"dtype": getattr(jnp, dtype.activations_dtype.name)}
-    if model.revision:
-        kwargs["revision"] = model.revision
-    if model.variant:
-        kwargs["variant"] = model.variant
-    if not model.safety_checker:
-        kwargs.update(safety_checker=None, feature_extractor=None)
-    try:
-        pipeline, params = FlaxStableDiffusionPipeline.from_pretrained(path, **kwargs)
-    except ValueError as exc:
-        if "safety_checker" in str(exc) and model.safety_checker:
-            raise UserError("model.safety_checker", f"{path} has no safety checker", "false") from None
-        raise
+    directory = sources.resolve(model, model.allow_pickle)
+    cls = pipeline_class(directory)
+    index = json.loads((directory / "model_index.json").read_text(encoding="utf-8"))
+    accepted = inspect.signature(cls.__init__).parameters
+    activations = getattr(jnp, dtype.activations_dtype.name)
     weights = numpy_dtype(dtype.weights_dtype.name)
-    host_params = {name: to_host(tree, weights) for name, tree in params.items() if name in MODEL_PARAM_GROUPS}
-    return LoadedModel(pipeline, host_params, time.perf_counter() - started, path)
+    modules: dict[str, Any] = {}
+    params: dict[str, Any] = {}
+    formats: dict[str, str] = {}
+    for name in accepted:
+        spec = index.get(name)
+        if name in ("self", "dtype", "scheduler"):
+            continue
+        if name in ("safety_checker", "feature_extractor") and not model.safety_checker:
+            modules[name] = None
+            continue
+        if not isinstance(spec, list) or spec[0] is None:
+            if name == "safety_checker":
+                raise UserError("model.safety_checker", f"{directory} has no safety checker", "false")
+            modules[name] = None
+            continue
+        module, module_params, fmt = load_component(directory / name, spec[0], component_class(*spec), model,
+                                                    activations, weights)
+        modules[name] = module
+        if module_params is not None:
+            params[name], formats[name] = module_params, fmt
+    scheduler_class = component_class(*index["scheduler"])
+    scheduler, _ = scheduler_class.from_pretrained(directory, subfolder="scheduler")
+    pipeline = cls(**modules, scheduler=scheduler, dtype=activations)
+    return LoadedModel(pipeline, params, time.perf_counter() - started, str(directory), formats)
 
 
-def with_scheduler(loaded: LoadedModel, scheduler: DictConfig, revision: str | None):
+def with_scheduler(loaded: LoadedModel, scheduler: DictConfig, prediction_type: Any = None):
     """A pipeline sharing ``loaded``'s modules with the configured scheduler, and its float32 state."""
-    sched, state = build_scheduler(scheduler.name, dict(scheduler.config_overrides), loaded.path, revision)
+    overrides = dict(scheduler.config_overrides)
+    if prediction_type is not None and "prediction_type" not in overrides:
+        overrides["prediction_type"] = getattr(prediction_type, "name", prediction_type)
+    sched, state = build_scheduler(scheduler.name, overrides, loaded.path)
     p = loaded.pipeline
-    pipeline = type(p)(vae=p.vae, text_encoder=p.text_encoder, tokenizer=p.tokenizer, unet=p.unet, scheduler=sched,
-                       safety_checker=p.safety_checker, feature_extractor=p.feature_extractor, dtype=p.dtype)
+    names = [n for n in inspect.signature(type(p).__init__).parameters if n not in ("self", "scheduler", "dtype")]
+    pipeline = type(p)(**{n: getattr(p, n, None) for n in names}, scheduler=sched, dtype=p.dtype)
     return pipeline, to_host(state, np.dtype(np.float32))  # the scheduler state is never cast

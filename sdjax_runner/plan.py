@@ -20,9 +20,8 @@ from omegaconf import DictConfig
 from sdjax_runner.errors import UserError
 from sdjax_runner.prompts import load_prompts
 from sdjax_runner.schedulers import check_overrides
-from sdjax_runner.tiny_model import TINY_RANDOM
-
-BUILTIN_MODELS = (TINY_RANDOM,)
+from sdjax_runner.random_models import BUILTIN_MODELS
+from sdjax_runner.sources import is_local
 
 
 @dataclass(frozen=True)
@@ -75,10 +74,6 @@ def _check_size(key: str, value: Optional[int]) -> None:
         raise UserError(key, f"must be a positive multiple of 8, got {value}", "8, 16, ..., 512, ... or null")
 
 
-def _is_local_path(name: str) -> bool:
-    return name.startswith(("/", ".", "~")) or Path(name).expanduser().exists() or name.count("/") != 1
-
-
 def check_model(model: DictConfig) -> None:
     if model.builtin is not None:
         if model.builtin not in BUILTIN_MODELS:
@@ -87,7 +82,7 @@ def check_model(model: DictConfig) -> None:
             raise UserError("model.safety_checker", f"the built-in {model.builtin} model has no safety checker", "false")
         return
     path = str(model.pretrained_model_name_or_path)
-    if _is_local_path(path):
+    if is_local(path):
         directory = Path(path).expanduser()
         if not directory.is_dir():
             raise UserError("model.pretrained_model_name_or_path", f"no such directory: {directory}",
@@ -118,6 +113,7 @@ def make_plan(cfg: DictConfig, available_devices: int) -> Plan:
     if num_devices > available_devices:
         raise UserError("parallelism.num_devices", f"{num_devices} requested but only {available_devices} available",
                         f"1..{available_devices} or null")
+    _check_size("model.resolution", cfg.model.resolution)
     check_model(cfg.model)
     check_overrides(cfg.scheduler.name, dict(cfg.scheduler.config_overrides))
 

@@ -108,9 +108,12 @@ class Job:
         self.end_tracker("FINISHED")
 
 
-def image_size(plan: Plan, loaded, model_name: str) -> tuple[int, int]:
-    """The plan's height/width, defaulting to the model's native size; checked against the model."""
-    height, width = plan.height or loaded.native_size, plan.width or loaded.native_size
+def image_size(plan: Plan, loaded, model: DictConfig) -> tuple[int, int]:
+    """The plan's height/width, defaulting to model.resolution, then to the size the UNet was
+    configured for; checked against the model's down-sampling."""
+    native = model.resolution or loaded.native_size
+    height, width = plan.height or native, plan.width or native
+    model_name = model.name
     for key, value in (("sampling.height", height), ("sampling.width", width)):
         if value % loaded.size_multiple:
             raise UserError(key, f"{value} does not fit {model_name}'s down-sampling",
@@ -248,9 +251,11 @@ def _run(cfg: DictConfig, job: Job, overrides: list[str], run_name: str, parent_
     compile_cache.configure(cfg.compilation_cache)
 
     entry, model_reused = SESSION.model(cfg)
-    height, width = image_size(plan, entry.loaded, cfg.model.name)
-    log.info("load: %s %s", cfg.model.name, "reused from an earlier job of this process" if model_reused else
-             f"from {entry.loaded.path} in {entry.loaded.load_s:.1f} s")
+    height, width = image_size(plan, entry.loaded, cfg.model)
+    converted = sorted(name for name, fmt in entry.loaded.formats.items() if fmt != "flax")
+    log.info("load: %s %s%s", cfg.model.name, "reused from an earlier job of this process" if model_reused else
+             f"from {entry.loaded.path} in {entry.loaded.load_s:.1f} s",
+             f" (PyTorch safetensors converted: {', '.join(converted)})" if converted and not model_reused else "")
     warn_truncated(entry.loaded.pipeline.tokenizer, plan.prompts)
     devices = jax.devices()[: plan.num_devices]
     prepared = SESSION.prepare(cfg, entry, model_reused, devices, compile_key(plan, height, width))

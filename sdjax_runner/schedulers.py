@@ -7,24 +7,25 @@ from typing import Any
 
 from sdjax_runner.errors import UserError
 
-# scheduler.name -> diffusers Flax class name. Two of diffusers 0.39's Flax schedulers cannot
-# run in the pipeline's jitted loop here: FlaxLMSDiscreteScheduler keeps a Python list of
-# derivatives and integrates its coefficients with SciPy per step (not traceable), and
-# FlaxDDPMScheduler calls jnp.clip(a_min=...), which JAX 0.10 removed.
+# scheduler.name -> the Flax scheduler class. diffusers 0.39's LMS and DDPM cannot run in the
+# pipeline's jitted loop; the project's own (sdjax_runner.traced_schedulers) replace them.
 SCHEDULERS = {
-    "pndm": "FlaxPNDMScheduler",
-    "ddim": "FlaxDDIMScheduler",
-    "dpm_solver_pp": "FlaxDPMSolverMultistepScheduler",
-    "euler": "FlaxEulerDiscreteScheduler",
+    "pndm": "diffusers:FlaxPNDMScheduler",
+    "ddim": "diffusers:FlaxDDIMScheduler",
+    "lms": "sdjax_runner.traced_schedulers:LMSScheduler",
+    "dpm_solver_pp": "diffusers:FlaxDPMSolverMultistepScheduler",
+    "euler": "diffusers:FlaxEulerDiscreteScheduler",
+    "ddpm": "sdjax_runner.traced_schedulers:DDPMScheduler",
 }
 
 
 def scheduler_class(name: str):
     if name not in SCHEDULERS:
         raise UserError("scheduler.name", f"unknown scheduler {name!r}", sorted(SCHEDULERS))
-    import diffusers
+    import importlib
 
-    return getattr(diffusers, SCHEDULERS[name])
+    module, cls = SCHEDULERS[name].split(":")
+    return getattr(importlib.import_module(module), cls)
 
 
 def check_overrides(name: str, overrides: dict[str, Any]) -> None:
@@ -35,9 +36,9 @@ def check_overrides(name: str, overrides: dict[str, Any]) -> None:
             raise UserError(f"scheduler.config_overrides.{key}", f"not a {name} setting", accepted)
 
 
-def build_scheduler(name: str, overrides: dict[str, Any], model_path: str, revision: str | None):
+def build_scheduler(name: str, overrides: dict[str, Any], model_path: str):
     """(scheduler, fp32 state) from the model's scheduler/ config with ``overrides`` applied."""
     cls = scheduler_class(name)
-    config = cls.load_config(model_path, subfolder="scheduler", revision=revision)
+    config = cls.load_config(model_path, subfolder="scheduler")
     scheduler = cls.from_config(config, **overrides)
     return scheduler, scheduler.create_state()

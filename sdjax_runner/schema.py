@@ -32,6 +32,12 @@ class PromptFill(Enum):
     pad = "pad"  # fill the last batch with copies too, but drop those images from the outputs
 
 
+class PredictionType(Enum):
+    epsilon = "epsilon"  # the UNet predicts the noise (SD 1.x, SD 2.x base, SDXL)
+    v_prediction = "v_prediction"  # the UNet predicts v (SD 2.x 768)
+    sample = "sample"
+
+
 class TrackingBackend(Enum):
     mlflow = "mlflow"
     none = "none"
@@ -45,6 +51,9 @@ class ModelConfig:
     variant: Optional[str] = None
     safety_checker: bool = False
     builtin: Optional[str] = None
+    resolution: Optional[int] = None
+    prediction_type: Optional[PredictionType] = None
+    allow_pickle: bool = False
 
 
 @dataclass

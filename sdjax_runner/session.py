@@ -70,7 +70,8 @@ class Session:
 
     def model(self, cfg: DictConfig) -> tuple[ModelEntry, bool]:
         """The job's model, loaded or reused (then True)."""
-        key = _key(cfg.model, "pretrained_model_name_or_path", "revision", "variant", "safety_checker", "builtin")
+        key = _key(cfg.model, "pretrained_model_name_or_path", "revision", "variant", "safety_checker", "builtin",
+                   "allow_pickle")
         key += _key(cfg.dtype, "weights_dtype", "activations_dtype")
         if key in self.models:
             self.models.move_to_end(key)
@@ -87,9 +88,9 @@ class Session:
         """Pipeline with the job's scheduler, params on ``devices`` and, if compiled before, the program."""
         import jax
 
-        sched_key = _key(cfg.scheduler, "name", "config_overrides")
+        sched_key = _key(cfg.scheduler, "name", "config_overrides") + _key(cfg.model, "prediction_type")
         if sched_key not in entry.pipelines:
-            entry.pipelines[sched_key] = with_scheduler(entry.loaded, cfg.scheduler, cfg.model.revision)
+            entry.pipelines[sched_key] = with_scheduler(entry.loaded, cfg.scheduler, cfg.model.prediction_type)
         pipeline, state = entry.pipelines[sched_key]
 
         started = time.perf_counter()

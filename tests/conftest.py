@@ -31,9 +31,16 @@ def cache_dir(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="session")
 def tiny_model_dir(cache_dir) -> Path:
-    from sdjax_runner.tiny_model import build_tiny_pipeline
+    from sdjax_runner.random_models import build_builtin
 
-    return build_tiny_pipeline(cache_dir / "models" / "tiny-random-v1")
+    return build_builtin("tiny-random", cache_dir / "models" / "tiny-random-v1")
+
+
+@pytest.fixture(scope="session")
+def tiny_xl_dir(cache_dir) -> Path:
+    from sdjax_runner.random_models import build_builtin
+
+    return build_builtin("tiny-random-xl", cache_dir / "models" / "tiny-random-xl-v1")
 
 
 @pytest.fixture(scope="session")

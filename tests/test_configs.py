@@ -30,6 +30,21 @@ def compose_cfg(overrides):
 def test_the_config_tree_is_what_the_tests_cover():
     assert EXPERIMENTS == ["guide_different_prompts", "guide_same_prompt", "smoke"]
     assert ("model", "sd-v1-4") in GROUP_OPTIONS and ("tracking", "none") in GROUP_OPTIONS
+    models = {option for group, option in GROUP_OPTIONS if group == "model"}
+    assert models == {"local", "tiny-random", "tiny-random-xl", "sd-v1-arch", "sdxl-arch", "sd-v1-4", "sd-v1-5",
+                      "sd-2-1-base", "sd-2-1", "sdxl-base-1.0"}
+    assert {o for g, o in GROUP_OPTIONS if g == "scheduler"} == {"pndm", "ddim", "lms", "dpm_solver_pp", "euler", "ddpm"}
+
+
+@pytest.mark.parametrize("model,resolution,prediction", [
+    ("sd-v1-4", 512, None), ("sd-v1-5", 512, None), ("sd-2-1-base", 512, "epsilon"), ("sd-2-1", 768, "v_prediction"),
+    ("sdxl-base-1.0", 1024, None), ("sd-v1-arch", 512, None), ("sdxl-arch", 1024, None),
+])
+def test_model_configs_say_their_native_size_and_prediction_type(model, resolution, prediction):
+    cfg = compose_cfg([f"model={model}"])
+    assert cfg.model.resolution == resolution
+    assert (cfg.model.prediction_type.name if cfg.model.prediction_type else None) == prediction
+    assert cfg.model.allow_pickle is False
 
 
 @pytest.mark.parametrize("name", EXPERIMENTS)
@@ -77,7 +92,8 @@ def test_smoke_is_small():
     ("sampling.num_inference_step=3", "sampling.num_inference_step: unknown key (allowed: num_inference_steps,"),
     ("seed=abc", "seed: Value 'abc'"),
     ("dtype.weights_dtype=int8", "expected one of [float32, bfloat16, float16]"),
-    ("scheduler=nope", "scheduler=nope: no such option (allowed: ddim, dpm_solver_pp, euler, pndm)"),
+    ("scheduler=nope", "scheduler=nope: no such option (allowed: ddim, ddpm, dpm_solver_pp, euler, lms, pndm)"),
+    ("model.prediction_type=x0", "model.prediction_type: Invalid value 'x0', expected one of [epsilon, v_prediction, sample]"),
 ])
 def test_schema_rejects_bad_values_at_compose_time(override, message):
     with pytest.raises(ConfigCompositionException) as info:

@@ -1,0 +1,106 @@
+"""Which weight files a pipeline component folder holds, and PyTorch safetensors -> Flax without torch.
+
+A component folder (``unet/``, ``vae/``, ``text_encoder/`` ...) of a diffusers-format pipeline
+holds Flax weights (``*.msgpack``), PyTorch weights as safetensors, or PyTorch pickles
+(``.bin``/``.ckpt``, which can run code when unpickled). Flax weights are read by the
+libraries' own ``from_pretrained``. Safetensors are read tensor by tensor into NumPy and
+renamed/transposed to the Flax layout with the libraries' own renaming rules
+(``diffusers`` for UNet/VAE, ``transformers`` for CLIP), checked against the module's
+parameter shapes (from ``jax.eval_shape``: nothing is initialised), and cast to the weights
+dtype as they are read -- so converting a component needs about one copy of its weights.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Optional
+
+import numpy as np
+
+# Flax and PyTorch file stems, by the library that defines the component.
+FLAX_FILES = {"diffusers": "diffusion_flax_model.msgpack", "transformers": "flax_model.msgpack"}
+PT_STEMS = {"diffusers": "diffusion_pytorch_model", "transformers": "model"}
+PICKLE_SUFFIXES = (".bin", ".ckpt", ".pt", ".pth", ".pkl")
+
+
+@dataclass(frozen=True)
+class ComponentWeights:
+    format: str  # "flax", "safetensors", "pickle" or "missing"
+    files: tuple[Path, ...] = ()
+
+
+def safetensors_files(folder: Path, library: str, variant: Optional[str]) -> list[Path]:
+    """The component's safetensors file(s): the variant's if present, else the plain ones; shards via the index."""
+    stem = PT_STEMS[library]
+    for name in ([f"{stem}.{variant}"] if variant else []) + [stem]:
+        index = folder / f"{name}.safetensors.index.json"
+        if index.is_file():
+            weight_map = json.loads(index.read_text(encoding="utf-8"))["weight_map"]
+            return [folder / f for f in sorted(set(weight_map.values()))]
+        if (folder / f"{name}.safetensors").is_file():
+            return [folder / f"{name}.safetensors"]
+    return []
+
+
+def find_weights(folder: Path, library: str, variant: Optional[str]) -> ComponentWeights:
+    """What the component folder offers, in order of preference: Flax, safetensors, pickle."""
+    flax = folder / FLAX_FILES[library]
+    if flax.is_file() or (folder / f"{FLAX_FILES[library]}.index.json").is_file():
+        return ComponentWeights("flax", (flax,))
+    tensors = safetensors_files(folder, library, variant)
+    if tensors:
+        return ComponentWeights("safetensors", tuple(tensors))
+    pickles = sorted(p for p in folder.glob("*") if p.suffix in PICKLE_SUFFIXES) if folder.is_dir() else []
+    if pickles:
+        return ComponentWeights("pickle", tuple(pickles))
+    return ComponentWeights("missing")
+
+
+def param_shapes(module: Any, library: str) -> dict:
+    """The module's parameter tree as shapes (jax.eval_shape: no memory, no compute)."""
+    import jax
+
+    key = jax.random.PRNGKey(0)
+    if library == "transformers":  # CLIP text encoders take the token shape
+        return jax.eval_shape(lambda k: module.init_weights(k, (1, module.config.max_position_embeddings)), key)
+    return jax.eval_shape(module.init_weights, key)
+
+
+def _flax_key(pt_key: str, tensor: np.ndarray, reference: dict, library: str, prefix: str) -> tuple[tuple, np.ndarray]:
+    if library == "diffusers":
+        from diffusers.models.modeling_flax_pytorch_utils import rename_key, rename_key_and_reshape_tensor
+
+        return rename_key_and_reshape_tensor(tuple(rename_key(pt_key).split(".")), tensor, reference)
+    from transformers.modeling_flax_pytorch_utils import rename_key_and_reshape_tensor
+
+    return rename_key_and_reshape_tensor(tuple(pt_key.split(".")), tensor, reference, prefix)
+
+
+def convert_safetensors(files: tuple[Path, ...], module: Any, library: str, dtype: np.dtype) -> dict:
+    """Flax params for ``module`` from PyTorch-layout safetensors ``files``, as host arrays of ``dtype``.
+
+    Raises ValueError naming the first tensor whose shape does not match, or the parameters
+    the files lack."""
+    from flax.traverse_util import flatten_dict, unflatten_dict
+    from safetensors import safe_open
+
+    reference = flatten_dict(param_shapes(module, library))
+    prefix = getattr(module, "base_model_prefix", "")
+    params: dict[tuple, np.ndarray] = {}
+    for file in files:
+        with safe_open(str(file), framework="numpy") as tensors:
+            for pt_key in tensors.keys():
+                key, value = _flax_key(pt_key, tensors.get_tensor(pt_key), reference, library, prefix)
+                if key not in reference:
+                    continue  # buffers such as position_ids, or heads the Flax module does not have
+                if value.shape != reference[key].shape:
+                    raise ValueError(f"{file.name}: {pt_key} has shape {value.shape}, "
+                                     f"the Flax model expects {reference[key].shape}")
+                params[key] = np.ascontiguousarray(value, dtype=dtype)
+    missing = sorted("/".join(k) for k in reference if k not in params)
+    if missing:
+        raise ValueError(f"{len(missing)} parameter(s) not in {', '.join(f.name for f in files)}, "
+                         f"e.g. {', '.join(missing[:3])}")
+    return unflatten_dict(params)

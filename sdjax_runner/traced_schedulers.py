@@ -1,0 +1,111 @@
+"""LMS and DDPM for the pipeline's jitted sampling loop (diffusers 0.39's Flax versions cannot run there).
+
+* ``FlaxLMSDiscreteScheduler`` keeps its derivatives as a growing array, computes the LMS
+  coefficients with SciPy on concrete values and indexes sigmas by the timestep instead of the
+  step: none of that traces inside ``jax.lax.fori_loop``. :class:`LMSScheduler` keeps the last
+  ``order`` derivatives in a fixed-size buffer (newest first) and integrates the Lagrange
+  basis polynomials exactly with ``jnp.polyint`` on the traced sigmas.
+* ``FlaxDDPMScheduler`` calls ``jnp.clip(a_min=...)`` (removed in JAX 0.10), steps from ``t`` to
+  ``t - 1`` whatever the number of inference steps, and draws the same noise at every step.
+  :class:`DDPMScheduler` steps to the previous *inference* timestep as diffusers' PyTorch
+  DDPMScheduler does, and draws each image's noise from a key folded from the timestep and the
+  image's own latent bits -- so the seed alone decides the images, and an image does not depend
+  on which batch or device it was generated in.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from diffusers import FlaxDDPMScheduler, FlaxLMSDiscreteScheduler
+from diffusers.schedulers.scheduling_ddpm_flax import FlaxDDPMSchedulerOutput
+from diffusers.schedulers.scheduling_lms_discrete_flax import FlaxLMSSchedulerOutput
+
+LMS_ORDER = 4
+
+
+def lms_coefficients(sigmas: jnp.ndarray, step: jnp.ndarray, order: int) -> jnp.ndarray:
+    """(LMS_ORDER,) weights of the newest-first derivatives for a step of the given ``order``:
+    c_j = integral over [sigma_step, sigma_step+1] of prod_{k != j} (tau - s_{step-k}) / (s_{step-j} - s_{step-k})."""
+    weights = []
+    for j in range(order):
+        poly = jnp.ones((1,), sigmas.dtype)
+        for k in range(order):
+            if k != j:
+                s_k = sigmas[jnp.maximum(step - k, 0)]
+                poly = jnp.polymul(poly, jnp.stack([jnp.ones_like(s_k), -s_k]) / (sigmas[jnp.maximum(step - j, 0)] - s_k))
+        antiderivative = jnp.polyint(poly)
+        weights.append(jnp.polyval(antiderivative, sigmas[step + 1]) - jnp.polyval(antiderivative, sigmas[step]))
+    return jnp.stack(weights + [jnp.zeros((), sigmas.dtype)] * (LMS_ORDER - order))
+
+
+class LMSScheduler(FlaxLMSDiscreteScheduler):
+    def set_timesteps(self, state, num_inference_steps: int, shape: tuple = ()):
+        state = super().set_timesteps(state, num_inference_steps, shape)
+        return state.replace(derivatives=jnp.zeros((LMS_ORDER,) + tuple(shape), dtype=self.dtype))
+
+    def step(self, state, model_output, timestep, sample, order: int = LMS_ORDER, return_dict: bool = True):
+        step = jnp.argmax(state.timesteps == timestep)  # the pipeline passes the timestep, not the step
+        sigma = state.sigmas[step]
+        if self.config.prediction_type == "epsilon":
+            pred_original_sample = sample - sigma * model_output
+        elif self.config.prediction_type == "v_prediction":
+            pred_original_sample = model_output * (-sigma / (sigma**2 + 1) ** 0.5) + (sample / (sigma**2 + 1))
+        else:
+            raise ValueError(f"prediction_type {self.config.prediction_type!r}: LMS takes epsilon or v_prediction")
+        derivatives = jnp.roll(state.derivatives, 1, axis=0).at[0].set((sample - pred_original_sample) / sigma)
+        # The first steps have fewer derivatives, so a lower order (as diffusers' min(step + 1, order)).
+        available = jnp.minimum(step + 1, order)
+        weights = jnp.select([available == o for o in range(1, order + 1)],
+                             [lms_coefficients(state.sigmas, step, o) for o in range(1, order + 1)])
+        prev_sample = sample + jnp.tensordot(weights.astype(sample.dtype), derivatives, axes=1)
+        state = state.replace(derivatives=derivatives)
+        return FlaxLMSSchedulerOutput(prev_sample=prev_sample, state=state) if return_dict else (prev_sample, state)
+
+
+def image_noise(key: jax.Array, timestep, sample: jnp.ndarray) -> jnp.ndarray:
+    """Standard normal noise per image, keyed by the timestep and the image's latent bits
+    (an integer sum: exact and independent of reduction order)."""
+    def one(image):
+        bits = jax.lax.bitcast_convert_type(image.astype(jnp.float32), jnp.uint32).sum(dtype=jnp.uint32)
+        return jax.random.normal(jax.random.fold_in(jax.random.fold_in(key, timestep), bits), image.shape, image.dtype)
+
+    return jax.vmap(one)(sample)
+
+
+class DDPMScheduler(FlaxDDPMScheduler):
+    def step(self, state, model_output, timestep, sample, key=None, return_dict: bool = True):
+        config = self.config
+        t = timestep
+        prev_t = t - config.num_train_timesteps // state.num_inference_steps
+        alphas_cumprod = state.common.alphas_cumprod
+        alpha_prod_t = alphas_cumprod[t]
+        alpha_prod_t_prev = jnp.where(prev_t >= 0, alphas_cumprod[jnp.maximum(prev_t, 0)], jnp.ones((), self.dtype))
+        beta_prod_t, beta_prod_t_prev = 1 - alpha_prod_t, 1 - alpha_prod_t_prev
+        current_alpha_t = alpha_prod_t / alpha_prod_t_prev
+        current_beta_t = 1 - current_alpha_t
+
+        if config.prediction_type == "epsilon":
+            pred_original_sample = (sample - beta_prod_t**0.5 * model_output) / alpha_prod_t**0.5
+        elif config.prediction_type == "sample":
+            pred_original_sample = model_output
+        elif config.prediction_type == "v_prediction":
+            pred_original_sample = alpha_prod_t**0.5 * sample - beta_prod_t**0.5 * model_output
+        else:
+            raise ValueError(f"prediction_type {config.prediction_type!r}: DDPM takes epsilon, sample or v_prediction")
+        if config.clip_sample:
+            pred_original_sample = jnp.clip(pred_original_sample, -1, 1)
+
+        pred_prev_sample = ((alpha_prod_t_prev**0.5 * current_beta_t / beta_prod_t) * pred_original_sample
+                            + (current_alpha_t**0.5 * beta_prod_t_prev / beta_prod_t) * sample)
+        if config.variance_type == "fixed_small":
+            variance = jnp.maximum((1 - alpha_prod_t_prev) / (1 - alpha_prod_t) * current_beta_t, 1e-20)
+        elif config.variance_type == "fixed_large":
+            variance = current_beta_t
+        else:
+            raise ValueError(f"variance_type {config.variance_type!r}: DDPM here takes fixed_small or fixed_large")
+        noise = image_noise(jax.random.key(0) if key is None else key, t, sample)
+        pred_prev_sample = pred_prev_sample + jnp.where(t > 0, variance**0.5, 0.0) * noise
+        if not return_dict:
+            return pred_prev_sample, state
+        return FlaxDDPMSchedulerOutput(prev_sample=pred_prev_sample, state=state)

@@ -1,0 +1,152 @@
+"""The model catalogue: built-in architectures, SDXL, PyTorch-only checkpoints without torch, the hub cache."""
+
+import json
+import sys
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from conftest import run_cli
+from pt_layout import write_pytorch_only
+from test_configs import compose_cfg
+from test_guide_parity import runner_images
+
+
+def param_count(tree) -> int:
+    from flax.traverse_util import flatten_dict
+
+    return sum(int(np.prod(leaf.shape)) for leaf in flatten_dict(tree).values())
+
+
+def test_full_size_architectures_have_the_published_parameter_counts():
+    from sdjax_runner.random_models import architecture
+
+    _, sd = architecture("sd-v1-arch")  # shapes only: nothing is allocated
+    assert {k: param_count(v) for k, v in sd.items()} == {
+        "unet": 859_520_964, "vae": 83_653_863, "text_encoder": 123_060_480}
+    _, xl = architecture("sdxl-arch")
+    assert {k: param_count(v) for k, v in xl.items()} == {
+        "unet": 2_567_463_684, "vae": 83_653_863, "text_encoder": 123_060_480, "text_encoder_2": 694_659_840}
+
+
+def test_tiny_xl_runs_end_to_end_on_both_paths_and_takes_a_negative_prompt(tmp_path, tiny_xl_dir):
+    sweep = tmp_path / "sweep"
+    result = run_cli("-m", "+experiment=smoke", "model=tiny-random-xl", "scheduler=euler", "tracking=none",
+                     "parallelism=pmap,sharded", "prompts.negative=null,blurry", f"hydra.sweep.dir={sweep}",
+                     cwd=tmp_path, timeout=600)
+    assert result.returncode == 0, result.stderr
+    jobs = {}
+    for job in range(4):
+        overrides = (sweep / str(job) / ".hydra" / "overrides.yaml").read_text()
+        key = ("sharded" if "parallelism=sharded" in overrides else "pmap", "blurry" in overrides)
+        images = runner_images(sweep / str(job))
+        assert len(images) == 8 and all(np.isfinite(i).all() and i.std() > 5 for i in images)
+        jobs[key] = images
+        timings = json.loads((sweep / str(job) / "timings.json").read_text())
+        assert timings["process_model_loads"] == 1
+    for negative in (False, True):  # the sharded path gives the pmap path's images for SDXL too
+        assert all(np.array_equal(a, b) for a, b in zip(jobs["pmap", negative], jobs["sharded", negative]))
+    assert not any(np.array_equal(a, b) for a, b in zip(jobs["pmap", False], jobs["pmap", True]))
+
+
+def load(path, **overrides):
+    from sdjax_runner.loading import load_model
+
+    cfg = compose_cfg(["model=local", f"model.pretrained_model_name_or_path={path}"]
+                      + [f"{k}={v}" for k, v in overrides.items()])
+    return load_model(cfg.model, cfg.dtype)
+
+
+def assert_same_params(a, b):
+    from flax.traverse_util import flatten_dict
+
+    flat_a, flat_b = flatten_dict(a), flatten_dict(b)
+    assert flat_a.keys() == flat_b.keys()
+    for key in flat_a:
+        assert flat_a[key].dtype == flat_b[key].dtype and np.array_equal(flat_a[key], flat_b[key]), key
+
+
+@pytest.mark.parametrize("fixture", ["tiny_model_dir", "tiny_xl_dir"])
+def test_pytorch_only_safetensors_load_without_torch_into_the_flax_params(tmp_path, request, fixture):
+    flax_dir = request.getfixturevalue(fixture)
+    pt_dir = write_pytorch_only(flax_dir, tmp_path / "pt")
+    assert not list(pt_dir.rglob("*.msgpack"))
+    converted, native = load(pt_dir), load(flax_dir)
+    assert "torch" not in sys.modules
+    assert set(converted.formats.values()) == {"safetensors"} and set(native.formats.values()) == {"flax"}
+    assert converted.params.keys() == native.params.keys()
+    for name in native.params:
+        assert_same_params(converted.params[name], native.params[name])
+    bf16 = load(pt_dir, dtype="bf16")  # cast while converting
+    assert {leaf.dtype.name for leaf in bf16.params["unet"]["conv_in"].values()} == {"bfloat16"}
+
+
+def test_pytorch_only_pipeline_gives_the_flax_pipelines_images(smoke_run, tmp_path, tiny_model_dir):
+    _, flax_run, _ = smoke_run
+    pt_dir = write_pytorch_only(tiny_model_dir, tmp_path / "pt")
+    run_dir = tmp_path / "run"
+    result = run_cli("+experiment=smoke", "model=local", f"model.pretrained_model_name_or_path={pt_dir}",
+                     "tracking=none", f"hydra.run.dir={run_dir}", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert "PyTorch safetensors converted: text_encoder, unet, vae" in result.stdout
+    got, expected = runner_images(run_dir), runner_images(flax_run)
+    assert len(got) == 8 and all(np.array_equal(a, b) for a, b in zip(got, expected))
+
+
+def test_pickle_weights_are_refused_with_one_line(tmp_path, tiny_model_dir):
+    pt_dir = write_pytorch_only(tiny_model_dir, tmp_path / "pt", as_pickle=("unet",))
+    result = run_cli("+experiment=smoke", "model=local", f"model.pretrained_model_name_or_path={pt_dir}",
+                     f"hydra.run.dir={tmp_path / 'run'}", cwd=tmp_path)
+    assert result.returncode == 2
+    assert "Traceback" not in result.stderr
+    line = [l for l in result.stderr.splitlines() if l.startswith("error:")]
+    assert line == ["error: model.allow_pickle: unet/ has only pickle weights (diffusion_pytorch_model.bin); "
+                    "unpickling can run code, so they are not loaded (allowed: true to load them anyway (needs torch))"]
+    assert json.loads((tmp_path / "run" / "status.json").read_text())["status"] == "FAILED"
+
+
+def hub_cache(home, repo, source):
+    """A Hugging Face cache holding ``source`` as ``repo``'s main revision, laid out as huggingface_hub does."""
+    import shutil
+
+    commit = "0123456789abcdef0123456789abcdef01234567"
+    folder = home / "hub" / f"models--{repo.replace('/', '--')}"
+    shutil.copytree(source, folder / "snapshots" / commit)
+    (folder / "refs").mkdir()
+    (folder / "refs" / "main").write_text(commit)
+
+
+def test_hub_ids_load_from_the_local_cache_offline_and_a_missing_one_says_how_to_fetch_it(smoke_run, tmp_path,
+                                                                                          tiny_model_dir):
+    _, flax_run, _ = smoke_run
+    home = tmp_path / "hf"
+    hub_cache(home, "sdjax-test/tiny-pytorch", write_pytorch_only(tiny_model_dir, tmp_path / "pt"))
+    env = {"HF_HUB_OFFLINE": "1", "HF_HOME": str(home)}
+    run_dir = tmp_path / "run"
+    result = run_cli("+experiment=smoke", "model=sd-v1-5", "model.pretrained_model_name_or_path=sdjax-test/tiny-pytorch",
+                     "tracking=none", f"hydra.run.dir={run_dir}", cwd=tmp_path, env=env)
+    assert result.returncode == 0, result.stderr
+    assert all(np.array_equal(a, b) for a, b in zip(runner_images(run_dir), runner_images(flax_run)))
+
+    missing = run_cli("+experiment=smoke", "model=sd-2-1", "tracking=none", f"hydra.run.dir={tmp_path / 'missing'}",
+                      cwd=tmp_path, env=env)
+    assert missing.returncode == 2 and "Traceback" not in missing.stderr
+    (line,) = [l for l in missing.stderr.splitlines() if l.startswith("error:")]
+    assert line.startswith("error: model.pretrained_model_name_or_path: stabilityai/stable-diffusion-2-1 is not in "
+                           "the local Hugging Face cache (HF_HUB_OFFLINE=1)")
+    assert "fetch it first with: hf download stabilityai/stable-diffusion-2-1" in line
+    assert not (tmp_path / "missing" / "images").exists()
+
+
+def test_v_prediction_from_the_model_config_reaches_every_scheduler(tiny_model_dir):
+    from sdjax_runner.loading import with_scheduler
+
+    loaded = load(tiny_model_dir, **{"model.prediction_type": "v_prediction"})
+    for name in ("pndm", "euler", "lms", "ddpm"):
+        cfg = compose_cfg([f"scheduler={name}", "model.prediction_type=v_prediction"])
+        pipeline, _ = with_scheduler(loaded, cfg.scheduler, cfg.model.prediction_type)
+        assert pipeline.scheduler.config.prediction_type == "v_prediction"
+    cfg = compose_cfg(["scheduler=ddim", "+scheduler.config_overrides.prediction_type=epsilon"])
+    pipeline, _ = with_scheduler(loaded, cfg.scheduler, "v_prediction")  # an explicit override wins
+    assert pipeline.scheduler.config.prediction_type == "epsilon"
