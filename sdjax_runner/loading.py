@@ -180,13 +180,19 @@ def load_model(model: DictConfig, dtype: DictConfig) -> LoadedModel:
     return LoadedModel(pipeline, params, time.perf_counter() - started, str(directory), formats)
 
 
-def with_scheduler(loaded: LoadedModel, scheduler: DictConfig, prediction_type: Any = None):
-    """A pipeline sharing ``loaded``'s modules with the configured scheduler, and its float32 state."""
+def with_scheduler(loaded: LoadedModel, scheduler: DictConfig, prediction_type: Any = None,
+                   attention: str = "default"):
+    """A pipeline sharing ``loaded``'s modules (the UNet set up for ``attention``) with the configured
+    scheduler, and the scheduler's float32 state."""
+    from sdjax_runner.attention import configure_unet
+
     overrides = dict(scheduler.config_overrides)
     if prediction_type is not None and "prediction_type" not in overrides:
         overrides["prediction_type"] = getattr(prediction_type, "name", prediction_type)
     sched, state = build_scheduler(scheduler.name, overrides, loaded.path)
     p = loaded.pipeline
     names = [n for n in inspect.signature(type(p).__init__).parameters if n not in ("self", "scheduler", "dtype")]
-    pipeline = type(p)(**{n: getattr(p, n, None) for n in names}, scheduler=sched, dtype=p.dtype)
+    modules = {n: getattr(p, n, None) for n in names}
+    modules["unet"] = configure_unet(p.unet, attention)
+    pipeline = type(p)(**modules, scheduler=sched, dtype=p.dtype)
     return pipeline, to_host(state, np.dtype(np.float32))  # the scheduler state is never cast

@@ -17,12 +17,21 @@ from typing import Any, Callable, Iterator, Optional
 from omegaconf import DictConfig
 from PIL import Image
 
-from sdjax_runner import compile_cache, distributed, outputs, quiet
+from sdjax_runner import attention, compile_cache, distributed, outputs, quiet
 from sdjax_runner.errors import UserError, describe, stop_reason
 from sdjax_runner.plan import Plan, make_plan
 from sdjax_runner.tracking import NullTracker, flatten_params, make_tracker, numeric_metrics
 
 log = logging.getLogger("sdjax_runner")
+
+
+def jax_started() -> bool:
+    """Whether JAX has created its backends (after which XLA_FLAGS are not read again)."""
+    if "jax" not in sys.modules:
+        return False
+    from jax._src import xla_bridge
+
+    return xla_bridge.backends_are_initialized()
 
 
 def use_host_devices(count: Optional[int]) -> None:
@@ -38,6 +47,23 @@ def use_host_devices(count: Optional[int]) -> None:
         return
     flags = re.sub(r"--xla_force_host_platform_device_count=\S+", "", os.environ.get("XLA_FLAGS", ""))
     os.environ["XLA_FLAGS"] = f"{flags} --xla_force_host_platform_device_count={count}".strip()
+
+
+def use_xla_settings(performance: DictConfig) -> None:
+    """performance.* flags and GPU memory share, into the environment JAX reads when it starts."""
+    flags = list(performance.xla_flags)
+    if performance.gpu_autotune_level is not None:
+        flags.append(f"--xla_gpu_autotune_level={performance.gpu_autotune_level}")
+    if not flags and performance.gpu_memory_fraction is None:
+        return
+    if jax_started():
+        log.warning("performance.xla_flags/gpu_* ignored: JAX's backend already started in this process "
+                    "(in a multirun the first job's settings hold)")
+        return
+    if flags:
+        os.environ["XLA_FLAGS"] = " ".join([os.environ.get("XLA_FLAGS", "")] + flags).strip()
+    if performance.gpu_memory_fraction is not None:
+        os.environ["XLA_PYTHON_CLIENT_MEM_FRACTION"] = str(performance.gpu_memory_fraction)
 
 
 class Job:
@@ -157,6 +183,22 @@ def compile_generator(generator, prepared) -> tuple[float, float, bool]:
     return trace_s, compile_s, cache_hit
 
 
+def measure_efficiency(cfg: DictConfig, plan: Plan, prepared, generator, devices: list, height: int, width: int,
+                       seconds: float) -> dict[str, Any]:
+    """flops_per_batch, tflops_per_s, mfu and memory (see efficiency.py); None where not measurable."""
+    from sdjax_runner import efficiency
+    from sdjax_runner.session import SESSION
+
+    flops = SESSION.flops(prepared, generator.compiled, plan.num_inference_steps, plan.per_device_batch_size,
+                          height, width, plan.num_devices)
+    peak = efficiency.peak_tflops(devices[0].device_kind, cfg.dtype.activations_dtype.name,
+                                  cfg.performance.peak_tflops_per_device)
+    return dict(efficiency.summary(flops, seconds, plan.num_devices, peak),
+                device_memory_peak_bytes=efficiency.device_memory_peak(devices),
+                program_memory_bytes=efficiency.program_memory(generator.compiled),
+                host_peak_rss_bytes=efficiency.host_peak_rss())
+
+
 def write_run_files(run_dir: Path, cfg: DictConfig, records: list[dict], images: list) -> float:
     """images.json and grid.png; returns the seconds it took."""
     started = time.perf_counter()
@@ -216,6 +258,7 @@ def run(cfg: DictConfig, run_dir: Path, overrides: list[str], run_name: Optional
     """Run one job into ``run_dir``; ``parent_run_id`` links its tracker run to a sweep's."""
     started = time.perf_counter()
     use_host_devices(cfg.parallelism.host_device_count)
+    use_xla_settings(cfg.performance)
     distributed.initialize(cfg.parallelism)
     job = Job(run_dir, writes=distributed.is_writer())
     with job.recorded():
@@ -232,6 +275,7 @@ def _run(cfg: DictConfig, job: Job, overrides: list[str], run_name: str, parent_
     log.info("plan: %d image(s) = %d batch(es) x %d device(s) x %d per device; %s %s, %s %d steps, seed %d",
              len(plan.kept_images), plan.num_batches, plan.num_devices, plan.per_device_batch_size,
              cfg.model.name, cfg.dtype.name, cfg.scheduler.name, plan.num_inference_steps, plan.seed)
+    attention.check(cfg.performance.attention.name, jax.devices()[0].platform, cfg.dtype.activations_dtype.name)
     if len(plan.kept_images) < len(plan.images):
         log.info("plan: %d padding image(s) will be generated and dropped (prompts.fill=pad)",
                  len(plan.images) - len(plan.kept_images))
@@ -277,9 +321,12 @@ def _run(cfg: DictConfig, job: Job, overrides: list[str], run_name: str, parent_
         records, images, write_s = write_batches(run_dir, cfg, plan, batches, image_meta(cfg, plan, height, width))
     summary = generator.timings.summary(plan.images_per_batch, plan.num_inference_steps)
     summary.update(trace_s=trace_s, compile_s=compile_s)
-    log.info("generate: %.3f s/batch median of %d (min %.3f, max %.3f), %.2f images/s",
+    summary.update(measure_efficiency(cfg, plan, prepared, generator, devices, height, width, summary["generate_s"]))
+    log.info("generate: %.3f s/batch median of %d (min %.3f, max %.3f), %.2f images/s%s",
              summary["generate_s"], summary["steady_state_samples"], summary["generate_s_min"],
-             summary["generate_s_max"], summary["images_per_s"])
+             summary["generate_s_max"], summary["images_per_s"],
+             (f", {summary['tflops_per_s']:.3g} TFLOP/s" if summary["tflops_per_s"] else "")
+             + (f", MFU {summary['mfu']:.1%}" if summary["mfu"] is not None else ""))
 
     write_s += write_run_files(run_dir, cfg, records, images)
     timings = dict(

@@ -38,6 +38,14 @@ class PredictionType(Enum):
     sample = "sample"
 
 
+class Attention(Enum):
+    default = "default"  # diffusers' FlaxAttention as shipped
+    split_head_dim = "split_head_dim"  # diffusers' option: heads as their own axis
+    memory_efficient = "memory_efficient"  # diffusers' chunked attention
+    dot_product = "dot_product"  # jax.nn.dot_product_attention, XLA implementation
+    cudnn_flash = "cudnn_flash"  # jax.nn.dot_product_attention on cuDNN flash attention (NVIDIA, bf16)
+
+
 class TrackingBackend(Enum):
     mlflow = "mlflow"
     none = "none"
@@ -140,6 +148,15 @@ class CompilationCacheConfig:
 
 
 @dataclass
+class PerformanceConfig:
+    attention: Attention = Attention.default
+    peak_tflops_per_device: Optional[float] = None
+    gpu_memory_fraction: Optional[float] = None
+    gpu_autotune_level: Optional[int] = None
+    xla_flags: List[str] = field(default_factory=list)
+
+
+@dataclass
 class PathsConfig:
     output_root: str = "outputs"
     cache_dir: str = MISSING
@@ -159,6 +176,7 @@ class RunConfig:
     paths: PathsConfig = field(default_factory=PathsConfig)
     reuse: ReuseConfig = field(default_factory=ReuseConfig)
     compilation_cache: CompilationCacheConfig = field(default_factory=CompilationCacheConfig)
+    performance: PerformanceConfig = field(default_factory=PerformanceConfig)
     seed: int = 0
     run_name: str = MISSING
     experiment: Optional[str] = None

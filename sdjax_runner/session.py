@@ -24,6 +24,7 @@ from typing import Any, Callable
 from omegaconf import DictConfig, OmegaConf
 
 from sdjax_runner import compile_cache
+from sdjax_runner.attention import tracing_with
 from sdjax_runner.loading import LoadedModel, load_model, with_scheduler
 from sdjax_runner.parallel import PLACEMENTS
 
@@ -43,6 +44,7 @@ class ModelEntry:
     weights_on: tuple = ()  # (parallel mode, devices) ``weights`` are placed for
     weights: Any = None
     compiled: dict[tuple, Callable] = field(default_factory=dict)
+    flops: dict[tuple, Any] = field(default_factory=dict)  # compile key -> FLOPs per batch
 
 
 def _key(node: DictConfig, *names: str) -> tuple:
@@ -55,6 +57,7 @@ class Prepared:
 
     pipeline: Any
     params: dict  # replicated: weights and scheduler state
+    attention: str
     safety_params: Any
     compiled: Callable | None
     entry: ModelEntry
@@ -88,9 +91,11 @@ class Session:
         """Pipeline with the job's scheduler, params on ``devices`` and, if compiled before, the program."""
         import jax
 
-        sched_key = _key(cfg.scheduler, "name", "config_overrides") + _key(cfg.model, "prediction_type")
+        attention = cfg.performance.attention.name
+        sched_key = _key(cfg.scheduler, "name", "config_overrides") + _key(cfg.model, "prediction_type") + (attention,)
         if sched_key not in entry.pipelines:
-            entry.pipelines[sched_key] = with_scheduler(entry.loaded, cfg.scheduler, cfg.model.prediction_type)
+            entry.pipelines[sched_key] = with_scheduler(entry.loaded, cfg.scheduler, cfg.model.prediction_type,
+                                                        attention)
         pipeline, state = entry.pipelines[sched_key]
 
         started = time.perf_counter()
@@ -106,13 +111,14 @@ class Session:
         replicate_s = time.perf_counter() - started
 
         compile_key = (sched_key, placement) + plan_key
-        return Prepared(pipeline, params, entry.loaded.params.get("safety_checker"),
+        return Prepared(pipeline, params, attention, entry.loaded.params.get("safety_checker"),
                         entry.compiled.get(compile_key), entry, compile_key, 0.0 if reused else entry.loaded.load_s, replicate_s)
 
     def compile(self, prepared: Prepared, lower: Callable[[], Any]) -> tuple[Callable, float, float, bool]:
         """(compiled function, trace+lower seconds, XLA compile seconds, served by the persistent cache)."""
         started = time.perf_counter()
-        lowered = lower()
+        with tracing_with(prepared.attention):
+            lowered = lower()
         traced = time.perf_counter()
         hits = compile_cache.hits()  # only the XLA compile of this program counts
         compiled = lowered.compile()
@@ -120,6 +126,18 @@ class Session:
         prepared.entry.compiled[prepared.compile_key] = compiled
         self.counters.compiles += 1
         return compiled, trace_s, compile_s, compile_cache.hits() > hits
+
+    def flops(self, prepared: Prepared, compiled: Any, steps: int, per_device_images: int, height: int, width: int,
+              num_devices: int) -> Any:
+        """FLOPs of one batch (XLA's count, see efficiency.py), once per compiled program."""
+        from sdjax_runner import efficiency
+
+        if prepared.compile_key not in prepared.entry.flops:
+            with tracing_with(prepared.attention):
+                unet = efficiency.unet_step_flops(prepared.pipeline, prepared.entry.loaded.weights,
+                                                  per_device_images, height, width)
+            prepared.entry.flops[prepared.compile_key] = efficiency.batch_flops(compiled, unet, steps, num_devices)
+        return prepared.entry.flops[prepared.compile_key]
 
 
 SESSION = Session()

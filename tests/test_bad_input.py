@@ -8,7 +8,7 @@ import pytest
 from conftest import run_cli
 
 CASES = {
-    "unknown option": (["scheduler=nope"], "error: scheduler=nope: no such option (allowed: ddim, dpm_solver_pp, euler, pndm)"),
+    "unknown option": (["scheduler=nope"], "error: scheduler=nope: no such option (allowed: ddim, ddpm, dpm_solver_pp, euler, lms, pndm)"),
     "unknown experiment": (["+experiment=nope"], "error: experiment=nope: no such option (allowed: guide_different_prompts, guide_same_prompt, smoke)"),
     "misspelled key": (["sampling.num_inference_step=3"],
                        "error: sampling.num_inference_step: unknown key (allowed: num_inference_steps, guidance_scale, height, width)"),

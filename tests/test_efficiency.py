@@ -1,0 +1,96 @@
+"""FLOPs, MFU, memory and the attention implementations."""
+
+import json
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from sdjax_runner import efficiency
+from test_configs import compose_cfg
+
+
+def prepared_tiny(overrides):
+    from sdjax_runner.generate import GENERATORS, compile_key
+    from sdjax_runner.plan import make_plan
+    from sdjax_runner.session import Session
+
+    cfg = compose_cfg(["+experiment=smoke"] + overrides)
+    plan = make_plan(cfg, jax.device_count())
+    session = Session()
+    entry, _ = session.model(cfg)
+    devices = jax.devices()[: plan.num_devices]
+    prepared = session.prepare(cfg, entry, False, devices, compile_key(plan, 64, 64))
+    generator = GENERATORS[cfg.parallelism.mode.name](prepared.pipeline, prepared.params, None, plan, 64, 64, devices)
+    generator.compiled = session.compile(prepared, generator.lower)[0]
+    return session, prepared, generator, plan
+
+
+@pytest.mark.parametrize("mode", ["pmap", "sharded"])
+def test_flops_per_batch_is_xlas_count_of_the_whole_unrolled_sampling_loop(tiny_model_dir, mode):
+    session, prepared, generator, plan = prepared_tiny([f"parallelism={mode}", "parallelism.per_device_batch_size=2"])
+    flops = session.flops(prepared, generator.compiled, plan.num_inference_steps, 2, 64, 64, plan.num_devices)
+
+    # The reference: the generate function for the whole batch with the loop unrolled (diffusers'
+    # DEBUG switch turns fori_loop into a Python loop), counted by XLA on one program.
+    module = sys.modules[type(prepared.pipeline).__module__]
+    weights = dict(prepared.entry.loaded.weights, scheduler=prepared.entry.pipelines[next(iter(prepared.entry.pipelines))][1])
+    ids = jnp.asarray(prepared.pipeline.prepare_inputs(list(plan.batch_prompts(0))))
+    shapes = jax.tree_util.tree_map(lambda x: jax.ShapeDtypeStruct(np.shape(x), np.asarray(x).dtype), weights)
+    module.DEBUG = True
+    try:
+        lowered = jax.jit(lambda i, p, k, g: prepared.pipeline._generate(i, p, k, plan.num_inference_steps, 64, 64, g)
+                          ).lower(ids, shapes, jax.random.PRNGKey(0), jnp.float32(7.5))
+    finally:
+        module.DEBUG = False
+    unrolled = lowered.cost_analysis()["flops"]
+    assert flops == pytest.approx(unrolled, rel=0.02)
+
+
+def test_efficiency_arithmetic_and_the_peak_table():
+    assert efficiency.peak_tflops("NVIDIA H100 80GB HBM3", "bfloat16", None) == 989.4
+    assert efficiency.peak_tflops("NVIDIA H100 PCIe", "bfloat16", None) == 756.0
+    assert efficiency.peak_tflops("TPU v4", "bfloat16", None) == 275.0
+    assert efficiency.peak_tflops("cpu", "float32", None) is None
+    assert efficiency.peak_tflops("cpu", "float32", 2.0) == 2.0
+    out = efficiency.summary(flops=8e12, seconds=2.0, num_devices=2, peak=10.0)
+    assert out["tflops_per_s"] == 4.0 and out["mfu"] == pytest.approx(0.2)
+    assert efficiency.summary(8e12, 2.0, 2, None)["mfu"] is None
+
+
+def test_every_run_records_flops_throughput_and_memory(smoke_run):
+    from mlflow.tracking import MlflowClient
+
+    work, run_dir, _ = smoke_run
+    timings = json.loads((run_dir / "timings.json").read_text())
+    assert timings["flops_per_batch"] > 1e9  # 8 images x 4 guided steps of the tiny UNet, + text encoder, VAE
+    assert timings["tflops_per_s"] == pytest.approx(timings["flops_per_batch"] / timings["generate_s"] / 1e12)
+    assert timings["mfu"] is None  # CPUs have no entry in the peak table
+    assert timings["host_peak_rss_bytes"] > 100e6 and timings["program_memory_bytes"] > 1e6
+    status = json.loads((run_dir / "status.json").read_text())
+    metrics = MlflowClient(f"sqlite:///{work / 'outputs' / 'mlflow.db'}").get_run(status["run_id"]).data.metrics
+    assert metrics["flops_per_batch"] == timings["flops_per_batch"] and "tflops_per_s" in metrics
+
+
+@pytest.mark.parametrize("attention", ["split_head_dim", "memory_efficient", "dot_product"])
+def test_attention_implementations_match_the_default_on_cpu(tiny_model_dir, attention):
+    from sdjax_runner.attention import configure_unet, tracing_with
+    from sdjax_runner.loading import load_model
+
+    cfg = compose_cfg(["+experiment=smoke"])
+    loaded = load_model(cfg.model, cfg.dtype)
+    unet, params = loaded.pipeline.unet, loaded.params["unet"]
+    rng = np.random.default_rng(0)
+    sample = jnp.asarray(rng.standard_normal((2, 4, 8, 8)), jnp.float32)
+    context = jnp.asarray(rng.standard_normal((2, 77, 32)), jnp.float32)
+    timesteps = jnp.array([999, 500], jnp.int32)
+
+    def run(module, name):
+        with tracing_with(name):
+            return jax.jit(lambda p: module.apply({"params": p}, sample, timesteps, context).sample)(params)
+
+    expected = run(unet, "default")
+    got = run(configure_unet(unet, attention), attention)
+    np.testing.assert_allclose(np.asarray(got), np.asarray(expected), rtol=1e-4, atol=1e-5)
