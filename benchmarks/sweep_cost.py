@@ -16,14 +16,15 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
-from importlib import metadata
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_common import machine_facts  # noqa: E402
 
 SEEDS = list(range(8))
 BASE = ["+experiment=smoke", "tracking=none"]
@@ -107,8 +108,7 @@ def main() -> None:
         "trace_s_warm_median": statistics.median(t for r in rounds for t in r["c_trace_s"]),
         "warm_cache_hits": f"{sum(r['c_cache_hits'] for r in rounds)}/{len(SEEDS) * len(rounds)}",
     }
-    machine = {"python": platform.python_version(), "machine": platform.machine(), "cpus": os.cpu_count(),
-               **{p: metadata.version(p) for p in ("jax", "jaxlib", "flax", "diffusers", "hydra-core")}}
+    machine = machine_facts()
     print(json.dumps({"summary": summary, "machine": machine}, indent=2))
     if args.out:
         args.out.write_text(json.dumps({"summary": summary, "machine": machine, "rounds": rounds}, indent=2))

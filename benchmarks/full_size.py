@@ -1,0 +1,84 @@
+"""Full-size Stable Diffusion on one accelerator: compile time, seconds per batch, images/s, MFU.
+
+    python benchmarks/full_size.py --out docs/full_size.json
+
+Needs a GPU or TPU (a full-size UNet step takes ~44 s on 2 CPU cores). Uses the built-in
+random-weight architectures (model=sd-v1-arch, model=sdxl-arch: the exact shapes, no hub needed),
+built on first use into $SDJAX_RUNNER_CACHE_DIR. Every part is one ``python -m sdjax_runner -m``
+process; parts A and B share a fresh persistent compilation cache, so B's compile is the warm one.
+
+  A. SD-1.x, bf16, 512x512, 50 PNDM steps, guidance 7.5, 8 images as one batch on one device,
+     for each attention implementation (--attention).
+  B. A again in a new process (first attention only): compile from the persistent cache.
+  C. The best attention of A at larger per-device batches (--batches): the best throughput.
+  D. SDXL, bf16, 1024x1024, 20 Euler steps (--xl-batches), best attention of A.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_common import machine_facts, run_sweep  # noqa: E402
+
+FIELDS = ("performance.attention", "per_device_batch_size", "images_per_batch", "compile_s", "trace_s",
+          "compile_cache_hit", "generate_s", "images_per_s", "flops_per_batch", "tflops_per_s", "mfu",
+          "device_memory_peak_bytes", "load_s")
+
+
+def point(job: dict) -> dict:
+    attention = next((line.split("=", 1)[1] for line in job["overrides"].splitlines()
+                      if "performance.attention=" in line), "default")
+    return {"performance.attention": attention, **{k: job.get(k) for k in FIELDS[1:]}}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--attention", nargs="+", default=["default", "split_head_dim", "cudnn_flash"])
+    parser.add_argument("--batches", type=int, nargs="+", default=[16, 32])
+    parser.add_argument("--xl-batches", type=int, nargs="+", default=[1, 4])
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--skip-xl", action="store_true")
+    parser.add_argument("--out", type=Path)
+    args = parser.parse_args()
+
+    env = dict(os.environ)
+    env.pop("MLFLOW_TRACKING_URI", None)
+    common = ["dtype=bf16", "tracking=none", "parallelism=sharded", "parallelism.num_devices=1",
+              f"timing.repeats={args.repeats}", "output.grid=false", "output.save_images=false"]
+    sd = ["model=sd-v1-arch", "scheduler=pndm", "sampling.height=512", "sampling.width=512",
+          "sampling.num_inference_steps=50", "sampling.guidance_scale=7.5"]
+    report: dict = {"machine": machine_facts(with_devices=True)}
+    with tempfile.TemporaryDirectory() as tmp:
+        work = Path(tmp)
+        cache = [f"compilation_cache.dir={work / 'xla'}"]
+        part_a = run_sweep(common + sd + cache + ["parallelism.per_device_batch_size=8",
+                                                  "performance.attention=" + ",".join(args.attention)],
+                           work / "a", env, cwd=work)
+        report["A_sd_512_50_steps_8_images"] = [point(j) for j in part_a]
+        best = min(report["A_sd_512_50_steps_8_images"], key=lambda p: p["generate_s"])["performance.attention"]
+        part_b = run_sweep(common + sd + cache + ["parallelism.per_device_batch_size=8",
+                                                  f"performance.attention={args.attention[0]}"],
+                           work / "b", env, cwd=work)
+        report["B_same_new_process_warm_cache"] = [point(j) for j in part_b]
+        part_c = run_sweep(common + sd + cache + [f"performance.attention={best}", "parallelism.per_device_batch_size="
+                                                  + ",".join(map(str, args.batches))], work / "c", env, cwd=work)
+        report["C_batch_sizes"] = [point(j) for j in part_c]
+        if not args.skip_xl:
+            xl = ["model=sdxl-arch", "scheduler=euler", "sampling.height=1024", "sampling.width=1024",
+                  "sampling.num_inference_steps=20", f"performance.attention={best}",
+                  "parallelism.per_device_batch_size=" + ",".join(map(str, args.xl_batches))]
+            report["D_sdxl_1024_20_euler"] = [point(j) for j in run_sweep(common + xl + cache, work / "d", env,
+                                                                             cwd=work)]
+    print(json.dumps(report, indent=1))
+    if args.out:
+        args.out.write_text(json.dumps(report, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()
