@@ -69,9 +69,52 @@ def _positive(key: str, value: Optional[int], *, optional: bool = True) -> None:
         raise UserError(key, f"must be a positive integer, got {value}", "1, 2, 3, ..." + (" or null" if optional else ""))
 
 
+# Upper bounds, checked before anything is allocated: far above any real run, low enough that
+# a typo (height=1000000) fails in milliseconds instead of exhausting device or host memory.
+MAX_SIZE = 4096  # pixels per side (SDXL's native size is 1024)
+MAX_STEPS = 1000  # the schedulers' num_train_timesteps
+MAX_PER_DEVICE_BATCH = 1024
+MAX_IMAGES = 1_000_000  # per run
+
+
 def _check_size(key: str, value: Optional[int]) -> None:
-    if value is not None and (value < 8 or value % 8):
-        raise UserError(key, f"must be a positive multiple of 8, got {value}", "8, 16, ..., 512, ... or null")
+    if value is not None and (value < 8 or value % 8 or value > MAX_SIZE):
+        raise UserError(key, f"must be a positive multiple of 8 up to {MAX_SIZE}, got {value}",
+                        f"8, 16, ..., 512, ..., {MAX_SIZE} or null")
+
+
+def _at_most(key: str, value: Optional[int], limit: int) -> None:
+    if value is not None and value > limit:
+        raise UserError(key, f"{value} is more than this runner allows", f"1..{limit}")
+
+
+def check_private_dir(key: str, path: str) -> None:
+    """Refuse a cache directory that other users can write: a compiled XLA program or a model they
+    plant there would be loaded and run as this user. Group-writable ones get a warning."""
+    import logging
+    import os
+    import stat
+
+    directory = Path(path).expanduser()
+    if directory.exists():
+        info = directory.stat()
+        if info.st_mode & stat.S_IWOTH:
+            raise UserError(key, f"{directory} is writable by other users, who could plant code this run would load",
+                            f"a directory only you can write (chmod o-w {directory}), or another {key}")
+        if info.st_uid not in (os.getuid(), 0):
+            raise UserError(key, f"{directory} belongs to another user (uid {info.st_uid})",
+                            f"a directory of your own, or another {key}")
+        if info.st_mode & stat.S_IWGRP:
+            logging.getLogger("sdjax_runner").warning("%s: %s is writable by its group; members could plant code "
+                                                      "this run would load", key, directory)
+        return
+    parent = directory.parent
+    while not parent.exists() and parent != parent.parent:
+        parent = parent.parent
+    mode = parent.stat().st_mode
+    if mode & stat.S_IWOTH and not mode & stat.S_ISVTX:
+        raise UserError(key, f"{directory} would be created in {parent}, which other users can write",
+                        f"a path under a directory only you can write, or another {key}")
 
 
 def check_model(model: DictConfig) -> None:
@@ -99,10 +142,12 @@ def make_plan(cfg: DictConfig, available_devices: int) -> Plan:
     _check_size("sampling.height", sampling.height)
     _check_size("sampling.width", sampling.width)
     _positive("sampling.num_inference_steps", sampling.num_inference_steps, optional=False)
+    _at_most("sampling.num_inference_steps", sampling.num_inference_steps, MAX_STEPS)
     if not math.isfinite(sampling.guidance_scale):
         raise UserError("sampling.guidance_scale", f"must be a finite number, got {sampling.guidance_scale}",
                         "any finite float, e.g. 7.5")
     _positive("parallelism.per_device_batch_size", par.per_device_batch_size, optional=False)
+    _at_most("parallelism.per_device_batch_size", par.per_device_batch_size, MAX_PER_DEVICE_BATCH)
     _positive("parallelism.num_devices", par.num_devices)
     _positive("parallelism.num_batches", par.num_batches)
     _positive("parallelism.host_device_count", par.host_device_count)
@@ -115,6 +160,9 @@ def make_plan(cfg: DictConfig, available_devices: int) -> Plan:
                         f"1..{available_devices} or null")
     _check_size("model.resolution", cfg.model.resolution)
     check_model(cfg.model)
+    check_private_dir("paths.cache_dir", cfg.paths.cache_dir)
+    if cfg.compilation_cache.enabled:
+        check_private_dir("compilation_cache.dir", cfg.compilation_cache.dir)
     check_overrides(cfg.scheduler.name, dict(cfg.scheduler.config_overrides))
 
     prompts = load_prompts(list(cfg.prompts.texts), cfg.prompts.file)
@@ -126,6 +174,9 @@ def make_plan(cfg: DictConfig, available_devices: int) -> Plan:
                         f"{num_batches} batch(es) of {per_batch} cannot hold {len(prompts)} prompts",
                         f">= {needed} or null")
     total = num_batches * per_batch
+    if total > MAX_IMAGES:
+        raise UserError("parallelism.num_batches", f"{num_batches} batch(es) of {per_batch} are {total} images",
+                        f"at most {MAX_IMAGES} images per run")
     # pad keeps only whole copies of the prompt list; cycle keeps every slot.
     kept = total if cfg.prompts.fill.name == "cycle" else len(prompts) * (total // len(prompts))
     slots = []

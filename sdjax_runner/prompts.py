@@ -16,6 +16,10 @@ def read_prompt_file(path: str) -> list[str]:
         text = file.read_text(encoding="utf-8")
     except UnicodeDecodeError as exc:
         raise UserError("prompts.file", f"{file} is not valid UTF-8 (byte {exc.start})") from None
+    if "\x00" in text:
+        line = text[: text.index("\x00")].count("\n") + 1
+        raise UserError("prompts.file", f"{file} has a NUL byte on line {line}: not a text file",
+                        "a UTF-8 text file with one prompt per line")
     prompts = [line.strip() for line in text.splitlines() if line.strip()]
     if not prompts:
         raise UserError("prompts.file", f"{file} has no prompts", "a UTF-8 text file with one prompt per line")
@@ -24,6 +28,9 @@ def read_prompt_file(path: str) -> list[str]:
 
 def load_prompts(texts: list[str], file: str | None) -> list[str]:
     prompts = [str(t) for t in texts]
+    for number, text in enumerate(prompts):
+        if "\x00" in text:
+            raise UserError(f"prompts.texts[{number}]", "contains a NUL byte", "printable text")
     if file:
         prompts += read_prompt_file(file)
     if not prompts:

@@ -81,6 +81,8 @@ class Job:
         self.tracker: Any = NullTracker()
         self.tracker_error: Optional[str] = None
         self.status: dict[str, Any] = {"status": "RUNNING"}
+        self.progress: dict[str, Any] = {}  # timings so far, kept if the job stops early
+        self.records: list[dict] = []  # the images written so far
 
     def write_status(self, **fields: Any) -> None:
         self.status.update(fields, tracking=self.tracker.description, run_id=self.tracker.run_id)
@@ -112,6 +114,16 @@ class Job:
         self.tracked(lambda: tracker.start(run_name, params, tags))
         self.write_status()
 
+    def keep_partial(self) -> None:
+        """A job stopped after it began generating: its timings so far (marked partial) and the
+        records of the images it wrote, on disk and then to the tracker."""
+        if not self.writes or not self.progress:
+            return
+        partial = dict(self.progress, partial=1)
+        outputs.write_json(self.run_dir / "timings.json", partial)
+        outputs.write_json(self.run_dir / "images.json", self.records)
+        self.tracked(lambda: self.tracker.log_outputs(self.run_dir, numeric_metrics(partial)))
+
     def end_tracker(self, status: str, error: Optional[str] = None) -> None:
         self.tracked(lambda: self.tracker.end(status, error))
         self.write_status(status=status, **({"error": error} if error else {}))
@@ -123,6 +135,7 @@ class Job:
             yield self
         except BaseException as exc:
             status, error = stop_reason(exc)
+            self.keep_partial()
             self.end_tracker(status, error)
             if status == "FAILED" and "jax" in sys.modules:
                 distributed.agree(failed=True)
@@ -147,9 +160,11 @@ def image_size(plan: Plan, loaded, model: DictConfig) -> tuple[int, int]:
     return height, width
 
 
-def write_batches(run_dir: Path, cfg: DictConfig, plan: Plan, batches: Iterator, meta: dict[str, Any]):
-    """Each batch's kept images to images/ as it arrives (so an interruption keeps what was made)."""
-    records, images, write_s = [], [], 0.0
+def write_batches(run_dir: Path, cfg: DictConfig, plan: Plan, batches: Iterator, meta: dict[str, Any],
+                  records: list[dict]):
+    """Each batch's kept images to images/ as it arrives, their records appended to ``records``
+    (so an interruption keeps what was made, and says what it was)."""
+    images, write_s = [], 0.0
     if cfg.output.save_images:
         (run_dir / "images").mkdir(exist_ok=True)
     for batch, pixels in enumerate(batches):
@@ -166,7 +181,7 @@ def write_batches(run_dir: Path, cfg: DictConfig, plan: Plan, batches: Iterator,
             records.append(record)
             images.append(image)
         write_s += time.perf_counter() - started
-    return records, images, write_s
+    return images, write_s
 
 
 def compile_generator(generator, prepared) -> tuple[float, float, bool]:
@@ -306,19 +321,27 @@ def _run(cfg: DictConfig, job: Job, overrides: list[str], run_name: str, parent_
     generator = GENERATORS[cfg.parallelism.mode.name](prepared.pipeline, prepared.params, prepared.safety_params,
                                                       plan, height, width, devices)
     trace_s, compile_s, cache_hit = compile_generator(generator, prepared)
+    job.progress.update(load_s=prepared.load_s, replicate_s=prepared.replicate_s, trace_s=trace_s,
+                        compile_s=compile_s, batches_done=0, num_batches=plan.num_batches)
+
+    def on_batch() -> None:
+        bar.update()
+        job.progress.update(batches_done=job.progress["batches_done"] + 1,
+                            first_batch_s=generator.timings.first_batch_s, wall_s=time.perf_counter() - started)
 
     from tqdm import tqdm
 
     # The bar is closed however the loop ends, so an interrupt's message starts on a clean line.
     with tqdm(total=plan.num_batches, desc="generate", unit="batch", disable=plan.num_batches < 2,
               leave=False) as bar:
-        batches = generator.generate(on_batch=bar.update)
+        batches = generator.generate(on_batch=on_batch)
         if not job.writes:  # still take part in every batch: gathering the images is collective
             for _ in batches:
                 pass
             log.info("generate: done on process %d; process 0 writes the outputs", jax.process_index())
             return {"run_dir": None}
-        records, images, write_s = write_batches(run_dir, cfg, plan, batches, image_meta(cfg, plan, height, width))
+        records = job.records
+        images, write_s = write_batches(run_dir, cfg, plan, batches, image_meta(cfg, plan, height, width), records)
     summary = generator.timings.summary(plan.images_per_batch, plan.num_inference_steps)
     summary.update(trace_s=trace_s, compile_s=compile_s)
     summary.update(measure_efficiency(cfg, plan, prepared, generator, devices, height, width, summary["generate_s"]))
@@ -347,6 +370,7 @@ def _run(cfg: DictConfig, job: Job, overrides: list[str], run_name: str, parent_
         wall_s=time.perf_counter() - started,
     )
     outputs.write_json(run_dir / "timings.json", timings)
+    job.progress.clear()  # complete: nothing partial to keep any more
     log.info("write: %d image(s)%s to %s in %.2f s", len(records), " + grid" if cfg.output.grid else "",
              run_dir, write_s)
     job.tracked(lambda: job.tracker.log_outputs(run_dir, numeric_metrics(timings)))

@@ -143,7 +143,8 @@ class SweepCallback(Callback):
             self.tracker = None
         _open_parent[:] = [self.tracker] if self.tracker else []
         parent = self.tracker.run_id if self.tracker else None
-        outputs.write_json(sweep_dir / SWEEP_FILE, {"parent_run_id": parent, "swept_keys": keys, "overrides": task})
+        outputs.write_json(sweep_dir / SWEEP_FILE, {"parent_run_id": parent, "parent_logged": False if parent else None,
+                                                     "swept_keys": keys, "overrides": task})
         log.info("sweep: over %s -> %s%s", ", ".join(keys) or "nothing", sweep_dir,
                  f"; {self.tracker.description}" if self.tracker else "")
 
@@ -156,11 +157,23 @@ class SweepCallback(Callback):
         last_result.update(jobs=len(rows), failed=failed, sweep_dir=str(sweep_dir))
         _open_parent.clear()
         if self.tracker is not None:
-            self.tracker.log_sweep(sweep_dir, rows, {"jobs": len(rows), "failed_jobs": len(failed)})
-            self.tracker.end("FAILED" if failed else "FINISHED",
-                             f"{len(failed)} of {len(rows)} job(s) failed" if failed else None)
+            try:
+                log_parent(self.tracker, sweep_dir, rows)
+            except Exception as exc:  # everything is on disk; sync logs it later
+                log.warning("sweep: tracking failed for the parent run, the sweep keeps everything in %s (log it "
+                            "later: python -m sdjax_runner.sync %s): %s", sweep_dir, sweep_dir,
+                            " ".join(str(exc).split())[:200])
         log.info("sweep: %d job(s), %d failed; summary.csv and contact_sheet.png in %s", len(rows), len(failed),
                  sweep_dir)
+
+
+def log_parent(tracker: Any, sweep_dir: Path, rows: list[dict[str, Any]]) -> None:
+    """The parent run's summary, contact sheet and final status; sweep.json records that it is logged."""
+    failed = [r for r in rows if r["status"] != "FINISHED"]
+    tracker.log_sweep(sweep_dir, rows, {"jobs": len(rows), "failed_jobs": len(failed)})
+    tracker.end("FAILED" if failed else "FINISHED", f"{len(failed)} of {len(rows)} job(s) failed" if failed else None)
+    record = read_sweep_file(sweep_dir)
+    outputs.write_json(sweep_dir / SWEEP_FILE, dict(record, parent_logged=True))
 
 
 def abort(reason: str) -> None:

@@ -52,6 +52,22 @@ def sync_run(run_dir: Path, uri: Optional[str]) -> str:
     return f"logged as {tracker.description}"
 
 
+def sync_parent(sweep_dir: Path, uri: Optional[str]) -> Optional[str]:
+    """A multirun's parent run, if the tracker failed before the sweep could finish it."""
+    from sdjax_runner.sweep import SWEEP_FILE, collect_jobs, log_parent, read_sweep_file
+
+    if not (sweep_dir / SWEEP_FILE).exists():
+        return None
+    record = read_sweep_file(sweep_dir)
+    if not record.get("parent_run_id") or record.get("parent_logged") is not False:
+        return None
+    cfg = OmegaConf.load(run_dirs(sweep_dir)[0] / ".hydra" / "config.yaml")
+    tracker = MlflowTracker(cfg.tracking, cfg.paths.output_root, uri=uri)
+    tracker.resume(record["parent_run_id"])
+    log_parent(tracker, sweep_dir, collect_jobs(sweep_dir, record.get("swept_keys", [])))
+    return f"sweep parent logged as {tracker.description}"
+
+
 def main(argv: Optional[list[str]] = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m sdjax_runner.sync", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -69,6 +85,14 @@ def main(argv: Optional[list[str]] = None) -> int:
                 print(f"{run_dir}: {sync_run(run_dir, args.uri)}")
             except Exception as exc:  # one bad run must not stop the others
                 print(f"error: {run_dir}: {type(exc).__name__}: {' '.join(str(exc).split())[:300]}", file=sys.stderr)
+                failed += 1
+        if not failed:
+            try:
+                done = sync_parent(path, args.uri)
+                if done:
+                    print(f"{path}: {done}")
+            except Exception as exc:
+                print(f"error: {path}: {type(exc).__name__}: {' '.join(str(exc).split())[:300]}", file=sys.stderr)
                 failed += 1
     return 1 if failed else 0
 

@@ -9,10 +9,11 @@ embedded at a fixed place under ``paths.output_root``: ``mlflow.db`` and
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Iterator, Optional
 
 from omegaconf import DictConfig, OmegaConf
 
@@ -91,6 +92,23 @@ class MlflowTracker:
         runs = self.client.search_runs([experiment.experiment_id], f"tags.`{tag}` = '{value}'", max_results=1)
         return runs[0].info.run_id if runs else None
 
+    @contextlib.contextmanager
+    def _store_lock(self) -> Iterator[None]:
+        """For the embedded SQLite store: one process at a time creates (migrates) the store or an
+        experiment -- concurrent first runs otherwise race in alembic's migrations."""
+        if self.artifact_location is None:  # a server serialises these itself
+            yield
+            return
+        import fcntl
+
+        db = Path(self.uri[len("sqlite:///"):]).expanduser().resolve()
+        with open(db.with_name(db.name + ".lock"), "a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(lock, fcntl.LOCK_UN)
+
     def _connect(self) -> None:
         if self.client is None:
             from mlflow.tracking import MlflowClient
@@ -98,7 +116,24 @@ class MlflowTracker:
             # mlflow sets its logger to INFO when imported; its store-creation notices are noise here.
             logging.getLogger("mlflow").setLevel(logging.WARNING)
             logging.getLogger("alembic").setLevel(logging.WARNING)
-            self.client = MlflowClient(tracking_uri=self.uri)
+            with self._store_lock():
+                client = MlflowClient(tracking_uri=self.uri)
+                client.search_experiments(max_results=1)  # creates and migrates the store if it is new
+            self.client = client
+
+    def _experiment_id(self) -> str:
+        """The experiment's id, created if need be (two processes may both try: the loser reads it)."""
+        with self._store_lock():
+            experiment = self.client.get_experiment_by_name(self.experiment_name)
+            if experiment is not None:
+                return experiment.experiment_id
+            try:
+                return self.client.create_experiment(self.experiment_name, artifact_location=self.artifact_location)
+            except Exception:
+                experiment = self.client.get_experiment_by_name(self.experiment_name)
+                if experiment is None:
+                    raise
+                return experiment.experiment_id
 
     def resume(self, run_id: str) -> None:
         self._connect()
@@ -108,13 +143,7 @@ class MlflowTracker:
         from mlflow.entities import Param
 
         self._connect()
-        experiment = self.client.get_experiment_by_name(self.experiment_name)
-        if experiment is None:
-            experiment_id = self.client.create_experiment(self.experiment_name,
-                                                          artifact_location=self.artifact_location)
-        else:
-            experiment_id = experiment.experiment_id
-        run = self.client.create_run(experiment_id, run_name=run_name, tags=tags)
+        run = self.client.create_run(self._experiment_id(), run_name=run_name, tags=tags)
         self.run_id = run.info.run_id
         self.client.log_batch(self.run_id, params=[Param(k, v) for k, v in sorted(params.items())])
 

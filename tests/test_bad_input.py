@@ -15,9 +15,15 @@ CASES = {
     "wrong type": (["seed=abc"], "error: seed: Value 'abc' of type 'str' could not be converted to Integer"),
     "bad enum": (["dtype.weights_dtype=int8"],
                  "error: dtype.weights_dtype: Invalid value 'int8', expected one of [float32, bfloat16, float16]"),
-    "height not multiple of 8": (["sampling.height=65"],
-                                 "error: sampling.height: must be a positive multiple of 8, got 65 (allowed: 8, 16, ..., 512, ... or null)"),
-    "zero width": (["sampling.width=0"], "error: sampling.width: must be a positive multiple of 8, got 0"),
+    "height not multiple of 8": (["sampling.height=65"], "error: sampling.height: must be a positive multiple of 8 up "
+                                 "to 4096, got 65 (allowed: 8, 16, ..., 512, ..., 4096 or null)"),
+    "zero width": (["sampling.width=0"], "error: sampling.width: must be a positive multiple of 8 up to 4096, got 0"),
+    "absurd height": (["sampling.height=1000000"],
+                      "error: sampling.height: must be a positive multiple of 8 up to 4096, got 1000000"),
+    "absurd step count": (["sampling.num_inference_steps=10000000"],
+                          "error: sampling.num_inference_steps: 10000000 is more than this runner allows (allowed: 1..1000)"),
+    "absurd image count": (["parallelism.num_batches=100000000"],
+                           "error: parallelism.num_batches: 100000000 batch(es) of 8 are 800000000 images"),
     "steps < 1": (["sampling.num_inference_steps=0"],
                   "error: sampling.num_inference_steps: must be a positive integer, got 0 (allowed: 1, 2, 3, ...)"),
     "guidance not finite": (["sampling.guidance_scale=inf"],
@@ -81,3 +87,47 @@ def test_size_the_model_cannot_take_fails_after_load_and_ends_the_run(tmp_path, 
 def test_full_error_env_brings_the_traceback_back(tmp_path):
     result = run_cli("+experiment=smoke", "sampling.height=65", cwd=tmp_path, env={"HYDRA_FULL_ERROR": "1"})
     assert result.returncode != 0 and "Traceback" in result.stderr
+
+
+def test_hostile_prompt_files(tmp_path):
+    nul = tmp_path / "nul.txt"
+    nul.write_bytes(b"a cat\nbinary\x00junk\n")
+    result = run_cli("+experiment=smoke", f"prompts.file={nul}", "prompts.texts=[]", cwd=tmp_path)
+    assert_one_line_error(result, f"error: prompts.file: {nul} has a NUL byte on line 2: not a text file")
+    bad = tmp_path / "latin1.txt"
+    bad.write_bytes("caf\xe9\n".encode("latin-1"))
+    result = run_cli("+experiment=smoke", f"prompts.file={bad}", "prompts.texts=[]", cwd=tmp_path)
+    assert_one_line_error(result, f"error: prompts.file: {bad} is not valid UTF-8 (byte 3)")
+
+
+def test_huge_prompt_files_plan_quickly(tmp_path):
+    """100,000 lines and 10,000-character lines: laid out in a plan in seconds, nothing dropped."""
+    import time
+
+    from sdjax_runner.plan import make_plan
+    from test_configs import compose_cfg
+
+    many = tmp_path / "many.txt"
+    many.write_text("".join(f"prompt number {i}\n" for i in range(100_000)), encoding="utf-8")
+    long = tmp_path / "long.txt"
+    long.write_text(("word " * 2000).strip() + "\nshort\n", encoding="utf-8")
+    started = time.perf_counter()
+    plan = make_plan(compose_cfg(["+experiment=smoke", f"prompts.file={many}", "prompts.texts=[]"]), 8)
+    assert time.perf_counter() - started < 10
+    assert len(plan.prompts) == 100_000 and plan.num_batches == 12_500 and plan.images[-1].prompt == "prompt number 99999"
+    plan = make_plan(compose_cfg(["+experiment=smoke", f"prompts.file={long}", "prompts.texts=[]"]), 8)
+    assert len(plan.prompts[0]) == 9_999 and plan.prompts[1] == "short"
+
+
+def test_cache_directories_other_users_can_write_are_refused(tmp_path):
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o777)
+    result = run_cli("+experiment=smoke", f"compilation_cache.dir={shared}", cwd=tmp_path)
+    assert_one_line_error(result, f"error: compilation_cache.dir: {shared} is writable by other users, who could "
+                                  f"plant code this run would load (allowed: a directory only you can write "
+                                  f"(chmod o-w {shared}), or another compilation_cache.dir)")
+    result = run_cli("+experiment=smoke", f"paths.cache_dir={shared / 'new'}", cwd=tmp_path)
+    assert_one_line_error(result, f"error: paths.cache_dir: {shared / 'new'} would be created in {shared}, "
+                                  "which other users can write")
+    assert mlflow_statuses(tmp_path) == []

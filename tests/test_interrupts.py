@@ -48,6 +48,14 @@ def test_a_signal_ends_the_run_killed_and_keeps_the_images(tmp_path, tiny_model_
     assert (status["status"], status["error"]) == ("KILLED", reason)
     assert len(list((run_dir / "images").glob("*.png"))) >= 16
     assert run_statuses(tmp_path) == [("smoke", "KILLED")]
+    # What was finished is kept and logged: timings so far (marked partial) and the images written.
+    timings = json.loads((run_dir / "timings.json").read_text())
+    assert timings["partial"] == 1 and timings["batches_done"] >= 2 and timings["compile_s"] > 0
+    records = json.loads((run_dir / "images.json").read_text())
+    assert 16 <= len(records) and 8 * timings["batches_done"] <= len(records) <= 8 * (timings["batches_done"] + 1)
+    with sqlite3.connect(tmp_path / "outputs" / "mlflow.db") as db:
+        metrics = dict(db.execute("select key, value from latest_metrics").fetchall())
+    assert metrics["batches_done"] == timings["batches_done"] and metrics["partial"] == 1
 
 
 def test_a_terminated_sweep_leaves_no_run_running(tmp_path, tiny_model_dir):
