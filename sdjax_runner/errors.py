@@ -82,7 +82,18 @@ def describe(exc: BaseException) -> Optional[str]:
         return f"{key}: {message}" if key else message
     if isinstance(exc, HydraException):
         return _one_line(exc)
+    if isinstance(exc, (ValueError, TypeError)) and _raised_in_hydra(exc):
+        return _one_line(exc)  # e.g. "scheduler=0": Hydra checks a group override's type with a ValueError
     return None
+
+
+def _raised_in_hydra(exc: BaseException) -> bool:
+    """Whether ``exc`` was raised by Hydra itself (while composing the config from the overrides)."""
+    traceback = exc.__traceback__
+    last = None
+    while traceback is not None:
+        last, traceback = traceback, traceback.tb_next
+    return last is not None and "/hydra/" in last.tb_frame.f_code.co_filename.replace("\\", "/")
 
 
 def stop_reason(exc: BaseException) -> tuple[str, str]:

@@ -75,6 +75,8 @@ MAX_SIZE = 4096  # pixels per side (SDXL's native size is 1024)
 MAX_STEPS = 1000  # the schedulers' num_train_timesteps
 MAX_PER_DEVICE_BATCH = 1024
 MAX_IMAGES = 1_000_000  # per run
+MAX_REPEATS = 1000
+MAX_SEED = 2**32 - 1  # jax.random.PRNGKey takes 32 bits
 
 
 def _check_size(key: str, value: Optional[int]) -> None:
@@ -152,6 +154,9 @@ def make_plan(cfg: DictConfig, available_devices: int) -> Plan:
     _positive("parallelism.num_batches", par.num_batches)
     _positive("parallelism.host_device_count", par.host_device_count)
     _positive("timing.repeats", cfg.timing.repeats, optional=False)
+    _at_most("timing.repeats", cfg.timing.repeats, MAX_REPEATS)
+    if not 0 <= cfg.seed <= MAX_SEED:
+        raise UserError("seed", f"{cfg.seed} is not a 32-bit PRNG seed", f"0..{MAX_SEED}")
     _positive("output.grid_rows", cfg.output.grid_rows)
     _positive("output.grid_cols", cfg.output.grid_cols)
     num_devices = par.num_devices or available_devices
@@ -185,6 +190,9 @@ def make_plan(cfg: DictConfig, available_devices: int) -> Plan:
         device, slot = divmod(within, par.per_device_batch_size)
         slots.append(ImageSlot(i, batch, device, slot, prompts[i % len(prompts)], i < kept))
     rows, cols = cfg.output.grid_rows, cfg.output.grid_cols
+    for key, value in (("output.grid_rows", rows), ("output.grid_cols", cols)):
+        if value and value > kept:
+            raise UserError(key, f"{value} is more than the run's {kept} images", f"1..{kept} or null")
     if rows and cols and rows * cols < kept:
         raise UserError("output.grid_rows", f"a {rows} x {cols} grid cannot hold {kept} images",
                         f"rows x cols >= {kept}, or null for automatic")

@@ -18,6 +18,7 @@ CASES = {
     "height not multiple of 8": (["sampling.height=65"], "error: sampling.height: must be a positive multiple of 8 up "
                                  "to 4096, got 65 (allowed: 8, 16, ..., 512, ..., 4096 or null)"),
     "zero width": (["sampling.width=0"], "error: sampling.width: must be a positive multiple of 8 up to 4096, got 0"),
+    "group given a number": (["scheduler=0"], "error: Config group override must be a string or a list. Got int"),
     "absurd height": (["sampling.height=1000000"],
                       "error: sampling.height: must be a positive multiple of 8 up to 4096, got 1000000"),
     "absurd step count": (["sampling.num_inference_steps=10000000"],

@@ -1,0 +1,45 @@
+"""Config values fuzzed with hypothesis: every combination either plans or fails with the one-line error.
+
+The CLI composes the config and plans the run before anything loads (tests/test_bad_input.py
+shows that path end to end); here the same two steps run in-process, so hundreds of inputs take
+seconds. A failure must be an error ``describe`` turns into one line -- never an exception it
+does not know (which the CLI would show as a traceback).
+"""
+
+import math
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from sdjax_runner.errors import describe
+from sdjax_runner.plan import Plan, make_plan
+from test_configs import compose_cfg
+
+KEYS = ["sampling.height", "sampling.width", "sampling.num_inference_steps", "sampling.guidance_scale",
+        "parallelism.per_device_batch_size", "parallelism.num_devices", "parallelism.num_batches", "seed",
+        "timing.repeats", "output.grid_rows", "output.grid_cols", "model.resolution", "dtype.weights_dtype",
+        "scheduler", "parallelism", "prompts.fill", "prompts.negative", "performance.attention",
+        "model.prediction_type", "reuse.max_models", "scheduler.config_overrides.timestep_spacing",
+        "sampling.num_inference_step", "prompts.texts"]
+VALUES = st.one_of(
+    st.integers(min_value=-10**15, max_value=10**15),
+    st.floats(allow_nan=True, allow_infinity=True).map(lambda f: "nan" if math.isnan(f) else repr(f)),
+    st.text(max_size=24),
+    st.sampled_from(["null", "true", "[]", "[a,b]", "{}", "'quoted'", "${seed}", "0x10", "1e999", "sharded",
+                     "bfloat16", "v_prediction", "dot_product", "cudnn_flash", "pad"]),
+)
+OVERRIDES = st.lists(st.tuples(st.sampled_from(KEYS), VALUES), min_size=1, max_size=4)
+
+
+@settings(max_examples=150, deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow])
+@given(OVERRIDES)
+def test_any_values_plan_or_fail_with_one_line(pairs):
+    overrides = ["+experiment=smoke"] + [f"{key}={value}" for key, value in pairs]
+    try:
+        plan = make_plan(compose_cfg(overrides), available_devices=8)
+    except Exception as exc:
+        message = describe(exc)
+        assert message is not None, f"{overrides} raised {type(exc).__name__}: {exc}"
+        assert message.strip() and "\n" not in message, overrides
+    else:
+        assert isinstance(plan, Plan) and plan.images and plan.num_batches >= 1
