@@ -1,4 +1,4 @@
-"""Several runs logging to one embedded SQLite store at once, starting from no store at all."""
+"""Two runs logging to one embedded SQLite store at once, starting from no store at all."""
 
 import os
 import subprocess
@@ -14,7 +14,7 @@ def test_concurrent_runs_on_a_new_embedded_store_all_land(tmp_path, tiny_model_d
     procs = [subprocess.Popen([sys.executable, "-m", "sdjax_runner", "+experiment=smoke", f"seed={seed}",
                                f"run_name=concurrent-{seed}", f"hydra.run.dir={work / f'run{seed}'}"],
                               cwd=work, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-             for seed in range(3)]
+             for seed in range(2)]
     results = [(proc.wait(timeout=300), proc.communicate()) for proc in procs]
     for code, (stdout, stderr) in results:
         assert code == 0, stderr
@@ -22,7 +22,7 @@ def test_concurrent_runs_on_a_new_embedded_store_all_land(tmp_path, tiny_model_d
     client = MlflowClient(f"sqlite:///{work / 'outputs' / 'mlflow.db'}")
     [experiment] = [e for e in client.search_experiments() if e.name == "sdjax-runner"]
     runs = client.search_runs([experiment.experiment_id])
-    assert sorted(r.info.run_name for r in runs) == ["concurrent-0", "concurrent-1", "concurrent-2"]
+    assert sorted(r.info.run_name for r in runs) == ["concurrent-0", "concurrent-1"]
     assert {r.info.status for r in runs} == {"FINISHED"}
     for run in runs:
         assert len(client.list_artifacts(run.info.run_id, "images")) == 8

@@ -31,7 +31,7 @@ VALUES = st.one_of(
 OVERRIDES = st.lists(st.tuples(st.sampled_from(KEYS), VALUES), min_size=1, max_size=4)
 
 
-@settings(max_examples=80, deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=60, deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow])
 @given(OVERRIDES)
 def test_any_values_plan_or_fail_with_one_line(pairs):
     overrides = ["+experiment=smoke"] + [f"{key}={value}" for key, value in pairs]
