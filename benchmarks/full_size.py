@@ -44,6 +44,14 @@ def main() -> None:
     parser.add_argument("--xl-batches", type=int, nargs="+", default=[1, 4])
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--skip-xl", action="store_true")
+    # For a dry run of the script itself on a CPU: --sd-model tiny-random --xl-model tiny-random-xl
+    # --sd-size 64 --xl-size 64 --steps 2 --xl-steps 2 --attention default dot_product --batches 2
+    parser.add_argument("--sd-model", default="sd-v1-arch")
+    parser.add_argument("--xl-model", default="sdxl-arch")
+    parser.add_argument("--sd-size", type=int, default=512)
+    parser.add_argument("--xl-size", type=int, default=1024)
+    parser.add_argument("--steps", type=int, default=50)
+    parser.add_argument("--xl-steps", type=int, default=20)
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
 
@@ -51,8 +59,8 @@ def main() -> None:
     env.pop("MLFLOW_TRACKING_URI", None)
     common = ["dtype=bf16", "tracking=none", "parallelism=sharded", "parallelism.num_devices=1",
               f"timing.repeats={args.repeats}", "output.grid=false", "output.save_images=false"]
-    sd = ["model=sd-v1-arch", "scheduler=pndm", "sampling.height=512", "sampling.width=512",
-          "sampling.num_inference_steps=50", "sampling.guidance_scale=7.5"]
+    sd = [f"model={args.sd_model}", "scheduler=pndm", f"sampling.height={args.sd_size}",
+          f"sampling.width={args.sd_size}", f"sampling.num_inference_steps={args.steps}", "sampling.guidance_scale=7.5"]
     report: dict = {"machine": machine_facts(with_devices=True)}
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
@@ -70,8 +78,9 @@ def main() -> None:
                                                   + ",".join(map(str, args.batches))], work / "c", env, cwd=work)
         report["C_batch_sizes"] = [point(j) for j in part_c]
         if not args.skip_xl:
-            xl = ["model=sdxl-arch", "scheduler=euler", "sampling.height=1024", "sampling.width=1024",
-                  "sampling.num_inference_steps=20", f"performance.attention={best}",
+            xl = [f"model={args.xl_model}", "scheduler=euler", f"sampling.height={args.xl_size}",
+                  f"sampling.width={args.xl_size}", f"sampling.num_inference_steps={args.xl_steps}",
+                  f"performance.attention={best}",
                   "parallelism.per_device_batch_size=" + ",".join(map(str, args.xl_batches))]
             report["D_sdxl_1024_20_euler"] = [point(j) for j in run_sweep(common + xl + cache, work / "d", env,
                                                                              cwd=work)]
