@@ -61,7 +61,8 @@ def main() -> None:
               f"timing.repeats={args.repeats}", "output.grid=false", "output.save_images=false"]
     sd = [f"model={args.sd_model}", "scheduler=pndm", f"sampling.height={args.sd_size}",
           f"sampling.width={args.sd_size}", f"sampling.num_inference_steps={args.steps}", "sampling.guidance_scale=7.5"]
-    report: dict = {"machine": machine_facts(with_devices=True)}
+    # Not machine_facts(with_devices=True): JAX in this process would take the GPU's memory from the runs.
+    report: dict = {"machine": machine_facts()}
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         cache = [f"compilation_cache.dir={work / 'xla'}"]
@@ -69,6 +70,7 @@ def main() -> None:
                                                   "performance.attention=" + ",".join(args.attention)],
                            work / "a", env, cwd=work)
         report["A_sd_512_50_steps_8_images"] = [point(j) for j in part_a]
+        report["machine"].update(device_kind=part_a[0]["device_kind"], backend=part_a[0]["backend"])
         best = min(report["A_sd_512_50_steps_8_images"], key=lambda p: p["generate_s"])["performance.attention"]
         part_b = run_sweep(common + sd + cache + ["parallelism.per_device_batch_size=8",
                                                   f"performance.attention={args.attention[0]}"],
