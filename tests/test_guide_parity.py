@@ -1,7 +1,10 @@
 """The runner's images equal the Diffusers JAX guide's hand-written flow, pixel for pixel."""
 
+import functools
+
 import jax
 import jax.numpy as jnp
+import pytest
 import numpy as np
 from PIL import Image
 
@@ -9,16 +12,23 @@ from conftest import run_cli
 from test_configs import compose_cfg
 
 
-def guide_images(model_dir, prompts, seed, steps=4, height=64, width=64, guidance_scale=7.5, negative=None):
-    """The guide's code, verbatim but for the model path and the sampling arguments."""
+@functools.lru_cache(maxsize=1)
+def guide_pipeline(model_dir):
+    """The guide's loading and replication, done once per test process (replicate takes ~15 s here)."""
     from diffusers import FlaxStableDiffusionPipeline
     from flax.jax_utils import replicate
-    from flax.training.common_utils import shard
 
     pipeline, params = FlaxStableDiffusionPipeline.from_pretrained(
         str(model_dir), dtype=jnp.float32, safety_checker=None, feature_extractor=None)
+    return pipeline, replicate(params)
+
+
+def guide_images(model_dir, prompts, seed, steps=4, height=64, width=64, guidance_scale=7.5, negative=None):
+    """The guide's code, verbatim but for the model path and the sampling arguments."""
+    from flax.training.common_utils import shard
+
+    pipeline, p_params = guide_pipeline(model_dir)
     prompt_ids = pipeline.prepare_inputs(prompts)
-    p_params = replicate(params)
     prompt_ids = shard(prompt_ids)
     rng = jax.random.split(jax.random.PRNGKey(seed), jax.device_count())
     neg_prompt_ids = shard(pipeline.prepare_inputs([negative] * len(prompts))) if negative else None
