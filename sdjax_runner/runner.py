@@ -49,19 +49,40 @@ def use_host_devices(count: Optional[int]) -> None:
     os.environ["XLA_FLAGS"] = f"{flags} --xla_force_host_platform_device_count={count}".strip()
 
 
+def check_xla_flags(flags: str) -> None:
+    """Let XLA itself parse ``flags`` in a throwaway process: an unknown flag aborts the process that
+    reads it, which must not be this one (it would die with a C++ log line and leave no record)."""
+    import subprocess
+
+    probe = subprocess.run([sys.executable, "-c", "import jax; jax.devices()"], env=dict(os.environ, XLA_FLAGS=flags),
+                           capture_output=True, text=True, timeout=120)
+    if probe.returncode:
+        lines = [line for line in probe.stderr.splitlines() if "flag" in line.lower()] or probe.stderr.splitlines()[-1:]
+        reason = lines[0].split("] ", 1)[-1] if lines else f"exit status {probe.returncode}"
+        raise UserError("performance.xla_flags", f"XLA rejects them: {reason}",
+                        "flags XLA knows, e.g. --xla_gpu_autotune_level=2")
+
+
 def use_xla_settings(performance: DictConfig) -> None:
     """performance.* flags and GPU memory share, into the environment JAX reads when it starts."""
-    flags = list(performance.xla_flags)
+    flags = [str(flag) for flag in performance.xla_flags]
     if performance.gpu_autotune_level is not None:
+        if not 0 <= performance.gpu_autotune_level <= 4:
+            raise UserError("performance.gpu_autotune_level", f"{performance.gpu_autotune_level} is not a level", "0..4")
         flags.append(f"--xla_gpu_autotune_level={performance.gpu_autotune_level}")
-    if not flags and performance.gpu_memory_fraction is None:
+    fraction = performance.gpu_memory_fraction
+    if fraction is not None and not 0 < fraction <= 1:
+        raise UserError("performance.gpu_memory_fraction", f"{fraction} is not a fraction of the memory", "0 < x <= 1")
+    if not flags and fraction is None:
         return
     if jax_started():
         log.warning("performance.xla_flags/gpu_* ignored: JAX's backend already started in this process "
                     "(in a multirun the first job's settings hold)")
         return
     if flags:
-        os.environ["XLA_FLAGS"] = " ".join([os.environ.get("XLA_FLAGS", "")] + flags).strip()
+        combined = " ".join([os.environ.get("XLA_FLAGS", "")] + flags).strip()
+        check_xla_flags(combined)
+        os.environ["XLA_FLAGS"] = combined
     if performance.gpu_memory_fraction is not None:
         os.environ["XLA_PYTHON_CLIENT_MEM_FRACTION"] = str(performance.gpu_memory_fraction)
 
