@@ -23,6 +23,7 @@ from sdjax_runner.plan import Plan, make_plan
 from sdjax_runner.tracking import NullTracker, flatten_params, make_tracker, numeric_metrics
 
 log = logging.getLogger("sdjax_runner")
+MAX_HOST_DEVICES = 512  # XLA makes every forced CPU device up front
 
 
 def jax_started() -> bool:
@@ -38,6 +39,8 @@ def use_host_devices(count: Optional[int]) -> None:
     """Split the CPU into ``count`` XLA devices; only possible before JAX initialises."""
     if not count:
         return
+    if not 1 <= count <= MAX_HOST_DEVICES:
+        raise UserError("parallelism.host_device_count", f"{count} CPU devices", f"1..{MAX_HOST_DEVICES} or null")
     if "jax" in sys.modules:
         import jax
 

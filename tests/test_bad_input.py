@@ -23,6 +23,8 @@ CASES = {
                          "error: performance.xla_flags: XLA rejects them: Unknown flag in XLA_FLAGS: --nonsense_flag=1"),
     "autotune level": (["performance.gpu_autotune_level=9"],
                        "error: performance.gpu_autotune_level: 9 is not a level (allowed: 0..4)"),
+    "absurd CPU device count": (["parallelism.host_device_count=1000000"],
+                                "error: parallelism.host_device_count: 1000000 CPU devices (allowed: 1..512 or null)"),
     "absurd height": (["sampling.height=1000000"],
                       "error: sampling.height: must be a positive multiple of 8 up to 4096, got 1000000"),
     "absurd step count": (["sampling.num_inference_steps=10000000"],
