@@ -31,7 +31,6 @@ from sdjax_runner.schedulers import build_scheduler
 # model_index.json's pipeline class (with or without "Flax") -> the Flax pipeline that runs it.
 PIPELINES = {"StableDiffusionPipeline": "FlaxStableDiffusionPipeline",
              "StableDiffusionXLPipeline": "FlaxStableDiffusionXLPipeline"}
-NOT_WEIGHTS = ("tokenizer", "tokenizer_2", "feature_extractor", "scheduler")
 
 
 @dataclass
@@ -56,10 +55,6 @@ class LoadedModel:
         """Height/width must be multiples of this: VAE factor x the UNet's down-sampling."""
         levels = len(self.pipeline.unet.config.block_out_channels)
         return self.pipeline.vae_scale_factor * 2 ** (levels - 1)
-
-    @property
-    def is_xl(self) -> bool:
-        return "text_encoder_2" in self.params
 
 
 def numpy_dtype(name: str):

@@ -228,13 +228,13 @@ def build_builtin(name: str, target: Path) -> Path:
 
 def architecture(name: str):
     """(pipeline modules, their parameter shapes) of built-in ``name``, with no weights."""
-    import jax
     from diffusers import FlaxAutoencoderKL, FlaxUNet2DConditionModel
     from transformers import CLIPTextConfig, FlaxCLIPTextModel, FlaxCLIPTextModelWithProjection
 
+    from sdjax_runner.checkpoints import param_shapes
+
     spec = SPECS[name]
     size = len(_vocabulary()[0])  # the tokenizer's ids end with <|startoftext|>, <|endoftext|>
-    key = jax.random.PRNGKey(0)  # only shapes are derived from it
     modules, shapes = {}, {}
     for number, text in enumerate(spec["text"]):
         config = CLIPTextConfig(**{"vocab_size": size, "max_position_embeddings": 77, **text},
@@ -243,13 +243,13 @@ def architecture(name: str):
         encoder = cls(config, _do_init=False)
         component = "text_encoder" if number == 0 else "text_encoder_2"
         modules[component] = encoder
-        shapes[component] = jax.eval_shape(lambda k, e=encoder: e.init_weights(k, (1, 77)), key)
+        shapes[component] = param_shapes(encoder, "transformers")
     modules["unet"] = FlaxUNet2DConditionModel(in_channels=4, out_channels=4, **spec["unet"])
     modules["vae"] = FlaxAutoencoderKL(in_channels=3, out_channels=3, latent_channels=4,
                                        down_block_types=("DownEncoderBlock2D",) * 4,
                                        up_block_types=("UpDecoderBlock2D",) * 4, **spec["vae"])
     for component in ("unet", "vae"):
-        shapes[component] = jax.eval_shape(modules[component].init_weights, key)
+        shapes[component] = param_shapes(modules[component], "diffusers")
     return modules, shapes
 
 

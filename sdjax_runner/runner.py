@@ -41,7 +41,7 @@ def use_host_devices(count: Optional[int]) -> None:
         return
     if not 1 <= count <= MAX_HOST_DEVICES:
         raise UserError("parallelism.host_device_count", f"{count} CPU devices", f"1..{MAX_HOST_DEVICES} or null")
-    if "jax" in sys.modules:
+    if jax_started():
         import jax
 
         if jax.local_device_count("cpu") != count:
@@ -57,8 +57,9 @@ def check_xla_flags(flags: str) -> None:
     reads it, which must not be this one (it would die with a C++ log line and leave no record)."""
     import subprocess
 
-    probe = subprocess.run([sys.executable, "-c", "import jax; jax.devices()"], env=dict(os.environ, XLA_FLAGS=flags),
-                           capture_output=True, text=True, timeout=120)
+    # XLA parses the flags (GPU ones too) whichever backend starts; the CPU one keeps the probe off the GPU.
+    probe = subprocess.run([sys.executable, "-c", "import jax; jax.devices()"], capture_output=True, text=True,
+                           env=dict(os.environ, XLA_FLAGS=flags, JAX_PLATFORMS="cpu"), timeout=120)
     if probe.returncode:
         lines = [line for line in probe.stderr.splitlines() if "flag" in line.lower()] or probe.stderr.splitlines()[-1:]
         reason = lines[0].split("] ", 1)[-1] if lines else f"exit status {probe.returncode}"
