@@ -6,7 +6,7 @@
 
 Each point is one job of ``-m parallelism.per_device_batch_size=...``: the model loads once, each
 batch size compiles once, and ``timing.repeats`` blocked executions give the median seconds per
-batch. MFU needs a peak for the device (the table in sdjax_runner/efficiency.py, or
+batch. MFU needs a peak for the device (the table in sdjax_runner/engine/efficiency.py, or
 --peak-tflops for a CPU). Device memory peaks are per process, so they only grow along the sweep.
 """
 

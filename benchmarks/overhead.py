@@ -106,7 +106,7 @@ def main() -> None:
     args = parser.parse_args()
     args.jnp_dtype = {"fp32": "float32", "bf16": "bfloat16"}[args.dtype]
 
-    from sdjax_runner.random_models import build_builtin
+    from sdjax_runner.models.builtin import build_builtin
 
     cache = Path(os.environ.get("SDJAX_RUNNER_CACHE_DIR", Path.home() / ".cache" / "sdjax-runner"))
     model_dir = build_builtin(args.model, cache / "models" / f"{args.model}-v1")

@@ -19,11 +19,12 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig
 
-from sdjax_runner import schema
+from sdjax_runner.config import schema
 from sdjax_runner.errors import Terminated, describe, stop_reason
-from sdjax_runner.sweep import abort, failure_message, job_label, read_sweep_file
+from sdjax_runner.record.sweep import abort, failure_message, job_label, read_sweep_file
 
-CONFIG_DIR = str(Path(__file__).resolve().parent.parent / "conf")
+# The configs travel inside the package (package data), so a wheel install finds them too.
+CONFIG_MODULE = "sdjax_runner.conf"
 BAD_INPUT_EXIT = 2
 SWEEP_FAILED_EXIT = 1
 INTERRUPTED_EXIT = 128 + signal.SIGINT  # 130, as a shell reports Ctrl-C
@@ -37,7 +38,7 @@ def _fail(message: str) -> None:
     sys.exit(BAD_INPUT_EXIT)
 
 
-@hydra.main(version_base="1.3", config_path=CONFIG_DIR, config_name="config")
+@hydra.main(version_base="1.3", config_path=f"pkg://{CONFIG_MODULE}", config_name="config")
 def _app(cfg: DictConfig) -> dict:
     from sdjax_runner.runner import run
 

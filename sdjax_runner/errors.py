@@ -29,7 +29,7 @@ class UserError(Exception):
 
 def _schema_keys(full_key: str) -> Optional[list[str]]:
     """The keys the schema allows beside ``full_key`` (e.g. sampling.foo -> sampling's fields)."""
-    from sdjax_runner.schema import RunConfig
+    from sdjax_runner.config.schema import RunConfig
 
     node: typing.Any = RunConfig
     for part in full_key.split(".")[:-1]:

@@ -17,24 +17,24 @@ from typing import Optional
 
 from omegaconf import OmegaConf
 
-from sdjax_runner import outputs
-from sdjax_runner.tracking import MlflowTracker, numeric_metrics
+from sdjax_runner.record import rundir
+from sdjax_runner.record.tracking import MlflowTracker, numeric_metrics
 
 
 def run_dirs(path: Path) -> list[Path]:
-    if (path / "status.json").exists():
+    if (path / rundir.STATUS).exists():
         return [path]
-    return sorted((p for p in path.iterdir() if (p / "status.json").exists()), key=lambda p: p.name)
+    return sorted((p for p in path.iterdir() if (p / rundir.STATUS).exists()), key=lambda p: p.name)
 
 
 def sync_run(run_dir: Path, uri: Optional[str]) -> str:
-    status = outputs.read_json(run_dir / "status.json")
+    status = rundir.read_json(run_dir / rundir.STATUS)
     if status.get("logged") is not False:
         return "already logged" if status.get("logged") else "nothing to log (tracking=none)"
     if status["status"] == "RUNNING":
         return "skipped: still running"
-    cfg = OmegaConf.load(run_dir / ".hydra" / "config.yaml")
-    intended = outputs.read_json(run_dir / "tracking.json")
+    cfg = OmegaConf.load(run_dir / rundir.CONFIG)
+    intended = rundir.read_json(run_dir / rundir.TRACKING)
     tracker = MlflowTracker(cfg.tracking, cfg.paths.output_root, uri=uri)
     uid = intended["tags"]["sdjax.run_uid"]
     existing = tracker.find_run("sdjax.run_uid", uid)
@@ -42,26 +42,26 @@ def sync_run(run_dir: Path, uri: Optional[str]) -> str:
         tracker.resume(existing)
     else:
         tracker.start(intended["run_name"], intended["params"], intended["tags"])
-    timings_file = run_dir / "timings.json"
-    metrics = numeric_metrics(outputs.read_json(timings_file)) if timings_file.exists() else {}
+    timings_file = run_dir / rundir.TIMINGS
+    metrics = numeric_metrics(rundir.read_json(timings_file)) if timings_file.exists() else {}
     tracker.log_outputs(run_dir, metrics)
     tracker.end(status["status"], status.get("error"))
     status.update(logged=True, run_id=tracker.run_id, tracking=tracker.description)
     status.pop("tracking_error", None)
-    outputs.write_json(run_dir / "status.json", status)
+    rundir.write_json(run_dir / rundir.STATUS, status)
     return f"logged as {tracker.description}"
 
 
 def sync_parent(sweep_dir: Path, uri: Optional[str]) -> Optional[str]:
     """A multirun's parent run, if the tracker failed before the sweep could finish it."""
-    from sdjax_runner.sweep import SWEEP_FILE, collect_jobs, log_parent, read_sweep_file
+    from sdjax_runner.record.sweep import collect_jobs, log_parent, read_sweep_file
 
-    if not (sweep_dir / SWEEP_FILE).exists():
+    if not (sweep_dir / rundir.SWEEP).exists():
         return None
     record = read_sweep_file(sweep_dir)
     if not record.get("parent_run_id") or record.get("parent_logged") is not False:
         return None
-    cfg = OmegaConf.load(run_dirs(sweep_dir)[0] / ".hydra" / "config.yaml")
+    cfg = OmegaConf.load(run_dirs(sweep_dir)[0] / rundir.CONFIG)
     tracker = MlflowTracker(cfg.tracking, cfg.paths.output_root, uri=uri)
     tracker.resume(record["parent_run_id"])
     log_parent(tracker, sweep_dir, collect_jobs(sweep_dir, record.get("swept_keys", [])))

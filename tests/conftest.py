@@ -6,20 +6,15 @@ import os
 os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8").strip()
 os.environ.pop("MLFLOW_TRACKING_URI", None)
 
-import shutil  # noqa: E402
-import subprocess  # noqa: E402
-import sys  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 import pytest  # noqa: E402
 
-from sdjax_runner import quiet  # noqa: E402
+from helpers.cli import run_cli  # noqa: E402
+from helpers.mlflow_store import seed_store  # noqa: E402
+from sdjax_runner.engine.runtime import silence_libraries  # noqa: E402
 
-quiet.silence_libraries()  # the guide code run in-process logs Flax deprecation notices too
-
-REPO = Path(__file__).resolve().parent.parent
-CONF_SCHEDULERS = sorted(p.stem for p in (REPO / "conf" / "scheduler").glob("*.yaml"))
-
+silence_libraries()  # the guide code run in-process logs Flax deprecation notices too
 
 @pytest.fixture(scope="session")
 def cache_dir(tmp_path_factory) -> Path:
@@ -31,14 +26,14 @@ def cache_dir(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="session")
 def tiny_model_dir(cache_dir) -> Path:
-    from sdjax_runner.random_models import build_builtin
+    from sdjax_runner.models.builtin import build_builtin
 
     return build_builtin("tiny-random", cache_dir / "models" / "tiny-random-v1")
 
 
 @pytest.fixture(scope="session")
 def tiny_xl_dir(cache_dir) -> Path:
-    from sdjax_runner.random_models import build_builtin
+    from sdjax_runner.models.builtin import build_builtin
 
     return build_builtin("tiny-random-xl", cache_dir / "models" / "tiny-random-xl-v1")
 
@@ -53,24 +48,10 @@ def mlflow_template(tmp_path_factory) -> Path:
     return db
 
 
-def seed_store(directory: Path, template: Path) -> None:
-    """Give ``directory/outputs`` a copy of the migrated store, as if earlier runs had created it."""
-    (directory / "outputs").mkdir(parents=True, exist_ok=True)
-    shutil.copyfile(template, directory / "outputs" / "mlflow.db")
-
-
 @pytest.fixture(autouse=True)
 def _seeded_store(request, mlflow_template):
     if "tmp_path" in request.fixturenames:
         seed_store(request.getfixturevalue("tmp_path"), mlflow_template)
-
-
-def run_cli(*overrides: str, cwd: Path, env: dict | None = None, timeout: int = 300) -> subprocess.CompletedProcess:
-    """``python -m sdjax_runner OVERRIDES`` in a subprocess, as a user runs it."""
-    full_env = {k: v for k, v in os.environ.items() if k not in ("HYDRA_FULL_ERROR", "MLFLOW_TRACKING_URI")}
-    full_env.update(env or {})
-    return subprocess.run([sys.executable, "-m", "sdjax_runner", *overrides], cwd=cwd, env=full_env,
-                          capture_output=True, text=True, timeout=timeout)
 
 
 @pytest.fixture(scope="session")

@@ -5,7 +5,8 @@ import sqlite3
 
 import pytest
 
-from conftest import run_cli
+from helpers.cli import assert_one_line_error, run_cli
+from helpers.mlflow_store import mlflow_statuses
 
 CASES = {
     "unknown option": (["scheduler=nope"], "error: scheduler=nope: no such option (allowed: ddim, ddpm, dpm_solver_pp, euler, lms, pndm)"),
@@ -47,22 +48,6 @@ CASES = {
     "missing local model": (["model=local", "model.pretrained_model_name_or_path=/no/such/model"],
                             "error: model.pretrained_model_name_or_path: no such directory: /no/such/model"),
 }
-
-
-def mlflow_statuses(work):
-    db = work / "outputs" / "mlflow.db"
-    if not db.exists():
-        return []
-    with sqlite3.connect(db) as conn:
-        return [row[0] for row in conn.execute("select status from runs")]
-
-
-def assert_one_line_error(result, expected):
-    assert result.returncode == 2, result.stderr
-    assert "Traceback" not in result.stderr + result.stdout
-    errors = [line for line in result.stderr.splitlines() if line.strip()]
-    assert len(errors) == 1, result.stderr
-    assert errors[0].startswith(expected), errors[0]
 
 
 @pytest.mark.parametrize("overrides,expected", CASES.values(), ids=CASES.keys())
@@ -111,8 +96,8 @@ def test_huge_prompt_files_plan_quickly(tmp_path):
     """100,000 lines and 10,000-character lines: laid out in a plan in seconds, nothing dropped."""
     import time
 
-    from sdjax_runner.plan import make_plan
-    from test_configs import compose_cfg
+    from helpers.configs import compose_cfg
+    from sdjax_runner.config.plan import make_plan
 
     many = tmp_path / "many.txt"
     many.write_text("".join(f"prompt number {i}\n" for i in range(100_000)), encoding="utf-8")

@@ -3,15 +3,13 @@
 from pathlib import Path
 
 import pytest
-from hydra import compose, initialize_config_dir
 from hydra.errors import ConfigCompositionException
 from omegaconf import OmegaConf
 
-from sdjax_runner import schema
+from helpers.configs import CONF, compose_cfg
+from sdjax_runner.config.plan import make_plan
 from sdjax_runner.errors import describe
-from sdjax_runner.plan import make_plan
 
-CONF = Path(__file__).resolve().parent.parent / "conf"
 EXPERIMENTS = sorted(p.stem for p in (CONF / "experiment").glob("*.yaml"))
 GROUP_OPTIONS = sorted(
     (group.name, option.stem)
@@ -19,12 +17,6 @@ GROUP_OPTIONS = sorted(
     if group.is_dir() and group.name not in ("experiment", "hydra")
     for option in group.glob("*.yaml")
 )
-
-
-def compose_cfg(overrides):
-    schema.register()
-    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
-        return compose(config_name="config", overrides=overrides)
 
 
 def test_the_config_tree_is_what_the_tests_cover():

@@ -1,13 +1,9 @@
 """Same seed, same pixels; another seed, other images; later batches get their own keys."""
 
 import numpy as np
-from PIL import Image
 
-from conftest import run_cli
-
-
-def images_of(run_dir):
-    return [np.asarray(Image.open(f)) for f in sorted((run_dir / "images").glob("*.png"))]
+from helpers.cli import run_cli
+from helpers.images import images_of
 
 
 def test_same_seed_same_pixels_other_seed_other_images(smoke_run, tmp_path):

@@ -8,24 +8,26 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from sdjax_runner import efficiency
-from test_configs import compose_cfg
+from helpers.configs import compose_cfg
+from sdjax_runner.engine import efficiency
 
 
 def prepared_tiny(overrides):
-    from sdjax_runner.generate import GENERATORS, compile_key
-    from sdjax_runner.plan import make_plan
-    from sdjax_runner.session import Session
+    from sdjax_runner.config.plan import make_plan
+    from sdjax_runner.engine.generate import shape_key
+    from sdjax_runner.engine.modes import MODES
+    from sdjax_runner.engine.reuse import ReuseCache
 
     cfg = compose_cfg(["+experiment=smoke"] + overrides)
     plan = make_plan(cfg, jax.device_count())
-    session = Session()
-    entry, _ = session.model(cfg)
+    cache = ReuseCache()
+    entry, _ = cache.model(plan)
     devices = jax.devices()[: plan.num_devices]
-    prepared = session.prepare(cfg, entry, False, devices, compile_key(plan, 64, 64))
-    generator = GENERATORS[cfg.parallelism.mode.name](prepared.pipeline, prepared.params, None, plan, 64, 64, devices)
-    generator.compiled = session.compile(prepared, generator.lower)[0]
-    return session, prepared, generator, plan
+    mode = MODES[plan.mode]
+    prepared = cache.prepare(plan, entry, False, mode, devices, shape_key(plan, 64, 64))
+    generator = mode(prepared.pipeline, prepared.params, None, plan, 64, 64, devices)
+    generator.compiled = cache.compile(prepared, generator.lower)[0]
+    return cache, prepared, generator, plan
 
 
 @pytest.mark.parametrize("mode", ["pmap", "sharded"])
@@ -36,7 +38,7 @@ def test_flops_per_batch_is_xlas_count_of_the_whole_unrolled_sampling_loop(tiny_
     # The reference: the generate function for the whole batch with the loop unrolled (diffusers'
     # DEBUG switch turns fori_loop into a Python loop), counted by XLA on one program.
     module = sys.modules[type(prepared.pipeline).__module__]
-    weights = dict(prepared.entry.loaded.weights, scheduler=prepared.entry.pipelines[next(iter(prepared.entry.pipelines))][1])
+    weights = dict(prepared.entry.loaded.host_weights, scheduler=prepared.entry.pipelines[next(iter(prepared.entry.pipelines))][1])
     ids = jnp.asarray(prepared.pipeline.prepare_inputs(list(plan.batch_prompts(0))))
     shapes = jax.tree_util.tree_map(lambda x: jax.ShapeDtypeStruct(np.shape(x), np.asarray(x).dtype), weights)
     module.DEBUG = True
@@ -76,12 +78,12 @@ def test_every_run_records_flops_throughput_and_memory(smoke_run):
 
 @pytest.mark.parametrize("attention", ["split_head_dim", "memory_efficient", "dot_product"])
 def test_attention_implementations_match_the_default_on_cpu(tiny_model_dir, attention):
-    from sdjax_runner.attention import configure_unet, tracing_with
-    from sdjax_runner.loading import load_model
+    from sdjax_runner.models.attention import configure_unet, tracing_with
+    from sdjax_runner.models.loading import load_model
 
     cfg = compose_cfg(["+experiment=smoke"])
     loaded = load_model(cfg.model, cfg.dtype)
-    unet, params = loaded.pipeline.unet, loaded.params["unet"]
+    unet, params = loaded.pipeline.unet, loaded.host_weights["unet"]
     rng = np.random.default_rng(0)
     sample = jnp.asarray(rng.standard_normal((2, 4, 8, 8)), jnp.float32)
     context = jnp.asarray(rng.standard_normal((2, 77, 32)), jnp.float32)

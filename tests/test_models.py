@@ -7,10 +7,10 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from conftest import run_cli
-from pt_layout import write_pytorch_only
-from test_configs import compose_cfg
-from test_guide_parity import runner_images
+from helpers.cli import run_cli
+from helpers.configs import compose_cfg
+from helpers.images import images_of as runner_images
+from helpers.pt_layout import write_pytorch_only
 
 
 def param_count(tree) -> int:
@@ -20,7 +20,7 @@ def param_count(tree) -> int:
 
 
 def test_full_size_architectures_have_the_published_parameter_counts():
-    from sdjax_runner.random_models import architecture
+    from sdjax_runner.models.builtin import architecture
 
     _, sd = architecture("sd-v1-arch")  # shapes only: nothing is allocated
     assert {k: param_count(v) for k, v in sd.items()} == {
@@ -51,7 +51,7 @@ def test_tiny_xl_runs_end_to_end_on_both_paths_and_takes_a_negative_prompt(tmp_p
 
 
 def load(path, **overrides):
-    from sdjax_runner.loading import load_model
+    from sdjax_runner.models.loading import load_model
 
     cfg = compose_cfg(["model=local", f"model.pretrained_model_name_or_path={path}"]
                       + [f"{k}={v}" for k, v in overrides.items()])
@@ -75,11 +75,11 @@ def test_pytorch_only_safetensors_load_without_torch_into_the_flax_params(tmp_pa
     converted, native = load(pt_dir), load(flax_dir)
     assert "torch" not in sys.modules
     assert set(converted.formats.values()) == {"safetensors"} and set(native.formats.values()) == {"flax"}
-    assert converted.params.keys() == native.params.keys()
-    for name in native.params:
-        assert_same_params(converted.params[name], native.params[name])
+    assert converted.host_weights.keys() == native.host_weights.keys()
+    for name in native.host_weights:
+        assert_same_params(converted.host_weights[name], native.host_weights[name])
     bf16 = load(pt_dir, dtype="bf16")  # cast while converting
-    assert {leaf.dtype.name for leaf in bf16.params["unet"]["conv_in"].values()} == {"bfloat16"}
+    assert {leaf.dtype.name for leaf in bf16.host_weights["unet"]["conv_in"].values()} == {"bfloat16"}
 
 
 def test_pytorch_only_pipeline_gives_the_flax_pipelines_images(smoke_run, tmp_path, tiny_model_dir):
@@ -140,7 +140,7 @@ def test_hub_ids_load_from_the_local_cache_offline_and_a_missing_one_says_how_to
 
 
 def test_v_prediction_from_the_model_config_reaches_every_scheduler(tiny_model_dir):
-    from sdjax_runner.loading import with_scheduler
+    from sdjax_runner.models.loading import with_scheduler
 
     loaded = load(tiny_model_dir, **{"model.prediction_type": "v_prediction"})
     for name in ("pndm", "euler", "lms", "ddpm"):

@@ -12,9 +12,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from conftest import run_cli
-from test_bad_input import assert_one_line_error
-from test_guide_parity import runner_images
+from helpers.cli import assert_one_line_error, free_port, run_cli
+from helpers.images import images_of as runner_images
 
 
 def run_ok(tmp_path, name, *overrides):
@@ -85,12 +84,6 @@ def test_padding_is_generated_but_dropped(tmp_path):
 ])
 def test_bad_distributed_settings(tmp_path, overrides, expected):
     assert_one_line_error(run_cli("+experiment=smoke", *overrides, cwd=tmp_path), expected)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.mark.timeout(400)

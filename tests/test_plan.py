@@ -3,12 +3,12 @@
 import pytest
 from hydra import compose, initialize_config_dir
 
-from sdjax_runner import schema
+from sdjax_runner.config import schema
+from sdjax_runner.config.plan import make_plan
 from sdjax_runner.errors import UserError
-from sdjax_runner.outputs import grid_shape
-from sdjax_runner.plan import make_plan
+from sdjax_runner.record.rundir import grid_shape
 
-from test_configs import CONF
+from helpers.configs import CONF
 
 
 def plan_for(*overrides, devices=8):
@@ -83,7 +83,7 @@ def test_prompt_file_that_is_not_utf8_is_an_error(tmp_path):
 def test_prompts_longer_than_clip_reads_are_named_with_what_is_dropped(tiny_model_dir, caplog):
     from transformers import CLIPTokenizer
 
-    from sdjax_runner.runner import warn_truncated
+    from sdjax_runner.config.prompts import warn_truncated
 
     tokenizer = CLIPTokenizer.from_pretrained(tiny_model_dir / "tokenizer")
     long = " ".join(["a red car on a blue street"] * 14)

@@ -5,16 +5,19 @@ import json
 import numpy as np
 from PIL import Image
 
-from conftest import CONF_SCHEDULERS, run_cli
+from helpers.cli import run_cli
+from helpers.configs import options
+
+SCHEDULERS = options("scheduler")
 
 
 def test_every_scheduler_gives_its_own_images_from_one_model_load(tmp_path, tiny_model_dir):
     sweep_dir = tmp_path / "sweep"
-    result = run_cli("-m", "+experiment=smoke", f"scheduler={','.join(CONF_SCHEDULERS)}", "tracking=none",
+    result = run_cli("-m", "+experiment=smoke", f"scheduler={','.join(SCHEDULERS)}", "tracking=none",
                      f"hydra.sweep.dir={sweep_dir}", timeout=600, cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     grids = {}
-    for job, name in enumerate(CONF_SCHEDULERS):
+    for job, name in enumerate(SCHEDULERS):
         job_dir = sweep_dir / str(job)
         with Image.open(job_dir / "images" / "0000_seed0.png") as image:
             assert image.text["scheduler"] == name
@@ -23,7 +26,7 @@ def test_every_scheduler_gives_its_own_images_from_one_model_load(tmp_path, tiny
         grids[name] = grid
         timings = json.loads((job_dir / "timings.json").read_text())
         assert timings["process_model_loads"] == 1  # the weights load once; each scheduler compiles
-    assert len({g.tobytes() for g in grids.values()}) == len(CONF_SCHEDULERS)
+    assert len({g.tobytes() for g in grids.values()}) == len(SCHEDULERS)
 
 
 SD_SCHEDULER = dict(beta_start=0.00085, beta_end=0.012, beta_schedule="scaled_linear", num_train_timesteps=1000)
@@ -59,7 +62,7 @@ def test_lms_in_the_jitted_loop_matches_the_scipy_integrated_reference():
     import jax.numpy as jnp
     from scipy import integrate
 
-    from sdjax_runner.traced_schedulers import LMSScheduler
+    from sdjax_runner.models.traced_schedulers import LMSScheduler
 
     scheduler = LMSScheduler(**SD_SCHEDULER)
     start = np.random.default_rng(0).standard_normal((2, 4, 8, 8)).astype(np.float32)
@@ -88,7 +91,7 @@ def test_ddpm_steps_between_inference_timesteps_and_noises_each_image_by_its_own
     import jax
     import jax.numpy as jnp
 
-    from sdjax_runner.traced_schedulers import DDPMScheduler, image_noise
+    from sdjax_runner.models.traced_schedulers import DDPMScheduler, image_noise
 
     scheduler = DDPMScheduler(**SD_SCHEDULER, clip_sample=False)
     state = scheduler.set_timesteps(scheduler.create_state(), num_inference_steps=10, shape=(2, 4, 8, 8))

@@ -2,12 +2,13 @@
 
 import json
 import subprocess
+from pathlib import Path
 
 import numpy as np
 import pytest
 from PIL import Image
 
-from conftest import REPO
+REPO = Path(__file__).resolve().parent.parent
 
 TIMING_KEYS = {"compile_s", "generate_s", "generate_s_min", "generate_s_max", "images_per_s", "s_per_step",
                "num_images", "num_devices", "device_kind", "backend"}

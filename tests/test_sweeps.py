@@ -8,8 +8,9 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from conftest import run_cli
-from sdjax_runner.sweep import job_label, swept_keys
+from helpers.cli import run_cli
+from helpers.mlflow_store import sweep_runs as mlflow_runs
+from sdjax_runner.record.sweep import job_label, swept_keys
 
 
 def timings(job_dir):
@@ -19,17 +20,6 @@ def timings(job_dir):
 def summary(sweep_dir):
     with open(sweep_dir / "summary.csv", newline="") as f:
         return list(csv.DictReader(f))
-
-
-def mlflow_runs(work):
-    from mlflow.tracking import MlflowClient
-
-    client = MlflowClient(tracking_uri=f"sqlite:///{work / 'outputs' / 'mlflow.db'}")
-    experiment = client.get_experiment_by_name("sdjax-runner")
-    runs = client.search_runs([experiment.experiment_id])
-    [parent] = [r for r in runs if "mlflow.parentRunId" not in r.data.tags]
-    children = sorted((r for r in runs if r is not parent), key=lambda r: r.info.run_name)
-    return client, parent, children
 
 
 def test_sweep_keys_and_labels():
@@ -125,7 +115,7 @@ def test_compilation_cache_disabled_leaves_jax_without_one(monkeypatch):
     import jax
     from omegaconf import OmegaConf
 
-    from sdjax_runner import compile_cache
+    from sdjax_runner.engine import compile_cache
 
     monkeypatch.setattr(compile_cache, "_settings", None)
     compile_cache.configure(OmegaConf.create({"enabled": False, "dir": "/unused", "min_compile_time_s": 0.0}))

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from conftest import run_cli
-from test_parallelism import free_port
+from helpers.cli import free_port, run_cli
+from helpers.mlflow_store import mlflow_statuses
 
 
 def start_server(tmp_path, port):
@@ -58,7 +58,6 @@ def test_smoke_run_logs_to_a_tracking_server(tmp_path, mlflow_server, tiny_model
     result = run_cli("+experiment=smoke", f"tracking.uri={mlflow_server}", "tracking.experiment_name=remote",
                      f"hydra.run.dir={tmp_path / 'run'}", cwd=tmp_path)
     assert result.returncode == 0, result.stderr
-    from test_bad_input import mlflow_statuses
 
     assert mlflow_statuses(tmp_path) == []  # nothing went to the embedded store
     client = MlflowClient(tracking_uri=mlflow_server)

@@ -1,0 +1,233 @@
+"""Every check of a value the user gives, in one place; each failure is a UserError naming the key.
+
+The schema (:mod:`.schema`) checks keys and types at compose time. These check values:
+ranges and bounds (before anything is allocated), directories, the model, the scheduler's
+overrides, the process settings (devices, XLA flags, multi-host) and, once known, the
+backend and the model's own constraints (attention on this backend, image size vs the
+model's down-sampling).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import stat
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any, Optional
+
+from omegaconf import DictConfig
+
+from sdjax_runner.errors import UserError
+
+log = logging.getLogger("sdjax_runner")
+
+# Upper bounds, checked before anything is allocated: far above any real run, low enough that
+# a typo (height=1000000) fails in milliseconds instead of exhausting device or host memory.
+MAX_SIZE = 4096  # pixels per side (SDXL's native size is 1024)
+MAX_STEPS = 1000  # the schedulers' num_train_timesteps
+MAX_PER_DEVICE_BATCH = 1024
+MAX_IMAGES = 1_000_000  # per run
+MAX_REPEATS = 1000
+MAX_SEED = 2**32 - 1  # jax.random.PRNGKey takes 32 bits
+MAX_HOST_DEVICES = 512  # XLA makes every forced CPU device up front
+
+ATTENTION = ("default", "split_head_dim", "memory_efficient", "dot_product", "cudnn_flash")
+
+
+def positive(key: str, value: Optional[int], *, optional: bool = True) -> None:
+    if value is None and optional:
+        return
+    if value is None or value < 1:
+        raise UserError(key, f"must be a positive integer, got {value}", "1, 2, 3, ..." + (" or null" if optional else ""))
+
+
+def size(key: str, value: Optional[int]) -> None:
+    if value is not None and (value < 8 or value % 8 or value > MAX_SIZE):
+        raise UserError(key, f"must be a positive multiple of 8 up to {MAX_SIZE}, got {value}",
+                        f"8, 16, ..., 512, ..., {MAX_SIZE} or null")
+
+
+def at_most(key: str, value: Optional[int], limit: int) -> None:
+    if value is not None and value > limit:
+        raise UserError(key, f"{value} is more than this runner allows", f"1..{limit}")
+
+
+def private_dir(key: str, path: str) -> None:
+    """Refuse a cache directory that other users can write: a compiled XLA program or a model they
+    plant there would be loaded and run as this user. Group-writable ones get a warning."""
+    directory = Path(path).expanduser()
+    if directory.exists():
+        info = directory.stat()
+        if info.st_mode & stat.S_IWOTH:
+            raise UserError(key, f"{directory} is writable by other users, who could plant code this run would load",
+                            f"a directory only you can write (chmod o-w {directory}), or another {key}")
+        if info.st_uid not in (os.getuid(), 0):
+            raise UserError(key, f"{directory} belongs to another user (uid {info.st_uid})",
+                            f"a directory of your own, or another {key}")
+        if info.st_mode & stat.S_IWGRP:
+            log.warning("%s: %s is writable by its group; members could plant code this run would load", key, directory)
+        return
+    parent = directory.parent
+    while not parent.exists() and parent != parent.parent:
+        parent = parent.parent
+    mode = parent.stat().st_mode
+    if mode & stat.S_IWOTH and not mode & stat.S_ISVTX:
+        raise UserError(key, f"{directory} would be created in {parent}, which other users can write",
+                        f"a path under a directory only you can write, or another {key}")
+
+
+def model(model: Any) -> None:
+    from sdjax_runner.models.builtin import BUILTIN_MODELS
+    from sdjax_runner.models.sources import is_local
+
+    if model.builtin is not None:
+        if model.builtin not in BUILTIN_MODELS:
+            raise UserError("model.builtin", f"unknown built-in model {model.builtin!r}", BUILTIN_MODELS)
+        if model.safety_checker:
+            raise UserError("model.safety_checker", f"the built-in {model.builtin} model has no safety checker", "false")
+        return
+    path = str(model.pretrained_model_name_or_path)
+    if is_local(path):
+        directory = Path(path).expanduser()
+        if not directory.is_dir():
+            raise UserError("model.pretrained_model_name_or_path", f"no such directory: {directory}",
+                            "a diffusers-format pipeline directory or a hub id such as CompVis/stable-diffusion-v1-4")
+        if not (directory / "model_index.json").is_file():
+            raise UserError("model.pretrained_model_name_or_path", f"{directory} has no model_index.json",
+                            "a directory written by save_pretrained")
+
+
+def scheduler_overrides(name: str, overrides: dict[str, Any]) -> None:
+    """Reject override keys the scheduler does not take, before anything loads."""
+    import inspect
+
+    from sdjax_runner.models.schedulers import scheduler_class
+
+    accepted = [p for p in inspect.signature(scheduler_class(name).__init__).parameters if p not in ("self", "dtype")]
+    for key in overrides:
+        if key not in accepted:
+            raise UserError(f"scheduler.config_overrides.{key}", f"not a {name} setting", accepted)
+
+
+def attention(name: str, backend: str, activations_dtype: str) -> None:
+    """``performance.attention`` on this backend (known once JAX has started)."""
+    if name not in ATTENTION:
+        raise UserError("performance.attention", f"unknown attention {name!r}", ATTENTION)
+    if name == "cudnn_flash":
+        if backend != "gpu":
+            raise UserError("performance.attention", f"cudnn_flash needs an NVIDIA GPU, this run has {backend}",
+                            "default, split_head_dim, memory_efficient, dot_product")
+        if activations_dtype not in ("bfloat16", "float16"):
+            raise UserError("performance.attention", f"cudnn_flash needs bf16 or fp16 activations, not {activations_dtype}",
+                            "dtype=bf16, or another attention")
+
+
+def image_size(height: int, width: int, multiple: int, model_name: str) -> None:
+    """Height/width against the loaded model's down-sampling (VAE factor x UNet levels)."""
+    for key, value in (("sampling.height", height), ("sampling.width", width)):
+        if value % multiple:
+            raise UserError(key, f"{value} does not fit {model_name}'s down-sampling", f"multiples of {multiple}")
+
+
+# --- the process: devices, XLA settings, multi-host ---------------------------------------------
+
+def host_device_count(count: Optional[int]) -> None:
+    if count and not 1 <= count <= MAX_HOST_DEVICES:
+        raise UserError("parallelism.host_device_count", f"{count} CPU devices", f"1..{MAX_HOST_DEVICES} or null")
+
+
+def xla_settings(performance: Any) -> None:
+    if performance.gpu_autotune_level is not None and not 0 <= performance.gpu_autotune_level <= 4:
+        raise UserError("performance.gpu_autotune_level", f"{performance.gpu_autotune_level} is not a level", "0..4")
+    fraction = performance.gpu_memory_fraction
+    if fraction is not None and not 0 < fraction <= 1:
+        raise UserError("performance.gpu_memory_fraction", f"{fraction} is not a fraction of the memory", "0 < x <= 1")
+
+
+def xla_flags(flags: str) -> None:
+    """Let XLA itself parse ``flags`` in a throwaway process: an unknown flag aborts the process that
+    reads it, which must not be this one (it would die with a C++ log line and leave no record)."""
+    # XLA parses the flags (GPU ones too) whichever backend starts; the CPU one keeps the probe off the GPU.
+    probe = subprocess.run([sys.executable, "-c", "import jax; jax.devices()"], capture_output=True, text=True,
+                           env=dict(os.environ, XLA_FLAGS=flags, JAX_PLATFORMS="cpu"), timeout=120)
+    if probe.returncode:
+        lines = [line for line in probe.stderr.splitlines() if "flag" in line.lower()] or probe.stderr.splitlines()[-1:]
+        reason = lines[0].split("] ", 1)[-1] if lines else f"exit status {probe.returncode}"
+        raise UserError("performance.xla_flags", f"XLA rejects them: {reason}",
+                        "flags XLA knows, e.g. --xla_gpu_autotune_level=2")
+
+
+def distributed(parallelism: DictConfig) -> None:
+    """Reject inconsistent multi-host settings before anything starts."""
+    dist = parallelism.distributed
+    if not dist.enabled:
+        return
+    if parallelism.mode.name != "sharded":
+        raise UserError("parallelism.distributed.enabled", "multi-host runs need the sharded path",
+                        "parallelism=sharded")
+    given = [dist.coordinator_address is not None, dist.num_processes is not None, dist.process_id is not None]
+    if any(given) and not all(given):
+        raise UserError("parallelism.distributed", "give coordinator_address, num_processes and process_id "
+                        "together, or none of them (auto-detection on TPU pods and SLURM)")
+    if all(given):
+        if dist.num_processes < 1:
+            raise UserError("parallelism.distributed.num_processes", f"must be >= 1, got {dist.num_processes}")
+        if not 0 <= dist.process_id < dist.num_processes:
+            raise UserError("parallelism.distributed.process_id", f"{dist.process_id} is out of range",
+                            f"0..{dist.num_processes - 1}")
+
+
+# --- a whole run's values, before anything loads -------------------------------------------------
+
+def run_values(cfg: DictConfig) -> None:
+    """Every value of ``cfg`` that can be checked without JAX, a model or a device."""
+    sampling, par = cfg.sampling, cfg.parallelism
+    size("sampling.height", sampling.height)
+    size("sampling.width", sampling.width)
+    positive("sampling.num_inference_steps", sampling.num_inference_steps, optional=False)
+    at_most("sampling.num_inference_steps", sampling.num_inference_steps, MAX_STEPS)
+    if not math.isfinite(sampling.guidance_scale):
+        raise UserError("sampling.guidance_scale", f"must be a finite number, got {sampling.guidance_scale}",
+                        "any finite float, e.g. 7.5")
+    positive("parallelism.per_device_batch_size", par.per_device_batch_size, optional=False)
+    at_most("parallelism.per_device_batch_size", par.per_device_batch_size, MAX_PER_DEVICE_BATCH)
+    positive("parallelism.num_devices", par.num_devices)
+    positive("parallelism.num_batches", par.num_batches)
+    positive("parallelism.host_device_count", par.host_device_count)
+    positive("timing.repeats", cfg.timing.repeats, optional=False)
+    at_most("timing.repeats", cfg.timing.repeats, MAX_REPEATS)
+    if not 0 <= cfg.seed <= MAX_SEED:
+        raise UserError("seed", f"{cfg.seed} is not a 32-bit PRNG seed", f"0..{MAX_SEED}")
+    positive("output.grid_rows", cfg.output.grid_rows)
+    positive("output.grid_cols", cfg.output.grid_cols)
+    size("model.resolution", cfg.model.resolution)
+    model(cfg.model)
+    private_dir("paths.cache_dir", cfg.paths.cache_dir)
+    if cfg.compilation_cache.enabled:
+        private_dir("compilation_cache.dir", cfg.compilation_cache.dir)
+    scheduler_overrides(cfg.scheduler.name, dict(cfg.scheduler.config_overrides))
+
+
+def layout(num_devices: int, available: int, num_batches: int, needed: int, per_batch: int, prompts: int) -> None:
+    if num_devices > available:
+        raise UserError("parallelism.num_devices", f"{num_devices} requested but only {available} available",
+                        f"1..{available} or null")
+    if num_batches < needed:
+        raise UserError("parallelism.num_batches", f"{num_batches} batch(es) of {per_batch} cannot hold {prompts} prompts",
+                        f">= {needed} or null")
+    total = num_batches * per_batch
+    if total > MAX_IMAGES:
+        raise UserError("parallelism.num_batches", f"{num_batches} batch(es) of {per_batch} are {total} images",
+                        f"at most {MAX_IMAGES} images per run")
+
+
+def grid(rows: Optional[int], cols: Optional[int], kept: int) -> None:
+    for key, value in (("output.grid_rows", rows), ("output.grid_cols", cols)):
+        if value and value > kept:
+            raise UserError(key, f"{value} is more than the run's {kept} images", f"1..{kept} or null")
+    if rows and cols and rows * cols < kept:
+        raise UserError("output.grid_rows", f"a {rows} x {cols} grid cannot hold {kept} images",
+                        f"rows x cols >= {kept}, or null for automatic")

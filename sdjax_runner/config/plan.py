@@ -1,0 +1,144 @@
+"""Config -> plan: every value checked, the run's settings typed, and its images laid out on batches and devices.
+
+Nothing here loads a model or touches a device, so bad input fails in milliseconds. A job
+reads only its :class:`Plan`. The layout follows the Diffusers JAX guide: a batch is
+``num_devices x per_device_batch_size`` images; the prompt list is cycled across the image
+slots of all batches in order (slot ``i`` gets prompt ``i % len(prompts)``), so eight prompts
+on eight devices give one batch with one prompt per device, and one prompt is repeated on
+every device.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Optional
+
+from omegaconf import DictConfig, OmegaConf
+
+from sdjax_runner.config import checks
+from sdjax_runner.config.prompts import load_prompts
+from sdjax_runner.config.schema import (CompilationCacheConfig, DtypeConfig, ModelConfig, OutputConfig,
+                                        SchedulerConfig, TrackingConfig)
+
+
+@dataclass(frozen=True)
+class ImageSlot:
+    index: int  # position in the run (batch-major, then device, then per-device slot)
+    batch: int
+    device: int
+    slot: int
+    prompt: str
+    kept: bool  # False for padding images that are generated but not written
+
+
+@dataclass(frozen=True)
+class Plan:
+    # What runs: the model, its dtype, the scheduler, the attention and the parallel mode.
+    model: ModelConfig
+    dtype: DtypeConfig
+    scheduler: SchedulerConfig
+    attention: str
+    mode: str  # "pmap" or "sharded"
+    # The images: prompts, layout on devices and batches, sampling.
+    prompts: tuple[str, ...]
+    negative: Optional[str]
+    num_devices: int
+    per_device_batch_size: int
+    num_batches: int
+    images: tuple[ImageSlot, ...]
+    seed: int
+    num_inference_steps: int
+    guidance_scale: float
+    height: Optional[int]  # None: the model's native size, resolved once it is loaded
+    width: Optional[int]
+    repeats: int
+    # Where results go and what a process keeps.
+    run_name: str
+    experiment: Optional[str]
+    output: OutputConfig
+    tracking: TrackingConfig
+    output_root: str
+    compilation_cache: CompilationCacheConfig
+    peak_tflops_per_device: Optional[float]
+    max_models: int
+    params: dict  # the resolved config, flattened, as the tracker logs it
+
+    @property
+    def images_per_batch(self) -> int:
+        return self.num_devices * self.per_device_batch_size
+
+    def batch_prompts(self, batch: int) -> list[str]:
+        start = batch * self.images_per_batch
+        return [s.prompt for s in self.images[start : start + self.images_per_batch]]
+
+    @property
+    def kept_images(self) -> list[ImageSlot]:
+        return [s for s in self.images if s.kept]
+
+
+def flatten_params(cfg: DictConfig, max_chars: int = 500) -> dict[str, str]:
+    """Scalar config values as ``{"sampling.num_inference_steps": "4", ...}``; lists (prompt texts)
+    and values longer than ``max_chars`` are left to the config artifact."""
+    out: dict[str, str] = {}
+
+    def walk(prefix: str, node) -> None:
+        if isinstance(node, dict):
+            for key, value in node.items():
+                walk(f"{prefix}.{key}" if prefix else str(key), value)
+        elif not isinstance(node, list):
+            text = "null" if node is None else str(node)
+            if len(text) <= max_chars:
+                out[prefix] = text
+
+    walk("", OmegaConf.to_container(cfg, resolve=True, enum_to_str=True))
+    return out
+
+
+def make_plan(cfg: DictConfig, available_devices: int) -> Plan:
+    """Validate ``cfg`` and lay out its images; raises UserError naming the first bad key."""
+    checks.run_values(cfg)
+    par = cfg.parallelism
+    prompts = load_prompts(list(cfg.prompts.texts), cfg.prompts.file)
+    num_devices = par.num_devices or available_devices
+    per_batch = num_devices * par.per_device_batch_size
+    needed = math.ceil(len(prompts) / per_batch)
+    num_batches = par.num_batches or needed
+    checks.layout(num_devices, available_devices, num_batches, needed, per_batch, len(prompts))
+    total = num_batches * per_batch
+    # pad keeps only whole copies of the prompt list; cycle keeps every slot.
+    kept = total if cfg.prompts.fill.name == "cycle" else len(prompts) * (total // len(prompts))
+    slots = []
+    for i in range(total):
+        batch, within = divmod(i, per_batch)
+        device, slot = divmod(within, par.per_device_batch_size)
+        slots.append(ImageSlot(i, batch, device, slot, prompts[i % len(prompts)], i < kept))
+    checks.grid(cfg.output.grid_rows, cfg.output.grid_cols, kept)
+    return Plan(
+        model=OmegaConf.to_object(cfg.model),
+        dtype=OmegaConf.to_object(cfg.dtype),
+        scheduler=OmegaConf.to_object(cfg.scheduler),
+        attention=cfg.performance.attention.name,
+        mode=par.mode.name,
+        prompts=tuple(prompts),
+        negative=cfg.prompts.negative or None,
+        num_devices=num_devices,
+        per_device_batch_size=par.per_device_batch_size,
+        num_batches=num_batches,
+        images=tuple(slots),
+        seed=cfg.seed,
+        num_inference_steps=cfg.sampling.num_inference_steps,
+        guidance_scale=float(cfg.sampling.guidance_scale),
+        height=cfg.sampling.height,
+        width=cfg.sampling.width,
+        repeats=cfg.timing.repeats,
+        run_name=cfg.run_name,
+        experiment=cfg.experiment,
+        output=OmegaConf.to_object(cfg.output),
+        tracking=OmegaConf.to_object(cfg.tracking),
+        output_root=cfg.paths.output_root,
+        compilation_cache=OmegaConf.to_object(cfg.compilation_cache),
+        peak_tflops_per_device=cfg.performance.peak_tflops_per_device,
+        max_models=cfg.reuse.max_models,
+        params=flatten_params(cfg),
+    )

@@ -1,0 +1,214 @@
+"""The structured config schema: every key a run accepts, with its type.
+
+Hydra merges the YAML files under ``sdjax_runner/conf/`` onto these dataclasses,
+so a misspelled key or a value of the wrong type fails at compose time, before
+anything is loaded. Value *ranges* (multiples of 8, positive counts, ...) are
+checked in :mod:`sdjax_runner.config.checks`. The YAML files document each key.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any, Dict, List, Optional
+
+from hydra.core.config_store import ConfigStore
+from omegaconf import MISSING
+
+
+class Dtype(Enum):
+    float32 = "float32"
+    bfloat16 = "bfloat16"
+    float16 = "float16"
+
+
+class ParallelMode(Enum):
+    pmap = "pmap"  # the guide's path: replicate + shard + jax.pmap
+    sharded = "sharded"  # one jax.jit over a Mesh("data"), NamedSharding params and batch
+
+
+class PromptFill(Enum):
+    cycle = "cycle"  # repeat the prompt list to fill the last batch; every image is kept
+    pad = "pad"  # fill the last batch with copies too, but drop those images from the outputs
+
+
+class PredictionType(Enum):
+    epsilon = "epsilon"  # the UNet predicts the noise (SD 1.x, SD 2.x base, SDXL)
+    v_prediction = "v_prediction"  # the UNet predicts v (SD 2.x 768)
+    sample = "sample"
+
+
+class Attention(Enum):
+    default = "default"  # diffusers' FlaxAttention as shipped
+    split_head_dim = "split_head_dim"  # diffusers' option: heads as their own axis
+    memory_efficient = "memory_efficient"  # diffusers' chunked attention
+    dot_product = "dot_product"  # jax.nn.dot_product_attention, XLA implementation
+    cudnn_flash = "cudnn_flash"  # jax.nn.dot_product_attention on cuDNN flash attention (NVIDIA, bf16)
+
+
+class TrackingBackend(Enum):
+    mlflow = "mlflow"
+    none = "none"
+
+
+@dataclass
+class ModelConfig:
+    name: str = MISSING  # names the model in run names, image metadata and the console
+    # A diffusers-format pipeline directory, or a hub id (fetched with snapshot_download, or read from
+    # the local Hugging Face cache when offline).
+    pretrained_model_name_or_path: str = MISSING
+    revision: Optional[str] = None  # a hub branch, tag or commit
+    # Selects PyTorch safetensors diffusion_pytorch_model.<variant>.safetensors (e.g. fp16) where a
+    # component has no Flax weights; diffusers' Flax loader reads the Flax file whatever the variant.
+    variant: Optional[str] = None
+    # Run the pipeline's safety checker (SD 1.x repositories with safety_checker/ and feature_extractor/).
+    safety_checker: bool = False
+    # A built-in model (models/builtin.py) built once at pretrained_model_name_or_path if it is not there.
+    builtin: Optional[str] = None
+    resolution: Optional[int] = None  # native height/width; null: the UNet's sample_size x 8
+    # null: as the model's scheduler config says; set it for v-prediction models (SD 2.x 768) so that
+    # whatever scheduler is chosen predicts the same thing the UNet was trained on.
+    prediction_type: Optional[PredictionType] = None
+    # Load .bin/.ckpt pickles (needs torch). Unpickling can run code, so it is off.
+    allow_pickle: bool = False
+
+
+@dataclass
+class DtypeConfig:
+    name: str = MISSING
+    weights_dtype: Dtype = Dtype.float32  # params of UNet, VAE and text encoder are cast to this
+    activations_dtype: Dtype = Dtype.float32  # the modules compute in this dtype (from_pretrained's dtype=)
+    # The scheduler state is always float32 (a bf16 state gives black images or NaNs).
+
+
+@dataclass
+class SchedulerConfig:
+    name: str = MISSING  # pndm, ddim, lms, dpm_solver_pp, euler, ddpm (models/schedulers.py)
+    # The scheduler is built from the model's own scheduler config; these entries replace entries of it
+    # (e.g. steps_offset, timestep_spacing, prediction_type). Unknown keys fail before anything loads.
+    config_overrides: Dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class PromptsConfig:
+    name: str = MISSING
+    texts: List[str] = field(default_factory=list)
+    file: Optional[str] = None  # a UTF-8 text file, one prompt per line (blank lines skipped); adds to texts
+    negative: Optional[str] = None  # negative prompt for every image (null: the empty prompt, as in the guide)
+    # How a prompt list that does not fill the last batch is completed: cycle (repeat the list; all
+    # images kept) or pad (the fillers are generated to keep shapes static, then dropped).
+    fill: PromptFill = PromptFill.cycle
+
+
+@dataclass
+class SamplingConfig:
+    # Diffusers' defaults for Stable Diffusion.
+    num_inference_steps: int = 50  # denoising steps (>= 1); changing it recompiles
+    guidance_scale: float = 7.5  # classifier-free guidance weight; a traced value, no recompile
+    height: Optional[int] = None  # pixels, a multiple of 8 (null: the model's native size)
+    width: Optional[int] = None
+
+
+@dataclass
+class DistributedConfig:
+    # Multi-host (one process per host, JAX's own runtime; needs parallelism=sharded). With enabled=true
+    # and the three keys null, jax.distributed.initialize() detects them (TPU pods, SLURM); otherwise
+    # give all three. Every process feeds only its local devices; process 0 alone writes and logs.
+    enabled: bool = False
+    coordinator_address: Optional[str] = None  # host:port of process 0, e.g. 10.0.0.1:1234
+    num_processes: Optional[int] = None
+    process_id: Optional[int] = None  # this process's index, 0..num_processes-1
+
+
+@dataclass
+class ParallelismConfig:
+    mode: ParallelMode = ParallelMode.pmap
+    num_devices: Optional[int] = None  # use the first N devices (null: all; under sharded, of every process)
+    per_device_batch_size: int = 1  # images each device generates per call
+    num_batches: Optional[int] = None  # calls to make (null: enough to cover the prompt list once)
+    # CPU only: split the host into this many XLA devices (sets XLA_FLAGS before JAX starts), so
+    # multi-device code runs on a laptop. Ignored once JAX is already initialised.
+    host_device_count: Optional[int] = None
+    distributed: DistributedConfig = field(default_factory=DistributedConfig)
+
+
+@dataclass
+class TrackingConfig:
+    backend: TrackingBackend = TrackingBackend.mlflow
+    # e.g. http://127.0.0.1:5000 for a tracking server; null: MLFLOW_TRACKING_URI, else the embedded
+    # store under paths.output_root (mlflow.db + mlartifacts/).
+    uri: Optional[str] = None
+    experiment_name: str = "sdjax-runner"
+    # A tracking server that is down or flaky: each request is retried max_retries times with
+    # exponential backoff (backoff_factor s, doubling) and times out after timeout_s. If it still
+    # fails, the run goes on, everything is written to the run directory, status.json says
+    # "logged": false, and `python -m sdjax_runner.sync RUN_DIR` logs it later.
+    max_retries: int = 2
+    backoff_factor: int = 1
+    timeout_s: int = 10
+
+
+@dataclass
+class OutputConfig:
+    save_images: bool = True
+    grid: bool = True
+    grid_rows: Optional[int] = None
+    grid_cols: Optional[int] = None
+
+
+@dataclass
+class TimingConfig:
+    repeats: int = 3
+
+
+@dataclass
+class ReuseConfig:
+    max_models: int = 1
+
+
+@dataclass
+class CompilationCacheConfig:
+    enabled: bool = True
+    dir: str = MISSING
+    min_compile_time_s: float = 0.0
+
+
+@dataclass
+class PerformanceConfig:
+    attention: Attention = Attention.default
+    peak_tflops_per_device: Optional[float] = None
+    gpu_memory_fraction: Optional[float] = None
+    gpu_autotune_level: Optional[int] = None
+    xla_flags: List[str] = field(default_factory=list)
+
+
+@dataclass
+class PathsConfig:
+    output_root: str = "outputs"
+    cache_dir: str = MISSING
+
+
+@dataclass
+class RunConfig:
+    model: ModelConfig = MISSING
+    dtype: DtypeConfig = MISSING
+    scheduler: SchedulerConfig = MISSING
+    prompts: PromptsConfig = MISSING
+    sampling: SamplingConfig = field(default_factory=SamplingConfig)
+    parallelism: ParallelismConfig = field(default_factory=ParallelismConfig)
+    tracking: TrackingConfig = field(default_factory=TrackingConfig)
+    output: OutputConfig = field(default_factory=OutputConfig)
+    timing: TimingConfig = field(default_factory=TimingConfig)
+    paths: PathsConfig = field(default_factory=PathsConfig)
+    reuse: ReuseConfig = field(default_factory=ReuseConfig)
+    compilation_cache: CompilationCacheConfig = field(default_factory=CompilationCacheConfig)
+    performance: PerformanceConfig = field(default_factory=PerformanceConfig)
+    seed: int = 0
+    run_name: str = MISSING
+    experiment: Optional[str] = None
+
+
+def register() -> None:
+    """Register the schema so ``conf/config.yaml`` can list it first in its defaults."""
+    cs = ConfigStore.instance()
+    cs.store(name="run_schema", node=RunConfig)

@@ -1,0 +1,128 @@
+"""How much work a batch is, and how well the devices did it: FLOPs, TFLOP/s, MFU, memory.
+
+FLOPs come from XLA's own cost analysis (HloCostAnalysis) of the compiled generate function.
+XLA counts a while loop's body once -- it does not know the trip count -- and the sampling loop
+is a ``fori_loop``, so the count is completed with ``steps - 1`` more denoising steps, each the
+cost of one UNet application at the guided batch size (also XLA's count, of the UNet lowered
+alone). The compiled program is per device (pmap and SPMD alike), so a batch is that times the
+number of devices. ``tests/test_efficiency.py`` checks the result against a fully unrolled program.
+"""
+
+from __future__ import annotations
+
+import resource
+import sys
+from typing import Any, Optional
+
+# Dense peak FLOP/s per device (one JAX device), from the vendors' data sheets.
+# fp32 on NVIDIA is the TF32 tensor-core peak: JAX's default matmul precision there.
+PEAK_TFLOPS = {  # device_kind substring -> {activations dtype: TFLOP/s}
+    "H100 PCIe": {"bfloat16": 756.0, "float16": 756.0, "float32": 378.0},
+    "H100": {"bfloat16": 989.4, "float16": 989.4, "float32": 494.7},  # SXM / HBM3
+    "H200": {"bfloat16": 989.4, "float16": 989.4, "float32": 494.7},
+    "A100": {"bfloat16": 312.0, "float16": 312.0, "float32": 156.0},
+    "L4": {"bfloat16": 121.0, "float16": 121.0, "float32": 60.0},
+    "TPU v2": {"bfloat16": 22.5},  # per core: a v2-8 host has 8 devices, 180 TFLOP/s
+    "TPU v3": {"bfloat16": 61.5},  # per core: v3-8 = 8 x 61.5 (123 per chip)
+    "TPU v4": {"bfloat16": 275.0},  # per chip (one device per chip)
+    "TPU v5 lite": {"bfloat16": 197.0},
+    "TPU v5p": {"bfloat16": 459.0},
+    "TPU v6 lite": {"bfloat16": 918.0},
+}
+
+
+def peak_tflops(device_kind: str, dtype: str, override: Optional[float]) -> Optional[float]:
+    """Per-device peak for ``dtype`` (None where unknown, e.g. CPUs: then MFU is not reported)."""
+    if override:
+        return float(override)
+    for kind, peaks in PEAK_TFLOPS.items():  # "H100 PCIe" is listed before "H100"
+        if kind.lower() in device_kind.lower():
+            return peaks.get(dtype)
+    return None
+
+
+def _flops(analysis: Any) -> Optional[float]:
+    if isinstance(analysis, (list, tuple)):
+        analysis = analysis[0] if analysis else None
+    return float(analysis["flops"]) if analysis and "flops" in analysis else None
+
+
+def unet_step_flops(pipeline: Any, params: dict, per_device_images: int, height: int, width: int) -> Optional[float]:
+    """XLA's count for one guided UNet application (the batch doubled for classifier-free guidance)."""
+    import jax
+    import jax.numpy as jnp
+
+    unet, batch = pipeline.unet, 2 * per_device_images
+    factor = pipeline.vae_scale_factor
+    latents = jax.ShapeDtypeStruct((batch, unet.config.in_channels, height // factor, width // factor), jnp.float32)
+    steps = jax.ShapeDtypeStruct((batch,), jnp.int32)
+    context = jax.ShapeDtypeStruct((batch, 77, unet.config.cross_attention_dim), jnp.float32)  # CLIP outputs fp32
+    added = None
+    if getattr(unet.config, "addition_embed_type", None) == "text_time":
+        embeds = pipeline.text_encoder_2.config.projection_dim
+        added = {"text_embeds": jax.ShapeDtypeStruct((batch, embeds), jnp.float32),
+                 "time_ids": jax.ShapeDtypeStruct((batch, 6), jnp.float32)}
+    shapes = jax.tree_util.tree_map(lambda leaf: jax.ShapeDtypeStruct(leaf.shape, leaf.dtype), params["unet"])
+
+    def apply(p, x, t, c, a):
+        return unet.apply({"params": p}, x, t, encoder_hidden_states=c, added_cond_kwargs=a).sample
+
+    return _flops(jax.jit(apply).lower(shapes, latents, steps, context, added).cost_analysis())
+
+
+def batch_flops(compiled: Any, unet_step: Optional[float], steps: int, num_devices: int) -> Optional[float]:
+    """FLOPs of one batch on all devices: the compiled program plus the loop steps XLA does not count."""
+    try:
+        program = _flops(compiled.cost_analysis())
+    except Exception:  # some backends or cached executables have no analysis
+        return None
+    if program is None or unet_step is None:
+        return None
+    return num_devices * (program + (steps - 1) * unet_step)
+
+
+def device_memory_peak(devices: list) -> Optional[int]:
+    """The largest peak of bytes in use on any of ``devices`` (None where the backend does not say: CPU)."""
+    peaks = []
+    for device in devices:
+        try:
+            stats = device.memory_stats()
+        except Exception:
+            stats = None
+        if stats and "peak_bytes_in_use" in stats:
+            peaks.append(int(stats["peak_bytes_in_use"]))
+    return max(peaks) if peaks else None
+
+
+def program_memory(compiled: Any) -> Optional[int]:
+    """What XLA planned per device for the program: arguments + outputs + temporaries."""
+    try:
+        stats = compiled.memory_analysis()
+    except Exception:
+        return None
+    if stats is None:
+        return None
+    return int(stats.argument_size_in_bytes + stats.output_size_in_bytes + stats.temp_size_in_bytes
+               - stats.alias_size_in_bytes)
+
+
+def host_peak_rss() -> int:
+    """This process's peak resident memory in bytes (ru_maxrss is KiB on Linux, bytes on macOS)."""
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return int(peak if sys.platform == "darwin" else peak * 1024)
+
+
+def summary(flops: Optional[float], seconds: float, num_devices: int, peak: Optional[float]) -> dict[str, Any]:
+    """tflops_per_s and mfu for a batch of ``flops`` taking ``seconds`` (None where not measurable)."""
+    tflops = flops / seconds / 1e12 if flops and seconds else None
+    mfu = tflops / (peak * num_devices) if tflops and peak else None
+    return {"flops_per_batch": flops, "tflops_per_s": tflops, "mfu": mfu,
+            "peak_tflops_per_device": peak}
+
+
+def param_bytes_per_device(tree) -> int:
+    """Bytes of one device's copy of ``tree`` (every mode replicates the weights whole)."""
+    import jax
+    import numpy as np
+
+    return int(sum(np.asarray(leaf).nbytes for leaf in jax.tree_util.tree_leaves(tree)))

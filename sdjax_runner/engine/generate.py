@@ -1,0 +1,124 @@
+"""Sharded batches -> images and timings: what both parallel modes share.
+
+A mode (:mod:`.pmap`, :mod:`.sharded`; :data:`.modes.MODES` picks one) is a :class:`Generator`
+subclass that knows how to place the params and the inputs on devices and how to lower
+diffusers' own ``FlaxStableDiffusionPipeline._generate`` for them. Both give the same images
+for the same plan. Programs are compiled ahead of time so compilation is timed apart from
+execution.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterator, Optional
+
+import numpy as np
+
+from sdjax_runner.config.plan import Plan
+
+
+def batch_keys(seed: int, batch: int, num_devices: int) -> np.ndarray:
+    """Per-device PRNG keys: the guide's split(PRNGKey(seed)) for batch 0, fold_in(batch) after."""
+    import jax
+
+    key = jax.random.PRNGKey(seed)
+    if batch:
+        key = jax.random.fold_in(key, batch)
+    return np.asarray(jax.random.split(key, num_devices))
+
+
+def shape_key(plan: Plan, height: int, width: int) -> tuple:
+    """What, besides the pipeline and the devices, makes the compiled program differ."""
+    return (plan.num_inference_steps, height, width, plan.per_device_batch_size, plan.negative is not None)
+
+
+@dataclass
+class Timings:
+    first_batch_s: float = 0.0  # the first execution in this job, blocked
+    steady_s: list[float] = field(default_factory=list)  # later executions, each blocked
+
+    def summary(self, images_per_batch: int, steps: int) -> dict[str, float]:
+        median = statistics.median(self.steady_s)
+        return {
+            "first_batch_s": self.first_batch_s,
+            "generate_s": median,
+            "generate_s_min": min(self.steady_s),
+            "generate_s_max": max(self.steady_s),
+            "steady_state_samples": len(self.steady_s),
+            "images_per_s": images_per_batch / median,
+            "s_per_step": median / steps,
+        }
+
+
+def compile_key(plan: Plan, height: int, width: int) -> tuple:
+    """What, besides the pipeline and devices, makes the compiled program differ."""
+    return (plan.num_inference_steps, height, width, plan.per_device_batch_size, plan.negative is not None)
+
+
+class Generator:
+    """One job's batches through a compiled generate function; a subclass is one parallel mode:
+    how params and inputs are placed on devices, and how the generate function is lowered."""
+
+    def __init__(self, pipeline: Any, params: dict, safety_weights: Any, plan: Plan, height: int, width: int,
+                 devices: list):
+        self.pipeline, self.params, self.safety_weights = pipeline, params, safety_weights
+        self.plan, self.height, self.width, self.devices = plan, height, width, devices
+        self.timings = Timings()
+        self.compiled: Optional[Callable] = None
+        self.negative_ids = None
+        if plan.negative:
+            self.negative_ids = self.place_ids(np.asarray(pipeline.prepare_inputs([plan.negative] * plan.images_per_batch)))
+
+    @staticmethod
+    def place_params(tree, devices: list):
+        """Host arrays -> this mode's placed copy on ``devices``."""
+        raise NotImplementedError
+
+    def place_ids(self, ids: np.ndarray):
+        raise NotImplementedError
+
+    def place_keys(self, keys: np.ndarray):
+        raise NotImplementedError
+
+    def inputs(self, batch: int) -> tuple:
+        """The batch's prompt ids and per-device keys, placed for this path."""
+        ids = self.place_ids(np.asarray(self.pipeline.prepare_inputs(self.plan.batch_prompts(batch))))
+        return ids, self.place_keys(batch_keys(self.plan.seed, batch, self.plan.num_devices))
+
+    def lower(self):
+        raise NotImplementedError
+
+    def run(self, *inputs):
+        """One batch, asynchronously."""
+        raise NotImplementedError
+
+    def fetch(self, out) -> np.ndarray:
+        """The batch's images on the host, (images, H, W, 3) floats in [0, 1]."""
+        return np.asarray(out).reshape((-1, self.height, self.width, 3))
+
+    def _timed(self, inputs: tuple) -> tuple[Any, float]:
+        started = time.perf_counter()
+        out = self.run(*inputs).block_until_ready()
+        return out, time.perf_counter() - started
+
+    def generate(self, on_batch: Callable[[], Any] = lambda: None) -> Iterator[np.ndarray]:
+        """Yield each batch's images (N, H, W, 3) as uint8, recording timings."""
+        for batch in range(self.plan.num_batches):
+            out, seconds = self._timed(self.inputs(batch))
+            if batch == 0:
+                self.timings.first_batch_s = seconds
+            else:
+                self.timings.steady_s.append(seconds)
+            yield self._to_uint8(self.fetch(out))
+            on_batch()
+        first = self.inputs(0)
+        while len(self.timings.steady_s) < self.plan.repeats:
+            self.timings.steady_s.append(self._timed(first)[1])
+
+    def _to_uint8(self, images: np.ndarray) -> np.ndarray:
+        pixels = (images * 255).round().astype("uint8")  # as pipeline.numpy_to_pil does
+        if getattr(self.pipeline, "safety_checker", None) is not None:  # SD 1.x/2.x only
+            pixels, _ = self.pipeline._run_safety_checker(pixels, self.safety_weights, jit=False)
+        return pixels

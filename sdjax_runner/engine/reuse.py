@@ -1,0 +1,141 @@
+"""The reuse cache: what one process keeps between jobs. Hydra's basic launcher runs a multirun's
+jobs one after another in the same process, so a sweep over seeds, prompts or guidance scales
+loads the model, places its weights and compiles the generate function once.
+
+Keys say what determines each piece:
+
+    model      path, revision, variant, safety checker, weights and activations dtype
+    pipeline   + scheduler name and overrides, prediction type, attention (the pipeline is static)
+    placed     + the parallel mode and the devices the weights are placed on
+    compiled   + steps, height, width, per-device batch, negative prompt or not
+
+Guidance scale, seed and prompts are traced inputs: changing them reuses everything. At most
+``reuse.max_models`` models are held; the least recently used is released before another loads.
+"""
+
+from __future__ import annotations
+
+import collections
+import gc
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Optional
+
+from sdjax_runner.config.plan import Plan
+from sdjax_runner.engine import compile_cache
+from sdjax_runner.engine.generate import Generator
+from sdjax_runner.models.attention import tracing_with
+from sdjax_runner.models.loading import LoadedModel, load_model, with_scheduler
+
+
+@dataclass
+class Counters:
+    """How often this process did each expensive step (tests and timings.json read these)."""
+
+    model_loads: int = 0
+    compiles: int = 0
+
+
+@dataclass
+class ModelEntry:
+    loaded: LoadedModel
+    pipelines: dict[tuple, tuple[Any, Any]] = field(default_factory=dict)  # pipeline key -> (pipeline, host state)
+    placed_on: tuple = ()  # (parallel mode, device ids) ``placed_weights`` are on
+    placed_weights: Any = None
+    compiled: dict[tuple, Callable] = field(default_factory=dict)
+    flops: dict[tuple, Any] = field(default_factory=dict)  # compile key -> FLOPs per batch
+
+
+def _key(spec: Any, *names: str) -> tuple:
+    return tuple(repr(getattr(spec, name)) for name in names)
+
+
+@dataclass
+class Prepared:
+    """What a job needs to generate, and whether each piece was reused."""
+
+    pipeline: Any
+    params: dict  # placed: weights and scheduler state, as the generate function takes them
+    attention: str
+    safety_weights: Any
+    compiled: Optional[Callable]
+    entry: ModelEntry
+    compile_key: tuple
+    load_s: float
+    replicate_s: float
+
+
+class ReuseCache:
+    def __init__(self) -> None:
+        self.models: collections.OrderedDict[tuple, ModelEntry] = collections.OrderedDict()
+        self.counters = Counters()
+
+    def model(self, plan: Plan) -> tuple[ModelEntry, bool]:
+        """The plan's model, loaded or reused (then True)."""
+        key = _key(plan.model, "pretrained_model_name_or_path", "revision", "variant", "safety_checker", "builtin",
+                   "allow_pickle")
+        key += _key(plan.dtype, "weights_dtype", "activations_dtype")
+        if key in self.models:
+            self.models.move_to_end(key)
+            return self.models[key], True
+        while len(self.models) >= plan.max_models:
+            self.models.popitem(last=False)
+            gc.collect()  # release the old weights before the new ones arrive
+        entry = ModelEntry(load_model(plan.model, plan.dtype))
+        self.counters.model_loads += 1
+        self.models[key] = entry
+        return entry, False
+
+    def prepare(self, plan: Plan, entry: ModelEntry, reused: bool, mode: type[Generator], devices: list,
+                shape_key: tuple) -> Prepared:
+        """Pipeline with the plan's scheduler, params placed on ``devices`` and, if compiled before, the program."""
+        import jax
+
+        pipeline_key = _key(plan.scheduler, "name", "config_overrides") + _key(plan.model, "prediction_type")
+        pipeline_key += (plan.attention,)
+        if pipeline_key not in entry.pipelines:
+            entry.pipelines[pipeline_key] = with_scheduler(entry.loaded, plan.scheduler, plan.model.prediction_type,
+                                                           plan.attention)
+        pipeline, state = entry.pipelines[pipeline_key]
+
+        started = time.perf_counter()
+        placement = (plan.mode, tuple(d.id for d in devices))
+        if entry.placed_on != placement:
+            entry.placed_weights = None  # one placed copy per model at a time
+            entry.placed_weights = mode.place_params(entry.loaded.host_weights, devices)
+            entry.placed_on = placement
+        params = dict(entry.placed_weights, scheduler=mode.place_params(state, devices))
+        jax.block_until_ready(params)
+        replicate_s = time.perf_counter() - started
+
+        compile_key = (pipeline_key, placement) + shape_key
+        return Prepared(pipeline, params, plan.attention, entry.loaded.safety_weights, entry.compiled.get(compile_key),
+                        entry, compile_key, 0.0 if reused else entry.loaded.load_s, replicate_s)
+
+    def compile(self, prepared: Prepared, lower: Callable[[], Any]) -> tuple[Callable, float, float, bool]:
+        """(compiled function, trace+lower seconds, XLA compile seconds, served by the persistent cache)."""
+        started = time.perf_counter()
+        with tracing_with(prepared.attention):
+            lowered = lower()
+        traced = time.perf_counter()
+        hits = compile_cache.hits()  # only the XLA compile of this program counts
+        compiled = lowered.compile()
+        trace_s, compile_s = traced - started, time.perf_counter() - traced
+        prepared.entry.compiled[prepared.compile_key] = compiled
+        self.counters.compiles += 1
+        return compiled, trace_s, compile_s, compile_cache.hits() > hits
+
+    def flops(self, prepared: Prepared, compiled: Any, steps: int, per_device_images: int, height: int, width: int,
+              num_devices: int) -> Any:
+        """FLOPs of one batch (XLA's count, see efficiency.py), once per compiled program."""
+        from sdjax_runner.engine import efficiency
+
+        if prepared.compile_key not in prepared.entry.flops:
+            with tracing_with(prepared.attention):
+                unet = efficiency.unet_step_flops(prepared.pipeline, prepared.entry.loaded.host_weights,
+                                                  per_device_images, height, width)
+            prepared.entry.flops[prepared.compile_key] = efficiency.batch_flops(compiled, unet, steps, num_devices)
+        return prepared.entry.flops[prepared.compile_key]
+
+
+REUSE = ReuseCache()  # this process's

@@ -1,0 +1,100 @@
+"""The process a job runs in: XLA's devices and flags (set before JAX starts), and library noise kept off
+the console.
+
+XLA reads ``XLA_FLAGS`` once, when JAX creates its backends; settings that arrive later (a later
+job of a multirun) are reported and ignored. diffusers 0.39 and transformers 4.57 log a Flax
+deprecation notice for every Flax class they create and a safety-checker notice per load; JAX and
+absl add their own. The runner prints one line per phase instead.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import sys
+import warnings
+from typing import Optional
+
+from omegaconf import DictConfig
+
+from sdjax_runner.config import checks
+
+log = logging.getLogger("sdjax_runner")
+
+
+def jax_started() -> bool:
+    """Whether JAX has created its backends (after which XLA_FLAGS are not read again)."""
+    if "jax" not in sys.modules:
+        return False
+    from jax._src import xla_bridge
+
+    return xla_bridge.backends_are_initialized()
+
+
+def use_host_devices(count: Optional[int]) -> None:
+    """Split the CPU into ``count`` XLA devices; only possible before JAX initialises."""
+    if not count:
+        return
+    checks.host_device_count(count)
+    if jax_started():
+        import jax
+
+        if jax.local_device_count("cpu") != count:
+            log.warning("parallelism.host_device_count=%d ignored: JAX is already running with %d CPU devices",
+                        count, jax.local_device_count("cpu"))
+        return
+    flags = re.sub(r"--xla_force_host_platform_device_count=\S+", "", os.environ.get("XLA_FLAGS", ""))
+    os.environ["XLA_FLAGS"] = f"{flags} --xla_force_host_platform_device_count={count}".strip()
+
+
+def use_xla_settings(performance: DictConfig) -> None:
+    """performance.* flags and GPU memory share, into the environment JAX reads when it starts."""
+    checks.xla_settings(performance)
+    flags = [str(flag) for flag in performance.xla_flags]
+    if performance.gpu_autotune_level is not None:
+        flags.append(f"--xla_gpu_autotune_level={performance.gpu_autotune_level}")
+    if not flags and performance.gpu_memory_fraction is None:
+        return
+    if jax_started():
+        log.warning("performance.xla_flags/gpu_* ignored: JAX's backend already started in this process "
+                    "(in a multirun the first job's settings hold)")
+        return
+    if flags:
+        combined = " ".join([os.environ.get("XLA_FLAGS", "")] + flags).strip()
+        checks.xla_flags(combined)
+        os.environ["XLA_FLAGS"] = combined
+    if performance.gpu_memory_fraction is not None:
+        os.environ["XLA_PYTHON_CLIENT_MEM_FRACTION"] = str(performance.gpu_memory_fraction)
+
+
+def prepare_process(cfg: DictConfig) -> None:
+    """Everything about the process that must be settled before JAX starts, then multi-host setup."""
+    from sdjax_runner.engine import distributed
+
+    use_host_devices(cfg.parallelism.host_device_count)
+    use_xla_settings(cfg.performance)
+    distributed.initialize(cfg.parallelism)
+
+
+def available_devices(mode: str) -> int:
+    """Devices a job may use: every process's under the sharded path, this process's under pmap."""
+    import jax
+
+    return jax.device_count() if mode == "sharded" else jax.local_device_count()
+
+
+def silence_libraries() -> None:
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    from diffusers.utils import logging as diffusers_logging
+    from transformers.utils import logging as transformers_logging
+
+    diffusers_logging.set_verbosity_error()
+    diffusers_logging.disable_progress_bar()
+    transformers_logging.set_verbosity_error()
+    transformers_logging.disable_progress_bar()
+    for name in ("absl", "jax._src.xla_bridge", "huggingface_hub"):
+        logging.getLogger(name).setLevel(logging.ERROR)
+    for module in ("diffusers", "transformers", "flax", "jax"):
+        warnings.filterwarnings("ignore", category=FutureWarning, module=module)
+        warnings.filterwarnings("ignore", category=DeprecationWarning, module=module)

@@ -1,0 +1,35 @@
+"""The schedulers a run can select, built from the model's own scheduler config."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sdjax_runner.errors import UserError
+
+# scheduler.name -> the Flax scheduler class. diffusers 0.39's LMS and DDPM cannot run in the
+# pipeline's jitted loop; the project's own (sdjax_runner.models.traced_schedulers) replace them.
+SCHEDULERS = {
+    "pndm": "diffusers:FlaxPNDMScheduler",
+    "ddim": "diffusers:FlaxDDIMScheduler",
+    "lms": "sdjax_runner.models.traced_schedulers:LMSScheduler",
+    "dpm_solver_pp": "diffusers:FlaxDPMSolverMultistepScheduler",
+    "euler": "diffusers:FlaxEulerDiscreteScheduler",
+    "ddpm": "sdjax_runner.models.traced_schedulers:DDPMScheduler",
+}
+
+
+def scheduler_class(name: str):
+    if name not in SCHEDULERS:
+        raise UserError("scheduler.name", f"unknown scheduler {name!r}", sorted(SCHEDULERS))
+    import importlib
+
+    module, cls = SCHEDULERS[name].split(":")
+    return getattr(importlib.import_module(module), cls)
+
+
+def build_scheduler(name: str, overrides: dict[str, Any], model_path: str):
+    """(scheduler, fp32 state) from the model's scheduler/ config with ``overrides`` applied."""
+    cls = scheduler_class(name)
+    config = cls.load_config(model_path, subfolder="scheduler")
+    scheduler = cls.from_config(config, **overrides)
+    return scheduler, scheduler.create_state()

@@ -1,0 +1,90 @@
+"""Model config -> a local diffusers-format directory: a built-in model, a local path or a hub snapshot.
+
+Hub models are fetched with ``huggingface_hub.snapshot_download`` in two steps: configs,
+tokenizers and Flax weights first; then, only for components that have no Flax weights, their
+PyTorch safetensors (never pickles unless ``model.allow_pickle``). With ``HF_HUB_OFFLINE=1``
+(or no network) the local Hugging Face cache is used; a model that is not there gives one
+line naming the repository, the files and the command that fetches them.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from omegaconf import DictConfig
+
+from sdjax_runner.models.checkpoints import FLAX_FILES, PT_STEMS, find_weights
+from sdjax_runner.errors import UserError
+
+KEY = "model.pretrained_model_name_or_path"
+# Everything but weights, and the Flax weights.
+FIRST_PATTERNS = ["model_index.json", "*/*.json", "*/*.txt"] + [f"*/{name}" for name in FLAX_FILES.values()]
+
+
+def is_local(name: str) -> bool:
+    return name.startswith(("/", ".", "~")) or Path(name).expanduser().exists() or name.count("/") != 1
+
+
+def weight_components(directory: Path) -> dict[str, str]:
+    """Component name -> the library that defines it, for components that carry weights."""
+    index = json.loads((directory / "model_index.json").read_text(encoding="utf-8"))
+    return {name: spec[0] for name, spec in index.items()
+            if not name.startswith("_") and isinstance(spec, list) and spec[0] in PT_STEMS
+            and (directory / name / "config.json").is_file()}
+
+
+def fetch_command(repo: str, revision: str | None) -> str:
+    """The whole repository but pickles and ONNX exports: Flax weights, or else PyTorch safetensors."""
+    command = f"hf download {repo}" + (f" --revision {revision}" if revision else "")
+    return command + " --exclude '*.bin' '*.ckpt' '*.onnx*' '*.pb'"
+
+
+def _snapshot(model: DictConfig, patterns: list[str]) -> Path:
+    from huggingface_hub import snapshot_download
+    from huggingface_hub.errors import (GatedRepoError, LocalEntryNotFoundError, RepositoryNotFoundError,
+                                        RevisionNotFoundError)
+
+    repo, revision = str(model.pretrained_model_name_or_path), model.revision
+    try:
+        return Path(snapshot_download(repo, revision=revision, allow_patterns=patterns))
+    except (RepositoryNotFoundError, GatedRepoError) as exc:
+        raise UserError(KEY, f"{repo}: {type(exc).__name__} (check the name, or log in with `hf auth login` "
+                             "for a gated model)", "a hub id such as CompVis/stable-diffusion-v1-4, or a local directory") from None
+    except RevisionNotFoundError:
+        raise UserError("model.revision", f"{repo} has no revision {revision!r}", "a branch, tag or commit of the repository") from None
+    except (LocalEntryNotFoundError, OSError) as exc:
+        from huggingface_hub import constants
+
+        why = "HF_HUB_OFFLINE=1" if constants.HF_HUB_OFFLINE else f"the hub cannot be reached: {type(exc).__name__}"
+        raise UserError(KEY, f"{repo}{f' (revision {revision})' if revision else ''} is not in the local Hugging Face "
+                             f"cache ({why}); fetch it first with: {fetch_command(repo, revision)}",
+                        "a cached hub model, or a local directory") from None
+
+
+def resolve(model: DictConfig, allow_pickle: bool = False) -> Path:
+    """A local directory holding ``model``'s pipeline (built or fetched if need be)."""
+    from sdjax_runner.models.builtin import build_builtin
+
+    name = str(model.pretrained_model_name_or_path)
+    if model.builtin:
+        return build_builtin(model.builtin, Path(name).expanduser())
+    if is_local(name):
+        return Path(name).expanduser()
+    directory = _snapshot(model, FIRST_PATTERNS)
+    if not (directory / "model_index.json").is_file():
+        raise UserError(KEY, f"{name} has no model_index.json: not a diffusers-format pipeline",
+                        "a diffusers pipeline repository")
+    lacking = [(component, library) for component, library in weight_components(directory).items()
+               if find_weights(directory / component, library, model.variant).format == "missing"]
+    if lacking:  # no Flax weights: fall back to the PyTorch ones, as safetensors
+        patterns = []
+        for component, library in lacking:
+            for stem in [PT_STEMS[library]] + ([f"{PT_STEMS[library]}.{model.variant}"] if model.variant else []):
+                # one file, or shards with their index
+                patterns += [f"{component}/{stem}.safetensors", f"{component}/{stem}-*.safetensors",
+                             f"{component}/{stem}.safetensors.index.json"]
+                if allow_pickle:
+                    patterns += [f"{component}/{stem}.bin"]
+        directory = _snapshot(model, patterns)
+    return directory

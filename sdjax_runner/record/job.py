@@ -1,0 +1,105 @@
+"""A job's lifecycle on disk and in the tracker: status.json and the tracker run follow it, RUNNING, then
+FINISHED, FAILED or KILLED -- the tracker run is always ended, whatever ends the job."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import sys
+from pathlib import Path
+from typing import Any, Callable, Iterator, Optional
+
+from sdjax_runner.errors import describe, stop_reason
+from sdjax_runner.record import rundir
+from sdjax_runner.record.tracking import NullTracker, numeric_metrics
+
+log = logging.getLogger("sdjax_runner")
+
+
+class Job:
+    """status.json and the tracker run of one job.
+
+    The tracker starts only once the config has passed validation, so bad input leaves no
+    tracker run behind -- but status.json still says why the job stopped. What the tracker is
+    to receive is written to tracking.json first; if the tracker fails (a server down), the job
+    goes on, status.json says ``"logged": false``, and ``python -m sdjax_runner.sync`` logs it later.
+    """
+
+    def __init__(self, run_dir: Path, writes: bool = True):
+        self.run_dir = run_dir
+        self.writes = writes  # False on processes other than 0 of a multi-host run
+        self.tracker: Any = NullTracker()
+        self.tracker_error: Optional[str] = None
+        self.status: dict[str, Any] = {"status": "RUNNING"}
+        self.progress: dict[str, Any] = {}  # timings so far, kept if the job stops early
+        self.records: list[dict] = []  # the images written so far
+
+    def write_status(self, **fields: Any) -> None:
+        self.status.update(fields, tracking=self.tracker.description, run_id=self.tracker.run_id)
+        if isinstance(self.tracker, NullTracker):
+            self.status["logged"] = None  # tracking=none: nothing to log
+        else:
+            self.status["logged"] = self.tracker_error is None and self.status["status"] != "RUNNING"
+            if self.tracker_error:
+                self.status["tracking_error"] = self.tracker_error
+        if self.writes:
+            rundir.write_json(self.run_dir / rundir.STATUS, self.status)
+
+    def tracked(self, call: Callable[[], Any]) -> None:
+        """A tracker call; the first failure is reported once and the tracker is left alone after."""
+        if self.tracker_error is not None:
+            return
+        try:
+            call()
+        except Exception as exc:
+            self.tracker_error = describe(exc) or f"{type(exc).__name__}: {exc}"
+            log.warning("tracking failed, the run goes on and keeps everything in %s (log it later: "
+                        "python -m sdjax_runner.sync %s): %s", self.run_dir, self.run_dir,
+                        " ".join(self.tracker_error.split())[:300])
+
+    def start_tracker(self, tracker, run_name: str, params: dict[str, str], tags: dict[str, str]) -> None:
+        self.tracker = tracker
+        if self.writes and not isinstance(tracker, NullTracker):
+            rundir.write_json(self.run_dir / rundir.TRACKING, {"run_name": run_name, "params": params, "tags": tags})
+        self.tracked(lambda: tracker.start(run_name, params, tags))
+        self.write_status()
+
+    def finish(self, timings: dict[str, Any]) -> None:
+        """The complete timings to disk, then the run's outputs to the tracker."""
+        rundir.write_json(self.run_dir / rundir.TIMINGS, timings)
+        self.progress.clear()  # complete: nothing partial to keep any more
+        self.tracked(lambda: self.tracker.log_outputs(self.run_dir, numeric_metrics(timings)))
+
+    def keep_partial(self) -> None:
+        """A job stopped after it began generating: its timings so far (marked partial) and the
+        records of the images it wrote, on disk and then to the tracker."""
+        if not self.writes or not self.progress:
+            return
+        partial = dict(self.progress, partial=1)
+        rundir.write_json(self.run_dir / rundir.TIMINGS, partial)
+        rundir.write_json(self.run_dir / rundir.IMAGES, self.records)
+        self.tracked(lambda: self.tracker.log_outputs(self.run_dir, numeric_metrics(partial)))
+
+    def end_tracker(self, status: str, error: Optional[str] = None) -> None:
+        self.tracked(lambda: self.tracker.end(status, error))
+        self.write_status(status=status, **({"error": error} if error else {}))
+
+    @contextlib.contextmanager
+    def recorded(self) -> Iterator["Job"]:
+        from sdjax_runner.engine import distributed
+
+        self.write_status()
+        try:
+            yield self
+        except BaseException as exc:
+            status, error = stop_reason(exc)
+            self.keep_partial()
+            self.end_tracker(status, error)
+            if status == "FAILED" and "jax" in sys.modules:
+                distributed.agree(failed=True)
+            raise
+        if distributed.agree(failed=False):
+            error = "another process of this multi-host run failed"
+            self.end_tracker("FAILED", error)
+            raise RuntimeError(error)
+        self.end_tracker("FINISHED")

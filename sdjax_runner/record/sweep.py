@@ -1,0 +1,190 @@
+"""A multirun as one experiment: an MLflow parent run, a summary table and a contact sheet.
+
+Hydra calls :class:`SweepCallback` in the launching process. At the start it opens the
+parent run and writes ``sweep.json`` into the sweep directory; each job -- in this process
+or another (joblib launcher) -- reads it to link its own run as a child and to name itself
+after the values it sweeps. At the end the callback reads every job's directory, writes
+``summary.csv``, ``summary.json`` and ``contact_sheet.png`` beside them, logs them to the
+parent, and ends the parent FAILED if any job failed (the command then exits 1).
+"""
+
+from __future__ import annotations
+
+import csv
+import logging
+from pathlib import Path
+from typing import Any, Optional
+
+from hydra.experimental.callback import Callback
+from omegaconf import DictConfig, OmegaConf
+
+from sdjax_runner.record import rundir
+
+log = logging.getLogger("sdjax_runner")
+
+SUMMARY_TIMINGS = ("compile_s", "trace_s", "first_batch_s", "generate_s", "images_per_s", "model_reused",
+                   "compile_reused", "compile_cache_hit", "wall_s")
+CELL = 256  # contact sheet cell width in pixels
+
+# What the last sweep in this process ended with; cli.main turns failures into exit code 1.
+last_result: dict[str, Any] = {}
+# The parent run of a sweep under way, so an interrupt can end it (Hydra skips on_multirun_end).
+_open_parent: list[Any] = []
+
+
+def swept_keys(task_overrides: list[str]) -> list[str]:
+    """The keys a multirun sweeps over (``seed=0,1,2`` -> ``seed``), in command-line order."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    parsed = OverridesParser.create().parse_overrides(task_overrides)
+    return [o.get_key_element().lstrip("+~") for o in parsed if o.is_sweep_override()]
+
+
+def override_values(job_overrides: list[str]) -> dict[str, str]:
+    """``["+experiment=smoke", "seed=1"]`` -> ``{"experiment": "smoke", "seed": "1"}``."""
+    return dict(o.lstrip("+~").split("=", 1) for o in job_overrides if "=" in o)
+
+
+def job_label(job_overrides: list[str], keys: list[str]) -> str:
+    """``seed=1 sampling.guidance_scale=3``: the job's values of the swept keys."""
+    values = override_values(job_overrides)
+    return " ".join(f"{k}={values[k]}" for k in keys if k in values) or "job"
+
+
+def read_sweep_file(sweep_dir: Path) -> dict[str, Any]:
+    path = sweep_dir / rundir.SWEEP
+    return rundir.read_json(path) if path.exists() else {}
+
+
+def collect_jobs(sweep_dir: Path, keys: list[str]) -> list[dict[str, Any]]:
+    """One row per job directory (``<sweep>/<job number>/``), in job order."""
+    rows = []
+    for job_dir in sorted((p for p in sweep_dir.iterdir() if p.is_dir() and p.name.isdigit()), key=lambda p: int(p.name)):
+        overrides = OmegaConf.to_container(OmegaConf.load(job_dir / rundir.OVERRIDES))
+        status = rundir.read_json(job_dir / rundir.STATUS) if (job_dir / rundir.STATUS).exists() else {}
+        timings = rundir.read_json(job_dir / rundir.TIMINGS) if (job_dir / rundir.TIMINGS).exists() else {}
+        values = override_values(overrides)
+        row = {"job": int(job_dir.name), "label": job_label(overrides, keys), "status": status.get("status", "UNKNOWN"),
+               "error": status.get("error", ""), "run_id": status.get("run_id", ""), "dir": str(job_dir)}
+        row.update({k: values.get(k, "") for k in keys})
+        row.update({k: timings.get(k, "") for k in SUMMARY_TIMINGS})
+        rows.append(row)
+    return rows
+
+
+def contact_sheet(rows: list[dict[str, Any]], keys: list[str]):
+    """Rows: the first swept key's values (or all but the last key's); columns: the last key's."""
+    from PIL import Image, ImageDraw, ImageFont
+
+    def axis(row, names):
+        return " ".join(f"{k}={row[k]}" for k in names)
+
+    row_keys, col_keys = (keys[:-1], keys[-1:]) if len(keys) > 1 else ([], keys)
+    row_values = list(dict.fromkeys(axis(r, row_keys) for r in rows))
+    col_values = list(dict.fromkeys(axis(r, col_keys) for r in rows))
+    font = ImageFont.load_default()
+    label_h = 16
+    cells = {}
+    for r in rows:
+        grid = Path(r["dir"]) / rundir.GRID
+        if r["status"] == "FINISHED" and grid.exists():
+            with Image.open(grid) as image:
+                image = image.convert("RGB")
+                cells[(axis(r, row_keys), axis(r, col_keys))] = image.resize(
+                    (CELL, max(1, round(image.height * CELL / image.width))))
+    cell_h = max((c.height for c in cells.values()), default=CELL)
+    sheet = Image.new("RGB", (CELL * len(col_values), (cell_h + label_h) * len(row_values)), "white")
+    draw = ImageDraw.Draw(sheet)
+    for r in rows:
+        i, j = row_values.index(axis(r, row_keys)), col_values.index(axis(r, col_keys))
+        x, y = j * CELL, i * (cell_h + label_h)
+        draw.text((x + 3, y + 2), r["label"], fill="black", font=font)
+        cell = cells.get((axis(r, row_keys), axis(r, col_keys)))
+        if cell is not None:
+            sheet.paste(cell, (x, y + label_h))
+        else:
+            draw.rectangle((x, y + label_h, x + CELL - 1, y + label_h + cell_h - 1), fill=(200, 200, 200))
+            draw.text((x + 6, y + label_h + 6), r["status"], fill="red", font=font)
+    return sheet
+
+
+def write_summary(sweep_dir: Path, rows: list[dict[str, Any]], keys: list[str]) -> None:
+    columns = ["job", "label", *keys, "status", "error", *SUMMARY_TIMINGS, "run_id", "dir"]
+    with open(sweep_dir / rundir.SUMMARY_CSV, "w", newline="", encoding="utf-8") as f:
+        writer = csv.DictWriter(f, fieldnames=columns)
+        writer.writeheader()
+        writer.writerows(rows)
+    rundir.write_json(sweep_dir / rundir.SUMMARY_JSON, rows)
+    if rows:
+        contact_sheet(rows, keys).save(sweep_dir / rundir.CONTACT_SHEET)
+
+
+class SweepCallback(Callback):
+    def __init__(self) -> None:
+        self.tracker: Any = None
+
+    def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        from sdjax_runner.record.provenance import run_tags
+        from sdjax_runner.record.tracking import make_tracker
+
+        last_result.clear()
+        sweep_dir = Path(config.hydra.sweep.dir)
+        sweep_dir.mkdir(parents=True, exist_ok=True)
+        task = list(config.hydra.overrides.task)
+        keys = swept_keys(task)
+        self.tracker = make_tracker(config.tracking, config.paths.output_root)
+        try:
+            self.tracker.start(f"{config.run_name} sweep", {"sweep.overrides": " ".join(task)[:500],
+                                                          "sweep.keys": " ".join(keys)},
+                               run_tags(task, config.experiment, with_devices=False))
+        except Exception as exc:  # the jobs still run and keep everything on disk
+            log.warning("sweep: tracking failed, no parent run (%s)", " ".join(str(exc).split())[:200])
+            self.tracker = None
+        _open_parent[:] = [self.tracker] if self.tracker else []
+        parent = self.tracker.run_id if self.tracker else None
+        rundir.write_json(sweep_dir / rundir.SWEEP, {"parent_run_id": parent, "parent_logged": False if parent else None,
+                                                     "swept_keys": keys, "overrides": task})
+        log.info("sweep: over %s -> %s%s", ", ".join(keys) or "nothing", sweep_dir,
+                 f"; {self.tracker.description}" if self.tracker else "")
+
+    def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
+        sweep_dir = Path(config.hydra.sweep.dir)
+        keys = read_sweep_file(sweep_dir).get("swept_keys", [])
+        rows = collect_jobs(sweep_dir, keys)
+        write_summary(sweep_dir, rows, keys)  # disk first
+        failed = [r for r in rows if r["status"] != "FINISHED"]
+        last_result.update(jobs=len(rows), failed=failed, sweep_dir=str(sweep_dir))
+        _open_parent.clear()
+        if self.tracker is not None:
+            try:
+                log_parent(self.tracker, sweep_dir, rows)
+            except Exception as exc:  # everything is on disk; sync logs it later
+                log.warning("sweep: tracking failed for the parent run, the sweep keeps everything in %s (log it "
+                            "later: python -m sdjax_runner.sync %s): %s", sweep_dir, sweep_dir,
+                            " ".join(str(exc).split())[:200])
+        log.info("sweep: %d job(s), %d failed; summary.csv and contact_sheet.png in %s", len(rows), len(failed),
+                 sweep_dir)
+
+
+def log_parent(tracker: Any, sweep_dir: Path, rows: list[dict[str, Any]]) -> None:
+    """The parent run's summary, contact sheet and final status; sweep.json records that it is logged."""
+    failed = [r for r in rows if r["status"] != "FINISHED"]
+    tracker.log_sweep(sweep_dir, rows, {"jobs": len(rows), "failed_jobs": len(failed)})
+    tracker.end("FAILED" if failed else "FINISHED", f"{len(failed)} of {len(rows)} job(s) failed" if failed else None)
+    record = read_sweep_file(sweep_dir)
+    rundir.write_json(sweep_dir / rundir.SWEEP, dict(record, parent_logged=True))
+
+
+def abort(reason: str) -> None:
+    """End the parent run of an interrupted sweep KILLED."""
+    while _open_parent:
+        _open_parent.pop().end("KILLED", reason)
+
+
+def failure_message() -> Optional[str]:
+    if not last_result.get("failed"):
+        return None
+    failed = last_result["failed"]
+    names = "; ".join(f"#{r['job']} {r['label']}: {r['error'] or r['status']}" for r in failed[:3])
+    return (f"sweep: {len(failed)} of {last_result['jobs']} job(s) failed ({names}); "
+            f"see {last_result['sweep_dir']}/summary.csv")

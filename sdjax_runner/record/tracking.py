@@ -1,0 +1,181 @@
+"""Run directory -> tracker. Everything logged here was written to disk first.
+
+``tracking=mlflow`` logs one MLflow run per job through ``MlflowClient`` (no
+global active-run state, so multirun jobs in one process cannot mix up).
+With ``tracking.uri: null`` (and no ``MLFLOW_TRACKING_URI``) the store is
+embedded at a fixed place under ``paths.output_root``: ``mlflow.db`` and
+``mlartifacts/``. ``tracking=none`` logs nothing.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+from pathlib import Path
+from typing import Any, Iterator, Optional
+
+from omegaconf import DictConfig
+
+from sdjax_runner.record import rundir
+
+def numeric_metrics(data: dict[str, Any]) -> dict[str, float]:
+    return {k: float(v) for k, v in data.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+
+
+class NullTracker:
+    run_id: Optional[str] = None
+    description = "tracking=none"
+
+    def start(self, run_name: str, params: dict[str, str], tags: dict[str, str]) -> None:
+        pass
+
+    def log_outputs(self, run_dir: Path, metrics: dict[str, float]) -> None:
+        pass
+
+    def log_sweep(self, sweep_dir: Path, rows: list[dict[str, Any]], metrics: dict[str, float]) -> None:
+        pass
+
+    def end(self, status: str, error: Optional[str] = None) -> None:
+        pass
+
+
+class MlflowTracker:
+    def __init__(self, tracking: DictConfig, output_root: str, uri: Optional[str] = None):
+        root = Path(output_root).expanduser().resolve()
+        self.uri = uri or tracking.uri or os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{root / 'mlflow.db'}"
+        # Bounded retries for a server that is down or flaky (MLflow reads these per request;
+        # a user's own MLFLOW_HTTP_REQUEST_* settings win).
+        for name, value in (("MAX_RETRIES", tracking.max_retries), ("BACKOFF_FACTOR", tracking.backoff_factor),
+                            ("TIMEOUT", tracking.timeout_s)):
+            os.environ.setdefault(f"MLFLOW_HTTP_REQUEST_{name}", str(value))
+        os.environ.setdefault("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", "true")  # our own "track:" line says it
+        self.artifact_location: Optional[str] = None
+        if self.uri.startswith("sqlite:///"):
+            db = Path(self.uri[len("sqlite:///"):]).expanduser().resolve()
+            db.parent.mkdir(parents=True, exist_ok=True)
+            self.artifact_location = (db.parent / "mlartifacts").as_uri()
+        self.experiment_name = tracking.experiment_name
+        self.run_id: Optional[str] = None
+        self.client: Any = None
+
+    @property
+    def description(self) -> str:
+        if self.run_id is None:
+            return f"mlflow at {self.uri} (no run)"
+        return f"mlflow run {self.run_id} in experiment {self.experiment_name!r} at {self.uri}"
+
+    def find_run(self, tag: str, value: str) -> Optional[str]:
+        """The id of this experiment's run whose ``tag`` is ``value``, if there is one."""
+        self._connect()
+        experiment = self.client.get_experiment_by_name(self.experiment_name)
+        if experiment is None:
+            return None
+        runs = self.client.search_runs([experiment.experiment_id], f"tags.`{tag}` = '{value}'", max_results=1)
+        return runs[0].info.run_id if runs else None
+
+    @contextlib.contextmanager
+    def _store_lock(self) -> Iterator[None]:
+        """For the embedded SQLite store: one process at a time creates (migrates) the store or an
+        experiment -- concurrent first runs otherwise race in alembic's migrations."""
+        if self.artifact_location is None:  # a server serialises these itself
+            yield
+            return
+        import fcntl
+
+        db = Path(self.uri[len("sqlite:///"):]).expanduser().resolve()
+        with open(db.with_name(db.name + ".lock"), "a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(lock, fcntl.LOCK_UN)
+
+    def _connect(self) -> None:
+        if self.client is None:
+            from mlflow.tracking import MlflowClient
+
+            # mlflow sets its logger to INFO when imported; its store-creation notices are noise here.
+            logging.getLogger("mlflow").setLevel(logging.WARNING)
+            logging.getLogger("alembic").setLevel(logging.WARNING)
+            with self._store_lock():
+                client = MlflowClient(tracking_uri=self.uri)
+                client.search_experiments(max_results=1)  # creates and migrates the store if it is new
+            self.client = client
+
+    def _experiment_id(self) -> str:
+        """The experiment's id, created if need be (two processes may both try: the loser reads it)."""
+        with self._store_lock():
+            experiment = self.client.get_experiment_by_name(self.experiment_name)
+            if experiment is not None:
+                return experiment.experiment_id
+            try:
+                return self.client.create_experiment(self.experiment_name, artifact_location=self.artifact_location)
+            except Exception:
+                experiment = self.client.get_experiment_by_name(self.experiment_name)
+                if experiment is None:
+                    raise
+                return experiment.experiment_id
+
+    def resume(self, run_id: str) -> None:
+        self._connect()
+        self.run_id = run_id
+
+    def start(self, run_name: str, params: dict[str, str], tags: dict[str, str]) -> None:
+        from mlflow.entities import Param
+
+        self._connect()
+        run = self.client.create_run(self._experiment_id(), run_name=run_name, tags=tags)
+        self.run_id = run.info.run_id
+        self.client.log_batch(self.run_id, params=[Param(k, v) for k, v in sorted(params.items())])
+
+    def _log_metrics(self, metrics: dict[str, float]) -> None:
+        from mlflow.entities import Metric
+        from mlflow.utils.time import get_current_time_millis
+
+        now = get_current_time_millis()
+        self.client.log_batch(self.run_id, metrics=[Metric(k, v, now, 0) for k, v in sorted(metrics.items())])
+
+    def log_outputs(self, run_dir: Path, metrics: dict[str, float]) -> None:
+        from PIL import Image
+
+        self._log_metrics(metrics)
+        for name in (rundir.TIMINGS, rundir.IMAGES):
+            if (run_dir / name).exists():
+                self.client.log_artifact(self.run_id, str(run_dir / name))
+        if (run_dir / rundir.IMAGES_DIR).is_dir():
+            self.client.log_artifacts(self.run_id, str(run_dir / rundir.IMAGES_DIR), artifact_path="images")
+        if (run_dir / rundir.HYDRA_DIR).is_dir():
+            self.client.log_artifacts(self.run_id, str(run_dir / rundir.HYDRA_DIR), artifact_path="config")
+        if (run_dir / rundir.GRID).exists():
+            with Image.open(run_dir / rundir.GRID) as grid:
+                self.client.log_image(self.run_id, grid.copy(), artifact_file="grid.png")
+
+    def log_sweep(self, sweep_dir: Path, rows: list[dict[str, Any]], metrics: dict[str, float]) -> None:
+        """The sweep's summary (as an MLflow table and CSV) and contact sheet, on the parent run."""
+        from PIL import Image
+
+        self._log_metrics(metrics)
+        if rows:
+            table = {column: [str(row[column]) for row in rows] for column in rows[0]}
+            self.client.log_table(self.run_id, data=table, artifact_file="summary_table.json")
+        for name in (rundir.SUMMARY_CSV, rundir.SWEEP):
+            if (sweep_dir / name).exists():
+                self.client.log_artifact(self.run_id, str(sweep_dir / name))
+        if (sweep_dir / rundir.CONTACT_SHEET).exists():
+            with Image.open(sweep_dir / rundir.CONTACT_SHEET) as sheet:
+                self.client.log_image(self.run_id, sheet.copy(), artifact_file="contact_sheet.png")
+
+    def end(self, status: str, error: Optional[str] = None) -> None:
+        if self.run_id is None:
+            return
+        if error:
+            self.client.set_tag(self.run_id, "error", error[:5000])
+        self.client.set_terminated(self.run_id, status=status)
+
+
+def make_tracker(tracking: DictConfig, output_root: str):
+    """The tracker ``tracking`` (a TrackingConfig) asks for; the embedded store lives under ``output_root``."""
+    if tracking.backend.name == "none":
+        return NullTracker()
+    return MlflowTracker(tracking, output_root)
