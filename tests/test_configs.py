@@ -92,3 +92,14 @@ def test_schema_rejects_bad_values_at_compose_time(override, message):
         compose_cfg(["+experiment=smoke", override])
     line = describe(info.value)
     assert message in line and "\n" not in line
+
+
+def test_users_own_experiments_outside_the_package_compose(tmp_path):
+    from helpers.cli import run_cli
+
+    (tmp_path / "my_conf" / "experiment").mkdir(parents=True)
+    (tmp_path / "my_conf" / "experiment" / "mine.yaml").write_text(
+        "# @package _global_\ndefaults:\n  - override /scheduler: euler\nexperiment: mine\nrun_name: mine\nseed: 7\n")
+    result = run_cli("--config-dir", str(tmp_path / "my_conf"), "+experiment=mine", "--cfg", "job", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert "experiment: mine" in result.stdout and "seed: 7" in result.stdout and "name: euler" in result.stdout
