@@ -20,7 +20,7 @@ from hydra.types import RunMode
 from omegaconf import DictConfig
 
 from sdjax_runner.config import schema
-from sdjax_runner.errors import Terminated, describe, stop_reason
+from sdjax_runner.errors import SweepRefused, Terminated, describe, stop_reason
 from sdjax_runner.record.sweep import abort, failure_message, job_label, read_sweep_file
 
 # The configs travel inside the package (package data), so a wheel install finds them too.
@@ -83,6 +83,8 @@ def main() -> None:
     os.environ["HYDRA_FULL_ERROR"] = "1"
     try:
         _app()
+    except SweepRefused as exc:
+        _fail(str(exc))
     except (KeyboardInterrupt, Terminated) as exc:
         reason = stop_reason(exc)[1]
         abort(reason)

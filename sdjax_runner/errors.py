@@ -12,6 +12,14 @@ class Terminated(BaseException):
     """SIGTERM, raised in the main thread so a run ends KILLED like on Ctrl-C (SIGINT)."""
 
 
+class SweepRefused(BaseException):
+    """Bad input found when a multirun starts. Hydra turns an Exception raised in a callback into a
+    warning and launches the jobs anyway; this passes through it to cli.main, which prints one line."""
+
+    def __init__(self, error: "UserError"):
+        super().__init__(str(error))
+
+
 class UserError(Exception):
     """Bad input the user can fix. Printed as one line, never with a traceback."""
 

@@ -98,7 +98,10 @@ def _run(plan: Plan, job: Job, overrides: list[str], run_name: str, parent_run_i
              (f", {summary['tflops_per_s']:.3g} TFLOP/s" if summary["tflops_per_s"] else "")
              + (f", MFU {summary['mfu']:.1%}" if summary["mfu"] is not None else ""))
 
-    # Disk first, then the tracker.
+    # Judge the images (never fails the run), then disk, then the tracker.
+    from sdjax_runner.metrics.evaluate import evaluate
+
+    quality = evaluate(plan.metrics, job.run_dir, images, job.records)
     write_s += rundir.write_run_files(job.run_dir, plan, job.records, images)
     from sdjax_runner.engine.efficiency import param_bytes_per_device
 
@@ -111,10 +114,10 @@ def _run(plan: Plan, job: Job, overrides: list[str], run_name: str, parent_run_i
         param_bytes_per_device=param_bytes_per_device(loaded.host_weights), wall_s=time.perf_counter() - started)
     log.info("write: %d image(s)%s to %s in %.2f s", len(job.records), " + grid" if plan.output.grid else "",
              job.run_dir, write_s)
-    job.finish(timings)
+    job.finish(timings, quality)
     if job.tracker_error is None:
         log.info("track: %s", job.tracker.description)
-    return {"run_dir": str(job.run_dir), "timings": timings}
+    return {"run_dir": str(job.run_dir), "timings": timings, "quality": quality}
 
 
 def tracker_tags(plan: Plan, overrides: list[str], parent_run_id: Optional[str]) -> dict[str, str]:

@@ -47,6 +47,8 @@ CASES = {
                                    "error: model.pretrained_model_name_or_path: a value is required"),
     "missing local model": (["model=local", "model.pretrained_model_name_or_path=/no/such/model"],
                             "error: model.pretrained_model_name_or_path: no such directory: /no/such/model"),
+    "reference that is no run": (["metrics.reference=/no/such/run"],
+                                 "error: metrics.reference: /no/such/run is not a finished run directory"),
 }
 
 
@@ -56,6 +58,19 @@ def test_bad_input_fails_fast_with_one_line(tmp_path, overrides, expected):
     assert_one_line_error(result, expected)
     assert "load:" not in result.stdout  # failed before the model loaded
     assert mlflow_statuses(tmp_path) == []  # no tracker run was even started
+
+
+@pytest.mark.parametrize("point,expected", [
+    ("+metrics.reference_point.dtype=fp32", "error: metrics.reference_point: dtype is not swept by this multirun "
+                                            "(allowed: seed)"),
+    ("+metrics.reference_point.seed=5", "error: metrics.reference_point: seed=5 is not one of the sweep's points "
+                                        "(allowed: seed=0, seed=1)"),
+])
+def test_a_sweep_with_a_bad_reference_point_is_refused_before_it_starts(tmp_path, point, expected):
+    sweep = tmp_path / "sweep"
+    result = run_cli("-m", "+experiment=smoke", "seed=0,1", point, f"hydra.sweep.dir={sweep}", cwd=tmp_path)
+    assert_one_line_error(result, expected)
+    assert not sweep.exists() and mlflow_statuses(tmp_path) == []  # nothing ran, nothing was written
 
 
 def test_empty_prompt_file(tmp_path):

@@ -209,6 +209,27 @@ def run_values(cfg: DictConfig) -> None:
     if cfg.compilation_cache.enabled:
         private_dir("compilation_cache.dir", cfg.compilation_cache.dir)
     scheduler_overrides(cfg.scheduler.name, dict(cfg.scheduler.config_overrides))
+    metrics(cfg.metrics)
+
+
+def metrics(metrics: Any) -> None:
+    if metrics.reference is not None:
+        directory = Path(metrics.reference).expanduser()
+        if not (directory / "images.json").is_file():
+            raise UserError("metrics.reference", f"{directory} is not a finished run directory (no images.json)",
+                            "the directory of an earlier run, e.g. outputs/runs/<date>/<time>_<name>")
+def reference_point(point: dict[str, str], swept: dict[str, list[str]]) -> dict[str, str]:
+    """The reference point of a sweep: each key must be swept (``swept``: key -> the sweep's values on the
+    command line) and each value one of its values."""
+    point = {str(key).lstrip("+~"): str(value) for key, value in point.items()}
+    for key, value in point.items():
+        if key not in swept:
+            raise UserError("metrics.reference_point", f"{key} is not swept by this multirun",
+                            ", ".join(swept) or "no swept keys")
+        if value not in swept[key]:
+            raise UserError("metrics.reference_point", f"{key}={value} is not one of the sweep's points",
+                            ", ".join(f"{key}={v}" for v in swept[key]))
+    return point
 
 
 def layout(num_devices: int, available: int, num_batches: int, needed: int, per_batch: int, prompts: int) -> None:

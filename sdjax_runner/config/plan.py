@@ -18,7 +18,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from sdjax_runner.config import checks
 from sdjax_runner.config.prompts import load_prompts
-from sdjax_runner.config.schema import (CompilationCacheConfig, DtypeConfig, ModelConfig, OutputConfig,
+from sdjax_runner.config.schema import (CompilationCacheConfig, DtypeConfig, MetricsConfig, ModelConfig, OutputConfig,
                                         SchedulerConfig, TrackingConfig)
 
 
@@ -53,7 +53,8 @@ class Plan:
     height: Optional[int]  # None: the model's native size, resolved once it is loaded
     width: Optional[int]
     repeats: int
-    # Where results go and what a process keeps.
+    # How the images are judged, where results go and what a process keeps.
+    metrics: MetricsConfig
     run_name: str
     experiment: Optional[str]
     output: OutputConfig
@@ -132,6 +133,7 @@ def make_plan(cfg: DictConfig, available_devices: int) -> Plan:
         height=cfg.sampling.height,
         width=cfg.sampling.width,
         repeats=cfg.timing.repeats,
+        metrics=OmegaConf.to_object(cfg.metrics),
         run_name=cfg.run_name,
         experiment=cfg.experiment,
         output=OmegaConf.to_object(cfg.output),

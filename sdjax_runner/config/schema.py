@@ -183,6 +183,31 @@ class PerformanceConfig:
 
 
 @dataclass
+class ClipScoreConfig:
+    # CLIP score of each image against its prompt (metrics/clip_score.py). On by default: with a
+    # full-size model it costs well under 1% of a run's compute (docs/benchmarks.md).
+    enabled: bool = True
+    # A hub id (Flax weights, or PyTorch safetensors converted without torch; read from the local
+    # Hugging Face cache when offline), a local CLIP directory, or where a built-in CLIP is built.
+    model: str = "openai/clip-vit-large-patch14"
+    builtin: Optional[str] = None  # tiny-random-clip: a random CLIP built at `model` (tests, smoke: not a judge)
+    revision: Optional[str] = None
+
+
+@dataclass
+class MetricsConfig:
+    clip_score: ClipScoreConfig = field(default_factory=ClipScoreConfig)
+    # A run directory: each image is compared (PSNR, SSIM) with that run's image of the same slot
+    # (same index, seed and prompt). null: no reference.
+    reference: Optional[str] = None
+    # In a sweep (-m): the swept values of the reference point, e.g. {dtype: fp32, scheduler: pndm}
+    # (on the command line: 'metrics.reference_point={dtype:fp32,scheduler:pndm}'). Every job is compared
+    # with the job that has these values and its own values of the other swept keys (so the same seeds
+    # and prompts); the reference must be one of the sweep's points. {}: none.
+    reference_point: Dict[str, str] = field(default_factory=dict)
+
+
+@dataclass
 class PathsConfig:
     output_root: str = "outputs"
     cache_dir: str = MISSING
@@ -203,6 +228,7 @@ class RunConfig:
     reuse: ReuseConfig = field(default_factory=ReuseConfig)
     compilation_cache: CompilationCacheConfig = field(default_factory=CompilationCacheConfig)
     performance: PerformanceConfig = field(default_factory=PerformanceConfig)
+    metrics: MetricsConfig = field(default_factory=MetricsConfig)
     seed: int = 0
     run_name: str = MISSING
     experiment: Optional[str] = None

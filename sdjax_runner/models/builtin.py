@@ -6,6 +6,8 @@ full-size ones for benchmarks.
   scheduler) small enough to run on a laptop CPU in seconds.
 * ``sd-v1-arch`` / ``sdxl-arch``: the exact SD-1.x and SDXL-base shapes (859.5M and 2.57G UNet
   parameters) with random weights, so performance can be measured with no hub access.
+* ``tiny-random-clip``: a small random CLIP (text and vision towers, the CLIP tokenizer and image
+  processor) for the CLIP score metric in tests and the smoke run.
 
 Each is written once with ``save_pretrained`` and afterwards loaded exactly like a hub model,
 so the runner's real loading path is what the tests exercise. Everything is derived from fixed
@@ -127,8 +129,10 @@ def _random_params(shape_tree, seed: int, dtype=None, draw_dtype: str = "float64
         if name == "kernel":
             fan_in = int(np.prod(shape[:-1]))
             value = rng.standard_normal(shape, dtype=draw_dtype) / np.sqrt(fan_in)
-        elif name == "embedding":
+        elif name in ("embedding", "class_embedding"):
             value = 0.02 * rng.standard_normal(shape, dtype=draw_dtype)
+        elif name == "logit_scale":
+            value = np.full(shape, np.log(1 / 0.07))  # CLIP's initial temperature
         elif name == "scale":
             value = np.ones(shape)
         elif name == "bias":
@@ -204,23 +208,36 @@ SPECS = {
         save_dtype="bfloat16",
     ),
 }
-BUILTIN_MODELS = tuple(SPECS)
+# A small CLIP (metrics/clip_score.py), with the SD models' tokenizer.
+CLIP_SPECS = {
+    "tiny-random-clip": dict(
+        text=dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4),
+        vision=dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4, image_size=32,
+                    patch_size=8),
+        projection_dim=32,
+    ),
+}
+BUILTIN_MODELS = tuple(SPECS) + tuple(CLIP_SPECS)
 
 
 def build_builtin(name: str, target: Path) -> Path:
     """Create built-in model ``name`` at ``target`` (atomically; an existing build is kept)."""
     target = Path(target)
-    if (target / "model_index.json").exists():
+    marker = "config.json" if name in CLIP_SPECS else "model_index.json"  # builds appear whole (staged, renamed)
+    if (target / marker).exists():
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
     try:
-        _build_into(staging, SPECS[name])
+        if name in CLIP_SPECS:
+            _build_clip_into(staging, CLIP_SPECS[name])
+        else:
+            _build_into(staging, SPECS[name])
         try:
             os.rename(staging, target)
         except OSError:
             # Another process finished the same build first; theirs is identical.
-            if not (target / "model_index.json").exists():
+            if not (target / marker).exists():
                 raise
     finally:
         shutil.rmtree(staging, ignore_errors=True)
@@ -284,3 +301,22 @@ def _build_into(directory: Path, spec: dict) -> None:
     pipeline.save_pretrained(directory, params=params)
     for staging in directory.glob("_tokenizer*"):
         shutil.rmtree(staging)
+
+
+def _build_clip_into(directory: Path, spec: dict) -> None:
+    import jax
+    from transformers import CLIPConfig, CLIPImageProcessor, CLIPTokenizer, FlaxCLIPModel
+
+    _write_tokenizer(directory / "_tokenizer")
+    size = len(_vocabulary()[0])
+    text = dict(spec["text"], vocab_size=size, max_position_embeddings=77, bos_token_id=size - 2,
+                eos_token_id=size - 1, pad_token_id=size - 1)
+    config = CLIPConfig(text_config=text, vision_config=spec["vision"], projection_dim=spec["projection_dim"])
+    module = FlaxCLIPModel(config, _do_init=False)
+    shapes = jax.eval_shape(lambda key: module.init_weights(key, module.input_shape), jax.random.PRNGKey(0))
+    module.save_pretrained(directory, params=_random_params(shapes, SEED + 10))
+    CLIPTokenizer.from_pretrained(directory / "_tokenizer").save_pretrained(directory)
+    image_size = spec["vision"]["image_size"]
+    CLIPImageProcessor(size={"shortest_edge": image_size},
+                       crop_size={"height": image_size, "width": image_size}).save_pretrained(directory)
+    shutil.rmtree(directory / "_tokenizer")

@@ -64,11 +64,13 @@ class Job:
         self.tracked(lambda: tracker.start(run_name, params, tags))
         self.write_status()
 
-    def finish(self, timings: dict[str, Any]) -> None:
-        """The complete timings to disk, then the run's outputs to the tracker."""
+    def finish(self, timings: dict[str, Any], quality: dict[str, Any]) -> None:
+        """The complete timings and quality metrics to disk, then the run's outputs to the tracker."""
+        rundir.write_json(self.run_dir / rundir.QUALITY, quality)
         rundir.write_json(self.run_dir / rundir.TIMINGS, timings)
         self.progress.clear()  # complete: nothing partial to keep any more
-        self.tracked(lambda: self.tracker.log_outputs(self.run_dir, numeric_metrics(timings)))
+        metrics = numeric_metrics(dict(timings, **quality))
+        self.tracked(lambda: self.tracker.log_outputs(self.run_dir, metrics))
 
     def keep_partial(self) -> None:
         """A job stopped after it began generating: its timings so far (marked partial) and the

@@ -7,10 +7,11 @@
     timings.json            compile and steady-state timings, layout and device facts
     status.json             FINISHED / FAILED / KILLED, the error, and the tracker run
     tracking.json           what the tracker is to receive (run name, params, tags), written first
+    quality.json            CLIP score, PSNR/SSIM to a reference, and what could not be measured
     .hydra/                 the resolved config and the overrides (Hydra writes it)
 
 A sweep directory holds one run directory per job (``0/``, ``1/``, ...) and sweep.json,
-summary.csv, summary.json and contact_sheet.png.
+summary.csv, summary.json, contact_sheet.png and (with quality metrics) report.png.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ IMAGES = "images.json"
 TIMINGS = "timings.json"
 STATUS = "status.json"
 TRACKING = "tracking.json"
+QUALITY = "quality.json"
 HYDRA_DIR = ".hydra"
 CONFIG = f"{HYDRA_DIR}/config.yaml"
 OVERRIDES = f"{HYDRA_DIR}/overrides.yaml"
@@ -42,6 +44,7 @@ SWEEP = "sweep.json"
 SUMMARY_CSV = "summary.csv"
 SUMMARY_JSON = "summary.json"
 CONTACT_SHEET = "contact_sheet.png"
+REPORT = "report.png"
 
 
 def image_file(index: int, seed: int) -> str:

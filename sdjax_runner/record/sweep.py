@@ -3,9 +3,11 @@
 Hydra calls :class:`SweepCallback` in the launching process. At the start it opens the
 parent run and writes ``sweep.json`` into the sweep directory; each job -- in this process
 or another (joblib launcher) -- reads it to link its own run as a child and to name itself
-after the values it sweeps. At the end the callback reads every job's directory, writes
-``summary.csv``, ``summary.json`` and ``contact_sheet.png`` beside them, logs them to the
-parent, and ends the parent FAILED if any job failed (the command then exits 1).
+after the values it sweeps. At the end the callback reads every job's directory, compares each
+job's images with its reference point's (``metrics.reference_point``: PSNR/SSIM, written into the
+job's images.json and quality.json and logged to its run), writes ``summary.csv``, ``summary.json``,
+``contact_sheet.png`` and ``report.png`` beside them, logs them to the parent, and ends the parent
+FAILED if any job failed (the command then exits 1).
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ log = logging.getLogger("sdjax_runner")
 
 SUMMARY_TIMINGS = ("compile_s", "trace_s", "first_batch_s", "generate_s", "images_per_s", "model_reused",
                    "compile_reused", "compile_cache_hit", "wall_s")
+SUMMARY_QUALITY = ("clip_score_mean", "clip_score_std", "psnr", "psnr_min", "ssim_mean", "ssim_min")
 CELL = 256  # contact sheet cell width in pixels
 
 # What the last sweep in this process ended with; cli.main turns failures into exit code 1.
@@ -38,6 +41,14 @@ def swept_keys(task_overrides: list[str]) -> list[str]:
 
     parsed = OverridesParser.create().parse_overrides(task_overrides)
     return [o.get_key_element().lstrip("+~") for o in parsed if o.is_sweep_override()]
+
+
+def swept_values(task_overrides: list[str]) -> dict[str, list[str]]:
+    """Each swept key's values as the command line gives them (``seed=0,1`` -> ``{"seed": ["0", "1"]}``)."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    parsed = OverridesParser.create().parse_overrides(task_overrides)
+    return {o.get_key_element().lstrip("+~"): list(o.sweep_string_iterator()) for o in parsed if o.is_sweep_override()}
 
 
 def override_values(job_overrides: list[str]) -> dict[str, str]:
@@ -63,11 +74,13 @@ def collect_jobs(sweep_dir: Path, keys: list[str]) -> list[dict[str, Any]]:
         overrides = OmegaConf.to_container(OmegaConf.load(job_dir / rundir.OVERRIDES))
         status = rundir.read_json(job_dir / rundir.STATUS) if (job_dir / rundir.STATUS).exists() else {}
         timings = rundir.read_json(job_dir / rundir.TIMINGS) if (job_dir / rundir.TIMINGS).exists() else {}
+        quality = rundir.read_json(job_dir / rundir.QUALITY) if (job_dir / rundir.QUALITY).exists() else {}
         values = override_values(overrides)
         row = {"job": int(job_dir.name), "label": job_label(overrides, keys), "status": status.get("status", "UNKNOWN"),
                "error": status.get("error", ""), "run_id": status.get("run_id", ""), "dir": str(job_dir)}
         row.update({k: values.get(k, "") for k in keys})
         row.update({k: timings.get(k, "") for k in SUMMARY_TIMINGS})
+        row.update({k: quality.get(k, "") for k in SUMMARY_QUALITY})
         rows.append(row)
     return rows
 
@@ -108,8 +121,11 @@ def contact_sheet(rows: list[dict[str, Any]], keys: list[str]):
     return sheet
 
 
-def write_summary(sweep_dir: Path, rows: list[dict[str, Any]], keys: list[str]) -> None:
-    columns = ["job", "label", *keys, "status", "error", *SUMMARY_TIMINGS, "run_id", "dir"]
+def write_summary(sweep_dir: Path, rows: list[dict[str, Any]], keys: list[str],
+                  reference_point: Optional[dict[str, str]] = None) -> None:
+    from sdjax_runner.metrics.report import write_report
+
+    columns = ["job", "label", *keys, "status", "error", *SUMMARY_TIMINGS, *SUMMARY_QUALITY, "run_id", "dir"]
     with open(sweep_dir / rundir.SUMMARY_CSV, "w", newline="", encoding="utf-8") as f:
         writer = csv.DictWriter(f, fieldnames=columns)
         writer.writeheader()
@@ -117,6 +133,7 @@ def write_summary(sweep_dir: Path, rows: list[dict[str, Any]], keys: list[str]) 
     rundir.write_json(sweep_dir / rundir.SUMMARY_JSON, rows)
     if rows:
         contact_sheet(rows, keys).save(sweep_dir / rundir.CONTACT_SHEET)
+        write_report(sweep_dir / rundir.REPORT, [r for r in rows if r["status"] == "FINISHED"], keys, reference_point)
 
 
 class SweepCallback(Callback):
@@ -127,11 +144,21 @@ class SweepCallback(Callback):
         from sdjax_runner.record.provenance import run_tags
         from sdjax_runner.record.tracking import make_tracker
 
+        from sdjax_runner.errors import SweepRefused, UserError
+
         last_result.clear()
-        sweep_dir = Path(config.hydra.sweep.dir)
-        sweep_dir.mkdir(parents=True, exist_ok=True)
         task = list(config.hydra.overrides.task)
         keys = swept_keys(task)
+        point = None
+        if config.metrics.reference_point:  # bad input: refused before anything runs or is written
+            from sdjax_runner.config.checks import reference_point
+
+            try:
+                point = reference_point(dict(config.metrics.reference_point), swept_values(task))
+            except UserError as exc:
+                raise SweepRefused(exc) from None
+        sweep_dir = Path(config.hydra.sweep.dir)
+        sweep_dir.mkdir(parents=True, exist_ok=True)
         self.tracker = make_tracker(config.tracking, config.paths.output_root)
         try:
             self.tracker.start(f"{config.run_name} sweep", {"sweep.overrides": " ".join(task)[:500],
@@ -143,15 +170,20 @@ class SweepCallback(Callback):
         _open_parent[:] = [self.tracker] if self.tracker else []
         parent = self.tracker.run_id if self.tracker else None
         rundir.write_json(sweep_dir / rundir.SWEEP, {"parent_run_id": parent, "parent_logged": False if parent else None,
-                                                     "swept_keys": keys, "overrides": task})
+                                                     "swept_keys": keys, "overrides": task,
+                                                     "reference_point": point})
         log.info("sweep: over %s -> %s%s", ", ".join(keys) or "nothing", sweep_dir,
                  f"; {self.tracker.description}" if self.tracker else "")
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         sweep_dir = Path(config.hydra.sweep.dir)
-        keys = read_sweep_file(sweep_dir).get("swept_keys", [])
+        record = read_sweep_file(sweep_dir)
+        keys = record.get("swept_keys", [])
         rows = collect_jobs(sweep_dir, keys)
-        write_summary(sweep_dir, rows, keys)  # disk first
+        if record.get("reference_point"):
+            compare_with_reference_point(sweep_dir, rows, keys, record["reference_point"], config)
+            rows = collect_jobs(sweep_dir, keys)
+        write_summary(sweep_dir, rows, keys, record.get("reference_point"))  # disk first
         failed = [r for r in rows if r["status"] != "FINISHED"]
         last_result.update(jobs=len(rows), failed=failed, sweep_dir=str(sweep_dir))
         _open_parent.clear()
@@ -164,6 +196,46 @@ class SweepCallback(Callback):
                             " ".join(str(exc).split())[:200])
         log.info("sweep: %d job(s), %d failed; summary.csv and contact_sheet.png in %s", len(rows), len(failed),
                  sweep_dir)
+
+
+def reference_of(row: dict[str, Any], rows: list[dict[str, Any]], keys: list[str],
+                 point: dict[str, str]) -> Optional[dict[str, Any]]:
+    """The job with ``row``'s values of the swept keys, but the reference point's where it names them."""
+    wanted = {k: str(point.get(k, row[k])) for k in keys}
+    return next((r for r in rows if all(str(r[k]) == v for k, v in wanted.items())), None)
+
+
+def compare_with_reference_point(sweep_dir: Path, rows: list[dict[str, Any]], keys: list[str],
+                                 point: dict[str, str], config: DictConfig) -> None:
+    """Each finished job's images against its reference job's: per image into its images.json, per run
+    into its quality.json (disk first), then to its tracker run. A failure is logged, never raised."""
+    from sdjax_runner.metrics.evaluate import with_reference
+    from sdjax_runner.record.tracking import NullTracker, make_tracker, numeric_metrics
+
+    for row in rows:
+        reference = reference_of(row, rows, keys, point)
+        if row["status"] != "FINISHED" or reference is None or reference is row:
+            continue
+        if reference["status"] != "FINISHED":
+            log.warning("sweep: job %s has no reference images (job %s is %s)", row["label"], reference["label"],
+                        reference["status"])
+            continue
+        job_dir, reference_dir = Path(row["dir"]), Path(reference["dir"])
+        records = rundir.read_json(job_dir / rundir.IMAGES)
+        fields = with_reference(job_dir, records, reference_dir)
+        fields["reference_label"] = reference["label"]
+        quality_file = job_dir / rundir.QUALITY
+        quality = dict(rundir.read_json(quality_file) if quality_file.exists() else {}, **fields)
+        rundir.write_json(job_dir / rundir.IMAGES, records)
+        rundir.write_json(quality_file, quality)
+        tracker = make_tracker(config.tracking, config.paths.output_root)
+        if row["run_id"] and not isinstance(tracker, NullTracker):
+            try:
+                tracker.resume(row["run_id"])
+                tracker.log_quality(job_dir, numeric_metrics(fields))
+            except Exception as exc:  # on disk already; the summary and report still have it
+                log.warning("sweep: tracking failed for job %s's comparison: %s", row["label"],
+                            " ".join(str(exc).split())[:200])
 
 
 def log_parent(tracker: Any, sweep_dir: Path, rows: list[dict[str, Any]]) -> None:

@@ -140,7 +140,7 @@ class MlflowTracker:
         from PIL import Image
 
         self._log_metrics(metrics)
-        for name in (rundir.TIMINGS, rundir.IMAGES):
+        for name in (rundir.TIMINGS, rundir.IMAGES, rundir.QUALITY):
             if (run_dir / name).exists():
                 self.client.log_artifact(self.run_id, str(run_dir / name))
         if (run_dir / rundir.IMAGES_DIR).is_dir():
@@ -162,9 +162,17 @@ class MlflowTracker:
         for name in (rundir.SUMMARY_CSV, rundir.SWEEP):
             if (sweep_dir / name).exists():
                 self.client.log_artifact(self.run_id, str(sweep_dir / name))
-        if (sweep_dir / rundir.CONTACT_SHEET).exists():
-            with Image.open(sweep_dir / rundir.CONTACT_SHEET) as sheet:
-                self.client.log_image(self.run_id, sheet.copy(), artifact_file="contact_sheet.png")
+        for name in (rundir.CONTACT_SHEET, rundir.REPORT):
+            if (sweep_dir / name).exists():
+                with Image.open(sweep_dir / name) as picture:
+                    self.client.log_image(self.run_id, picture.copy(), artifact_file=name)
+
+    def log_quality(self, run_dir: Path, metrics: dict[str, float]) -> None:
+        """Quality metrics computed after the run ended (a sweep's comparisons with its reference point)."""
+        self._log_metrics(metrics)
+        for name in (rundir.IMAGES, rundir.QUALITY):
+            if (run_dir / name).exists():
+                self.client.log_artifact(self.run_id, str(run_dir / name))
 
     def end(self, status: str, error: Optional[str] = None) -> None:
         if self.run_id is None:

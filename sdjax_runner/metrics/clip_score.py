@@ -1,0 +1,147 @@
+"""Text-image agreement: the CLIP score of each image against its own prompt, in JAX.
+
+``score = max(100 * cos(E_image, E_text), 0)`` with transformers' Flax CLIP (``FlaxCLIPModel``) --
+the definition of torchmetrics' ``CLIPScore`` and of diffusers' evaluation guide. Images are
+preprocessed by the CLIP model's own ``CLIPImageProcessor`` (resize, centre crop, normalise) and
+prompts tokenized by its tokenizer (77 tokens, truncated). The batch is sharded over this process's
+devices (``NamedSharding`` along ``data``, params replicated), as generation is.
+
+The CLIP model is a built-in random one (``tiny-random-clip``, for tests and the smoke run: its
+scores are numbers, not judgements), a local directory, or a hub id (Flax weights, or PyTorch
+safetensors converted without torch). A process loads and compiles it once.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+import numpy as np
+
+log = logging.getLogger("sdjax_runner")
+
+
+@dataclass
+class ClipScorer:
+    module: Any  # FlaxCLIPModel
+    params: Any  # placed on ``devices``
+    processor: Any  # CLIPImageProcessor
+    tokenizer: Any
+    devices: list
+    score: Callable  # jitted (params, pixel_values, input_ids, attention_mask) -> scores
+    load_s: float
+
+
+_scorers: dict[tuple, ClipScorer] = {}  # (source, device ids) -> loaded and placed once per process
+
+
+def clip_directory(clip: Any) -> Path:
+    """A local directory holding the CLIP model ``clip`` (a ClipScoreConfig) names, built or fetched if need be."""
+    from sdjax_runner.errors import UserError
+    from sdjax_runner.models.builtin import build_builtin
+
+    source = str(clip.model)
+    if clip.builtin:
+        return build_builtin(clip.builtin, Path(source).expanduser())
+    path = Path(source).expanduser()
+    if path.is_dir():
+        return path
+    from huggingface_hub import snapshot_download
+
+    patterns = ["*.json", "*.txt", "flax_model.msgpack"]
+    try:
+        directory = Path(snapshot_download(source, revision=clip.revision, allow_patterns=patterns))
+        if not (directory / "flax_model.msgpack").is_file():
+            directory = Path(snapshot_download(source, revision=clip.revision,
+                                               allow_patterns=patterns + ["model.safetensors", "model-*.safetensors",
+                                                                          "model.safetensors.index.json"]))
+    except Exception as exc:
+        raise UserError("metrics.clip_score.model", f"{source} could not be loaded ({type(exc).__name__}); fetch it "
+                        f"first with: hf download {source} --include '*.json' '*.txt' 'flax_model.msgpack'",
+                        "a cached hub CLIP model, or a local directory") from None
+    return directory
+
+
+def load_scorer(clip: Any, devices: list) -> ClipScorer:
+    """The CLIP model on ``devices`` with its compiled scoring function, loaded once per process."""
+    key = (str(clip.model), clip.builtin, clip.revision, tuple(d.id for d in devices))
+    if key in _scorers:
+        return _scorers[key]
+    import jax
+    import jax.numpy as jnp
+    from transformers import CLIPImageProcessor, CLIPTokenizer, FlaxCLIPModel
+
+    from sdjax_runner.engine.sharded import replicate_sharded
+    from sdjax_runner.models.checkpoints import convert_safetensors, find_weights
+
+    started = time.perf_counter()
+    directory = clip_directory(clip)
+    found = find_weights(directory, "transformers", None)
+    if found.format == "flax":
+        module, params = FlaxCLIPModel.from_pretrained(directory, _do_init=False)
+    elif found.format == "safetensors":
+        module = FlaxCLIPModel(FlaxCLIPModel.config_class.from_pretrained(directory), _do_init=False)
+        params = convert_safetensors(found.files, module, "transformers", np.dtype(np.float32))
+    else:
+        from sdjax_runner.errors import UserError
+
+        raise UserError("metrics.clip_score.model", f"{directory} has no Flax or safetensors CLIP weights",
+                        "a CLIP model directory (flax_model.msgpack or model.safetensors)")
+    params = replicate_sharded(params, devices)
+
+    def score(params, pixel_values, input_ids, attention_mask):
+        image = module.get_image_features(pixel_values, params=params)
+        text = module.get_text_features(input_ids, attention_mask, params=params)
+        image = image / jnp.linalg.norm(image, axis=-1, keepdims=True)
+        text = text / jnp.linalg.norm(text, axis=-1, keepdims=True)
+        return jnp.maximum(100.0 * jnp.sum(image * text, axis=-1), 0.0)
+
+    scorer = ClipScorer(module, params, CLIPImageProcessor.from_pretrained(directory),
+                        CLIPTokenizer.from_pretrained(directory), devices, jax.jit(score),
+                        time.perf_counter() - started)
+    _scorers[key] = scorer
+    return scorer
+
+
+def clip_scores(scorer: ClipScorer, images: list, prompts: list[str]) -> np.ndarray:
+    """One score per (image, prompt) pair; the batch is padded to a multiple of the device count."""
+    import jax
+
+    from sdjax_runner.engine.sharded import global_array
+
+    pixels = scorer.processor(images=[image.convert("RGB") for image in images], return_tensors="np")["pixel_values"]
+    tokens = scorer.tokenizer(list(prompts), padding="max_length", truncation=True,
+                              max_length=scorer.tokenizer.model_max_length, return_tensors="np")
+    count, devices = len(images), len(scorer.devices)
+    padded = -(-count // devices) * devices
+    data = jax.NamedSharding(jax.sharding.Mesh(np.array(scorer.devices), ("data",)), jax.P("data"))
+
+    def place(array: np.ndarray):
+        array = np.concatenate([array, np.repeat(array[-1:], padded - count, axis=0)]) if padded > count else array
+        return global_array(array, data)
+
+    out = scorer.score(scorer.params, place(pixels.astype(np.float32)), place(tokens["input_ids"].astype(np.int32)),
+                       place(tokens["attention_mask"].astype(np.int32)))
+    return np.asarray(out)[:count]
+
+
+def score_run(clip: Any, images: list, prompts: list[str]) -> tuple[Optional[np.ndarray], dict[str, Any]]:
+    """(per-image scores or None, run-level fields for quality.json). Never raises: a CLIP model that
+    cannot be loaded or run gives one warning and ``clip_score_error``."""
+    import jax
+
+    from sdjax_runner.errors import describe
+
+    started = time.perf_counter()
+    try:
+        scorer = load_scorer(clip, jax.local_devices())
+        scores = clip_scores(scorer, images, prompts)
+    except Exception as exc:
+        error = describe(exc) or f"{type(exc).__name__}: {' '.join(str(exc).split())[:300]}"
+        log.warning("metrics: no CLIP score for this run: %s", error)
+        return None, {"clip_score_error": error, "clip_score_s": time.perf_counter() - started}
+    return scores, {"clip_score_mean": float(scores.mean()), "clip_score_std": float(scores.std()),
+                    "clip_score_s": time.perf_counter() - started}

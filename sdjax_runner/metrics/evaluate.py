@@ -1,0 +1,59 @@
+"""A job's quality metrics, after its images are on disk: CLIP score and, with ``metrics.reference``,
+PSNR/SSIM against the reference run. Per-image values are added to the image records (images.json);
+the run-level ones go to quality.json and the tracker. Nothing here fails the run: a metric that
+cannot be computed is reported once and named in quality.json (``*_error``)."""
+
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger("sdjax_runner")
+
+
+def with_reference(run_dir: Path, records: list[dict], reference_dir: Path) -> dict[str, Any]:
+    """PSNR/SSIM of each record's image against ``reference_dir``; records gain ``psnr``/``ssim``."""
+    from sdjax_runner.metrics.fidelity import compare
+
+    try:
+        per_image, fields = compare(run_dir, records, reference_dir)
+    except Exception as exc:
+        error = f"{type(exc).__name__}: {' '.join(str(exc).split())[:300]}"
+        log.warning("metrics: no comparison with %s: %s", reference_dir, error)
+        return {"reference": str(reference_dir), "reference_error": error}
+    for record, values in zip(records, per_image):
+        record.update(values)
+    if fields["compared_images"] < len(records):
+        log.warning("metrics: %d of %d image(s) have no image of the same slot (index, seed, prompt, size) in %s",
+                    len(records) - fields["compared_images"], len(records), reference_dir)
+    return fields
+
+
+def evaluate(metrics: Any, run_dir: Path, images: list, records: list[dict]) -> dict[str, Any]:
+    """The run-level quality fields (and ``metrics_s``); ``records`` gain the per-image values."""
+    from sdjax_runner.metrics.clip_score import score_run
+
+    started = time.perf_counter()
+    quality: dict[str, Any] = {}
+    if metrics.clip_score.enabled and records:
+        scores, fields = score_run(metrics.clip_score, images, [r["prompt"] for r in records])
+        quality.update(fields, clip_model=str(metrics.clip_score.model))
+        if scores is not None:
+            for record, score in zip(records, scores):
+                record["clip_score"] = float(score)
+    if metrics.reference and records:
+        if all((run_dir / r["file"]).exists() for r in records):
+            quality.update(with_reference(run_dir, records, Path(metrics.reference).expanduser()))
+        else:
+            log.warning("metrics: no comparison with %s: output.save_images=false left no images to compare",
+                        metrics.reference)
+            quality.update(reference=str(metrics.reference), reference_error="output.save_images=false")
+    quality["metrics_s"] = time.perf_counter() - started
+    if "clip_score_mean" in quality or "psnr" in quality:
+        log.info("metrics: %s(%.2f s)", "".join(
+            f"{label} {quality[key]:.4g}, " for key, label in
+            (("clip_score_mean", "CLIP score"), ("psnr", "PSNR"), ("ssim_mean", "SSIM")) if key in quality),
+            quality["metrics_s"])
+    return quality

@@ -1,0 +1,84 @@
+"""The sweep report: speed against each quality metric (the Pareto view) and each metric against each
+swept value, one matplotlib figure saved beside the contact sheet.
+
+Rows are the quality metrics the sweep has (CLIP score, PSNR and SSIM to the reference); the first
+column plots seconds per image against the metric, one point per job, numbered (the key under the
+figure gives each job's swept values); the other columns
+plot the metric against each swept key's values. PSNR of a job identical to the reference is
+``inf``: it is drawn at the top of its axis and marked so.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any, Optional
+
+QUALITY = {"clip_score_mean": "CLIP score (mean)", "psnr": "PSNR to reference (dB)", "ssim_mean": "SSIM to reference"}
+
+
+def _number(value: Any) -> Optional[float]:
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        return None
+    return None if math.isnan(number) else number
+
+
+def _values(rows: list[dict], metric: str) -> tuple[list[Optional[float]], Optional[float]]:
+    """The metric per row with inf drawn at a cap above the finite values; (values, cap or None)."""
+    values = [_number(r.get(metric)) for r in rows]
+    finite = [v for v in values if v is not None and math.isfinite(v)]
+    if not any(v is not None and math.isinf(v) for v in values):
+        return values, None
+    cap = (max(finite) + 5.0) if finite else 100.0
+    return [cap if v is not None and math.isinf(v) else v for v in values], cap
+
+
+def write_report(path: Path, rows: list[dict], keys: list[str], reference_point: Optional[dict] = None) -> Optional[Path]:
+    """report.png for a sweep's summary rows; None when no job has a quality metric."""
+    metrics = [m for m in QUALITY if any(_number(r.get(m)) is not None for r in rows)]
+    if not metrics:
+        return None
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    columns = 1 + len(keys)
+    key_lines = [f"#{r['job']}  {r['label']}" for r in rows]
+    figure, axes = plt.subplots(len(metrics), columns, squeeze=False,
+                                figsize=(4.2 * columns, 3.4 * len(metrics) + 0.6 + 0.16 * len(key_lines)))
+    speed = [1.0 / s if (s := _number(r.get("images_per_s"))) else None for r in rows]
+    for row, metric in enumerate(metrics):
+        values, cap = _values(rows, metric)
+        pareto = axes[row][0]
+        for r, x, y in zip(rows, speed, values):
+            if x is not None and y is not None:
+                pareto.scatter(x, y, color="tab:blue")
+                pareto.annotate(f"#{r['job']}", (x, y), fontsize=8, xytext=(3, 3), textcoords="offset points")
+        pareto.set_xlabel("seconds per image (steady state)")
+        pareto.set_ylabel(QUALITY[metric])
+        for column, key in enumerate(keys, start=1):
+            ax = axes[row][column]
+            points = [(str(r.get(key, "")), y) for r, y in zip(rows, values) if y is not None]
+            labels = list(dict.fromkeys(x for x, _ in points))
+            numeric = all(_number(x) is not None for x in labels)
+            xs = [_number(x) if numeric else labels.index(x) for x, _ in points]
+            ax.plot(xs, [y for _, y in points], "o")
+            if not numeric:
+                ax.set_xticks(range(len(labels)), labels, rotation=30, fontsize=7)
+            ax.set_xlabel(key)
+            ax.set_ylabel(QUALITY[metric])
+        if cap is not None:
+            for ax in axes[row]:
+                ax.axhline(cap, color="grey", linestyle=":", linewidth=0.8)
+            axes[row][0].annotate("inf: identical to the reference", (0.01, 0.97), xycoords="axes fraction",
+                                  fontsize=7, va="top", color="grey")
+    reference = " ".join(f"{k}={v}" for k, v in (reference_point or {}).items())
+    figure.suptitle("quality vs speed" + (f"; PSNR/SSIM against the reference point {reference}" if reference else ""))
+    figure.text(0.01, 0.005, "\n".join(key_lines), fontsize=8, va="bottom", family="monospace")
+    figure.tight_layout(rect=(0, (0.3 + 0.16 * len(key_lines)) / figure.get_figheight(), 1, 0.97))
+    figure.savefig(path, dpi=100)
+    plt.close(figure)
+    return path

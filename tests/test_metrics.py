@@ -1,0 +1,106 @@
+"""Quality and fidelity: CLIP score against the prompts, PSNR/SSIM against a reference run or a sweep's
+reference point, the sweep report, and metrics that never fail a run."""
+
+import csv
+import json
+import math
+
+import jax
+import numpy as np
+import pytest
+from PIL import Image
+
+from helpers.cli import run_cli
+from helpers.mlflow_store import sweep_runs
+
+
+def test_clip_score_is_transformers_own_clip_similarity_sharded_over_every_device(cache_dir):
+    from transformers import CLIPImageProcessor, CLIPTokenizer, FlaxCLIPModel
+
+    from sdjax_runner.config.schema import ClipScoreConfig
+    from sdjax_runner.metrics.clip_score import clip_scores, load_scorer
+
+    clip = ClipScoreConfig(model=str(cache_dir / "models" / "tiny-random-clip-v1"), builtin="tiny-random-clip")
+    scorer = load_scorer(clip, jax.devices())
+    rng = np.random.default_rng(0)
+    images = [Image.fromarray(rng.integers(0, 256, (48, 40, 3), dtype=np.uint8)) for _ in range(5)]  # 5 on 8 devices
+    prompts = ["a red car", "a painting of a cat", "a photo of an astronaut riding a horse on mars", "blurry", "a river"]
+    got = clip_scores(scorer, images, prompts)
+
+    # The reference: transformers' whole CLIP forward on one device; its logits are exp(logit_scale) * cosine.
+    model = FlaxCLIPModel.from_pretrained(clip.model)
+    pixels = CLIPImageProcessor.from_pretrained(clip.model)(images=images, return_tensors="np")["pixel_values"]
+    tokens = CLIPTokenizer.from_pretrained(clip.model)(prompts, padding="max_length", truncation=True, max_length=77,
+                                                      return_tensors="np")
+    out = model(input_ids=tokens["input_ids"], attention_mask=tokens["attention_mask"], pixel_values=pixels)
+    cosine = np.diag(np.asarray(out.logits_per_image)) / np.exp(float(model.params["logit_scale"]))
+    assert got.shape == (5,)
+    np.testing.assert_allclose(got, np.maximum(100 * cosine, 0), rtol=1e-4, atol=1e-4)
+    assert len(set(np.round(got, 3))) == 5  # each image scored against its own prompt
+
+
+def test_identical_images_give_psnr_inf_ssim_one_and_the_same_clip_scores(smoke_run, tmp_path):
+    from mlflow.tracking import MlflowClient
+
+    _, reference_dir, _ = smoke_run
+    run_dir = tmp_path / "run"
+    result = run_cli("+experiment=smoke", f"metrics.reference={reference_dir}", f"hydra.run.dir={run_dir}", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert "metrics: CLIP score" in result.stdout and "PSNR inf, SSIM 1" in result.stdout
+
+    quality = json.loads((run_dir / "quality.json").read_text())
+    assert math.isinf(quality["psnr"]) and quality["ssim_mean"] == 1.0
+    assert quality["compared_images"] == quality["identical_images"] == 8
+    records = json.loads((run_dir / "images.json").read_text())
+    reference_records = json.loads((reference_dir / "images.json").read_text())
+    assert all(math.isinf(r["psnr"]) and r["ssim"] == 1.0 for r in records)
+    # The CLIP score of each image against its own prompt is computed identically in two runs (processes).
+    assert [r["clip_score"] for r in records] == [r["clip_score"] for r in reference_records]
+    assert quality["clip_score_mean"] == json.loads((reference_dir / "quality.json").read_text())["clip_score_mean"]
+
+    client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'outputs' / 'mlflow.db'}")
+    [run] = client.search_runs([client.get_experiment_by_name("sdjax-runner").experiment_id])
+    assert run.data.metrics["clip_score_mean"] == pytest.approx(quality["clip_score_mean"])
+    assert run.data.metrics["ssim_mean"] == 1.0 and run.data.metrics["metrics_s"] > 0
+    assert "quality.json" in {a.path for a in client.list_artifacts(run.info.run_id)}
+
+
+def test_a_dtype_sweep_is_compared_with_its_fp32_reference_point_and_reported(tmp_path, tiny_model_dir):
+    sweep = tmp_path / "sweep"
+    result = run_cli("-m", "+experiment=smoke", "dtype=fp32,bf16", "seed=0,1", "+metrics.reference_point.dtype=fp32",
+                     f"hydra.sweep.dir={sweep}", cwd=tmp_path, timeout=600)
+    assert result.returncode == 0, result.stderr
+    with open(sweep / "summary.csv", newline="") as f:
+        rows = {(r["dtype"], r["seed"]): r for r in csv.DictReader(f)}
+    for seed in ("0", "1"):
+        fp32, bf16 = rows["fp32", seed], rows["bf16", seed]
+        assert fp32["psnr"] == "" and float(fp32["clip_score_mean"]) > 0  # the reference itself
+        assert 20 < float(bf16["psnr"]) < math.inf and 0 < float(bf16["ssim_mean"]) < 1  # close, not identical
+        # Compared with the fp32 job of the same seed: its images, slot by slot.
+        quality = json.loads((sweep / bf16["job"] / "quality.json").read_text())
+        assert quality["reference"] == fp32["dir"] and quality["reference_label"] == fp32["label"]
+        records = json.loads((sweep / bf16["job"] / "images.json").read_text())
+        assert len(records) == 8 and all(20 < r["psnr"] < math.inf for r in records)
+    with Image.open(sweep / "report.png") as report:
+        assert report.width > 800 and np.asarray(report.convert("L")).std() > 5  # a drawn figure, not blank
+
+    client, parent, children = sweep_runs(tmp_path)
+    assert "report.png" in {a.path for a in client.list_artifacts(parent.info.run_id)}
+    bf16_run = next(c for c in children if c.info.run_name == "smoke dtype=bf16 seed=1")
+    bf16_quality = json.loads((sweep / rows["bf16", "1"]["job"] / "quality.json").read_text())
+    assert bf16_run.data.metrics["psnr"] == pytest.approx(bf16_quality["psnr"])
+
+
+def test_a_clip_model_that_cannot_be_had_is_one_warning_and_the_run_goes_on(tmp_path, tiny_model_dir):
+    run_dir = tmp_path / "run"
+    # The default CLIP model (openai/clip-vit-large-patch14), with the hub out of reach.
+    result = run_cli("+experiment=smoke", "metrics.clip_score.model=openai/clip-vit-large-patch14",
+                     "metrics.clip_score.builtin=null", "tracking=none", f"hydra.run.dir={run_dir}", cwd=tmp_path,
+                     env={"HF_HUB_OFFLINE": "1"})
+    assert result.returncode == 0, result.stderr
+    warnings = [line for line in (result.stdout + result.stderr).splitlines() if "no CLIP score" in line]
+    assert len(warnings) == 1 and "hf download openai/clip-vit-large-patch14" in warnings[0]
+    quality = json.loads((run_dir / "quality.json").read_text())
+    assert "clip_score_mean" not in quality and "openai/clip-vit-large-patch14" in quality["clip_score_error"]
+    assert len(list((run_dir / "images").glob("*.png"))) == 8
+    assert json.loads((run_dir / "status.json").read_text())["status"] == "FINISHED"
