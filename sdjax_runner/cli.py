@@ -19,8 +19,9 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig
 
-from sdjax_runner.config import schema
-from sdjax_runner.errors import SweepRefused, Terminated, describe, stop_reason
+from sdjax_runner.config import naming, schema
+from sdjax_runner.config.prompts import file_replaces_texts
+from sdjax_runner.errors import Refused, Terminated, describe, stop_reason
 from sdjax_runner.record.sweep import abort, failure_message, job_label, read_sweep_file
 
 # The configs travel inside the package (package data), so a wheel install finds them too.
@@ -47,7 +48,7 @@ def _app(cfg: DictConfig) -> dict:
     run_dir = Path(hydra_cfg.runtime.output_dir)
     if hydra_cfg.mode != RunMode.MULTIRUN:
         try:
-            return run(cfg, run_dir, overrides)
+            return run(cfg, run_dir, overrides, run_name=naming.run_name(cfg.run_name, overrides))
         except Exception as exc:
             message = describe(exc)
             if message is None or _show_tracebacks:
@@ -67,6 +68,14 @@ def _app(cfg: DictConfig) -> dict:
         return {"run_dir": str(run_dir), "error": str(exc)}
 
 
+def _is_utf8(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 def _terminate(signum: int, frame: object) -> None:
     raise Terminated()
 
@@ -81,9 +90,15 @@ def main() -> None:
     _show_tracebacks = os.environ.get("HYDRA_FULL_ERROR") == "1"
     # Let Hydra pass its composition errors up instead of printing them itself.
     os.environ["HYDRA_FULL_ERROR"] = "1"
+    not_utf8 = next((arg for arg in sys.argv[1:] if not _is_utf8(arg)), None)
+    if not_utf8 is not None:  # a shell passes any bytes; Hydra's parser would fail on them obscurely
+        key = not_utf8.split("=", 1)[0] if "=" in not_utf8 else "argument"
+        _fail(f"{key}: is not valid UTF-8: {not_utf8.encode('utf-8', 'backslashreplace').decode('ascii', 'replace')} "
+              "(allowed: UTF-8 text)")
+    sys.argv[1:] = file_replaces_texts(sys.argv[1:])
     try:
         _app()
-    except SweepRefused as exc:
+    except Refused as exc:
         _fail(str(exc))
     except (KeyboardInterrupt, Terminated) as exc:
         reason = stop_reason(exc)[1]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import errno
 import re
 import typing
 from typing import Iterable, Optional
@@ -12,11 +13,12 @@ class Terminated(BaseException):
     """SIGTERM, raised in the main thread so a run ends KILLED like on Ctrl-C (SIGINT)."""
 
 
-class SweepRefused(BaseException):
-    """Bad input found when a multirun starts. Hydra turns an Exception raised in a callback into a
-    warning and launches the jobs anyway; this passes through it to cli.main, which prints one line."""
+class Refused(BaseException):
+    """Bad input found by a Hydra callback (a run or sweep about to start). Hydra turns an Exception
+    raised in a callback into a warning and goes on; this passes through it to cli.main, which
+    prints one line."""
 
-    def __init__(self, error: "UserError"):
+    def __init__(self, error: "UserError | str"):
         super().__init__(str(error))
 
 
@@ -56,6 +58,18 @@ def _one_line(text: str) -> str:
     return " ".join(line.strip() for line in str(text).splitlines() if line.strip())
 
 
+# Write failures that are the machine's state, not a bug: one line, and what to do about it.
+DISK_ERRORS = {
+    errno.ENOSPC: "free space there, or another paths.output_root",
+    errno.EDQUOT: "free space in your quota, or another paths.output_root",
+    errno.EROFS: "a writable paths.output_root",
+    errno.EACCES: "a paths.output_root you may write to",
+}
+
+# Hydra launchers that come with an optional extra of this package, and how to install each.
+OPTIONAL_LAUNCHERS = {"joblib": "pip install 'sdjax-runner[joblib]'"}
+
+
 def describe(exc: BaseException) -> Optional[str]:
     """One line for a config or input error, or None if ``exc`` is not one (a bug, say)."""
     from hydra.errors import HydraException, MissingConfigException
@@ -68,11 +82,17 @@ def describe(exc: BaseException) -> Optional[str]:
 
     if isinstance(exc, UserError):
         return str(exc)
+    if isinstance(exc, OSError) and exc.errno in DISK_ERRORS:
+        where = f"{exc.filename}: " if exc.filename else ""
+        return f"{where}{exc.strerror} -- the outputs could not be written (allowed: {DISK_ERRORS[exc.errno]})"
     if isinstance(exc, MissingConfigException):
         found = re.search(r"Could not find '([^']+)'", str(exc))
         if found and "/" in found.group(1):
             group, option = found.group(1).rsplit("/", 1)
             allowed = ", ".join(exc.options) if exc.options else "none found"
+            install = OPTIONAL_LAUNCHERS.get(option) if group == "hydra/launcher" else None
+            if install:
+                return f"{group}={option}: the launcher is not installed ({install}; allowed now: {allowed})"
             return f"{group}={option}: no such option (allowed: {allowed})"
         return _one_line(exc)
     cause = exc.__cause__ if isinstance(exc, HydraException) else None

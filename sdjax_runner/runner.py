@@ -17,25 +17,27 @@ from sdjax_runner.config.plan import Plan, make_plan
 from sdjax_runner.engine import compile_cache, distributed, runtime
 from sdjax_runner.record import rundir
 from sdjax_runner.record.job import Job
+from sdjax_runner.record.provenance import environment
 from sdjax_runner.record.tracking import NullTracker, make_tracker
 
 log = logging.getLogger("sdjax_runner")
 
 
 def run(cfg: DictConfig, run_dir: Path, overrides: list[str], run_name: Optional[str] = None,
-        parent_run_id: Optional[str] = None) -> dict[str, Any]:
-    """Run one job into ``run_dir``; ``parent_run_id`` links its tracker run to a sweep's."""
+        parent_run_id: Optional[str] = None, extra_tags: Optional[dict[str, str]] = None) -> dict[str, Any]:
+    """Run one job into ``run_dir``; ``parent_run_id`` links its tracker run to a sweep's;
+    ``extra_tags`` are added to its tracker run (a re-run names what it re-runs)."""
     started = time.perf_counter()
     runtime.prepare_process(cfg)
     job = Job(run_dir, writes=distributed.is_writer())
     with job.recorded():
         runtime.silence_libraries()
         plan = make_plan(cfg, runtime.available_devices(cfg.parallelism.mode.name))
-        return _run(plan, job, overrides, run_name or plan.run_name, parent_run_id, started)
+        tags = dict(tracker_tags(plan, overrides, parent_run_id, run_dir), **(extra_tags or {}))
+        return _run(plan, job, run_name or plan.run_name, tags, started)
 
 
-def _run(plan: Plan, job: Job, overrides: list[str], run_name: str, parent_run_id: Optional[str],
-         started: float) -> dict[str, Any]:
+def _run(plan: Plan, job: Job, run_name: str, tags: dict[str, str], started: float) -> dict[str, Any]:
     import jax
     from tqdm import tqdm
 
@@ -51,8 +53,10 @@ def _run(plan: Plan, job: Job, overrides: list[str], run_name: str, parent_run_i
     if len(plan.kept_images) < len(plan.images):
         log.info("plan: %d padding image(s) will be generated and dropped (prompts.fill=pad)",
                  len(plan.images) - len(plan.kept_images))
+    if job.writes:
+        rundir.write_json(job.run_dir / rundir.ENVIRONMENT, environment())
     job.start_tracker(make_tracker(plan.tracking, plan.output_root) if job.writes else NullTracker(), run_name,
-                      plan.params, tracker_tags(plan, overrides, parent_run_id))
+                      plan.params, tags)
     compile_cache.configure(plan.compilation_cache)
 
     # Load (or reuse) the model, place its weights and compile (or reuse) the generate function.
@@ -120,12 +124,13 @@ def _run(plan: Plan, job: Job, overrides: list[str], run_name: str, parent_run_i
     return {"run_dir": str(job.run_dir), "timings": timings, "quality": quality}
 
 
-def tracker_tags(plan: Plan, overrides: list[str], parent_run_id: Optional[str]) -> dict[str, str]:
+def tracker_tags(plan: Plan, overrides: list[str], parent_run_id: Optional[str], run_dir: Path) -> dict[str, str]:
     import jax
 
-    from sdjax_runner.record.provenance import run_tags
+    from sdjax_runner.record.provenance import run_note, run_tags
 
     tags = run_tags(overrides, plan.experiment)
+    tags["mlflow.note.content"] = run_note(overrides, run_dir)
     tags["sdjax.run_uid"] = uuid.uuid4().hex  # lets sync find this run again instead of duplicating it
     tags["parallelism.layout"] = (f"{plan.mode}: {plan.num_devices} device(s) x "
                                   f"{plan.per_device_batch_size} per device over {jax.process_count()} process(es)")
@@ -151,6 +156,7 @@ def compile_generator(generator, prepared) -> tuple[float, float, bool]:
         generator.compiled = prepared.compiled
         log.info("compile: reused from an earlier job of this process")
         return 0.0, 0.0, False
+    log.info("compile: tracing and compiling the %d-step generate function ...", generator.plan.num_inference_steps)
     generator.compiled, trace_s, compile_s, cache_hit = REUSE.compile(prepared, generator.lower)
     log.info("compile: %.1f s (+ %.1f s tracing)%s", compile_s, trace_s,
              ", from the persistent compilation cache" if cache_hit else "")

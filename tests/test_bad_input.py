@@ -1,7 +1,6 @@
 """Bad input: one line naming the key and what is allowed, exit 2, no traceback, no RUNNING run."""
 
 import json
-import sqlite3
 
 import pytest
 

@@ -1,7 +1,5 @@
 """Every config composes against the schema; typos fail at compose time."""
 
-from pathlib import Path
-
 import pytest
 from hydra.errors import ConfigCompositionException
 from omegaconf import OmegaConf

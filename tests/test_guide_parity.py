@@ -1,12 +1,7 @@
 """The runner's images equal the Diffusers JAX guide's hand-written flow, pixel for pixel."""
 
-import functools
-
 import jax
-import jax.numpy as jnp
-import pytest
 import numpy as np
-from PIL import Image
 
 from helpers.cli import run_cli
 from helpers.configs import compose_cfg

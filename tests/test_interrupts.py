@@ -6,9 +6,10 @@ import signal
 import sqlite3
 import subprocess
 import sys
-import time
 
 import pytest
+
+from helpers.images import wait_for_images
 
 ENV_DROP = ("HYDRA_FULL_ERROR", "MLFLOW_TRACKING_URI")
 
@@ -17,16 +18,6 @@ def start(tmp_path, *overrides):
     env = {k: v for k, v in os.environ.items() if k not in ENV_DROP}
     return subprocess.Popen([sys.executable, "-m", "sdjax_runner", *overrides], cwd=tmp_path, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-
-
-def wait_for_images(directory, count, proc, timeout=120):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if directory.is_dir() and len(list(directory.glob("*.png"))) >= count:
-            return
-        assert proc.poll() is None, proc.communicate()
-        time.sleep(0.2)
-    raise AssertionError("no images appeared")
 
 
 def run_statuses(tmp_path):
@@ -47,7 +38,7 @@ def test_a_signal_ends_the_run_killed_and_keeps_the_images(tmp_path, tiny_model_
     status = json.loads((run_dir / "status.json").read_text())
     assert (status["status"], status["error"]) == ("KILLED", reason)
     assert len(list((run_dir / "images").glob("*.png"))) >= 16
-    assert run_statuses(tmp_path) == [("smoke", "KILLED")]
+    assert run_statuses(tmp_path) == [("smoke parallelism.num_batches=500", "KILLED")]
     # What was finished is kept and logged: timings so far (marked partial) and the images written.
     timings = json.loads((run_dir / "timings.json").read_text())
     assert timings["partial"] == 1 and timings["batches_done"] >= 2 and timings["compile_s"] > 0

@@ -5,7 +5,6 @@ import sys
 
 import numpy as np
 import pytest
-from PIL import Image
 
 from helpers.cli import run_cli
 from helpers.configs import compose_cfg

@@ -2,10 +2,10 @@
 padding, and a real two-process JAX cluster on CPU."""
 
 import json
-import socket
 import sqlite3
 import subprocess
 import sys
+import time
 
 import jax
 import jax.numpy as jnp
@@ -75,6 +75,9 @@ def test_padding_is_generated_but_dropped(tmp_path):
 @pytest.mark.parametrize("overrides,expected", [
     (["parallelism.distributed.enabled=true"],
      "error: parallelism.distributed.enabled: multi-host runs need the sharded path (allowed: parallelism=sharded)"),
+    (["parallelism=sharded", "parallelism.distributed.num_processes=2", "parallelism.distributed.process_id=1"],
+     "error: parallelism.distributed.enabled: false, but num_processes, process_id given: each process would run "
+     "alone, all writing the same outputs (allowed: true, with all three settings)"),
     (["parallelism=sharded", "parallelism.distributed.enabled=true", "parallelism.distributed.num_processes=2"],
      "error: parallelism.distributed: give coordinator_address, num_processes and process_id together"),
     (["parallelism=sharded", "parallelism.distributed.enabled=true",
@@ -117,3 +120,20 @@ def test_two_processes_make_the_images_of_one_eight_device_process(tmp_path, tin
     assert all(d.max() <= 1 for d in diffs)
     assert sum(int((d > 0).sum()) for d in diffs) <= 8
     assert sum(int(d.max() == 0) for d in diffs) >= 6
+
+
+@pytest.mark.parametrize("process_id, expected", [
+    (1, "error: parallelism.distributed.timeout_s: process 1 found no coordinator (process 0) at 127.0.0.1:{port} "
+        "within 3 s (allowed: start process 0, or a larger timeout_s)"),
+    (0, "error: parallelism.distributed.timeout_s: 0 of 1 other process(es) reached 127.0.0.1:{port} within 3 s; "
+        "missing process_id 1 (allowed: start every process, or a larger timeout_s)"),
+])
+def test_a_peer_that_never_comes_is_one_line_after_the_timeout(tmp_path, process_id, expected):
+    port = free_port()
+    started = time.monotonic()
+    result = run_cli("+experiment=smoke", "parallelism=sharded", "parallelism.host_device_count=4",
+                     "parallelism.distributed.enabled=true", f"parallelism.distributed.coordinator_address=127.0.0.1:{port}",
+                     "parallelism.distributed.num_processes=2", f"parallelism.distributed.process_id={process_id}",
+                     "parallelism.distributed.timeout_s=3", cwd=tmp_path)
+    assert_one_line_error(result, expected.format(port=port))
+    assert time.monotonic() - started < 60  # not JAX's minutes of waiting, no C++ abort

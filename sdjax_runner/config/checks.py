@@ -164,7 +164,12 @@ def distributed(parallelism: DictConfig) -> None:
     """Reject inconsistent multi-host settings before anything starts."""
     dist = parallelism.distributed
     if not dist.enabled:
+        given = [key for key in ("coordinator_address", "num_processes", "process_id") if dist[key] is not None]
+        if given:  # each process would run alone: two runs writing one directory
+            raise UserError("parallelism.distributed.enabled", f"false, but {', '.join(given)} given: each process "
+                            "would run alone, all writing the same outputs", "true, with all three settings")
         return
+    positive("parallelism.distributed.timeout_s", dist.timeout_s, optional=False)
     if parallelism.mode.name != "sharded":
         raise UserError("parallelism.distributed.enabled", "multi-host runs need the sharded path",
                         "parallelism=sharded")

@@ -17,7 +17,7 @@ from typing import Optional
 from omegaconf import DictConfig, OmegaConf
 
 from sdjax_runner.config import checks
-from sdjax_runner.config.prompts import load_prompts
+from sdjax_runner.config.prompts import check_text, load_prompts
 from sdjax_runner.config.schema import (CompilationCacheConfig, DtypeConfig, MetricsConfig, ModelConfig, OutputConfig,
                                         SchedulerConfig, TrackingConfig)
 
@@ -101,6 +101,8 @@ def make_plan(cfg: DictConfig, available_devices: int) -> Plan:
     checks.run_values(cfg)
     par = cfg.parallelism
     prompts = load_prompts(list(cfg.prompts.texts), cfg.prompts.file)
+    if cfg.prompts.negative:
+        check_text("prompts.negative", str(cfg.prompts.negative))
     num_devices = par.num_devices or available_devices
     per_batch = num_devices * par.per_device_batch_size
     needed = math.ceil(len(prompts) / per_batch)

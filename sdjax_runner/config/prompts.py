@@ -11,7 +11,10 @@ log = logging.getLogger("sdjax_runner")
 
 
 def read_prompt_file(path: str) -> list[str]:
-    """One prompt per line of a UTF-8 file; blank lines are skipped."""
+    """One prompt per line of a UTF-8 file. Lines end at ``\n`` or ``\r\n`` only (not at the other
+    characters Python's ``splitlines`` treats as line breaks, such as U+2028 or form feed, which stay
+    inside a prompt); each line's surrounding whitespace (``str.strip``) is removed and blank lines
+    are skipped."""
     file = Path(path).expanduser()
     if not file.is_file():
         raise UserError("prompts.file", f"no such file: {file}", "a UTF-8 text file with one prompt per line")
@@ -23,17 +26,40 @@ def read_prompt_file(path: str) -> list[str]:
         line = text[: text.index("\x00")].count("\n") + 1
         raise UserError("prompts.file", f"{file} has a NUL byte on line {line}: not a text file",
                         "a UTF-8 text file with one prompt per line")
-    prompts = [line.strip() for line in text.splitlines() if line.strip()]
+    prompts = [line.strip() for line in text.split("\n") if line.strip()]
     if not prompts:
         raise UserError("prompts.file", f"{file} has no prompts", "a UTF-8 text file with one prompt per line")
     return prompts
 
 
+def file_replaces_texts(args: list[str]) -> list[str]:
+    """Command-line overrides with ``prompts.texts=[]`` added where ``prompts.file`` is given and
+    ``prompts.texts`` is not: a prompt file then means exactly its prompts, not the prompt set's
+    texts followed by them. Texts given on the command line too are kept, before the file's. Added
+    before Hydra composes, so the run's recorded config and overrides say what ran."""
+    keys = {arg.split("=", 1)[0].lstrip("+~") for arg in args if "=" in arg and not arg.startswith("-")}
+    files = [arg.split("=", 1)[1] for arg in args if arg.split("=", 1)[0].lstrip("+") == "prompts.file"
+             and "=" in arg]
+    if "prompts.texts" in keys or not files or all(v.strip() in ("", "null") for v in files):
+        return args
+    return [*args, "prompts.texts=[]"]
+
+
+def check_text(key: str, text: str) -> None:
+    """A prompt from the command line or a config: valid UTF-8 (a shell can pass any bytes; Python
+    keeps undecodable ones as lone surrogates, which fail only when written) and no NUL byte."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise UserError(key, f"is not valid UTF-8 (character {exc.start})", "UTF-8 text") from None
+    if "\x00" in text:
+        raise UserError(key, "contains a NUL byte", "printable text")
+
+
 def load_prompts(texts: list[str], file: str | None) -> list[str]:
     prompts = [str(t) for t in texts]
     for number, text in enumerate(prompts):
-        if "\x00" in text:
-            raise UserError(f"prompts.texts[{number}]", "contains a NUL byte", "printable text")
+        check_text(f"prompts.texts[{number}]", text)
     if file:
         prompts += read_prompt_file(file)
     if not prompts:

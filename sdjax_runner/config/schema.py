@@ -93,7 +93,9 @@ class SchedulerConfig:
 class PromptsConfig:
     name: str = MISSING
     texts: List[str] = field(default_factory=list)
-    file: Optional[str] = None  # a UTF-8 text file, one prompt per line (blank lines skipped); adds to texts
+    # A UTF-8 text file, one prompt per line (blank lines skipped). Given on the command line, the
+    # run's prompts are exactly the file's (plus prompts.texts only if those are given there too).
+    file: Optional[str] = None
     negative: Optional[str] = None  # negative prompt for every image (null: the empty prompt, as in the guide)
     # How a prompt list that does not fill the last batch is completed: cycle (repeat the list; all
     # images kept) or pad (the fillers are generated to keep shapes static, then dropped).
@@ -118,6 +120,9 @@ class DistributedConfig:
     coordinator_address: Optional[str] = None  # host:port of process 0, e.g. 10.0.0.1:1234
     num_processes: Optional[int] = None
     process_id: Optional[int] = None  # this process's index, 0..num_processes-1
+    # How long a process waits for the others to arrive (seconds). Past it, the run stops with one
+    # line naming who is missing, instead of JAX's own wait ending in a C++ abort.
+    timeout_s: int = 120
 
 
 @dataclass
@@ -235,6 +240,10 @@ class RunConfig:
 
 
 def register() -> None:
-    """Register the schema so ``conf/config.yaml`` can list it first in its defaults."""
+    """Register the schema so ``conf/config.yaml`` can list it first in its defaults, and the
+    run-naming resolvers ``hydra.run.dir`` uses."""
+    from sdjax_runner.config.naming import register_resolvers
+
+    register_resolvers()
     cs = ConfigStore.instance()
     cs.store(name="run_schema", node=RunConfig)

@@ -18,12 +18,17 @@ from __future__ import annotations
 
 import collections
 import json
+import logging
 import os
 import re
 import shutil
+import socket
 import tempfile
 from pathlib import Path
 
+from sdjax_runner.errors import UserError
+
+log = logging.getLogger("sdjax_runner")
 SEED = 0
 
 # A small fixed corpus the tokenizer's BPE merges are learned from, so that
@@ -226,8 +231,15 @@ def build_builtin(name: str, target: Path) -> Path:
     marker = "config.json" if name in CLIP_SPECS else "model_index.json"  # builds appear whole (staged, renamed)
     if (target / marker).exists():
         return target
+    if target.exists() and any(target.iterdir()):
+        raise UserError("model.pretrained_model_name_or_path", f"{target} exists but is not a complete built-in "
+                        f"model (no {marker}); remove it and run again to rebuild it")
+    log.info("build: built-in model %s (random weights, once) into %s ...", name, target)
     target.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
+    remove_abandoned_builds(target)
+    # Staged under a name that says who builds it: a build whose process died is found and removed.
+    staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.{socket.gethostname()}.{os.getpid()}.",
+                                    dir=target.parent))
     try:
         if name in CLIP_SPECS:
             _build_clip_into(staging, CLIP_SPECS[name])
@@ -242,6 +254,23 @@ def build_builtin(name: str, target: Path) -> Path:
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return target
+
+
+def remove_abandoned_builds(target: Path) -> list[Path]:
+    """Staging folders of builds of ``target`` on this host whose process is gone (killed mid-build)."""
+    removed = []
+    for staging in target.parent.glob(f".{target.name}.{socket.gethostname()}.*"):
+        pid = staging.name[len(f".{target.name}.{socket.gethostname()}."):].split(".", 1)[0]
+        if not pid.isdigit() or int(pid) == os.getpid():
+            continue
+        try:
+            os.kill(int(pid), 0)
+        except ProcessLookupError:
+            shutil.rmtree(staging, ignore_errors=True)
+            removed.append(staging)
+        except PermissionError:
+            pass
+    return removed
 
 
 def architecture(name: str):

@@ -12,9 +12,8 @@ state stays float32.
 
 from __future__ import annotations
 
-import importlib
 import inspect
-import json
+import logging
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,9 +23,13 @@ import numpy as np
 from omegaconf import DictConfig
 
 from sdjax_runner.errors import UserError
-from sdjax_runner.models import sources
+from sdjax_runner.models import model_index, sources
 from sdjax_runner.models.checkpoints import convert_safetensors, find_weights
 from sdjax_runner.models.schedulers import build_scheduler
+
+log = logging.getLogger("sdjax_runner")
+# Components whose weight files are at least this big get a line before they load (a full-size UNet is 3.4 GB).
+ANNOUNCE_BYTES = 200_000_000
 
 # model_index.json's pipeline class (with or without "Flax") -> the Flax pipeline that runs it.
 PIPELINES = {"StableDiffusionPipeline": "FlaxStableDiffusionPipeline",
@@ -78,23 +81,27 @@ def to_host(tree, dtype: np.dtype):
     return jax.tree_util.tree_map(convert, tree)
 
 
-def pipeline_class(directory: Path):
+def pipeline_class(directory: Path, index: dict):
     import diffusers
 
-    name = json.loads((directory / "model_index.json").read_text(encoding="utf-8"))["_class_name"]
-    name = name.removeprefix("Flax")
+    name = index["_class_name"].removeprefix("Flax")
     if name not in PIPELINES:
         raise UserError(sources.KEY, f"{directory} holds a {name}, which this runner does not run",
                         ", ".join(PIPELINES))
     return getattr(diffusers, PIPELINES[name])
 
 
-def component_class(library: str, class_name: str):
-    """The Flax class diffusers' loader would use for a model_index.json entry."""
-    from diffusers.pipelines.pipeline_flax_utils import import_flax_or_no_model
+def component_kinds() -> tuple[type, ...]:
+    """What a pipeline component may be: a Flax model (diffusers' or transformers'), a tokenizer, a
+    feature extractor or image processor, or a scheduler."""
+    from diffusers import FlaxModelMixin
+    from diffusers.schedulers.scheduling_utils_flax import FlaxSchedulerMixin
+    from transformers import FlaxPreTrainedModel, PreTrainedTokenizerBase
+    from transformers.feature_extraction_utils import FeatureExtractionMixin
+    from transformers.image_processing_base import ImageProcessingMixin
 
-    module = importlib.import_module(f"diffusers.pipelines.{library}" if library == "stable_diffusion" else library)
-    return import_flax_or_no_model(module, class_name.removeprefix("Flax"))
+    return (FlaxModelMixin, FlaxPreTrainedModel, PreTrainedTokenizerBase, FeatureExtractionMixin,
+            ImageProcessingMixin, FlaxSchedulerMixin)
 
 
 def load_component(folder: Path, library: str, cls, model: DictConfig, activations, weights: np.dtype):
@@ -106,6 +113,10 @@ def load_component(folder: Path, library: str, cls, model: DictConfig, activatio
     if not (is_diffusers or issubclass(cls, FlaxPreTrainedModel)):
         return cls.from_pretrained(folder), None, ""  # a tokenizer or feature extractor
     found = find_weights(folder, "diffusers" if is_diffusers else "transformers", model.variant)
+    size = sum(f.stat().st_size for f in found.files if f.is_file())
+    if size >= ANNOUNCE_BYTES:  # seconds or more: say so before it starts
+        log.info("load: %s/ (%.1f GB of %s weights%s) ...", folder.name, size / 1e9, found.format,
+                 ", converting to Flax" if found.format == "safetensors" else "")
     if found.format == "flax":
         # As diffusers' FlaxDiffusionPipeline.from_pretrained does: transformers models keep their own dtype.
         module, params = (cls.from_pretrained(folder, dtype=activations) if is_diffusers
@@ -138,14 +149,33 @@ def load_component(folder: Path, library: str, cls, model: DictConfig, activatio
     return module, to_host(params, weights), found.format
 
 
+def unloadable(directory: Path, name: str, exc: BaseException) -> UserError:
+    """One line for a component folder that cannot be loaded: truncated weights, a config that is
+    not JSON, a missing file."""
+    detail = " ".join(str(exc).split())[:200] or type(exc).__name__
+    return UserError(sources.KEY, f"{directory / name}/: cannot be loaded ({type(exc).__name__}: {detail})",
+                     "a complete diffusers-format component folder")
+
+
+def load_component_or_say_why(directory: Path, name: str, library: str, cls, model: DictConfig, activations,
+                              weights: np.dtype):
+    try:
+        return load_component(directory / name, library, cls, model, activations, weights)
+    except UserError:
+        raise
+    except Exception as exc:  # the folder is input: whatever it holds is one line, never a traceback
+        raise unloadable(directory, name, exc) from exc
+
+
 def load_model(model: DictConfig, dtype: DictConfig) -> LoadedModel:
     """The pipeline (with the model's own scheduler) and its weights as host arrays."""
     import jax.numpy as jnp
 
     started = time.perf_counter()
     directory = sources.resolve(model, model.allow_pickle)
-    cls = pipeline_class(directory)
-    index = json.loads((directory / "model_index.json").read_text(encoding="utf-8"))
+    index = model_index.read(directory)  # untrusted: checked before anything is imported or loaded
+    cls = pipeline_class(directory, index)
+    kinds = component_kinds()
     accepted = inspect.signature(cls.__init__).parameters
     activations = getattr(jnp, dtype.activations_dtype.name)
     weights = numpy_dtype(dtype.weights_dtype.name)
@@ -153,24 +183,31 @@ def load_model(model: DictConfig, dtype: DictConfig) -> LoadedModel:
     params: dict[str, Any] = {}
     formats: dict[str, str] = {}
     for name in accepted:
-        spec = index.get(name)
         if name in ("self", "dtype", "scheduler"):
             continue
         if name in ("safety_checker", "feature_extractor") and not model.safety_checker:
             modules[name] = None
             continue
-        if not isinstance(spec, list) or spec[0] is None:
+        spec = model_index.entry(directory, index, name)
+        if spec is None:
             if name == "safety_checker":
                 raise UserError("model.safety_checker", f"{directory} has no safety checker", "false")
             modules[name] = None
             continue
-        module, module_params, fmt = load_component(directory / name, spec[0], component_class(*spec), model,
-                                                    activations, weights)
+        component = model_index.component_class(directory, name, *spec, kinds)
+        module, module_params, fmt = load_component_or_say_why(directory, name, spec[0], component, model,
+                                                               activations, weights)
         modules[name] = module
         if module_params is not None:
             params[name], formats[name] = module_params, fmt
-    scheduler_class = component_class(*index["scheduler"])
-    scheduler, _ = scheduler_class.from_pretrained(directory, subfolder="scheduler")
+    spec = model_index.entry(directory, index, "scheduler")
+    if spec is None:
+        raise UserError(sources.KEY, f"{directory / model_index.FILE} names no scheduler", "a complete pipeline folder")
+    scheduler_class = model_index.component_class(directory, "scheduler", *spec, kinds)
+    try:
+        scheduler, _ = scheduler_class.from_pretrained(directory, subfolder="scheduler")
+    except (OSError, ValueError, TypeError, KeyError) as exc:
+        raise unloadable(directory, "scheduler", exc) from exc
     pipeline = cls(**modules, scheduler=scheduler, dtype=activations)
     safety = params.pop("safety_checker", None)
     return LoadedModel(pipeline, params, safety, time.perf_counter() - started, str(directory), formats)

@@ -9,7 +9,6 @@ line naming the repository, the files and the command that fetches them.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from omegaconf import DictConfig
@@ -28,7 +27,9 @@ def is_local(name: str) -> bool:
 
 def weight_components(directory: Path) -> dict[str, str]:
     """Component name -> the library that defines it, for components that carry weights."""
-    index = json.loads((directory / "model_index.json").read_text(encoding="utf-8"))
+    from sdjax_runner.models import model_index
+
+    index = model_index.read(directory)
     return {name: spec[0] for name, spec in index.items()
             if not name.startswith("_") and isinstance(spec, list) and spec[0] in PT_STEMS
             and (directory / name / "config.json").is_file()}

@@ -4,12 +4,15 @@ FINISHED, FAILED or KILLED -- the tracker run is always ended, whatever ends the
 from __future__ import annotations
 
 import contextlib
+import datetime
 import logging
+import os
+import socket
 import sys
 from pathlib import Path
 from typing import Any, Callable, Iterator, Optional
 
-from sdjax_runner.errors import describe, stop_reason
+from sdjax_runner.errors import DISK_ERRORS, describe, stop_reason
 from sdjax_runner.record import rundir
 from sdjax_runner.record.tracking import NullTracker, numeric_metrics
 
@@ -30,7 +33,9 @@ class Job:
         self.writes = writes  # False on processes other than 0 of a multi-host run
         self.tracker: Any = NullTracker()
         self.tracker_error: Optional[str] = None
-        self.status: dict[str, Any] = {"status": "RUNNING"}
+        # Who runs it and since when: a later reader can tell a RUNNING job whose process is gone.
+        self.status: dict[str, Any] = {"status": "RUNNING", "host": socket.gethostname(), "pid": os.getpid(),
+                                       "started_at": datetime.datetime.now().astimezone().isoformat(timespec="seconds")}
         self.progress: dict[str, Any] = {}  # timings so far, kept if the job stops early
         self.records: list[dict] = []  # the images written so far
 
@@ -43,7 +48,7 @@ class Job:
             if self.tracker_error:
                 self.status["tracking_error"] = self.tracker_error
         if self.writes:
-            rundir.write_json(self.run_dir / rundir.STATUS, self.status)
+            rundir.write_json(self.run_dir / rundir.STATUS, self.status, last_resort_in_place=True)
 
     def tracked(self, call: Callable[[], Any]) -> None:
         """A tracker call; the first failure is reported once and the tracker is left alone after."""
@@ -55,10 +60,11 @@ class Job:
             self.tracker_error = describe(exc) or f"{type(exc).__name__}: {exc}"
             log.warning("tracking failed, the run goes on and keeps everything in %s (log it later: "
                         "python -m sdjax_runner.sync %s): %s", self.run_dir, self.run_dir,
-                        " ".join(self.tracker_error.split())[:300])
+                        " ".join(self.tracker_error.split())[:800])
 
     def start_tracker(self, tracker, run_name: str, params: dict[str, str], tags: dict[str, str]) -> None:
         self.tracker = tracker
+        self.status["run_name"] = run_name
         if self.writes and not isinstance(tracker, NullTracker):
             rundir.write_json(self.run_dir / rundir.TRACKING, {"run_name": run_name, "params": params, "tags": tags})
         self.tracked(lambda: tracker.start(run_name, params, tags))
@@ -94,9 +100,23 @@ class Job:
         try:
             yield self
         except BaseException as exc:
+            if isinstance(exc, OSError) and exc.errno in DISK_ERRORS and not exc.filename:
+                exc.filename = str(self.run_dir)  # PIL and friends write through file objects: say where
             status, error = stop_reason(exc)
-            self.keep_partial()
-            self.end_tracker(status, error)
+            full_disk = isinstance(exc, OSError) and exc.errno in DISK_ERRORS
+            try:  # how it ended, first: a full disk may take nothing more
+                self.write_status(status=status, error=error)
+            except OSError as failure:
+                log.warning("could not write %s: %s", rundir.STATUS, failure)
+            if not full_disk:
+                try:
+                    self.keep_partial()
+                except OSError as failure:
+                    log.warning("could not keep the partial outputs: %s", failure)
+            try:
+                self.end_tracker(status, error)
+            except OSError as failure:  # status.json unwritable: the one-line error still says why
+                log.warning("could not write %s: %s", rundir.STATUS, failure)
             if status == "FAILED" and "jax" in sys.modules:
                 distributed.agree(failed=True)
             raise

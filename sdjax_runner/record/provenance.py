@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import os
+import platform
+import shlex
+import socket
 import subprocess
 from importlib import metadata
 from pathlib import Path
 from typing import Optional
 
-PACKAGES = ("jax", "jaxlib", "flax", "diffusers", "transformers")
+PACKAGES = ("jax", "jaxlib", "flax", "diffusers", "transformers", "numpy")
 
 
 def package_versions() -> dict[str, str]:
@@ -43,6 +47,18 @@ def git_commit() -> Optional[str]:
     return result.stdout.strip() if result.returncode == 0 else None
 
 
+def command(overrides: list[str]) -> str:
+    """The command line that makes this run again (as a shell would need it quoted)."""
+    return " ".join(["python -m sdjax_runner", *(shlex.quote(str(o)) for o in overrides)])
+
+
+def run_note(overrides: list[str], run_dir: Path) -> str:
+    """The MLflow run's description (markdown): how it was started, where its files are, how to re-run it."""
+    where = Path(run_dir).resolve()
+    return (f"`{command(overrides)}`\n\nRun directory: `{where}`\n\n"
+            f"Re-run it and check the images are bit-identical: `python -m sdjax_runner.rerun {where}`")
+
+
 def run_tags(overrides: list[str], experiment: Optional[str], with_devices: bool = True) -> dict[str, str]:
     """Tags for a tracker run; ``with_devices=False`` where JAX must not grab the devices
     (the process that launches a sweep's jobs elsewhere)."""
@@ -50,9 +66,32 @@ def run_tags(overrides: list[str], experiment: Optional[str], with_devices: bool
     if with_devices:
         tags.update({k: str(v) for k, v in device_facts().items()})
     tags["hydra.overrides"] = " ".join(overrides)
+    tags["command"] = command(overrides)
+    tags["mlflow.source.name"] = "sdjax_runner"  # the UI's Source column, linked to the commit below
+    tags["mlflow.source.type"] = "LOCAL"
     if experiment:
         tags["experiment"] = experiment
     commit = git_commit()
     if commit:
         tags["mlflow.source.git.commit"] = commit
     return tags
+
+
+def environment() -> dict[str, object]:
+    """What a run ran on (environment.json): the facts a re-run compares, since a different jaxlib,
+    device kind or device count can change pixels."""
+    return {
+        "versions": dict(package_versions(), python=platform.python_version(), sdjax_runner=_own_version()),
+        **device_facts(),
+        "host": socket.gethostname(),
+        "platform": platform.platform(),
+        "xla_flags": os.environ.get("XLA_FLAGS", ""),
+        "git_commit": git_commit(),
+    }
+
+
+def _own_version() -> str:
+    try:
+        return metadata.version("sdjax-runner")
+    except metadata.PackageNotFoundError:
+        return "not installed"

@@ -3,11 +3,13 @@
     images/NNNN_seedS.png   one PNG per image, generation settings in PNG text chunks
                             (plus an A1111-style ``parameters`` chunk image tools read)
     grid.png                every image of the run in one grid
-    images.json             per image: file, prompt, negative prompt, batch, device, seed
+    images.json             per image: file, prompt, negative prompt, batch, device, seed, pixels_sha256
     timings.json            compile and steady-state timings, layout and device facts
     status.json             FINISHED / FAILED / KILLED, the error, and the tracker run
     tracking.json           what the tracker is to receive (run name, params, tags), written first
     quality.json            CLIP score, PSNR/SSIM to a reference, and what could not be measured
+    environment.json        library versions, backend, device kind and count, host, git commit
+    rerun.json              (a re-run only) whether its images match the recorded run's, bit for bit
     .hydra/                 the resolved config and the overrides (Hydra writes it)
 
 A sweep directory holds one run directory per job (``0/``, ``1/``, ...) and sweep.json,
@@ -16,6 +18,7 @@ summary.csv, summary.json, contact_sheet.png and (with quality metrics) report.p
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import os
@@ -36,6 +39,8 @@ TIMINGS = "timings.json"
 STATUS = "status.json"
 TRACKING = "tracking.json"
 QUALITY = "quality.json"
+ENVIRONMENT = "environment.json"
+RERUN = "rerun.json"
 HYDRA_DIR = ".hydra"
 CONFIG = f"{HYDRA_DIR}/config.yaml"
 OVERRIDES = f"{HYDRA_DIR}/overrides.yaml"
@@ -52,11 +57,26 @@ def image_file(index: int, seed: int) -> str:
     return f"{IMAGES_DIR}/{index:04d}_seed{seed}.png"
 
 
+def pixel_hash(array) -> str:
+    """SHA-256 of an image's pixels (H x W x 3 uint8, row-major): images.json's ``pixels_sha256``,
+    which a re-run compares (python -m sdjax_runner.rerun)."""
+    import numpy as np
+
+    return hashlib.sha256(np.ascontiguousarray(array, dtype=np.uint8).tobytes()).hexdigest()
+
+
+def one_line(text: str) -> str:
+    return " ".join(str(text).splitlines())
+
+
 def a1111_parameters(meta: dict[str, Any]) -> str:
-    """The ``parameters`` text AUTOMATIC1111's web UI writes, which many image tools parse."""
-    lines = [meta["prompt"]]
+    """The ``parameters`` text AUTOMATIC1111's web UI writes, which many image tools parse: the
+    prompt, a ``Negative prompt:`` line, and a last line of settings. Line breaks inside the
+    prompts become spaces here (the ``prompt`` chunk keeps them), so a prompt cannot add lines
+    that a reader would take for a negative prompt or settings."""
+    lines = [one_line(meta["prompt"])]
     if meta.get("negative_prompt"):
-        lines.append(f"Negative prompt: {meta['negative_prompt']}")
+        lines.append(f"Negative prompt: {one_line(meta['negative_prompt'])}")
     lines.append(
         f"Steps: {meta['steps']}, Sampler: {meta['scheduler']}, CFG scale: {meta['guidance_scale']}, "
         f"Seed: {meta['seed']}, Size: {meta['width']}x{meta['height']}, Model: {meta['model']}, "
@@ -70,7 +90,51 @@ def save_png(image: Image.Image, path: Path, meta: dict[str, Any]) -> None:
     for key, value in meta.items():
         info.add_itxt(key, "" if value is None else str(value))
     info.add_itxt("parameters", a1111_parameters(meta))
-    image.save(path, pnginfo=info)
+    save_whole(image, path, pnginfo=info)
+
+
+def save_whole(image: Image.Image, path: Path, **options: Any) -> None:
+    """Save ``image``; if that fails (a full disk), no half-written file is left to be taken for one."""
+    try:
+        image.save(path, **options)
+    except BaseException:
+        path.unlink(missing_ok=True)
+        raise
+
+
+# PNG text chunks that are numbers in images.json (everything else is text; "" is None for these).
+_INT_CHUNKS = ("index", "batch", "device", "seed", "steps", "height", "width")
+_FLOAT_CHUNKS = ("guidance_scale",)
+
+
+def read_png_record(path: Path, run_dir: Path) -> dict[str, Any]:
+    """An image's images.json record, read back from its PNG text chunks (what save_png wrote)."""
+    with Image.open(path) as image:
+        chunks = dict(image.text)
+    chunks.pop("parameters", None)
+    record: dict[str, Any] = {}
+    for key, value in chunks.items():
+        if key in _INT_CHUNKS:
+            record[key] = int(value)
+        elif key in _FLOAT_CHUNKS:
+            record[key] = float(value)
+        else:
+            record[key] = value if value != "" or key != "negative_prompt" else None
+    record["file"] = path.relative_to(run_dir).as_posix()
+    return record
+
+
+def records_from_pngs(run_dir: Path) -> tuple[list[dict[str, Any]], list[str]]:
+    """images.json rebuilt from the PNGs a run wrote (a run whose process died before writing it),
+    and the PNGs that could not be read (one cut short by the kill)."""
+    records, unreadable = [], []
+    pngs = sorted((run_dir / IMAGES_DIR).glob("*.png")) if (run_dir / IMAGES_DIR).is_dir() else []
+    for png in pngs:
+        try:
+            records.append(read_png_record(png, run_dir))
+        except (OSError, ValueError, SyntaxError):
+            unreadable.append(png.relative_to(run_dir).as_posix())
+    return sorted(records, key=lambda r: r.get("index", 0)), unreadable
 
 
 def grid_shape(count: int, rows: Optional[int] = None, cols: Optional[int] = None) -> tuple[int, int]:
@@ -97,11 +161,20 @@ def make_grid(images: Sequence[Image.Image], rows: int, cols: int) -> Image.Imag
     return make_image_grid(cells, rows=rows, cols=cols)
 
 
-def write_json(path: Path, data: Any) -> None:
-    """Write atomically: a reader never sees half a file."""
+def write_json(path: Path, data: Any, last_resort_in_place: bool = False) -> None:
+    """Write atomically: a reader never sees half a file, and a failed write (a full disk) leaves
+    the old file as it was and no ``.tmp`` behind. ``last_resort_in_place``: on a disk too full for
+    a second copy, overwrite the file itself (status.json must say how a run ended if it can)."""
+    text = json.dumps(data, indent=2, sort_keys=True, default=str) + "\n"
     tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(data, indent=2, sort_keys=True, default=str) + "\n", encoding="utf-8")
-    os.replace(tmp, path)
+    try:
+        tmp.write_text(text, encoding="utf-8")
+        os.replace(tmp, path)
+    except BaseException as exc:
+        tmp.unlink(missing_ok=True)
+        if not (last_resort_in_place and isinstance(exc, OSError) and path.exists()):
+            raise
+        path.write_text(text, encoding="utf-8")
 
 
 def read_json(path: Path) -> Any:
@@ -139,7 +212,7 @@ def write_images(run_dir: Path, plan: "Plan", batches: Iterator, meta: dict[str,
                 continue
             image = Image.fromarray(array)
             record = dict(meta, index=slot.index, batch=slot.batch, device=slot.device, prompt=slot.prompt,
-                          file=image_file(slot.index, plan.seed))
+                          file=image_file(slot.index, plan.seed), pixels_sha256=pixel_hash(array))
             if plan.output.save_images:
                 save_png(image, run_dir / record["file"], record)
             records.append(record)
@@ -154,5 +227,5 @@ def write_run_files(run_dir: Path, plan: "Plan", records: list[dict], images: li
     write_json(run_dir / IMAGES, records)
     if plan.output.grid:
         rows, cols = grid_shape(len(images), plan.output.grid_rows, plan.output.grid_cols)
-        make_grid(images, rows, cols).save(run_dir / GRID)
+        save_whole(make_grid(images, rows, cols), run_dir / GRID)
     return time.perf_counter() - started

@@ -144,7 +144,7 @@ class SweepCallback(Callback):
         from sdjax_runner.record.provenance import run_tags
         from sdjax_runner.record.tracking import make_tracker
 
-        from sdjax_runner.errors import SweepRefused, UserError
+        from sdjax_runner.errors import Refused, UserError
 
         last_result.clear()
         task = list(config.hydra.overrides.task)
@@ -156,7 +156,7 @@ class SweepCallback(Callback):
             try:
                 point = reference_point(dict(config.metrics.reference_point), swept_values(task))
             except UserError as exc:
-                raise SweepRefused(exc) from None
+                raise Refused(exc) from None
         sweep_dir = Path(config.hydra.sweep.dir)
         sweep_dir.mkdir(parents=True, exist_ok=True)
         self.tracker = make_tracker(config.tracking, config.paths.output_root)

@@ -19,6 +19,30 @@ from omegaconf import DictConfig
 
 from sdjax_runner.record import rundir
 
+# The experiment's kind for MLflow 3's UI (model training, not GenAI): the UI redirects an experiment
+# link to the view its kind calls for. (3.17's UI also keeps a GenAI/model-training switch of its own,
+# defaulting to GenAI: links printed here carry workflowType=machine_learning; see ui_link.)
+EXPERIMENT_TAGS = {"mlflow.experimentKind": "custom_model_development"}
+NOTE = "mlflow.note.content"  # the run's Description in the UI
+# The numbers a run's description ends with once it has them (metric key, label, format).
+HEADLINE = (("images_per_s", "images/s", "{:.3g}"), ("generate_s", "s/batch", "{:.3g}"),
+            ("compile_s", "compile s", "{:.3g}"), ("clip_score_mean", "CLIP score", "{:.4g}"),
+            ("psnr", "PSNR dB", "{:.4g}"), ("ssim_mean", "SSIM", "{:.4g}"))
+
+
+def headline_line(metrics: dict[str, float]) -> str:
+    parts = [f"{label} {fmt.format(metrics[key])}" for key, label, fmt in HEADLINE if key in metrics]
+    return ("**" + ", ".join(parts) + "**") if parts else ""
+
+
+def ui_link(uri: str, experiment_id: Optional[str], run_id: Optional[str] = None) -> str:
+    """The MLflow UI page of a run (or of the experiment's runs) in the runs view: MLflow 3.17's UI
+    keeps a GenAI/model-training switch of its own and opens the GenAI overview unless the link says
+    ``workflowType=machine_learning``."""
+    page = f"#/experiments/{experiment_id}/runs" + (f"/{run_id}" if run_id else "")
+    return f"{uri.rstrip('/')}/{page}?workflowType=machine_learning"
+
+
 def numeric_metrics(data: dict[str, Any]) -> dict[str, float]:
     return {k: float(v) for k, v in data.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
 
@@ -51,19 +75,24 @@ class MlflowTracker:
             os.environ.setdefault(f"MLFLOW_HTTP_REQUEST_{name}", str(value))
         os.environ.setdefault("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", "true")  # our own "track:" line says it
         self.artifact_location: Optional[str] = None
+        self.db: Optional[Path] = None  # the embedded store's file
         if self.uri.startswith("sqlite:///"):
-            db = Path(self.uri[len("sqlite:///"):]).expanduser().resolve()
-            db.parent.mkdir(parents=True, exist_ok=True)
-            self.artifact_location = (db.parent / "mlartifacts").as_uri()
+            self.db = Path(self.uri[len("sqlite:///"):]).expanduser().resolve()
+            self.artifact_location = (self.db.parent / "mlartifacts").as_uri()
         self.experiment_name = tracking.experiment_name
         self.run_id: Optional[str] = None
+        self.experiment_id: Optional[str] = None
+        self.note = ""
         self.client: Any = None
 
     @property
     def description(self) -> str:
         if self.run_id is None:
             return f"mlflow at {self.uri} (no run)"
-        return f"mlflow run {self.run_id} in experiment {self.experiment_name!r} at {self.uri}"
+        where = f"mlflow run {self.run_id} in experiment {self.experiment_name!r} at {self.uri}"
+        if self.uri.startswith(("http://", "https://")):
+            where += f" ({ui_link(self.uri, self.experiment_id, self.run_id)})"
+        return where
 
     def find_run(self, tag: str, value: str) -> Optional[str]:
         """The id of this experiment's run whose ``tag`` is ``value``, if there is one."""
@@ -78,13 +107,12 @@ class MlflowTracker:
     def _store_lock(self) -> Iterator[None]:
         """For the embedded SQLite store: one process at a time creates (migrates) the store or an
         experiment -- concurrent first runs otherwise race in alembic's migrations."""
-        if self.artifact_location is None:  # a server serialises these itself
+        if self.db is None:  # a server serialises these itself
             yield
             return
         import fcntl
 
-        db = Path(self.uri[len("sqlite:///"):]).expanduser().resolve()
-        with open(db.with_name(db.name + ".lock"), "a") as lock:
+        with open(self.db.with_name(self.db.name + ".lock"), "a") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)
             try:
                 yield
@@ -98,24 +126,38 @@ class MlflowTracker:
             # mlflow sets its logger to INFO when imported; its store-creation notices are noise here.
             logging.getLogger("mlflow").setLevel(logging.WARNING)
             logging.getLogger("alembic").setLevel(logging.WARNING)
-            with self._store_lock():
-                client = MlflowClient(tracking_uri=self.uri)
-                client.search_experiments(max_results=1)  # creates and migrates the store if it is new
+            existed = self.db is not None and self.db.exists() and self.db.stat().st_size > 0
+            try:
+                if self.db is not None:  # an unwritable place is "tracker down": the run goes on
+                    self.db.parent.mkdir(parents=True, exist_ok=True)
+                with self._store_lock():
+                    client = MlflowClient(tracking_uri=self.uri)
+                    client.search_experiments(max_results=1)  # creates and migrates the store if it is new
+            except Exception as exc:
+                if existed and not isinstance(exc, OSError):
+                    raise RuntimeError(
+                        f"the embedded MLflow store {self.db} cannot be opened -- half-created (a first run killed "
+                        f"while making it) or damaged; move it aside (mv {self.db} {self.db}.broken) and a new one "
+                        f"is made on the next run ({type(exc).__name__}: {' '.join(str(exc).split())[:160]})") from exc
+                raise
             self.client = client
 
     def _experiment_id(self) -> str:
         """The experiment's id, created if need be (two processes may both try: the loser reads it)."""
         with self._store_lock():
             experiment = self.client.get_experiment_by_name(self.experiment_name)
-            if experiment is not None:
-                return experiment.experiment_id
-            try:
-                return self.client.create_experiment(self.experiment_name, artifact_location=self.artifact_location)
-            except Exception:
-                experiment = self.client.get_experiment_by_name(self.experiment_name)
-                if experiment is None:
-                    raise
-                return experiment.experiment_id
+            if experiment is None:
+                try:
+                    return self.client.create_experiment(self.experiment_name, artifact_location=self.artifact_location,
+                                                         tags=EXPERIMENT_TAGS)
+                except Exception:
+                    experiment = self.client.get_experiment_by_name(self.experiment_name)
+                    if experiment is None:
+                        raise
+            for key, value in EXPERIMENT_TAGS.items():  # an experiment made elsewhere, or by an older version
+                if key not in experiment.tags:
+                    self.client.set_experiment_tag(experiment.experiment_id, key, value)
+            return experiment.experiment_id
 
     def resume(self, run_id: str) -> None:
         self._connect()
@@ -125,8 +167,10 @@ class MlflowTracker:
         from mlflow.entities import Param
 
         self._connect()
-        run = self.client.create_run(self._experiment_id(), run_name=run_name, tags=tags)
+        self.experiment_id = self._experiment_id()
+        run = self.client.create_run(self.experiment_id, run_name=run_name, tags=tags)
         self.run_id = run.info.run_id
+        self.note = tags.get(NOTE, "")
         self.client.log_batch(self.run_id, params=[Param(k, v) for k, v in sorted(params.items())])
 
     def _log_metrics(self, metrics: dict[str, float]) -> None:
@@ -140,7 +184,10 @@ class MlflowTracker:
         from PIL import Image
 
         self._log_metrics(metrics)
-        for name in (rundir.TIMINGS, rundir.IMAGES, rundir.QUALITY):
+        headline = headline_line(metrics)
+        if self.note and headline:
+            self.client.set_tag(self.run_id, NOTE, f"{self.note}\n\n{headline}")
+        for name in (rundir.TIMINGS, rundir.IMAGES, rundir.QUALITY, rundir.ENVIRONMENT, rundir.RERUN):
             if (run_dir / name).exists():
                 self.client.log_artifact(self.run_id, str(run_dir / name))
         if (run_dir / rundir.IMAGES_DIR).is_dir():

@@ -1,0 +1,81 @@
+"""A pipeline folder's ``model_index.json``, read as untrusted input.
+
+The file names, for each component, a library and a class. diffusers' own loader imports whatever
+library the file names -- and with ``python -m`` the working directory is on ``sys.path``, so a
+model folder could run a Python file of its own. Here only the libraries this runner knows are
+looked up, by an explicit table, and a class must be one of that library's own (found as an
+attribute of the library's module, never imported by the name in the file). A malformed entry is
+one line naming the file and the component.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Optional
+
+from sdjax_runner.errors import UserError
+
+KEY = "model.pretrained_model_name_or_path"
+FILE = "model_index.json"
+# model_index.json's library name -> the module its classes are looked up in.
+LIBRARIES = {
+    "diffusers": "diffusers",
+    "transformers": "transformers",
+    "stable_diffusion": "diffusers.pipelines.stable_diffusion",  # the safety checker's
+}
+_CLASS_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_")
+
+
+def _bad(directory: Path, what: str) -> UserError:
+    return UserError(KEY, f"{directory / FILE}: {what}", "a diffusers-format pipeline folder")
+
+
+def read(directory: Path) -> dict[str, Any]:
+    """The parsed index: ``_class_name`` a string, each component ``[library, class]`` of a known
+    library or ``[null, null]``; anything else is refused before anything is imported or loaded."""
+    path = directory / FILE
+    try:
+        index = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        raise _bad(directory, f"cannot be read as JSON ({type(exc).__name__}: {str(exc).splitlines()[0][:120]})") from None
+    if not isinstance(index, dict) or not isinstance(index.get("_class_name"), str):
+        raise _bad(directory, "is not a pipeline index (no \"_class_name\" string)")
+    for name, spec in index.items():
+        if name.startswith("_"):
+            continue
+        entry(directory, index, name)
+    return index
+
+
+def entry(directory: Path, index: dict[str, Any], name: str) -> Optional[tuple[str, str]]:
+    """(library, class name) of component ``name``, or None where the index has none for it."""
+    spec = index.get(name)
+    if spec is None or (isinstance(spec, list) and len(spec) == 2 and spec[0] is None and spec[1] is None):
+        return None
+    if not (isinstance(spec, list) and len(spec) == 2 and all(isinstance(part, str) for part in spec)):
+        raise _bad(directory, f"component {name!r} is {json.dumps(spec)[:80]}, not [library, class]")
+    library, class_name = spec
+    if library not in LIBRARIES:
+        raise _bad(directory, f"component {name!r} names library {library!r}, which is not loaded "
+                   f"(allowed: {', '.join(LIBRARIES)})")
+    if not class_name or not set(class_name) <= _CLASS_CHARS:
+        raise _bad(directory, f"component {name!r} names class {class_name[:80]!r}, not a class name")
+    return library, class_name
+
+
+def component_class(directory: Path, name: str, library: str, class_name: str, kinds: tuple[type, ...]):
+    """The Flax class diffusers' loader would use for the entry, looked up in the library's module;
+    it must be one of ``kinds`` (models, tokenizers, schedulers, ...)."""
+    import importlib
+
+    from diffusers.pipelines.pipeline_flax_utils import import_flax_or_no_model
+
+    module = importlib.import_module(LIBRARIES[library])
+    try:
+        cls = import_flax_or_no_model(module, class_name.removeprefix("Flax"))
+    except (ValueError, AttributeError):
+        cls = None
+    if not (isinstance(cls, type) and issubclass(cls, kinds)):
+        raise _bad(directory, f"component {name!r}: {library} has no loadable class {class_name!r}")
+    return cls

@@ -1,0 +1,168 @@
+"""``python -m sdjax_runner.rerun RUN_DIR_OR_MLFLOW_RUN_ID``: run a recorded run again, from its record
+alone, and check that it makes the same images, bit for bit.
+
+The record is the run's resolved config (``.hydra/config.yaml``, or the ``config/`` artifact of an
+MLflow run), its ``images.json`` (a SHA-256 of every image's pixels) and ``environment.json`` (library
+versions, devices). The re-run is a new run under ``<output_root>/reruns/`` (tagged
+``sdjax.rerun_of``); then each image is compared with the recorded one. It prints which images
+differ, if any, and the environment facts that differ (a different jaxlib or device kind can change
+pixels), writes ``rerun.json`` into the new run directory, and exits 0 when every image is
+identical, 1 when one is not, 2 when the record cannot be re-run.
+
+    python -m sdjax_runner.rerun outputs/runs/2026-11-22/17-08-10_smoke
+    python -m sdjax_runner.rerun 5b90ca2ae3d141d192a2c9737e8ab6db --uri sqlite:///outputs/mlflow.db
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import logging
+import sys
+import tempfile
+from pathlib import Path
+from typing import Optional
+
+from omegaconf import OmegaConf
+
+from sdjax_runner.config.naming import slug
+from sdjax_runner.errors import UserError, describe
+from sdjax_runner.record import rundir
+
+log = logging.getLogger("sdjax_runner")
+# The environment facts that can change pixels, compared between the record and this machine.
+ENVIRONMENT_KEYS = ("versions", "backend", "device_kind", "device_count", "process_count")
+
+
+def from_mlflow(run_id: str, uri: Optional[str], into: Path) -> Path:
+    """The record of MLflow run ``run_id``, downloaded into ``into`` laid out like a run directory."""
+    import os
+
+    from mlflow.tracking import MlflowClient
+
+    uri = uri or os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{Path('outputs/mlflow.db').resolve()}"
+    client = MlflowClient(tracking_uri=uri)
+    try:
+        run = client.get_run(run_id)
+    except Exception as exc:
+        raise UserError("RUN", f"{run_id} is neither a run directory nor a run in {uri} "
+                        f"({type(exc).__name__})", "a run directory, or an MLflow run id with --uri") from None
+    client.download_artifacts(run.info.run_id, "config", str(into))
+    (into / "config").rename(into / rundir.HYDRA_DIR)
+    for name in (rundir.IMAGES, rundir.ENVIRONMENT):
+        try:
+            client.download_artifacts(run.info.run_id, name, str(into))
+        except Exception:
+            pass
+    rundir.write_json(into / rundir.STATUS, {"run_name": run.info.run_name, "run_id": run.info.run_id,
+                                             "status": run.info.status})
+    return into
+
+
+def recorded_config(record: Path):
+    """The record's resolved config, typed by this version's schema."""
+    from sdjax_runner.config.schema import RunConfig
+
+    path = record / rundir.CONFIG
+    if not path.is_file():
+        raise UserError("RUN", f"{record} has no {rundir.CONFIG}: not a run record", "a run directory")
+    try:
+        return OmegaConf.merge(OmegaConf.structured(RunConfig), OmegaConf.load(path))
+    except Exception as exc:
+        raise UserError("RUN", f"{path} does not fit this version's config schema: {describe(exc) or exc}") from None
+
+
+def recorded_hashes(record: Path) -> dict[int, str]:
+    """Index -> pixel hash of each recorded image (hashed from its PNG where the record predates hashes)."""
+    import numpy as np
+    from PIL import Image
+
+    hashes = {}
+    for r in rundir.read_json(record / rundir.IMAGES):
+        if r.get("pixels_sha256"):
+            hashes[r["index"]] = r["pixels_sha256"]
+        elif (record / r["file"]).is_file():
+            with Image.open(record / r["file"]) as image:
+                hashes[r["index"]] = rundir.pixel_hash(np.asarray(image.convert("RGB")))
+    return hashes
+
+
+def environment_differences(recorded: dict, current: dict) -> list[str]:
+    lines = []
+    for key in ENVIRONMENT_KEYS:
+        old, new = recorded.get(key), current.get(key)
+        if isinstance(old, dict) and isinstance(new, dict):
+            lines += [f"{key}.{k}: {old.get(k)} -> {new.get(k)}" for k in sorted(set(old) | set(new))
+                      if old.get(k) != new.get(k)]
+        elif old != new:
+            lines.append(f"{key}: {old} -> {new}")
+    return lines
+
+
+def rerun(record: Path, source: str, tracking: bool) -> int:
+    from sdjax_runner.runner import run
+
+    cfg = recorded_config(record)
+    status = rundir.read_json(record / rundir.STATUS) if (record / rundir.STATUS).is_file() else {}
+    name = status.get("run_name") or cfg.run_name
+    overrides_file = record / rundir.OVERRIDES
+    overrides = [str(o) for o in OmegaConf.load(overrides_file)] if overrides_file.is_file() else []
+    if not tracking:
+        cfg.tracking.backend = "none"
+    expected = recorded_hashes(record)
+    if not expected:
+        raise UserError("RUN", f"{record} records no images to compare with (no images.json or PNGs)")
+    now = datetime.datetime.now()
+    run_dir = Path(cfg.paths.output_root) / "reruns" / now.strftime("%Y-%m-%d") / f"{now:%H-%M-%S}_{slug(name)}"
+    (run_dir / rundir.HYDRA_DIR).mkdir(parents=True)
+    OmegaConf.save(OmegaConf.load(record / rundir.CONFIG), run_dir / rundir.CONFIG)
+    OmegaConf.save(OmegaConf.create(overrides), run_dir / rundir.OVERRIDES)
+    log.info("rerun: %s (%s) into %s", name, source, run_dir)
+    run(cfg, run_dir, overrides, run_name=f"{name} rerun", extra_tags={"sdjax.rerun_of": source})
+
+    records = rundir.read_json(run_dir / rundir.IMAGES)
+    got = {r["index"]: r["pixels_sha256"] for r in records}
+    differing = sorted(i for i in expected if got.get(i) != expected[i])
+    recorded_env = rundir.read_json(record / rundir.ENVIRONMENT) if (record / rundir.ENVIRONMENT).is_file() else {}
+    environment = environment_differences(recorded_env, rundir.read_json(run_dir / rundir.ENVIRONMENT))
+    report = {"source": source, "record": str(record), "images": len(expected), "identical": not differing,
+              "differing_images": differing, "environment_differences": environment}
+    rundir.write_json(run_dir / rundir.RERUN, report)
+    if not differing:
+        print(f"rerun: identical -- all {len(expected)} image(s) match the record bit for bit ({run_dir})")
+    else:
+        print(f"rerun: DIFFERENT -- {len(differing)} of {len(expected)} image(s) differ from the record: "
+              f"{', '.join(map(str, differing[:20]))} ({run_dir})")
+    if environment:
+        print("environment differs from the record: " + "; ".join(environment))
+    elif not recorded_env:
+        print("the record has no environment.json: library versions and devices cannot be compared")
+    return 0 if not differing else 1
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m sdjax_runner.rerun", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("run", help="a run directory, or an MLflow run id")
+    parser.add_argument("--uri", help="tracking URI holding the MLflow run (default: MLFLOW_TRACKING_URI, "
+                                      "else the embedded store outputs/mlflow.db)")
+    parser.add_argument("--no-tracking", action="store_true", help="do not log the re-run to the tracker")
+    args = parser.parse_args(argv)
+    logging.basicConfig(format="[%(asctime)s] %(message)s", datefmt="%H:%M:%S", level=logging.INFO, force=True)
+    for name in ("mlflow", "alembic"):
+        logging.getLogger(name).setLevel(logging.WARNING)
+    try:
+        with tempfile.TemporaryDirectory(prefix="sdjax-rerun-") as scratch:
+            path = Path(args.run).expanduser()
+            record = path if path.is_dir() else from_mlflow(args.run, args.uri, Path(scratch))
+            return rerun(record, str(args.run), tracking=not args.no_tracking)
+    except Exception as exc:
+        message = describe(exc)
+        if message is None:
+            raise
+        print(f"error: {message}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,204 @@
+"""Runs a user can tell apart and find again: self-naming runs, the records a re-run needs, exact
+re-runs from a directory or an MLflow run id, listing and diffing without MLflow, the app's own
+--help, and the MLflow UI opening on the runs view in a real browser."""
+
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import jax
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+from PIL import Image
+
+from helpers.cli import assert_one_line_error, run_cli
+
+REPO = Path(__file__).resolve().parents[1]
+PROMPTS = ["a red car in the rain", "a painting of a cat"]
+
+
+def _read(path: Path):
+    return json.loads(path.read_text())
+
+
+def _mlflow(work: Path):
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=f"sqlite:///{work / 'outputs' / 'mlflow.db'}")
+    experiment = client.get_experiment_by_name("sdjax-runner")
+    return client, experiment, {r.info.run_name: r for r in client.search_runs([experiment.experiment_id])}
+
+
+def test_single_runs_name_themselves_and_record_what_a_rerun_needs(tmp_path):
+    (tmp_path / "prompts.txt").write_text("\n".join(PROMPTS) + "\n")
+    result = run_cli("+experiment=smoke", "seed=5", "prompts.file=prompts.txt", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    [run_dir] = (tmp_path / "outputs" / "runs").glob("*/*")
+    assert run_dir.name.endswith("_smoke_seed=5_prompts.file=prompts.txt"), run_dir.name
+
+    status = _read(run_dir / "status.json")
+    assert status["run_name"] == "smoke seed=5 prompts.file=prompts.txt"
+    assert status["host"] and status["started_at"] and status["pid"] not in (None, os.getpid())
+
+    # prompts.file alone means exactly the file's prompts (cycled over 8 devices), and the record says so.
+    records = _read(run_dir / "images.json")
+    assert [r["prompt"] for r in records] == PROMPTS * 4
+    assert "prompts.texts=[]" in (run_dir / ".hydra" / "overrides.yaml").read_text()
+    for record in records:  # the hash a re-run compares is the PNG's pixels'
+        with Image.open(run_dir / record["file"]) as image:
+            assert record["pixels_sha256"] == hashlib.sha256(np.asarray(image.convert("RGB")).tobytes()).hexdigest()
+
+    environment = _read(run_dir / "environment.json")
+    assert environment["versions"]["jax"] == jax.__version__
+    assert (environment["backend"], environment["device_count"], environment["process_count"]) == ("cpu", 8, 1)
+
+    client, experiment, runs = _mlflow(tmp_path)
+    assert experiment.tags["mlflow.experimentKind"] == "custom_model_development"
+    run = runs["smoke seed=5 prompts.file=prompts.txt"]
+    assert run.info.status == "FINISHED"
+    tags = run.data.tags
+    assert tags["mlflow.source.name"] == "sdjax_runner"
+    assert tags["command"] == "python -m sdjax_runner +experiment=smoke seed=5 prompts.file=prompts.txt 'prompts.texts=[]'"
+    note = tags["mlflow.note.content"]
+    assert f"python -m sdjax_runner.rerun {run_dir.resolve()}" in note
+    assert f"images/s {run.data.metrics['images_per_s']:.3g}" in note  # the headline, once the run has it
+    assert "environment.json" in {a.path for a in client.list_artifacts(run.info.run_id)}
+
+    # run_name= wins, and a name is never a path: it cannot leave paths.output_root.
+    result = run_cli("+experiment=smoke", "run_name=../../outside", "seed=6", "tracking=none", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    second = [d for d in (tmp_path / "outputs" / "runs").glob("*/*") if d != run_dir]
+    assert len(second) == 1 and second[0].name.endswith("_outside"), second
+    assert _read(second[0] / "status.json")["run_name"] == "../../outside"
+    assert not any(tmp_path.parent.glob("outside*")) and not any((tmp_path / "outputs").glob("outside*"))
+
+    # Looking without MLflow: the list, newest first, and what differs between the two.
+    listing = run_cli("list", "outputs", cwd=tmp_path, module="sdjax_runner.runs")
+    assert listing.returncode == 0, listing.stderr
+    lines = listing.stdout.splitlines()
+    assert lines[0].split()[:3] == ["started", "status", "name"]
+    assert "../../outside" in lines[1] and "smoke seed=5 prompts.file=prompts.txt" in lines[2]
+    assert all("FINISHED" in line for line in lines[1:3])
+    diff = run_cli("diff", str(run_dir), str(second[0]), cwd=tmp_path, module="sdjax_runner.runs")
+    assert diff.returncode == 0, diff.stderr
+    rows = {line.split()[0]: line.split()[1:] for line in diff.stdout.splitlines() if line.strip()}
+    assert rows["seed"] == ["5", "6"]
+    assert rows["tracking.backend"] == ["mlflow", "none"]
+    assert rows["prompts.texts"][0] == "[]"  # the file alone
+    assert rows["images_per_s"][:2] == [f"{_read(run_dir / 'timings.json')['images_per_s']:.4g}",
+                                        f"{_read(second[0] / 'timings.json')['images_per_s']:.4g}"]
+
+
+def test_a_rerun_from_an_mlflow_run_id_alone_gives_bit_identical_images(smoke_run, tmp_path):
+    work, record, _ = smoke_run
+    shutil.copyfile(work / "outputs" / "mlflow.db", tmp_path / "outputs" / "mlflow.db")  # artifacts stay put
+    run_id = _read(record / "status.json")["run_id"]
+    result = run_cli(run_id, "--uri", f"sqlite:///{tmp_path / 'outputs' / 'mlflow.db'}", cwd=tmp_path,
+                     module="sdjax_runner.rerun")
+    assert result.returncode == 0, result.stderr
+    assert "rerun: identical -- all 8 image(s) match the record bit for bit" in result.stdout
+    [rerun_dir] = (tmp_path / "outputs" / "reruns").glob("*/*")
+    report = _read(rerun_dir / "rerun.json")
+    assert report["identical"] is True and report["differing_images"] == [] and report["images"] == 8
+    assert report["environment_differences"] == []
+    _, _, runs = _mlflow(tmp_path)
+    assert runs["smoke rerun"].data.tags["sdjax.rerun_of"] == run_id
+    assert runs["smoke rerun"].info.status == "FINISHED"
+
+
+def test_a_rerun_reports_changed_images_and_the_environment_facts_that_differ(smoke_run, tmp_path):
+    _, original, _ = smoke_run
+    record = tmp_path / "record"
+    shutil.copytree(original, record)
+    images = _read(record / "images.json")
+    images[3]["pixels_sha256"] = "0" * 64  # as if the recorded run had made another image 3
+    (record / "images.json").write_text(json.dumps(images))
+    environment = _read(record / "environment.json")
+    environment["versions"]["jax"] = "0.0.1"
+    (record / "environment.json").write_text(json.dumps(environment))
+
+    result = run_cli(str(record), "--no-tracking", cwd=tmp_path, module="sdjax_runner.rerun")
+    assert result.returncode == 1, result.stderr
+    assert "rerun: DIFFERENT -- 1 of 8 image(s) differ from the record: 3 " in result.stdout
+    assert f"versions.jax: 0.0.1 -> {jax.__version__}" in result.stdout
+    [rerun_dir] = (tmp_path / "outputs" / "reruns").glob("*/*")
+    assert _read(rerun_dir / "rerun.json")["differing_images"] == [3]
+
+
+def test_a_rerun_of_something_that_is_no_record_is_one_line(tmp_path):
+    result = run_cli(str(tmp_path), cwd=tmp_path, module="sdjax_runner.rerun")
+    assert_one_line_error(result, f"error: RUN: {tmp_path} has no .hydra/config.yaml: not a run record")
+
+
+def test_help_is_the_apps_own(tmp_path):
+    result = run_cli("--help", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    text = result.stdout
+    for expected in ("sdjax-runner: Stable Diffusion inference in JAX/Flax",
+                     "python -m sdjax_runner +experiment=smoke", "outputs/runs/DATE/TIME_NAME/",
+                     "python -m sdjax_runner.rerun RUN", "python -m sdjax_runner.runs list",
+                     "scheduler: ddim, ddpm, dpm_solver_pp, euler, lms, pndm", "experiment: "):
+        assert expected in text, expected
+    assert "Powered by Hydra" not in text
+
+
+def test_a_missing_launcher_extra_names_its_install_command(tmp_path):
+    hide = tmp_path / "hide"  # as if hydra-joblib-launcher were not installed: Hydra's plugin scan skips it
+    hide.mkdir()
+    (hide / "sitecustomize.py").write_text(
+        "import pkgutil\n_walk = pkgutil.walk_packages\n"
+        "pkgutil.walk_packages = lambda *a, **k: (m for m in _walk(*a, **k) if 'hydra_joblib_launcher' not in m[1])\n")
+    result = run_cli("-m", "+experiment=smoke", "hydra/launcher=joblib", "seed=0,1", cwd=tmp_path,
+                     env={"PYTHONPATH": str(hide)})
+    assert_one_line_error(result, "error: hydra/launcher=joblib: the launcher is not installed "
+                                  "(pip install 'sdjax-runner[joblib]'; allowed now: basic)")
+    assert not (tmp_path / "outputs" / "multiruns").exists()
+
+
+@given(st.text(max_size=80))
+def test_a_name_becomes_one_directory_inside_the_output_root(name):
+    from sdjax_runner.config.naming import slug
+
+    part = slug(name)
+    assert part and "/" not in part and "\\" not in part and ".." not in part and part not in (".", "..")
+    root = Path("/out/runs")
+    assert (root / part).resolve().parent == root
+
+
+def test_only_what_changes_the_images_names_a_run():
+    from sdjax_runner.config.naming import run_name
+
+    assert run_name("smoke", ["+experiment=smoke", "dtype=bf16", "scheduler=euler", "tracking=none",
+                              "paths.output_root=/x", "hydra.run.dir=/y"]) == "smoke dtype=bf16 scheduler=euler"
+    assert run_name("mine", ["run_name=mine", "dtype=bf16"]) == "mine"
+    assert run_name("smoke", ["metrics.reference=/runs/2026-11-22/17-08-10_smoke/"]) == \
+        "smoke metrics.reference=17-08-10_smoke"
+
+
+def test_a_prompt_file_replaces_the_prompt_sets_texts_unless_texts_are_given_too():
+    from sdjax_runner.config.prompts import file_replaces_texts
+
+    assert file_replaces_texts(["prompts.file=p.txt"]) == ["prompts.file=p.txt", "prompts.texts=[]"]
+    assert file_replaces_texts(["prompts.file=p.txt", "prompts.texts=[a]"]) == ["prompts.file=p.txt", "prompts.texts=[a]"]
+    assert file_replaces_texts(["seed=1"]) == ["seed=1"]
+    assert file_replaces_texts(["prompts.file=null"]) == ["prompts.file=null"]
+
+
+@pytest.mark.skipif(not any(shutil.which(b) for b in ("chromium", "chromium-browser", "google-chrome")),
+                    reason="needs Chromium (apt-get install chromium); tools/mlflow_view.py is the same check by hand")
+def test_the_mlflow_ui_opens_on_the_runs_view_in_a_real_browser(smoke_run, tmp_path):
+    work, _, _ = smoke_run
+    shutil.copyfile(work / "outputs" / "mlflow.db", tmp_path / "outputs" / "mlflow.db")
+    result = subprocess.run([sys.executable, str(REPO / "tools" / "mlflow_view.py"), str(tmp_path / "outputs" / "mlflow.db"),
+                             "--run", "smoke", "--screenshot", str(tmp_path / "view.png")],
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "ok   the runs view rendered" in result.stdout and "ok   run 'smoke' listed" in result.stdout
+    with Image.open(tmp_path / "view.png") as shot:
+        assert shot.size == (1600, 1000)
