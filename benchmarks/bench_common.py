@@ -36,3 +36,26 @@ def run_sweep(overrides: list[str], sweep_dir, env: dict, cwd) -> list[dict]:
         overrides_done = (job / ".hydra" / "overrides.yaml").read_text()
         jobs.append({"overrides": overrides_done, **json.loads((job / "timings.json").read_text())})
     return jobs
+
+
+def write_report(report: dict, out) -> None:
+    """Print the report without its raw samples, and write it whole to ``out`` (if given)."""
+    import json
+
+    print(json.dumps({k: v for k, v in report.items() if k != "samples"}, indent=2))
+    if out:
+        out.write_text(json.dumps(report, indent=2) + "\n")
+
+
+def setup(doc: str, rounds: int, prefix: str, models_subdir: str = "models"):
+    """(arguments --rounds/--out, a fresh work directory, an environment whose built-in models live in it)."""
+    import argparse
+    import tempfile
+    from pathlib import Path
+
+    parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rounds", type=int, default=rounds)
+    parser.add_argument("--out", type=Path)
+    args = parser.parse_args()
+    work = Path(tempfile.mkdtemp(prefix=prefix))
+    return args, work, dict(os.environ, SDJAX_RUNNER_CACHE_DIR=str(work / models_subdir))

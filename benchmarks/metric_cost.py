@@ -14,18 +14,15 @@ runner's own ``metrics_s`` (CLIP load, compile and scoring, plus the comparison)
 
 from __future__ import annotations
 
-import argparse
 import json
-import os
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_common import machine_facts, run_sweep  # noqa: E402
+from bench_common import machine_facts, run_sweep, setup, write_report  # noqa: E402
 
 BASE = ["+experiment=smoke", "tracking=none"]
 OFF = ["metrics.clip_score.enabled=false"]
@@ -43,12 +40,7 @@ def single(args: list[str], run_dir: Path, cwd: Path, env: dict) -> dict:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--out", type=Path)
-    args = parser.parse_args()
-    work = Path(tempfile.mkdtemp(prefix="metric-cost-"))
-    env = dict(os.environ, SDJAX_RUNNER_CACHE_DIR=str(work / "cache"))
+    args, work, env = setup(__doc__, rounds=3, prefix="metric-cost-", models_subdir="cache")
     reference = work / "reference"
     single([], reference, work, env)  # builds the models, fills the cache; the later runs compare with it
     on = [f"metrics.reference={reference}"]
@@ -82,9 +74,7 @@ def main() -> None:
         "sweep_ratio_on_vs_off": med["c_wall_s"] / med["d_wall_s"],
         "samples": samples,
     }
-    print(json.dumps({k: v for k, v in report.items() if k != "samples"}, indent=2))
-    if args.out:
-        args.out.write_text(json.dumps(report, indent=2) + "\n")
+    write_report(report, args.out)
 
 
 if __name__ == "__main__":

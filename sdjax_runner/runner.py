@@ -72,7 +72,7 @@ def _run(plan: Plan, job: Job, run_name: str, tags: dict[str, str], started: flo
     mode = MODES[plan.mode]
     prepared = REUSE.prepare(plan, entry, model_reused, mode, devices, shape_key(plan, height, width))
     generator = mode(prepared.pipeline, prepared.params, prepared.safety_weights, plan, height, width, devices)
-    trace_s, compile_s, cache_hit = compile_generator(generator, prepared)
+    trace_s, compile_s, cache_hit, compile_path = compile_generator(generator, prepared, plan)
     job.progress.update(load_s=prepared.load_s, replicate_s=prepared.replicate_s, trace_s=trace_s,
                         compile_s=compile_s, batches_done=0, num_batches=plan.num_batches)
 
@@ -94,7 +94,8 @@ def _run(plan: Plan, job: Job, run_name: str, tags: dict[str, str], started: flo
         images, write_s = rundir.write_images(job.run_dir, plan, batches, rundir.image_meta(plan, height, width),
                                               job.records)
     summary = generator.timings.summary(plan.images_per_batch, plan.num_inference_steps)
-    summary.update(trace_s=trace_s, compile_s=compile_s)
+    summary.update(trace_s=trace_s, compile_s=compile_s, compile_path=compile_path,
+                   executable_cache_hit=int(compile_path == "executable_cache"))
     summary.update(measure_efficiency(plan, prepared, generator, devices, height, width, summary["generate_s"]))
     log.info("generate: %.3f s/batch median of %d (min %.3f, max %.3f), %.2f images/s%s",
              summary["generate_s"], summary["steady_state_samples"], summary["generate_s_min"],
@@ -148,19 +149,37 @@ def image_size(plan: Plan, loaded) -> tuple[int, int]:
     return height, width
 
 
-def compile_generator(generator, prepared) -> tuple[float, float, bool]:
-    """Give ``generator`` its compiled program, reused if this process has it; (trace_s, compile_s, cache hit)."""
+def compile_generator(generator, prepared, plan: Plan) -> tuple[float, float, bool, str]:
+    """Give ``generator`` its compiled program: reused if this process has it, loaded if a stored
+    executable fits, else traced and compiled (and stored). (trace_s, compile_s, served by JAX's
+    persistent cache, which path: "reused", "executable_cache" or "traced")."""
+    from sdjax_runner.engine import executable_cache
     from sdjax_runner.engine.reuse import REUSE
 
     if prepared.compiled is not None:
         generator.compiled = prepared.compiled
         log.info("compile: reused from an earlier job of this process")
-        return 0.0, 0.0, False
+        return 0.0, 0.0, False, "reused"
+    cache = plan.compilation_cache
+    if cache.enabled and cache.executables and executable_cache.supported(generator) is None:
+        started = time.perf_counter()
+        generator.executable_key = executable_cache.program_key(generator, generator.program_args(), plan.attention)
+        stored = executable_cache.load(cache.dir, generator.executable_key, generator.devices)
+        if stored is not None:
+            generator.compiled, flops = stored
+            REUSE.adopt(prepared, generator.compiled, flops)
+            load_s = time.perf_counter() - started
+            log.info("compile: %.1f s, the stored executable (no tracing)", load_s)
+            return 0.0, load_s, False, "executable_cache"
     log.info("compile: tracing and compiling the %d-step generate function ...", generator.plan.num_inference_steps)
-    generator.compiled, trace_s, compile_s, cache_hit = REUSE.compile(prepared, generator.lower)
+    # A program to be stored is compiled afresh: one the persistent cache served does not reload.
+    generator.compiled, trace_s, compile_s, cache_hit = REUSE.compile(prepared, generator.lower,
+                                                                      fresh=bool(generator.executable_key))
     log.info("compile: %.1f s (+ %.1f s tracing)%s", compile_s, trace_s,
              ", from the persistent compilation cache" if cache_hit else "")
-    return trace_s, compile_s, cache_hit
+    if generator.executable_key and not cache_hit:
+        executable_cache.save(cache.dir, generator.executable_key, generator.compiled)
+    return trace_s, compile_s, cache_hit, "traced"
 
 
 def measure_efficiency(plan: Plan, prepared, generator, devices: list, height: int, width: int,
@@ -171,6 +190,10 @@ def measure_efficiency(plan: Plan, prepared, generator, devices: list, height: i
 
     flops = REUSE.flops(prepared, generator.compiled, plan.num_inference_steps, plan.per_device_batch_size,
                         height, width, plan.num_devices)
+    if generator.executable_key and flops is not None:  # a warm start needs no FLOPs lowering
+        from sdjax_runner.engine import executable_cache
+
+        executable_cache.save_flops(plan.compilation_cache.dir, generator.executable_key, flops)
     peak = efficiency.peak_tflops(devices[0].device_kind, plan.dtype.activations_dtype.name,
                                   plan.peak_tflops_per_device)
     return dict(efficiency.summary(flops, seconds, plan.num_devices, peak),

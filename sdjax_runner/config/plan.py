@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Optional
 
 from omegaconf import DictConfig, OmegaConf
@@ -20,6 +21,7 @@ from sdjax_runner.config import checks
 from sdjax_runner.config.prompts import check_text, load_prompts
 from sdjax_runner.config.schema import (CompilationCacheConfig, DtypeConfig, MetricsConfig, ModelConfig, OutputConfig,
                                         SchedulerConfig, TrackingConfig)
+from sdjax_runner.errors import UserError
 
 
 @dataclass(frozen=True)
@@ -64,6 +66,7 @@ class Plan:
     peak_tflops_per_device: Optional[float]
     max_models: int
     params: dict  # the resolved config, flattened, as the tracker logs it
+    lora: tuple = ()  # (path, scale, sha256) per adapter
 
     @property
     def images_per_batch(self) -> int:
@@ -96,6 +99,26 @@ def flatten_params(cfg: DictConfig, max_chars: int = 500) -> dict[str, str]:
     return out
 
 
+def lora_record(index: int, spec) -> tuple[str, float, str]:
+    """(path, scale, content hash) of adapter ``index``; the hash goes into every record of the run."""
+    from sdjax_runner.models.lora import file_sha256
+
+    path = Path(str(spec.path)).expanduser()
+    if not path.is_file():
+        raise UserError(f"lora.{index}.path", f"no such file: {path}", "a LoRA .safetensors file")
+    if not math.isfinite(float(spec.scale)):
+        raise UserError(f"lora.{index}.scale", f"must be a finite number, got {spec.scale}")
+    return str(path), float(spec.scale), file_sha256(path)
+
+
+def lora_params(adapters: tuple) -> dict[str, str]:
+    """The adapters as tracker params (lists are not flattened into params otherwise)."""
+    out = {}
+    for index, (path, scale, sha256) in enumerate(adapters):
+        out.update({f"lora.{index}.path": path, f"lora.{index}.scale": str(scale), f"lora.{index}.sha256": sha256})
+    return out
+
+
 def make_plan(cfg: DictConfig, available_devices: int) -> Plan:
     """Validate ``cfg`` and lay out its images; raises UserError naming the first bad key."""
     checks.run_values(cfg)
@@ -117,6 +140,7 @@ def make_plan(cfg: DictConfig, available_devices: int) -> Plan:
         device, slot = divmod(within, par.per_device_batch_size)
         slots.append(ImageSlot(i, batch, device, slot, prompts[i % len(prompts)], i < kept))
     checks.grid(cfg.output.grid_rows, cfg.output.grid_cols, kept)
+    adapters = tuple(lora_record(i, spec) for i, spec in enumerate(cfg.lora))
     return Plan(
         model=OmegaConf.to_object(cfg.model),
         dtype=OmegaConf.to_object(cfg.dtype),
@@ -144,5 +168,6 @@ def make_plan(cfg: DictConfig, available_devices: int) -> Plan:
         compilation_cache=OmegaConf.to_object(cfg.compilation_cache),
         peak_tflops_per_device=cfg.performance.peak_tflops_per_device,
         max_models=cfg.reuse.max_models,
-        params=flatten_params(cfg),
+        params=dict(flatten_params(cfg), **lora_params(adapters)),
+        lora=adapters,
     )

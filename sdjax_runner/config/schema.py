@@ -103,6 +103,15 @@ class PromptsConfig:
 
 
 @dataclass
+class LoraConfig:
+    # A LoRA adapter (.safetensors; kohya lora_unet_/lora_te_ or PEFT/diffusers unet./text_encoder.
+    # keys, with alpha), merged into the UNet and text encoder kernels it names.
+    path: str = MISSING
+    # Strength: kernel + scale * alpha/rank * B @ A. A traced input: a sweep over it compiles once.
+    scale: float = 1.0
+
+
+@dataclass
 class SamplingConfig:
     # Diffusers' defaults for Stable Diffusion.
     num_inference_steps: int = 50  # denoising steps (>= 1); changing it recompiles
@@ -176,6 +185,10 @@ class CompilationCacheConfig:
     enabled: bool = True
     dir: str = MISSING
     min_compile_time_s: float = 0.0
+    # Also keep whole compiled executables (dir/executables/), so a warm start skips tracing and
+    # lowering; keyed by everything that determines the program (see engine/executable_cache.py).
+    # parallelism=sharded on one process; the pmap path always traces.
+    executables: bool = True
 
 
 @dataclass
@@ -234,6 +247,8 @@ class RunConfig:
     compilation_cache: CompilationCacheConfig = field(default_factory=CompilationCacheConfig)
     performance: PerformanceConfig = field(default_factory=PerformanceConfig)
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
+    # LoRA adapters, applied together: lora='[{path: a.safetensors, scale: 0.8}]'; sweep lora.0.scale=0,0.5,1.
+    lora: List[LoraConfig] = field(default_factory=list)
     seed: int = 0
     run_name: str = MISSING
     experiment: Optional[str] = None

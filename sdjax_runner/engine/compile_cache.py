@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import collections
+import contextlib
 import logging
 from pathlib import Path
-from typing import Optional
+from typing import Iterator, Optional
 
 from omegaconf import DictConfig
 
@@ -39,6 +40,28 @@ def configure(cache: DictConfig) -> None:
         jax.config.update("jax_persistent_cache_min_compile_time_secs", wanted[1])
         jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
     _settings = wanted
+
+
+@contextlib.contextmanager
+def bypassed() -> Iterator[bool]:
+    """Compile afresh, without reading or writing JAX's persistent cache (yields whether it could).
+    For a program the executable cache is to keep: an executable the persistent cache served does
+    not survive serialization (see executable_cache). JAX has no public switch for one compile, and
+    it decides once per process whether the cache is used: this flips that decision for the
+    duration (jax 0.10's ``compilation_cache._cache_used``); where that is absent, it does nothing."""
+    from jax._src import compilation_cache as jax_cache
+
+    if not hasattr(jax_cache, "_cache_used") or not hasattr(jax_cache, "_cache_checked"):
+        yield False
+        return
+    with jax_cache._cache_initialized_mutex:
+        saved = (jax_cache._cache_checked, jax_cache._cache_used)
+        jax_cache._cache_checked, jax_cache._cache_used = True, False
+    try:
+        yield True
+    finally:
+        with jax_cache._cache_initialized_mutex:
+            jax_cache._cache_checked, jax_cache._cache_used = saved
 
 
 def hits() -> int:

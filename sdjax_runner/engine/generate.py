@@ -67,6 +67,7 @@ class Generator:
         self.plan, self.height, self.width, self.devices = plan, height, width, devices
         self.timings = Timings()
         self.compiled: Optional[Callable] = None
+        self.executable_key: Optional[str] = None  # the program's key in the executable cache, if kept
         self.negative_ids = None
         if plan.negative:
             self.negative_ids = self.place_ids(np.asarray(pipeline.prepare_inputs([plan.negative] * plan.images_per_batch)))
@@ -86,6 +87,13 @@ class Generator:
         """The batch's prompt ids and per-device keys, placed for this path."""
         ids = self.place_ids(np.asarray(self.pipeline.prepare_inputs(self.plan.batch_prompts(batch))))
         return ids, self.place_keys(batch_keys(self.plan.seed, batch, self.plan.num_devices))
+
+    # Whether this mode's compiled program survives serialization (engine/executable_cache.py).
+    serializable = False
+
+    def program_args(self) -> tuple:
+        """The arguments the compiled program takes (their shapes and shardings key a stored executable)."""
+        raise NotImplementedError
 
     def lower(self):
         raise NotImplementedError

@@ -16,6 +16,7 @@ Guidance scale, seed and prompts are traced inputs: changing them reuses everyth
 from __future__ import annotations
 
 import collections
+import contextlib
 import gc
 import time
 from dataclasses import dataclass, field
@@ -44,6 +45,8 @@ class ModelEntry:
     placed_weights: Any = None
     compiled: dict[tuple, Callable] = field(default_factory=dict)
     flops: dict[tuple, Any] = field(default_factory=dict)  # compile key -> FLOPs per batch
+    lora_on: tuple = ()  # (adapter files and hashes, placement) ``lora_factors`` are for
+    lora_factors: dict = field(default_factory=dict)  # (component, kernel path, adapter) -> placed (down, up)
 
 
 def _key(spec: Any, *names: str) -> tuple:
@@ -105,6 +108,8 @@ class ReuseCache:
             entry.placed_weights = mode.place_params(entry.loaded.host_weights, devices)
             entry.placed_on = placement
         params = dict(entry.placed_weights, scheduler=mode.place_params(state, devices))
+        if plan.lora:  # merged on the devices; the scales are inputs, so no new program
+            params = self.with_lora(plan, entry, mode, devices, placement, params)
         jax.block_until_ready(params)
         replicate_s = time.perf_counter() - started
 
@@ -112,18 +117,43 @@ class ReuseCache:
         return Prepared(pipeline, params, plan.attention, entry.loaded.safety_weights, entry.compiled.get(compile_key),
                         entry, compile_key, 0.0 if reused else entry.loaded.load_s, replicate_s)
 
-    def compile(self, prepared: Prepared, lower: Callable[[], Any]) -> tuple[Callable, float, float, bool]:
-        """(compiled function, trace+lower seconds, XLA compile seconds, served by the persistent cache)."""
+    def with_lora(self, plan: Plan, entry: ModelEntry, mode: type[Generator], devices: list, placement: tuple,
+                  params: dict) -> dict:
+        """``params`` with the plan's LoRA adapters merged at their scales; the adapters are read and
+        placed once per model and placement (a scale sweep only merges again)."""
+        from sdjax_runner.models import lora
+
+        key = (tuple((path, sha) for path, _, sha in plan.lora), placement)
+        if entry.lora_on != key:
+            entry.lora_factors, entry.lora_on = {}, ()
+            for index, (path, _, _) in enumerate(plan.lora):
+                adapter = lora.read(path, entry.loaded.host_weights, f"lora.{index}.path")
+                for (component, kernel_path), pair in adapter.factors.items():
+                    entry.lora_factors[(component, kernel_path, index)] = mode.place_params(pair, devices)
+            entry.lora_on = key
+        return lora.merged_params(params, entry.lora_factors, [scale for _, scale, _ in plan.lora], plan.mode)
+
+    def compile(self, prepared: Prepared, lower: Callable[[], Any], fresh: bool = False
+                ) -> tuple[Callable, float, float, bool]:
+        """(compiled function, trace+lower seconds, XLA compile seconds, served by the persistent cache);
+        ``fresh``: compiled by XLA here, not served by the persistent cache (to be stored whole)."""
         started = time.perf_counter()
         with tracing_with(prepared.attention):
             lowered = lower()
         traced = time.perf_counter()
         hits = compile_cache.hits()  # only the XLA compile of this program counts
-        compiled = lowered.compile()
+        with compile_cache.bypassed() if fresh else contextlib.nullcontext():
+            compiled = lowered.compile()
         trace_s, compile_s = traced - started, time.perf_counter() - traced
         prepared.entry.compiled[prepared.compile_key] = compiled
         self.counters.compiles += 1
         return compiled, trace_s, compile_s, compile_cache.hits() > hits
+
+    def adopt(self, prepared: Prepared, compiled: Any, flops: Any) -> None:
+        """A program loaded from the executable cache (with its FLOPs, if they were counted) as if compiled here."""
+        prepared.entry.compiled[prepared.compile_key] = compiled
+        if flops is not None:
+            prepared.entry.flops[prepared.compile_key] = flops
 
     def flops(self, prepared: Prepared, compiled: Any, steps: int, per_device_images: int, height: int, width: int,
               num_devices: int) -> Any:

@@ -47,6 +47,10 @@ class ShardedGenerator(Generator):
                              self.width // self.pipeline.vae_scale_factor)
 
     place_params = staticmethod(replicate_sharded)
+    serializable = True
+
+    def program_args(self) -> tuple:
+        return self._args(*self.inputs(0))
 
     def place_ids(self, ids: np.ndarray):
         return global_array(ids, self.data)
@@ -75,7 +79,7 @@ class ShardedGenerator(Generator):
         if self.negative_ids is not None:
             shardings += (self.data,)
         function = jax.jit(generate, in_shardings=shardings, out_shardings=self.data)
-        return function.lower(*self._args(*self.inputs(0)))
+        return function.lower(*self.program_args())
 
     def run(self, ids, keys):
         return self.compiled(*self._args(ids, keys))

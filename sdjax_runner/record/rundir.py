@@ -81,6 +81,7 @@ def a1111_parameters(meta: dict[str, Any]) -> str:
         f"Steps: {meta['steps']}, Sampler: {meta['scheduler']}, CFG scale: {meta['guidance_scale']}, "
         f"Seed: {meta['seed']}, Size: {meta['width']}x{meta['height']}, Model: {meta['model']}, "
         f"Dtype: {meta['dtype']}, Batch: {meta['batch']}, Device: {meta['device']}"
+        + (f", Lora: {meta['lora']}" if meta.get("lora") else "")
     )
     return "\n".join(lines)
 
@@ -194,7 +195,13 @@ def image_meta(plan: "Plan", height: int, width: int) -> dict[str, Any]:
         "dtype": plan.dtype.weights_dtype.name,
         "height": height,
         "width": width,
+        **({"lora": lora_label(plan.lora)} if plan.lora else {}),
     }
+
+
+def lora_label(adapters: tuple) -> str:
+    """``style.safetensors:0.8:sha256=ab12cd34ef56; ...``: each adapter, its scale and content hash."""
+    return "; ".join(f"{Path(path).name}:{scale:g}:sha256={sha[:12]}" for path, scale, sha in adapters)
 
 
 def write_images(run_dir: Path, plan: "Plan", batches: Iterator, meta: dict[str, Any],

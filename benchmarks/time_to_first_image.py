@@ -1,0 +1,81 @@
+"""Time to first image: the wall time of a new process of ``+experiment=smoke tracking=none``,
+cold (empty compilation caches) and warm (caches filled by an earlier process), measured side by side.
+
+    pmap              the default (the guide's pmap path): traces every time; JAX's persistent cache
+                      skips XLA's compile when warm. This path is unchanged by the executable cache.
+    sharded traced    parallelism=sharded compilation_cache.executables=false: the same as pmap
+                      (trace, lower, persistent cache, a second lowering to count FLOPs)
+    sharded stored    parallelism=sharded with the executable cache: a warm start loads the stored
+                      executable and its FLOPs count; no tracing, no lowering
+
+Each sample is a new process; rounds interleave the configurations; cold samples get a fresh cache
+directory each (the built-in models stay built). Reports medians and ratios of medians.
+
+    python benchmarks/time_to_first_image.py --rounds 5 --out docs/time_to_first_image.json
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_common import machine_facts, setup, write_report  # noqa: E402
+
+BASE = ["+experiment=smoke", "tracking=none"]
+CONFIGS = {
+    "pmap": [],
+    "sharded_traced": ["parallelism=sharded", "compilation_cache.executables=false"],
+    "sharded_stored": ["parallelism=sharded"],
+}
+
+
+def one(args: list[str], cache: Path, run_dir: Path, work: Path, env: dict) -> dict:
+    started = time.perf_counter()
+    result = subprocess.run([sys.executable, "-m", "sdjax_runner", *BASE, *args, f"compilation_cache.dir={cache}",
+                             f"hydra.run.dir={run_dir}"], cwd=work, env=env, capture_output=True, text=True)
+    wall = time.perf_counter() - started
+    if result.returncode:
+        raise SystemExit(f"failed: {args}\n{result.stderr[-3000:]}")
+    timings = json.loads((run_dir / "timings.json").read_text())
+    return {"wall_s": wall, "trace_s": timings["trace_s"], "compile_s": timings["compile_s"],
+            "compile_path": timings["compile_path"], "load_s": timings["load_s"]}
+
+
+def main() -> None:
+    args, work, env = setup(__doc__, rounds=5, prefix="ttfi-")
+    warm = work / "warm-cache"
+    for name, extra in CONFIGS.items():  # builds the models once, fills the warm cache (and stores executables)
+        one(extra, warm, work / f"prefill-{name}", work, env)
+    samples: dict[str, list[dict]] = {f"{kind}_{name}": [] for kind in ("warm", "cold") for name in CONFIGS}
+    for index in range(args.rounds):
+        for name, extra in CONFIGS.items():
+            samples[f"warm_{name}"].append(one(extra, warm, work / f"w{index}-{name}", work, env))
+            samples[f"cold_{name}"].append(one(extra, work / f"cold-{index}-{name}", work / f"c{index}-{name}", work, env))
+        print(f"round {index}: " + ", ".join(f"{k} {v[-1]['wall_s']:.2f} s" for k, v in samples.items()), flush=True)
+    medians = {k: {m: statistics.median(s[m] for s in v) for m in ("wall_s", "trace_s", "compile_s", "load_s")}
+               for k, v in samples.items()}
+    paths = {k: sorted({s["compile_path"] for s in v}) for k, v in samples.items()}
+    report = {
+        "machine": machine_facts(),
+        "rounds": args.rounds,
+        "medians": medians,
+        "compile_paths": paths,
+        "ratios": {
+            "warm_sharded_stored_vs_warm_pmap": medians["warm_sharded_stored"]["wall_s"] / medians["warm_pmap"]["wall_s"],
+            "warm_sharded_stored_vs_warm_sharded_traced":
+                medians["warm_sharded_stored"]["wall_s"] / medians["warm_sharded_traced"]["wall_s"],
+            "cold_sharded_stored_vs_cold_sharded_traced":
+                medians["cold_sharded_stored"]["wall_s"] / medians["cold_sharded_traced"]["wall_s"],
+        },
+        "samples": samples,
+    }
+    write_report(report, args.out)
+
+
+if __name__ == "__main__":
+    main()

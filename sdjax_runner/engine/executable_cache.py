@@ -1,0 +1,164 @@
+"""Compiled executables kept across processes, so a warm start skips tracing and lowering too.
+
+JAX's persistent compilation cache skips XLA's compile, but a new process still traces and lowers
+the whole sampling loop (seconds for a tiny model, much more for a full-size one) just to find the
+cache entry. Here the compiled executable itself is serialized
+(``jax.experimental.serialize_executable``) under a key of everything that determines the program:
+
+    inputs     the pytree structure, shapes, dtypes and shardings of every argument
+    program    parallel mode, steps, height, width, attention, the pipeline, UNet, VAE and text
+               encoder configs, the scheduler and its config
+    machine    platform, device kind and ids, process count, XLA_FLAGS, x64
+    code       jax, jaxlib, flax, diffusers, transformers, numpy and Python versions, and a hash of
+               this package's source
+
+Anything that differs gives another key: the run traces as before and stores its executable. A
+file that cannot be read or loaded is ignored the same way (the run says which path it took in
+``timings.json``: ``compile_path``). The files live in ``compilation_cache.dir/executables/``,
+which the config checks already require to be writable only by its owner (the same ownership check
+as JAX's cache), since loading one runs what it holds. With the program, the FLOPs of a batch are
+kept, so a warm start needs no second lowering to count them either.
+
+What is kept, and why not more (measured with jaxlib 0.10.2 on CPU):
+
+- only programs XLA compiled in this process: an executable that JAX's persistent compilation
+  cache served serializes without the kernels that cache entry loaded, and a new process that
+  loads it fails at its first call (``NOT_FOUND: Function add_select_fusion not found``). So a
+  program whose key is not stored yet is compiled afresh, past the persistent cache (one full XLA
+  compile per program and code version), and then stored;
+- only the sharded (jit) path: a serialized *pmap* executable fails the same way even when fresh;
+- only single-process runs: a multi-host program is tied to its peers.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import pickle
+import platform
+from pathlib import Path
+from typing import Any, Optional
+
+log = logging.getLogger("sdjax_runner")
+
+SUBDIR = "executables"
+FORMAT = 1  # bump when what is stored changes
+_source_hash: Optional[str] = None
+
+
+def source_hash() -> str:
+    """SHA-256 of this package's Python source: code changes make new keys."""
+    global _source_hash
+    if _source_hash is None:
+        digest = hashlib.sha256()
+        root = Path(__file__).resolve().parents[1]
+        for path in sorted(root.rglob("*.py")):
+            digest.update(path.relative_to(root).as_posix().encode())
+            digest.update(path.read_bytes())
+        _source_hash = digest.hexdigest()
+    return _source_hash
+
+
+def _config(module: Any) -> Any:
+    config = getattr(module, "config", None)
+    if config is None:
+        return None
+    return config.to_dict() if hasattr(config, "to_dict") else dict(config)  # transformers' or diffusers' config
+
+
+def program_key(generator: Any, args: tuple, attention: str) -> str:
+    """The key of the program ``generator`` would compile for ``args``."""
+    import jax
+
+    from sdjax_runner.record.provenance import package_versions
+
+    pipeline, plan = generator.pipeline, generator.plan
+    leaves, tree = jax.tree_util.tree_flatten(args)
+    facts = {
+        "format": FORMAT,
+        "tree": str(tree),
+        "leaves": [(tuple(leaf.shape), str(leaf.dtype), str(getattr(leaf, "sharding", ""))) for leaf in leaves],
+        "program": [plan.mode, plan.num_inference_steps, generator.height, generator.width, attention,
+                    type(pipeline).__name__, str(pipeline.dtype), type(pipeline.scheduler).__name__,
+                    _config(pipeline.scheduler), _config(pipeline.unet), _config(pipeline.vae),
+                    _config(getattr(pipeline, "text_encoder", None)), _config(getattr(pipeline, "text_encoder_2", None))],
+        "machine": [[d.platform, d.device_kind, d.id, d.process_index] for d in generator.devices]
+                   + [jax.process_count(), os.environ.get("XLA_FLAGS", ""), bool(jax.config.jax_enable_x64)],
+        "code": [package_versions(), platform.python_version(), source_hash()],
+    }
+    return hashlib.sha256(json.dumps(facts, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def supported(generator: Any) -> Optional[str]:
+    """None if ``generator``'s program can be kept, else why not."""
+    import jax
+
+    if not getattr(generator, "serializable", False):
+        return f"{generator.plan.mode} executables cannot be reloaded (jaxlib's serialized pmap fails when run)"
+    if jax.process_count() > 1:
+        return "multi-host programs are tied to their peers"
+    return None
+
+
+def _path(directory: str, key: str) -> Path:
+    return Path(directory).expanduser() / SUBDIR / f"{key}.pkl"
+
+
+def load(directory: str, key: str, devices: list) -> Optional[tuple[Any, Optional[float]]]:
+    """(executable, FLOPs per batch or None) stored under ``key``, or None (absent, unreadable, refused)."""
+    from jax.experimental.serialize_executable import deserialize_and_load
+
+    path = _path(directory, key)
+    if not path.is_file():
+        return None
+    try:
+        with open(path, "rb") as file:
+            stored = pickle.load(file)
+        compiled = deserialize_and_load(stored["executable"], stored["in_tree"], stored["out_tree"],
+                                        execution_devices=devices)
+        return compiled, stored.get("flops")
+    except Exception as exc:  # a damaged or foreign file: trace instead, and overwrite it
+        log.info("compile: stored executable %s not usable (%s: %s); tracing", path.name, type(exc).__name__,
+                 " ".join(str(exc).split())[:120])
+        return None
+
+
+def save(directory: str, key: str, compiled: Any, flops: Optional[float] = None) -> bool:
+    """Store ``compiled`` (atomically); False if it cannot be serialized or written (the run goes on)."""
+    from jax.experimental.serialize_executable import serialize
+
+    path = _path(directory, key)
+    tmp = path.with_name(path.name + f".{os.getpid()}.tmp")
+    try:
+        executable, in_tree, out_tree = serialize(compiled)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with open(tmp, "wb") as file:
+            pickle.dump({"executable": executable, "in_tree": in_tree, "out_tree": out_tree, "flops": flops}, file)
+        os.replace(tmp, path)
+        return True
+    except Exception as exc:
+        tmp.unlink(missing_ok=True)
+        log.info("compile: executable not kept (%s: %s)", type(exc).__name__, " ".join(str(exc).split())[:120])
+        return False
+
+
+def save_flops(directory: str, key: str, flops: Optional[float]) -> None:
+    """Add the FLOPs of a batch to a stored executable (counted after it was stored)."""
+    path = _path(directory, key)
+    try:
+        with open(path, "rb") as file:
+            stored = pickle.load(file)
+        if stored.get("flops") == flops:
+            return
+        stored["flops"] = flops
+    except Exception:
+        return
+    tmp = path.with_name(path.name + f".{os.getpid()}.tmp")
+    try:
+        with open(tmp, "wb") as file:
+            pickle.dump(stored, file)
+        os.replace(tmp, path)
+    except OSError:
+        tmp.unlink(missing_ok=True)

@@ -1,0 +1,206 @@
+"""LoRA adapters, torch-free: safetensors files in the common layouts, matched to the Flax params of
+the UNet and text encoder(s), and merged in JAX into the placed params with the scale as a traced
+input (a scale sweep loads and compiles once).
+
+Layouts read (``A`` = down, ``B`` = up; a module's update is ``alpha / rank * B @ A`` in PyTorch's
+``out x in`` layout, so ``(alpha / rank) * A.T @ B.T`` for a Flax ``in x out`` kernel):
+
+    kohya / A1111     lora_unet_<path>.lora_down.weight, .lora_up.weight, .alpha
+                      lora_te_<path> (text encoder), lora_te1_ / lora_te2_ (SDXL's two)
+    PEFT / diffusers  unet.<path>.lora_A.weight, .lora_B.weight   (text_encoder., text_encoder_2.)
+                      unet.<path>.lora.down.weight, .lora.up.weight (older diffusers)
+
+``<path>`` is the PyTorch module path (``down_blocks.0.attentions.0.transformer_blocks.0.attn1.to_q``)
+or kohya's underscore spelling of it; both become the Flax path joined with underscores
+(``down_blocks_0_attentions_0_transformer_blocks_0_attn1_to_q``), which is how each adapter weight
+finds its kernel. A key that matches no kernel, or whose shapes do not fit it, is one line naming
+how many and which module -- never silently ignored.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Optional
+
+import numpy as np
+
+from sdjax_runner.errors import UserError
+
+# Key prefix -> pipeline component.
+PREFIXES = (("lora_unet_", "unet"), ("lora_te1_", "text_encoder"), ("lora_te2_", "text_encoder_2"),
+            ("lora_te_", "text_encoder"), ("unet.", "unet"), ("text_encoder_2.", "text_encoder_2"),
+            ("text_encoder.", "text_encoder"))
+# Key suffix -> which factor it is.
+SUFFIXES = ((".lora_down.weight", "down"), (".lora_up.weight", "up"), (".lora_A.weight", "down"),
+            (".lora_B.weight", "up"), (".lora.down.weight", "down"), (".lora.up.weight", "up"), (".alpha", "alpha"))
+
+
+@dataclass(frozen=True)
+class Adapter:
+    """One LoRA file, matched to a model: per (component, Flax kernel path), the host factors
+    ``down`` (in x rank, alpha / rank folded in) and ``up`` (rank x out)."""
+
+    path: str
+    sha256: str
+    factors: dict  # (component, path tuple) -> (down, up)
+
+
+def file_sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as file:
+        for chunk in iter(lambda: file.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _split(key: str) -> Optional[tuple[str, str, str]]:
+    """(component, module name with underscores, factor) of an adapter key, or None."""
+    component = next((c for prefix, c in PREFIXES if key.startswith(prefix)), None)
+    factor = next((f for suffix, f in SUFFIXES if key.endswith(suffix)), None)
+    if component is None or factor is None:
+        return None
+    prefix = next(p for p, c in PREFIXES if key.startswith(p))
+    suffix = next(s for s, f in SUFFIXES if key.endswith(s))
+    module = key[len(prefix):len(key) - len(suffix)]
+    module = re.sub(r"\.processor\.(to_[a-z]+)_lora$", r".\1", module)  # older diffusers attention processors
+    module = module.replace(".processor", "").replace(".", "_")
+    return component, module, factor
+
+
+def kernels(params: dict) -> dict[tuple[str, str], tuple]:
+    """(component, module name with underscores) -> the Flax path of its kernel, for every
+    Dense/Conv kernel of the components LoRA adapts."""
+    from flax.traverse_util import flatten_dict
+
+    found = {}
+    for component in ("unet", "text_encoder", "text_encoder_2"):
+        if component not in params:
+            continue
+        for path, leaf in flatten_dict(dict(params[component])).items():
+            if path[-1] == "kernel" and getattr(leaf, "ndim", 0) in (2, 4):
+                found[(component, "_".join(path[:-1]))] = path
+    return found
+
+
+def read(path: str, params: dict, config_key: str) -> Adapter:
+    """The adapter at ``path`` matched to ``params`` (host weights); one-line errors for what does not fit."""
+    from safetensors import SafetensorError
+    from safetensors.numpy import load_file
+
+    file = Path(path).expanduser()
+    if not file.is_file():
+        raise UserError(config_key, f"no such file: {file}", "a LoRA .safetensors file")
+    try:
+        tensors = load_file(str(file))
+    except (SafetensorError, OSError, ValueError) as exc:
+        raise UserError(config_key, f"{file} is not a readable safetensors file ({exc})") from None
+    modules: dict[tuple[str, str], dict[str, np.ndarray]] = {}
+    unknown = []
+    for key, value in tensors.items():
+        parts = _split(key)
+        if parts is None:
+            unknown.append(key)
+            continue
+        component, module, factor = parts
+        modules.setdefault((component, module), {})[factor] = np.asarray(value, dtype=np.float32)
+    if unknown:
+        raise UserError(config_key, f"{file.name}: {len(unknown)} key(s) in no known LoRA layout, e.g. {unknown[0]}",
+                        "kohya lora_unet_/lora_te_ or PEFT/diffusers unet./text_encoder. keys")
+    targets = kernels(params)
+    unmatched = sorted(m for m in modules if m not in targets)
+    if unmatched:
+        by_component = sorted({c for c, _ in unmatched})
+        raise UserError(config_key, f"{file.name}: {len(unmatched)} module(s) match no kernel of "
+                        f"{', '.join(by_component)} in this model, e.g. {unmatched[0][1]}",
+                        "a LoRA made for this model's architecture")
+    factors = {}
+    for (component, module), parts in sorted(modules.items()):
+        if "down" not in parts or "up" not in parts:
+            raise UserError(config_key, f"{file.name}: {component} {module} lacks its "
+                            f"{'up' if 'down' in parts else 'down'} weight")
+        down, up = parts["down"].reshape(parts["down"].shape[:2]), parts["up"].reshape(parts["up"].shape[:2])
+        rank = down.shape[0]
+        alpha = float(parts["alpha"]) if "alpha" in parts else float(rank)
+        path_ = targets[(component, module)]
+        kernel = _leaf(params[component], path_)
+        fan_in, fan_out = kernel.shape[-2], kernel.shape[-1]
+        if up.shape[1] != rank or down.shape[1] != fan_in or up.shape[0] != fan_out or kernel.ndim == 4 and \
+                kernel.shape[:2] != (1, 1):
+            raise UserError(config_key, f"{file.name}: {component} {module}: LoRA shapes {tuple(up.shape)} x "
+                            f"{tuple(down.shape)} do not fit its kernel {tuple(kernel.shape)}")
+        factors[(component, path_)] = ((down.T * (alpha / rank)).astype(np.float32), up.T.astype(np.float32))
+    return Adapter(str(file), file_sha256(file), factors)
+
+
+def _leaf(tree: Any, path: tuple) -> Any:
+    for part in path:
+        tree = tree[part]
+    return tree
+
+
+def merge(kernel, factors: list[tuple[Any, Any]], scales):
+    """``kernel + sum_i scales[i] * down_i @ up_i`` in the kernel's shape and dtype (traced: no
+    recompile for another scale). Works on one device's arrays (pmap) or whole arrays (jit)."""
+    import jax.numpy as jnp
+
+    update = sum(scales[i] * jnp.matmul(down, up) for i, (down, up) in enumerate(factors))
+    return (kernel.astype(jnp.float32) + update.reshape(kernel.shape)).astype(kernel.dtype)
+
+
+def merged_params(params: dict, placed_factors: dict, scales: list[float], mode: str) -> dict:
+    """``params`` (placed) with every adapted kernel merged on the devices; other leaves shared.
+    ``placed_factors``: (component, kernel path, adapter index) -> placed (down, up)."""
+    import jax
+
+    grouped: dict[tuple, list] = {}
+    for (component, path_, index), pair in sorted(placed_factors.items(), key=lambda item: item[0][2]):
+        grouped.setdefault((component, path_), []).append((index, pair))
+    kernels_ = {key: _leaf(params[key[0]], key[1]) for key in grouped}
+    factors = {key: [pair for _, pair in entries] for key, entries in grouped.items()}
+    # The scales are arrays, not constants: another scale is another input, not another program.
+    kernel_scales = {key: np.asarray([scales[index] for index, _ in entries], dtype=np.float32)
+                     for key, entries in grouped.items()}
+    new = (_merge_pmapped if mode == "pmap" else _merge_jitted)(kernels_, factors, kernel_scales)
+    out = dict(params)
+    for (component, path_), value in new.items():
+        out[component] = _replaced(out[component], path_, value)
+    jax.block_until_ready(out)
+    return out
+
+
+def _replaced(tree: Any, path: tuple, value: Any) -> Any:
+    """A copy of ``tree`` along ``path`` only, with ``value`` at its end."""
+    if not path:
+        return value
+    copy = dict(tree)
+    copy[path[0]] = _replaced(tree[path[0]], path[1:], value)
+    return copy
+
+
+def _merge_tree(kernels_: dict, factors: dict, scales: dict):
+    return {key: merge(kernels_[key], factors[key], scales[key]) for key in kernels_}
+
+
+_jitted: Any = None
+_pmapped: Any = None
+
+
+def _merge_jitted(kernels_, factors, scales):
+    global _jitted
+    import jax
+
+    if _jitted is None:
+        _jitted = jax.jit(_merge_tree)
+    return _jitted(kernels_, factors, scales)
+
+
+def _merge_pmapped(kernels_, factors, scales):
+    global _pmapped
+    import jax
+
+    if _pmapped is None:
+        _pmapped = jax.pmap(_merge_tree, in_axes=(0, 0, None))
+    return _pmapped(kernels_, factors, scales)
