@@ -23,6 +23,15 @@ from sdjax_runner.record.tracking import NullTracker, make_tracker
 log = logging.getLogger("sdjax_runner")
 
 
+def converted_note(formats: dict[str, str]) -> str:
+    """`` (single-file checkpoint converted: text_encoder, unet, vae)``: weights that were not Flax files."""
+    notes = {"safetensors": "PyTorch safetensors converted", "single_file": "single-file checkpoint converted",
+             "pickle": "PyTorch pickle converted"}
+    parts = [f"{notes[fmt]}: {', '.join(sorted(n for n, f in formats.items() if f == fmt))}"
+             for fmt in notes if fmt in formats.values()]
+    return f" ({'; '.join(parts)})" if parts else ""
+
+
 def run(cfg: DictConfig, run_dir: Path, overrides: list[str], run_name: Optional[str] = None,
         parent_run_id: Optional[str] = None, extra_tags: Optional[dict[str, str]] = None) -> dict[str, Any]:
     """Run one job into ``run_dir``; ``parent_run_id`` links its tracker run to a sweep's;
@@ -63,10 +72,8 @@ def _run(plan: Plan, job: Job, run_name: str, tags: dict[str, str], started: flo
     entry, model_reused = REUSE.model(plan)
     loaded = entry.loaded
     height, width = image_size(plan, loaded)
-    converted = sorted(name for name, fmt in loaded.formats.items() if fmt != "flax")
     log.info("load: %s %s%s", plan.model.name, "reused from an earlier job of this process" if model_reused else
-             f"from {loaded.path} in {loaded.load_s:.1f} s",
-             f" (PyTorch safetensors converted: {', '.join(converted)})" if converted and not model_reused else "")
+             f"from {loaded.path} in {loaded.load_s:.1f} s", "" if model_reused else converted_note(loaded.formats))
     warn_truncated(loaded.pipeline.tokenizer, plan.prompts)
     devices = jax.devices()[: plan.num_devices]
     mode = MODES[plan.mode]

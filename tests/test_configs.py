@@ -22,7 +22,7 @@ def test_the_config_tree_is_what_the_tests_cover():
     assert ("model", "sd-v1-4") in GROUP_OPTIONS and ("tracking", "none") in GROUP_OPTIONS
     models = {option for group, option in GROUP_OPTIONS if group == "model"}
     assert models == {"local", "tiny-random", "tiny-random-xl", "sd-v1-arch", "sdxl-arch", "sd-v1-4", "sd-v1-5",
-                      "sd-2-1-base", "sd-2-1", "sdxl-base-1.0"}
+                      "sd-2-1-base", "sd-2-1", "sdxl-base-1.0", "single_file"}
     assert {o for g, o in GROUP_OPTIONS if g == "scheduler"} == {"pndm", "ddim", "lms", "dpm_solver_pp", "euler", "ddpm"}
 
 

@@ -8,6 +8,7 @@ import pytest
 
 from helpers.cli import run_cli
 from helpers.configs import compose_cfg
+from helpers.params import assert_same_params
 from helpers.images import images_of as runner_images
 from helpers.pt_layout import write_pytorch_only
 
@@ -55,15 +56,6 @@ def load(path, **overrides):
     cfg = compose_cfg(["model=local", f"model.pretrained_model_name_or_path={path}"]
                       + [f"{k}={v}" for k, v in overrides.items()])
     return load_model(cfg.model, cfg.dtype)
-
-
-def assert_same_params(a, b):
-    from flax.traverse_util import flatten_dict
-
-    flat_a, flat_b = flatten_dict(a), flatten_dict(b)
-    assert flat_a.keys() == flat_b.keys()
-    for key in flat_a:
-        assert flat_a[key].dtype == flat_b[key].dtype and np.array_equal(flat_a[key], flat_b[key]), key
 
 
 @pytest.mark.parametrize("fixture", ["tiny_model_dir", "tiny_xl_dir"])

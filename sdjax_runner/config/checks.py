@@ -83,6 +83,15 @@ def model(model: Any) -> None:
     from sdjax_runner.models.builtin import BUILTIN_MODELS
     from sdjax_runner.models.sources import is_local
 
+    if model.checkpoint:
+        from sdjax_runner.models.single_file import open_checkpoint
+
+        open_checkpoint(Path(str(model.checkpoint)).expanduser())  # exists, is safetensors, has a known architecture
+        if model.pretrained_model_name_or_path is None:
+            return  # the standard base of its architecture (config/plan.py)
+    elif model.pretrained_model_name_or_path is None:  # model=single_file without its file
+        raise UserError("model.checkpoint", "a value is required: with no model.pretrained_model_name_or_path the "
+                        "weights come from a single-file checkpoint", "model.checkpoint=PATH.safetensors")
     if model.builtin is not None:
         if model.builtin not in BUILTIN_MODELS:
             raise UserError("model.builtin", f"unknown built-in model {model.builtin!r}", BUILTIN_MODELS)

@@ -67,6 +67,7 @@ class Plan:
     max_models: int
     params: dict  # the resolved config, flattened, as the tracker logs it
     lora: tuple = ()  # (path, scale, sha256) per adapter
+    checkpoint: Optional[tuple] = None  # (path, sha256, architecture) of model.checkpoint
 
     @property
     def images_per_batch(self) -> int:
@@ -119,6 +120,27 @@ def lora_params(adapters: tuple) -> dict[str, str]:
     return out
 
 
+def checkpoint_record(model: ModelConfig) -> Optional[tuple[str, str, str]]:
+    """(path, content hash, architecture) of ``model.checkpoint``; a null base becomes the standard
+    base of that architecture, so the record names the configs the weights ran on."""
+    if not model.checkpoint:
+        return None
+    from sdjax_runner.models.lora import file_sha256
+    from sdjax_runner.models.single_file import BASES, open_checkpoint
+
+    checkpoint = open_checkpoint(Path(model.checkpoint).expanduser())
+    if model.pretrained_model_name_or_path is None:
+        model.pretrained_model_name_or_path = BASES[checkpoint.architecture]
+    return str(checkpoint.path), file_sha256(checkpoint.path), checkpoint.architecture
+
+
+def checkpoint_params(model: ModelConfig, checkpoint: Optional[tuple]) -> dict[str, str]:
+    if checkpoint is None:
+        return {}
+    return {"model.pretrained_model_name_or_path": str(model.pretrained_model_name_or_path),
+            "model.checkpoint_sha256": checkpoint[1], "model.checkpoint_architecture": checkpoint[2]}
+
+
 def make_plan(cfg: DictConfig, available_devices: int) -> Plan:
     """Validate ``cfg`` and lay out its images; raises UserError naming the first bad key."""
     checks.run_values(cfg)
@@ -141,8 +163,10 @@ def make_plan(cfg: DictConfig, available_devices: int) -> Plan:
         slots.append(ImageSlot(i, batch, device, slot, prompts[i % len(prompts)], i < kept))
     checks.grid(cfg.output.grid_rows, cfg.output.grid_cols, kept)
     adapters = tuple(lora_record(i, spec) for i, spec in enumerate(cfg.lora))
+    model = OmegaConf.to_object(cfg.model)
+    checkpoint = checkpoint_record(model)
     return Plan(
-        model=OmegaConf.to_object(cfg.model),
+        model=model,
         dtype=OmegaConf.to_object(cfg.dtype),
         scheduler=OmegaConf.to_object(cfg.scheduler),
         attention=cfg.performance.attention.name,
@@ -168,6 +192,7 @@ def make_plan(cfg: DictConfig, available_devices: int) -> Plan:
         compilation_cache=OmegaConf.to_object(cfg.compilation_cache),
         peak_tflops_per_device=cfg.performance.peak_tflops_per_device,
         max_models=cfg.reuse.max_models,
-        params=dict(flatten_params(cfg), **lora_params(adapters)),
+        params=dict(flatten_params(cfg), **lora_params(adapters), **checkpoint_params(model, checkpoint)),
         lora=adapters,
+        checkpoint=checkpoint,
     )

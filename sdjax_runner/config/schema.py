@@ -55,8 +55,13 @@ class TrackingBackend(Enum):
 class ModelConfig:
     name: str = MISSING  # names the model in run names, image metadata and the console
     # A diffusers-format pipeline directory, or a hub id (fetched with snapshot_download, or read from
-    # the local Hugging Face cache when offline).
-    pretrained_model_name_or_path: str = MISSING
+    # the local Hugging Face cache when offline). With a checkpoint: the base model that gives configs,
+    # tokenizers and scheduler (only those are fetched); null picks the standard base of the
+    # checkpoint's architecture (SD 1.5, SD 2.1 or SDXL base 1.0).
+    pretrained_model_name_or_path: Optional[str] = MISSING
+    # A single-file checkpoint (.safetensors in the original LDM layout, as model sites and A1111 /
+    # ComfyUI have them): its UNet, VAE and text encoder weights are used, converted without torch.
+    checkpoint: Optional[str] = None
     revision: Optional[str] = None  # a hub branch, tag or commit
     # Selects PyTorch safetensors diffusion_pytorch_model.<variant>.safetensors (e.g. fp16) where a
     # component has no Flax weights; diffusers' Flax loader reads the Flax file whatever the variant.

@@ -4,7 +4,7 @@ loads the model, places its weights and compiles the generate function once.
 
 Keys say what determines each piece:
 
-    model      path, revision, variant, safety checker, weights and activations dtype
+    model      path, revision, variant, safety checker, weights and activations dtype, checkpoint and its hash
     pipeline   + scheduler name and overrides, prediction type, attention (the pipeline is static)
     placed     + the parallel mode and the devices the weights are placed on
     compiled   + steps, height, width, per-device batch, negative prompt or not
@@ -77,7 +77,7 @@ class ReuseCache:
         """The plan's model, loaded or reused (then True)."""
         key = _key(plan.model, "pretrained_model_name_or_path", "revision", "variant", "safety_checker", "builtin",
                    "allow_pickle")
-        key += _key(plan.dtype, "weights_dtype", "activations_dtype")
+        key += _key(plan.dtype, "weights_dtype", "activations_dtype") + (plan.checkpoint,)
         if key in self.models:
             self.models.move_to_end(key)
             return self.models[key], True

@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Callable, Iterable, Iterator, Optional
 
 import numpy as np
 
@@ -78,29 +78,40 @@ def _flax_key(pt_key: str, tensor: np.ndarray, reference: dict, library: str, pr
     return rename_key_and_reshape_tensor(tuple(pt_key.split(".")), tensor, reference, prefix)
 
 
-def convert_safetensors(files: tuple[Path, ...], module: Any, library: str, dtype: np.dtype) -> dict:
-    """Flax params for ``module`` from PyTorch-layout safetensors ``files``, as host arrays of ``dtype``.
+def convert_tensors(tensors: Iterable[tuple[str, Callable[[], np.ndarray]]], module: Any, library: str,
+                    dtype: np.dtype, source: str) -> dict:
+    """Flax params for ``module`` from ``(PyTorch name, loader)`` pairs, as host arrays of ``dtype``
+    (each tensor is loaded, renamed, checked and cast in turn).
 
     Raises ValueError naming the first tensor whose shape does not match, or the parameters
-    the files lack."""
+    ``source`` lacks."""
     from flax.traverse_util import flatten_dict, unflatten_dict
-    from safetensors import safe_open
 
     reference = flatten_dict(param_shapes(module, library))
     prefix = getattr(module, "base_model_prefix", "")
     params: dict[tuple, np.ndarray] = {}
+    for pt_key, load in tensors:
+        key, value = _flax_key(pt_key, load(), reference, library, prefix)
+        if key not in reference:
+            continue  # buffers such as position_ids, or heads the Flax module does not have
+        if value.shape != reference[key].shape:
+            raise ValueError(f"{source}: {pt_key} has shape {value.shape}, the Flax model expects {reference[key].shape}")
+        params[key] = np.ascontiguousarray(value, dtype=dtype)
+    missing = sorted("/".join(k) for k in reference if k not in params)
+    if missing:
+        raise ValueError(f"{len(missing)} parameter(s) not in {source}, e.g. {', '.join(missing[:3])}")
+    return unflatten_dict(params)
+
+
+def _file_tensors(files: tuple[Path, ...]) -> Iterator[tuple[str, Callable[[], np.ndarray]]]:
+    from safetensors import safe_open
+
     for file in files:
         with safe_open(str(file), framework="numpy") as tensors:
             for pt_key in tensors.keys():
-                key, value = _flax_key(pt_key, tensors.get_tensor(pt_key), reference, library, prefix)
-                if key not in reference:
-                    continue  # buffers such as position_ids, or heads the Flax module does not have
-                if value.shape != reference[key].shape:
-                    raise ValueError(f"{file.name}: {pt_key} has shape {value.shape}, "
-                                     f"the Flax model expects {reference[key].shape}")
-                params[key] = np.ascontiguousarray(value, dtype=dtype)
-    missing = sorted("/".join(k) for k in reference if k not in params)
-    if missing:
-        raise ValueError(f"{len(missing)} parameter(s) not in {', '.join(f.name for f in files)}, "
-                         f"e.g. {', '.join(missing[:3])}")
-    return unflatten_dict(params)
+                yield pt_key, (lambda tensors=tensors, pt_key=pt_key: tensors.get_tensor(pt_key))
+
+
+def convert_safetensors(files: tuple[Path, ...], module: Any, library: str, dtype: np.dtype) -> dict:
+    """Flax params for ``module`` from PyTorch-layout safetensors ``files``, as host arrays of ``dtype``."""
+    return convert_tensors(_file_tensors(files), module, library, dtype, ", ".join(f.name for f in files))

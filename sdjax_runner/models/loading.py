@@ -24,7 +24,7 @@ from omegaconf import DictConfig
 
 from sdjax_runner.errors import UserError
 from sdjax_runner.models import model_index, sources
-from sdjax_runner.models.checkpoints import convert_safetensors, find_weights
+from sdjax_runner.models.checkpoints import convert_safetensors, convert_tensors, find_weights
 from sdjax_runner.models.schedulers import build_scheduler
 
 log = logging.getLogger("sdjax_runner")
@@ -32,6 +32,8 @@ log = logging.getLogger("sdjax_runner")
 ANNOUNCE_BYTES = 200_000_000
 
 # model_index.json's pipeline class (with or without "Flax") -> the Flax pipeline that runs it.
+# The components a single-file checkpoint (model.checkpoint) holds the weights of.
+CHECKPOINT_COMPONENTS = ("unet", "vae", "text_encoder", "text_encoder_2")
 PIPELINES = {"StableDiffusionPipeline": "FlaxStableDiffusionPipeline",
              "StableDiffusionXLPipeline": "FlaxStableDiffusionXLPipeline"}
 
@@ -47,7 +49,7 @@ class LoadedModel:
     safety_weights: Any  # the safety checker's (it runs apart, on the host), or None
     load_s: float
     path: str
-    formats: dict[str, str] = field(default_factory=dict)  # component -> "flax", "safetensors" or "pickle"
+    formats: dict[str, str] = field(default_factory=dict)  # component -> "flax", "safetensors", "pickle", "single_file"
 
     @property
     def native_size(self) -> int:
@@ -149,6 +151,30 @@ def load_component(folder: Path, library: str, cls, model: DictConfig, activatio
     return module, to_host(params, weights), found.format
 
 
+def load_from_checkpoint(folder: Path, name: str, library: str, cls, checkpoint, activations,
+                         weights: np.dtype):
+    """(module, host params, "single_file") for component ``name``: its config from the base model's
+    ``folder``, its weights from the single-file ``checkpoint`` (:mod:`.single_file`)."""
+    from diffusers import FlaxModelMixin
+
+    from sdjax_runner.models import single_file
+
+    is_diffusers = issubclass(cls, FlaxModelMixin)
+    module = (cls.from_config(cls.load_config(folder), dtype=activations) if is_diffusers
+              else cls(cls.config_class.from_pretrained(folder), _do_init=False))
+    base = folder.parent
+    tensors = single_file.component_tensors(checkpoint, name)
+    try:
+        params = convert_tensors(tensors, module, "diffusers" if is_diffusers else "transformers", weights,
+                                 f"{checkpoint.path.name} ({name})")
+    except ValueError as exc:
+        raise UserError(single_file.KEY, f"does not fit the base model {base} "
+                        f"({single_file.ARCHITECTURES[checkpoint.architecture]} checkpoint): {exc}",
+                        "a checkpoint of the base model's architecture (set model.pretrained_model_name_or_path "
+                        "to a matching base)") from None
+    return module, to_host(params, weights), "single_file"
+
+
 def unloadable(directory: Path, name: str, exc: BaseException) -> UserError:
     """One line for a component folder that cannot be loaded: truncated weights, a config that is
     not JSON, a missing file."""
@@ -158,8 +184,10 @@ def unloadable(directory: Path, name: str, exc: BaseException) -> UserError:
 
 
 def load_component_or_say_why(directory: Path, name: str, library: str, cls, model: DictConfig, activations,
-                              weights: np.dtype):
+                              weights: np.dtype, checkpoint=None):
     try:
+        if checkpoint is not None and name in CHECKPOINT_COMPONENTS:
+            return load_from_checkpoint(directory / name, name, library, cls, checkpoint, activations, weights)
         return load_component(directory / name, library, cls, model, activations, weights)
     except UserError:
         raise
@@ -172,8 +200,22 @@ def load_model(model: DictConfig, dtype: DictConfig) -> LoadedModel:
     import jax.numpy as jnp
 
     started = time.perf_counter()
+    checkpoint = None
+    if model.checkpoint:
+        from sdjax_runner.models import single_file
+
+        checkpoint = single_file.open_checkpoint(Path(model.checkpoint).expanduser())
+        log.info("load: %s (%s single-file checkpoint, %.1f GB) on the configs of %s", checkpoint.path.name,
+                 single_file.ARCHITECTURES[checkpoint.architecture], checkpoint.path.stat().st_size / 1e9,
+                 model.pretrained_model_name_or_path)
     directory = sources.resolve(model, model.allow_pickle)
     index = model_index.read(directory)  # untrusted: checked before anything is imported or loaded
+    if checkpoint is not None:
+        checkpoint = single_file.on_base(checkpoint, directory)
+        extra = single_file.unrecognised(checkpoint)
+        if extra:
+            log.warning("model.checkpoint: %d tensor(s) of %s are not weights of this pipeline and are not "
+                        "used, e.g. %s", len(extra), checkpoint.path.name, ", ".join(extra[:3]))
     cls = pipeline_class(directory, index)
     kinds = component_kinds()
     accepted = inspect.signature(cls.__init__).parameters
@@ -196,7 +238,7 @@ def load_model(model: DictConfig, dtype: DictConfig) -> LoadedModel:
             continue
         component = model_index.component_class(directory, name, *spec, kinds)
         module, module_params, fmt = load_component_or_say_why(directory, name, spec[0], component, model,
-                                                               activations, weights)
+                                                               activations, weights, checkpoint)
         modules[name] = module
         if module_params is not None:
             params[name], formats[name] = module_params, fmt

@@ -19,7 +19,9 @@ how many and which module -- never silently ignored.
 
 from __future__ import annotations
 
+import functools
 import hashlib
+import logging
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -49,6 +51,16 @@ class Adapter:
 
 
 def file_sha256(path: Path) -> str:
+    """SHA-256 of a weights file (kept per process while the file's size and mtime stay the same:
+    a sweep hashes a multi-GB checkpoint once)."""
+    stat = Path(path).stat()
+    return _sha256(str(path), stat.st_size, stat.st_mtime_ns)
+
+
+@functools.lru_cache(maxsize=64)
+def _sha256(path: str, size: int, mtime_ns: int) -> str:
+    if size >= 200_000_000:
+        logging.getLogger("sdjax_runner").info("hash: %s (%.1f GB) ...", Path(path).name, size / 1e9)
     digest = hashlib.sha256()
     with open(path, "rb") as file:
         for chunk in iter(lambda: file.read(1 << 20), b""):

@@ -17,8 +17,9 @@ from sdjax_runner.models.checkpoints import FLAX_FILES, PT_STEMS, find_weights
 from sdjax_runner.errors import UserError
 
 KEY = "model.pretrained_model_name_or_path"
-# Everything but weights, and the Flax weights.
-FIRST_PATTERNS = ["model_index.json", "*/*.json", "*/*.txt"] + [f"*/{name}" for name in FLAX_FILES.values()]
+# Everything but weights (what a single-file checkpoint's base model gives), and the Flax weights.
+CONFIG_PATTERNS = ["model_index.json", "*/*.json", "*/*.txt"]
+FIRST_PATTERNS = CONFIG_PATTERNS + [f"*/{name}" for name in FLAX_FILES.values()]
 
 
 def is_local(name: str) -> bool:
@@ -35,9 +36,12 @@ def weight_components(directory: Path) -> dict[str, str]:
             and (directory / name / "config.json").is_file()}
 
 
-def fetch_command(repo: str, revision: str | None) -> str:
-    """The whole repository but pickles and ONNX exports: Flax weights, or else PyTorch safetensors."""
+def fetch_command(repo: str, revision: str | None, configs_only: bool = False) -> str:
+    """The whole repository but pickles and ONNX exports: Flax weights, or else PyTorch safetensors.
+    ``configs_only``: just configs and tokenizers (the base of a single-file checkpoint)."""
     command = f"hf download {repo}" + (f" --revision {revision}" if revision else "")
+    if configs_only:
+        return command + " --include " + " ".join(f"'{p}'" for p in CONFIG_PATTERNS)
     return command + " --exclude '*.bin' '*.ckpt' '*.onnx*' '*.pb'"
 
 
@@ -59,7 +63,8 @@ def _snapshot(model: DictConfig, patterns: list[str]) -> Path:
 
         why = "HF_HUB_OFFLINE=1" if constants.HF_HUB_OFFLINE else f"the hub cannot be reached: {type(exc).__name__}"
         raise UserError(KEY, f"{repo}{f' (revision {revision})' if revision else ''} is not in the local Hugging Face "
-                             f"cache ({why}); fetch it first with: {fetch_command(repo, revision)}",
+                             f"cache ({why}); fetch it first with: "
+                             f"{fetch_command(repo, revision, patterns == CONFIG_PATTERNS)}",
                         "a cached hub model, or a local directory") from None
 
 
@@ -72,10 +77,12 @@ def resolve(model: DictConfig, allow_pickle: bool = False) -> Path:
         return build_builtin(model.builtin, Path(name).expanduser())
     if is_local(name):
         return Path(name).expanduser()
-    directory = _snapshot(model, FIRST_PATTERNS)
+    directory = _snapshot(model, CONFIG_PATTERNS if model.checkpoint else FIRST_PATTERNS)
     if not (directory / "model_index.json").is_file():
         raise UserError(KEY, f"{name} has no model_index.json: not a diffusers-format pipeline",
                         "a diffusers pipeline repository")
+    if model.checkpoint:  # the weights come from the checkpoint
+        return directory
     lacking = [(component, library) for component, library in weight_components(directory).items()
                if find_weights(directory / component, library, model.variant).format == "missing"]
     if lacking:  # no Flax weights: fall back to the PyTorch ones, as safetensors

@@ -82,6 +82,7 @@ def a1111_parameters(meta: dict[str, Any]) -> str:
         f"Seed: {meta['seed']}, Size: {meta['width']}x{meta['height']}, Model: {meta['model']}, "
         f"Dtype: {meta['dtype']}, Batch: {meta['batch']}, Device: {meta['device']}"
         + (f", Lora: {meta['lora']}" if meta.get("lora") else "")
+        + (f", Checkpoint: {meta['checkpoint']}" if meta.get("checkpoint") else "")
     )
     return "\n".join(lines)
 
@@ -196,6 +197,8 @@ def image_meta(plan: "Plan", height: int, width: int) -> dict[str, Any]:
         "height": height,
         "width": width,
         **({"lora": lora_label(plan.lora)} if plan.lora else {}),
+        **({"checkpoint": f"{Path(plan.checkpoint[0]).name}:sha256={plan.checkpoint[1][:12]}"}
+           if plan.checkpoint else {}),
     }
 
 

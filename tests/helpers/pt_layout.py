@@ -24,12 +24,14 @@ def _pt_part(part: str) -> str:
     return f"{match.group(1)}.{match.group(2)}" if match and match.group(1) != "linear" else part
 
 
-def pytorch_state_dict(params: dict, library: str) -> dict[str, np.ndarray]:
+def pytorch_state_dict(params: dict, library: str, cast: bool = True) -> dict[str, np.ndarray]:
+    """``cast=False`` keeps the leaves' own dtype and memory layout (views: the shapes of a full-size
+    model can be carried by zero-strided arrays that take no memory)."""
     from flax.traverse_util import flatten_dict
 
     state = {}
     for path, value in flatten_dict(params).items():
-        value = np.asarray(value, dtype=np.float32)
+        value = np.asarray(value, dtype=np.float32) if cast else value
         *parents, leaf = path
         if library == "diffusers":
             parents = [VAE_ATTENTION.get(p, p) if i == len(parents) - 1 else p for i, p in enumerate(parents)]
@@ -39,7 +41,7 @@ def pytorch_state_dict(params: dict, library: str) -> dict[str, np.ndarray]:
             leaf = "weight"
         elif leaf in ("scale", "embedding"):
             leaf = "weight"
-        state[".".join(parents + [leaf])] = np.ascontiguousarray(value)
+        state[".".join(parents + [leaf])] = np.ascontiguousarray(value) if cast else value
     return state
 
 
