@@ -93,6 +93,9 @@ def test_a_checkpoint_run_makes_the_models_images_and_names_the_file(smoke_run, 
     result = run_cli("-m", "+experiment=smoke", "tracking=none", f"model.checkpoint={sd1},{sd2}",
                      f"hydra.sweep.dir={sweep}", cwd=tmp_path)
     assert result.returncode == 0, result.stderr
+    timings = [json.loads((sweep / job / "timings.json").read_text()) for job in ("0", "1")]
+    assert [t["process_model_loads"] for t in timings] == [1, 2]  # the weights differ ...
+    assert [t["process_compiles"] for t in timings] == [1, 1]  # ... the program does not: compiled once
     # Unknown tensors are named once; the training leftovers every checkpoint has are not noise.
     output = (result.stdout + result.stderr).splitlines()
     warnings = [line for line in output if "are not weights of this pipeline" in line]

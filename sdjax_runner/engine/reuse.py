@@ -9,6 +9,10 @@ Keys say what determines each piece:
     placed     + the parallel mode and the devices the weights are placed on
     compiled   + steps, height, width, per-device batch, negative prompt or not
 
+A program depends on the model's structure, not on its weights: models that differ only in their
+single-file checkpoint (same base configs) share compiled programs, so a sweep over fine-tunes
+compiles once.
+
 Guidance scale, seed and prompts are traced inputs: changing them reuses everything. At most
 ``reuse.max_models`` models are held; the least recently used is released before another loads.
 """
@@ -40,13 +44,16 @@ class Counters:
 @dataclass
 class ModelEntry:
     loaded: LoadedModel
+    structure: tuple  # the model key without the weights' source: what its programs depend on
     pipelines: dict[tuple, tuple[Any, Any]] = field(default_factory=dict)  # pipeline key -> (pipeline, host state)
     placed_on: tuple = ()  # (parallel mode, device ids) ``placed_weights`` are on
     placed_weights: Any = None
-    compiled: dict[tuple, Callable] = field(default_factory=dict)
-    flops: dict[tuple, Any] = field(default_factory=dict)  # compile key -> FLOPs per batch
     lora_on: tuple = ()  # (adapter files and hashes, placement) ``lora_factors`` are for
     lora_factors: dict = field(default_factory=dict)  # (component, kernel path, adapter) -> placed (down, up)
+
+
+# Compiled programs a process keeps (an executable is host memory of a few MB to some hundred MB).
+MAX_PROGRAMS = 16
 
 
 def _key(spec: Any, *names: str) -> tuple:
@@ -71,20 +78,23 @@ class Prepared:
 class ReuseCache:
     def __init__(self) -> None:
         self.models: collections.OrderedDict[tuple, ModelEntry] = collections.OrderedDict()
+        self.programs: collections.OrderedDict[tuple, Callable] = collections.OrderedDict()  # compile key -> program
+        self.flops_of: dict[tuple, Any] = {}  # compile key -> FLOPs per batch
         self.counters = Counters()
 
     def model(self, plan: Plan) -> tuple[ModelEntry, bool]:
         """The plan's model, loaded or reused (then True)."""
         key = _key(plan.model, "pretrained_model_name_or_path", "revision", "variant", "safety_checker", "builtin",
                    "allow_pickle")
-        key += _key(plan.dtype, "weights_dtype", "activations_dtype") + (plan.checkpoint,)
+        structure = key + _key(plan.dtype, "weights_dtype", "activations_dtype")
+        key = structure + (plan.checkpoint,)
         if key in self.models:
             self.models.move_to_end(key)
             return self.models[key], True
         while len(self.models) >= plan.max_models:
             self.models.popitem(last=False)
             gc.collect()  # release the old weights before the new ones arrive
-        entry = ModelEntry(load_model(plan.model, plan.dtype))
+        entry = ModelEntry(load_model(plan.model, plan.dtype), structure)
         self.counters.model_loads += 1
         self.models[key] = entry
         return entry, False
@@ -113,8 +123,8 @@ class ReuseCache:
         jax.block_until_ready(params)
         replicate_s = time.perf_counter() - started
 
-        compile_key = (pipeline_key, placement) + shape_key
-        return Prepared(pipeline, params, plan.attention, entry.loaded.safety_weights, entry.compiled.get(compile_key),
+        compile_key = (entry.structure, pipeline_key, placement) + shape_key
+        return Prepared(pipeline, params, plan.attention, entry.loaded.safety_weights, self.programs.get(compile_key),
                         entry, compile_key, 0.0 if reused else entry.loaded.load_s, replicate_s)
 
     def with_lora(self, plan: Plan, entry: ModelEntry, mode: type[Generator], devices: list, placement: tuple,
@@ -145,27 +155,33 @@ class ReuseCache:
         with compile_cache.bypassed() if fresh else contextlib.nullcontext():
             compiled = lowered.compile()
         trace_s, compile_s = traced - started, time.perf_counter() - traced
-        prepared.entry.compiled[prepared.compile_key] = compiled
+        self.keep(prepared.compile_key, compiled)
         self.counters.compiles += 1
         return compiled, trace_s, compile_s, compile_cache.hits() > hits
 
     def adopt(self, prepared: Prepared, compiled: Any, flops: Any) -> None:
         """A program loaded from the executable cache (with its FLOPs, if they were counted) as if compiled here."""
-        prepared.entry.compiled[prepared.compile_key] = compiled
+        self.keep(prepared.compile_key, compiled)
         if flops is not None:
-            prepared.entry.flops[prepared.compile_key] = flops
+            self.flops_of[prepared.compile_key] = flops
+
+    def keep(self, compile_key: tuple, compiled: Callable) -> None:
+        self.programs[compile_key] = compiled
+        while len(self.programs) > MAX_PROGRAMS:  # the least recently compiled first
+            old, _ = self.programs.popitem(last=False)
+            self.flops_of.pop(old, None)
 
     def flops(self, prepared: Prepared, compiled: Any, steps: int, per_device_images: int, height: int, width: int,
               num_devices: int) -> Any:
         """FLOPs of one batch (XLA's count, see efficiency.py), once per compiled program."""
         from sdjax_runner.engine import efficiency
 
-        if prepared.compile_key not in prepared.entry.flops:
+        if prepared.compile_key not in self.flops_of:
             with tracing_with(prepared.attention):
                 unet = efficiency.unet_step_flops(prepared.pipeline, prepared.entry.loaded.host_weights,
                                                   per_device_images, height, width)
-            prepared.entry.flops[prepared.compile_key] = efficiency.batch_flops(compiled, unet, steps, num_devices)
-        return prepared.entry.flops[prepared.compile_key]
+            self.flops_of[prepared.compile_key] = efficiency.batch_flops(compiled, unet, steps, num_devices)
+        return self.flops_of[prepared.compile_key]
 
 
 REUSE = ReuseCache()  # this process's
