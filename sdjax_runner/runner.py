@@ -15,6 +15,7 @@ from omegaconf import DictConfig
 from sdjax_runner.config import checks
 from sdjax_runner.config.plan import Plan, make_plan
 from sdjax_runner.engine import compile_cache, distributed, runtime
+from sdjax_runner.models import checkpoints
 from sdjax_runner.record import rundir
 from sdjax_runner.record.job import Job
 from sdjax_runner.record.provenance import environment
@@ -67,6 +68,8 @@ def _run(plan: Plan, job: Job, run_name: str, tags: dict[str, str], started: flo
     job.start_tracker(make_tracker(plan.tracking, plan.output_root) if job.writes else NullTracker(), run_name,
                       plan.params, tags)
     compile_cache.configure(plan.compilation_cache)
+    checkpoints.SHAPES_DIR = (Path(plan.compilation_cache.dir).expanduser() / "shapes"
+                              if plan.compilation_cache.enabled else None)
 
     # Load (or reuse) the model, place its weights and compile (or reuse) the generate function.
     entry, model_reused = REUSE.model(plan)
@@ -160,6 +163,8 @@ def compile_generator(generator, prepared, plan: Plan) -> tuple[float, float, bo
     """Give ``generator`` its compiled program: reused if this process has it, loaded if a stored
     executable fits, else traced and compiled (and stored). (trace_s, compile_s, served by JAX's
     persistent cache, which path: "reused", "executable_cache" or "traced")."""
+    import jax
+
     from sdjax_runner.engine import executable_cache
     from sdjax_runner.engine.reuse import REUSE
 
@@ -168,13 +173,16 @@ def compile_generator(generator, prepared, plan: Plan) -> tuple[float, float, bo
         log.info("compile: reused from an earlier job of this process")
         return 0.0, 0.0, False, "reused"
     cache = plan.compilation_cache
-    if cache.enabled and cache.executables and executable_cache.supported(generator) is None:
-        started = time.perf_counter()
-        generator.executable_key = executable_cache.program_key(generator, generator.program_args(), plan.attention)
+    started = time.perf_counter()
+    if cache.enabled and cache.executables and jax.process_count() == 1:
+        generator.program_key = executable_cache.program_key(generator, generator.program_args(), plan.attention)
+        REUSE.know_flops(prepared, executable_cache.load_flops(cache.dir, generator.program_key))
+    if generator.program_key and executable_cache.supported(generator) is None:
+        generator.executable_key = generator.program_key
         stored = executable_cache.load(cache.dir, generator.executable_key, generator.devices)
         if stored is not None:
-            generator.compiled, flops = stored
-            REUSE.adopt(prepared, generator.compiled, flops)
+            generator.compiled = stored
+            REUSE.adopt(prepared, generator.compiled)
             load_s = time.perf_counter() - started
             log.info("compile: %.1f s, the stored executable (no tracing)", load_s)
             return 0.0, load_s, False, "executable_cache"
@@ -197,10 +205,10 @@ def measure_efficiency(plan: Plan, prepared, generator, devices: list, height: i
 
     flops = REUSE.flops(prepared, generator.compiled, plan.num_inference_steps, plan.per_device_batch_size,
                         height, width, plan.num_devices)
-    if generator.executable_key and flops is not None:  # a warm start needs no FLOPs lowering
+    if generator.program_key and flops is not None:  # a warm start needs no FLOPs lowering
         from sdjax_runner.engine import executable_cache
 
-        executable_cache.save_flops(plan.compilation_cache.dir, generator.executable_key, flops)
+        executable_cache.save_flops(plan.compilation_cache.dir, generator.program_key, flops)
     peak = efficiency.peak_tflops(devices[0].device_kind, plan.dtype.activations_dtype.name,
                                   plan.peak_tflops_per_device)
     return dict(efficiency.summary(flops, seconds, plan.num_devices, peak),

@@ -23,6 +23,9 @@ def test_a_warm_start_loads_the_stored_executable_and_makes_the_same_images(tmp_
     first = _run(tmp_path, cache, "first")
     assert (first["compile_path"], first["executable_cache_hit"]) == ("traced", 0) and first["trace_s"] > 0
     [stored] = (cache / "executables").glob("*.pkl")
+    [flops] = (cache / "executables").glob("*.flops.json")
+    shapes = sorted((cache / "shapes").glob("*.json"))  # the UNet's and the VAE's: no init tracing when warm
+    assert len(shapes) == 2
 
     warm = _run(tmp_path, cache, "warm")
     assert (warm["compile_path"], warm["executable_cache_hit"], warm["trace_s"]) == ("executable_cache", 1, 0.0)
@@ -33,8 +36,10 @@ def test_a_warm_start_loads_the_stored_executable_and_makes_the_same_images(tmp_
     other = _run(tmp_path, cache, "other", "sampling.num_inference_steps=3")  # another program: another key
     assert other["compile_path"] == "traced" and len(list((cache / "executables").glob("*.pkl"))) == 2
 
-    stored.write_bytes(b"not an executable")  # damaged: ignored, traced again, same images
+    for damaged_file in [stored, flops] + shapes:  # damaged: ignored, traced and counted again, same images
+        damaged_file.write_bytes(b"not what it should be")
     damaged = _run(tmp_path, cache, "damaged")
     assert damaged["compile_path"] == "traced" and "not usable" in damaged["log"]
-    assert damaged["hashes"] == first["hashes"]
+    assert damaged["hashes"] == first["hashes"] and damaged["flops_per_batch"] == first["flops_per_batch"]
+    assert json.loads(flops.read_text())["flops_per_batch"] == first["flops_per_batch"]  # rewritten
 

@@ -16,8 +16,9 @@ Anything that differs gives another key: the run traces as before and stores its
 file that cannot be read or loaded is ignored the same way (the run says which path it took in
 ``timings.json``: ``compile_path``). The files live in ``compilation_cache.dir/executables/``,
 which the config checks already require to be writable only by its owner (the same ownership check
-as JAX's cache), since loading one runs what it holds. With the program, the FLOPs of a batch are
-kept, so a warm start needs no second lowering to count them either.
+as JAX's cache), since loading one runs what it holds. Beside each program key, the FLOPs of a
+batch are kept (``<key>.flops.json``, for every parallel mode, also where the executable itself
+cannot be kept), so a warm start needs no second lowering to count them.
 
 What is kept, and why not more (measured with jaxlib 0.10.2 on CPU):
 
@@ -106,8 +107,8 @@ def _path(directory: str, key: str) -> Path:
     return Path(directory).expanduser() / SUBDIR / f"{key}.pkl"
 
 
-def load(directory: str, key: str, devices: list) -> Optional[tuple[Any, Optional[float]]]:
-    """(executable, FLOPs per batch or None) stored under ``key``, or None (absent, unreadable, refused)."""
+def load(directory: str, key: str, devices: list) -> Optional[Any]:
+    """The executable stored under ``key``, or None (absent, unreadable, refused)."""
     from jax.experimental.serialize_executable import deserialize_and_load
 
     path = _path(directory, key)
@@ -118,14 +119,14 @@ def load(directory: str, key: str, devices: list) -> Optional[tuple[Any, Optiona
             stored = pickle.load(file)
         compiled = deserialize_and_load(stored["executable"], stored["in_tree"], stored["out_tree"],
                                         execution_devices=devices)
-        return compiled, stored.get("flops")
+        return compiled
     except Exception as exc:  # a damaged or foreign file: trace instead, and overwrite it
         log.info("compile: stored executable %s not usable (%s: %s); tracing", path.name, type(exc).__name__,
                  " ".join(str(exc).split())[:120])
         return None
 
 
-def save(directory: str, key: str, compiled: Any, flops: Optional[float] = None) -> bool:
+def save(directory: str, key: str, compiled: Any) -> bool:
     """Store ``compiled`` (atomically); False if it cannot be serialized or written (the run goes on)."""
     from jax.experimental.serialize_executable import serialize
 
@@ -135,7 +136,7 @@ def save(directory: str, key: str, compiled: Any, flops: Optional[float] = None)
         executable, in_tree, out_tree = serialize(compiled)
         path.parent.mkdir(parents=True, exist_ok=True)
         with open(tmp, "wb") as file:
-            pickle.dump({"executable": executable, "in_tree": in_tree, "out_tree": out_tree, "flops": flops}, file)
+            pickle.dump({"executable": executable, "in_tree": in_tree, "out_tree": out_tree}, file)
         os.replace(tmp, path)
         return True
     except Exception as exc:
@@ -144,21 +145,28 @@ def save(directory: str, key: str, compiled: Any, flops: Optional[float] = None)
         return False
 
 
-def save_flops(directory: str, key: str, flops: Optional[float]) -> None:
-    """Add the FLOPs of a batch to a stored executable (counted after it was stored)."""
-    path = _path(directory, key)
+def _flops_path(directory: str, key: str) -> Path:
+    return Path(directory).expanduser() / SUBDIR / f"{key}.flops.json"
+
+
+def load_flops(directory: str, key: str) -> Optional[float]:
+    """The FLOPs of one batch of program ``key``, if an earlier process counted them."""
     try:
-        with open(path, "rb") as file:
-            stored = pickle.load(file)
-        if stored.get("flops") == flops:
-            return
-        stored["flops"] = flops
-    except Exception:
+        flops = json.loads(_flops_path(directory, key).read_text(encoding="utf-8"))["flops_per_batch"]
+        return float(flops) if flops is not None else None
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def save_flops(directory: str, key: str, flops: Optional[float]) -> None:
+    """Keep the FLOPs of one batch of program ``key`` (atomically; a failure only costs a lowering later)."""
+    path = _flops_path(directory, key)
+    if flops is None or load_flops(directory, key) == flops:
         return
     tmp = path.with_name(path.name + f".{os.getpid()}.tmp")
     try:
-        with open(tmp, "wb") as file:
-            pickle.dump(stored, file)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp.write_text(json.dumps({"flops_per_batch": flops}), encoding="utf-8")
         os.replace(tmp, path)
     except OSError:
         tmp.unlink(missing_ok=True)

@@ -67,7 +67,8 @@ class Generator:
         self.plan, self.height, self.width, self.devices = plan, height, width, devices
         self.timings = Timings()
         self.compiled: Optional[Callable] = None
-        self.executable_key: Optional[str] = None  # the program's key in the executable cache, if kept
+        self.program_key: Optional[str] = None  # what determines the program (engine/executable_cache.py)
+        self.executable_key: Optional[str] = None  # the same, where the executable itself is kept
         self.negative_ids = None
         if plan.negative:
             self.negative_ids = self.place_ids(np.asarray(pipeline.prepare_inputs([plan.negative] * plan.images_per_batch)))

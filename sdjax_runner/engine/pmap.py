@@ -57,6 +57,10 @@ class PmapGenerator(Generator):
     def place_keys(self, keys: np.ndarray):
         return keys
 
+    def program_args(self) -> tuple:
+        ids, keys = self.inputs(0)
+        return ids, self.params, keys, self.guidance, self.negative_ids
+
     def lower(self):
         # The pipeline module's own pmapped _p_generate; SDXL's takes a trailing static return_latents.
         module = sys.modules[type(self.pipeline).__module__]

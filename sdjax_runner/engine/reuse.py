@@ -159,9 +159,12 @@ class ReuseCache:
         self.counters.compiles += 1
         return compiled, trace_s, compile_s, compile_cache.hits() > hits
 
-    def adopt(self, prepared: Prepared, compiled: Any, flops: Any) -> None:
-        """A program loaded from the executable cache (with its FLOPs, if they were counted) as if compiled here."""
+    def adopt(self, prepared: Prepared, compiled: Any) -> None:
+        """A program loaded from the executable cache, as if compiled here."""
         self.keep(prepared.compile_key, compiled)
+
+    def know_flops(self, prepared: Prepared, flops: Optional[float]) -> None:
+        """The FLOPs of a batch of the prepared program, counted by an earlier process (None: unknown)."""
         if flops is not None:
             self.flops_of[prepared.compile_key] = flops
 

@@ -58,14 +58,66 @@ def find_weights(folder: Path, library: str, variant: Optional[str]) -> Componen
     return ComponentWeights("missing")
 
 
+# Where parameter shapes are kept across processes (set from compilation_cache.dir; None: not kept).
+SHAPES_DIR: Optional[Path] = None
+
+
 def param_shapes(module: Any, library: str) -> dict:
-    """The module's parameter tree as shapes (jax.eval_shape: no memory, no compute)."""
+    """The module's parameter tree as shapes (jax.eval_shape: no memory, no compute). Tracing a UNet's
+    initialisation takes a few hundred ms, so the result is kept in ``SHAPES_DIR`` under a hash of
+    the module's class, config and the library versions."""
     import jax
 
+    path = _shapes_path(module, library) if SHAPES_DIR is not None else None
+    if path is not None and path.is_file():
+        try:
+            from flax.traverse_util import unflatten_dict
+
+            stored = json.loads(path.read_text(encoding="utf-8"))
+            return unflatten_dict({tuple(k.split("/")): jax.ShapeDtypeStruct(tuple(shape), np.dtype(dtype))
+                                   for k, (shape, dtype) in stored.items()})
+        except (OSError, ValueError, TypeError, AttributeError):
+            pass  # damaged: traced again and rewritten below
     key = jax.random.PRNGKey(0)
     if library == "transformers":  # CLIP text encoders take the token shape
-        return jax.eval_shape(lambda k: module.init_weights(k, (1, module.config.max_position_embeddings)), key)
-    return jax.eval_shape(module.init_weights, key)
+        shapes = jax.eval_shape(lambda k: module.init_weights(k, (1, module.config.max_position_embeddings)), key)
+    else:
+        shapes = jax.eval_shape(module.init_weights, key)
+    if path is not None:
+        _keep_shapes(path, shapes)
+    return shapes
+
+
+def _shapes_path(module: Any, library: str) -> Optional[Path]:
+    import hashlib
+
+    from sdjax_runner.record.provenance import package_versions
+
+    config = module.config.to_dict() if hasattr(module.config, "to_dict") else dict(module.config)
+    facts = [type(module).__module__, type(module).__qualname__, library, str(getattr(module, "dtype", "")), config,
+             package_versions()]
+    try:
+        digest = hashlib.sha256(json.dumps(facts, sort_keys=True, default=str).encode()).hexdigest()
+    except (TypeError, ValueError):
+        return None
+    return SHAPES_DIR / f"{digest}.json"
+
+
+def _keep_shapes(path: Path, shapes: dict) -> None:
+    import os
+
+    from flax.traverse_util import flatten_dict
+
+    flat = {"/".join(k): [list(v.shape), str(v.dtype)] for k, v in flatten_dict(shapes).items()}
+    if any("/" in part for k in flatten_dict(shapes) for part in k):
+        return  # not representable in this format
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp.write_text(json.dumps(flat), encoding="utf-8")
+        os.replace(tmp, path)
+    except OSError:
+        tmp.unlink(missing_ok=True)
 
 
 def _flax_key(pt_key: str, tensor: np.ndarray, reference: dict, library: str, prefix: str) -> tuple[tuple, np.ndarray]:
@@ -100,6 +152,31 @@ def convert_tensors(tensors: Iterable[tuple[str, Callable[[], np.ndarray]]], mod
     missing = sorted("/".join(k) for k in reference if k not in params)
     if missing:
         raise ValueError(f"{len(missing)} parameter(s) not in {source}, e.g. {', '.join(missing[:3])}")
+    return unflatten_dict(params)
+
+
+class WeightsMismatch(ValueError):
+    """Weights that were read but do not fit the module's parameters."""
+
+
+def read_flax(file: Path, module: Any, library: str) -> dict:
+    """A Flax weights file (msgpack) as host arrays, checked against ``module``'s parameter shapes
+    (WeightsMismatch). What diffusers' ``from_pretrained`` does, less the copy of every array onto a
+    device and back."""
+    from flax.serialization import msgpack_restore
+    from flax.traverse_util import flatten_dict, unflatten_dict
+
+    reference = flatten_dict(param_shapes(module, library))
+    stored = flatten_dict(msgpack_restore(file.read_bytes()))
+    params = {}
+    for key, shape in reference.items():
+        if key not in stored:
+            missing = [k for k in reference if k not in stored]
+            raise WeightsMismatch(f"{len(missing)} parameter(s) not in {file.name}, e.g. "
+                             f"{', '.join('/'.join(k) for k in missing[:3])}")
+        if stored[key].shape != shape.shape:
+            raise WeightsMismatch(f"{file.name}: {'/'.join(key)} has shape {stored[key].shape}, the model expects {shape.shape}")
+        params[key] = stored[key]
     return unflatten_dict(params)
 
 

@@ -24,7 +24,7 @@ from omegaconf import DictConfig
 
 from sdjax_runner.errors import UserError
 from sdjax_runner.models import model_index, sources
-from sdjax_runner.models.checkpoints import convert_safetensors, convert_tensors, find_weights
+from sdjax_runner.models.checkpoints import convert_safetensors, convert_tensors, find_weights, read_flax, WeightsMismatch
 from sdjax_runner.models.schedulers import build_scheduler
 
 log = logging.getLogger("sdjax_runner")
@@ -119,7 +119,13 @@ def load_component(folder: Path, library: str, cls, model: DictConfig, activatio
     if size >= ANNOUNCE_BYTES:  # seconds or more: say so before it starts
         log.info("load: %s/ (%.1f GB of %s weights%s) ...", folder.name, size / 1e9, found.format,
                  ", converting to Flax" if found.format == "safetensors" else "")
-    if found.format == "flax":
+    if found.format == "flax" and is_diffusers and found.files[0].is_file():  # one file, not shards
+        module = cls.from_config(cls.load_config(folder), dtype=activations)
+        try:
+            params = read_flax(found.files[0], module, "diffusers")
+        except WeightsMismatch as exc:
+            raise UserError(sources.KEY, f"{folder.name}/ does not match its config.json: {exc}") from None
+    elif found.format == "flax":
         # As diffusers' FlaxDiffusionPipeline.from_pretrained does: transformers models keep their own dtype.
         module, params = (cls.from_pretrained(folder, dtype=activations) if is_diffusers
                           else cls.from_pretrained(folder, _do_init=False))
