@@ -47,7 +47,7 @@ def write_report(report: dict, out) -> None:
         out.write_text(json.dumps(report, indent=2) + "\n")
 
 
-def setup(doc: str, rounds: int, prefix: str, models_subdir: str = "models"):
+def setup(doc: str, rounds: int, prefix: str, models_subdir: str = "models", extra: dict | None = None):
     """(arguments --rounds/--out, a fresh work directory, an environment whose built-in models live in it)."""
     import argparse
     import tempfile
@@ -56,6 +56,8 @@ def setup(doc: str, rounds: int, prefix: str, models_subdir: str = "models"):
     parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rounds", type=int, default=rounds)
     parser.add_argument("--out", type=Path)
+    for flag, default in (extra or {}).items():
+        parser.add_argument(flag, default=default)
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix=prefix))
     return args, work, dict(os.environ, SDJAX_RUNNER_CACHE_DIR=str(work / models_subdir))

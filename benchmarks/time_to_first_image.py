@@ -1,8 +1,10 @@
 """Time to first image: the wall time of a new process of ``+experiment=smoke tracking=none``,
 cold (empty compilation caches) and warm (caches filled by an earlier process), measured side by side.
 
+    baseline          the code before the warm-start work (``--baseline``, default 3bad419), run from
+                      an extracted copy of that commit with the same environment: "today's code"
     pmap              the default (the guide's pmap path): traces every time; JAX's persistent cache
-                      skips XLA's compile when warm. This path is unchanged by the executable cache.
+                      skips XLA's compile when warm; kept parameter shapes and FLOPs skip the rest
     sharded traced    parallelism=sharded compilation_cache.executables=false: the same as pmap
                       (trace, lower, persistent cache, a second lowering to count FLOPs)
     sharded stored    parallelism=sharded with the executable cache: a warm start loads the stored
@@ -28,6 +30,7 @@ from bench_common import machine_facts, setup, write_report  # noqa: E402
 
 BASE = ["+experiment=smoke", "tracking=none"]
 CONFIGS = {
+    "baseline": [],
     "pmap": [],
     "sharded_traced": ["parallelism=sharded", "compilation_cache.executables=false"],
     "sharded_stored": ["parallelism=sharded"],
@@ -43,19 +46,37 @@ def one(args: list[str], cache: Path, run_dir: Path, work: Path, env: dict) -> d
         raise SystemExit(f"failed: {args}\n{result.stderr[-3000:]}")
     timings = json.loads((run_dir / "timings.json").read_text())
     return {"wall_s": wall, "trace_s": timings["trace_s"], "compile_s": timings["compile_s"],
-            "compile_path": timings["compile_path"], "load_s": timings["load_s"]}
+            "compile_path": timings.get("compile_path", "traced"), "load_s": timings["load_s"]}
+
+
+def baseline_env(env: dict, work: Path, revision: str) -> dict:
+    """``env`` running the package as it was at ``revision`` (an extracted copy first on PYTHONPATH)."""
+    root = Path(__file__).resolve().parents[1]
+    target = work / f"baseline-{revision}"
+    target.mkdir()
+    archive = subprocess.run(["git", "-C", str(root), "archive", revision, "sdjax_runner"], capture_output=True, check=True)
+    subprocess.run(["tar", "-x", "-C", str(target)], input=archive.stdout, check=True)
+    env = dict(env, PYTHONPATH=str(target))
+    found = subprocess.run([sys.executable, "-c", "import sdjax_runner; print(sdjax_runner.__file__)"], env=env,
+                           cwd=work, capture_output=True, text=True, check=True).stdout.strip()
+    if not found.startswith(str(target)):
+        raise SystemExit(f"the baseline is not what runs: {found}")
+    return env
 
 
 def main() -> None:
-    args, work, env = setup(__doc__, rounds=5, prefix="ttfi-")
-    warm = work / "warm-cache"
-    for name, extra in CONFIGS.items():  # builds the models once, fills the warm cache (and stores executables)
-        one(extra, warm, work / f"prefill-{name}", work, env)
+    args, work, env = setup(__doc__, rounds=5, prefix="ttfi-", extra={"--baseline": "3bad419"})
+    envs = {name: env for name in CONFIGS}
+    envs["baseline"] = baseline_env(env, work, args.baseline)
+    warm = {name: work / f"warm-cache-{name}" for name in CONFIGS}  # the baseline's cache files differ
+    for name, extra in CONFIGS.items():  # builds the models once, fills the warm caches (and stores executables)
+        one(extra, warm[name], work / f"prefill-{name}", work, envs[name])
     samples: dict[str, list[dict]] = {f"{kind}_{name}": [] for kind in ("warm", "cold") for name in CONFIGS}
     for index in range(args.rounds):
         for name, extra in CONFIGS.items():
-            samples[f"warm_{name}"].append(one(extra, warm, work / f"w{index}-{name}", work, env))
-            samples[f"cold_{name}"].append(one(extra, work / f"cold-{index}-{name}", work / f"c{index}-{name}", work, env))
+            samples[f"warm_{name}"].append(one(extra, warm[name], work / f"w{index}-{name}", work, envs[name]))
+            samples[f"cold_{name}"].append(one(extra, work / f"cold-{index}-{name}", work / f"c{index}-{name}", work,
+                                               envs[name]))
         print(f"round {index}: " + ", ".join(f"{k} {v[-1]['wall_s']:.2f} s" for k, v in samples.items()), flush=True)
     medians = {k: {m: statistics.median(s[m] for s in v) for m in ("wall_s", "trace_s", "compile_s", "load_s")}
                for k, v in samples.items()}
@@ -63,9 +84,14 @@ def main() -> None:
     report = {
         "machine": machine_facts(),
         "rounds": args.rounds,
+        "baseline": args.baseline,
         "medians": medians,
         "compile_paths": paths,
         "ratios": {
+            "warm_pmap_vs_warm_baseline": medians["warm_pmap"]["wall_s"] / medians["warm_baseline"]["wall_s"],
+            "warm_sharded_stored_vs_warm_baseline":
+                medians["warm_sharded_stored"]["wall_s"] / medians["warm_baseline"]["wall_s"],
+            "cold_pmap_vs_cold_baseline": medians["cold_pmap"]["wall_s"] / medians["cold_baseline"]["wall_s"],
             "warm_sharded_stored_vs_warm_pmap": medians["warm_sharded_stored"]["wall_s"] / medians["warm_pmap"]["wall_s"],
             "warm_sharded_stored_vs_warm_sharded_traced":
                 medians["warm_sharded_stored"]["wall_s"] / medians["warm_sharded_traced"]["wall_s"],
