@@ -83,10 +83,7 @@ def model(model: Any) -> None:
     from sdjax_runner.models.builtin import BUILTIN_MODELS
     from sdjax_runner.models.sources import is_local
 
-    if model.checkpoint:
-        from sdjax_runner.models.single_file import open_checkpoint
-
-        open_checkpoint(Path(str(model.checkpoint)).expanduser())  # exists, is safetensors, has a known architecture
+    if model.checkpoint:  # the file itself is read (and checked) once, by config/plan.py's checkpoint_record
         if model.pretrained_model_name_or_path is None:
             return  # the standard base of its architecture (config/plan.py)
     elif model.pretrained_model_name_or_path is None:  # model=single_file without its file

@@ -62,17 +62,11 @@ def source_hash() -> str:
     return _source_hash
 
 
-def _config(module: Any) -> Any:
-    config = getattr(module, "config", None)
-    if config is None:
-        return None
-    return config.to_dict() if hasattr(config, "to_dict") else dict(config)  # transformers' or diffusers' config
-
-
 def program_key(generator: Any, args: tuple, attention: str) -> str:
     """The key of the program ``generator`` would compile for ``args``."""
     import jax
 
+    from sdjax_runner.models.checkpoints import config_dict
     from sdjax_runner.record.provenance import package_versions
 
     pipeline, plan = generator.pipeline, generator.plan
@@ -83,8 +77,9 @@ def program_key(generator: Any, args: tuple, attention: str) -> str:
         "leaves": [(tuple(leaf.shape), str(leaf.dtype), str(getattr(leaf, "sharding", ""))) for leaf in leaves],
         "program": [plan.mode, plan.num_inference_steps, generator.height, generator.width, attention,
                     type(pipeline).__name__, str(pipeline.dtype), type(pipeline.scheduler).__name__,
-                    _config(pipeline.scheduler), _config(pipeline.unet), _config(pipeline.vae),
-                    _config(getattr(pipeline, "text_encoder", None)), _config(getattr(pipeline, "text_encoder_2", None))],
+                    config_dict(pipeline.scheduler), config_dict(pipeline.unet), config_dict(pipeline.vae),
+                    config_dict(getattr(pipeline, "text_encoder", None)),
+                    config_dict(getattr(pipeline, "text_encoder_2", None))],
         "machine": [[d.platform, d.device_kind, d.id, d.process_index] for d in generator.devices]
                    + [jax.process_count(), os.environ.get("XLA_FLAGS", ""), bool(jax.config.jax_enable_x64)],
         "code": [package_versions(), platform.python_version(), source_hash()],
@@ -160,13 +155,13 @@ def load_flops(directory: str, key: str) -> Optional[float]:
 
 def save_flops(directory: str, key: str, flops: Optional[float]) -> None:
     """Keep the FLOPs of one batch of program ``key`` (atomically; a failure only costs a lowering later)."""
+    from sdjax_runner.record.rundir import write_json
+
     path = _flops_path(directory, key)
     if flops is None or load_flops(directory, key) == flops:
         return
-    tmp = path.with_name(path.name + f".{os.getpid()}.tmp")
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp.write_text(json.dumps({"flops_per_batch": flops}), encoding="utf-8")
-        os.replace(tmp, path)
+        write_json(path, {"flops_per_batch": flops})
     except OSError:
-        tmp.unlink(missing_ok=True)
+        pass

@@ -88,14 +88,21 @@ def param_shapes(module: Any, library: str) -> dict:
     return shapes
 
 
+def config_dict(module: Any) -> Any:
+    """A module's config as a plain dict (transformers' or diffusers' config), or None."""
+    config = getattr(module, "config", None)
+    if config is None:
+        return None
+    return config.to_dict() if hasattr(config, "to_dict") else dict(config)
+
+
 def _shapes_path(module: Any, library: str) -> Optional[Path]:
     import hashlib
 
     from sdjax_runner.record.provenance import package_versions
 
-    config = module.config.to_dict() if hasattr(module.config, "to_dict") else dict(module.config)
-    facts = [type(module).__module__, type(module).__qualname__, library, str(getattr(module, "dtype", "")), config,
-             package_versions()]
+    facts = [type(module).__module__, type(module).__qualname__, library, str(getattr(module, "dtype", "")),
+             config_dict(module), package_versions()]
     try:
         digest = hashlib.sha256(json.dumps(facts, sort_keys=True, default=str).encode()).hexdigest()
     except (TypeError, ValueError):
@@ -104,20 +111,18 @@ def _shapes_path(module: Any, library: str) -> Optional[Path]:
 
 
 def _keep_shapes(path: Path, shapes: dict) -> None:
-    import os
-
     from flax.traverse_util import flatten_dict
 
-    flat = {"/".join(k): [list(v.shape), str(v.dtype)] for k, v in flatten_dict(shapes).items()}
-    if any("/" in part for k in flatten_dict(shapes) for part in k):
+    from sdjax_runner.record.rundir import write_json
+
+    flat = flatten_dict(shapes)
+    if any("/" in part for key in flat for part in key):
         return  # not representable in this format
-    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp.write_text(json.dumps(flat), encoding="utf-8")
-        os.replace(tmp, path)
+        write_json(path, {"/".join(k): [list(v.shape), str(v.dtype)] for k, v in flat.items()})
     except OSError:
-        tmp.unlink(missing_ok=True)
+        pass  # not kept: the next process traces again
 
 
 def _flax_key(pt_key: str, tensor: np.ndarray, reference: dict, library: str, prefix: str) -> tuple[tuple, np.ndarray]:
@@ -130,33 +135,42 @@ def _flax_key(pt_key: str, tensor: np.ndarray, reference: dict, library: str, pr
     return rename_key_and_reshape_tensor(tuple(pt_key.split(".")), tensor, reference, prefix)
 
 
-def convert_tensors(tensors: Iterable[tuple[str, Callable[[], np.ndarray]]], module: Any, library: str,
-                    dtype: np.dtype, source: str) -> dict:
-    """Flax params for ``module`` from ``(PyTorch name, loader)`` pairs, as host arrays of ``dtype``
-    (each tensor is loaded, renamed, checked and cast in turn).
+class WeightsMismatch(ValueError):
+    """Weights that were read but do not fit the module's parameters."""
 
-    Raises ValueError naming the first tensor whose shape does not match, or the parameters
-    ``source`` lacks."""
-    from flax.traverse_util import flatten_dict, unflatten_dict
 
-    reference = flatten_dict(param_shapes(module, library))
-    prefix = getattr(module, "base_model_prefix", "")
+def _fitted(reference: dict, tensors: Iterable[tuple[tuple, np.ndarray, str]], source: str,
+            dtype: Optional[np.dtype] = None) -> dict:
+    """``(Flax path, array, name in the file)`` items checked against the module's ``reference``
+    shapes (flattened), cast to ``dtype`` if given; items the module has no parameter for are
+    skipped (buffers such as position_ids, heads the Flax module does not have). Raises
+    WeightsMismatch naming the first tensor whose shape does not fit, or the parameters ``source`` lacks."""
+    from flax.traverse_util import unflatten_dict
+
     params: dict[tuple, np.ndarray] = {}
-    for pt_key, load in tensors:
-        key, value = _flax_key(pt_key, load(), reference, library, prefix)
+    for key, value, name in tensors:
         if key not in reference:
-            continue  # buffers such as position_ids, or heads the Flax module does not have
+            continue
         if value.shape != reference[key].shape:
-            raise ValueError(f"{source}: {pt_key} has shape {value.shape}, the Flax model expects {reference[key].shape}")
-        params[key] = np.ascontiguousarray(value, dtype=dtype)
+            raise WeightsMismatch(f"{source}: {name} has shape {value.shape}, the Flax model expects "
+                                  f"{reference[key].shape}")
+        params[key] = value if dtype is None else np.ascontiguousarray(value, dtype=dtype)
     missing = sorted("/".join(k) for k in reference if k not in params)
     if missing:
-        raise ValueError(f"{len(missing)} parameter(s) not in {source}, e.g. {', '.join(missing[:3])}")
+        raise WeightsMismatch(f"{len(missing)} parameter(s) not in {source}, e.g. {', '.join(missing[:3])}")
     return unflatten_dict(params)
 
 
-class WeightsMismatch(ValueError):
-    """Weights that were read but do not fit the module's parameters."""
+def convert_tensors(tensors: Iterable[tuple[str, Callable[[], np.ndarray]]], module: Any, library: str,
+                    dtype: np.dtype, source: str) -> dict:
+    """Flax params for ``module`` from ``(PyTorch name, loader)`` pairs, as host arrays of ``dtype``
+    (each tensor is loaded, renamed, checked and cast in turn; WeightsMismatch if they do not fit)."""
+    from flax.traverse_util import flatten_dict
+
+    reference = flatten_dict(param_shapes(module, library))
+    prefix = getattr(module, "base_model_prefix", "")
+    renamed = ((*_flax_key(pt_key, load(), reference, library, prefix), pt_key) for pt_key, load in tensors)
+    return _fitted(reference, renamed, source, dtype)
 
 
 def read_flax(file: Path, module: Any, library: str) -> dict:
@@ -164,20 +178,11 @@ def read_flax(file: Path, module: Any, library: str) -> dict:
     (WeightsMismatch). What diffusers' ``from_pretrained`` does, less the copy of every array onto a
     device and back."""
     from flax.serialization import msgpack_restore
-    from flax.traverse_util import flatten_dict, unflatten_dict
+    from flax.traverse_util import flatten_dict
 
     reference = flatten_dict(param_shapes(module, library))
     stored = flatten_dict(msgpack_restore(file.read_bytes()))
-    params = {}
-    for key, shape in reference.items():
-        if key not in stored:
-            missing = [k for k in reference if k not in stored]
-            raise WeightsMismatch(f"{len(missing)} parameter(s) not in {file.name}, e.g. "
-                             f"{', '.join('/'.join(k) for k in missing[:3])}")
-        if stored[key].shape != shape.shape:
-            raise WeightsMismatch(f"{file.name}: {'/'.join(key)} has shape {stored[key].shape}, the model expects {shape.shape}")
-        params[key] = stored[key]
-    return unflatten_dict(params)
+    return _fitted(reference, ((key, value, "/".join(key)) for key, value in stored.items()), file.name)
 
 
 def _file_tensors(files: tuple[Path, ...]) -> Iterator[tuple[str, Callable[[], np.ndarray]]]:

@@ -24,16 +24,17 @@ from omegaconf import DictConfig
 
 from sdjax_runner.errors import UserError
 from sdjax_runner.models import model_index, sources
-from sdjax_runner.models.checkpoints import convert_safetensors, convert_tensors, find_weights, read_flax, WeightsMismatch
+from sdjax_runner.models.checkpoints import (WeightsMismatch, convert_safetensors, convert_tensors, find_weights,
+                                             read_flax)
 from sdjax_runner.models.schedulers import build_scheduler
 
 log = logging.getLogger("sdjax_runner")
 # Components whose weight files are at least this big get a line before they load (a full-size UNet is 3.4 GB).
 ANNOUNCE_BYTES = 200_000_000
 
-# model_index.json's pipeline class (with or without "Flax") -> the Flax pipeline that runs it.
 # The components a single-file checkpoint (model.checkpoint) holds the weights of.
 CHECKPOINT_COMPONENTS = ("unet", "vae", "text_encoder", "text_encoder_2")
+# model_index.json's pipeline class (with or without "Flax") -> the Flax pipeline that runs it.
 PIPELINES = {"StableDiffusionPipeline": "FlaxStableDiffusionPipeline",
              "StableDiffusionXLPipeline": "FlaxStableDiffusionXLPipeline"}
 
@@ -106,6 +107,15 @@ def component_kinds() -> tuple[type, ...]:
             ImageProcessingMixin, FlaxSchedulerMixin)
 
 
+def from_config(cls, folder: Path, activations):
+    """``cls`` built from ``folder``'s config, no weights (they come from a file read apart)."""
+    from diffusers import FlaxModelMixin
+
+    if issubclass(cls, FlaxModelMixin):
+        return cls.from_config(cls.load_config(folder), dtype=activations)
+    return cls(cls.config_class.from_pretrained(folder), _do_init=False)
+
+
 def load_component(folder: Path, library: str, cls, model: DictConfig, activations, weights: np.dtype):
     """(module, host params or None, weights format) for one component folder."""
     from diffusers import FlaxModelMixin
@@ -120,7 +130,7 @@ def load_component(folder: Path, library: str, cls, model: DictConfig, activatio
         log.info("load: %s/ (%.1f GB of %s weights%s) ...", folder.name, size / 1e9, found.format,
                  ", converting to Flax" if found.format == "safetensors" else "")
     if found.format == "flax" and is_diffusers and found.files[0].is_file():  # one file, not shards
-        module = cls.from_config(cls.load_config(folder), dtype=activations)
+        module = from_config(cls, folder, activations)
         try:
             params = read_flax(found.files[0], module, "diffusers")
         except WeightsMismatch as exc:
@@ -130,8 +140,7 @@ def load_component(folder: Path, library: str, cls, model: DictConfig, activatio
         module, params = (cls.from_pretrained(folder, dtype=activations) if is_diffusers
                           else cls.from_pretrained(folder, _do_init=False))
     elif found.format == "safetensors":
-        module = (cls.from_config(cls.load_config(folder), dtype=activations) if is_diffusers
-                  else cls(cls.config_class.from_pretrained(folder), _do_init=False))
+        module = from_config(cls, folder, activations)
         try:
             params = convert_safetensors(found.files, module, "diffusers" if is_diffusers else "transformers", weights)
         except ValueError as exc:
@@ -166,8 +175,7 @@ def load_from_checkpoint(folder: Path, name: str, library: str, cls, checkpoint,
     from sdjax_runner.models import single_file
 
     is_diffusers = issubclass(cls, FlaxModelMixin)
-    module = (cls.from_config(cls.load_config(folder), dtype=activations) if is_diffusers
-              else cls(cls.config_class.from_pretrained(folder), _do_init=False))
+    module = from_config(cls, folder, activations)
     base = folder.parent
     tensors = single_file.component_tensors(checkpoint, name)
     try:

@@ -70,12 +70,10 @@ def _sha256(path: str, size: int, mtime_ns: int) -> str:
 
 def _split(key: str) -> Optional[tuple[str, str, str]]:
     """(component, module name with underscores, factor) of an adapter key, or None."""
-    component = next((c for prefix, c in PREFIXES if key.startswith(prefix)), None)
-    factor = next((f for suffix, f in SUFFIXES if key.endswith(suffix)), None)
+    prefix, component = next(((p, c) for p, c in PREFIXES if key.startswith(p)), (None, None))
+    suffix, factor = next(((s, f) for s, f in SUFFIXES if key.endswith(s)), (None, None))
     if component is None or factor is None:
         return None
-    prefix = next(p for p, c in PREFIXES if key.startswith(p))
-    suffix = next(s for s, f in SUFFIXES if key.endswith(s))
     module = key[len(prefix):len(key) - len(suffix)]
     module = re.sub(r"\.processor\.(to_[a-z]+)_lora$", r".\1", module)  # older diffusers attention processors
     module = module.replace(".processor", "").replace(".", "_")

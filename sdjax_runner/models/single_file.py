@@ -44,7 +44,8 @@ PREFIXES = (
 # Tensors of a training checkpoint that are not pipeline weights (EMA copies, the DDPM schedule
 # buffers, OpenCLIP's image tower and logit scale, the VAE's training loss).
 SKIPPED = re.compile(r"^(model_ema\.|betas$|alphas_cumprod|sqrt_|log_one_minus|posterior_|logvar$|lvlb_weights$"
-                     r"|first_stage_model\.loss\.|(cond_stage_model|conditioner\.embedders\.\d)\.model\.(visual\.|logit_scale$)"
+                     r"|first_stage_model\.loss\."
+                     r"|(cond_stage_model|conditioner\.embedders\.\d)\.model\.(visual\.|logit_scale$)"
                      r"|.*\.position_ids$)")
 # The base model for each architecture when none is given: configs, tokenizers and scheduler only.
 BASES = {"sd1": "stable-diffusion-v1-5/stable-diffusion-v1-5", "sd2": "stabilityai/stable-diffusion-2-1",
@@ -146,7 +147,8 @@ def vae_name(key: str, levels: int) -> Optional[tuple[str, Callable]]:
     if rest.startswith("norm_out."):
         return f"{coder}.conv_norm_out.{rest[len('norm_out.'):]}", _same
     if match := re.fullmatch(r"mid\.block_([12])\.(.+)", rest):
-        return f"{coder}.mid_block.resnets.{int(match[1]) - 1}.{match[2].replace('nin_shortcut.', 'conv_shortcut.')}", _same
+        tail = match[2].replace("nin_shortcut.", "conv_shortcut.")
+        return f"{coder}.mid_block.resnets.{int(match[1]) - 1}.{tail}", _same
     if match := re.fullmatch(r"mid\.attn_1\.(.+)", rest):
         tail = match[1]
         new = next((n + tail[len(o):] for o, n in _VAE_ATTENTION.items() if tail.startswith(o)), None)
