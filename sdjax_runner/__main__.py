@@ -1,3 +1,3 @@
-from sdjax_runner.cli import main
+from sdjax_runner.cli import entry
 
-main()
+entry()

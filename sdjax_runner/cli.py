@@ -13,12 +13,14 @@ import os
 import signal
 import sys
 from pathlib import Path
+from typing import NoReturn
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig
 
+from sdjax_runner import interpreter
 from sdjax_runner.config import naming, schema
 from sdjax_runner.config.prompts import file_replaces_texts
 from sdjax_runner.errors import Refused, Terminated, describe, stop_reason
@@ -80,7 +82,25 @@ def _terminate(signum: int, frame: object) -> None:
     raise Terminated()
 
 
+def entry() -> NoReturn:
+    """``python -m sdjax_runner`` and the ``sdjax-runner`` command: :func:`main`, then the process ends
+    without the interpreter's teardown (:func:`.interpreter.exit_process`)."""
+    try:
+        main()
+    except SystemExit as exc:
+        interpreter.exit_process(exc.code)
+    interpreter.exit_process(0)
+
+
 def main() -> None:
+    interpreter.pause_collection()  # start-up: see interpreter.py
+    try:
+        _main()
+    finally:
+        interpreter.job_ended()
+
+
+def _main() -> None:
     global _show_tracebacks
     schema.register()
     # SIGTERM ends the job like Ctrl-C does: the tracker run ends KILLED, status.json says so,

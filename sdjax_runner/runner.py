@@ -12,6 +12,7 @@ from typing import Any, Optional
 
 from omegaconf import DictConfig
 
+from sdjax_runner import interpreter
 from sdjax_runner.config import checks
 from sdjax_runner.config.plan import Plan, make_plan
 from sdjax_runner.engine import compile_cache, distributed, runtime
@@ -38,13 +39,17 @@ def run(cfg: DictConfig, run_dir: Path, overrides: list[str], run_name: Optional
     """Run one job into ``run_dir``; ``parent_run_id`` links its tracker run to a sweep's;
     ``extra_tags`` are added to its tracker run (a re-run names what it re-runs)."""
     started = time.perf_counter()
-    runtime.prepare_process(cfg)
-    job = Job(run_dir, writes=distributed.is_writer())
-    with job.recorded():
-        runtime.silence_libraries()
-        plan = make_plan(cfg, runtime.available_devices(cfg.parallelism.mode.name))
-        tags = dict(tracker_tags(plan, overrides, parent_run_id, run_dir), **(extra_tags or {}))
-        return _run(plan, job, run_name or plan.run_name, tags, started)
+    interpreter.pause_collection()  # until the program is ready (see interpreter.py)
+    try:
+        runtime.prepare_process(cfg)
+        job = Job(run_dir, writes=distributed.is_writer())
+        with job.recorded():
+            runtime.silence_libraries()
+            plan = make_plan(cfg, runtime.available_devices(cfg.parallelism.mode.name))
+            tags = dict(tracker_tags(plan, overrides, parent_run_id, run_dir), **(extra_tags or {}))
+            return _run(plan, job, run_name or plan.run_name, tags, started)
+    finally:
+        interpreter.job_ended()
 
 
 def _run(plan: Plan, job: Job, run_name: str, tags: dict[str, str], started: float) -> dict[str, Any]:
@@ -83,6 +88,7 @@ def _run(plan: Plan, job: Job, run_name: str, tags: dict[str, str], started: flo
     prepared = REUSE.prepare(plan, entry, model_reused, mode, devices, shape_key(plan, height, width))
     generator = mode(prepared.pipeline, prepared.params, prepared.safety_weights, plan, height, width, devices)
     trace_s, compile_s, cache_hit, compile_path = compile_generator(generator, prepared, plan)
+    interpreter.program_ready()
     job.progress.update(load_s=prepared.load_s, replicate_s=prepared.replicate_s, trace_s=trace_s,
                         compile_s=compile_s, batches_done=0, num_batches=plan.num_batches)
 
@@ -99,6 +105,8 @@ def _run(plan: Plan, job: Job, run_name: str, tags: dict[str, str], started: flo
         if not job.writes:  # still take part in every batch: gathering the images is collective
             for _ in batches:
                 pass
+            if plan.profile:  # so is the profiled batch
+                jax.block_until_ready(generator.run(*generator.inputs(0)))
             log.info("generate: done on process %d; process 0 writes the outputs", jax.process_index())
             return {"run_dir": None}
         images, write_s = rundir.write_images(job.run_dir, plan, batches, rundir.image_meta(plan, height, width),
@@ -113,10 +121,18 @@ def _run(plan: Plan, job: Job, run_name: str, tags: dict[str, str], started: flo
              (f", {summary['tflops_per_s']:.3g} TFLOP/s" if summary["tflops_per_s"] else "")
              + (f", MFU {summary['mfu']:.1%}" if summary["mfu"] is not None else ""))
 
+    if plan.profile:
+        from sdjax_runner.engine import profiling
+
+        profile = profiling.profile_batch(lambda: generator.run(*generator.inputs(0)), generator.compiled,
+                                          job.run_dir / rundir.PROFILE_DIR)
+        rundir.write_json(job.run_dir / rundir.PROFILE, profile)
+        log.info("profile: %s; trace in %s", profiling.describe(profile), job.run_dir / rundir.PROFILE_DIR)
+
     # Judge the images (never fails the run), then disk, then the tracker.
     from sdjax_runner.metrics.evaluate import evaluate
 
-    quality = evaluate(plan.metrics, job.run_dir, images, job.records)
+    quality = evaluate(plan.metrics, job.run_dir, images, job.records, executables_dir(plan))
     write_s += rundir.write_run_files(job.run_dir, plan, job.records, images)
     from sdjax_runner.engine.efficiency import param_bytes_per_device
 
@@ -159,12 +175,19 @@ def image_size(plan: Plan, loaded) -> tuple[int, int]:
     return height, width
 
 
+def executables_dir(plan: Plan) -> Optional[str]:
+    """Where compiled programs are kept across processes (engine/executable_cache.py), or None.
+    Multi-host programs are tied to their peers: neither kept nor loaded."""
+    import jax
+
+    cache = plan.compilation_cache
+    return cache.dir if cache.enabled and cache.executables and jax.process_count() == 1 else None
+
+
 def compile_generator(generator, prepared, plan: Plan) -> tuple[float, float, bool, str]:
     """Give ``generator`` its compiled program: reused if this process has it, loaded if a stored
     executable fits, else traced and compiled (and stored). (trace_s, compile_s, served by JAX's
     persistent cache, which path: "reused", "executable_cache" or "traced")."""
-    import jax
-
     from sdjax_runner.engine import executable_cache
     from sdjax_runner.engine.reuse import REUSE
 
@@ -174,12 +197,10 @@ def compile_generator(generator, prepared, plan: Plan) -> tuple[float, float, bo
         return 0.0, 0.0, False, "reused"
     cache = plan.compilation_cache
     started = time.perf_counter()
-    if cache.enabled and cache.executables and jax.process_count() == 1:
+    if executables_dir(plan):
         generator.program_key = executable_cache.program_key(generator, generator.program_args(), plan.attention)
         REUSE.know_flops(prepared, executable_cache.load_flops(cache.dir, generator.program_key))
-    if generator.program_key and executable_cache.supported(generator) is None:
-        generator.executable_key = generator.program_key
-        stored = executable_cache.load(cache.dir, generator.executable_key, generator.devices)
+        stored = executable_cache.load(cache.dir, generator.program_key, generator.devices)
         if stored is not None:
             generator.compiled = stored
             REUSE.adopt(prepared, generator.compiled)
@@ -189,11 +210,11 @@ def compile_generator(generator, prepared, plan: Plan) -> tuple[float, float, bo
     log.info("compile: tracing and compiling the %d-step generate function ...", generator.plan.num_inference_steps)
     # A program to be stored is compiled afresh: one the persistent cache served does not reload.
     generator.compiled, trace_s, compile_s, cache_hit = REUSE.compile(prepared, generator.lower,
-                                                                      fresh=bool(generator.executable_key))
+                                                                      fresh=bool(generator.program_key))
     log.info("compile: %.1f s (+ %.1f s tracing)%s", compile_s, trace_s,
              ", from the persistent compilation cache" if cache_hit else "")
-    if generator.executable_key and not cache_hit:
-        executable_cache.save(cache.dir, generator.executable_key, generator.compiled)
+    if generator.program_key and not cache_hit:
+        executable_cache.save(cache.dir, generator.program_key, generator.compiled)
     return trace_s, compile_s, cache_hit, "traced"
 
 

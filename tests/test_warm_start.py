@@ -6,24 +6,34 @@ from pathlib import Path
 
 from helpers.cli import run_cli
 
-SHARDED = ["+experiment=smoke", "tracking=none", "parallelism=sharded"]
+SMOKE = ["+experiment=smoke", "tracking=none"]
 
 
 def _run(tmp_path: Path, cache: Path, name: str, *extra: str) -> dict:
     run_dir = tmp_path / name
-    result = run_cli(*SHARDED, *extra, f"compilation_cache.dir={cache}", f"hydra.run.dir={run_dir}", cwd=tmp_path)
+    result = run_cli(*SMOKE, *extra, f"compilation_cache.dir={cache}", f"hydra.run.dir={run_dir}", cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     timings = json.loads((run_dir / "timings.json").read_text())
-    hashes = [r["pixels_sha256"] for r in json.loads((run_dir / "images.json").read_text())]
-    return dict(timings, hashes=hashes, log=result.stdout + result.stderr)
+    records = json.loads((run_dir / "images.json").read_text())
+    quality = json.loads((run_dir / "quality.json").read_text())
+    return dict(timings, hashes=[r["pixels_sha256"] for r in records], clip_scores=[r["clip_score"] for r in records],
+                clip_path=quality["clip_score_compile_path"], log=result.stdout + result.stderr)
+
+
+def _generate_programs(cache: Path) -> list[Path]:
+    """Stored generate programs: the executables with a FLOPs count beside them (the CLIP score's has none)."""
+    return [p for p in (cache / "executables").glob("*.pkl") if p.with_suffix(".flops.json").is_file()]
 
 
 def test_a_warm_start_loads_the_stored_executable_and_makes_the_same_images(tmp_path):
+    # The default parallel mode: the guide's pmap.
     cache = tmp_path / "xla"
     first = _run(tmp_path, cache, "first")
     assert (first["compile_path"], first["executable_cache_hit"]) == ("traced", 0) and first["trace_s"] > 0
-    [stored] = (cache / "executables").glob("*.pkl")
+    assert first["clip_path"] == "traced"
+    [stored] = _generate_programs(cache)
     [flops] = (cache / "executables").glob("*.flops.json")
+    [clip_program] = set((cache / "executables").glob("*.pkl")) - {stored}
     shapes = sorted((cache / "shapes").glob("*.json"))  # the UNet's and the VAE's: no init tracing when warm
     assert len(shapes) == 2
 
@@ -32,14 +42,29 @@ def test_a_warm_start_loads_the_stored_executable_and_makes_the_same_images(tmp_
     assert "the stored executable (no tracing)" in warm["log"]
     assert warm["hashes"] == first["hashes"]  # the same program: bit-identical images
     assert warm["flops_per_batch"] == first["flops_per_batch"] > 0  # counted once, kept with the program
+    # The CLIP score's program too: the weights file read as it is, no model built, no tracing; same scores.
+    assert warm["clip_path"] == "executable_cache" and warm["clip_scores"] == first["clip_scores"]
 
     other = _run(tmp_path, cache, "other", "sampling.num_inference_steps=3")  # another program: another key
-    assert other["compile_path"] == "traced" and len(list((cache / "executables").glob("*.pkl"))) == 2
+    assert other["compile_path"] == "traced" and len(_generate_programs(cache)) == 2
+    assert other["clip_path"] == "executable_cache"  # the same 8 images to score: the same scoring program
 
-    for damaged_file in [stored, flops] + shapes:  # damaged: ignored, traced and counted again, same images
+    for damaged_file in [stored, flops, clip_program] + shapes:  # damaged: ignored, traced and counted again, same images
         damaged_file.write_bytes(b"not what it should be")
     damaged = _run(tmp_path, cache, "damaged")
     assert damaged["compile_path"] == "traced" and "not usable" in damaged["log"]
     assert damaged["hashes"] == first["hashes"] and damaged["flops_per_batch"] == first["flops_per_batch"]
+    assert damaged["clip_path"] == "traced" and damaged["clip_scores"] == first["clip_scores"]
     assert json.loads(flops.read_text())["flops_per_batch"] == first["flops_per_batch"]  # rewritten
 
+
+
+def test_the_sharded_path_keeps_its_executable_too(tmp_path):
+    cache = tmp_path / "xla"
+    first = _run(tmp_path, cache, "first", "parallelism=sharded")
+    warm = _run(tmp_path, cache, "warm", "parallelism=sharded")
+    assert (first["compile_path"], warm["compile_path"]) == ("traced", "executable_cache")
+    assert warm["hashes"] == first["hashes"]
+    pmap = _run(tmp_path, cache, "pmap")  # the same images, but another program
+    assert pmap["compile_path"] == "traced" and pmap["hashes"] == first["hashes"]
+    assert len(_generate_programs(cache)) == 2

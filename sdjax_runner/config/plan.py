@@ -64,6 +64,7 @@ class Plan:
     output_root: str
     compilation_cache: CompilationCacheConfig
     peak_tflops_per_device: Optional[float]
+    profile: bool  # one more batch under JAX's profiler (engine/profiling.py)
     max_models: int
     params: dict  # the resolved config, flattened, as the tracker logs it
     lora: tuple = ()  # (path, scale, sha256) per adapter
@@ -191,6 +192,7 @@ def make_plan(cfg: DictConfig, available_devices: int) -> Plan:
         output_root=cfg.paths.output_root,
         compilation_cache=OmegaConf.to_object(cfg.compilation_cache),
         peak_tflops_per_device=cfg.performance.peak_tflops_per_device,
+        profile=cfg.performance.profile,
         max_models=cfg.reuse.max_models,
         params=dict(flatten_params(cfg), **lora_params(adapters), **checkpoint_params(model, checkpoint)),
         lora=adapters,

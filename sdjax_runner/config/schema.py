@@ -203,6 +203,7 @@ class PerformanceConfig:
     gpu_memory_fraction: Optional[float] = None
     gpu_autotune_level: Optional[int] = None
     xla_flags: List[str] = field(default_factory=list)
+    profile: bool = False
 
 
 @dataclass

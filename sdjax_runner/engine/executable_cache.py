@@ -6,8 +6,9 @@ cache entry. Here the compiled executable itself is serialized
 (``jax.experimental.serialize_executable``) under a key of everything that determines the program:
 
     inputs     the pytree structure, shapes, dtypes and shardings of every argument
-    program    parallel mode, steps, height, width, attention, the pipeline, UNet, VAE and text
-               encoder configs, the scheduler and its config
+    program    for generation: parallel mode, steps, height, width, attention, the pipeline,
+               UNet, VAE and text encoder configs, the scheduler and its config; for the CLIP
+               score (metrics/clip_score.py): the CLIP model's class and config
     machine    platform, device kind and ids, process count, XLA_FLAGS, x64
     code       jax, jaxlib, flax, diffusers, transformers, numpy and Python versions, and a hash of
                this package's source
@@ -16,9 +17,9 @@ Anything that differs gives another key: the run traces as before and stores its
 file that cannot be read or loaded is ignored the same way (the run says which path it took in
 ``timings.json``: ``compile_path``). The files live in ``compilation_cache.dir/executables/``,
 which the config checks already require to be writable only by its owner (the same ownership check
-as JAX's cache), since loading one runs what it holds. Beside each program key, the FLOPs of a
-batch are kept (``<key>.flops.json``, for every parallel mode, also where the executable itself
-cannot be kept), so a warm start needs no second lowering to count them.
+as JAX's cache), since loading one runs what it holds. Beside each generate program's key, the
+FLOPs of a batch are kept (``<key>.flops.json``), so a warm start needs no second lowering to
+count them.
 
 What is kept, and why not more (measured with jaxlib 0.10.2 on CPU):
 
@@ -27,7 +28,9 @@ What is kept, and why not more (measured with jaxlib 0.10.2 on CPU):
   loads it fails at its first call (``NOT_FOUND: Function add_select_fusion not found``). So a
   program whose key is not stored yet is compiled afresh, past the persistent cache (one full XLA
   compile per program and code version), and then stored;
-- only the sharded (jit) path: a serialized *pmap* executable fails the same way even when fresh;
+- both parallel modes: JAX 0.10 runs ``jax.pmap`` as ``jit`` of a ``shard_map``, so the guide's
+  pmapped ``_p_generate`` compiles to an executable that serializes like the sharded path's (the
+  tests check that a stored one makes the traced one's images bit for bit, in both modes);
 - only single-process runs: a multi-host program is tied to its peers.
 """
 
@@ -62,40 +65,37 @@ def source_hash() -> str:
     return _source_hash
 
 
-def program_key(generator: Any, args: tuple, attention: str) -> str:
-    """The key of the program ``generator`` would compile for ``args``."""
+def key(program: list, args: tuple, devices: list) -> str:
+    """The key of a program: ``program`` (what, besides its arguments, determines it) compiled for
+    ``args`` on ``devices``, with this machine's and this code's facts."""
     import jax
 
-    from sdjax_runner.models.checkpoints import config_dict
     from sdjax_runner.record.provenance import package_versions
 
-    pipeline, plan = generator.pipeline, generator.plan
     leaves, tree = jax.tree_util.tree_flatten(args)
     facts = {
         "format": FORMAT,
         "tree": str(tree),
         "leaves": [(tuple(leaf.shape), str(leaf.dtype), str(getattr(leaf, "sharding", ""))) for leaf in leaves],
-        "program": [plan.mode, plan.num_inference_steps, generator.height, generator.width, attention,
-                    type(pipeline).__name__, str(pipeline.dtype), type(pipeline.scheduler).__name__,
-                    config_dict(pipeline.scheduler), config_dict(pipeline.unet), config_dict(pipeline.vae),
-                    config_dict(getattr(pipeline, "text_encoder", None)),
-                    config_dict(getattr(pipeline, "text_encoder_2", None))],
-        "machine": [[d.platform, d.device_kind, d.id, d.process_index] for d in generator.devices]
+        "program": program,
+        "machine": [[d.platform, d.device_kind, d.id, d.process_index] for d in devices]
                    + [jax.process_count(), os.environ.get("XLA_FLAGS", ""), bool(jax.config.jax_enable_x64)],
         "code": [package_versions(), platform.python_version(), source_hash()],
     }
     return hashlib.sha256(json.dumps(facts, sort_keys=True, default=str).encode()).hexdigest()
 
 
-def supported(generator: Any) -> Optional[str]:
-    """None if ``generator``'s program can be kept, else why not."""
-    import jax
+def program_key(generator: Any, args: tuple, attention: str) -> str:
+    """The key of the generate program ``generator`` would compile for ``args``."""
+    from sdjax_runner.models.checkpoints import config_dict
 
-    if not getattr(generator, "serializable", False):
-        return f"{generator.plan.mode} executables cannot be reloaded (jaxlib's serialized pmap fails when run)"
-    if jax.process_count() > 1:
-        return "multi-host programs are tied to their peers"
-    return None
+    pipeline, plan = generator.pipeline, generator.plan
+    program = [plan.mode, plan.num_inference_steps, generator.height, generator.width, attention,
+               type(pipeline).__name__, str(pipeline.dtype), type(pipeline.scheduler).__name__,
+               config_dict(pipeline.scheduler), config_dict(pipeline.unet), config_dict(pipeline.vae),
+               config_dict(getattr(pipeline, "text_encoder", None)),
+               config_dict(getattr(pipeline, "text_encoder_2", None))]
+    return key(program, args, generator.devices)
 
 
 def _path(directory: str, key: str) -> Path:

@@ -68,7 +68,6 @@ class Generator:
         self.timings = Timings()
         self.compiled: Optional[Callable] = None
         self.program_key: Optional[str] = None  # what determines the program (engine/executable_cache.py)
-        self.executable_key: Optional[str] = None  # the same, where the executable itself is kept
         self.negative_ids = None
         if plan.negative:
             self.negative_ids = self.place_ids(np.asarray(pipeline.prepare_inputs([plan.negative] * plan.images_per_batch)))
@@ -88,9 +87,6 @@ class Generator:
         """The batch's prompt ids and per-device keys, placed for this path."""
         ids = self.place_ids(np.asarray(self.pipeline.prepare_inputs(self.plan.batch_prompts(batch))))
         return ids, self.place_keys(batch_keys(self.plan.seed, batch, self.plan.num_devices))
-
-    # Whether this mode's compiled program survives serialization (engine/executable_cache.py).
-    serializable = False
 
     def program_args(self) -> tuple:
         """The arguments the compiled program takes (their shapes and shardings key a stored executable)."""

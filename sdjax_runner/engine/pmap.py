@@ -25,13 +25,13 @@ def replicate_from_host(tree, devices):
 
     mesh = jax.sharding.Mesh(np.array(devices), ("devices",))
     sharding = jax.NamedSharding(mesh, jax.P("devices"))
-
-    def put(leaf):
-        host = np.asarray(leaf)[None]
-        shards = [jax.device_put(host, device) for device in devices]
-        return jax.make_array_from_single_device_arrays((len(devices),) + host.shape[1:], sharding, shards)
-
-    return jax.tree_util.tree_map(put, tree)
+    leaves, treedef = jax.tree_util.tree_flatten(tree)
+    hosts = [np.asarray(leaf)[None] for leaf in leaves]
+    copies = [jax.device_put(hosts, device) for device in devices]  # one batched transfer per device
+    return treedef.unflatten([
+        jax.make_array_from_single_device_arrays((len(devices),) + host.shape[1:], sharding,
+                                                 [on_device[i] for on_device in copies])
+        for i, host in enumerate(hosts)])
 
 
 def shard(array: np.ndarray, num_devices: int) -> np.ndarray:

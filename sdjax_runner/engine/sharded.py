@@ -47,7 +47,6 @@ class ShardedGenerator(Generator):
                              self.width // self.pipeline.vae_scale_factor)
 
     place_params = staticmethod(replicate_sharded)
-    serializable = True
 
     def program_args(self) -> tuple:
         return self._args(*self.inputs(0))

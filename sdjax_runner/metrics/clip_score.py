@@ -8,14 +8,18 @@ devices (``NamedSharding`` along ``data``, params replicated), as generation is.
 
 The CLIP model is a built-in random one (``tiny-random-clip``, for tests and the smoke run: its
 scores are numbers, not judgements), a local directory, or a hub id (Flax weights, or PyTorch
-safetensors converted without torch). A process loads and compiles it once.
+safetensors converted without torch). A process loads and compiles it once; with
+``compilation_cache.executables`` the compiled scoring program is also kept across processes
+(:mod:`sdjax_runner.engine.executable_cache`), so a warm start neither builds transformers' model
+nor traces it: the weights file is read as it is and handed to the stored program.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Optional
 
@@ -26,13 +30,74 @@ log = logging.getLogger("sdjax_runner")
 
 @dataclass
 class ClipScorer:
-    module: Any  # FlaxCLIPModel
+    """A CLIP model placed on ``devices``, with its scoring program per input shape."""
+
+    directory: Path
     params: Any  # placed on ``devices``
+    module: Any  # FlaxCLIPModel; None while the params are the weights file's own tree, read directly
     processor: Any  # CLIPImageProcessor
     tokenizer: Any
     devices: list
-    score: Callable  # jitted (params, pixel_values, input_ids, attention_mask) -> scores
+    executables: Optional[str]  # compilation_cache.dir where scoring programs are kept, or None
     load_s: float
+    programs: dict = field(default_factory=dict)  # input shapes -> compiled (params, pixels, ids, mask) -> scores
+    compile_path: str = ""  # how the last scoring program came: "reused", "executable_cache" or "traced"
+
+    def facts(self) -> list:
+        """What, besides its arguments, determines the scoring program: the model's class and config."""
+        config = json.loads((self.directory / "config.json").read_text(encoding="utf-8"))
+        return ["clip_score", "FlaxCLIPModel", config]
+
+    def score(self, pixels, ids, mask) -> np.ndarray:
+        program = self._program((pixels, ids, mask))
+        return np.asarray(program(self.params, pixels, ids, mask))
+
+    def _program(self, inputs: tuple) -> Callable:
+        shapes = tuple(x.shape for x in inputs)
+        self.compile_path = "reused"
+        if shapes not in self.programs:
+            self.compile_path = "executable_cache"
+            self.programs[shapes] = self._stored(inputs) or self._compiled(inputs)
+        return self.programs[shapes]
+
+    def _stored(self, inputs: tuple) -> Optional[Callable]:
+        if self.executables is None:
+            return None
+        from sdjax_runner.engine import executable_cache
+
+        key = executable_cache.key(self.facts(), (self.params, *inputs), self.devices)
+        return executable_cache.load(self.executables, key, self.devices)
+
+    def _compiled(self, inputs: tuple) -> Callable:
+        """Trace and compile with transformers' own model and loading (and keep the executable)."""
+        import jax
+        import jax.numpy as jnp
+
+        from sdjax_runner.engine import compile_cache, executable_cache
+
+        if self.module is None:  # read directly, which only a stored program may take as they are
+            self.module, self.params = load_model(self.directory, self.devices)
+            stored = self._stored(inputs)
+            if stored is not None:
+                return stored
+        module = self.module
+        self.compile_path = "traced"
+
+        def score(params, pixel_values, input_ids, attention_mask):
+            image = module.get_image_features(pixel_values, params=params)
+            text = module.get_text_features(input_ids, attention_mask, params=params)
+            image = image / jnp.linalg.norm(image, axis=-1, keepdims=True)
+            text = text / jnp.linalg.norm(text, axis=-1, keepdims=True)
+            return jnp.maximum(100.0 * jnp.sum(image * text, axis=-1), 0.0)
+
+        lowered = jax.jit(score).lower(self.params, *inputs)
+        if self.executables is None:
+            return lowered.compile()
+        with compile_cache.bypassed():  # to be stored whole (see executable_cache)
+            compiled = lowered.compile()
+        key = executable_cache.key(self.facts(), (self.params, *inputs), self.devices)
+        executable_cache.save(self.executables, key, compiled)
+        return compiled
 
 
 _scorers: dict[tuple, ClipScorer] = {}  # (source, device ids) -> loaded and placed once per process
@@ -65,20 +130,14 @@ def clip_directory(clip: Any) -> Path:
     return directory
 
 
-def load_scorer(clip: Any, devices: list) -> ClipScorer:
-    """The CLIP model on ``devices`` with its compiled scoring function, loaded once per process."""
-    key = (str(clip.model), clip.builtin, clip.revision, tuple(d.id for d in devices))
-    if key in _scorers:
-        return _scorers[key]
-    import jax
-    import jax.numpy as jnp
-    from transformers import CLIPImageProcessor, CLIPTokenizer, FlaxCLIPModel
+def load_model(directory: Path, devices: list) -> tuple[Any, Any]:
+    """(FlaxCLIPModel, its params placed on ``devices``), as transformers loads them: Flax weights, or
+    PyTorch safetensors converted without torch."""
+    from transformers import FlaxCLIPModel
 
     from sdjax_runner.engine.sharded import replicate_sharded
     from sdjax_runner.models.checkpoints import convert_safetensors, find_weights
 
-    started = time.perf_counter()
-    directory = clip_directory(clip)
     found = find_weights(directory, "transformers", None)
     if found.format == "flax":
         module, params = FlaxCLIPModel.from_pretrained(directory, _do_init=False)
@@ -90,18 +149,31 @@ def load_scorer(clip: Any, devices: list) -> ClipScorer:
 
         raise UserError("metrics.clip_score.model", f"{directory} has no Flax or safetensors CLIP weights",
                         "a CLIP model directory (flax_model.msgpack or model.safetensors)")
-    params = replicate_sharded(params, devices)
+    return module, replicate_sharded(params, devices)
 
-    def score(params, pixel_values, input_ids, attention_mask):
-        image = module.get_image_features(pixel_values, params=params)
-        text = module.get_text_features(input_ids, attention_mask, params=params)
-        image = image / jnp.linalg.norm(image, axis=-1, keepdims=True)
-        text = text / jnp.linalg.norm(text, axis=-1, keepdims=True)
-        return jnp.maximum(100.0 * jnp.sum(image * text, axis=-1), 0.0)
 
-    scorer = ClipScorer(module, params, CLIPImageProcessor.from_pretrained(directory),
-                        CLIPTokenizer.from_pretrained(directory), devices, jax.jit(score),
-                        time.perf_counter() - started)
+def load_scorer(clip: Any, devices: list, executables: Optional[str] = None) -> ClipScorer:
+    """The CLIP model on ``devices``, loaded once per process. With ``executables`` (a
+    compilation_cache.dir), scoring programs are kept there, and a single Flax weights file is first
+    read as it is: a stored program that takes it needs neither transformers' model nor tracing."""
+    key = (str(clip.model), clip.builtin, clip.revision, tuple(d.id for d in devices), executables)
+    if key in _scorers:
+        return _scorers[key]
+    from transformers import CLIPImageProcessor, CLIPTokenizer
+
+    started = time.perf_counter()
+    directory = clip_directory(clip)
+    weights = directory / "flax_model.msgpack"
+    if executables is not None and weights.is_file():
+        from flax.serialization import msgpack_restore
+
+        from sdjax_runner.engine.sharded import replicate_sharded
+
+        module, params = None, replicate_sharded(msgpack_restore(weights.read_bytes()), devices)
+    else:
+        module, params = load_model(directory, devices)
+    scorer = ClipScorer(directory, params, module, CLIPImageProcessor.from_pretrained(directory),
+                        CLIPTokenizer.from_pretrained(directory), devices, executables, time.perf_counter() - started)
     _scorers[key] = scorer
     return scorer
 
@@ -123,25 +195,26 @@ def clip_scores(scorer: ClipScorer, images: list, prompts: list[str]) -> np.ndar
         array = np.concatenate([array, np.repeat(array[-1:], padded - count, axis=0)]) if padded > count else array
         return global_array(array, data)
 
-    out = scorer.score(scorer.params, place(pixels.astype(np.float32)), place(tokens["input_ids"].astype(np.int32)),
+    out = scorer.score(place(pixels.astype(np.float32)), place(tokens["input_ids"].astype(np.int32)),
                        place(tokens["attention_mask"].astype(np.int32)))
-    return np.asarray(out)[:count]
+    return out[:count]
 
 
-def score_run(clip: Any, images: list, prompts: list[str]) -> tuple[Optional[np.ndarray], dict[str, Any]]:
+def score_run(clip: Any, images: list, prompts: list[str], executables: Optional[str] = None
+              ) -> tuple[Optional[np.ndarray], dict[str, Any]]:
     """(per-image scores or None, run-level fields for quality.json). Never raises: a CLIP model that
-    cannot be loaded or run gives one warning and ``clip_score_error``."""
+    cannot be loaded or run gives one warning and ``clip_score_error``. ``executables``: see load_scorer."""
     import jax
 
     from sdjax_runner.errors import describe
 
     started = time.perf_counter()
     try:
-        scorer = load_scorer(clip, jax.local_devices())
+        scorer = load_scorer(clip, jax.local_devices(), executables)
         scores = clip_scores(scorer, images, prompts)
     except Exception as exc:
         error = describe(exc) or f"{type(exc).__name__}: {' '.join(str(exc).split())[:300]}"
         log.warning("metrics: no CLIP score for this run: %s", error)
         return None, {"clip_score_error": error, "clip_score_s": time.perf_counter() - started}
     return scores, {"clip_score_mean": float(scores.mean()), "clip_score_std": float(scores.std()),
-                    "clip_score_s": time.perf_counter() - started}
+                    "clip_score_s": time.perf_counter() - started, "clip_score_compile_path": scorer.compile_path}

@@ -8,7 +8,7 @@ from __future__ import annotations
 import logging
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
 log = logging.getLogger("sdjax_runner")
 
@@ -31,14 +31,16 @@ def with_reference(run_dir: Path, records: list[dict], reference_dir: Path) -> d
     return fields
 
 
-def evaluate(metrics: Any, run_dir: Path, images: list, records: list[dict]) -> dict[str, Any]:
-    """The run-level quality fields (and ``metrics_s``); ``records`` gain the per-image values."""
+def evaluate(metrics: Any, run_dir: Path, images: list, records: list[dict], executables: Optional[str] = None
+             ) -> dict[str, Any]:
+    """The run-level quality fields (and ``metrics_s``); ``records`` gain the per-image values.
+    ``executables``: where compiled scoring programs are kept (a compilation_cache.dir), or None."""
     from sdjax_runner.metrics.clip_score import score_run
 
     started = time.perf_counter()
     quality: dict[str, Any] = {}
     if metrics.clip_score.enabled and records:
-        scores, fields = score_run(metrics.clip_score, images, [r["prompt"] for r in records])
+        scores, fields = score_run(metrics.clip_score, images, [r["prompt"] for r in records], executables)
         quality.update(fields, clip_model=str(metrics.clip_score.model))
         if scores is not None:
             for record, score in zip(records, scores):

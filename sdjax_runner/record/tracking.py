@@ -187,7 +187,7 @@ class MlflowTracker:
         headline = headline_line(metrics)
         if self.note and headline:
             self.client.set_tag(self.run_id, NOTE, f"{self.note}\n\n{headline}")
-        for name in (rundir.TIMINGS, rundir.IMAGES, rundir.QUALITY, rundir.ENVIRONMENT, rundir.RERUN):
+        for name in (rundir.TIMINGS, rundir.IMAGES, rundir.QUALITY, rundir.ENVIRONMENT, rundir.RERUN, rundir.PROFILE):
             if (run_dir / name).exists():
                 self.client.log_artifact(self.run_id, str(run_dir / name))
         if (run_dir / rundir.IMAGES_DIR).is_dir():

@@ -1,0 +1,129 @@
+"""Where a batch's device time goes (``performance.profile=true``).
+
+After the timed batches, one more batch runs under JAX's profiler (``jax.profiler.trace``). The
+trace stays in the run directory (``profile/``: open it in Perfetto, TensorBoard or XProf), and
+``profile.json`` says what took the time: every executed operation of the generate program is
+matched, by its HLO instruction name, to the model it belongs to -- the text encoder, the UNet or
+the VAE, read from the instruction's metadata (the Flax module names JAX records as name scopes) --
+and summed. ``other`` is the sampling loop's own arithmetic (scheduler, guidance) and anything not
+inside one of those modules. On a GPU the events are the device's kernels; on a CPU they are XLA's
+operations on its threads, so their sum is CPU time, not wall time.
+"""
+
+from __future__ import annotations
+
+import collections
+import gzip
+import json
+import re
+from pathlib import Path
+from typing import Any, Callable
+
+# The Flax modules (as JAX's name stack records them) that make each part of a Stable Diffusion pipeline.
+COMPONENTS = {
+    "text_encoder": ("FlaxCLIPTextModule", "FlaxCLIPTextTransformer", "FlaxCLIPTextModelWithProjectionModule"),
+    "unet": ("FlaxUNet2DConditionModel",),
+    "vae": ("FlaxAutoencoderKL",),
+}
+TOP = 20
+_INSTRUCTION = re.compile(r'^\s*(?:ROOT\s+)?%?([\w.\-]+)\s*=\s.*?metadata=\{[^}]*?op_name="([^"]*)"')
+
+
+def component_of(op_name: str) -> str:
+    for component, modules in COMPONENTS.items():
+        if any(f"/{module}" in op_name or op_name.startswith(module) for module in modules):
+            return component
+    return "other"
+
+
+def instruction_components(hlo_text: str) -> dict[str, tuple[str, str]]:
+    """HLO instruction name -> (the component its metadata places it in, its JAX op name)."""
+    found = {}
+    for line in hlo_text.splitlines():
+        match = _INSTRUCTION.match(line)
+        if match:
+            found[match.group(1)] = (component_of(match.group(2)), match.group(2))
+    return found
+
+
+def program_text(compiled: Any) -> str:
+    """The compiled program's optimized HLO ("" where the executable does not give it)."""
+    try:
+        return compiled.as_text() or ""
+    except Exception:  # a reloaded executable of some backends keeps no HLO text
+        return ""
+
+
+def _events(trace: dict) -> list[dict]:
+    """The trace's executed operations: kernel events of GPU/TPU devices if there are any, else every
+    complete event (a CPU's XLA operations run on host threads)."""
+    events = trace.get("traceEvents", [])
+    processes = {e["pid"]: e.get("args", {}).get("name", "") for e in events
+                 if e.get("ph") == "M" and e.get("name") == "process_name"}
+    device = {pid for pid, name in processes.items() if name.startswith("/device:")}
+    return [e for e in events if e.get("ph") == "X" and (not device or e.get("pid") in device)]
+
+
+def _by_op(events: list[dict], instructions: dict[str, tuple[str, str]]) -> dict[str, list]:
+    """Operation name -> [seconds, count]; with ``instructions``, only the program's own operations."""
+    by_op: dict[str, list] = collections.defaultdict(lambda: [0.0, 0])
+    for event in events:
+        name = (event.get("args") or {}).get("hlo_op") or event.get("name", "")
+        if instructions and name not in instructions:
+            continue  # the runtime's own bookkeeping, not an operation of the program
+        by_op[name][0] += float(event.get("dur", 0.0)) / 1e6
+        by_op[name][1] += 1
+    return by_op
+
+
+def summarize(trace_file: Path, instructions: dict[str, tuple[str, str]]) -> dict[str, Any]:
+    """Device time by component and the top operations, from a ``*.trace.json.gz`` file. Where no
+    event names an instruction of the program (a backend that names kernels otherwise), the
+    device's events are summed by name, unattributed."""
+    with gzip.open(trace_file, "rt", encoding="utf-8") as file:
+        events = _events(json.load(file))
+    by_op = _by_op(events, instructions) if instructions else {}
+    attributed = bool(by_op)
+    if not attributed:
+        instructions, by_op = {}, _by_op(events, {})
+    total = sum(seconds for seconds, _ in by_op.values())
+    components: collections.Counter = collections.Counter()
+    for name, (seconds, _) in by_op.items():
+        components[instructions.get(name, ("other", ""))[0]] += seconds
+
+    def share(seconds: float):
+        return seconds / total if total else None
+
+    top = sorted(by_op.items(), key=lambda item: -item[1][0])[:TOP]
+    return {
+        "device_time_s": total,
+        "attributed": attributed,
+        "components": {name: {"time_s": s, "share": share(s)} for name, s in components.most_common()},
+        "top_ops": [{"name": name, "component": instructions.get(name, ("other", ""))[0], "time_s": s, "count": n,
+                     "share": share(s), "op_name": instructions.get(name, ("", ""))[1][-160:]}
+                    for name, (s, n) in top],
+    }
+
+
+def profile_batch(run: Callable[[], Any], compiled: Any, directory: Path) -> dict[str, Any]:
+    """Run one batch (``run()``, blocked on) under JAX's profiler with the trace written to
+    ``directory``; the summary of where its time went."""
+    import jax
+
+    with jax.profiler.trace(str(directory)):
+        jax.block_until_ready(run())
+    traces = sorted(directory.glob("plugins/profile/*/*.trace.json.gz"), key=lambda p: p.stat().st_mtime)
+    if not traces:
+        return {"error": f"JAX's profiler wrote no trace under {directory}"}
+    summary = summarize(traces[-1], instruction_components(program_text(compiled)))
+    summary["trace"] = str(traces[-1].relative_to(directory.parent))
+    return summary
+
+
+def describe(summary: dict[str, Any]) -> str:
+    """One line: device time and each component's share."""
+    if "error" in summary:
+        return summary["error"]
+    parts = ", ".join(f"{name} {c['share']:.0%}" for name, c in summary["components"].items() if c["share"])
+    kind = "device" if summary["attributed"] else "device (unattributed)"
+    return f"{kind} time {summary['device_time_s']:.3f} s for one batch: {parts}"
