@@ -61,3 +61,22 @@ def setup(doc: str, rounds: int, prefix: str, models_subdir: str = "models", ext
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix=prefix))
     return args, work, dict(os.environ, SDJAX_RUNNER_CACHE_DIR=str(work / models_subdir))
+
+
+def baseline_env(env: dict, work, revision: str) -> dict:
+    """``env`` running the package as it was at ``revision`` (an extracted copy first on PYTHONPATH)."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    target = work / f"baseline-{revision}"
+    target.mkdir()
+    archive = subprocess.run(["git", "-C", str(root), "archive", revision, "sdjax_runner"], capture_output=True, check=True)
+    subprocess.run(["tar", "-x", "-C", str(target)], input=archive.stdout, check=True)
+    env = dict(env, PYTHONPATH=str(target))
+    found = subprocess.run([sys.executable, "-c", "import sdjax_runner; print(sdjax_runner.__file__)"], env=env,
+                           cwd=work, capture_output=True, text=True, check=True).stdout.strip()
+    if not found.startswith(str(target)):
+        raise SystemExit(f"the baseline is not what runs: {found}")
+    return env

@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_common import machine_facts, setup, write_report  # noqa: E402
+from bench_common import baseline_env, machine_facts, setup, write_report  # noqa: E402
 
 BASE = ["+experiment=smoke", "tracking=none"]
 CONFIGS = {
@@ -46,21 +46,6 @@ def one(args: list[str], cache: Path, run_dir: Path, work: Path, env: dict) -> d
     timings = json.loads((run_dir / "timings.json").read_text())
     return {"wall_s": wall, "trace_s": timings["trace_s"], "compile_s": timings["compile_s"],
             "compile_path": timings.get("compile_path", "traced"), "load_s": timings["load_s"]}
-
-
-def baseline_env(env: dict, work: Path, revision: str) -> dict:
-    """``env`` running the package as it was at ``revision`` (an extracted copy first on PYTHONPATH)."""
-    root = Path(__file__).resolve().parents[1]
-    target = work / f"baseline-{revision}"
-    target.mkdir()
-    archive = subprocess.run(["git", "-C", str(root), "archive", revision, "sdjax_runner"], capture_output=True, check=True)
-    subprocess.run(["tar", "-x", "-C", str(target)], input=archive.stdout, check=True)
-    env = dict(env, PYTHONPATH=str(target))
-    found = subprocess.run([sys.executable, "-c", "import sdjax_runner; print(sdjax_runner.__file__)"], env=env,
-                           cwd=work, capture_output=True, text=True, check=True).stdout.strip()
-    if not found.startswith(str(target)):
-        raise SystemExit(f"the baseline is not what runs: {found}")
-    return env
 
 
 def main() -> None:

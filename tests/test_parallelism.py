@@ -23,8 +23,9 @@ def run_ok(tmp_path, name, *overrides):
     return run_dir, result
 
 
-def test_sharded_path_gives_the_pmap_images_fp32_exactly_bf16_within_one_level(tmp_path):
-    # One process, four jobs: (fp32, pmap), (fp32, sharded), (bf16, pmap), (bf16, sharded).
+def test_sharded_path_gives_the_pmap_images_exactly_in_fp32_and_bf16(tmp_path):
+    # One process, four jobs: (fp32, pmap), (fp32, sharded), (bf16, pmap), (bf16, sharded). Each
+    # device runs the same per-device program under both (shard_map), so even bf16 rounds alike.
     sweep = tmp_path / "sweep"
     result = run_cli("-m", "+experiment=smoke", "tracking=none", "dtype=fp32,bf16", "parallelism=pmap,sharded",
                      "parallelism.num_devices=4", f"hydra.sweep.dir={sweep}", cwd=tmp_path)
@@ -32,8 +33,7 @@ def test_sharded_path_gives_the_pmap_images_fp32_exactly_bf16_within_one_level(t
     fp32_pmap, fp32_sharded, bf16_pmap, bf16_sharded = (runner_images(sweep / str(i)) for i in range(4))
     assert len(fp32_sharded) == 4
     assert all(np.array_equal(a, b) for a, b in zip(fp32_pmap, fp32_sharded, strict=True))
-    for a, b in zip(bf16_pmap, bf16_sharded, strict=True):
-        assert np.abs(a.astype(int) - b.astype(int)).max() <= 1
+    assert all(np.array_equal(a, b) for a, b in zip(bf16_pmap, bf16_sharded, strict=True))
     assert not np.array_equal(fp32_pmap[0], bf16_pmap[0])  # bf16 really ran in bf16
     timings = json.loads((sweep / "1" / "timings.json").read_text())
     assert timings["num_devices"] == 4 and timings["param_bytes_per_device"] > 0

@@ -1,8 +1,11 @@
 """JAX's recommended data parallelism: one ``jax.jit`` over a ``Mesh(devices, ("data",))``. Params are
 replicated with ``NamedSharding(mesh, P())`` (no device axis, each device's copy sent from host memory),
-the batch is sharded along ``data``. Each device's latents are drawn from its own key with the
-per-device shape, exactly as under pmap, and handed to diffusers' ``_generate`` as ``latents``.
-Global arrays are built shard by shard, so the same code runs across hosts."""
+the batch is sharded along ``data``, and a ``jax.shard_map`` runs diffusers' ``_generate`` on each
+device's slice: its latents drawn from its own key with the per-device shape, exactly as under pmap,
+and classifier-free guidance's concatenate/split of the batch kept on the device. (Under a global
+``jit`` view XLA moved half of every device's batch to another device at each step -- the
+all-to-all and collective-permute that ``performance.profile=true`` showed -- and bf16 rounded
+differently from pmap.) Global arrays are built shard by shard, so the same code runs across hosts."""
 
 from __future__ import annotations
 
@@ -67,16 +70,19 @@ class ShardedGenerator(Generator):
 
         pipeline, plan, shape = self.pipeline, self.plan, self.latent_shape
 
-        def generate(ids, params, keys, guidance, negative_ids=None):
-            # Device d's latents are normal(key_d, (per_device_batch, C, h, w)), as under pmap.
-            latents = jax.vmap(lambda key: jax.random.normal(key, shape, dtype=jnp.float32))(keys)
-            latents = latents.reshape((-1,) + shape[1:])
+        def per_device(ids, params, keys, guidance, negative_ids=None):
+            # One device's share, as under pmap: its latents are normal(its key, (per_device_batch, C, h, w)).
+            latents = jax.random.normal(keys[0], shape, dtype=jnp.float32)
             return pipeline._generate(ids, params, keys[0], plan.num_inference_steps, self.height, self.width,
                                       guidance, latents, negative_ids)
 
-        shardings = (self.data, self.replicated, self.data, self.replicated)
-        if self.negative_ids is not None:
-            shardings += (self.data,)
+        data, replicated = jax.P("data"), jax.P()
+        specs = (data, replicated, data, replicated) + ((data,) if self.negative_ids is not None else ())
+        # shard_map: each device runs the pipeline on its own slice, so classifier-free guidance's
+        # concatenate/split of the batch stays on the device (a global jit view would move halves
+        # of the batch between devices at every step).
+        generate = jax.shard_map(per_device, mesh=self.mesh, in_specs=specs, out_specs=data, check_vma=False)
+        shardings = tuple(jax.NamedSharding(self.mesh, spec) for spec in specs)
         function = jax.jit(generate, in_shardings=shardings, out_shardings=self.data)
         return function.lower(*self.program_args())
 
