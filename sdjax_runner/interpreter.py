@@ -12,10 +12,11 @@ So a job's start-up runs with automatic collection paused; once its program is r
 made so far are frozen (``gc.freeze``: left out of later collections) and collection resumes; when
 the job ends they are unfrozen, so anything among them that became garbage is collected as usual
 (nothing is kept for good, also in a sweep's long process). And ``python -m sdjax_runner`` ends with
-:func:`exit_process`: streams flushed, ``atexit`` handlers run (logging's flush and close, MLflow's,
-JAX's), then ``os._exit`` -- unless a non-daemon thread is still at work, in which case the normal
-exit waits for it as always. Everything the runner writes is closed before that point (files are
-written atomically and closed where they are opened).
+:func:`exit_process`, which does what the interpreter does first at any exit -- waits for threads
+still at work (an upload, say) after running the thread pools' exit hooks, runs the ``atexit``
+handlers (logging's flush and close, MLflow's, JAX's) and flushes the streams -- and then ends with
+``os._exit``, skipping the teardown. Everything the runner writes is closed before that point (files
+are written atomically and closed where they are opened).
 """
 
 from __future__ import annotations
@@ -75,10 +76,11 @@ def exit_process(code: Union[int, str, None]) -> NoReturn:
         print(code, file=sys.stderr)
         code = 1
     code = 0 if code is None else int(code)
-    others = [t for t in threading.enumerate() if t is not threading.main_thread() and not t.daemon and t.is_alive()]
-    if others:  # a thread still working (an upload, say): the normal exit joins it first
+    shutdown = getattr(threading, "_shutdown", None)
+    if shutdown is None:  # not CPython's threading module: the normal exit
         sys.exit(code)
     _flush()
-    atexit._run_exitfuncs()  # what the interpreter would run at exit, in the same order
+    shutdown()  # what the interpreter does first at exit: threading's exit hooks, then join non-daemon threads
+    atexit._run_exitfuncs()  # then the exit handlers, in the same order
     _flush()
     os._exit(code)
