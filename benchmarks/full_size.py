@@ -12,6 +12,8 @@ process; parts A and B share a fresh persistent compilation cache, so B's compil
   B. A again in a new process (first attention only): compile from the persistent cache.
   C. The best attention of A at larger per-device batches (--batches): the best throughput.
   D. SDXL, bf16, 1024x1024, 20 Euler steps (--xl-batches), best attention of A.
+  E. (--profile) A's best configuration once more with performance.profile=true: device time per
+     text encoder / UNet / VAE and the top kernels (profile.json, engine/profiling.py).
 """
 
 from __future__ import annotations
@@ -44,6 +46,7 @@ def main() -> None:
     parser.add_argument("--xl-batches", type=int, nargs="+", default=[1, 4])
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--skip-xl", action="store_true")
+    parser.add_argument("--profile", action="store_true", help="part E: where A's best configuration spends its time")
     # For a dry run of the script itself on a CPU: --sd-model tiny-random --xl-model tiny-random-xl
     # --sd-size 64 --xl-size 64 --steps 2 --xl-steps 2 --attention default dot_product --batches 2
     parser.add_argument("--sd-model", default="sd-v1-arch")
@@ -79,6 +82,11 @@ def main() -> None:
         part_c = run_sweep(common + sd + cache + [f"performance.attention={best}", "parallelism.per_device_batch_size="
                                                   + ",".join(map(str, args.batches))], work / "c", env, cwd=work)
         report["C_batch_sizes"] = [point(j) for j in part_c]
+        if args.profile:
+            run_sweep(common + sd + cache + ["parallelism.per_device_batch_size=8", f"performance.attention={best}",
+                                             "performance.profile=true"], work / "e", env, cwd=work)
+            profile = json.loads((work / "e" / "0" / "profile.json").read_text())
+            report["E_profile"] = dict({k: v for k, v in profile.items() if k != "trace"}, attention=best)
         if not args.skip_xl:
             xl = [f"model={args.xl_model}", "scheduler=euler", f"sampling.height={args.xl_size}",
                   f"sampling.width={args.xl_size}", f"sampling.num_inference_steps={args.xl_steps}",
