@@ -87,10 +87,10 @@ def _run(plan: Plan, job: Job, run_name: str, tags: dict[str, str], started: flo
     mode = MODES[plan.mode]
     prepared = REUSE.prepare(plan, entry, model_reused, mode, devices, shape_key(plan, height, width))
     generator = mode(prepared.pipeline, prepared.params, prepared.safety_weights, plan, height, width, devices)
-    trace_s, compile_s, cache_hit, compile_path = compile_generator(generator, prepared, plan)
+    compiled = compile_generator(generator, prepared, plan)
     interpreter.program_ready()
-    job.progress.update(load_s=prepared.load_s, replicate_s=prepared.replicate_s, trace_s=trace_s,
-                        compile_s=compile_s, batches_done=0, num_batches=plan.num_batches)
+    job.progress.update(load_s=prepared.load_s, replicate_s=prepared.replicate_s, trace_s=compiled["trace_s"],
+                        compile_s=compiled["compile_s"], batches_done=0, num_batches=plan.num_batches)
 
     def on_batch() -> None:
         bar.update()
@@ -112,8 +112,9 @@ def _run(plan: Plan, job: Job, run_name: str, tags: dict[str, str], started: flo
         images, write_s = rundir.write_images(job.run_dir, plan, batches, rundir.image_meta(plan, height, width),
                                               job.records)
     summary = generator.timings.summary(plan.images_per_batch, plan.num_inference_steps)
-    summary.update(trace_s=trace_s, compile_s=compile_s, compile_path=compile_path,
-                   executable_cache_hit=int(compile_path == "executable_cache"))
+    summary.update(trace_s=compiled["trace_s"], compile_s=compiled["compile_s"],
+                   compile_path=compiled["compile_path"],
+                   executable_cache_hit=int(compiled["compile_path"] == "executable_cache"))
     summary.update(measure_efficiency(plan, prepared, generator, devices, height, width, summary["generate_s"]))
     log.info("generate: %.3f s/batch median of %d (min %.3f, max %.3f), %.2f images/s%s",
              summary["generate_s"], summary["steady_state_samples"], summary["generate_s_min"],
@@ -139,7 +140,7 @@ def _run(plan: Plan, job: Job, run_name: str, tags: dict[str, str], started: flo
     timings = dict(
         summary, load_s=prepared.load_s, replicate_s=prepared.replicate_s, write_s=write_s,
         model_reused=int(model_reused), compile_reused=int(prepared.compiled is not None),
-        compile_cache_hit=int(cache_hit), **process_facts(), num_images=len(job.records),
+        compile_cache_hit=int(compiled["compile_cache_hit"]), **process_facts(), num_images=len(job.records),
         images_per_batch=plan.images_per_batch, num_batches=plan.num_batches, num_devices=plan.num_devices,
         per_device_batch_size=plan.per_device_batch_size,
         param_bytes_per_device=param_bytes_per_device(loaded.host_weights), wall_s=time.perf_counter() - started)
@@ -184,17 +185,19 @@ def executables_dir(plan: Plan) -> Optional[str]:
     return cache.dir if cache.enabled and cache.executables and jax.process_count() == 1 else None
 
 
-def compile_generator(generator, prepared, plan: Plan) -> tuple[float, float, bool, str]:
+def compile_generator(generator, prepared, plan: Plan) -> dict[str, Any]:
     """Give ``generator`` its compiled program: reused if this process has it, loaded if a stored
-    executable fits, else traced and compiled (and stored). (trace_s, compile_s, served by JAX's
-    persistent cache, which path: "reused", "executable_cache" or "traced")."""
+    executable fits, else traced and compiled (and stored). Returns trace_s, compile_s,
+    compile_cache_hit (served by JAX's persistent cache) and compile_path ("reused",
+    "executable_cache" or "traced"); a stored executable that fails at its first call is traced
+    instead (``generator.retrace``), and these facts are updated then."""
     from sdjax_runner.engine import executable_cache
     from sdjax_runner.engine.reuse import REUSE
 
     if prepared.compiled is not None:
         generator.compiled = prepared.compiled
         log.info("compile: reused from an earlier job of this process")
-        return 0.0, 0.0, False, "reused"
+        return {"trace_s": 0.0, "compile_s": 0.0, "compile_cache_hit": False, "compile_path": "reused"}
     cache = plan.compilation_cache
     started = time.perf_counter()
     if executables_dir(plan):
@@ -206,7 +209,25 @@ def compile_generator(generator, prepared, plan: Plan) -> tuple[float, float, bo
             REUSE.adopt(prepared, generator.compiled)
             load_s = time.perf_counter() - started
             log.info("compile: %.1f s, the stored executable (no tracing)", load_s)
-            return 0.0, load_s, False, "executable_cache"
+            facts = {"trace_s": 0.0, "compile_s": load_s, "compile_cache_hit": False,
+                     "compile_path": "executable_cache"}
+
+            def retrace(error: Exception) -> None:
+                log.warning("compile: the stored executable failed at its first call (%s); removed, tracing instead",
+                            " ".join(str(error).split())[:160])
+                executable_cache.discard(cache.dir, generator.program_key)
+                facts.update(trace(generator, prepared), compile_path="traced")
+
+            generator.retrace = retrace
+            return facts
+    return dict(trace(generator, prepared), compile_path="traced")
+
+
+def trace(generator, prepared) -> dict[str, Any]:
+    """Trace, lower and compile ``generator``'s program (and store it, see compile_generator)."""
+    from sdjax_runner.engine import executable_cache
+    from sdjax_runner.engine.reuse import REUSE
+
     log.info("compile: tracing and compiling the %d-step generate function ...", generator.plan.num_inference_steps)
     # A program to be stored is compiled afresh: one the persistent cache served does not reload.
     generator.compiled, trace_s, compile_s, cache_hit = REUSE.compile(prepared, generator.lower,
@@ -214,8 +235,8 @@ def compile_generator(generator, prepared, plan: Plan) -> tuple[float, float, bo
     log.info("compile: %.1f s (+ %.1f s tracing)%s", compile_s, trace_s,
              ", from the persistent compilation cache" if cache_hit else "")
     if generator.program_key and not cache_hit:
-        executable_cache.save(cache.dir, generator.program_key, generator.compiled)
-    return trace_s, compile_s, cache_hit, "traced"
+        executable_cache.save(generator.plan.compilation_cache.dir, generator.program_key, generator.compiled)
+    return {"trace_s": trace_s, "compile_s": compile_s, "compile_cache_hit": cache_hit}
 
 
 def measure_efficiency(plan: Plan, prepared, generator, devices: list, height: int, width: int,

@@ -2,6 +2,8 @@
 determines the program, loaded by the next process, and never trusted when anything differs."""
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 from helpers.cli import run_cli
@@ -68,3 +70,31 @@ def test_the_sharded_path_keeps_its_executable_too(tmp_path):
     pmap = _run(tmp_path, cache, "pmap")  # the same images, but another program
     assert pmap["compile_path"] == "traced" and pmap["hashes"] == first["hashes"]
     assert len(_generate_programs(cache)) == 2
+
+
+def test_a_stored_executable_that_fails_when_run_is_removed_and_traced_instead(tmp_path):
+    cache = tmp_path / "xla"
+    first = _run(tmp_path, cache, "first", "compilation_cache.executables=false")  # JAX's persistent cache only
+    # How a bad file comes about: a program that JAX's persistent cache served, stored whole, reloads
+    # without that entry's kernels and fails at its first call. The runner never stores one (it compiles
+    # programs to be stored afresh and checks); a process with those two guards switched off does.
+    script = f"""
+import contextlib, sys
+from sdjax_runner.engine import compile_cache
+compile_cache.bypassed = lambda: contextlib.nullcontext(False)
+compile_cache.hits = lambda: 0
+sys.argv = ["sdjax_runner", *{SMOKE!r}, "compilation_cache.dir={cache}", "hydra.run.dir={tmp_path / 'bad'}"]
+from sdjax_runner.cli import main
+main()
+"""
+    subprocess.run([sys.executable, "-c", script], cwd=tmp_path, check=True, capture_output=True, timeout=300)
+    assert len(list((cache / "executables").glob("*.pkl"))) == 2  # the generate and CLIP score programs
+
+    after = _run(tmp_path, cache, "after")
+    assert after["compile_path"] == "traced" and after["clip_path"] == "traced"
+    assert "the stored executable failed at its first call" in after["log"]
+    assert "the stored CLIP score program failed at its first call" in after["log"]
+    assert after["hashes"] == first["hashes"] and after["clip_scores"] == first["clip_scores"]
+    again = _run(tmp_path, cache, "again")  # the bad files were replaced by good ones
+    assert (again["compile_path"], again["clip_path"]) == ("executable_cache", "executable_cache")
+    assert again["hashes"] == first["hashes"] and again["clip_scores"] == first["clip_scores"]

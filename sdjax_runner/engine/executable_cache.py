@@ -14,7 +14,8 @@ cache entry. Here the compiled executable itself is serialized
                this package's source
 
 Anything that differs gives another key: the run traces as before and stores its executable. A
-file that cannot be read or loaded is ignored the same way (the run says which path it took in
+file that cannot be read or loaded is ignored the same way, and one that loads but fails at its
+first call is removed and the program traced instead (the run says which path it took in
 ``timings.json``: ``compile_path``). The files live in ``compilation_cache.dir/executables/``,
 which the config checks already require to be writable only by its owner (the same ownership check
 as JAX's cache), since loading one runs what it holds. Beside each generate program's key, the
@@ -119,6 +120,14 @@ def load(directory: str, key: str, devices: list) -> Optional[Any]:
         log.info("compile: stored executable %s not usable (%s: %s); tracing", path.name, type(exc).__name__,
                  " ".join(str(exc).split())[:120])
         return None
+
+
+def discard(directory: str, key: str) -> None:
+    """Remove the executable stored under ``key`` (one that loaded but failed when run)."""
+    try:
+        _path(directory, key).unlink(missing_ok=True)
+    except OSError:
+        pass
 
 
 def save(directory: str, key: str, compiled: Any) -> bool:

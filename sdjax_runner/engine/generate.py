@@ -68,6 +68,8 @@ class Generator:
         self.timings = Timings()
         self.compiled: Optional[Callable] = None
         self.program_key: Optional[str] = None  # what determines the program (engine/executable_cache.py)
+        # For a stored executable: traces the program instead, should it fail at its first call.
+        self.retrace: Optional[Callable[[Exception], None]] = None
         self.negative_ids = None
         if plan.negative:
             self.negative_ids = self.place_ids(np.asarray(pipeline.prepare_inputs([plan.negative] * plan.images_per_batch)))
@@ -108,10 +110,23 @@ class Generator:
         out = self.run(*inputs).block_until_ready()
         return out, time.perf_counter() - started
 
+    def _first(self, inputs: tuple) -> tuple[Any, float]:
+        """The first call; a stored executable that fails in it is replaced by a traced one, once."""
+        from jax.errors import JaxRuntimeError
+
+        try:
+            return self._timed(inputs)
+        except JaxRuntimeError as exc:
+            if self.retrace is None:
+                raise
+            retrace, self.retrace = self.retrace, None
+            retrace(exc)
+            return self._timed(inputs)
+
     def generate(self, on_batch: Callable[[], Any] = lambda: None) -> Iterator[np.ndarray]:
         """Yield each batch's images (N, H, W, 3) as uint8, recording timings."""
         for batch in range(self.plan.num_batches):
-            out, seconds = self._timed(self.inputs(batch))
+            out, seconds = (self._first if batch == 0 else self._timed)(self.inputs(batch))
             if batch == 0:
                 self.timings.first_batch_s = seconds
             else:

@@ -49,8 +49,22 @@ class ClipScorer:
         return ["clip_score", "FlaxCLIPModel", config]
 
     def score(self, pixels, ids, mask) -> np.ndarray:
-        program = self._program((pixels, ids, mask))
-        return np.asarray(program(self.params, pixels, ids, mask))
+        from jax.errors import JaxRuntimeError
+
+        inputs = (pixels, ids, mask)
+        program = self._program(inputs)
+        try:
+            return np.asarray(program(self.params, *inputs))
+        except JaxRuntimeError as exc:
+            if self.compile_path != "executable_cache":
+                raise
+            from sdjax_runner.engine import executable_cache
+
+            log.warning("metrics: the stored CLIP score program failed at its first call (%s); removed, tracing "
+                        "instead", " ".join(str(exc).split())[:160])
+            executable_cache.discard(self.executables, self._key(inputs))
+            program = self.programs[tuple(x.shape for x in inputs)] = self._compiled(inputs)
+            return np.asarray(program(self.params, *inputs))
 
     def _program(self, inputs: tuple) -> Callable:
         shapes = tuple(x.shape for x in inputs)
@@ -60,13 +74,17 @@ class ClipScorer:
             self.programs[shapes] = self._stored(inputs) or self._compiled(inputs)
         return self.programs[shapes]
 
+    def _key(self, inputs: tuple) -> str:
+        from sdjax_runner.engine import executable_cache
+
+        return executable_cache.key(self.facts(), (self.params, *inputs), self.devices)
+
     def _stored(self, inputs: tuple) -> Optional[Callable]:
         if self.executables is None:
             return None
         from sdjax_runner.engine import executable_cache
 
-        key = executable_cache.key(self.facts(), (self.params, *inputs), self.devices)
-        return executable_cache.load(self.executables, key, self.devices)
+        return executable_cache.load(self.executables, self._key(inputs), self.devices)
 
     def _compiled(self, inputs: tuple) -> Callable:
         """Trace and compile with transformers' own model and loading (and keep the executable)."""
@@ -93,10 +111,11 @@ class ClipScorer:
         lowered = jax.jit(score).lower(self.params, *inputs)
         if self.executables is None:
             return lowered.compile()
+        hits = compile_cache.hits()
         with compile_cache.bypassed():  # to be stored whole (see executable_cache)
             compiled = lowered.compile()
-        key = executable_cache.key(self.facts(), (self.params, *inputs), self.devices)
-        executable_cache.save(self.executables, key, compiled)
+        if compile_cache.hits() == hits:  # one the persistent cache served would not reload
+            executable_cache.save(self.executables, self._key(inputs), compiled)
         return compiled
 
 
