@@ -47,7 +47,8 @@ def test_timings_status_and_resolved_config(smoke_run):
     assert TIMING_KEYS <= timings.keys()
     assert timings["num_images"] == 8 and timings["num_devices"] == 8 and timings["backend"] == "cpu"
     assert timings["compile_s"] > 0 and timings["steady_state_samples"] >= 3
-    assert timings["compile_path"] == "traced"  # the pmap path is never stored (see test_warm_start.py)
+    # The tests share one compilation cache: an earlier test may have stored this program (test_warm_start.py).
+    assert (timings["compile_path"], timings["trace_s"] > 0) in {("traced", True), ("executable_cache", False)}
     assert timings["generate_s_min"] <= timings["generate_s"] <= timings["generate_s_max"]
     assert timings["images_per_s"] == pytest.approx(8 / timings["generate_s"])
     assert timings["s_per_step"] == pytest.approx(timings["generate_s"] / 4)
