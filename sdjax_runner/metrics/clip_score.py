@@ -95,6 +95,7 @@ class ClipScorer:
 
         if self.module is None:  # read directly, which only a stored program may take as they are
             self.module, self.params = load_model(self.directory, self.devices)
+            self.programs.clear()  # made for the file's own tree, which transformers' loading may rename
             stored = self._stored(inputs)
             if stored is not None:
                 return stored
