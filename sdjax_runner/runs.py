@@ -1,7 +1,11 @@
 """``python -m sdjax_runner.runs``: look at runs without MLflow.
 
-    python -m sdjax_runner.runs list [ROOT] [--limit N]   recent runs under ROOT (default: outputs), newest first:
-                                                        name, status, key params, headline numbers, directory
+    python -m sdjax_runner.runs list [ROOT] [--limit N] [--since WHEN] [--dirs] [KEY=VALUE ...]
+        recent runs under ROOT (default: outputs), newest first: name, status, key params, headline
+        numbers, directory. KEY=VALUE keeps the runs whose config (or status, name, run_id) has that
+        value (shell patterns: *, ?, [..]; a key given twice: either value; model, dtype, scheduler,
+        steps, guidance, parallelism are short for model.name, ...). --since 7d / 12h / 2026-11-15:
+        runs started since then. --dirs: only the directories, one a line (for scripts).
     python -m sdjax_runner.runs diff RUN_A RUN_B          the config keys that differ, and the metrics side by side
 
 Run directories are found by their status.json (single runs, and each job of a sweep).
@@ -10,6 +14,7 @@ Run directories are found by their status.json (single runs, and each job of a s
 from __future__ import annotations
 
 import argparse
+import datetime
 import sys
 from pathlib import Path
 from typing import Any, Optional
@@ -35,11 +40,28 @@ def table(rows: list[list[str]], header: list[str]) -> str:
     return "\n".join(line.rstrip() for line in lines)
 
 
-def list_runs(root: Path, limit: int) -> str:
-    summaries = sorted((catalog.summary(d) for d in catalog.find_runs(root)),
-                       key=lambda s: (s["started"], s["dir"]), reverse=True)[:limit]
-    if not summaries:
-        return f"no runs under {root}"
+def select_runs(root: Path, filters: dict[str, list[str]], since: Optional[datetime.datetime]) -> list[dict[str, Any]]:
+    """Summaries of the runs under ``root`` that pass the filters, newest first. A filter key that no
+    run has is an error (a misspelt key would otherwise quietly match nothing)."""
+    selected, known = [], set()
+    for run_dir in catalog.find_runs(root):
+        config = catalog.flat_config(run_dir)
+        summary = catalog.summary(run_dir, config)
+        values = catalog.filterable(config, summary)
+        known.update(values)
+        if since is not None and (catalog.started_at(summary) or since) < since:
+            continue
+        if catalog.matches(values, filters):
+            selected.append(summary)
+    unknown = sorted(set(filters) - known)
+    if unknown and known:
+        examples = ", ".join(sorted(catalog.ALIASES) + ["status", "sampling.height", "prompts.file"])
+        raise ValueError(f"{unknown[0]}: no run under {root} has this key (e.g. {examples}; "
+                         f"any key of a run's .hydra/config.yaml, dotted)")
+    return sorted(selected, key=lambda s: (s["started"], s["dir"]), reverse=True)
+
+
+def list_table(summaries: list[dict[str, Any]]) -> str:
     for s in summaries:
         s["started"] = s["started"][:19].replace("T", " ")
     return table([[_cell(s[key]) for key, _ in LIST_COLUMNS] for s in summaries], [h for _, h in LIST_COLUMNS])
@@ -56,23 +78,51 @@ def diff_runs(a: Path, b: Path) -> str:
     return "\n".join(out)
 
 
+def list_command(args: argparse.Namespace) -> int:
+    if "=" in str(args.root) and not args.root.is_dir():  # `list model=x`: the root was left out
+        args.filters.insert(0, str(args.root))
+        args.root = Path("outputs")
+    if not args.root.is_dir():
+        print(f"error: {args.root}: no such directory", file=sys.stderr)
+        return 2
+    try:
+        filters = catalog.parse_filters(args.filters)
+        since = catalog.parse_since(args.since) if args.since else None
+        summaries = select_runs(args.root, filters, since)
+    except ValueError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    shown = summaries[:args.limit] if args.limit > 0 else summaries
+    if args.dirs:
+        for s in shown:
+            print(s["dir"])
+        return 0
+    if not shown:
+        print(f"no runs under {args.root}" + (" match" if filters or since else ""))
+        return 0
+    print(list_table(shown))
+    if len(shown) < len(summaries):
+        print(f"({len(shown)} of {len(summaries)} runs shown; --limit 0 shows all)", file=sys.stderr)
+    return 0
+
+
 def main(argv: Optional[list[str]] = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m sdjax_runner.runs", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     commands = parser.add_subparsers(dest="command", required=True)
     listing = commands.add_parser("list", help="recent runs, newest first")
     listing.add_argument("root", nargs="?", type=Path, default=Path("outputs"), help="where to look (default: outputs)")
-    listing.add_argument("--limit", type=int, default=20, help="at most this many runs (default 20)")
+    listing.add_argument("filters", nargs="*", metavar="KEY=VALUE",
+                         help="keep runs whose config (or status, name, run_id) has this value; shell patterns")
+    listing.add_argument("--limit", type=int, default=20, help="at most this many runs (default 20; 0: all)")
+    listing.add_argument("--since", help="runs started since: 7d, 12h, 30m ago, or 2026-11-15[T09:30]")
+    listing.add_argument("--dirs", action="store_true", help="print only the run directories, one a line")
     diff = commands.add_parser("diff", help="what differs between two runs")
     diff.add_argument("a", type=Path)
     diff.add_argument("b", type=Path)
     args = parser.parse_args(argv)
     if args.command == "list":
-        if not args.root.is_dir():
-            print(f"error: {args.root}: no such directory", file=sys.stderr)
-            return 2
-        print(list_runs(args.root, args.limit))
-        return 0
+        return list_command(args)
     for path in (args.a, args.b):
         if not (path / "status.json").is_file():
             print(f"error: {path}: not a run directory (no status.json)", file=sys.stderr)

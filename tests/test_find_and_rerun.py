@@ -2,6 +2,7 @@
 re-runs from a directory or an MLflow run id, listing and diffing without MLflow, the app's own
 --help, and the MLflow UI opening on the runs view in a real browser."""
 
+import datetime
 import hashlib
 import json
 import os
@@ -85,6 +86,27 @@ def test_single_runs_name_themselves_and_record_what_a_rerun_needs(tmp_path):
     assert lines[0].split()[:3] == ["started", "status", "name"]
     assert "../../outside" in lines[1] and "smoke seed=5 prompts.file=prompts.txt" in lines[2]
     assert all("FINISHED" in line for line in lines[1:3])
+    # Finding one again: filters on any config key (short names for the listed ones), status and
+    # start time; the root may be left out; --dirs for scripts; a misspelt key is one line.
+    def listed(*args):
+        result = run_cli("list", *args, cwd=tmp_path, module="sdjax_runner.runs")
+        assert result.returncode == 0, result.stderr
+        return result
+    def dirs(*args):
+        return [Path(line) for line in listed("--dirs", *args).stdout.splitlines()]
+    first_dir, second_dir = run_dir.relative_to(tmp_path), second[0].relative_to(tmp_path)
+    assert dirs("outputs", "seed=5") == [first_dir]
+    assert dirs("tracking.backend=none", "model=tiny-r*") == [second_dir]
+    assert dirs("seed=5", "seed=6") == [second_dir, first_dir]
+    assert dirs("status=FINISHED", "--since", "1h") == [second_dir, first_dir]
+    assert dirs("--since", "2999-01-01") == [] and dirs("seed=7") == []
+    assert listed("seed=7").stdout.strip() == "no runs under outputs match"
+    limited = listed("--limit", "1")
+    assert len(limited.stdout.splitlines()) == 2 and "1 of 2 runs shown" in limited.stderr
+    for bad, key in ((["sed=5"], "error: sed:"), (["--since", "yesterday"], "error: --since yesterday:")):
+        error = run_cli("list", *bad, cwd=tmp_path, module="sdjax_runner.runs")
+        assert_one_line_error(error, key)
+
     diff = run_cli("diff", str(run_dir), str(second[0]), cwd=tmp_path, module="sdjax_runner.runs")
     assert diff.returncode == 0, diff.stderr
     rows = {line.split()[0]: line.split()[1:] for line in diff.stdout.splitlines() if line.strip()}
@@ -93,6 +115,23 @@ def test_single_runs_name_themselves_and_record_what_a_rerun_needs(tmp_path):
     assert rows["prompts.texts"][0] == "[]"  # the file alone
     assert rows["images_per_s"][:2] == [f"{_read(run_dir / 'timings.json')['images_per_s']:.4g}",
                                         f"{_read(second[0] / 'timings.json')['images_per_s']:.4g}"]
+
+
+def test_list_filters_match_whole_values_with_shell_patterns_and_times_in_any_zone():
+    from sdjax_runner.record.catalog import matches, parse_filters, parse_since
+
+    filters = parse_filters(["seed=5", "scheduler=pndm", "scheduler=eul*"])
+    assert filters == {"seed": ["5"], "scheduler.name": ["pndm", "eul*"]}
+    assert matches({"seed": "5", "scheduler.name": "euler"}, filters)
+    assert not matches({"seed": "15", "scheduler.name": "pndm"}, filters)  # whole values, not substrings
+    assert not matches({"scheduler.name": "pndm"}, filters)  # a run without the key does not match
+    now = datetime.datetime(2026, 11, 22, 12, 0, tzinfo=datetime.timezone.utc)
+    assert parse_since("7d", now) == now - datetime.timedelta(days=7)
+    assert parse_since("90m", now) == now - datetime.timedelta(minutes=90)
+    assert parse_since("2026-11-22T13:00+01:00") == now
+    assert parse_since("2026-11-15").tzinfo is not None  # local time, comparable with recorded starts
+    with pytest.raises(ValueError, match="KEY=VALUE"):
+        parse_filters(["=5"])
 
 
 def test_a_rerun_from_an_mlflow_run_id_alone_gives_bit_identical_images(smoke_run, tmp_path):

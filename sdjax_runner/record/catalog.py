@@ -3,8 +3,11 @@ runs and sweep jobs), a one-line summary of each, and the differences between tw
 
 from __future__ import annotations
 
+import datetime
+import fnmatch
 import json
 import math
+import re
 from pathlib import Path
 from typing import Any, Iterator, Optional
 
@@ -58,11 +61,12 @@ def _walk(node: Any, prefix: str = "") -> Iterator[tuple[str, str]]:
         yield prefix, "null" if node is None else str(node)
 
 
-def summary(run_dir: Path) -> dict[str, Any]:
-    """Name, status, start, key params and headline numbers of one run."""
+def summary(run_dir: Path, config: Optional[dict[str, str]] = None) -> dict[str, Any]:
+    """Name, status, start, key params and headline numbers of one run (``config``: its flat config,
+    if already read)."""
     status = _read(run_dir / rundir.STATUS)
     numbers = dict(_read(run_dir / rundir.TIMINGS), **_read(run_dir / rundir.QUALITY))
-    config = flat_config(run_dir)
+    config = flat_config(run_dir) if config is None else config
     return {
         "dir": str(run_dir),
         "name": status.get("run_name") or config.get("run_name", run_dir.name),
@@ -98,3 +102,55 @@ def metric_diff(a: Path, b: Path, keys: Optional[tuple[str, ...]] = None) -> lis
         ratio = f"{y / x:.3g}x" if x and math.isfinite(x) and math.isfinite(y) else ""
         rows.append((key, x, y, ratio))
     return rows
+
+
+# Short names for the keys a listing shows, usable in filters (``model=sd-v1-4``).
+ALIASES = {"model": "model.name", "dtype": "dtype.name", "scheduler": "scheduler.name",
+           "steps": "sampling.num_inference_steps", "guidance": "sampling.guidance_scale",
+           "parallelism": "parallelism.mode"}
+# Keys of a run's record besides its config that filters can name.
+RECORD_KEYS = ("status", "name", "run_id")
+
+
+def parse_filters(terms: list[str]) -> dict[str, list[str]]:
+    """``KEY=PATTERN`` terms → {key: [patterns]}; the same key given twice means either pattern."""
+    filters: dict[str, list[str]] = {}
+    for term in terms:
+        key, sep, pattern = term.partition("=")
+        if not sep or not key:
+            raise ValueError(f"{term}: a filter is KEY=VALUE (e.g. model=sd-v1-4, dtype.name=bf16, status=FAILED)")
+        filters.setdefault(ALIASES.get(key, key), []).append(pattern)
+    return filters
+
+
+def filterable(config: dict[str, str], summary_: dict[str, Any]) -> dict[str, str]:
+    """What filters match against: the run's flat config, plus its status, name and tracker run id."""
+    return dict(config, **{key: str(summary_[key]) for key in RECORD_KEYS})
+
+
+def matches(values: dict[str, str], filters: dict[str, list[str]]) -> bool:
+    """Every filtered key has a value matching one of its patterns (shell-style: ``*``, ``?``, ``[..]``)."""
+    return all(key in values and any(fnmatch.fnmatchcase(values[key], p) for p in patterns)
+               for key, patterns in filters.items())
+
+
+def parse_since(text: str, now: Optional[datetime.datetime] = None) -> datetime.datetime:
+    """``7d``, ``12h``, ``30m`` ago, or a date/time (``2026-11-15``, ``2026-11-15T09:30``, local time
+    unless it has an offset) → an aware datetime."""
+    now = now or datetime.datetime.now().astimezone()
+    relative = re.fullmatch(r"(\d+)([dhm])", text)
+    if relative:
+        unit = {"d": "days", "h": "hours", "m": "minutes"}[relative.group(2)]
+        return now - datetime.timedelta(**{unit: int(relative.group(1))})
+    try:
+        moment = datetime.datetime.fromisoformat(text)
+    except ValueError:
+        raise ValueError(f"--since {text}: not a time (allowed: 7d, 12h, 30m, 2026-11-15, 2026-11-15T09:30)") from None
+    return moment if moment.tzinfo else moment.astimezone()
+
+
+def started_at(summary_: dict[str, Any]) -> Optional[datetime.datetime]:
+    try:
+        return datetime.datetime.fromisoformat(summary_["started"])
+    except (TypeError, ValueError):
+        return None
