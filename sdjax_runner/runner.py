@@ -49,6 +49,8 @@ def run(cfg: DictConfig, run_dir: Path, overrides: list[str], run_name: Optional
             tags = dict(tracker_tags(plan, overrides, parent_run_id, run_dir), **(extra_tags or {}))
             return _run(plan, job, run_name or plan.run_name, tags, started)
     finally:
+        if compile_cache.configured():  # whatever this job added, the cache stays within its bound
+            compile_cache.trim(cfg.compilation_cache)
         interpreter.job_ended()
 
 

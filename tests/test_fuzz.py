@@ -20,7 +20,8 @@ KEYS = ["sampling.height", "sampling.width", "sampling.num_inference_steps", "sa
         "timing.repeats", "output.grid_rows", "output.grid_cols", "model.resolution", "dtype.weights_dtype",
         "scheduler", "parallelism", "prompts.fill", "prompts.negative", "performance.attention",
         "model.prediction_type", "reuse.max_models", "scheduler.config_overrides.timestep_spacing",
-        "sampling.num_inference_step", "prompts.texts"]
+        "sampling.num_inference_step", "prompts.texts", "compilation_cache.max_size_gb",
+        "compilation_cache.min_compile_time_s"]
 VALUES = st.one_of(
     st.integers(min_value=-10**15, max_value=10**15),
     st.floats(allow_nan=True, allow_infinity=True).map(lambda f: "nan" if math.isnan(f) else repr(f)),

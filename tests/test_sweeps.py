@@ -121,7 +121,8 @@ def test_compilation_cache_disabled_leaves_jax_without_one(monkeypatch):
     from sdjax_runner.engine import compile_cache
 
     monkeypatch.setattr(compile_cache, "_settings", None)
-    compile_cache.configure(OmegaConf.create({"enabled": False, "dir": "/unused", "min_compile_time_s": 0.0}))
+    compile_cache.configure(OmegaConf.create({"enabled": False, "dir": "/unused", "min_compile_time_s": 0.0,
+                                             "max_size_gb": None}))
     assert jax.config.jax_compilation_cache_dir is None
 
 

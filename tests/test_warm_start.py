@@ -2,6 +2,7 @@
 determines the program, loaded by the next process, and never trusted when anything differs."""
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -61,15 +62,71 @@ def test_a_warm_start_loads_the_stored_executable_and_makes_the_same_images(tmp_
 
 
 
-def test_the_sharded_path_keeps_its_executable_too(tmp_path):
+def _cache_bytes(cache: Path) -> int:
+    """What compilation_cache.max_size_gb bounds: JAX's entries and the stored executables."""
+    return sum(p.stat().st_size for p in [*cache.glob("*-cache"), *(cache / "executables").glob("*.pkl")])
+
+
+def test_the_sharded_path_keeps_its_executable_too_and_the_cache_stays_within_its_bound(tmp_path):
     cache = tmp_path / "xla"
     first = _run(tmp_path, cache, "first", "parallelism=sharded")
     warm = _run(tmp_path, cache, "warm", "parallelism=sharded")
     assert (first["compile_path"], warm["compile_path"]) == ("traced", "executable_cache")
     assert warm["hashes"] == first["hashes"]
-    pmap = _run(tmp_path, cache, "pmap")  # the same images, but another program
+    [sharded] = _generate_programs(cache)
+
+    # pmap: the same images, but another program (~2 MB, as the sharded one). Under a 3 MB bound the
+    # least recently used entries go -- the sharded program -- and the CLIP score's program, used by
+    # this run too, stays.
+    bounded = "compilation_cache.max_size_gb=0.003"
+    pmap = _run(tmp_path, cache, "pmap", bounded)
     assert pmap["compile_path"] == "traced" and pmap["hashes"] == first["hashes"]
-    assert len(_generate_programs(cache)) == 2
+    assert pmap["clip_path"] == "executable_cache"
+    assert not sharded.exists() and not sharded.with_suffix(".flops.json").exists()
+    assert len(_generate_programs(cache)) == 1 and len(list((cache / "executables").glob("*.pkl"))) == 2
+    assert _cache_bytes(cache) <= 3_000_000
+    again = _run(tmp_path, cache, "again", bounded)  # what stayed is what the next run uses
+    assert (again["compile_path"], again["clip_path"]) == ("executable_cache", "executable_cache")
+    assert again["hashes"] == first["hashes"] and _cache_bytes(cache) <= 3_000_000
+
+
+def test_trimming_removes_the_least_recently_used_entries_with_their_companions(tmp_path):
+    from omegaconf import OmegaConf
+
+    from sdjax_runner.engine.compile_cache import trim
+
+    root = tmp_path / "xla"
+    (root / "executables").mkdir(parents=True)
+    files = {"old-cache": 400, "old-atime": 8, "read_lately-cache": 400, "read_lately-atime": 8,
+             "executables/stale.pkl": 500, "executables/stale.flops.json": 30, "executables/loaded.pkl": 500,
+             "shapes.json": 10_000}  # not an entry: never counted or removed
+    for number, (name, size) in enumerate(files.items()):
+        (root / name).write_bytes(b"x" * size)
+        os.utime(root / name, ns=(number * 10**9, number * 10**9))
+    os.utime(root / "read_lately-cache", ns=(100 * 10**9, 1 * 10**9))  # read after everything else
+    cache = OmegaConf.create({"enabled": True, "dir": str(root), "max_size_gb": 1000 / 1e9})
+
+    removed = trim(cache)
+    assert sorted(p.name for p in removed) == ["old-cache", "stale.pkl"]  # 1800 bytes -> 900
+    assert sorted(p.relative_to(root).as_posix() for p in root.rglob("*") if p.is_file()) == [
+        "executables/loaded.pkl", "read_lately-atime", "read_lately-cache", "shapes.json"]
+    assert trim(cache) == []  # within the bound now
+    assert trim(OmegaConf.merge(cache, {"max_size_gb": None, "enabled": True})) == []
+    assert trim(OmegaConf.merge(cache, {"max_size_gb": 1e-12, "enabled": False})) == []
+
+
+def test_the_cache_bound_is_checked_before_anything_runs():
+    import pytest
+
+    from helpers.configs import compose_cfg
+    from sdjax_runner.config.plan import make_plan
+    from sdjax_runner.errors import UserError
+
+    for bad in ("0", "-1", "nan", "inf"):
+        with pytest.raises(UserError, match="compilation_cache.max_size_gb"):
+            make_plan(compose_cfg(["+experiment=smoke", f"compilation_cache.max_size_gb={bad}"]), available_devices=8)
+    with pytest.raises(UserError, match="compilation_cache.min_compile_time_s"):
+        make_plan(compose_cfg(["+experiment=smoke", "compilation_cache.min_compile_time_s=-1"]), available_devices=8)
 
 
 def test_a_stored_executable_that_fails_when_run_is_removed_and_traced_instead(tmp_path):

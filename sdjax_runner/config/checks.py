@@ -219,6 +219,13 @@ def run_values(cfg: DictConfig) -> None:
     private_dir("paths.cache_dir", cfg.paths.cache_dir)
     if cfg.compilation_cache.enabled:
         private_dir("compilation_cache.dir", cfg.compilation_cache.dir)
+    cache_bound = cfg.compilation_cache.max_size_gb
+    if cache_bound is not None and not (math.isfinite(cache_bound) and cache_bound > 0):
+        raise UserError("compilation_cache.max_size_gb", f"must be a positive number of GB, got {cache_bound}",
+                        "e.g. 10, 0.5, or null for no bound (compilation_cache.enabled=false turns caching off)")
+    if cfg.compilation_cache.min_compile_time_s < 0:
+        raise UserError("compilation_cache.min_compile_time_s",
+                        f"must be >= 0, got {cfg.compilation_cache.min_compile_time_s}", "0 (cache everything), 1.5, ...")
     scheduler_overrides(cfg.scheduler.name, dict(cfg.scheduler.config_overrides))
     metrics(cfg.metrics)
 

@@ -192,8 +192,11 @@ class CompilationCacheConfig:
     min_compile_time_s: float = 0.0
     # Also keep whole compiled executables (dir/executables/), so a warm start skips tracing and
     # lowering; keyed by everything that determines the program (see engine/executable_cache.py).
-    # parallelism=sharded on one process; the pmap path always traces.
+    # Both parallel modes, single-process runs.
     executables: bool = True
+    # Bound on disk: XLA's cache entries (dir/) and the stored executables (dir/executables/) are
+    # each kept under this many GB, the least recently used removed first. null: no bound.
+    max_size_gb: Optional[float] = 10.0
 
 
 @dataclass

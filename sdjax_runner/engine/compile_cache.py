@@ -1,4 +1,5 @@
-"""JAX's persistent compilation cache, and counting the compiles it served."""
+"""JAX's persistent compilation cache: configuring it, counting the compiles it served, and keeping
+the whole cache directory (JAX's entries and the stored executables) under its size bound."""
 
 from __future__ import annotations
 
@@ -9,6 +10,8 @@ from pathlib import Path
 from typing import Iterator, Optional
 
 from omegaconf import DictConfig
+
+from sdjax_runner.engine import executable_cache
 
 log = logging.getLogger("sdjax_runner")
 
@@ -28,12 +31,15 @@ def configure(cache: DictConfig) -> None:
     from jax import monitoring
 
     directory = str(Path(cache.dir).expanduser().resolve()) if cache.enabled else None
-    wanted = (directory, float(cache.min_compile_time_s))
+    max_bytes = None if cache.max_size_gb is None else int(cache.max_size_gb * 1e9)
+    wanted = (directory, float(cache.min_compile_time_s), max_bytes)
     if _settings is not None:
         if _settings != wanted:
-            log.warning("compilation_cache: this process keeps dir=%s, min_compile_time_s=%s", *_settings)
+            log.warning("compilation_cache: this process keeps dir=%s, min_compile_time_s=%s, max bytes=%s",
+                        *_settings)
         return
     monitoring.register_event_listener(_count)
+    executable_cache.bound(max_bytes)
     if directory:
         Path(directory).mkdir(parents=True, exist_ok=True)
         jax.config.update("jax_compilation_cache_dir", directory)
@@ -64,6 +70,55 @@ def bypassed() -> Iterator[bool]:
             jax_cache._cache_checked, jax_cache._cache_used = saved
 
 
+def configured() -> bool:
+    """Whether this process has set JAX's cache up (a job got that far)."""
+    return _settings is not None
+
+
 def hits() -> int:
     """Compiles served from the persistent cache so far in this process."""
     return _events[HIT]
+
+
+# What trim() counts and removes: JAX's entries (``<key>-cache``, with the ``<key>-atime`` file JAX
+# keeps beside one when its own eviction is on) and the stored executables (``executables/<key>.pkl``,
+# with their ``.flops.json``).
+_ENTRIES = (("*-cache", ("-cache", "-atime")), (f"{executable_cache.SUBDIR}/*.pkl", (".pkl", ".flops.json")))
+
+
+def trim(cache: DictConfig) -> list[Path]:
+    """Remove the least recently used entries until ``cache.dir`` holds at most ``cache.max_size_gb``;
+    returns what was removed. Recency is a file's last access or modification, whichever is later: a
+    stored executable's is renewed at each load; JAX's entries' access times are the filesystem's
+    (``relatime``: the first read after a write, then once a day; ``noatime``: write time only).
+    Not JAX's own ``jax_compilation_cache_max_size``: it needs an access-time file beside every entry
+    and fails every later write into a cache made without them (any earlier cache). Entries another
+    process removes meanwhile are skipped; nothing here fails a run."""
+    if not cache.enabled or cache.max_size_gb is None:
+        return []
+    root, bound_bytes = Path(cache.dir).expanduser(), int(cache.max_size_gb * 1e9)
+    entries = []
+    for pattern, (suffix, *companions) in _ENTRIES:
+        for path in root.glob(pattern):
+            try:
+                stat = path.stat()
+            except OSError:
+                continue
+            entries.append((max(stat.st_atime_ns, stat.st_mtime_ns), path, stat.st_size,
+                            [path.with_name(path.name[:-len(suffix)] + c) for c in companions]))
+    total, removed = sum(entry[2] for entry in entries), []
+    for _, path, size, companions in sorted(entries, key=lambda entry: entry[:2]):
+        if total <= bound_bytes:
+            break
+        try:
+            path.unlink(missing_ok=True)
+            for companion in companions:
+                companion.unlink(missing_ok=True)
+        except OSError:
+            continue
+        total -= size
+        removed.append(path)
+    if removed:
+        log.info("compilation_cache: removed %d least recently used entr%s to stay under %s GB", len(removed),
+                 "y" if len(removed) == 1 else "ies", f"{cache.max_size_gb:g}")
+    return removed

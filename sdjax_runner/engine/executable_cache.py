@@ -51,6 +51,13 @@ log = logging.getLogger("sdjax_runner")
 SUBDIR = "executables"
 FORMAT = 1  # bump when what is stored changes
 _source_hash: Optional[str] = None
+_max_bytes: Optional[int] = None  # compilation_cache.max_size_gb: a larger executable is not stored
+
+
+def bound(max_bytes: Optional[int]) -> None:
+    """Store no executable larger than ``max_bytes`` (the whole cache's bound, see compile_cache.trim)."""
+    global _max_bytes
+    _max_bytes = max_bytes
 
 
 def source_hash() -> str:
@@ -115,11 +122,15 @@ def load(directory: str, key: str, devices: list) -> Optional[Any]:
             stored = pickle.load(file)
         compiled = deserialize_and_load(stored["executable"], stored["in_tree"], stored["out_tree"],
                                         execution_devices=devices)
-        return compiled
     except Exception as exc:  # a damaged or foreign file: trace instead, and overwrite it
         log.info("compile: stored executable %s not usable (%s: %s); tracing", path.name, type(exc).__name__,
                  " ".join(str(exc).split())[:120])
         return None
+    try:
+        os.utime(path)  # used now: among the last to go when the cache is over its bound
+    except OSError:
+        pass
+    return compiled
 
 
 def discard(directory: str, key: str) -> None:
@@ -138,15 +149,19 @@ def save(directory: str, key: str, compiled: Any) -> bool:
     tmp = path.with_name(path.name + f".{os.getpid()}.tmp")
     try:
         executable, in_tree, out_tree = serialize(compiled)
+        data = pickle.dumps({"executable": executable, "in_tree": in_tree, "out_tree": out_tree})
+        if _max_bytes is not None and len(data) > _max_bytes:
+            log.info("compile: executable not kept (%.1f MB is more than compilation_cache.max_size_gb)", len(data) / 1e6)
+            return False
         path.parent.mkdir(parents=True, exist_ok=True)
         with open(tmp, "wb") as file:
-            pickle.dump({"executable": executable, "in_tree": in_tree, "out_tree": out_tree}, file)
+            file.write(data)
         os.replace(tmp, path)
-        return True
     except Exception as exc:
         tmp.unlink(missing_ok=True)
         log.info("compile: executable not kept (%s: %s)", type(exc).__name__, " ".join(str(exc).split())[:120])
         return False
+    return True
 
 
 def _flops_path(directory: str, key: str) -> Path:
