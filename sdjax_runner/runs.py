@@ -44,8 +44,9 @@ def select_runs(root: Path, filters: dict[str, list[str]], since: Optional[datet
     """Summaries of the runs under ``root`` that pass the filters, newest first. A filter key that no
     run has is an error (a misspelt key would otherwise quietly match nothing)."""
     selected, known = [], set()
+    shown_keys = set(filters) | set(catalog.KEY_PARAMS) | {"run_name"}
     for run_dir in catalog.find_runs(root):
-        config = catalog.flat_config(run_dir)
+        config = catalog.flat_config(run_dir, needed=shown_keys)
         summary = catalog.summary(run_dir, config)
         values = catalog.filterable(config, summary)
         known.update(values)

@@ -36,7 +36,7 @@ def _mlflow(work: Path):
     return client, experiment, {r.info.run_name: r for r in client.search_runs([experiment.experiment_id])}
 
 
-def test_single_runs_name_themselves_and_record_what_a_rerun_needs(tmp_path):
+def test_single_runs_name_themselves_and_record_what_a_rerun_needs(tmp_path, cache_dir):
     (tmp_path / "prompts.txt").write_text("\n".join(PROMPTS) + "\n")
     result = run_cli("+experiment=smoke", "seed=5", "prompts.file=prompts.txt", cwd=tmp_path)
     assert result.returncode == 0, result.stderr
@@ -106,6 +106,14 @@ def test_single_runs_name_themselves_and_record_what_a_rerun_needs(tmp_path):
     for bad, key in ((["sed=5"], "error: sed:"), (["--since", "yesterday"], "error: --since yesterday:")):
         error = run_cli("list", *bad, cwd=tmp_path, module="sdjax_runner.runs")
         assert_one_line_error(error, key)
+    # Values are matched resolved (paths.cache_dir is ${oc.env:SDJAX_RUNNER_CACHE_DIR,...} as recorded).
+    assert dirs(f"paths.cache_dir={cache_dir}", "seed=5") == [first_dir]
+    damaged = tmp_path / "outputs" / "runs" / "damaged"  # a record cut short is listed, not a crash
+    (damaged / ".hydra").mkdir(parents=True)
+    (damaged / "status.json").write_text('{"status": "FINI')
+    (damaged / ".hydra" / "config.yaml").write_text("seed: [5\n  - {")
+    assert dirs() == [second_dir, first_dir, damaged.relative_to(tmp_path)]
+    assert dirs("seed=5") == [first_dir]
 
     diff = run_cli("diff", str(run_dir), str(second[0]), cwd=tmp_path, module="sdjax_runner.runs")
     assert diff.returncode == 0, diff.stderr

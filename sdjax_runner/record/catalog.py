@@ -9,8 +9,9 @@ import json
 import math
 import re
 from pathlib import Path
-from typing import Any, Iterator, Optional
+from typing import Any, Iterable, Iterator, Optional
 
+import yaml
 from omegaconf import OmegaConf
 
 from sdjax_runner.record import rundir
@@ -37,18 +38,25 @@ def _read(path: Path) -> dict:
         return {}
 
 
-def flat_config(run_dir: Path) -> dict[str, str]:
+def flat_config(run_dir: Path, needed: Optional[Iterable[str]] = None) -> dict[str, str]:
     """The run's recorded config, flattened (``sampling.num_inference_steps: "4"``, lists as JSON),
-    resolved where this environment can (else shown as written)."""
+    interpolations resolved where this environment can (else shown as written). ``needed``: only
+    these keys' values must be resolved (resolving builds the whole OmegaConf tree, ~10 ms a run,
+    which a listing of thousands of runs cannot afford for keys it does not show)."""
     path = run_dir / rundir.CONFIG
-    if not path.is_file():
-        return {}
-    config = OmegaConf.load(path)
     try:
-        container = OmegaConf.to_container(config, resolve=True, enum_to_str=True)
-    except Exception:  # an interpolation this environment cannot resolve
-        container = OmegaConf.to_container(config, resolve=False, enum_to_str=True)
-    return {key: value for key, value in _walk(container)}
+        with open(path, encoding="utf-8") as file:
+            data = yaml.load(file, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
+    except (OSError, ValueError, yaml.YAMLError):  # absent, unreadable or damaged: nothing to show
+        return {}
+    flat = dict(_walk(data))
+    pending = [value for key, value in flat.items() if needed is None or key in needed]
+    if not any("${" in value for value in pending):
+        return flat
+    try:
+        return dict(_walk(OmegaConf.to_container(OmegaConf.create(data), resolve=True, enum_to_str=True)))
+    except Exception:  # an interpolation this environment cannot resolve: shown as written
+        return flat
 
 
 def _walk(node: Any, prefix: str = "") -> Iterator[tuple[str, str]]:
@@ -56,7 +64,7 @@ def _walk(node: Any, prefix: str = "") -> Iterator[tuple[str, str]]:
         for key, value in node.items():
             yield from _walk(value, f"{prefix}.{key}" if prefix else str(key))
     elif isinstance(node, list):
-        yield prefix, json.dumps(node, ensure_ascii=False)
+        yield prefix, json.dumps(node, ensure_ascii=False, default=str)
     else:
         yield prefix, "null" if node is None else str(node)
 
