@@ -37,21 +37,45 @@ class UserError(Exception):
         super().__init__(text)
 
 
-def _schema_keys(full_key: str) -> Optional[list[str]]:
-    """The keys the schema allows beside ``full_key`` (e.g. sampling.foo -> sampling's fields)."""
+def _schema_node(parts: list[str]) -> typing.Any:
+    """The schema's type at the dotted path ``parts`` (a dataclass or a field's type), or None."""
     from sdjax_runner.config.schema import RunConfig
 
     node: typing.Any = RunConfig
-    for part in full_key.split(".")[:-1]:
+    for part in parts:
         if not dataclasses.is_dataclass(node):
             return None
         hints = typing.get_type_hints(node)
         if part not in hints:
             return None
         node = hints[part]
+    return node
+
+
+def _schema_keys(full_key: str) -> Optional[list[str]]:
+    """The keys the schema allows beside ``full_key`` (e.g. sampling.foo -> sampling's fields)."""
+    node = _schema_node(full_key.split(".")[:-1])
     if not dataclasses.is_dataclass(node):
         return None
     return [f.name for f in dataclasses.fields(node)]
+
+
+_KINDS = {int: "an integer", float: "a number", bool: "true or false", str: "a string"}
+
+
+def _schema_kind(full_key: str) -> Optional[str]:
+    """What the schema's field ``full_key`` takes, in words (``a number or null``), or None."""
+    node = _schema_node(full_key.split("."))
+    optional = typing.get_origin(node) is typing.Union and type(None) in typing.get_args(node)
+    if optional:
+        node = next(arg for arg in typing.get_args(node) if arg is not type(None))
+    if typing.get_origin(node) in (list, typing.List):
+        kind = "a list, e.g. [a,b]"
+    else:
+        kind = _KINDS.get(node)
+    if kind is None:
+        return None
+    return kind + (" or null" if optional else "")
 
 
 def _one_line(text: str) -> str:
@@ -78,6 +102,7 @@ def describe(exc: BaseException) -> Optional[str]:
         ConfigKeyError,
         MissingMandatoryValue,
         OmegaConfBaseException,
+        ValidationError,
     )
 
     if isinstance(exc, UserError):
@@ -107,6 +132,10 @@ def describe(exc: BaseException) -> Optional[str]:
             allowed = _schema_keys(key)
             if allowed is not None:
                 return f"{key}: unknown key (allowed: {', '.join(allowed)})"
+        if isinstance(omega, ValidationError) and key and "(allowed" not in message:
+            kind = _schema_kind(key)  # a value of the wrong type: say which type the key takes
+            if kind:
+                return f"{key}: {message} (allowed: {kind})"
         return f"{key}: {message}" if key else message
     if isinstance(exc, HydraException):
         return _one_line(exc)

@@ -12,7 +12,10 @@ CASES = {
     "unknown experiment": (["+experiment=nope"], "error: experiment=nope: no such option (allowed: guide_different_prompts, guide_same_prompt, smoke)"),
     "misspelled key": (["sampling.num_inference_step=3"],
                        "error: sampling.num_inference_step: unknown key (allowed: num_inference_steps, guidance_scale, height, width)"),
-    "wrong type": (["seed=abc"], "error: seed: Value 'abc' of type 'str' could not be converted to Integer"),
+    "wrong type": (["seed=abc"], "error: seed: Value 'abc' of type 'str' could not be converted to Integer "
+                                 "(allowed: an integer)"),
+    "wrong type, optional": (["compilation_cache.max_size_gb=lots"], "error: compilation_cache.max_size_gb: Value "
+                             "'lots' of type 'str' could not be converted to Float (allowed: a number or null)"),
     "bad enum": (["dtype.weights_dtype=int8"],
                  "error: dtype.weights_dtype: Invalid value 'int8', expected one of [float32, bfloat16, float16]"),
     "height not multiple of 8": (["sampling.height=65"], "error: sampling.height: must be a positive multiple of 8 up "
