@@ -5,7 +5,9 @@ from __future__ import annotations
 import dataclasses
 import errno
 import re
+import sys
 import typing
+from pathlib import Path
 from typing import Iterable, Optional
 
 
@@ -140,7 +142,21 @@ def describe(exc: BaseException) -> Optional[str]:
     if isinstance(exc, HydraException):
         return _one_line(exc)
     if isinstance(exc, (ValueError, TypeError)) and _raised_in_hydra(exc):
-        return _one_line(exc)  # e.g. "scheduler=0": Hydra checks a group override's type with a ValueError
+        # e.g. "scheduler=0": Hydra checks a group override's type with a ValueError that names no key
+        return _group_override(sys.argv[1:]) or _one_line(exc)
+    return None
+
+
+def _group_override(argv: list[str]) -> Optional[str]:
+    """``group=value: no such option (allowed: ...)`` for the first override of ``argv`` that picks
+    no option of one of the package's config groups, or None."""
+    conf = Path(__file__).resolve().parent / "conf"
+    for arg in argv:
+        key, sep, value = arg.lstrip("+~").partition("=")
+        group = conf / key
+        if sep and key and ".." not in key and group.is_dir() and not (group / f"{value}.yaml").is_file():
+            options = ", ".join(sorted(p.stem for p in group.glob("*.yaml")))
+            return f"{key}={value}: no such option (allowed: {options})"
     return None
 
 

@@ -21,7 +21,8 @@ CASES = {
     "height not multiple of 8": (["sampling.height=65"], "error: sampling.height: must be a positive multiple of 8 up "
                                  "to 4096, got 65 (allowed: 8, 16, ..., 512, ..., 4096 or null)"),
     "zero width": (["sampling.width=0"], "error: sampling.width: must be a positive multiple of 8 up to 4096, got 0"),
-    "group given a number": (["scheduler=0"], "error: Config group override must be a string or a list. Got int"),
+    "group given a number": (["scheduler=0"], "error: scheduler=0: no such option (allowed: ddim, ddpm, "
+                             "dpm_solver_pp, euler, lms, pndm)"),
     "unknown XLA flag": (['performance.xla_flags=["--nonsense_flag=1"]'],
                          "error: performance.xla_flags: XLA rejects them: Unknown flag in XLA_FLAGS: --nonsense_flag=1"),
     "autotune level": (["performance.gpu_autotune_level=9"],
