@@ -194,8 +194,9 @@ class CompilationCacheConfig:
     # lowering; keyed by everything that determines the program (see engine/executable_cache.py).
     # Both parallel modes, single-process runs.
     executables: bool = True
-    # Bound on disk: XLA's cache entries (dir/) and the stored executables (dir/executables/) are
-    # each kept under this many GB, the least recently used removed first. null: no bound.
+    # Bound on disk: after each job, XLA's cache entries (dir/) and the stored executables
+    # (dir/executables/) together are kept under this many GB, the least recently used removed
+    # first (engine/compile_cache.py: trim). null: no bound.
     max_size_gb: Optional[float] = 10.0
 
 

@@ -31,15 +31,14 @@ def configure(cache: DictConfig) -> None:
     from jax import monitoring
 
     directory = str(Path(cache.dir).expanduser().resolve()) if cache.enabled else None
-    max_bytes = None if cache.max_size_gb is None else int(cache.max_size_gb * 1e9)
-    wanted = (directory, float(cache.min_compile_time_s), max_bytes)
+    wanted = (directory, float(cache.min_compile_time_s), max_bytes(cache))
     if _settings is not None:
         if _settings != wanted:
             log.warning("compilation_cache: this process keeps dir=%s, min_compile_time_s=%s, max bytes=%s",
                         *_settings)
         return
     monitoring.register_event_listener(_count)
-    executable_cache.bound(max_bytes)
+    executable_cache.bound(wanted[2])
     if directory:
         Path(directory).mkdir(parents=True, exist_ok=True)
         jax.config.update("jax_compilation_cache_dir", directory)
@@ -70,6 +69,11 @@ def bypassed() -> Iterator[bool]:
             jax_cache._cache_checked, jax_cache._cache_used = saved
 
 
+def max_bytes(cache: DictConfig) -> Optional[int]:
+    """``compilation_cache.max_size_gb`` in bytes, or None (no bound)."""
+    return None if cache.max_size_gb is None else int(cache.max_size_gb * 1e9)
+
+
 def configured() -> bool:
     """Whether this process has set JAX's cache up (a job got that far)."""
     return _settings is not None
@@ -94,9 +98,10 @@ def trim(cache: DictConfig) -> list[Path]:
     Not JAX's own ``jax_compilation_cache_max_size``: it needs an access-time file beside every entry
     and fails every later write into a cache made without them (any earlier cache). Entries another
     process removes meanwhile are skipped; nothing here fails a run."""
-    if not cache.enabled or cache.max_size_gb is None:
+    bound_bytes = max_bytes(cache)
+    if not cache.enabled or bound_bytes is None:
         return []
-    root, bound_bytes = Path(cache.dir).expanduser(), int(cache.max_size_gb * 1e9)
+    root = Path(cache.dir).expanduser()
     entries = []
     for pattern, (suffix, *companions) in _ENTRIES:
         for path in root.glob(pattern):

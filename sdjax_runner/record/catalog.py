@@ -41,7 +41,7 @@ def _read(path: Path) -> dict:
 def flat_config(run_dir: Path, needed: Optional[Iterable[str]] = None) -> dict[str, str]:
     """The run's recorded config, flattened (``sampling.num_inference_steps: "4"``, lists as JSON),
     interpolations resolved where this environment can (else shown as written). ``needed``: only
-    these keys' values must be resolved (resolving builds the whole OmegaConf tree, ~10 ms a run,
+    these keys' values must be resolved (resolving builds the whole OmegaConf tree, ~8 ms a run,
     which a listing of thousands of runs cannot afford for keys it does not show)."""
     path = run_dir / rundir.CONFIG
     try:
