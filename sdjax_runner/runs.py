@@ -6,7 +6,9 @@
         value (shell patterns: *, ?, [..]; a key given twice: either value; model, dtype, scheduler,
         steps, guidance, parallelism are short for model.name, ...). --since 7d / 12h / 2026-11-15:
         runs started since then. --dirs: only the directories, one a line (for scripts).
-    python -m sdjax_runner.runs diff RUN_A RUN_B          the config keys that differ, and the metrics side by side
+    python -m sdjax_runner.runs diff RUN_A RUN_B [--no-images]
+        the config keys that differ, the metrics side by side, and B's images against A's slot by slot
+        (same index, seed, prompt and size): how many are identical, PSNR and SSIM, the images that differ
 
 Run directories are found by their status.json (single runs, and each job of a sweep).
 """
@@ -15,11 +17,13 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import math
+import os
 import sys
 from pathlib import Path
 from typing import Any, Optional
 
-from sdjax_runner.record import catalog
+from sdjax_runner.record import catalog, rundir
 
 LIST_COLUMNS = (("started", "started"), ("status", "status"), ("name", "name"), ("model.name", "model"),
                 ("dtype.name", "dtype"), ("scheduler.name", "scheduler"), ("sampling.num_inference_steps", "steps"),
@@ -68,7 +72,7 @@ def list_table(summaries: list[dict[str, Any]]) -> str:
     return table([[_cell(s[key]) for key, _ in LIST_COLUMNS] for s in summaries], [h for _, h in LIST_COLUMNS])
 
 
-def diff_runs(a: Path, b: Path) -> str:
+def diff_runs(a: Path, b: Path, images: bool = True) -> str:
     out = [f"A: {a}", f"B: {b}", ""]
     config = catalog.config_diff(a, b)
     out.append(table([list(row) for row in config], ["config key", "A", "B"]) if config else "config: identical")
@@ -76,7 +80,58 @@ def diff_runs(a: Path, b: Path) -> str:
     metrics = catalog.metric_diff(a, b)
     rows = [[key, _cell(x), _cell(y), ratio] for key, x, y, ratio in metrics]
     out.append(table(rows, ["metric", "A", "B", "B/A"]) if rows else "metrics: none in common")
+    if images:
+        out += ["", image_diff(a, b)]
     return "\n".join(out)
+
+
+def image_diff(a: Path, b: Path, shown: int = 10) -> str:
+    """B's images against A's, slot by slot (PSNR/SSIM as ``metrics.reference`` computes them): how
+    many are identical, and the ``shown`` least faithful of those that differ."""
+    title = "images (B against A, slot by slot: same index, seed, prompt and size)"
+    kept = {}
+    for label, run in (("A", a), ("B", b)):
+        try:
+            kept[label] = rundir.read_json(run / rundir.IMAGES)
+            on_disk = bool(kept[label]) and all((run / r["file"]).is_file() for r in kept[label])
+        except (OSError, ValueError, TypeError, KeyError) as error:
+            return f"images: not compared ({label}'s {rundir.IMAGES}: {_reason(error)})"
+        if not on_disk:
+            return f"images: not compared ({label} kept no image files: output.save_images=false, or removed)"
+    records = kept["B"]
+    os.environ["JAX_PLATFORMS"] = "cpu"  # before JAX starts: a few small programs, never an accelerator
+    from sdjax_runner.metrics.fidelity import compare
+
+    try:
+        per_image, fields = compare(b, records, a)
+    except (OSError, ValueError, TypeError, KeyError) as error:  # a damaged record or image
+        return f"images: not compared ({_reason(error)})"
+    count = fields["compared_images"]
+    if not count:
+        return (f"images: none compared -- no image of B has its slot in A "
+                f"(B has {len(records)}; PSNR/SSIM need the same seeds, prompts and size)")
+    head = f"{count} of {len(records)} compared: "
+    if fields["identical_images"] == count:
+        return f"{title}\n{head}all identical (PSNR inf, SSIM 1)"
+    head += (f"{fields['identical_images']} identical; PSNR {fields['psnr']:.2f} dB "
+             f"(min {fields['psnr_min']:.2f}), SSIM {fields['ssim_mean']:.4f} (min {fields['ssim_min']:.4f})")
+    differing = sorted(((v, r) for v, r in zip(per_image, records) if v and not math.isinf(v["psnr"])),
+                       key=lambda pair: pair[0]["psnr"])
+    rows = [[str(r["index"]), str(r["seed"]), f"{v['psnr']:.2f}", f"{v['ssim']:.4f}", _short(r["prompt"])]
+            for v, r in differing[:shown]]
+    more = f"\n({len(differing) - shown} more differ)" if len(differing) > shown else ""
+    return f"{title}\n{head}\n\n{table(rows, ['image', 'seed', 'psnr_db', 'ssim', 'prompt'])}{more}"
+
+
+def _reason(error: Exception) -> str:
+    if isinstance(error, KeyError):
+        return f"a record has no {error}"
+    return " ".join(str(error).split())
+
+
+def _short(text: str, width: int = 60) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= width else text[:width - 3] + "..."
 
 
 def list_command(args: argparse.Namespace) -> int:
@@ -121,6 +176,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     diff = commands.add_parser("diff", help="what differs between two runs")
     diff.add_argument("a", type=Path)
     diff.add_argument("b", type=Path)
+    diff.add_argument("--no-images", action="store_true",
+                      help="skip comparing the images (PSNR/SSIM; it starts JAX on the CPU)")
     args = parser.parse_args(argv)
     if args.command == "list":
         return list_command(args)
@@ -128,7 +185,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         if not (path / "status.json").is_file():
             print(f"error: {path}: not a run directory (no status.json)", file=sys.stderr)
             return 2
-    print(diff_runs(args.a, args.b))
+    print(diff_runs(args.a, args.b, images=not args.no_images))
     return 0
 
 

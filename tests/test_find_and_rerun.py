@@ -123,6 +123,8 @@ def test_single_runs_name_themselves_and_record_what_a_rerun_needs(tmp_path, cac
     assert rows["prompts.texts"][0] == "[]"  # the file alone
     assert rows["images_per_s"][:2] == [f"{_read(run_dir / 'timings.json')['images_per_s']:.4g}",
                                         f"{_read(second[0] / 'timings.json')['images_per_s']:.4g}"]
+    # Other seeds: no image has its slot (index, seed, prompt, size) in the other run, and diff says so.
+    assert "images: none compared -- no image of B has its slot in A" in diff.stdout
 
 
 def test_list_filters_match_whole_values_with_shell_patterns_and_times_in_any_zone():
@@ -176,6 +178,35 @@ def test_a_rerun_reports_changed_images_and_the_environment_facts_that_differ(sm
     assert f"versions.jax: 0.0.1 -> {jax.__version__}" in result.stdout
     [rerun_dir] = (tmp_path / "outputs" / "reruns").glob("*/*")
     assert _read(rerun_dir / "rerun.json")["differing_images"] == [3]
+
+
+def test_diff_compares_the_images_slot_by_slot_and_names_those_that_differ(smoke_run, tmp_path):
+    _, original, _ = smoke_run
+    changed = tmp_path / "changed"
+    shutil.copytree(original, changed)
+    record = _read(changed / "images.json")[3]
+    with Image.open(changed / record["file"]) as image:
+        pixels = np.asarray(image.convert("RGB")).copy()
+    pixels[:8, :8] = 255 - pixels[:8, :8]  # one corner of image 3 inverted
+    Image.fromarray(pixels).save(changed / record["file"])
+
+    diff = run_cli("diff", str(original), str(changed), cwd=tmp_path, module="sdjax_runner.runs")
+    assert diff.returncode == 0, diff.stderr
+    section = diff.stdout[diff.stdout.index("images (B against A"):].splitlines()
+    mse = np.mean(((pixels.astype(float) - np.asarray(Image.open(original / record["file"]).convert("RGB"))) / 255) ** 2)
+    run_psnr = -10 * np.log10(mse / 8)  # one of eight images differs
+    assert section[1].startswith(f"8 of 8 compared: 7 identical; PSNR {run_psnr:.2f} dB (min {run_psnr - 10 * np.log10(8):.2f})")
+    assert section[3].split()[:3] == ["image", "seed", "psnr_db"]
+    assert section[4].split()[:2] == ["3", "0"] and len(section) == 5  # only the image that differs
+
+    identical = run_cli("diff", str(original), str(original), cwd=tmp_path, module="sdjax_runner.runs")
+    assert identical.stdout.rstrip().endswith("8 of 8 compared: all identical (PSNR inf, SSIM 1)")
+    (changed / "images.json").write_text("[{")  # a damaged record is a line, not a traceback
+    damaged = run_cli("diff", str(original), str(changed), cwd=tmp_path, module="sdjax_runner.runs")
+    assert damaged.returncode == 0 and damaged.stdout.rstrip().splitlines()[-1].startswith(
+        "images: not compared (B's images.json: ")
+    skipped = run_cli("diff", "--no-images", str(original), str(changed), cwd=tmp_path, module="sdjax_runner.runs")
+    assert skipped.returncode == 0 and skipped.stdout.rstrip().splitlines()[-1].startswith("write_s ")
 
 
 def test_a_rerun_of_something_that_is_no_record_is_one_line(tmp_path):

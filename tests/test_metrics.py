@@ -65,6 +65,33 @@ def test_identical_images_give_psnr_inf_ssim_one_and_the_same_clip_scores(smoke_
     assert "quality.json" in {a.path for a in client.list_artifacts(run.info.run_id)}
 
 
+def test_fidelity_reads_images_a_chunk_at_a_time_and_gets_the_same_numbers(smoke_run, tmp_path, monkeypatch):
+    import shutil
+
+    from sdjax_runner.metrics import fidelity
+
+    _, reference, _ = smoke_run
+    run_dir = tmp_path / "noisy"
+    shutil.copytree(reference, run_dir)
+    records = json.loads((run_dir / "images.json").read_text())
+    rng = np.random.default_rng(0)
+    for i, record in enumerate(records[1:], start=1):  # image 0 stays identical, the others get i levels of noise
+        with Image.open(run_dir / record["file"]) as image:
+            pixels = np.asarray(image.convert("RGB")).astype(int)
+        noisy = np.clip(pixels + rng.integers(-i, i + 1, pixels.shape), 0, 255).astype(np.uint8)
+        Image.fromarray(noisy).save(run_dir / record["file"])
+
+    whole, whole_fields = fidelity.compare(run_dir, records, reference)  # 8 images: one chunk
+    monkeypatch.setattr(fidelity, "CHUNK", 3)  # 3 + 3 + 2 (padded to 3, the padding dropped)
+    chunked, chunked_fields = fidelity.compare(run_dir, records, reference)
+    assert math.isinf(chunked[0]["psnr"]) and chunked_fields["identical_images"] == 1
+    assert [r["psnr"] for r in chunked[1:]] == sorted((r["psnr"] for r in chunked[1:]), reverse=True)  # more noise
+    for got, expected in zip(chunked, whole, strict=True):
+        assert got == pytest.approx(expected, rel=1e-6)
+    assert chunked_fields.pop("reference") == whole_fields.pop("reference") == str(reference)
+    assert chunked_fields == pytest.approx(whole_fields, rel=1e-6)
+
+
 def test_a_dtype_sweep_is_compared_with_its_fp32_reference_point_and_reported(tmp_path, tiny_model_dir):
     sweep = tmp_path / "sweep"
     result = run_cli("-m", "+experiment=smoke", "dtype=fp32,bf16", "seed=0,1", "+metrics.reference_point.dtype=fp32",

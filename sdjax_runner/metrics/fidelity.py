@@ -37,6 +37,11 @@ def _compiled():
     return jax.jit(lambda a, b: (dm_pix.psnr(a, b), dm_pix.ssim(a, b)))
 
 
+# Images compared per call of the jitted program: bounds host memory (a chunk of 1024x1024 images is
+# ~100 MB of floats per side) whatever the run's size, and keeps one compiled shape per image size.
+CHUNK = 8
+
+
 def psnr_ssim(images: np.ndarray, references: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Per-image PSNR (dB) and SSIM of (N, H, W, 3) float arrays in [0, 1], in one jitted program."""
     import jax
@@ -44,6 +49,20 @@ def psnr_ssim(images: np.ndarray, references: np.ndarray) -> tuple[np.ndarray, n
     cpu = jax.devices("cpu")[0]  # small arrays: no need to occupy an accelerator
     psnr, ssim = _compiled()(jax.device_put(images, cpu), jax.device_put(references, cpu))
     return np.asarray(psnr), np.asarray(ssim)
+
+
+def _pairs_psnr_ssim(pairs: list[tuple[Path, dict, Path, dict]]) -> tuple[np.ndarray, np.ndarray]:
+    """PSNR and SSIM of each (run, record, reference run, reference record) pair's images, read from
+    disk CHUNK pairs at a time (the last chunk padded with its own first pair, then dropped)."""
+    psnr, ssim = [], []
+    for start in range(0, len(pairs), CHUNK):
+        chunk = pairs[start:start + CHUNK]
+        padded = chunk + [chunk[0]] * (CHUNK - len(chunk))
+        p, s = psnr_ssim(np.stack([_pixels(d, r) for d, r, _, _ in padded]),
+                         np.stack([_pixels(d, r) for _, _, d, r in padded]))
+        psnr.append(p[:len(chunk)])
+        ssim.append(s[:len(chunk)])
+    return np.concatenate(psnr), np.concatenate(ssim)
 
 
 def compare(run_dir: Path, records: list[dict], reference_dir: Path) -> tuple[list[dict], dict[str, Any]]:
@@ -57,9 +76,7 @@ def compare(run_dir: Path, records: list[dict], reference_dir: Path) -> tuple[li
     fields: dict[str, Any] = {"reference": str(reference_dir), "compared_images": len(pairs)}
     if not pairs:
         return per_image, fields
-    mine = np.stack([_pixels(run_dir, records[i]) for i, _ in pairs])
-    theirs = np.stack([_pixels(reference_dir, ref) for _, ref in pairs])
-    psnr, ssim = psnr_ssim(mine, theirs)
+    psnr, ssim = _pairs_psnr_ssim([(run_dir, records[i], reference_dir, ref) for i, ref in pairs])
     for (i, _), p, s in zip(pairs, psnr, ssim):
         per_image[i] = {"psnr": float(p), "ssim": float(s)}
     # The run's PSNR is that of its mean squared error over all compared images (inf only if every
