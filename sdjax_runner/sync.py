@@ -53,13 +53,13 @@ def process_gone(status: dict) -> Optional[bool]:
         return False
 
 
-def finish_dead_run(run_dir: Path, status: dict) -> str:
+def finish_dead_run(run_dir: Path, status: dict, by: str = "python -m sdjax_runner.sync") -> str:
     """A run left RUNNING by a process that died (SIGKILL, out of memory, power): images.json rebuilt
     from its PNGs, status.json KILLED. Returns what was kept."""
     records, unreadable = rundir.records_from_pngs(run_dir)
     rundir.write_json(run_dir / rundir.IMAGES, records)
     error = (f"the process ({status.get('host')}, pid {status.get('pid')}) ended without finishing the run "
-             "(killed, out of memory or power lost); finished by python -m sdjax_runner.sync")
+             f"(killed, out of memory or power lost); finished by {by}")
     status.update(status="KILLED", error=error)
     if unreadable:
         status["unreadable_images"] = unreadable
@@ -68,7 +68,8 @@ def finish_dead_run(run_dir: Path, status: dict) -> str:
     return f"KILLED: its process is gone; {kept}, images.json rebuilt from the PNGs"
 
 
-def sync_run(run_dir: Path, uri: Optional[str], assume_gone: bool = False) -> str:
+def sync_run(run_dir: Path, uri: Optional[str], assume_gone: bool = False, by: str = "python -m sdjax_runner.sync"
+             ) -> str:
     status = rundir.read_json(run_dir / rundir.STATUS)
     finished = ""
     if status["status"] == "RUNNING":
@@ -77,7 +78,7 @@ def sync_run(run_dir: Path, uri: Optional[str], assume_gone: bool = False) -> st
             where = f"on {status.get('host')} (pid {status.get('pid')})"
             return (f"skipped: still running {where}" if gone is False else
                     f"skipped: RUNNING {where}, which cannot be checked from here (--assume-gone finishes it)")
-        finished = finish_dead_run(run_dir, status) + "; "
+        finished = finish_dead_run(run_dir, status, by) + "; "
         if not (run_dir / rundir.TRACKING).exists():
             return finished + "nothing to log (tracking=none)"
         status["logged"] = False

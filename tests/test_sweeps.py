@@ -138,3 +138,75 @@ def test_joblib_launcher_keeps_the_parent_child_linkage(tmp_path, tiny_model_dir
     assert parent.info.status == "FINISHED" and len(children) == 2
     assert all(c.data.tags["mlflow.parentRunId"] == parent.info.run_id for c in children)
     assert [r["status"] for r in summary(sweep_dir)] == ["FINISHED", "FINISHED"]
+
+
+def test_a_killed_sweep_resumes_only_its_unfinished_jobs_into_the_same_parent_run(tmp_path, tiny_model_dir):
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from helpers.cli import assert_one_line_error
+
+    sweep_dir = tmp_path / "sweep"
+    env = {k: v for k, v in os.environ.items() if k not in ("HYDRA_FULL_ERROR", "MLFLOW_TRACKING_URI")}
+    sweep = subprocess.Popen([sys.executable, "-m", "sdjax_runner", "-m", "+experiment=smoke", "seed=0,1,2",
+                              f"hydra.sweep.dir={sweep_dir}"], cwd=tmp_path, env=env,
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 240
+    while not (sweep_dir / "2" / "status.json").exists() and sweep.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.02)
+    sweep.send_signal(signal.SIGKILL)  # as a preempted VM: no handler runs
+    sweep.wait()
+    assert sweep.returncode == -signal.SIGKILL and not (sweep_dir / "summary.csv").exists()
+    kept = {n: (sweep_dir / n / "status.json").read_bytes() for n in ("0", "1")}
+    assert all(b'"FINISHED"' in status for status in kept.values())
+    kept_config = (sweep_dir / "0" / ".hydra" / "config.yaml").stat().st_mtime_ns
+    from mlflow.tracking import MlflowClient  # the parent as Ctrl-C leaves it (SIGKILL leaves it RUNNING)
+
+    parent_id = json.loads((sweep_dir / "sweep.json").read_text())["parent_run_id"]
+    store = MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'outputs' / 'mlflow.db'}")
+    store.set_tag(parent_id, "error", "interrupted (SIGINT)")
+    store.set_terminated(parent_id, "KILLED")
+
+    elsewhere = tmp_path / "elsewhere"  # resumed from another directory: it runs where the sweep ran
+    elsewhere.mkdir()
+    result = run_cli(str(sweep_dir), cwd=elsewhere, module="sdjax_runner.resume")
+    assert result.returncode == 0, result.stderr
+    assert f"resume: in {tmp_path}, where the sweep was started" in result.stdout
+    assert "resume: job 0 (+experiment=smoke seed=0) finished in an earlier attempt; kept" in result.stdout
+    assert "resume: job 1 (+experiment=smoke seed=1) finished in an earlier attempt; kept" in result.stdout
+    assert "Launching 1 jobs locally" in result.stdout and "#2 : +experiment=smoke seed=2" in result.stdout
+    # Finished jobs untouched, the cut-short one set aside (KILLED), job 2 made afresh.
+    assert {n: (sweep_dir / n / "status.json").read_bytes() for n in ("0", "1")} == kept
+    assert (sweep_dir / "0" / ".hydra" / "config.yaml").stat().st_mtime_ns == kept_config
+    assert json.loads((sweep_dir / "earlier_attempts" / "2" / "status.json").read_text())["status"] == "KILLED"
+    assert len(list((sweep_dir / "2" / "images").glob("*.png"))) == 8
+    assert [(r["label"], r["status"]) for r in summary(sweep_dir)] == [(f"seed={i}", "FINISHED") for i in range(3)]
+    record = json.loads((sweep_dir / "sweep.json").read_text())
+    assert len(record["resumed_at"]) == 1 and record["parent_logged"] is True
+    assert not (elsewhere / "outputs").exists()
+
+    # One parent, reopened and finished; one finished child per seed; the cut-short attempt KILLED.
+    client, parent, children = mlflow_runs(tmp_path)
+    assert parent.info.status == "FINISHED" and parent.info.run_id == record["parent_run_id"] == parent_id
+    assert "error" not in parent.data.tags
+    assert parent.data.metrics["jobs"] == 3 and parent.data.metrics["failed_jobs"] == 0
+    finished = [c.info.run_name for c in children if c.info.status == "FINISHED"]
+    assert finished == ["smoke seed=0", "smoke seed=1", "smoke seed=2"]
+    assert {c.info.status for c in children} <= {"FINISHED", "KILLED"}
+    assert all(c.data.tags["mlflow.parentRunId"] == parent.info.run_id for c in children)
+
+    # A sweep whose job still runs is not resumed, nor is a directory that holds no sweep.
+    alive = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)", "sdjax_runner"])
+    try:
+        status = json.loads(kept["1"])
+        (sweep_dir / "1" / "status.json").write_text(json.dumps(dict(status, status="RUNNING", pid=alive.pid)))
+        refused = run_cli(str(sweep_dir), cwd=tmp_path, module="sdjax_runner.resume")
+        assert_one_line_error(refused, f"error: hydra.sweep.dir: job 1 of {sweep_dir} is still running (pid {alive.pid})")
+        assert not (sweep_dir / "earlier_attempts" / "1").exists()
+    finally:
+        alive.kill()
+    assert_one_line_error(run_cli(str(tmp_path / "nothing"), cwd=tmp_path, module="sdjax_runner.resume"),
+                          f"error: SWEEP_DIR: {tmp_path / 'nothing'} has no readable multirun.yaml")

@@ -1,7 +1,8 @@
 """A run directory holds one run. Given the same ``hydra.run.dir`` (or ``hydra.sweep.dir``) twice,
 the second run's images would mix with the first's and its tracker run would log both: such a
 command is refused with one line before Hydra writes anything into the directory (its ``.hydra/``
-record of the first run included)."""
+record of the first run included) -- unless the command resumes that sweep (``hydra/sweeper=resume``,
+see :mod:`.resume`), which checks and prepares the directory instead."""
 
 from __future__ import annotations
 
@@ -37,4 +38,9 @@ class FreshDirectories(Callback):
         refuse_reused(Path(OmegaConf.select(config, "hydra.run.dir")), RUN_MARKS, "hydra.run.dir")
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        from sdjax_runner.record import resume
+
+        if resume.resuming(config):
+            resume.prepare(Path(config.hydra.sweep.dir), list(config.hydra.overrides.task))
+            return
         refuse_reused(Path(OmegaConf.select(config, "hydra.sweep.dir")), SWEEP_MARKS, "hydra.sweep.dir")

@@ -52,6 +52,7 @@ SUMMARY_CSV = "summary.csv"
 SUMMARY_JSON = "summary.json"
 CONTACT_SHEET = "contact_sheet.png"
 REPORT = "report.png"
+MULTIRUN = "multirun.yaml"  # Hydra's: the sweep's composed config and overrides (what a resume repeats)
 
 
 def image_file(index: int, seed: int) -> str:

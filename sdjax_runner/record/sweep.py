@@ -20,7 +20,7 @@ from typing import Any, Optional
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
-from sdjax_runner.record import rundir
+from sdjax_runner.record import resume, rundir
 
 log = logging.getLogger("sdjax_runner")
 
@@ -159,19 +159,26 @@ class SweepCallback(Callback):
                 raise Refused(exc) from None
         sweep_dir = Path(config.hydra.sweep.dir)
         sweep_dir.mkdir(parents=True, exist_ok=True)
+        earlier = read_sweep_file(sweep_dir) if resume.resuming(config) else {}
         self.tracker = make_tracker(config.tracking, config.paths.output_root)
         try:
-            self.tracker.start(f"{config.run_name} sweep", {"sweep.overrides": " ".join(task)[:500],
-                                                          "sweep.keys": " ".join(keys)},
-                               run_tags(task, config.experiment, with_devices=False))
+            if earlier.get("parent_run_id"):  # a resumed sweep: its jobs join the parent run it had
+                self.tracker.reopen(earlier["parent_run_id"])
+            else:
+                self.tracker.start(f"{config.run_name} sweep", {"sweep.overrides": " ".join(task)[:500],
+                                                              "sweep.keys": " ".join(keys)},
+                                   run_tags(task, config.experiment, with_devices=False))
         except Exception as exc:  # the jobs still run and keep everything on disk
             log.warning("sweep: tracking failed, no parent run (%s)", " ".join(str(exc).split())[:200])
             self.tracker = None
         _open_parent[:] = [self.tracker] if self.tracker else []
-        parent = self.tracker.run_id if self.tracker else None
-        rundir.write_json(sweep_dir / rundir.SWEEP, {"parent_run_id": parent, "parent_logged": False if parent else None,
-                                                     "swept_keys": keys, "overrides": task,
-                                                     "reference_point": point})
+        # Without a tracker now, a resumed sweep keeps its parent's id for sync to finish later.
+        parent = self.tracker.run_id if self.tracker else earlier.get("parent_run_id")
+        rundir.write_json(sweep_dir / rundir.SWEEP, dict(
+            earlier, parent_run_id=parent, parent_logged=False if parent else None, swept_keys=keys, overrides=task,
+            reference_point=point))
+        if earlier:
+            resume.mark(sweep_dir)
         log.info("sweep: over %s -> %s%s", ", ".join(keys) or "nothing", sweep_dir,
                  f"; {self.tracker.description}" if self.tracker else "")
 

@@ -54,6 +54,9 @@ class NullTracker:
     def start(self, run_name: str, params: dict[str, str], tags: dict[str, str]) -> None:
         pass
 
+    def reopen(self, run_id: str) -> None:
+        pass
+
     def log_outputs(self, run_dir: Path, metrics: dict[str, float]) -> None:
         pass
 
@@ -162,6 +165,13 @@ class MlflowTracker:
     def resume(self, run_id: str) -> None:
         self._connect()
         self.run_id = run_id
+
+    def reopen(self, run_id: str) -> None:
+        """An ended run made RUNNING again (a resumed sweep's parent), without the error it ended with."""
+        self.resume(run_id)
+        self.client.update_run(run_id, status="RUNNING")
+        if "error" in self.client.get_run(run_id).data.tags:
+            self.client.delete_tag(run_id, "error")
 
     def start(self, run_name: str, params: dict[str, str], tags: dict[str, str]) -> None:
         from mlflow.entities import Param
