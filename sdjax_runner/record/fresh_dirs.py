@@ -41,6 +41,8 @@ class FreshDirectories(Callback):
         from sdjax_runner.record import resume
 
         if resume.resuming(config):
-            resume.prepare(Path(config.hydra.sweep.dir), list(config.hydra.overrides.task))
+            dist = config.parallelism.distributed
+            if not dist.enabled or dist.process_id == 0:  # process 0 alone prepares the directory
+                resume.prepare(Path(config.hydra.sweep.dir), list(config.hydra.overrides.task))
             return
         refuse_reused(Path(OmegaConf.select(config, "hydra.sweep.dir")), SWEEP_MARKS, "hydra.sweep.dir")

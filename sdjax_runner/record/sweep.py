@@ -71,7 +71,10 @@ def collect_jobs(sweep_dir: Path, keys: list[str]) -> list[dict[str, Any]]:
     """One row per job directory (``<sweep>/<job number>/``), in job order."""
     rows = []
     for job_dir in sorted((p for p in sweep_dir.iterdir() if p.is_dir() and p.name.isdigit()), key=lambda p: int(p.name)):
-        overrides = OmegaConf.to_container(OmegaConf.load(job_dir / rundir.OVERRIDES))
+        try:
+            overrides = OmegaConf.to_container(OmegaConf.load(job_dir / rundir.OVERRIDES))
+        except Exception:  # its .hydra/ removed or damaged: listed without its values
+            overrides = []
         status = rundir.read_json(job_dir / rundir.STATUS) if (job_dir / rundir.STATUS).exists() else {}
         timings = rundir.read_json(job_dir / rundir.TIMINGS) if (job_dir / rundir.TIMINGS).exists() else {}
         quality = rundir.read_json(job_dir / rundir.QUALITY) if (job_dir / rundir.QUALITY).exists() else {}
