@@ -14,7 +14,7 @@ from omegaconf import DictConfig
 
 from sdjax_runner import interpreter
 from sdjax_runner.config import checks
-from sdjax_runner.config.plan import Plan, make_plan
+from sdjax_runner.config.plan import Plan, check_values, make_plan
 from sdjax_runner.engine import compile_cache, distributed, runtime
 from sdjax_runner.models import checkpoints
 from sdjax_runner.record import rundir
@@ -44,6 +44,7 @@ def run(cfg: DictConfig, run_dir: Path, overrides: list[str], run_name: Optional
         runtime.prepare_process(cfg)
         job = Job(run_dir, writes=distributed.is_writer())
         with job.recorded():
+            check_values(cfg)  # bad input: refused before JAX and the model libraries start
             runtime.silence_libraries()
             plan = make_plan(cfg, runtime.available_devices(cfg.parallelism.mode.name))
             tags = dict(tracker_tags(plan, overrides, parent_run_id, run_dir), **(extra_tags or {}))

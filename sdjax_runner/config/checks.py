@@ -108,6 +108,8 @@ def model(model: Any) -> None:
 
 def scheduler_overrides(name: str, overrides: dict[str, Any]) -> None:
     """Reject override keys the scheduler does not take, before anything loads."""
+    if not overrides:  # nothing to check: no need to import diffusers' schedulers yet
+        return
     import inspect
 
     from sdjax_runner.models.schedulers import scheduler_class

@@ -142,13 +142,20 @@ def checkpoint_params(model: ModelConfig, checkpoint: Optional[tuple]) -> dict[s
             "model.checkpoint_sha256": checkpoint[1], "model.checkpoint_architecture": checkpoint[2]}
 
 
-def make_plan(cfg: DictConfig, available_devices: int) -> Plan:
-    """Validate ``cfg`` and lay out its images; raises UserError naming the first bad key."""
+def check_values(cfg: DictConfig) -> list[str]:
+    """Every check of ``cfg`` that needs neither devices nor a model (so the runner makes them before
+    JAX and the model libraries start: bad input is refused in well under a second); the prompts."""
     checks.run_values(cfg)
-    par = cfg.parallelism
     prompts = load_prompts(list(cfg.prompts.texts), cfg.prompts.file)
     if cfg.prompts.negative:
         check_text("prompts.negative", str(cfg.prompts.negative))
+    return prompts
+
+
+def make_plan(cfg: DictConfig, available_devices: int) -> Plan:
+    """Validate ``cfg`` and lay out its images; raises UserError naming the first bad key."""
+    prompts = check_values(cfg)
+    par = cfg.parallelism
     num_devices = par.num_devices or available_devices
     per_batch = num_devices * par.per_device_batch_size
     needed = math.ceil(len(prompts) / per_batch)

@@ -131,6 +131,10 @@ def _meet_coordinator(host: str, port: int, process_id: int, deadline: float, ad
 
 
 def is_writer() -> bool:
+    """Whether this process writes the outputs: process 0 of a cluster, or a process in none (known
+    without starting JAX, so bad input can still be refused before it starts)."""
+    if _initialized is None:
+        return True
     import jax
 
     return jax.process_index() == 0
