@@ -141,3 +141,17 @@ def test_cache_directories_other_users_can_write_are_refused(tmp_path):
     assert_one_line_error(result, f"error: paths.cache_dir: {shared / 'new'} would be created in {shared}, "
                                   "which other users can write")
     assert mlflow_statuses(tmp_path) == []
+
+
+def test_a_bad_value_is_refused_before_jax_and_the_model_libraries_are_imported(tmp_path):
+    import subprocess
+    import sys
+
+    result = subprocess.run([sys.executable, "-X", "importtime", "-m", "sdjax_runner", "+experiment=smoke",
+                             "sampling.num_inference_steps=0"], cwd=tmp_path, capture_output=True, text=True)
+    assert result.returncode == 2
+    imported = {line.split("|")[-1].strip() for line in result.stderr.splitlines() if line.startswith("import time:")}
+    assert "omegaconf" in imported and "hydra" in imported  # the report is there
+    assert not imported & {"jax", "flax", "diffusers", "transformers", "mlflow"}, imported & {"jax", "diffusers"}
+    errors = [line for line in result.stderr.splitlines() if not line.startswith("import time:")]
+    assert errors == ["error: sampling.num_inference_steps: must be a positive integer, got 0 (allowed: 1, 2, 3, ...)"]
