@@ -1,8 +1,10 @@
 """Two runs logging to one embedded SQLite store at once, starting from no store at all."""
 
+import json
 import os
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 
 from mlflow.tracking import MlflowClient
 
@@ -11,19 +13,40 @@ def test_concurrent_runs_on_a_new_embedded_store_all_land(tmp_path, tiny_model_d
     work = tmp_path / "fresh"  # no store yet: the processes race to create it
     work.mkdir()
     env = {k: v for k, v in os.environ.items() if k not in ("HYDRA_FULL_ERROR", "MLFLOW_TRACKING_URI")}
+    # One name and the default, time-stamped directories: started together, each claims its own.
     procs = [subprocess.Popen([sys.executable, "-m", "sdjax_runner", "+experiment=smoke", f"seed={seed}",
-                               f"run_name=concurrent-{seed}", f"hydra.run.dir={work / f'run{seed}'}"],
+                               "run_name=concurrent"],
                               cwd=work, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
              for seed in range(2)]
     results = [(proc.wait(timeout=300), proc.communicate()) for proc in procs]
     for code, (stdout, stderr) in results:
         assert code == 0, stderr
         assert "tracking failed" not in stdout + stderr  # logged, not merely kept on disk
+    run_dirs = sorted((work / "outputs" / "runs").glob("*/*"))
+    assert len(run_dirs) == 2 and all(len(list((d / "images").glob("*.png"))) == 8 for d in run_dirs)
+    if run_dirs[0].name.split("_")[0] == run_dirs[1].name.split("_")[0]:  # the same second: one is _2
+        assert [d.name.split("_", 1)[1] for d in run_dirs] == ["concurrent", "concurrent_2"]
+    assert sorted(json.loads((d / "images.json").read_text())[0]["seed"] for d in run_dirs) == [0, 1]
     client = MlflowClient(f"sqlite:///{work / 'outputs' / 'mlflow.db'}")
     [experiment] = [e for e in client.search_experiments() if e.name == "sdjax-runner"]
     runs = client.search_runs([experiment.experiment_id])
-    assert sorted(r.info.run_name for r in runs) == ["concurrent-0", "concurrent-1"]
+    assert sorted((r.info.run_name, r.data.params["seed"]) for r in runs) == [("concurrent", "0"), ("concurrent", "1")]
     assert {r.info.status for r in runs} == {"FINISHED"}
     for run in runs:
         assert len(client.list_artifacts(run.info.run_id, "images")) == 8
         assert run.data.metrics["num_images"] == 8
+
+
+def test_a_default_directory_already_taken_is_claimed_with_a_suffix_never_shared(tmp_path):
+    from sdjax_runner.record.fresh_dirs import claim, release
+
+    base = tmp_path / "runs" / "2026-11-23" / "10-00-00_smoke"
+    with ThreadPoolExecutor(8) as pool:  # eight processes' worth of claims on one name at once
+        claimed = list(pool.map(lambda _: claim(base), range(8)))
+    assert sorted(p.name for p in claimed) == sorted(["10-00-00_smoke"] + [f"10-00-00_smoke_{n}" for n in range(2, 9)])
+    assert all(p.is_dir() for p in claimed)
+    release(base)  # a claim refused later is given back, with the parents it made, if left empty
+    assert not base.exists() and (tmp_path / "runs" / "2026-11-23").exists()  # the others still hold it
+    fresh = tmp_path / "new" / "deep" / "sweep"
+    release(claim(fresh))
+    assert not (tmp_path / "new").exists()

@@ -2,7 +2,12 @@
 the second run's images would mix with the first's and its tracker run would log both: such a
 command is refused with one line before Hydra writes anything into the directory (its ``.hydra/``
 record of the first run included) -- unless the command resumes that sweep (``hydra/sweeper=resume``,
-see :mod:`.resume`), which checks and prepares the directory instead."""
+see :mod:`.resume`), which checks and prepares the directory instead.
+
+A directory the user did not name -- the default, time-stamped to the second -- is claimed instead:
+two runs of the same name started in the same second (two terminals, a script, a bad value refused
+in under a second and the corrected command) get ``..._smoke`` and ``..._smoke_2``, the name taken
+atomically (``mkdir``), so concurrent processes never share one."""
 
 from __future__ import annotations
 
@@ -11,7 +16,7 @@ from typing import Any
 
 from hydra.core.hydra_config import HydraConfig
 from hydra.experimental.callback import Callback
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, OmegaConf, read_write
 
 from sdjax_runner.errors import Refused
 from sdjax_runner.record import rundir
@@ -28,6 +33,49 @@ def refuse_reused(directory: Path, marks: tuple[str, ...], key: str) -> None:
                       "one run (allowed: a new or empty directory; leave it unset for a fresh one)")
 
 
+# The directories this process created by claiming them, with the parents it created for them (a
+# sweep refused later gives them back).
+_claimed: dict[Path, list[Path]] = {}
+
+
+def claim(directory: Path) -> Path:
+    """``directory``, or ``directory_2``, ``_3``, ...: the first that this process creates itself."""
+    candidate, number = directory, 1
+    new_parents = [p for p in directory.parents if not p.exists()]
+    while True:
+        try:
+            candidate.mkdir(parents=True)
+            _claimed[candidate] = new_parents
+            return candidate
+        except FileExistsError:
+            number += 1
+            candidate = directory.with_name(f"{directory.name}_{number}")
+
+
+def release(directory: Path) -> None:
+    """A claimed directory left empty by a command refused after the claim: removed again."""
+    if directory not in _claimed:
+        return
+    for path in [directory, *_claimed.pop(directory)]:  # nearest first
+        try:
+            path.rmdir()  # only if empty
+        except OSError:
+            return
+
+
+def fresh(config: DictConfig, key: str, marks: tuple[str, ...]) -> None:
+    """Refuse a used directory the user named; claim a fresh one where the default was taken."""
+    directory = Path(OmegaConf.select(config, key))
+    if any(o.startswith(f"{key}=") for o in config.hydra.overrides.hydra):
+        refuse_reused(directory, marks, key)
+        return
+    claimed = claim(directory)
+    if claimed != directory:  # as if given on the command line: a sweep's jobs compose their dirs from it
+        with read_write(config.hydra):  # HydraConfig.set_config made the node read-only
+            OmegaConf.update(config, key, str(claimed))
+            config.hydra.overrides.hydra.append(f"{key}={claimed}")
+
+
 class FreshDirectories(Callback):
     def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
         dist = config.parallelism.distributed
@@ -35,7 +83,7 @@ class FreshDirectories(Callback):
             return
         # hydra.run.dir may read ${hydra:...}, which Hydra itself makes readable only when the job starts.
         HydraConfig.instance().set_config(config)
-        refuse_reused(Path(OmegaConf.select(config, "hydra.run.dir")), RUN_MARKS, "hydra.run.dir")
+        fresh(config, "hydra.run.dir", RUN_MARKS)
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
         from sdjax_runner.record import resume
@@ -45,4 +93,4 @@ class FreshDirectories(Callback):
             if not dist.enabled or dist.process_id == 0:  # process 0 alone prepares the directory
                 resume.prepare(Path(config.hydra.sweep.dir), list(config.hydra.overrides.task))
             return
-        refuse_reused(Path(OmegaConf.select(config, "hydra.sweep.dir")), SWEEP_MARKS, "hydra.sweep.dir")
+        fresh(config, "hydra.sweep.dir", SWEEP_MARKS)

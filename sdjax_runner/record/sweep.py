@@ -159,6 +159,9 @@ class SweepCallback(Callback):
             try:
                 point = reference_point(dict(config.metrics.reference_point), swept_values(task))
             except UserError as exc:
+                from sdjax_runner.record.fresh_dirs import release
+
+                release(Path(config.hydra.sweep.dir))  # nothing was written: no directory either
                 raise Refused(exc) from None
         sweep_dir = Path(config.hydra.sweep.dir)
         sweep_dir.mkdir(parents=True, exist_ok=True)
