@@ -28,6 +28,7 @@ from omegaconf import OmegaConf
 from sdjax_runner.config.naming import slug
 from sdjax_runner.errors import UserError, describe
 from sdjax_runner.record import rundir
+from sdjax_runner.record.fresh_dirs import claim
 
 log = logging.getLogger("sdjax_runner")
 # The environment facts that can change pixels, compared between the record and this machine.
@@ -113,8 +114,8 @@ def rerun(record: Path, source: str, tracking: bool) -> int:
     if not expected:
         raise UserError("RUN", f"{record} records no images to compare with (no images.json or PNGs)")
     now = datetime.datetime.now()
-    run_dir = Path(cfg.paths.output_root) / "reruns" / now.strftime("%Y-%m-%d") / f"{now:%H-%M-%S}_{slug(name)}"
-    (run_dir / rundir.HYDRA_DIR).mkdir(parents=True)
+    run_dir = claim(Path(cfg.paths.output_root) / "reruns" / now.strftime("%Y-%m-%d") / f"{now:%H-%M-%S}_{slug(name)}")
+    (run_dir / rundir.HYDRA_DIR).mkdir()
     OmegaConf.save(OmegaConf.load(record / rundir.CONFIG), run_dir / rundir.CONFIG)
     OmegaConf.save(OmegaConf.create(overrides), run_dir / rundir.OVERRIDES)
     log.info("rerun: %s (%s) into %s", name, source, run_dir)
