@@ -21,6 +21,7 @@ from typing import Optional
 
 import yaml
 
+from sdjax_runner.config.naming import quoted
 from sdjax_runner.record import rundir
 
 # Hydra overrides the resumed command sets itself.
@@ -44,7 +45,7 @@ def recorded_command(sweep_dir: Path) -> tuple[list[str], Optional[str], Optiona
     config_dir = next((s.get("path") for s in hydra.get("runtime", {}).get("config_sources", [])
                        if s.get("provider") == "command-line" and s.get("schema") == "file"), None)
     argv = (["--config-dir", config_dir] if config_dir else []) + ["-m", *task, *kept,
-                                                                   f"hydra.sweep.dir={sweep_dir.resolve()}",
+                                                                   f"hydra.sweep.dir={quoted(str(sweep_dir.resolve()))}",
                                                                    "hydra/sweeper=resume"]
     return argv, hydra.get("runtime", {}).get("cwd"), config_dir
 

@@ -249,6 +249,16 @@ def test_a_name_becomes_one_directory_inside_the_output_root(name):
     assert (root / part).resolve().parent == root
 
 
+@given(st.text(alphabet=st.characters(blacklist_categories=("Cs", "Cc")), max_size=60).filter(lambda t: "${" not in t))
+def test_a_directory_given_back_to_hydra_is_one_string_whatever_its_characters(path):
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    from sdjax_runner.config.naming import quoted
+
+    override = OverridesParser.create().parse_override(f"hydra.sweep.dir={quoted(path)}")
+    assert not override.is_sweep_override() and override.value() == path  # '=', ',', quotes, backslashes
+
+
 def test_only_what_changes_the_images_names_a_run():
     from sdjax_runner.config.naming import run_name
 

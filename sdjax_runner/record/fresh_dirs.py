@@ -18,6 +18,7 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf, read_write
 
+from sdjax_runner.config.naming import quoted
 from sdjax_runner.errors import Refused
 from sdjax_runner.record import rundir
 
@@ -73,7 +74,7 @@ def fresh(config: DictConfig, key: str, marks: tuple[str, ...]) -> None:
     if claimed != directory:  # as if given on the command line: a sweep's jobs compose their dirs from it
         with read_write(config.hydra):  # HydraConfig.set_config made the node read-only
             OmegaConf.update(config, key, str(claimed))
-            config.hydra.overrides.hydra.append(f"{key}={claimed}")
+            config.hydra.overrides.hydra.append(f"{key}={quoted(str(claimed))}")
 
 
 class FreshDirectories(Callback):
