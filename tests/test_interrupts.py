@@ -30,7 +30,9 @@ def run_statuses(tmp_path):
 def test_a_signal_ends_the_run_killed_and_keeps_the_images(tmp_path, tiny_model_dir, sig, code, reason):
     run_dir = tmp_path / "run"
     proc = start(tmp_path, "+experiment=smoke", "parallelism.num_batches=500", f"hydra.run.dir={run_dir}")
-    wait_for_images(run_dir / "images", 16, proc)
+    # PNGs are written one after another, each at its own name: with 17 there, 16 are whole (the one
+    # being written when the signal lands is removed, not left half-written).
+    wait_for_images(run_dir / "images", 17, proc)
     proc.send_signal(sig)
     _, stderr = proc.communicate(timeout=60)
     assert proc.returncode == code
