@@ -3,7 +3,7 @@ killed process, Ctrl-C), running only the jobs that did not finish, into the sam
 the same MLflow parent run.
 
 It repeats the sweep's recorded command -- its overrides, Hydra overrides (a launcher, say),
-``--config-dir`` and working directory, from ``SWEEP_DIR/multirun.yaml`` -- with
+``--config-dir``, ``--config-name`` and working directory, from ``SWEEP_DIR/multirun.yaml`` -- with
 ``hydra.sweep.dir=SWEEP_DIR hydra/sweeper=resume``; what that does is in
 :mod:`sdjax_runner.record.resume`. Exit codes are the sweep's: 0, 1 if a job failed, 2 for bad input.
 
@@ -44,7 +44,9 @@ def recorded_command(sweep_dir: Path) -> tuple[list[str], Optional[str], Optiona
     kept = [o for o in hydra_overrides if not o.startswith(OWN)]
     config_dir = next((s.get("path") for s in hydra.get("runtime", {}).get("config_sources", [])
                        if s.get("provider") == "command-line" and s.get("schema") == "file"), None)
-    argv = (["--config-dir", config_dir] if config_dir else []) + ["-m", *task, *kept,
+    config_name = hydra.get("job", {}).get("config_name")
+    argv = (["--config-dir", config_dir] if config_dir else []) + (
+        ["--config-name", config_name] if config_name and config_name != "config" else []) + ["-m", *task, *kept,
                                                                    f"hydra.sweep.dir={quoted(str(sweep_dir.resolve()))}",
                                                                    "hydra/sweeper=resume"]
     return argv, hydra.get("runtime", {}).get("cwd"), config_dir
