@@ -92,6 +92,11 @@ class FreshDirectories(Callback):
         if resume.resuming(config):
             dist = config.parallelism.distributed
             if not dist.enabled or dist.process_id == 0:  # process 0 alone prepares the directory
-                resume.prepare(Path(config.hydra.sweep.dir), list(config.hydra.overrides.task))
+                sweep_dir = Path(config.hydra.sweep.dir)
+                try:
+                    resume.prepare(sweep_dir, list(config.hydra.overrides.task))
+                except Exception as exc:  # Hydra would make it a warning and launch into an unprepared directory
+                    raise Refused(f"hydra.sweep.dir: {sweep_dir} cannot be resumed: {type(exc).__name__}: "
+                                  f"{' '.join(str(exc).split())[:300]}") from None
             return
         fresh(config, "hydra.sweep.dir", SWEEP_MARKS)
