@@ -29,35 +29,11 @@ from sdjax_runner.config.naming import slug
 from sdjax_runner.errors import UserError, describe
 from sdjax_runner.record import rundir
 from sdjax_runner.record.fresh_dirs import claim
+from sdjax_runner.record.tracking import download_record
 
 log = logging.getLogger("sdjax_runner")
 # The environment facts that can change pixels, compared between the record and this machine.
 ENVIRONMENT_KEYS = ("versions", "backend", "device_kind", "device_count", "process_count")
-
-
-def from_mlflow(run_id: str, uri: Optional[str], into: Path) -> Path:
-    """The record of MLflow run ``run_id``, downloaded into ``into`` laid out like a run directory."""
-    import os
-
-    from mlflow.tracking import MlflowClient
-
-    uri = uri or os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{Path('outputs/mlflow.db').resolve()}"
-    client = MlflowClient(tracking_uri=uri)
-    try:
-        run = client.get_run(run_id)
-    except Exception as exc:
-        raise UserError("RUN", f"{run_id} is neither a run directory nor a run in {uri} "
-                        f"({type(exc).__name__})", "a run directory, or an MLflow run id with --uri") from None
-    client.download_artifacts(run.info.run_id, "config", str(into))
-    (into / "config").rename(into / rundir.HYDRA_DIR)
-    for name in (rundir.IMAGES, rundir.ENVIRONMENT):
-        try:
-            client.download_artifacts(run.info.run_id, name, str(into))
-        except Exception:
-            pass
-    rundir.write_json(into / rundir.STATUS, {"run_name": run.info.run_name, "run_id": run.info.run_id,
-                                             "status": run.info.status})
-    return into
 
 
 def recorded_config(record: Path):
@@ -155,7 +131,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     try:
         with tempfile.TemporaryDirectory(prefix="sdjax-rerun-") as scratch:
             path = Path(args.run).expanduser()
-            record = path if path.is_dir() else from_mlflow(args.run, args.uri, Path(scratch))
+            record = path if path.is_dir() else download_record(args.run, args.uri, Path(scratch))
             return rerun(record, str(args.run), tracking=not args.no_tracking)
     except Exception as exc:
         message = describe(exc)

@@ -6,9 +6,11 @@
         value (shell patterns: *, ?, [..]; a key given twice: either value; model, dtype, scheduler,
         steps, guidance, parallelism are short for model.name, ...). --since 7d / 12h / 2026-11-15:
         runs started since then. --dirs: only the directories, one a line (for scripts).
-    python -m sdjax_runner.runs diff RUN_A RUN_B [--no-images]
+    python -m sdjax_runner.runs diff RUN_A RUN_B [--no-images] [--uri URI]
         the config keys that differ, the metrics side by side, and B's images against A's slot by slot
-        (same index, seed, prompt and size): how many are identical, PSNR and SSIM, the images that differ
+        (same index, seed, prompt and size): how many are identical, PSNR and SSIM, the images that differ.
+        A run is a run directory or an MLflow run id (its record and images are downloaded from --uri,
+        else MLFLOW_TRACKING_URI, else the embedded store outputs/mlflow.db).
 
 Run directories are found by their status.json (single runs, and each job of a sweep).
 """
@@ -72,8 +74,8 @@ def list_table(summaries: list[dict[str, Any]]) -> str:
     return table([[_cell(s[key]) for key, _ in LIST_COLUMNS] for s in summaries], [h for _, h in LIST_COLUMNS])
 
 
-def diff_runs(a: Path, b: Path, images: bool = True) -> str:
-    out = [f"A: {a}", f"B: {b}", ""]
+def diff_runs(a: Path, b: Path, images: bool = True, labels: Optional[tuple[str, str]] = None) -> str:
+    out = [f"A: {labels[0] if labels else a}", f"B: {labels[1] if labels else b}", ""]
     config = catalog.config_diff(a, b)
     out.append(table([list(row) for row in config], ["config key", "A", "B"]) if config else "config: identical")
     out.append("")
@@ -174,18 +176,42 @@ def main(argv: Optional[list[str]] = None) -> int:
     listing.add_argument("--since", help="runs started since: 7d, 12h, 30m ago, or 2026-11-15[T09:30]")
     listing.add_argument("--dirs", action="store_true", help="print only the run directories, one a line")
     diff = commands.add_parser("diff", help="what differs between two runs")
-    diff.add_argument("a", type=Path)
-    diff.add_argument("b", type=Path)
+    diff.add_argument("a", help="a run directory or an MLflow run id")
+    diff.add_argument("b", help="a run directory or an MLflow run id")
+    diff.add_argument("--uri", help="tracking URI holding the MLflow runs (default: MLFLOW_TRACKING_URI, "
+                                    "else the embedded store outputs/mlflow.db)")
     diff.add_argument("--no-images", action="store_true",
                       help="skip comparing the images (PSNR/SSIM; it starts JAX on the CPU)")
     args = parser.parse_args(argv)
     if args.command == "list":
         return list_command(args)
-    for path in (args.a, args.b):
-        if not (path / "status.json").is_file():
-            print(f"error: {path}: not a run directory (no status.json)", file=sys.stderr)
-            return 2
-    print(diff_runs(args.a, args.b, images=not args.no_images))
+    return diff_command(args)
+
+
+def diff_command(args: argparse.Namespace) -> int:
+    """Two runs, each a run directory or an MLflow run id (downloaded into a scratch directory)."""
+    import tempfile
+
+    from sdjax_runner.errors import UserError
+
+    with tempfile.TemporaryDirectory(prefix="sdjax-diff-") as scratch:
+        runs = []
+        for label, given in (("a", args.a), ("b", args.b)):
+            path = Path(given).expanduser()
+            if (path / rundir.STATUS).is_file():
+                runs.append(path)
+            elif path.exists() or "/" in given or not given.isalnum():
+                print(f"error: {given}: not a run directory (no status.json) and not an MLflow run id", file=sys.stderr)
+                return 2
+            else:
+                from sdjax_runner.record.tracking import download_record
+
+                try:
+                    runs.append(download_record(given, args.uri, Path(scratch) / label, outputs=True))
+                except UserError as error:
+                    print(f"error: {error}", file=sys.stderr)
+                    return 2
+        print(diff_runs(runs[0], runs[1], images=not args.no_images, labels=(args.a, args.b)))
     return 0
 
 

@@ -160,6 +160,18 @@ def test_a_rerun_from_an_mlflow_run_id_alone_gives_bit_identical_images(smoke_ru
     assert runs["smoke rerun"].data.tags["sdjax.rerun_of"] == run_id
     assert runs["smoke rerun"].info.status == "FINISHED"
 
+    # Two runs found in MLflow compared by their ids alone: config, numbers and images from the artifacts.
+    rerun_id = runs["smoke rerun"].info.run_id
+    diff = run_cli("diff", run_id, rerun_id, "--uri", f"sqlite:///{tmp_path / 'outputs' / 'mlflow.db'}",
+                   cwd=tmp_path, module="sdjax_runner.runs")
+    assert diff.returncode == 0, diff.stderr
+    assert diff.stdout.startswith(f"A: {run_id}\nB: {rerun_id}\n") and "Downloading" not in diff.stderr
+    assert "config: identical" in diff.stdout and "\nimages_per_s " in diff.stdout
+    assert diff.stdout.rstrip().endswith("8 of 8 compared: all identical (PSNR inf, SSIM 1)")
+    missing = run_cli("diff", run_id, "0123abcd", "--uri", f"sqlite:///{tmp_path / 'outputs' / 'mlflow.db'}",
+                      cwd=tmp_path, module="sdjax_runner.runs")
+    assert_one_line_error(missing, "error: RUN: 0123abcd is neither a run directory nor a run in sqlite:///")
+
 
 def test_a_rerun_reports_changed_images_and_the_environment_facts_that_differ(smoke_run, tmp_path):
     _, original, _ = smoke_run

@@ -239,6 +239,37 @@ class MlflowTracker:
         self.client.set_terminated(self.run_id, status=status)
 
 
+def download_record(run_id: str, uri: Optional[str], into: Path, outputs: bool = False) -> Path:
+    """The record of MLflow run ``run_id`` -- its config (as ``.hydra/``), images.json, environment.json
+    and a status.json -- downloaded into ``into`` laid out like a run directory; ``outputs``: its
+    timings, quality metrics and images too. ``uri``: else MLFLOW_TRACKING_URI, else the embedded
+    store ``outputs/mlflow.db``."""
+    os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")  # a bar per file, on stderr
+    from mlflow.tracking import MlflowClient
+
+    from sdjax_runner.errors import UserError
+
+    uri = uri or os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{Path('outputs/mlflow.db').resolve()}"
+    client = MlflowClient(tracking_uri=uri)
+    try:
+        run = client.get_run(run_id)
+    except Exception as exc:
+        raise UserError("RUN", f"{run_id} is neither a run directory nor a run in {uri} "
+                        f"({type(exc).__name__})", "a run directory, or an MLflow run id with --uri") from None
+    into.mkdir(parents=True, exist_ok=True)
+    client.download_artifacts(run.info.run_id, "config", str(into))
+    (into / "config").rename(into / rundir.HYDRA_DIR)
+    names = [rundir.IMAGES, rundir.ENVIRONMENT] + ([rundir.TIMINGS, rundir.QUALITY, rundir.IMAGES_DIR] if outputs else [])
+    for name in names:
+        try:
+            client.download_artifacts(run.info.run_id, name, str(into))
+        except Exception:  # a run without it (an older or a failed one)
+            pass
+    rundir.write_json(into / rundir.STATUS, {"run_name": run.info.run_name, "run_id": run.info.run_id,
+                                             "status": run.info.status})
+    return into
+
+
 def make_tracker(tracking: DictConfig, output_root: str):
     """The tracker ``tracking`` (a TrackingConfig) asks for; the embedded store lives under ``output_root``."""
     if tracking.backend.name == "none":
