@@ -28,8 +28,8 @@ from sdjax_runner.record import rundir
 OWN = ("hydra.mode=", "hydra.sweep.dir=", "hydra/sweeper=")
 
 
-def recorded_command(sweep_dir: Path) -> tuple[list[str], Optional[str], Optional[str]]:
-    """(argv after ``python -m sdjax_runner``, the working directory, the --config-dir) of the sweep."""
+def recorded_command(sweep_dir: Path) -> tuple[list[str], Optional[str]]:
+    """(argv after ``python -m sdjax_runner``, the working directory) of the sweep."""
     path = sweep_dir / rundir.MULTIRUN
     try:
         with open(path, encoding="utf-8") as file:
@@ -49,7 +49,7 @@ def recorded_command(sweep_dir: Path) -> tuple[list[str], Optional[str], Optiona
         ["--config-name", config_name] if config_name and config_name != "config" else []) + ["-m", *task, *kept,
                                                                    f"hydra.sweep.dir={quoted(str(sweep_dir.resolve()))}",
                                                                    "hydra/sweeper=resume"]
-    return argv, hydra.get("runtime", {}).get("cwd"), config_dir
+    return argv, hydra.get("runtime", {}).get("cwd")
 
 
 def main(argv: Optional[list[str]] = None) -> None:
@@ -58,7 +58,7 @@ def main(argv: Optional[list[str]] = None) -> None:
     parser.add_argument("sweep_dir", type=Path, help="the directory of the sweep (outputs/multiruns/DATE/TIME_NAME)")
     args = parser.parse_args(argv)
     try:
-        command, cwd, _ = recorded_command(args.sweep_dir.expanduser())
+        command, cwd = recorded_command(args.sweep_dir.expanduser())
     except ValueError as error:
         print(f"error: {error}", file=sys.stderr)
         sys.exit(2)

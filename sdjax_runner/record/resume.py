@@ -40,11 +40,6 @@ def resuming(config: DictConfig) -> bool:
     return OmegaConf.select(config, "hydra.sweeper._target_") == SWEEPER
 
 
-def job_dirs(sweep_dir: Path) -> list[Path]:
-    """The sweep's job directories (``0/``, ``1/``, ...), in job order."""
-    return sorted((p for p in sweep_dir.iterdir() if p.is_dir() and p.name.isdigit()), key=lambda p: int(p.name))
-
-
 def job_status(job_dir: Path) -> dict[str, Any]:
     try:
         return rundir.read_json(job_dir / rundir.STATUS)
@@ -68,7 +63,7 @@ def prepare(sweep_dir: Path, task_overrides: list[str]) -> None:
                       f"{' '.join(task_overrides)!r} (allowed: the sweep's own overrides; python -m "
                       "sdjax_runner.resume SWEEP_DIR repeats them)")
     unfinished = []
-    for job_dir in job_dirs(sweep_dir):
+    for job_dir in rundir.job_dirs(sweep_dir):
         status = job_status(job_dir)
         if status.get("status") == "FINISHED":
             continue
@@ -114,11 +109,9 @@ def aside(sweep_dir: Path, job_dir: Path) -> Path:
     return target
 
 
-def mark(sweep_dir: Path) -> None:
-    """sweep.json records when the sweep was resumed."""
-    record = rundir.read_json(sweep_dir / rundir.SWEEP)
-    stamps = record.get("resumed_at", []) + [datetime.datetime.now().astimezone().isoformat(timespec="seconds")]
-    rundir.write_json(sweep_dir / rundir.SWEEP, dict(record, resumed_at=stamps))
+def resumed_at(record: dict[str, Any]) -> list[str]:
+    """The sweep record's ``resumed_at``, with now added."""
+    return record.get("resumed_at", []) + [datetime.datetime.now().astimezone().isoformat(timespec="seconds")]
 
 
 class SkipFinished:

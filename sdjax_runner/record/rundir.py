@@ -55,6 +55,11 @@ REPORT = "report.png"
 MULTIRUN = "multirun.yaml"  # Hydra's: the sweep's composed config and overrides (what a resume repeats)
 
 
+def job_dirs(sweep_dir: Path) -> list[Path]:
+    """A sweep's job directories (``0/``, ``1/``, ...), in job order."""
+    return sorted((p for p in sweep_dir.iterdir() if p.is_dir() and p.name.isdigit()), key=lambda p: int(p.name))
+
+
 def image_file(index: int, seed: int) -> str:
     """An image's path relative to its run directory."""
     return f"{IMAGES_DIR}/{index:04d}_seed{seed}.png"

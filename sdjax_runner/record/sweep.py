@@ -70,7 +70,7 @@ def read_sweep_file(sweep_dir: Path) -> dict[str, Any]:
 def collect_jobs(sweep_dir: Path, keys: list[str]) -> list[dict[str, Any]]:
     """One row per job directory (``<sweep>/<job number>/``), in job order."""
     rows = []
-    for job_dir in sorted((p for p in sweep_dir.iterdir() if p.is_dir() and p.name.isdigit()), key=lambda p: int(p.name)):
+    for job_dir in rundir.job_dirs(sweep_dir):
         try:
             overrides = OmegaConf.to_container(OmegaConf.load(job_dir / rundir.OVERRIDES))
         except Exception:  # its .hydra/ removed or damaged: listed without its values
@@ -180,11 +180,11 @@ class SweepCallback(Callback):
         _open_parent[:] = [self.tracker] if self.tracker else []
         # Without a tracker now, a resumed sweep keeps its parent's id for sync to finish later.
         parent = self.tracker.run_id if self.tracker else earlier.get("parent_run_id")
+        if earlier:
+            earlier["resumed_at"] = resume.resumed_at(earlier)
         rundir.write_json(sweep_dir / rundir.SWEEP, dict(
             earlier, parent_run_id=parent, parent_logged=False if parent else None, swept_keys=keys, overrides=task,
             reference_point=point))
-        if earlier:
-            resume.mark(sweep_dir)
         log.info("sweep: over %s -> %s%s", ", ".join(keys) or "nothing", sweep_dir,
                  f"; {self.tracker.description}" if self.tracker else "")
 
