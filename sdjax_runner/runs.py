@@ -105,7 +105,7 @@ def image_diff(a: Path, b: Path, shown: int = 10) -> str:
     from sdjax_runner.metrics.fidelity import compare
 
     try:
-        per_image, fields = compare(b, records, a)
+        per_image, fields = compare(b, records, a, kept["A"])
     except (OSError, ValueError, TypeError, KeyError) as error:  # a damaged record or image
         return f"images: not compared ({_reason(error)})"
     count = fields["compared_images"]

@@ -11,7 +11,7 @@ from __future__ import annotations
 import functools
 import math
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
 import numpy as np
 
@@ -65,9 +65,12 @@ def _pairs_psnr_ssim(pairs: list[tuple[Path, dict, Path, dict]]) -> tuple[np.nda
     return np.concatenate(psnr), np.concatenate(ssim)
 
 
-def compare(run_dir: Path, records: list[dict], reference_dir: Path) -> tuple[list[dict], dict[str, Any]]:
-    """(per-image {psnr, ssim} aligned with ``records`` -- empty dicts where not compared, run-level fields)."""
-    reference_records = rundir.read_json(reference_dir / rundir.IMAGES)
+def compare(run_dir: Path, records: list[dict], reference_dir: Path,
+            reference_records: Optional[list[dict]] = None) -> tuple[list[dict], dict[str, Any]]:
+    """(per-image {psnr, ssim} aligned with ``records`` -- empty dicts where not compared, run-level
+    fields). ``reference_records``: the reference's images.json, if already read."""
+    if reference_records is None:
+        reference_records = rundir.read_json(reference_dir / rundir.IMAGES)
     by_slot = {_slot(r): r for r in reference_records}
     pairs = [(i, by_slot.get(_slot(r))) for i, r in enumerate(records)]
     pairs = [(i, ref) for i, ref in pairs if ref is not None and (ref.get("height"), ref.get("width"))

@@ -31,13 +31,6 @@ def find_runs(root: Path) -> Iterator[Path]:
         yield status.parent
 
 
-def _read(path: Path) -> dict:
-    try:
-        return rundir.read_json(path)
-    except (OSError, ValueError):
-        return {}
-
-
 def flat_config(run_dir: Path, needed: Optional[Iterable[str]] = None) -> dict[str, str]:
     """The run's recorded config, flattened (``sampling.num_inference_steps: "4"``, lists as JSON),
     interpolations resolved where this environment can (else shown as written). ``needed``: only
@@ -72,8 +65,8 @@ def _walk(node: Any, prefix: str = "") -> Iterator[tuple[str, str]]:
 def summary(run_dir: Path, config: Optional[dict[str, str]] = None) -> dict[str, Any]:
     """Name, status, start, key params and headline numbers of one run (``config``: its flat config,
     if already read)."""
-    status = _read(run_dir / rundir.STATUS)
-    numbers = dict(_read(run_dir / rundir.TIMINGS), **_read(run_dir / rundir.QUALITY))
+    status = rundir.read_json_or_empty(run_dir / rundir.STATUS)
+    numbers = _recorded_numbers(run_dir)
     config = flat_config(run_dir) if config is None else config
     return {
         "dir": str(run_dir),
@@ -86,9 +79,13 @@ def summary(run_dir: Path, config: Optional[dict[str, str]] = None) -> dict[str,
     }
 
 
+def _recorded_numbers(run_dir: Path) -> dict[str, Any]:
+    return {**rundir.read_json_or_empty(run_dir / rundir.TIMINGS), **rundir.read_json_or_empty(run_dir / rundir.QUALITY)}
+
+
 def numbers(run_dir: Path) -> dict[str, float]:
     """The run's numeric timings and quality metrics."""
-    data = dict(_read(run_dir / rundir.TIMINGS), **_read(run_dir / rundir.QUALITY))
+    data = _recorded_numbers(run_dir)
     return {k: float(v) for k, v in data.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
 
 

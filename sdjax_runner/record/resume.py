@@ -41,10 +41,7 @@ def resuming(config: DictConfig) -> bool:
 
 
 def job_status(job_dir: Path) -> dict[str, Any]:
-    try:
-        return rundir.read_json(job_dir / rundir.STATUS)
-    except (OSError, ValueError):
-        return {}
+    return rundir.read_json_or_empty(job_dir / rundir.STATUS)
 
 
 def prepare(sweep_dir: Path, task_overrides: list[str]) -> None:

@@ -191,6 +191,15 @@ def read_json(path: Path) -> Any:
     return json.loads(path.read_text(encoding="utf-8"))
 
 
+def read_json_or_empty(path: Path) -> dict[str, Any]:
+    """A record file of a run that may be absent, unreadable or damaged (a run killed mid-write, a
+    directory copied in part): ``{}`` then, so listings and resume show what is there."""
+    try:
+        return read_json(path)
+    except (OSError, ValueError):
+        return {}
+
+
 def image_meta(plan: "Plan", height: int, width: int) -> dict[str, Any]:
     """What every image of the run shares, for its PNG text chunks and images.json."""
     return {
