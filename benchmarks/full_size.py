@@ -14,6 +14,10 @@ process; parts A and B share a fresh persistent compilation cache, so B's compil
   D. SDXL, bf16, 1024x1024, 20 Euler steps (--xl-batches), best attention of A.
   E. (--profile) A's best configuration once more with performance.profile=true: device time per
      text encoder / UNet / VAE and the top kernels (profile.json, engine/profiling.py).
+  F. (--xla-flag-sets) A's best configuration once per set of XLA flags, each in a new process
+     (XLA reads its flags once per process), the first set usually '' (none) as the baseline, so the
+     ratios are measured side by side in one call. E.g.:
+         --xla-flag-sets '' '--xla_gpu_enable_triton_gemm=false' '--xla_gpu_enable_command_buffer='
 """
 
 from __future__ import annotations
@@ -47,6 +51,8 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--skip-xl", action="store_true")
     parser.add_argument("--profile", action="store_true", help="part E: where A's best configuration spends its time")
+    parser.add_argument("--xla-flag-sets", nargs="+", default=[], metavar="FLAGS",
+                        help="part F: A's best configuration under each set of XLA flags (space-separated, '' for none)")
     # For a dry run of the script itself on a CPU: --sd-model tiny-random --xl-model tiny-random-xl
     # --sd-size 64 --xl-size 64 --steps 2 --xl-steps 2 --attention default dot_product --batches 2
     parser.add_argument("--sd-model", default="sd-v1-arch")
@@ -87,6 +93,14 @@ def main() -> None:
                                              "performance.profile=true"], work / "e", env, cwd=work)
             profile = json.loads((work / "e" / "0" / "profile.json").read_text())
             report["E_profile"] = dict({k: v for k, v in profile.items() if k != "trace"}, attention=best)
+        flag_sets = []
+        for number, flags in enumerate(args.xla_flag_sets):
+            listed = ",".join(f"'{flag}'" for flag in flags.split())
+            [job] = run_sweep(common + sd + cache + ["parallelism.per_device_batch_size=8", f"performance.attention={best}",
+                                                    f"performance.xla_flags=[{listed}]"], work / f"f{number}", env, cwd=work)
+            flag_sets.append(dict(point(job), xla_flags=flags))
+        if flag_sets:
+            report["F_xla_flag_sets"] = flag_sets
         if not args.skip_xl:
             xl = [f"model={args.xl_model}", "scheduler=euler", f"sampling.height={args.xl_size}",
                   f"sampling.width={args.xl_size}", f"sampling.num_inference_steps={args.xl_steps}",
