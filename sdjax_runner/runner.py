@@ -44,9 +44,9 @@ def run(cfg: DictConfig, run_dir: Path, overrides: list[str], run_name: Optional
         runtime.prepare_process(cfg)
         job = Job(run_dir, writes=distributed.is_writer())
         with job.recorded():
-            check_values(cfg)  # bad input: refused before JAX and the model libraries start
+            prompts = check_values(cfg)  # bad input: refused before JAX and the model libraries start
             runtime.silence_libraries()
-            plan = make_plan(cfg, runtime.available_devices(cfg.parallelism.mode.name))
+            plan = make_plan(cfg, runtime.available_devices(cfg.parallelism.mode.name), prompts)
             tags = dict(tracker_tags(plan, overrides, parent_run_id, run_dir), **(extra_tags or {}))
             return _run(plan, job, run_name or plan.run_name, tags, started)
     finally:

@@ -152,9 +152,11 @@ def check_values(cfg: DictConfig) -> list[str]:
     return prompts
 
 
-def make_plan(cfg: DictConfig, available_devices: int) -> Plan:
-    """Validate ``cfg`` and lay out its images; raises UserError naming the first bad key."""
-    prompts = check_values(cfg)
+def make_plan(cfg: DictConfig, available_devices: int, prompts: Optional[list[str]] = None) -> Plan:
+    """Validate ``cfg`` and lay out its images; raises UserError naming the first bad key.
+    ``prompts``: what :func:`check_values` returned, if the caller has made those checks already."""
+    if prompts is None:
+        prompts = check_values(cfg)
     par = cfg.parallelism
     num_devices = par.num_devices or available_devices
     per_batch = num_devices * par.per_device_batch_size
