@@ -123,9 +123,8 @@ class SkipFinished:
         job_dir = self.sweep_dir / str(number)
         if job_status(job_dir).get("status") != "FINISHED":
             return False
-        try:
-            recorded = OmegaConf.to_container(OmegaConf.load(job_dir / rundir.OVERRIDES))
-        except Exception:  # its .hydra/ removed or damaged: the sweep's overrides were checked, its status stands
+        recorded = rundir.job_overrides(job_dir)
+        if recorded is None:  # its .hydra/ removed or damaged: the sweep's overrides were checked, its status stands
             return True
         if recorded != list(overrides):  # the sweep's overrides were checked: this cannot differ, unless edited
             raise Refused(f"hydra.sweep.dir: job {number} of {self.sweep_dir} ran {' '.join(recorded)!r}, not "

@@ -60,6 +60,17 @@ def job_dirs(sweep_dir: Path) -> list[Path]:
     return sorted((p for p in sweep_dir.iterdir() if p.is_dir() and p.name.isdigit()), key=lambda p: int(p.name))
 
 
+def job_overrides(job_dir: Path) -> Optional[list[str]]:
+    """The overrides a sweep's job ran with (Hydra's ``.hydra/overrides.yaml``), or None where its
+    ``.hydra/`` was removed or damaged."""
+    from omegaconf import OmegaConf
+
+    try:
+        return OmegaConf.to_container(OmegaConf.load(job_dir / OVERRIDES))
+    except Exception:
+        return None
+
+
 def image_file(index: int, seed: int) -> str:
     """An image's path relative to its run directory."""
     return f"{IMAGES_DIR}/{index:04d}_seed{seed}.png"

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from hydra.experimental.callback import Callback
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
 from sdjax_runner.record import resume, rundir
 
@@ -71,10 +71,7 @@ def collect_jobs(sweep_dir: Path, keys: list[str]) -> list[dict[str, Any]]:
     """One row per job directory (``<sweep>/<job number>/``), in job order."""
     rows = []
     for job_dir in rundir.job_dirs(sweep_dir):
-        try:
-            overrides = OmegaConf.to_container(OmegaConf.load(job_dir / rundir.OVERRIDES))
-        except Exception:  # its .hydra/ removed or damaged: listed without its values
-            overrides = []
+        overrides = rundir.job_overrides(job_dir) or []  # its .hydra/ removed or damaged: listed without its values
         status = rundir.read_json(job_dir / rundir.STATUS) if (job_dir / rundir.STATUS).exists() else {}
         timings = rundir.read_json(job_dir / rundir.TIMINGS) if (job_dir / rundir.TIMINGS).exists() else {}
         quality = rundir.read_json(job_dir / rundir.QUALITY) if (job_dir / rundir.QUALITY).exists() else {}
