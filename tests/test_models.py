@@ -1,12 +1,13 @@
 """The model catalogue: built-in architectures, SDXL, PyTorch-only checkpoints without torch, the hub cache."""
 
+import importlib.util
 import json
 import sys
 
 import numpy as np
 import pytest
 
-from helpers.cli import run_cli
+from helpers.cli import assert_one_line_error, run_cli
 from helpers.configs import compose_cfg
 from helpers.params import assert_same_params
 from helpers.images import images_of as runner_images
@@ -95,6 +96,12 @@ def test_pickle_weights_are_refused_with_one_line(tmp_path, tiny_model_dir):
     assert line == ["error: model.allow_pickle: unet/ has only pickle weights (diffusion_pytorch_model.bin); "
                     "unpickling can run code, so they are not loaded (allowed: true to load them anyway (needs torch))"]
     assert json.loads((tmp_path / "run" / "status.json").read_text())["status"] == "FAILED"
+    if importlib.util.find_spec("torch") is None:  # allowed, but this environment cannot unpickle them
+        result = run_cli("+experiment=smoke", "model=local", f"model.pretrained_model_name_or_path={pt_dir}",
+                         "model.allow_pickle=true", "tracking=none", f"hydra.run.dir={tmp_path / 'allowed'}",
+                         cwd=tmp_path)
+        assert_one_line_error(result, "error: model.allow_pickle: loading unet/diffusion_pytorch_model.bin needs "
+                              "torch, which is not installed (allowed: pip install torch, or convert the weights")
 
 
 def hub_cache(home, repo, source):

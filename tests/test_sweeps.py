@@ -30,6 +30,22 @@ def test_sweep_keys_and_labels():
         "seed=1 prompts=guide_eight"
 
 
+def test_a_job_whose_records_are_damaged_is_a_blank_row_not_a_failed_summary(tmp_path):
+    from sdjax_runner.record.sweep import collect_jobs, write_summary
+
+    for job, seed in ((0, 0), (1, 1)):
+        (tmp_path / str(job) / ".hydra").mkdir(parents=True)
+        (tmp_path / str(job) / ".hydra" / "overrides.yaml").write_text(f"- +experiment=smoke\n- seed={seed}\n")
+    (tmp_path / "0" / "status.json").write_text('{"status": "FINISHED", "run_id": "abc"}')
+    (tmp_path / "0" / "timings.json").write_text('{"generate_s": 0.5}')
+    (tmp_path / "1" / "status.json").write_text('{"status": "FINI')  # cut short by a full disk
+    (tmp_path / "1" / "timings.json").write_bytes(b"\xff\xfe not json")
+    write_summary(tmp_path, collect_jobs(tmp_path, ["seed"]), ["seed"])
+    rows = summary(tmp_path)
+    assert [(r["label"], r["status"], r["generate_s"], r["run_id"]) for r in rows] == [
+        ("seed=0", "FINISHED", "0.5", "abc"), ("seed=1", "UNKNOWN", "", "")]
+
+
 def test_seed_sweep_loads_and_compiles_once_under_one_parent_run(tmp_path, tiny_model_dir):
     sweep_dir = tmp_path / "sweep"
     result = run_cli("-m", "+experiment=smoke", "seed=0,1,2,3", f"hydra.sweep.dir={sweep_dir}",

@@ -12,6 +12,7 @@ state stays float32.
 
 from __future__ import annotations
 
+import importlib.util
 import inspect
 import logging
 import time
@@ -150,11 +151,9 @@ def load_component(folder: Path, library: str, cls, model: DictConfig, activatio
         if not model.allow_pickle:
             raise UserError("model.allow_pickle", f"{folder.name}/ has only pickle weights ({names}); unpickling "
                             "can run code, so they are not loaded", "true to load them anyway (needs torch)")
-        try:
-            import torch  # noqa: F401
-        except ImportError:
+        if importlib.util.find_spec("torch") is None:
             raise UserError("model.allow_pickle", f"loading {folder.name}/{names} needs torch, which is not installed",
-                            "pip install torch, or convert the weights to safetensors") from None
+                            "pip install torch, or convert the weights to safetensors")
         if is_diffusers:
             module, params = cls.from_pretrained(folder, dtype=activations, from_pt=True)
         else:

@@ -72,9 +72,10 @@ def collect_jobs(sweep_dir: Path, keys: list[str]) -> list[dict[str, Any]]:
     rows = []
     for job_dir in rundir.job_dirs(sweep_dir):
         overrides = rundir.job_overrides(job_dir) or []  # its .hydra/ removed or damaged: listed without its values
-        status = rundir.read_json(job_dir / rundir.STATUS) if (job_dir / rundir.STATUS).exists() else {}
-        timings = rundir.read_json(job_dir / rundir.TIMINGS) if (job_dir / rundir.TIMINGS).exists() else {}
-        quality = rundir.read_json(job_dir / rundir.QUALITY) if (job_dir / rundir.QUALITY).exists() else {}
+        # A record that is absent or damaged (a job killed early, a disk that filled up) is left blank.
+        status = rundir.read_json_or_empty(job_dir / rundir.STATUS)
+        timings = rundir.read_json_or_empty(job_dir / rundir.TIMINGS)
+        quality = rundir.read_json_or_empty(job_dir / rundir.QUALITY)
         values = override_values(overrides)
         row = {"job": int(job_dir.name), "label": job_label(overrides, keys), "status": status.get("status", "UNKNOWN"),
                "error": status.get("error", ""), "run_id": status.get("run_id", ""), "dir": str(job_dir)}
