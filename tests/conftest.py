@@ -18,8 +18,14 @@ silence_libraries()  # the guide code run in-process logs Flax deprecation notic
 
 @pytest.fixture(scope="session")
 def cache_dir(tmp_path_factory) -> Path:
-    """One model cache for the whole session: the tiny model is built once."""
-    path = tmp_path_factory.mktemp("cache")
+    """One cache for the whole session, shared by the xdist workers: each tiny model is built, and
+    each program compiled and stored, once (builds and stored executables appear whole, by rename,
+    so a worker never reads another's half-written file). Tests of the cache itself use their own."""
+    root = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        root = root.parent  # the workers' basetemps are popen-gwN/ under the session's
+    path = root / "cache"
+    path.mkdir(exist_ok=True)
     os.environ["SDJAX_RUNNER_CACHE_DIR"] = str(path)
     return path
 

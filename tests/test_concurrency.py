@@ -9,7 +9,9 @@ from concurrent.futures import ThreadPoolExecutor
 from mlflow.tracking import MlflowClient
 
 
-def test_concurrent_runs_on_a_new_embedded_store_all_land(tmp_path, tiny_model_dir):
+def test_concurrent_runs_on_a_new_embedded_store_all_land(tmp_path, smoke_run):
+    # smoke_run has stored the program: what races here is the store and the run directories, not
+    # two compiles of the same program on a 2-core machine.
     work = tmp_path / "fresh"  # no store yet: the processes race to create it
     work.mkdir()
     env = {k: v for k, v in os.environ.items() if k not in ("HYDRA_FULL_ERROR", "MLFLOW_TRACKING_URI")}
