@@ -129,6 +129,21 @@ def test_persistent_compilation_cache_serves_a_new_process(tmp_path, tiny_model_
     assert any((tmp_path / "xla").iterdir())
     assert "from the persistent compilation cache" in warm.stdout
 
+    # An entry cut short (a run killed, a disk full while JAX wrote it) is removed and written again,
+    # not read, warned about and recompiled by every later run.
+    entry = max((tmp_path / "xla").glob("*-cache"), key=lambda p: p.stat().st_size)  # the generate program
+    whole = entry.stat().st_size
+    entry.write_bytes(entry.read_bytes()[: whole // 3])
+    cut = run_cli("+experiment=smoke", "tracking=none", *cache, f"hydra.run.dir={tmp_path / 'c'}", cwd=tmp_path)
+    again = run_cli("+experiment=smoke", "tracking=none", *cache, f"hydra.run.dir={tmp_path / 'd'}", cwd=tmp_path)
+    assert cut.returncode == again.returncode == 0, cut.stderr + again.stderr
+    assert f"compilation_cache: entry {entry.name} could not be read" in cut.stdout
+    assert "removed, compiling again" in cut.stdout and "Warning" not in cut.stdout + cut.stderr
+    assert (timings(tmp_path / "c")["compile_cache_hit"], timings(tmp_path / "d")["compile_cache_hit"]) == (0, 1)
+    assert entry.stat().st_size > whole // 3
+    hashes = [[r["pixels_sha256"] for r in json.loads((tmp_path / d / "images.json").read_text())] for d in "acd"]
+    assert hashes[0] == hashes[1] == hashes[2]
+
 
 def test_compilation_cache_disabled_leaves_jax_without_one(monkeypatch):
     import jax

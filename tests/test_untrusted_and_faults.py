@@ -200,6 +200,24 @@ def test_a_full_disk_fails_the_run_with_one_line_and_leaves_nothing_half_written
             image.load()
 
 
+def test_a_compilation_cache_entry_that_does_not_fit_leaves_nothing_behind(small_disk, caplog):
+    # JAX writes an entry in place: on a full disk a truncated entry would stay, and every later run
+    # would fail to read it and compile again. The runner's guard writes it whole or not at all.
+    from jax._src.lru_cache import LRUCache
+
+    from sdjax_runner.engine.compile_cache import guard_entries
+
+    full, _ = small_disk
+    assert guard_entries()
+    cache = LRUCache(str(full / "xla"), max_size=-1)
+    cache.put("fits", b"x" * 1000)
+    with caplog.at_level("INFO", logger="sdjax_runner"):
+        cache.put("too-big", b"x" * 200_000)  # the tmpfs holds 64 KiB
+    assert sorted(p.name for p in (full / "xla").iterdir()) == ["fits-cache"]
+    assert "compilation_cache: entry too-big-cache not written (" in caplog.text
+    assert cache.get("fits") == b"x" * 1000 and cache.get("too-big") is None
+
+
 def test_an_unwritable_or_damaged_embedded_store_is_tracker_down_not_a_crash(tmp_path, small_disk):
     _, read_only = small_disk
     result = run_cli("+experiment=smoke", f"tracking.uri=sqlite:///{read_only}/store/mlflow.db",

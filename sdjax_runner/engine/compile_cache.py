@@ -1,11 +1,13 @@
-"""JAX's persistent compilation cache: configuring it, counting the compiles it served, and keeping
-the whole cache directory (JAX's entries and the stored executables) under its size bound."""
+"""JAX's persistent compilation cache: configuring it, counting the compiles it served, having its
+entries written whole (and a damaged one removed), and keeping the whole cache directory (JAX's
+entries and the stored executables) under its size bound."""
 
 from __future__ import annotations
 
 import collections
 import contextlib
 import logging
+import os
 from pathlib import Path
 from typing import Iterator, Optional
 
@@ -40,11 +42,75 @@ def configure(cache: DictConfig) -> None:
     monitoring.register_event_listener(_count)
     executable_cache.bound(wanted[2])
     if directory:
+        guard_entries()
         Path(directory).mkdir(parents=True, exist_ok=True)
         jax.config.update("jax_compilation_cache_dir", directory)
         jax.config.update("jax_persistent_cache_min_compile_time_secs", wanted[1])
         jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
     _settings = wanted
+
+
+def guard_entries() -> bool:
+    """Make JAX's persistent cache survive a write cut short (returns whether it could). JAX (0.10)
+    writes an entry in place and never rewrites one that exists, so a process killed, or a disk
+    filled, while writing one leaves a truncated entry that every later process fails to read: a
+    two-line warning, and the program compiled again, for good. Here a local entry is written whole
+    or not at all (a temporary file, renamed), a failed write is one log line, and an entry that
+    cannot be read is removed, so the compile that follows stores a good one. Once per process;
+    where JAX's internals are not what this expects, nothing changes (JAX behaves as shipped)."""
+    import jax
+    from jax._src import compilation_cache as jax_cache
+    from jax._src import lru_cache
+
+    cls = lru_cache.LRUCache
+    if getattr(cls, "_sdjax_guarded", False):
+        return True
+    needed = (hasattr(jax_cache, "get_executable_and_time") and hasattr(jax_cache, "_get_cache")
+              and hasattr(lru_cache, "_CACHE_SUFFIX") and hasattr(lru_cache, "_is_local_filesystem"))
+    if not needed:
+        return False
+    read, write = jax_cache.get_executable_and_time, cls.put
+
+    def local_entry(cache: object, key: str) -> Optional[Path]:
+        root = getattr(cache, "path", None)
+        if root is None or not lru_cache._is_local_filesystem(str(root)):
+            return None
+        return Path(os.fspath(root)) / f"{key}{lru_cache._CACHE_SUFFIX}"
+
+    def get_executable_and_time(cache_key, compile_options, backend, *args, **kwargs):
+        try:
+            return read(cache_key, compile_options, backend, *args, **kwargs)
+        except Exception as exc:
+            entry = local_entry(jax_cache._get_cache(backend), cache_key)
+            if entry is None or getattr(jax.config, "jax_raise_persistent_cache_errors", False):
+                raise
+            with contextlib.suppress(OSError):
+                entry.unlink(missing_ok=True)
+            log.info("compilation_cache: entry %s could not be read (%s; cut short by a run killed or a disk "
+                     "that filled up while writing it?): removed, compiling again", entry.name,
+                     " ".join(f"{type(exc).__name__}: {exc}".split())[:120])
+            return None, None
+
+    def put(self, key: str, value: bytes) -> None:
+        entry = local_entry(self, key)
+        if entry is None or getattr(self, "eviction_enabled", True) or not key:
+            return write(self, key, value)  # JAX's own eviction path (jax_compilation_cache_max_size)
+        if entry.exists():
+            return None
+        tmp = entry.with_name(f".{entry.name}.{os.getpid()}.tmp")
+        try:
+            tmp.write_bytes(value)
+            os.replace(tmp, entry)
+        except OSError as exc:
+            with contextlib.suppress(OSError):
+                tmp.unlink(missing_ok=True)
+            log.info("compilation_cache: entry %s not written (%s)", entry.name, " ".join(str(exc).split())[:120])
+        return None
+
+    jax_cache.get_executable_and_time = get_executable_and_time
+    cls.put = put
+    cls._sdjax_guarded = True
+    return True
 
 
 @contextlib.contextmanager
