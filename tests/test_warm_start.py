@@ -104,12 +104,19 @@ def test_trimming_removes_the_least_recently_used_entries_with_their_companions(
         (root / name).write_bytes(b"x" * size)
         os.utime(root / name, ns=(number * 10**9, number * 10**9))
     os.utime(root / "read_lately-cache", ns=(100 * 10**9, 1 * 10**9))  # read after everything else
+    # Writes in progress (renamed into place when whole): a killed writer's, untouched for hours, goes;
+    # one being written now stays.
+    for name in (".killed-cache.123.tmp", "executables/killed.pkl.123.tmp", ".writing-cache.456.tmp"):
+        (root / name).write_bytes(b"x" * 5000)
+    for name in (".killed-cache.123.tmp", "executables/killed.pkl.123.tmp"):
+        os.utime(root / name, ns=(10**9, 10**9))
     cache = OmegaConf.create({"enabled": True, "dir": str(root), "max_size_gb": 1000 / 1e9})
 
     removed = trim(cache)
-    assert sorted(p.name for p in removed) == ["old-cache", "stale.pkl"]  # 1800 bytes -> 900
+    assert sorted(p.name for p in removed) == [".killed-cache.123.tmp", "killed.pkl.123.tmp", "old-cache",
+                                               "stale.pkl"]  # 1800 bytes of entries -> 900
     assert sorted(p.relative_to(root).as_posix() for p in root.rglob("*") if p.is_file()) == [
-        "executables/loaded.pkl", "read_lately-atime", "read_lately-cache", "shapes.json"]
+        ".writing-cache.456.tmp", "executables/loaded.pkl", "read_lately-atime", "read_lately-cache", "shapes.json"]
     assert trim(cache) == []  # within the bound now
     assert trim(OmegaConf.merge(cache, {"max_size_gb": None, "enabled": True})) == []
     assert trim(OmegaConf.merge(cache, {"max_size_gb": 1e-12, "enabled": False})) == []

@@ -163,11 +163,13 @@ def trim(cache: DictConfig) -> list[Path]:
     (``relatime``: the first read after a write, then once a day; ``noatime``: write time only).
     Not JAX's own ``jax_compilation_cache_max_size``: it needs an access-time file beside every entry
     and fails every later write into a cache made without them (any earlier cache). Entries another
-    process removes meanwhile are skipped; nothing here fails a run."""
+    process removes meanwhile are skipped; nothing here fails a run. Writes abandoned an hour ago or
+    more go first (see _abandoned_writes)."""
     bound_bytes = max_bytes(cache)
     if not cache.enabled or bound_bytes is None:
         return []
     root = Path(cache.dir).expanduser()
+    removed = _abandoned_writes(root)
     entries = []
     for pattern, (suffix, *companions) in _ENTRIES:
         for path in root.glob(pattern):
@@ -177,7 +179,7 @@ def trim(cache: DictConfig) -> list[Path]:
                 continue
             entries.append((max(stat.st_atime_ns, stat.st_mtime_ns), path, stat.st_size,
                             [path.with_name(path.name[:-len(suffix)] + c) for c in companions]))
-    total, removed = sum(entry[2] for entry in entries), []
+    total = sum(entry[2] for entry in entries)
     for _, path, size, companions in sorted(entries, key=lambda entry: entry[:2]):
         if total <= bound_bytes:
             break
@@ -189,7 +191,28 @@ def trim(cache: DictConfig) -> list[Path]:
             continue
         total -= size
         removed.append(path)
-    if removed:
-        log.info("compilation_cache: removed %d least recently used entr%s to stay under %s GB", len(removed),
-                 "y" if len(removed) == 1 else "ies", f"{cache.max_size_gb:g}")
+    evicted = sum(1 for path in removed if path.suffix != ".tmp")
+    if evicted:
+        log.info("compilation_cache: removed %d least recently used entr%s to stay under %s GB", evicted,
+                 "y" if evicted == 1 else "ies", f"{cache.max_size_gb:g}")
+    return removed
+
+
+ABANDONED_AFTER_S = 3600.0  # no entry takes an hour to write: an older temporary file's writer was killed
+
+
+def _abandoned_writes(root: Path) -> list[Path]:
+    """Temporary files of entries being written (``*.tmp``, renamed into place when whole) that have
+    not changed for an hour: left by a process killed while writing, they would sit outside the
+    bound's count forever."""
+    import time
+
+    removed = []
+    for path in [*root.glob("*.tmp"), *root.glob(f"{executable_cache.SUBDIR}/*.tmp")]:
+        try:
+            if time.time() - path.stat().st_mtime > ABANDONED_AFTER_S:
+                path.unlink()
+                removed.append(path)
+        except OSError:
+            continue
     return removed
