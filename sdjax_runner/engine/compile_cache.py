@@ -104,6 +104,8 @@ def guard_entries() -> bool:
         except OSError as exc:
             with contextlib.suppress(OSError):
                 tmp.unlink(missing_ok=True)
+            if getattr(jax.config, "jax_raise_persistent_cache_errors", False):
+                raise
             log.info("compilation_cache: entry %s not written (%s)", entry.name, " ".join(str(exc).split())[:120])
         return None
 
