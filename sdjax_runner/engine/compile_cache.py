@@ -171,7 +171,7 @@ def trim(cache: DictConfig) -> list[Path]:
     if not cache.enabled or bound_bytes is None:
         return []
     root = Path(cache.dir).expanduser()
-    removed = _abandoned_writes(root)
+    abandoned = _abandoned_writes(root)
     entries = []
     for pattern, (suffix, *companions) in _ENTRIES:
         for path in root.glob(pattern):
@@ -181,7 +181,7 @@ def trim(cache: DictConfig) -> list[Path]:
                 continue
             entries.append((max(stat.st_atime_ns, stat.st_mtime_ns), path, stat.st_size,
                             [path.with_name(path.name[:-len(suffix)] + c) for c in companions]))
-    total = sum(entry[2] for entry in entries)
+    total, removed = sum(entry[2] for entry in entries), []
     for _, path, size, companions in sorted(entries, key=lambda entry: entry[:2]):
         if total <= bound_bytes:
             break
@@ -193,11 +193,10 @@ def trim(cache: DictConfig) -> list[Path]:
             continue
         total -= size
         removed.append(path)
-    evicted = sum(1 for path in removed if path.suffix != ".tmp")
-    if evicted:
-        log.info("compilation_cache: removed %d least recently used entr%s to stay under %s GB", evicted,
-                 "y" if evicted == 1 else "ies", f"{cache.max_size_gb:g}")
-    return removed
+    if removed:
+        log.info("compilation_cache: removed %d least recently used entr%s to stay under %s GB", len(removed),
+                 "y" if len(removed) == 1 else "ies", f"{cache.max_size_gb:g}")
+    return abandoned + removed
 
 
 ABANDONED_AFTER_S = 3600.0  # no entry takes an hour to write: an older temporary file's writer was killed
