@@ -94,7 +94,7 @@ def guard_entries() -> bool:
     def put(self, key: str, value: bytes) -> None:
         entry = local_entry(self, key)
         if entry is None or getattr(self, "eviction_enabled", True) or not key:
-            return write(self, key, value)  # JAX's own eviction path (jax_compilation_cache_max_size)
+            return write(self, key, value)  # a remote cache, JAX's own eviction on, or no key: JAX's put as shipped
         if entry.exists():
             return None
         tmp = entry.with_name(f".{entry.name}.{os.getpid()}.tmp")
