@@ -54,8 +54,8 @@ def evaluate(metrics: Any, run_dir: Path, images: list, records: list[dict], exe
             quality.update(reference=str(metrics.reference), reference_error="output.save_images=false")
     quality["metrics_s"] = time.perf_counter() - started
     if "clip_score_mean" in quality or "psnr" in quality:
-        log.info("metrics: %s(%.2f s)", "".join(
-            f"{label} {quality[key]:.4g}, " for key, label in
+        log.info("metrics: %s (%.2f s)", ", ".join(
+            f"{label} {quality[key]:.4g}" for key, label in
             (("clip_score_mean", "CLIP score"), ("psnr", "PSNR"), ("ssim_mean", "SSIM")) if key in quality),
             quality["metrics_s"])
     return quality
