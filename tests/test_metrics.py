@@ -94,7 +94,7 @@ def test_fidelity_reads_images_a_chunk_at_a_time_and_gets_the_same_numbers(smoke
 
 def test_a_dtype_sweep_is_compared_with_its_fp32_reference_point_and_reported(tmp_path, tiny_model_dir):
     sweep = tmp_path / "sweep"
-    result = run_cli("-m", "+experiment=smoke", "dtype=fp32,bf16", "seed=0,1", "+metrics.reference_point.dtype=fp32",
+    result = run_cli("-m", "+experiment=smoke", "dtype=fp32,bf16,fp16", "seed=0,1", "+metrics.reference_point.dtype=fp32",
                      f"hydra.sweep.dir={sweep}", cwd=tmp_path, timeout=600)
     assert result.returncode == 0, result.stderr
     with open(sweep / "summary.csv", newline="") as f:
@@ -103,6 +103,8 @@ def test_a_dtype_sweep_is_compared_with_its_fp32_reference_point_and_reported(tm
         fp32, bf16 = rows["fp32", seed], rows["bf16", seed]
         assert fp32["psnr"] == "" and float(fp32["clip_score_mean"]) > 0  # the reference itself
         assert 20 < float(bf16["psnr"]) < math.inf and 0 < float(bf16["ssim_mean"]) < 1  # close, not identical
+        # fp16 keeps 10 mantissa bits to bf16's 7: closer to fp32, still not identical.
+        assert float(bf16["psnr"]) + 6 < float(rows["fp16", seed]["psnr"]) < math.inf  # here: 42 vs 56 dB
         # Compared with the fp32 job of the same seed: its images, slot by slot.
         quality = json.loads((sweep / bf16["job"] / "quality.json").read_text())
         assert quality["reference"] == fp32["dir"] and quality["reference_label"] == fp32["label"]
