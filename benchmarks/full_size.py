@@ -7,11 +7,11 @@ random-weight architectures (model=sd-v1-arch, model=sdxl-arch: the exact shapes
 built on first use into $SDJAX_RUNNER_CACHE_DIR. Every part is one ``python -m sdjax_runner -m``
 process; parts A and B share a fresh persistent compilation cache, so B's compile is the warm one.
 
-  A. SD-1.x, bf16, 512x512, 50 PNDM steps, guidance 7.5, 8 images as one batch on one device,
+  A. SD-1.x, bf16 (--dtype), 512x512, 50 PNDM steps, guidance 7.5, 8 images as one batch on one device,
      for each attention implementation (--attention).
   B. A again in a new process (first attention only): compile from the persistent cache.
   C. The best attention of A at larger per-device batches (--batches): the best throughput.
-  D. SDXL, bf16, 1024x1024, 20 Euler steps (--xl-batches), best attention of A.
+  D. SDXL, bf16 (--dtype), 1024x1024, 20 Euler steps (--xl-batches), best attention of A.
   E. (--profile) A's best configuration once more with performance.profile=true: device time per
      text encoder / UNet / VAE and the top kernels (profile.json, engine/profiling.py).
   F. (--xla-flag-sets) A's best configuration once per set of XLA flags, each in a new process
@@ -49,6 +49,8 @@ def main() -> None:
     parser.add_argument("--batches", type=int, nargs="+", default=[16, 32])
     parser.add_argument("--xl-batches", type=int, nargs="+", default=[1, 4])
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--dtype", default="bf16", choices=["bf16", "fp16", "fp32"],
+                        help="weights and activations of every part (fp16: NVIDIA GPUs; the peak is bf16's)")
     parser.add_argument("--skip-xl", action="store_true")
     parser.add_argument("--profile", action="store_true", help="part E: where A's best configuration spends its time")
     parser.add_argument("--xla-flag-sets", nargs="+", default=[], metavar="FLAGS",
@@ -66,12 +68,12 @@ def main() -> None:
 
     env = dict(os.environ)
     env.pop("MLFLOW_TRACKING_URI", None)
-    common = ["dtype=bf16", "tracking=none", "parallelism=sharded", "parallelism.num_devices=1",
+    common = [f"dtype={args.dtype}", "tracking=none", "parallelism=sharded", "parallelism.num_devices=1",
               f"timing.repeats={args.repeats}", "output.grid=false", "output.save_images=false"]
     sd = [f"model={args.sd_model}", "scheduler=pndm", f"sampling.height={args.sd_size}",
           f"sampling.width={args.sd_size}", f"sampling.num_inference_steps={args.steps}", "sampling.guidance_scale=7.5"]
     # Not machine_facts(with_devices=True): JAX in this process would take the GPU's memory from the runs.
-    report: dict = {"machine": machine_facts()}
+    report: dict = {"machine": machine_facts(), "dtype": args.dtype}
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         cache = [f"compilation_cache.dir={work / 'xla'}"]

@@ -50,6 +50,11 @@ CASES = {
                                    "error: model.pretrained_model_name_or_path: a value is required"),
     "missing local model": (["model=local", "model.pretrained_model_name_or_path=/no/such/model"],
                             "error: model.pretrained_model_name_or_path: no such directory: /no/such/model"),
+    "cudnn_flash on the CPU": (["performance.attention=cudnn_flash", "dtype=bf16"],
+                               "error: performance.attention: cudnn_flash needs an NVIDIA GPU, this run has cpu"),
+    "fp16 dot_product on the CPU": (["performance.attention=dot_product", "dtype=fp16"],
+                                    "error: performance.attention: dot_product with fp16 activations does not run on "
+                                    "the CPU (allowed: default, split_head_dim, memory_efficient; or dtype=bf16, fp32)"),
     "reference that is no run": (["metrics.reference=/no/such/run"],
                                  "error: metrics.reference: /no/such/run is not a finished run directory"),
 }

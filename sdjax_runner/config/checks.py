@@ -131,6 +131,10 @@ def attention(name: str, backend: str, activations_dtype: str) -> None:
         if activations_dtype not in ("bfloat16", "float16"):
             raise UserError("performance.attention", f"cudnn_flash needs bf16 or fp16 activations, not {activations_dtype}",
                             "dtype=bf16, or another attention")
+    if name == "dot_product" and backend == "cpu" and activations_dtype == "float16":
+        # jax.nn.dot_product_attention accumulates the logits in float32; XLA's CPU dot has no f16 x f16 -> f32.
+        raise UserError("performance.attention", "dot_product with fp16 activations does not run on the CPU",
+                        "default, split_head_dim, memory_efficient; or dtype=bf16, fp32")
 
 
 def image_size(height: int, width: int, multiple: int, model_name: str) -> None:
