@@ -127,6 +127,7 @@ def _main() -> None:
         sys.exit(INTERRUPTED_EXIT if isinstance(exc, KeyboardInterrupt) else TERMINATED_EXIT)
     except Exception as exc:
         message = describe(exc)
+        abort(message or f"{type(exc).__name__}: {exc}", "FAILED")  # a sweep that broke off leaves no RUNNING run
         if message is None or _show_tracebacks:
             raise
         _fail(message)

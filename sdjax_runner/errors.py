@@ -62,6 +62,15 @@ def _schema_keys(full_key: str) -> Optional[list[str]]:
     return [f.name for f in dataclasses.fields(node)]
 
 
+def _schema_class(message: str) -> typing.Any:
+    """The schema dataclass an OmegaConf message names (``Key 'foo' not in 'LoraConfig'``), or None."""
+    from sdjax_runner.config import schema
+
+    named = re.search(r"not in '(\w+)'", message)
+    found = getattr(schema, named.group(1), None) if named else None
+    return found if dataclasses.is_dataclass(found) else None
+
+
 _KINDS = {int: "an integer", float: "a number", bool: "true or false", str: "a string"}
 
 
@@ -131,6 +140,12 @@ def describe(exc: BaseException) -> Optional[str]:
         if isinstance(omega, MissingMandatoryValue):
             return f"{key}: a value is required (set it on the command line: {key}=...)"
         if isinstance(omega, (ConfigKeyError, ConfigAttributeError)) and key:
+            within = _schema_class(message)  # "Key 'foo' not in 'LoraConfig'": a list item's keys
+            if within is not None:
+                outer = re.search(r"Could not override '([^']+)'", str(exc))
+                if outer and outer.group(1) != key and not key.startswith(outer.group(1) + "."):
+                    key = f"{outer.group(1)}.{key}"  # the item's own full key is relative to the item
+                return f"{key}: unknown key (allowed: {', '.join(f.name for f in dataclasses.fields(within))})"
             allowed = _schema_keys(key)
             if allowed is not None:
                 return f"{key}: unknown key (allowed: {', '.join(allowed)})"

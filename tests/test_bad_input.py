@@ -55,6 +55,10 @@ CASES = {
     "fp16 dot_product on the CPU": (["performance.attention=dot_product", "dtype=fp16"],
                                     "error: performance.attention: dot_product with fp16 activations does not run on "
                                     "the CPU (allowed: default, split_head_dim, memory_efficient; or dtype=bf16, fp32)"),
+    "unknown key given with +": (["+sampling.num_inference_step=3"], "error: sampling.num_inference_step: unknown "
+                                 "key (allowed: num_inference_steps, guidance_scale, height, width)"),
+    "unknown key in a LoRA entry": (["lora=[{path:a.safetensors,scale:1,foo:2}]"],
+                                    "error: lora.foo: unknown key (allowed: path, scale)"),
     "reference that is no run": (["metrics.reference=/no/such/run"],
                                  "error: metrics.reference: /no/such/run is not a finished run directory"),
 }
@@ -73,8 +77,18 @@ def test_bad_input_fails_fast_with_one_line(tmp_path, overrides, expected):
                                             "(allowed: seed)"),
     ("+metrics.reference_point.seed=5", "error: metrics.reference_point: seed=5 is not one of the sweep's points "
                                         "(allowed: seed=0, seed=1)"),
+    # Every swept value is checked before the sweep starts, not when its job comes up.
+    ("dtype=fp32,bogus", "error: dtype=bogus: no such option (allowed: bf16, fp16, fp32)"),
+    ("sampling.height=64,65", "error: sampling.height: must be a positive multiple of 8 up to 4096, got 65"),
+    ("sampling.num_inference_steps=2,abc", "error: sampling.num_inference_steps: Value 'abc' of type 'str' could "
+                                           "not be converted to Integer (allowed: an integer)"),
+    ("+sampling.num_inference_step=2,3", "error: sampling.num_inference_step: unknown key (allowed: "
+                                         "num_inference_steps, guidance_scale, height, width)"),
+    ("model=tiny-random,local", "error: model.pretrained_model_name_or_path: a value is required"),
+    ("sampling.guidance_scale=interval(1,9)", "error: sampling.guidance_scale: an interval is a search space, and "
+                                              "this sweeper runs a list of points"),
 ])
-def test_a_sweep_with_a_bad_reference_point_is_refused_before_it_starts(tmp_path, point, expected):
+def test_a_sweep_with_a_bad_point_is_refused_before_it_starts(tmp_path, point, expected):
     sweep = tmp_path / "sweep"
     result = run_cli("-m", "+experiment=smoke", "seed=0,1", point, f"hydra.sweep.dir={sweep}", cwd=tmp_path)
     assert_one_line_error(result, expected)

@@ -18,6 +18,7 @@ from PIL import Image
 
 from helpers.cli import assert_one_line_error, run_cli
 from helpers.images import wait_for_images
+from helpers.mlflow_store import sweep_runs
 
 KEY = "error: model.pretrained_model_name_or_path:"
 
@@ -251,3 +252,23 @@ def test_prompt_files_split_on_line_ends_only(tmp_path):
     path = tmp_path / "prompts.txt"
     path.write_bytes("one\u2028still one\x0cand one\r\ntwo \r\n\r\n  three\n".encode())
     assert read_prompt_file(str(path)) == ["one\u2028still one\x0cand one", "two", "three"]
+
+
+def test_a_sweep_that_breaks_off_before_its_jobs_leaves_no_running_parent_run(tmp_path):
+    # Whatever goes wrong between the sweep's start and its first job (here: the sweeper itself fails,
+    # as a launcher plugin might) ends the parent tracker run FAILED with the error, not RUNNING.
+    script = f"""
+import sys
+from hydra.core.plugins import Plugins
+def broken(self, config, **kwargs):
+    raise RuntimeError("the sweeper broke")
+Plugins.instantiate_sweeper = broken  # called right after the sweep's start (parent run, sweep.json)
+sys.argv = ["sdjax_runner", "-m", "+experiment=smoke", "seed=0,1", "hydra.sweep.dir={tmp_path / 'sweep'}"]
+from sdjax_runner.cli import main
+main()
+"""
+    result = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 1 and "RuntimeError: the sweeper broke" in result.stderr  # a bug keeps its traceback
+    _, parent, children = sweep_runs(tmp_path)
+    assert parent.info.status == "FAILED" and children == []
+    assert parent.data.tags["error"] == "RuntimeError: the sweeper broke"

@@ -199,8 +199,37 @@ def distributed(parallelism: DictConfig) -> None:
 
 # --- a whole run's values, before anything loads -------------------------------------------------
 
+def known_keys(node: Any, schema: Any, prefix: str = "") -> None:
+    """Every key of ``node`` is one the schema ``schema`` (a dataclass) defines. Hydra's ``+key=value``
+    adds a key even to a typed node, so a misspelled key given with ``+`` (``+sampling.num_inference_step=3``)
+    would be carried along and ignored; it is refused here instead. Free-form entries (dicts such as
+    ``scheduler.config_overrides``) take any key."""
+    import dataclasses
+    import typing
+
+    hints = typing.get_type_hints(schema)
+    fields = [f.name for f in dataclasses.fields(schema)]
+    for key in node.keys():
+        if not prefix and key == "hydra":  # Hydra's own node, present in a sweep's job configs
+            continue
+        if key not in fields:
+            raise UserError(f"{prefix}{key}", "unknown key", fields)
+        kind = hints[key]
+        if typing.get_origin(kind) is typing.Union:  # Optional[X]
+            kind = next(arg for arg in typing.get_args(kind) if arg is not type(None))
+        value = node[key]
+        if dataclasses.is_dataclass(kind) and value is not None:
+            known_keys(value, kind, f"{prefix}{key}.")
+        elif typing.get_origin(kind) in (list, typing.List) and dataclasses.is_dataclass(typing.get_args(kind)[0]):
+            for number, item in enumerate(value or []):
+                known_keys(item, typing.get_args(kind)[0], f"{prefix}{key}.{number}.")
+
+
 def run_values(cfg: DictConfig) -> None:
     """Every value of ``cfg`` that can be checked without JAX, a model or a device."""
+    from sdjax_runner.config.schema import RunConfig
+
+    known_keys(cfg, RunConfig)
     sampling, par = cfg.sampling, cfg.parallelism
     size("sampling.height", sampling.height)
     size("sampling.width", sampling.width)

@@ -145,22 +145,27 @@ class SweepCallback(Callback):
         from sdjax_runner.record.provenance import run_tags
         from sdjax_runner.record.tracking import make_tracker
 
-        from sdjax_runner.errors import Refused, UserError
+        from sdjax_runner.config.sweep_points import check_points
+        from sdjax_runner.errors import Refused, describe
 
         last_result.clear()
         task = list(config.hydra.overrides.task)
         keys = swept_keys(task)
         point = None
-        if config.metrics.reference_point:  # bad input: refused before anything runs or is written
-            from sdjax_runner.config.checks import reference_point
+        try:  # bad input: refused before anything runs or is written
+            check_points(config, task)
+            if config.metrics.reference_point:
+                from sdjax_runner.config.checks import reference_point
 
-            try:
                 point = reference_point(dict(config.metrics.reference_point), swept_values(task))
-            except UserError as exc:
-                from sdjax_runner.record.fresh_dirs import release
+        except Exception as exc:
+            message = describe(exc)
+            if message is None:
+                raise
+            from sdjax_runner.record.fresh_dirs import release
 
-                release(Path(config.hydra.sweep.dir))  # nothing was written: no directory either
-                raise Refused(exc) from None
+            release(Path(config.hydra.sweep.dir))  # nothing was written: no directory either
+            raise Refused(message) from None
         sweep_dir = Path(config.hydra.sweep.dir)
         sweep_dir.mkdir(parents=True, exist_ok=True)
         earlier = read_sweep_file(sweep_dir) if resume.resuming(config) else {}
@@ -258,10 +263,10 @@ def log_parent(tracker: Any, sweep_dir: Path, rows: list[dict[str, Any]]) -> Non
     rundir.write_json(sweep_dir / rundir.SWEEP, dict(record, parent_logged=True))
 
 
-def abort(reason: str) -> None:
-    """End the parent run of an interrupted sweep KILLED."""
+def abort(reason: str, status: str = "KILLED") -> None:
+    """End the parent run of a sweep cut short: KILLED when interrupted, FAILED when it broke off."""
     while _open_parent:
-        _open_parent.pop().end("KILLED", reason)
+        _open_parent.pop().end(status, reason)
 
 
 def failure_message() -> Optional[str]:
