@@ -142,9 +142,10 @@ def describe(exc: BaseException) -> Optional[str]:
         if isinstance(omega, (ConfigKeyError, ConfigAttributeError)) and key:
             within = _schema_class(message)  # "Key 'foo' not in 'LoraConfig'": a list item's keys
             if within is not None:
-                outer = re.search(r"Could not override '([^']+)'", str(exc))
-                if outer and outer.group(1) != key and not key.startswith(outer.group(1) + "."):
-                    key = f"{outer.group(1)}.{key}"  # the item's own full key is relative to the item
+                outer = re.search(r"Could not override '([^']+)'|Error merging override [+~]*([\w.]+)=", str(exc))
+                given = outer and (outer.group(1) or outer.group(2))
+                if given and given != key and not key.startswith(given + "."):
+                    key = f"{given}.{key}"  # the item's own full key is relative to the item
                 return f"{key}: unknown key (allowed: {', '.join(f.name for f in dataclasses.fields(within))})"
             allowed = _schema_keys(key)
             if allowed is not None:

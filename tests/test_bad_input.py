@@ -59,6 +59,8 @@ CASES = {
                                  "key (allowed: num_inference_steps, guidance_scale, height, width)"),
     "unknown key in a LoRA entry": (["lora=[{path:a.safetensors,scale:1,foo:2}]"],
                                     "error: lora.foo: unknown key (allowed: path, scale)"),
+    "unknown key in a LoRA entry given with +": (["+lora=[{path:a.safetensors,foo:2}]"],
+                                                "error: lora.foo: unknown key (allowed: path, scale)"),
     "reference that is no run": (["metrics.reference=/no/such/run"],
                                  "error: metrics.reference: /no/such/run is not a finished run directory"),
 }
