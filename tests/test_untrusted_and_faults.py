@@ -272,3 +272,25 @@ main()
     _, parent, children = sweep_runs(tmp_path)
     assert parent.info.status == "FAILED" and children == []
     assert parent.data.tags["error"] == "RuntimeError: the sweeper broke"
+
+
+def test_a_sweep_check_that_fails_itself_lets_the_sweep_run(tmp_path, tiny_model_dir):
+    # The up-front check of a sweep's points is a convenience: if it breaks (not bad input, a bug),
+    # the sweep runs as Hydra would run it, with its parent run and records, and says so once.
+    script = f"""
+import sys
+from sdjax_runner.config import sweep_points
+def broken(config, task):
+    raise RuntimeError("the check broke")
+sweep_points.check_points = broken
+sys.argv = ["sdjax_runner", "-m", "+experiment=smoke", "seed=0", "hydra.sweep.dir={tmp_path / 'sweep'}"]
+from sdjax_runner.cli import main
+main()
+"""
+    result = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    output = result.stdout + result.stderr
+    assert output.count("sweep: the points were not checked before the start (RuntimeError: the check broke)") == 1
+    _, parent, [child] = sweep_runs(tmp_path)
+    assert parent.info.status == child.info.status == "FINISHED"
+    assert len(list((tmp_path / "sweep" / "0" / "images").glob("*.png"))) == 8

@@ -160,12 +160,14 @@ class SweepCallback(Callback):
                 point = reference_point(dict(config.metrics.reference_point), swept_values(task))
         except Exception as exc:
             message = describe(exc)
-            if message is None:
-                raise
-            from sdjax_runner.record.fresh_dirs import release
+            if message is not None:
+                from sdjax_runner.record.fresh_dirs import release
 
-            release(Path(config.hydra.sweep.dir))  # nothing was written: no directory either
-            raise Refused(message) from None
+                release(Path(config.hydra.sweep.dir))  # nothing was written: no directory either
+                raise Refused(message) from None
+            # Not bad input but a failure of the check itself: the sweep starts, each job checks its own values.
+            log.warning("sweep: the points were not checked before the start (%s: %s)", type(exc).__name__,
+                        " ".join(str(exc).split())[:200])
         sweep_dir = Path(config.hydra.sweep.dir)
         sweep_dir.mkdir(parents=True, exist_ok=True)
         earlier = read_sweep_file(sweep_dir) if resume.resuming(config) else {}
