@@ -136,7 +136,9 @@ def _run(plan: Plan, job: Job, run_name: str, tags: dict[str, str], started: flo
     # Judge the images (never fails the run), then disk, then the tracker.
     from sdjax_runner.metrics.evaluate import evaluate
 
-    quality = evaluate(plan.metrics, job.run_dir, images, job.records, executables_dir(plan))
+    non_finite = flag_non_finite(job.records, generator.non_finite, plan.dtype.name)
+    quality = dict(evaluate(plan.metrics, job.run_dir, images, job.records, executables_dir(plan)),
+                   non_finite_images=non_finite)
     write_s += rundir.write_run_files(job.run_dir, plan, job.records, images)
     from sdjax_runner.engine.efficiency import param_bytes_per_device
 
@@ -153,6 +155,19 @@ def _run(plan: Plan, job: Job, run_name: str, tags: dict[str, str], started: flo
     if job.tracker_error is None:
         log.info("track: %s", job.tracker.description)
     return {"run_dir": str(job.run_dir), "timings": timings, "quality": quality}
+
+
+def flag_non_finite(records: list[dict], indices: list[int], dtype: str) -> int:
+    """Mark each image record ``non_finite`` (NaN or infinite pixels, written as 0: black); say so once."""
+    bad = set(indices)
+    for record in records:
+        record["non_finite"] = record["index"] in bad
+    count = sum(record["non_finite"] for record in records)
+    if count:
+        log.warning("generate: %d of %d image(s) have NaN or infinite pixels (saved black there): the computation "
+                    "overflowed%s", count, len(records), " -- fp16's range is small; try dtype=bf16 or fp32"
+                    if dtype == "fp16" else " (a guidance scale or LoRA scale far too large?)")
+    return count
 
 
 def tracker_tags(plan: Plan, overrides: list[str], parent_run_id: Optional[str], run_dir: Path) -> dict[str, str]:

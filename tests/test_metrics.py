@@ -133,3 +133,18 @@ def test_a_clip_model_that_cannot_be_had_is_one_warning_and_the_run_goes_on(tmp_
     assert "clip_score_mean" not in quality and "openai/clip-vit-large-patch14" in quality["clip_score_error"]
     assert len(list((run_dir / "images").glob("*.png"))) == 8
     assert json.loads((run_dir / "status.json").read_text())["status"] == "FINISHED"
+
+
+def test_images_that_overflowed_are_named_not_passed_off_as_black_pictures(tmp_path, tiny_model_dir):
+    # A guidance scale of 1e38 overflows float32 in the first step: NaN latents, NaN pixels, which the
+    # uint8 conversion would turn into black images without a word.
+    run_dir = tmp_path / "run"
+    result = run_cli("+experiment=smoke", "sampling.guidance_scale=1e38", "tracking=none", f"hydra.run.dir={run_dir}",
+                     cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    warnings = [line for line in (result.stdout + result.stderr).splitlines() if "NaN or infinite pixels" in line]
+    assert len(warnings) == 1 and "8 of 8 image(s)" in warnings[0] and "overflowed" in warnings[0]
+    records = json.loads((run_dir / "images.json").read_text())
+    assert [r["non_finite"] for r in records] == [True] * 8
+    assert json.loads((run_dir / "quality.json").read_text())["non_finite_images"] == 8
+    assert np.asarray(Image.open(run_dir / "grid.png")).max() == 0  # what the PNGs hold: black

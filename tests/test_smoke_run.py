@@ -39,6 +39,9 @@ def test_images_are_real_distinct_pictures(smoke_run):
     pixels = [np.asarray(Image.open(f)) for f in sorted((run_dir / "images").glob("*.png"))]
     assert all(p.std() > 10 for p in pixels)  # not blank
     assert len({p.tobytes() for p in pixels}) == 8  # one key per device: eight different images
+    records = json.loads((run_dir / "images.json").read_text())
+    assert [r["non_finite"] for r in records] == [False] * 8
+    assert json.loads((run_dir / "quality.json").read_text())["non_finite_images"] == 0
 
 
 def test_timings_status_and_resolved_config(smoke_run):

@@ -26,7 +26,8 @@ log = logging.getLogger("sdjax_runner")
 
 SUMMARY_TIMINGS = ("compile_s", "trace_s", "first_batch_s", "generate_s", "images_per_s", "model_reused",
                    "compile_reused", "compile_cache_hit", "wall_s")
-SUMMARY_QUALITY = ("clip_score_mean", "clip_score_std", "psnr", "psnr_min", "ssim_mean", "ssim_min")
+SUMMARY_QUALITY = ("clip_score_mean", "clip_score_std", "psnr", "psnr_min", "ssim_mean", "ssim_min",
+                   "non_finite_images")
 CELL = 256  # contact sheet cell width in pixels
 
 # What the last sweep in this process ended with; cli.main turns failures into exit code 1.
