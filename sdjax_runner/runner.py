@@ -113,7 +113,7 @@ def _run(plan: Plan, job: Job, run_name: str, tags: dict[str, str], started: flo
             log.info("generate: done on process %d; process 0 writes the outputs", jax.process_index())
             return {"run_dir": None}
         images, write_s = rundir.write_images(job.run_dir, plan, batches, rundir.image_meta(plan, height, width),
-                                              job.records)
+                                              job.records, generator.non_finite)
     summary = generator.timings.summary(plan.images_per_batch, plan.num_inference_steps)
     summary.update(trace_s=compiled["trace_s"], compile_s=compiled["compile_s"],
                    compile_path=compiled["compile_path"],
@@ -136,7 +136,7 @@ def _run(plan: Plan, job: Job, run_name: str, tags: dict[str, str], started: flo
     # Judge the images (never fails the run), then disk, then the tracker.
     from sdjax_runner.metrics.evaluate import evaluate
 
-    non_finite = flag_non_finite(job.records, generator.non_finite, plan.dtype.name)
+    non_finite = warn_non_finite(job.records, plan.dtype.name)
     quality = dict(evaluate(plan.metrics, job.run_dir, images, job.records, executables_dir(plan)),
                    non_finite_images=non_finite)
     write_s += rundir.write_run_files(job.run_dir, plan, job.records, images)
@@ -157,11 +157,8 @@ def _run(plan: Plan, job: Job, run_name: str, tags: dict[str, str], started: flo
     return {"run_dir": str(job.run_dir), "timings": timings, "quality": quality}
 
 
-def flag_non_finite(records: list[dict], indices: list[int], dtype: str) -> int:
-    """Mark each image record ``non_finite`` (NaN or infinite pixels, written as 0: black); say so once."""
-    bad = set(indices)
-    for record in records:
-        record["non_finite"] = record["index"] in bad
+def warn_non_finite(records: list[dict], dtype: str) -> int:
+    """How many images had NaN or infinite pixels (written as 0: black); said once."""
     count = sum(record["non_finite"] for record in records)
     if count:
         log.warning("generate: %d of %d image(s) have NaN or infinite pixels (saved black there): the computation "

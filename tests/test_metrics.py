@@ -147,4 +147,8 @@ def test_images_that_overflowed_are_named_not_passed_off_as_black_pictures(tmp_p
     records = json.loads((run_dir / "images.json").read_text())
     assert [r["non_finite"] for r in records] == [True] * 8
     assert json.loads((run_dir / "quality.json").read_text())["non_finite_images"] == 8
+    # The PNGs say so too, so a record rebuilt from them (sync, after a kill) keeps it.
+    from sdjax_runner.record.rundir import records_from_pngs
+
+    assert [r["non_finite"] for r in records_from_pngs(run_dir)[0]] == [True] * 8
     assert np.asarray(Image.open(run_dir / "grid.png")).max() == 0  # what the PNGs hold: black

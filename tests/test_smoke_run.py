@@ -24,6 +24,7 @@ def test_images_grid_and_metadata_on_disk(smoke_run):
     assert text["prompt"].startswith("A cinematic film still of Morgan Freeman")
     assert (text["seed"], text["steps"], text["guidance_scale"], text["scheduler"]) == ("0", "4", "7.5", "pndm")
     assert (text["model"], text["dtype"], text["device"], text["batch"]) == ("tiny-random", "float32", "3", "0")
+    assert text["non_finite"] == "False"
     assert text["parameters"].splitlines()[1].startswith("Steps: 4, Sampler: pndm, CFG scale: 7.5, Seed: 0, Size: 64x64")
     with Image.open(run_dir / "grid.png") as grid:
         assert grid.size == (4 * 64, 2 * 64)

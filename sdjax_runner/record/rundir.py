@@ -24,7 +24,7 @@ import math
 import os
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterator, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Collection, Iterator, Optional, Sequence
 
 from PIL import Image
 from PIL.PngImagePlugin import PngInfo
@@ -126,6 +126,7 @@ def save_whole(image: Image.Image, path: Path, **options: Any) -> None:
 # PNG text chunks that are numbers in images.json (everything else is text; "" is None for these).
 _INT_CHUNKS = ("index", "batch", "device", "seed", "steps", "height", "width")
 _FLOAT_CHUNKS = ("guidance_scale",)
+_BOOL_CHUNKS = ("non_finite",)
 
 
 def read_png_record(path: Path, run_dir: Path) -> dict[str, Any]:
@@ -139,6 +140,8 @@ def read_png_record(path: Path, run_dir: Path) -> dict[str, Any]:
             record[key] = int(value)
         elif key in _FLOAT_CHUNKS:
             record[key] = float(value)
+        elif key in _BOOL_CHUNKS:
+            record[key] = value == "True"
         else:
             record[key] = value if value != "" or key != "negative_prompt" else None
     record["file"] = path.relative_to(run_dir).as_posix()
@@ -236,9 +239,10 @@ def lora_label(adapters: tuple) -> str:
 
 
 def write_images(run_dir: Path, plan: "Plan", batches: Iterator, meta: dict[str, Any],
-                 records: list[dict]) -> tuple[list, float]:
+                 records: list[dict], non_finite: Collection[int] = ()) -> tuple[list, float]:
     """Each batch's kept images to images/ as it arrives, their records appended to ``records``
-    (so an interruption keeps what was made, and says what it was); (images, seconds spent)."""
+    (so an interruption keeps what was made, and says what it was); (images, seconds spent).
+    ``non_finite``: the indices of images with NaN or infinite pixels, known when their batch arrives."""
     images, write_s = [], 0.0
     if plan.output.save_images:
         (run_dir / IMAGES_DIR).mkdir(exist_ok=True)
@@ -250,7 +254,8 @@ def write_images(run_dir: Path, plan: "Plan", batches: Iterator, meta: dict[str,
                 continue
             image = Image.fromarray(array)
             record = dict(meta, index=slot.index, batch=slot.batch, device=slot.device, prompt=slot.prompt,
-                          file=image_file(slot.index, plan.seed), pixels_sha256=pixel_hash(array))
+                          file=image_file(slot.index, plan.seed), pixels_sha256=pixel_hash(array),
+                          non_finite=slot.index in non_finite)
             if plan.output.save_images:
                 save_png(image, run_dir / record["file"], record)
             records.append(record)
