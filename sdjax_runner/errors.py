@@ -41,25 +41,24 @@ class UserError(Exception):
 
 def _schema_node(parts: list[str]) -> typing.Any:
     """The schema's type at the dotted path ``parts`` (a dataclass or a field's type), or None."""
-    from sdjax_runner.config.schema import RunConfig
+    from sdjax_runner.config.schema import RunConfig, field_types
 
     node: typing.Any = RunConfig
     for part in parts:
-        if not dataclasses.is_dataclass(node):
+        if not dataclasses.is_dataclass(node) or part not in field_types(node):
             return None
-        hints = typing.get_type_hints(node)
-        if part not in hints:
-            return None
-        node = hints[part]
+        node = field_types(node)[part]
     return node
 
 
 def _schema_keys(full_key: str) -> Optional[list[str]]:
     """The keys the schema allows beside ``full_key`` (e.g. sampling.foo -> sampling's fields)."""
+    from sdjax_runner.config.schema import field_types
+
     node = _schema_node(full_key.split(".")[:-1])
     if not dataclasses.is_dataclass(node):
         return None
-    return [f.name for f in dataclasses.fields(node)]
+    return list(field_types(node))
 
 
 def _schema_class(message: str) -> typing.Any:
@@ -76,10 +75,9 @@ _KINDS = {int: "an integer", float: "a number", bool: "true or false", str: "a s
 
 def _schema_kind(full_key: str) -> Optional[str]:
     """What the schema's field ``full_key`` takes, in words (``a number or null``), or None."""
-    node = _schema_node(full_key.split("."))
-    optional = typing.get_origin(node) is typing.Union and type(None) in typing.get_args(node)
-    if optional:
-        node = next(arg for arg in typing.get_args(node) if arg is not type(None))
+    from sdjax_runner.config.schema import without_null
+
+    node, optional = without_null(_schema_node(full_key.split(".")))
     if typing.get_origin(node) in (list, typing.List):
         kind = "a list, e.g. [a,b]"
     else:
@@ -146,7 +144,9 @@ def describe(exc: BaseException) -> Optional[str]:
                 given = outer and (outer.group(1) or outer.group(2))
                 if given and given != key and not key.startswith(given + "."):
                     key = f"{given}.{key}"  # the item's own full key is relative to the item
-                return f"{key}: unknown key (allowed: {', '.join(f.name for f in dataclasses.fields(within))})"
+                from sdjax_runner.config.schema import field_types
+
+                return f"{key}: unknown key (allowed: {', '.join(field_types(within))})"
             allowed = _schema_keys(key)
             if allowed is not None:
                 return f"{key}: unknown key (allowed: {', '.join(allowed)})"

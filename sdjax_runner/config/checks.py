@@ -9,7 +9,6 @@ model's down-sampling).
 
 from __future__ import annotations
 
-import functools
 import logging
 import math
 import os
@@ -200,15 +199,6 @@ def distributed(parallelism: DictConfig) -> None:
 
 # --- a whole run's values, before anything loads -------------------------------------------------
 
-@functools.lru_cache(maxsize=None)
-def _fields(schema: Any) -> tuple[dict[str, Any], list[str]]:
-    """A schema dataclass's field types and names (type hints take milliseconds to evaluate)."""
-    import dataclasses
-    import typing
-
-    return typing.get_type_hints(schema), [f.name for f in dataclasses.fields(schema)]
-
-
 def known_keys(node: Any, schema: Any, prefix: str = "") -> None:
     """Every key of ``node`` is one the schema ``schema`` (a dataclass) defines. Hydra's ``+key=value``
     adds a key even to a typed node, so a misspelled key given with ``+`` (``+sampling.num_inference_step=3``)
@@ -217,15 +207,15 @@ def known_keys(node: Any, schema: Any, prefix: str = "") -> None:
     import dataclasses
     import typing
 
-    hints, fields = _fields(schema)
+    from sdjax_runner.config.schema import field_types, without_null
+
+    fields = field_types(schema)
     for key in node.keys():
         if not prefix and key == "hydra":  # Hydra's own node, present in a sweep's job configs
             continue
         if key not in fields:
             raise UserError(f"{prefix}{key}", "unknown key", fields)
-        kind = hints[key]
-        if typing.get_origin(kind) is typing.Union:  # Optional[X]
-            kind = next(arg for arg in typing.get_args(kind) if arg is not type(None))
+        kind = without_null(fields[key])[0]
         if dataclasses.is_dataclass(kind) and node[key] is not None:  # (leaves are not read: no interpolation resolved)
             known_keys(node[key], kind, f"{prefix}{key}.")
         elif typing.get_origin(kind) in (list, typing.List) and dataclasses.is_dataclass(typing.get_args(kind)[0]):

@@ -8,6 +8,9 @@ checked in :mod:`sdjax_runner.config.checks`. The YAML files document each key.
 
 from __future__ import annotations
 
+import dataclasses
+import functools
+import typing
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any, Dict, List, Optional
@@ -262,6 +265,21 @@ class RunConfig:
     seed: int = 0
     run_name: str = MISSING
     experiment: Optional[str] = None
+
+
+@functools.lru_cache(maxsize=None)
+def field_types(node: type) -> dict[str, Any]:
+    """A schema dataclass's keys and their types, in declaration order (the type hints, which take
+    milliseconds to evaluate, once per class)."""
+    hints = typing.get_type_hints(node)
+    return {f.name: hints[f.name] for f in dataclasses.fields(node)}
+
+
+def without_null(kind: Any) -> tuple[Any, bool]:
+    """``Optional[X]`` -> ``(X, True)``; any other type -> ``(type, False)``."""
+    if typing.get_origin(kind) is typing.Union and type(None) in typing.get_args(kind):
+        return next(arg for arg in typing.get_args(kind) if arg is not type(None)), True
+    return kind, False
 
 
 def register() -> None:

@@ -70,7 +70,7 @@ class Generator:
         self.program_key: Optional[str] = None  # what determines the program (engine/executable_cache.py)
         # For a stored executable: traces the program instead, should it fail at its first call.
         self.retrace: Optional[Callable[[Exception], None]] = None
-        self.non_finite: list[int] = []  # indices of images with NaN or infinite pixels (overflow)
+        self.non_finite: set[int] = set()  # indices of images with NaN or infinite pixels (overflow)
         self.negative_ids = None
         if plan.negative:
             self.negative_ids = self.place_ids(np.asarray(pipeline.prepare_inputs([plan.negative] * plan.images_per_batch)))
@@ -135,7 +135,7 @@ class Generator:
             images = self.fetch(out)
             # A NaN pixel becomes 0 in uint8: an overflow (fp16's small range, say) would pass as a black image.
             finite = np.isfinite(images).reshape(len(images), -1).all(axis=1)
-            self.non_finite.extend(int(i) + batch * self.plan.images_per_batch for i in np.flatnonzero(~finite))
+            self.non_finite.update(int(i) + batch * self.plan.images_per_batch for i in np.flatnonzero(~finite))
             yield self._to_uint8(images)
             on_batch()
         first = self.inputs(0)
