@@ -2,12 +2,15 @@
 alone, and check that it makes the same images, bit for bit.
 
 The record is the run's resolved config (``.hydra/config.yaml``, or the ``config/`` artifact of an
-MLflow run), its ``images.json`` (a SHA-256 of every image's pixels) and ``environment.json`` (library
-versions, devices). The re-run is a new run under ``<output_root>/reruns/`` (tagged
-``sdjax.rerun_of``); then each image is compared with the recorded one. It prints which images
-differ, if any, and the environment facts that differ (a different jaxlib or device kind can change
-pixels), writes ``rerun.json`` into the new run directory, and exits 0 when every image is
-identical, 1 when one is not, 2 when the record cannot be re-run.
+MLflow run), its ``images.json`` (a SHA-256 of every image's pixels), ``environment.json`` (library
+versions, devices) and ``inputs.json`` (what it read besides its config). The re-run is a new run
+under ``<output_root>/reruns/`` (tagged ``sdjax.rerun_of``) that reads what the run read: the
+recorded prompts (not a prompt file as it is now), relative paths against the run's working
+directory, a hub model at the commit it loaded. Then each image is compared with the recorded one.
+It prints which images differ, if any, and the inputs (model weight files, adapters) and
+environment facts (a different jaxlib or device kind can change pixels) that differ, writes
+``rerun.json`` into the new run directory, and exits 0 when every image is identical, 1 when one
+is not, 2 when the record cannot be re-run.
 
     python -m sdjax_runner.rerun outputs/runs/2026-11-22/17-08-10_smoke
     python -m sdjax_runner.rerun 5b90ca2ae3d141d192a2c9737e8ab6db --uri sqlite:///outputs/mlflow.db
@@ -27,7 +30,7 @@ from omegaconf import OmegaConf
 
 from sdjax_runner.config.naming import slug
 from sdjax_runner.errors import UserError, describe
-from sdjax_runner.record import rundir
+from sdjax_runner.record import inputs, rundir
 from sdjax_runner.record.fresh_dirs import claim
 from sdjax_runner.record.tracking import download_record
 
@@ -89,12 +92,16 @@ def rerun(record: Path, source: str, tracking: bool) -> int:
     expected = recorded_hashes(record)
     if not expected:
         raise UserError("RUN", f"{record} records no images to compare with (no images.json or PNGs)")
+    recorded_inputs = rundir.read_json_or_empty(record / rundir.INPUTS)
+    repeated = inputs.repeat(cfg, recorded_inputs)
     now = datetime.datetime.now()
     run_dir = claim(Path(cfg.paths.output_root) / "reruns" / now.strftime("%Y-%m-%d") / f"{now:%H-%M-%S}_{slug(name)}")
     (run_dir / rundir.HYDRA_DIR).mkdir()
-    OmegaConf.save(OmegaConf.load(record / rundir.CONFIG), run_dir / rundir.CONFIG)
+    OmegaConf.save(cfg, run_dir / rundir.CONFIG)  # what runs: the record's config as repeat() set it
     OmegaConf.save(OmegaConf.create(overrides), run_dir / rundir.OVERRIDES)
     log.info("rerun: %s (%s) into %s", name, source, run_dir)
+    for note in repeated:
+        log.info("rerun: %s", note)
     run(cfg, run_dir, overrides, run_name=f"{name} rerun", extra_tags={"sdjax.rerun_of": source})
 
     records = rundir.read_json(run_dir / rundir.IMAGES)
@@ -102,14 +109,21 @@ def rerun(record: Path, source: str, tracking: bool) -> int:
     differing = sorted(i for i in expected if got.get(i) != expected[i])
     recorded_env = rundir.read_json(record / rundir.ENVIRONMENT) if (record / rundir.ENVIRONMENT).is_file() else {}
     environment = environment_differences(recorded_env, rundir.read_json(run_dir / rundir.ENVIRONMENT))
+    changed = [f"{key}: {old} -> {new}" for key, old, new in
+               inputs.differences(recorded_inputs, rundir.read_json_or_empty(run_dir / rundir.INPUTS))]
     report = {"source": source, "record": str(record), "images": len(expected), "identical": not differing,
-              "differing_images": differing, "environment_differences": environment}
+              "differing_images": differing, "environment_differences": environment,
+              "inputs_repeated": repeated, "input_differences": changed}
     rundir.write_json(run_dir / rundir.RERUN, report)
     if not differing:
         print(f"rerun: identical -- all {len(expected)} image(s) match the record bit for bit ({run_dir})")
     else:
         print(f"rerun: DIFFERENT -- {len(differing)} of {len(expected)} image(s) differ from the record: "
               f"{', '.join(map(str, differing[:20]))} ({run_dir})")
+    if changed:
+        print("inputs differ from the record: " + "; ".join(changed))
+    elif not recorded_inputs:
+        print("the record has no inputs.json: the model's files and the prompt file cannot be compared")
     if environment:
         print("environment differs from the record: " + "; ".join(environment))
     elif not recorded_env:

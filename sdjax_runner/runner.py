@@ -17,7 +17,7 @@ from sdjax_runner.config import checks
 from sdjax_runner.config.plan import Plan, check_values, make_plan
 from sdjax_runner.engine import compile_cache, distributed, runtime
 from sdjax_runner.models import checkpoints
-from sdjax_runner.record import rundir
+from sdjax_runner.record import inputs, rundir
 from sdjax_runner.record.job import Job
 from sdjax_runner.record.provenance import environment
 from sdjax_runner.record.tracking import NullTracker, make_tracker
@@ -85,6 +85,8 @@ def _run(plan: Plan, job: Job, run_name: str, tags: dict[str, str], started: flo
     height, width = image_size(plan, loaded)
     log.info("load: %s %s%s", plan.model.name, "reused from an earlier job of this process" if model_reused else
              f"from {loaded.path} in {loaded.load_s:.1f} s", "" if model_reused else converted_note(loaded.formats))
+    if job.writes:
+        rundir.write_json(job.run_dir / rundir.INPUTS, inputs.collect(plan, loaded.path))
     warn_truncated(loaded.pipeline.tokenizer, plan.prompts)
     devices = jax.devices()[: plan.num_devices]
     mode = MODES[plan.mode]

@@ -7,7 +7,8 @@
         steps, guidance, parallelism are short for model.name, ...). --since 7d / 12h / 2026-11-15:
         runs started since then. --dirs: only the directories, one a line (for scripts).
     python -m sdjax_runner.runs diff RUN_A RUN_B [--no-images] [--uri URI]
-        the config keys that differ, the metrics side by side, and B's images against A's slot by slot
+        the config keys and inputs (inputs.json: the prompts as read, the model's commit or weight
+        files, LoRA and checkpoint hashes) that differ, the metrics side by side, and B's images against A's slot by slot
         (same index, seed, prompt and size): how many are identical, PSNR and SSIM, the images that differ.
         A run is a run directory or an MLflow run id (its record and images are downloaded from --uri,
         else MLFLOW_TRACKING_URI, else the embedded store outputs/mlflow.db).
@@ -25,7 +26,7 @@ import sys
 from pathlib import Path
 from typing import Any, Optional
 
-from sdjax_runner.record import catalog, rundir
+from sdjax_runner.record import catalog, inputs, rundir
 
 LIST_COLUMNS = (("started", "started"), ("status", "status"), ("name", "name"), ("model.name", "model"),
                 ("dtype.name", "dtype"), ("scheduler.name", "scheduler"), ("sampling.num_inference_steps", "steps"),
@@ -76,8 +77,11 @@ def list_table(summaries: list[dict[str, Any]]) -> str:
 
 def diff_runs(a: Path, b: Path, images: bool = True, labels: Optional[tuple[str, str]] = None) -> str:
     out = [f"A: {labels[0] if labels else a}", f"B: {labels[1] if labels else b}", ""]
-    config = catalog.config_diff(a, b)
-    out.append(table([list(row) for row in config], ["config key", "A", "B"]) if config else "config: identical")
+    config = catalog.config_diff(a, b) + [
+        (f"inputs.{key}", x, y) for key, x, y in inputs.differences(rundir.read_json_or_empty(a / rundir.INPUTS),
+                                                                    rundir.read_json_or_empty(b / rundir.INPUTS))]
+    out.append(table([list(row) for row in config], ["config key", "A", "B"]) if config
+               else "config and inputs: identical")
     out.append("")
     metrics = catalog.metric_diff(a, b)
     rows = [[key, _cell(x), _cell(y), ratio] for key, x, y, ratio in metrics]

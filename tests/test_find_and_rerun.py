@@ -125,6 +125,26 @@ def test_single_runs_name_themselves_and_record_what_a_rerun_needs(tmp_path, cac
                                         f"{_read(second[0] / 'timings.json')['images_per_s']:.4g}"]
     # Other seeds: no image has its slot (index, seed, prompt, size) in the other run, and diff says so.
     assert "images: none compared -- no image of B has its slot in A" in diff.stdout
+    assert rows["inputs.prompts"][0] == "2" and rows["inputs.prompts"][4] == "1"  # the prompts as read
+
+    # What the run read is kept: a re-run a week later, from another directory, after the prompt file
+    # was edited, reads the recorded prompts (not the file as it is now) and makes the same images.
+    inputs = _read(run_dir / "inputs.json")
+    assert inputs["prompts"] == PROMPTS and inputs["cwd"] == str(tmp_path)
+    assert set(inputs["model"]["weights"]) >= {"unet/diffusion_flax_model.msgpack", "vae/diffusion_flax_model.msgpack"}
+    assert "inputs.json" in {a.path for a in client.list_artifacts(run.info.run_id)}
+    (tmp_path / "prompts.txt").write_text("a green bicycle\n")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    rerun = run_cli(str(run_dir), "--no-tracking", cwd=elsewhere, module="sdjax_runner.rerun")
+    assert rerun.returncode == 0, rerun.stderr
+    assert "rerun: identical -- all 8 image(s) match the record bit for bit" in rerun.stdout
+    assert ("rerun: prompts.file: prompts.txt: changed since the run; the run's 2 recorded prompt(s) are used"
+            in rerun.stderr)
+    [rerun_dir] = (elsewhere / "outputs" / "reruns").glob("*/*")
+    assert _read(rerun_dir / "rerun.json")["input_differences"] == []
+    assert [r["prompt"] for r in _read(rerun_dir / "images.json")] == PROMPTS * 4
+    assert "file: null" in (rerun_dir / ".hydra" / "config.yaml").read_text()  # its record says what ran
 
 
 def test_list_filters_match_whole_values_with_shell_patterns_and_times_in_any_zone():
@@ -155,7 +175,8 @@ def test_a_rerun_from_an_mlflow_run_id_alone_gives_bit_identical_images(smoke_ru
     [rerun_dir] = (tmp_path / "outputs" / "reruns").glob("*/*")
     report = _read(rerun_dir / "rerun.json")
     assert report["identical"] is True and report["differing_images"] == [] and report["images"] == 8
-    assert report["environment_differences"] == []
+    assert report["environment_differences"] == [] and report["input_differences"] == []
+    assert "no inputs.json" not in result.stdout  # downloaded with the record
     _, _, runs = _mlflow(tmp_path)
     assert runs["smoke rerun"].data.tags["sdjax.rerun_of"] == run_id
     assert runs["smoke rerun"].info.status == "FINISHED"
@@ -166,7 +187,7 @@ def test_a_rerun_from_an_mlflow_run_id_alone_gives_bit_identical_images(smoke_ru
                    cwd=tmp_path, module="sdjax_runner.runs")
     assert diff.returncode == 0, diff.stderr
     assert diff.stdout.startswith(f"A: {run_id}\nB: {rerun_id}\n") and "Downloading" not in diff.stderr
-    assert "config: identical" in diff.stdout and "\nimages_per_s " in diff.stdout
+    assert "config and inputs: identical" in diff.stdout and "\nimages_per_s " in diff.stdout
     assert diff.stdout.rstrip().endswith("8 of 8 compared: all identical (PSNR inf, SSIM 1)")
     missing = run_cli("diff", run_id, "0123abcd", "--uri", f"sqlite:///{tmp_path / 'outputs' / 'mlflow.db'}",
                       cwd=tmp_path, module="sdjax_runner.runs")
@@ -183,13 +204,20 @@ def test_a_rerun_reports_changed_images_and_the_environment_facts_that_differ(sm
     environment = _read(record / "environment.json")
     environment["versions"]["jax"] = "0.0.1"
     (record / "environment.json").write_text(json.dumps(environment))
+    inputs = _read(record / "inputs.json")  # as if the model folder's UNet had been replaced since
+    inputs["model"]["weights"]["unet/diffusion_flax_model.msgpack"] = "1 bytes, modified 2000-01-01T00:00:00"
+    (record / "inputs.json").write_text(json.dumps(inputs))
 
     result = run_cli(str(record), "--no-tracking", cwd=tmp_path, module="sdjax_runner.rerun")
     assert result.returncode == 1, result.stderr
     assert "rerun: DIFFERENT -- 1 of 8 image(s) differ from the record: 3 " in result.stdout
     assert f"versions.jax: 0.0.1 -> {jax.__version__}" in result.stdout
+    changed = "model.weights.unet/diffusion_flax_model.msgpack: 1 bytes, modified 2000-01-01T00:00:00 -> "
+    assert f"inputs differ from the record: {changed}" in result.stdout
     [rerun_dir] = (tmp_path / "outputs" / "reruns").glob("*/*")
-    assert _read(rerun_dir / "rerun.json")["differing_images"] == [3]
+    report = _read(rerun_dir / "rerun.json")
+    assert report["differing_images"] == [3]
+    assert [line.startswith(changed) for line in report["input_differences"]] == [True]
 
 
 def test_diff_compares_the_images_slot_by_slot_and_names_those_that_differ(smoke_run, tmp_path):
@@ -219,6 +247,42 @@ def test_diff_compares_the_images_slot_by_slot_and_names_those_that_differ(smoke
         "images: not compared (B's images.json: ")
     skipped = run_cli("diff", "--no-images", str(original), str(changed), cwd=tmp_path, module="sdjax_runner.runs")
     assert skipped.returncode == 0 and skipped.stdout.rstrip().splitlines()[-1].startswith("write_s ")
+
+
+def test_a_rerun_reads_relative_paths_where_the_run_did_and_a_hub_model_at_the_commit_it_loaded(tmp_path):
+    from omegaconf import OmegaConf
+
+    from sdjax_runner.config.schema import RunConfig
+    from sdjax_runner.record.inputs import hub_revision, repeat
+
+    then = tmp_path / "then"
+    (then / "models" / "mine").mkdir(parents=True)
+    (then / "style.safetensors").write_bytes(b"x")
+    (then / "ref").mkdir()
+    cfg = OmegaConf.merge(OmegaConf.structured(RunConfig), {
+        "model": {"name": "mine", "pretrained_model_name_or_path": "models/mine"},
+        "lora": [{"path": "style.safetensors", "scale": 0.5}, {"path": "/abs/other.safetensors"}],
+        "metrics": {"reference": "ref"}, "prompts": {"texts": [], "file": "gone.txt"}})
+    notes = repeat(cfg, {"cwd": str(then), "prompts": ["a", "b"]})
+    assert cfg.model.pretrained_model_name_or_path == str(then / "models" / "mine")
+    assert cfg.lora[0].path == str(then / "style.safetensors") and cfg.lora[1].path == "/abs/other.safetensors"
+    assert cfg.metrics.reference == str(then / "ref")
+    assert (list(cfg.prompts.texts), cfg.prompts.file) == (["a", "b"], None)
+    assert notes[-1] == (f"prompts.file: gone.txt: no such file: {then / 'gone.txt'}; "
+                         "the run's 2 recorded prompt(s) are used")
+    assert len(notes) == 4  # three paths and the prompts
+
+    # A hub id stays a hub id (nothing of that name where the run started), pinned to the loaded commit.
+    commit = "39593d5650112b4cc580433f6b0435385882d819"
+    snapshot = tmp_path / "hub" / "models--CompVis--stable-diffusion-v1-4" / "snapshots" / commit
+    assert hub_revision(snapshot) == commit and hub_revision(then / "models" / "mine") is None
+    cfg = OmegaConf.merge(OmegaConf.structured(RunConfig), {
+        "model": {"name": "sd", "pretrained_model_name_or_path": "CompVis/stable-diffusion-v1-4"},
+        "prompts": {"texts": ["a"]}})
+    notes = repeat(cfg, {"cwd": str(then), "prompts": ["a"], "model": {"revision": commit}})
+    assert cfg.model.pretrained_model_name_or_path == "CompVis/stable-diffusion-v1-4"
+    assert cfg.model.revision == commit
+    assert notes == [f"model.revision: the default branch -> {commit}, the snapshot the run loaded"]
 
 
 def test_a_rerun_of_something_that_is_no_record_is_one_line(tmp_path):

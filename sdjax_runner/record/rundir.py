@@ -9,6 +9,8 @@
     tracking.json           what the tracker is to receive (run name, params, tags), written first
     quality.json            CLIP score, PSNR/SSIM to a reference, and what could not be measured
     environment.json        library versions, backend, device kind and count, host, git commit
+    inputs.json             what the run read besides its config: the prompt list as read, the working
+                            directory, the model's hub commit or weight files, LoRA/checkpoint hashes
     rerun.json              (a re-run only) whether its images match the recorded run's, bit for bit
     .hydra/                 the resolved config and the overrides (Hydra writes it)
 
@@ -42,6 +44,7 @@ QUALITY = "quality.json"
 PROFILE = "profile.json"
 PROFILE_DIR = "profile"
 ENVIRONMENT = "environment.json"
+INPUTS = "inputs.json"
 RERUN = "rerun.json"
 HYDRA_DIR = ".hydra"
 CONFIG = f"{HYDRA_DIR}/config.yaml"

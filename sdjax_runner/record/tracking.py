@@ -197,7 +197,8 @@ class MlflowTracker:
         headline = headline_line(metrics)
         if self.note and headline:
             self.client.set_tag(self.run_id, NOTE, f"{self.note}\n\n{headline}")
-        for name in (rundir.TIMINGS, rundir.IMAGES, rundir.QUALITY, rundir.ENVIRONMENT, rundir.RERUN, rundir.PROFILE):
+        for name in (rundir.TIMINGS, rundir.IMAGES, rundir.QUALITY, rundir.ENVIRONMENT, rundir.INPUTS, rundir.RERUN,
+                     rundir.PROFILE):
             if (run_dir / name).exists():
                 self.client.log_artifact(self.run_id, str(run_dir / name))
         if (run_dir / rundir.IMAGES_DIR).is_dir():
@@ -240,8 +241,8 @@ class MlflowTracker:
 
 
 def download_record(run_id: str, uri: Optional[str], into: Path, outputs: bool = False) -> Path:
-    """The record of MLflow run ``run_id`` -- its config (as ``.hydra/``), images.json, environment.json
-    and a status.json -- downloaded into ``into`` laid out like a run directory; ``outputs``: its
+    """The record of MLflow run ``run_id`` -- its config (as ``.hydra/``), images.json, environment.json,
+    inputs.json and a status.json -- downloaded into ``into`` laid out like a run directory; ``outputs``: its
     timings, quality metrics and images too. ``uri``: else MLFLOW_TRACKING_URI, else the embedded
     store ``outputs/mlflow.db``."""
     os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")  # a bar per file, on stderr
@@ -259,7 +260,7 @@ def download_record(run_id: str, uri: Optional[str], into: Path, outputs: bool =
     into.mkdir(parents=True, exist_ok=True)
     client.download_artifacts(run.info.run_id, "config", str(into))
     (into / "config").rename(into / rundir.HYDRA_DIR)
-    names = [rundir.IMAGES, rundir.ENVIRONMENT] + ([rundir.TIMINGS, rundir.QUALITY, rundir.IMAGES_DIR] if outputs else [])
+    names = [rundir.IMAGES, rundir.ENVIRONMENT, rundir.INPUTS] + ([rundir.TIMINGS, rundir.QUALITY, rundir.IMAGES_DIR] if outputs else [])
     for name in names:
         try:
             client.download_artifacts(run.info.run_id, name, str(into))

@@ -1,0 +1,124 @@
+"""What a run read besides its config (``inputs.json``), so that a re-run reads the same and a comparison
+can name the input that changed: the working directory its relative paths resolved against, the
+prompt list as read (a prompt file can be edited, moved or deleted afterwards), the model directory
+it loaded -- with the hub commit of a hub snapshot, or each weight file's size and modification time
+for a local folder (hashing gigabytes of weights per run would cost seconds) -- and the content
+hashes of its LoRA adapters and single-file checkpoint."""
+
+from __future__ import annotations
+
+import datetime
+import hashlib
+import json
+import os
+import re
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Optional
+
+from omegaconf import DictConfig, OmegaConf
+
+if TYPE_CHECKING:
+    from sdjax_runner.config.plan import Plan
+
+WEIGHT_SUFFIXES = (".msgpack", ".safetensors", ".bin", ".ckpt", ".pt")
+# Config keys that may hold a path relative to the working directory (and the LoRA entries' paths).
+PATH_KEYS = ("model.pretrained_model_name_or_path", "model.checkpoint", "metrics.reference")
+_COMMIT = re.compile(r"[0-9a-f]{40}")
+
+
+def collect(plan: "Plan", model_path: str) -> dict[str, Any]:
+    model_dir = Path(model_path).expanduser().resolve()
+    revision = hub_revision(model_dir)
+    return {
+        "cwd": os.getcwd(),
+        "prompts": list(plan.prompts),
+        "model": {"path": str(model_dir), "revision": revision,
+                  "weights": {} if revision else weight_files(model_dir)},
+        "lora": [{"path": path, "scale": scale, "sha256": sha256} for path, scale, sha256 in plan.lora],
+        "checkpoint": {"path": plan.checkpoint[0], "sha256": plan.checkpoint[1]} if plan.checkpoint else None,
+    }
+
+
+def hub_revision(model_dir: Path) -> Optional[str]:
+    """The commit of a Hugging Face cache snapshot (``.../snapshots/<commit>``), else None."""
+    return model_dir.name if model_dir.parent.name == "snapshots" and _COMMIT.fullmatch(model_dir.name) else None
+
+
+def weight_files(model_dir: Path) -> dict[str, str]:
+    """``unet/diffusion_flax_model.msgpack -> "3438167536 bytes, modified 2026-11-20T09:14:03"`` for each
+    weight file of a local model folder."""
+    out = {}
+    for path in sorted(model_dir.glob("*/*")):
+        if path.suffix in WEIGHT_SUFFIXES and path.is_file():
+            stat = path.stat()
+            modified = datetime.datetime.fromtimestamp(stat.st_mtime).isoformat(timespec="seconds")
+            out[path.relative_to(model_dir).as_posix()] = f"{stat.st_size} bytes, modified {modified}"
+    return out
+
+
+def flat(inputs: dict[str, Any]) -> dict[str, str]:
+    """The inputs that decide the pixels, one comparable string each (the prompts as their count and
+    a hash of the list; where files lie is left out: a model moved to another disk is the same model)."""
+    if not inputs:
+        return {}
+    prompts = inputs.get("prompts") or []
+    digest = hashlib.sha256(json.dumps(prompts, ensure_ascii=False).encode()).hexdigest()
+    out = {"prompts": f"{len(prompts)} prompt(s), sha256 {digest[:12]}"}
+    model = inputs.get("model") or {}
+    if model.get("revision"):
+        out["model.revision"] = model["revision"]
+    out.update({f"model.weights.{name}": facts for name, facts in (model.get("weights") or {}).items()})
+    for index, adapter in enumerate(inputs.get("lora") or []):
+        out[f"lora.{index}.sha256"] = adapter.get("sha256")
+    if inputs.get("checkpoint"):
+        out["checkpoint.sha256"] = inputs["checkpoint"].get("sha256")
+    return out
+
+
+def differences(recorded: dict[str, Any], current: dict[str, Any]) -> list[tuple[str, str, str]]:
+    """(key, recorded, current) for each input that differs; nothing where the record has no inputs."""
+    if not recorded or not current:
+        return []
+    old, new = flat(recorded), flat(current)
+    return [(key, old.get(key, "-"), new.get(key, "-")) for key in sorted(set(old) | set(new))
+            if old.get(key, "-") != new.get(key, "-")]
+
+
+def repeat(cfg: DictConfig, inputs: dict[str, Any]) -> list[str]:
+    """Make ``cfg`` read what the recorded run read: relative paths resolved against its working
+    directory, its prompts as recorded (not the prompt file as it is now), a hub model at the commit
+    it loaded. Returns one line per change worth saying."""
+    from sdjax_runner.config.prompts import load_prompts
+    from sdjax_runner.errors import UserError
+
+    notes = []
+    cwd = Path(inputs.get("cwd") or ".")
+    keys = list(PATH_KEYS) + [f"lora.{index}.path" for index in range(len(cfg.lora))]
+    for key in keys:
+        value = OmegaConf.select(cfg, key)
+        if isinstance(value, str) and value and not Path(value).expanduser().is_absolute() \
+                and (cwd / value).exists() and (cwd / value).resolve() != Path(value).resolve():
+            OmegaConf.update(cfg, key, str(cwd / value))
+            notes.append(f"{key}: {value} is read from the recorded run's working directory ({cwd})")
+    if inputs.get("prompts"):
+        file = cfg.prompts.file
+        if file:
+            file = file if Path(file).expanduser().is_absolute() else str(cwd / file)
+            try:
+                now = load_prompts(list(cfg.prompts.texts), file)
+            except UserError as error:
+                now = None
+                why = error.problem
+            else:
+                why = "changed since the run"
+            if now != inputs["prompts"]:
+                notes.append(f"prompts.file: {cfg.prompts.file}: {why}; the run's {len(inputs['prompts'])} "
+                             f"recorded prompt(s) are used")
+        cfg.prompts.texts = list(inputs["prompts"])
+        cfg.prompts.file = None
+    revision = (inputs.get("model") or {}).get("revision")
+    if revision and cfg.model.revision != revision:
+        notes.append(f"model.revision: {cfg.model.revision or 'the default branch'} -> {revision}, "
+                     f"the snapshot the run loaded")
+        cfg.model.revision = revision
+    return notes
