@@ -283,6 +283,9 @@ def test_a_rerun_reads_relative_paths_where_the_run_did_and_a_hub_model_at_the_c
     assert cfg.model.pretrained_model_name_or_path == "CompVis/stable-diffusion-v1-4"
     assert cfg.model.revision == commit
     assert notes == [f"model.revision: the default branch -> {commit}, the snapshot the run loaded"]
+    cfg.model.pretrained_model_name_or_path, cfg.model.revision = str(snapshot), None  # a folder: no revision
+    assert repeat(cfg, {"cwd": str(then), "prompts": ["a"], "model": {"revision": commit}}) == []
+    assert cfg.model.revision is None
 
 
 def test_a_rerun_of_something_that_is_no_record_is_one_line(tmp_path):

@@ -90,6 +90,7 @@ def repeat(cfg: DictConfig, inputs: dict[str, Any]) -> list[str]:
     it loaded. Returns one line per change worth saying."""
     from sdjax_runner.config.prompts import load_prompts
     from sdjax_runner.errors import UserError
+    from sdjax_runner.models.sources import is_local
 
     notes = []
     cwd = Path(inputs.get("cwd") or ".")
@@ -117,7 +118,8 @@ def repeat(cfg: DictConfig, inputs: dict[str, Any]) -> list[str]:
         cfg.prompts.texts = list(inputs["prompts"])
         cfg.prompts.file = None
     revision = (inputs.get("model") or {}).get("revision")
-    if revision and cfg.model.revision != revision:
+    name = cfg.model.pretrained_model_name_or_path
+    if revision and cfg.model.revision != revision and not (name and is_local(str(name))):
         notes.append(f"model.revision: {cfg.model.revision or 'the default branch'} -> {revision}, "
                      f"the snapshot the run loaded")
         cfg.model.revision = revision
