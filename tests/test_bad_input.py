@@ -129,6 +129,14 @@ def test_hostile_prompt_files(tmp_path):
     bad.write_bytes("caf\xe9\n".encode("latin-1"))
     result = run_cli("+experiment=smoke", f"prompts.file={bad}", "prompts.texts=[]", cwd=tmp_path)
     assert_one_line_error(result, f"error: prompts.file: {bad} is not valid UTF-8 (byte 3)")
+    # Read whole, a sparse terabyte (no disk, all the memory) or an endless device is refused unread.
+    sparse = tmp_path / "sparse.txt"
+    with open(sparse, "wb") as file:
+        file.truncate(2**40)
+    result = run_cli("+experiment=smoke", f"prompts.file={sparse}", "prompts.texts=[]", cwd=tmp_path)
+    assert_one_line_error(result, f"error: prompts.file: {sparse} has 1099.5 GB (allowed: a prompt file of at most 256 MB)")
+    result = run_cli("+experiment=smoke", "prompts.file=/dev/zero", "prompts.texts=[]", cwd=tmp_path)
+    assert_one_line_error(result, "error: prompts.file: not a regular file: /dev/zero")
 
 
 def test_huge_prompt_files_plan_quickly(tmp_path):

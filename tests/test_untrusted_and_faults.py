@@ -58,6 +58,14 @@ def _index_not_json(model: Path) -> None:
     (model / "model_index.json").write_bytes(b"\xff\xfe not json")
 
 
+def _sparse(relative: str, size: int):
+    """A file that claims ``size`` bytes and takes no disk: read whole, it would take all the memory."""
+    def edit(model: Path) -> None:
+        with open(model / relative, "wb") as file:
+            file.truncate(size)
+    return edit
+
+
 HOSTILE = {
     "a library that is a planted module": (_plant, "{m}/model_index.json: component 'unet' names library 'planted', "
                                                    "which is not loaded (allowed: diffusers, transformers, stable_diffusion)"),
@@ -68,6 +76,16 @@ HOSTILE = {
     "truncated weights": (_truncated_weights, "{m}/unet/: cannot be loaded ("),
     "a config that is not JSON": (_config_not_json, "{m}/vae/: cannot be loaded ("),
     "an index that is not JSON": (_index_not_json, "{m}/model_index.json: cannot be read as JSON ("),
+    "a sparse terabyte tokenizer file": (_sparse("tokenizer/vocab.json", 2**40),
+                                         "{m}/tokenizer/vocab.json: 1099.5 GB, far too large for a config or "
+                                         "tokenizer file (allowed: at most 64 MB; weights in .msgpack or "
+                                         ".safetensors files)"),
+    "weights larger than any host's memory": (_sparse("unet/diffusion_flax_model.msgpack", 2**43),
+                                              "{m}/unet/diffusion_flax_model.msgpack: 8796.1 GB of weights, more "
+                                              "than this host's "),
+    "weights far larger than their config describes": (_sparse("text_encoder/flax_model.msgpack", 2**31),
+                                                       "text_encoder/ does not match its config.json: "
+                                                       "flax_model.msgpack has 2147483648 bytes, far more than the "),
 }
 
 

@@ -8,6 +8,8 @@ from pathlib import Path
 from sdjax_runner.errors import UserError
 
 log = logging.getLogger("sdjax_runner")
+# A run makes at most 1,000,000 images (config/checks.py): that many prompts of 256 bytes each.
+MAX_FILE_BYTES = 256 * 2**20
 
 
 def read_prompt_file(path: str) -> list[str]:
@@ -17,7 +19,12 @@ def read_prompt_file(path: str) -> list[str]:
     are skipped."""
     file = Path(path).expanduser()
     if not file.is_file():
-        raise UserError("prompts.file", f"no such file: {file}", "a UTF-8 text file with one prompt per line")
+        what = "not a regular file" if file.exists() else "no such file"
+        raise UserError("prompts.file", f"{what}: {file}", "a UTF-8 text file with one prompt per line")
+    size = file.stat().st_size
+    if size > MAX_FILE_BYTES:  # read whole: a sparse file of terabytes costs no disk, but all the memory
+        raise UserError("prompts.file", f"{file} has {size / 1e9:.1f} GB",
+                        f"a prompt file of at most {MAX_FILE_BYTES // 2**20} MB")
     try:
         text = file.read_text(encoding="utf-8")
     except UnicodeDecodeError as exc:

@@ -173,6 +173,16 @@ def convert_tensors(tensors: Iterable[tuple[str, Callable[[], np.ndarray]]], mod
     return _fitted(reference, renamed, source, dtype)
 
 
+def check_flax_size(file: Path, reference: dict) -> None:
+    """A msgpack file is read whole (and decoded with copies): one far larger than the parameters of
+    ``reference`` (flattened shapes) describe is refused unread (WeightsMismatch)."""
+    expected = sum(int(np.prod(shape.shape)) * 4 for shape in reference.values())  # as float32
+    size = file.stat().st_size
+    if size > 2 * expected + 2**24:  # float64 at most, and msgpack's few bytes per array
+        raise WeightsMismatch(f"{file.name} has {size} bytes, far more than the {expected} bytes of float32 "
+                              "parameters the config describes; it is not read")
+
+
 def read_flax(file: Path, module: Any, library: str) -> dict:
     """A Flax weights file (msgpack) as host arrays, checked against ``module``'s parameter shapes
     (WeightsMismatch). What diffusers' ``from_pretrained`` does, less the copy of every array onto a
@@ -181,6 +191,7 @@ def read_flax(file: Path, module: Any, library: str) -> dict:
     from flax.traverse_util import flatten_dict
 
     reference = flatten_dict(param_shapes(module, library))
+    check_flax_size(file, reference)
     stored = flatten_dict(msgpack_restore(file.read_bytes()))
     return _fitted(reference, ((key, value, "/".join(key)) for key, value in stored.items()), file.name)
 

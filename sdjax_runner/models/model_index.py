@@ -11,6 +11,8 @@ one line naming the file and the component.
 from __future__ import annotations
 
 import json
+import os
+import stat
 from pathlib import Path
 from typing import Any, Optional
 
@@ -18,6 +20,11 @@ from sdjax_runner.errors import UserError
 
 KEY = "model.pretrained_model_name_or_path"
 FILE = "model_index.json"
+# The index, configs and tokenizer files are kilobytes to a few MB (CLIP's vocab.json: 1 MB). The
+# libraries read such a file whole, so a larger one -- a sparse file costs no disk -- could take all
+# of the host's memory before anything fails.
+MAX_TEXT_BYTES = 64 * 2**20
+WEIGHT_SUFFIXES = (".msgpack", ".safetensors", ".bin", ".ckpt", ".pt", ".pth", ".onnx", ".pb", ".h5")
 # model_index.json's library name -> the module its classes are looked up in.
 LIBRARIES = {
     "diffusers": "diffusers",
@@ -31,10 +38,37 @@ def _bad(directory: Path, what: str) -> UserError:
     return UserError(KEY, f"{directory / FILE}: {what}", "a diffusers-format pipeline folder")
 
 
+def check_sizes(directory: Path, index: Optional[dict[str, Any]] = None) -> None:
+    """Refuse, before it is read, a file that is too large for what it is: the index (``index``
+    None) or, given the index, a file of a component folder it names -- an index, config or tokenizer
+    file over MAX_TEXT_BYTES, a weights file larger than the host's memory (read whole into it)."""
+    memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    folders = [] if index is None else [directory / name for name in sorted(index)
+                                        if not name.startswith(("_", ".")) and "/" not in name]
+    paths = [directory / FILE] if index is None else [path for folder in folders for path in sorted(folder.glob("*"))]
+    for path in paths:
+        try:
+            facts = path.stat()
+        except OSError:  # absent, or a dangling link: the loader says what is missing
+            continue
+        if not stat.S_ISREG(facts.st_mode):
+            continue
+        size = facts.st_size
+        if path.suffix in WEIGHT_SUFFIXES:
+            if size > memory:
+                raise UserError(KEY, f"{path}: {size / 1e9:.1f} GB of weights, more than this host's "
+                                f"{memory / 1e9:.1f} GB of memory", "weights that fit in host memory")
+        elif size > MAX_TEXT_BYTES:
+            raise UserError(KEY, f"{path}: {size / 1e9:.1f} GB, far too large for a config or tokenizer file",
+                            f"at most {MAX_TEXT_BYTES // 2**20} MB; weights in .msgpack or .safetensors files")
+
+
 def read(directory: Path) -> dict[str, Any]:
     """The parsed index: ``_class_name`` a string, each component ``[library, class]`` of a known
-    library or ``[null, null]``; anything else is refused before anything is imported or loaded."""
+    library or ``[null, null]``; anything else is refused before anything is imported or loaded,
+    and so is a file of the index or its component folders that is too large (check_sizes)."""
     path = directory / FILE
+    check_sizes(directory)
     try:
         index = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, ValueError) as exc:
@@ -45,6 +79,7 @@ def read(directory: Path) -> dict[str, Any]:
         if name.startswith("_"):
             continue
         entry(directory, index, name)
+    check_sizes(directory, index)
     return index
 
 
