@@ -2,6 +2,7 @@
 scale as an input -- scale 0 is no LoRA, scale 1 is the weights merged by hand, a sweep compiles once."""
 
 import json
+import os
 
 import numpy as np
 
@@ -71,3 +72,15 @@ def test_keys_that_match_no_module_are_one_line_not_ignored(tmp_path, tiny_model
                                   "this model's architecture)")
     result = run_cli("+experiment=smoke", "tracking=none", _lora(tmp_path / "missing.safetensors"), cwd=tmp_path)
     assert_one_line_error(result, f"error: lora.0.path: no such file: {tmp_path / 'missing.safetensors'}")
+    # A file that is no adapter is refused from its header, before the run hashes every byte of it
+    # (a terabyte: the timeout fails the test if it is read): a sparse file of nothing, and a real
+    # adapter with zeros behind its data.
+    garbage = tmp_path / "garbage.safetensors"
+    with open(garbage, "wb") as file:
+        file.truncate(2**40)
+    padded = write_kohya(tmp_path / "padded.safetensors", {}, alpha=ALPHA, extra=stray)
+    os.truncate(padded, 2**40)
+    for bad, why in ((garbage, "invalid JSON in header"), (padded, "incomplete metadata, file not fully covered")):
+        result = run_cli("+experiment=smoke", "tracking=none", _lora(bad), cwd=tmp_path, timeout=120)
+        assert_one_line_error(result, f"error: lora.0.path: {bad} is not a readable safetensors file (")
+        assert why in result.stderr

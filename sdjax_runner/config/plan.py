@@ -103,13 +103,14 @@ def flatten_params(cfg: DictConfig, max_chars: int = 500) -> dict[str, str]:
 
 def lora_record(index: int, spec) -> tuple[str, float, str]:
     """(path, scale, content hash) of adapter ``index``; the hash goes into every record of the run."""
-    from sdjax_runner.models.lora import file_sha256
+    from sdjax_runner.models.lora import check_header, file_sha256
 
     path = Path(str(spec.path)).expanduser()
     if not path.is_file():
         raise UserError(f"lora.{index}.path", f"no such file: {path}", "a LoRA .safetensors file")
     if not math.isfinite(float(spec.scale)):
         raise UserError(f"lora.{index}.scale", f"must be a finite number, got {spec.scale}")
+    check_header(path, f"lora.{index}.path")
     return str(path), float(spec.scale), file_sha256(path)
 
 

@@ -50,6 +50,20 @@ class Adapter:
     factors: dict  # (component, path tuple) -> (down, up)
 
 
+def check_header(path: Path, config_key: str) -> None:
+    """The file's safetensors header read (milliseconds; safetensors also checks that the data it
+    describes fills the file exactly), so that a file that is no adapter is one line before the run
+    hashes it, which reads every byte."""
+    from safetensors import safe_open
+
+    try:
+        with safe_open(str(path), framework="numpy") as tensors:
+            tensors.keys()
+    except Exception as exc:  # a file is input: a bad one is one line
+        raise UserError(config_key, f"{path} is not a readable safetensors file ({' '.join(str(exc).split())[:160]})",
+                        "a LoRA .safetensors file") from None
+
+
 def file_sha256(path: Path) -> str:
     """SHA-256 of a weights file (kept per process while the file's size and mtime stay the same:
     a sweep hashes a multi-GB checkpoint once)."""
