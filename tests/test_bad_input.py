@@ -89,6 +89,8 @@ def test_bad_input_fails_fast_with_one_line(tmp_path, overrides, expected):
     ("model=tiny-random,local", "error: model.pretrained_model_name_or_path: a value is required"),
     ("sampling.guidance_scale=interval(1,9)", "error: sampling.guidance_scale: an interval is a search space, and "
                                               "this sweeper runs a list of points"),
+    ("hydra.sweeper.max_batch_size=0", "error: hydra.sweeper.max_batch_size: must be a positive number of jobs, "
+                                       "got 0 (allowed: 1, 2, 3, ... or null for all the jobs at once)"),
 ])
 def test_a_sweep_with_a_bad_point_is_refused_before_it_starts(tmp_path, point, expected):
     sweep = tmp_path / "sweep"

@@ -33,6 +33,10 @@ def check_points(config: DictConfig, task: list[str]) -> None:
     from sdjax_runner.config.checks import run_values
     from sdjax_runner.config.plan import check_values
 
+    batch = config.hydra.sweeper.get("max_batch_size")
+    if config.hydra.sweeper._target_ in LISTING_SWEEPERS and batch is not None and batch < 1:
+        raise UserError("hydra.sweeper.max_batch_size", f"must be a positive number of jobs, got {batch}",
+                        "1, 2, 3, ... or null for all the jobs at once")  # else Hydra's AssertionError, mid-sweep
     loader = GlobalHydra.instance().config_loader()
     parser = OverridesParser.create(config_loader=loader)  # glob(...) lists a group's options through it
     parsed = parser.parse_overrides(task)
