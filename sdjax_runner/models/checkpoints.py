@@ -175,7 +175,8 @@ def convert_tensors(tensors: Iterable[tuple[str, Callable[[], np.ndarray]]], mod
 
 def check_flax_size(file: Path, reference: dict) -> None:
     """A msgpack file is read whole (and decoded with copies): one far larger than the parameters of
-    ``reference`` (flattened shapes) describe is refused unread (WeightsMismatch)."""
+    ``reference`` (flattened shapes) describe is refused unread (WeightsMismatch). (Transformers'
+    own loader, for text encoders, is bounded by model_index.check_sizes alone.)"""
     expected = sum(int(np.prod(shape.shape)) * 4 for shape in reference.values())  # as float32
     size = file.stat().st_size
     if size > 2 * expected + 2**24:  # float64 at most, and msgpack's few bytes per array

@@ -25,8 +25,8 @@ from omegaconf import DictConfig
 
 from sdjax_runner.errors import UserError
 from sdjax_runner.models import model_index, sources
-from sdjax_runner.models.checkpoints import (WeightsMismatch, check_flax_size, convert_safetensors, convert_tensors,
-                                             find_weights, param_shapes, read_flax)
+from sdjax_runner.models.checkpoints import (WeightsMismatch, convert_safetensors, convert_tensors, find_weights,
+                                             read_flax)
 from sdjax_runner.models.schedulers import build_scheduler
 
 log = logging.getLogger("sdjax_runner")
@@ -137,14 +137,6 @@ def load_component(folder: Path, library: str, cls, model: DictConfig, activatio
         except WeightsMismatch as exc:
             raise UserError(sources.KEY, f"{folder.name}/ does not match its config.json: {exc}") from None
     elif found.format == "flax":
-        if not is_diffusers and found.files[0].is_file():
-            from flax.traverse_util import flatten_dict
-
-            shapes = flatten_dict(param_shapes(from_config(cls, folder, activations), "transformers"))
-            try:
-                check_flax_size(found.files[0], shapes)
-            except WeightsMismatch as exc:
-                raise UserError(sources.KEY, f"{folder.name}/ does not match its config.json: {exc}") from None
         # As diffusers' FlaxDiffusionPipeline.from_pretrained does: transformers models keep their own dtype.
         module, params = (cls.from_pretrained(folder, dtype=activations) if is_diffusers
                           else cls.from_pretrained(folder, _do_init=False))
