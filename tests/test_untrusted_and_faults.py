@@ -82,7 +82,7 @@ HOSTILE = {
                                          ".safetensors files)"),
     "weights larger than any host's memory": (_sparse("unet/diffusion_flax_model.msgpack", 2**43),
                                               "{m}/unet/diffusion_flax_model.msgpack: 8796.1 GB of weights, which "
-                                              "take 35184.4 GB to read, more than this host's "),
+                                              "take 17592.2 GB to read, more than this host's "),
     "weights far larger than their config describes": (_sparse("unet/diffusion_flax_model.msgpack", 2**31),
                                                        "unet/ does not match its config.json: diffusion_flax_model."
                                                        "msgpack has 2147483648 bytes, far more than the "),
