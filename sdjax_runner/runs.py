@@ -8,8 +8,9 @@
         runs started since then. --dirs: only the directories, one a line (for scripts).
     python -m sdjax_runner.runs diff RUN_A RUN_B [--no-images] [--uri URI]
         the config keys and inputs (inputs.json: the prompts as read, the model's commit or weight
-        files, LoRA and checkpoint hashes) that differ, the metrics side by side, and B's images against A's slot by slot
-        (same index, seed, prompt and size): how many are identical, PSNR and SSIM, the images that differ.
+        files, LoRA and checkpoint hashes) that differ, the metrics side by side, and B's images
+        against A's slot by slot (same index, seed, prompt and size): how many are identical, PSNR
+        and SSIM, the images that differ.
         A run is a run directory or an MLflow run id (its record and images are downloaded from --uri,
         else MLFLOW_TRACKING_URI, else the embedded store outputs/mlflow.db).
 
