@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import logging
 import os
-import signal
 import sys
 from pathlib import Path
 from typing import NoReturn
@@ -23,15 +22,14 @@ from omegaconf import DictConfig
 from sdjax_runner import interpreter
 from sdjax_runner.config import naming, schema
 from sdjax_runner.config.prompts import file_replaces_texts
-from sdjax_runner.errors import Refused, Terminated, describe, stop_reason
+from sdjax_runner.errors import (Refused, Terminated, describe, stop_exit_status, stop_on_sigterm,
+                                 stop_reason)
 from sdjax_runner.record.sweep import abort, failure_message, job_label, read_sweep_file
 
 # The configs travel inside the package (package data), so a wheel install finds them too.
 CONFIG_MODULE = "sdjax_runner.conf"
 BAD_INPUT_EXIT = 2
 SWEEP_FAILED_EXIT = 1
-INTERRUPTED_EXIT = 128 + signal.SIGINT  # 130, as a shell reports Ctrl-C
-TERMINATED_EXIT = 128 + signal.SIGTERM  # 143
 log = logging.getLogger("sdjax_runner")
 _show_tracebacks = False
 
@@ -78,10 +76,6 @@ def _is_utf8(text: str) -> bool:
     return True
 
 
-def _terminate(signum: int, frame: object) -> None:
-    raise Terminated()
-
-
 def entry() -> NoReturn:
     """``python -m sdjax_runner`` and the ``sdjax-runner`` command: :func:`main`, then the process ends
     without the interpreter's teardown (:func:`.interpreter.exit_process`)."""
@@ -103,10 +97,7 @@ def main() -> None:
 def _main() -> None:
     global _show_tracebacks
     schema.register()
-    # SIGTERM ends the job like Ctrl-C does: the tracker run ends KILLED, status.json says so,
-    # and what was written stays. (Python sees a signal between bytecodes: a long XLA call
-    # finishes first.)
-    signal.signal(signal.SIGTERM, _terminate)
+    stop_on_sigterm()
     _show_tracebacks = os.environ.get("HYDRA_FULL_ERROR") == "1"
     # Let Hydra pass its composition errors up instead of printing them itself.
     os.environ["HYDRA_FULL_ERROR"] = "1"
@@ -124,7 +115,7 @@ def _main() -> None:
         reason = stop_reason(exc)[1]
         abort(reason)
         print(f"error: {reason}", file=sys.stderr)
-        sys.exit(INTERRUPTED_EXIT if isinstance(exc, KeyboardInterrupt) else TERMINATED_EXIT)
+        sys.exit(stop_exit_status(exc))
     except Exception as exc:
         message = describe(exc)
         abort(message or f"{type(exc).__name__}: {exc}", "FAILED")  # a sweep that broke off leaves no RUNNING run

@@ -15,6 +15,26 @@ class Terminated(BaseException):
     """SIGTERM, raised in the main thread so a run ends KILLED like on Ctrl-C (SIGINT)."""
 
 
+def _terminate(signum: int, frame: object) -> None:
+    raise Terminated()
+
+
+def stop_on_sigterm() -> None:
+    """SIGTERM (a scheduler's kill) ends a job as Ctrl-C does: the tracker run ends KILLED, status.json
+    says so and what was written stays. (Python sees a signal between bytecodes: a long XLA call
+    finishes first.)"""
+    import signal
+
+    signal.signal(signal.SIGTERM, _terminate)
+
+
+def stop_exit_status(exc: BaseException) -> int:
+    """A shell's status for a process stopped by a signal: 130 for Ctrl-C (SIGINT), 143 for SIGTERM."""
+    import signal
+
+    return 128 + (signal.SIGINT if isinstance(exc, KeyboardInterrupt) else signal.SIGTERM)
+
+
 class Refused(BaseException):
     """Bad input found by a Hydra callback (a run or sweep about to start). Hydra turns an Exception
     raised in a callback into a warning and goes on; this passes through it to cli.main, which

@@ -29,7 +29,8 @@ from typing import Optional
 from omegaconf import OmegaConf
 
 from sdjax_runner.config.naming import slug
-from sdjax_runner.errors import UserError, describe
+from sdjax_runner.errors import (Terminated, UserError, describe, stop_exit_status, stop_on_sigterm,
+                                 stop_reason)
 from sdjax_runner.record import inputs, rundir
 from sdjax_runner.record.fresh_dirs import claim
 from sdjax_runner.record.tracking import download_record
@@ -142,11 +143,15 @@ def main(argv: Optional[list[str]] = None) -> int:
     logging.basicConfig(format="[%(asctime)s] %(message)s", datefmt="%H:%M:%S", level=logging.INFO, force=True)
     for name in ("mlflow", "alembic"):
         logging.getLogger(name).setLevel(logging.WARNING)
+    stop_on_sigterm()  # a scheduler's kill ends the re-run KILLED, as Ctrl-C does, with what it wrote
     try:
         with tempfile.TemporaryDirectory(prefix="sdjax-rerun-") as scratch:
             path = Path(args.run).expanduser()
             record = path if path.is_dir() else download_record(args.run, args.uri, Path(scratch))
             return rerun(record, str(args.run), tracking=not args.no_tracking)
+    except (KeyboardInterrupt, Terminated) as exc:
+        print(f"error: {stop_reason(exc)[1]}", file=sys.stderr)
+        return stop_exit_status(exc)
     except Exception as exc:
         message = describe(exc)
         if message is None:

@@ -2,10 +2,12 @@
 
 import json
 import os
+import shutil
 import signal
 import sqlite3
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -61,3 +63,29 @@ def test_a_terminated_sweep_leaves_no_run_running(tmp_path, tiny_model_dir):
     assert proc.returncode == 143
     assert run_statuses(tmp_path) == [("smoke seed=0", "KILLED"), ("smoke sweep", "KILLED")]
     assert not (sweep_dir / "1").exists()  # the sweep stopped
+
+
+def test_a_signal_ends_a_rerun_killed_too(smoke_run, tmp_path):
+    """A re-run is a run: a scheduler's SIGTERM ends it KILLED (status.json and MLflow), one line, 143."""
+    _, original, _ = smoke_run
+    record = tmp_path / "record"
+    shutil.copytree(original, record)
+    config = record / ".hydra" / "config.yaml"
+    assert "  num_batches: null\n" in config.read_text()  # a long re-run of a short record
+    config.write_text(config.read_text().replace("  num_batches: null\n", "  num_batches: 500\n"))
+    env = {k: v for k, v in os.environ.items() if k not in ENV_DROP}
+    proc = subprocess.Popen([sys.executable, "-m", "sdjax_runner.rerun", str(record)], cwd=tmp_path, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while not list((tmp_path / "outputs" / "reruns").glob("*/*/images")) and time.monotonic() < deadline:
+        assert proc.poll() is None, proc.communicate()
+        time.sleep(0.1)
+    [images] = (tmp_path / "outputs" / "reruns").glob("*/*/images")
+    wait_for_images(images, 17, proc)
+    proc.send_signal(signal.SIGTERM)
+    _, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 143
+    assert stderr.strip().splitlines()[-1] == "error: terminated (SIGTERM)" and "Traceback" not in stderr
+    status = json.loads((images.parent / "status.json").read_text())
+    assert (status["status"], status["error"]) == ("KILLED", "terminated (SIGTERM)")
+    assert run_statuses(tmp_path) == [("smoke rerun", "KILLED")]
