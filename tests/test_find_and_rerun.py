@@ -70,6 +70,14 @@ def test_single_runs_name_themselves_and_record_what_a_rerun_needs(tmp_path, cac
     assert f"python -m sdjax_runner.rerun {run_dir.resolve()}" in note
     assert f"images/s {run.data.metrics['images_per_s']:.3g}" in note  # the headline, once the run has it
     assert "environment.json" in {a.path for a in client.list_artifacts(run.info.run_id)}
+    # The prompts are the run's MLflow dataset input: the Dataset column, searchable by name or digest.
+    from sdjax_runner.record.inputs import prompts_digest
+
+    [dataset] = run.inputs.dataset_inputs
+    assert (dataset.dataset.name, dataset.dataset.digest) == ("prompts.txt", prompts_digest(PROMPTS))
+    assert [(t.key, t.value) for t in dataset.tags] == [("mlflow.data.context", "prompts")]
+    found = client.search_runs([experiment.experiment_id], f"dataset.digest = '{prompts_digest(PROMPTS)}'")
+    assert [r.info.run_id for r in found] == [run.info.run_id]
 
     # run_name= wins, and a name is never a path: it cannot leave paths.output_root.
     result = run_cli("+experiment=smoke", "run_name=../../outside", "seed=6", "tracking=none", cwd=tmp_path)

@@ -29,8 +29,11 @@ _COMMIT = re.compile(r"[0-9a-f]{40}")
 def collect(plan: "Plan", model_path: str) -> dict[str, Any]:
     model_dir = Path(model_path).expanduser().resolve()
     revision = hub_revision(model_dir)
+    file = plan.params.get("prompts.file", "null")
     return {
         "cwd": os.getcwd(),
+        # What the prompts are called: the prompt file's name, else the prompt set's (prompts=NAME).
+        "prompt_set": Path(file).name if file != "null" else plan.params.get("prompts.name", "prompts"),
         "prompts": list(plan.prompts),
         "model": {"path": str(model_dir), "revision": revision,
                   "weights": {} if revision else weight_files(model_dir)},
@@ -56,14 +59,18 @@ def weight_files(model_dir: Path) -> dict[str, str]:
     return out
 
 
+def prompts_digest(prompts: list[str]) -> str:
+    """12 hex digits of the SHA-256 of the prompt list: the same prompts, in the same order, the same digest."""
+    return hashlib.sha256(json.dumps(prompts, ensure_ascii=False).encode()).hexdigest()[:12]
+
+
 def flat(inputs: dict[str, Any]) -> dict[str, str]:
     """The inputs that decide the pixels, one comparable string each (the prompts as their count and
     a hash of the list; where files lie is left out: a model moved to another disk is the same model)."""
     if not inputs:
         return {}
     prompts = inputs.get("prompts") or []
-    digest = hashlib.sha256(json.dumps(prompts, ensure_ascii=False).encode()).hexdigest()
-    out = {"prompts": f"{len(prompts)} prompt(s), sha256 {digest[:12]}"}
+    out = {"prompts": f"{len(prompts)} prompt(s), sha256 {prompts_digest(prompts)}"}
     model = inputs.get("model") or {}
     if model.get("revision"):
         out["model.revision"] = model["revision"]

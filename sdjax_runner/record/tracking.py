@@ -197,6 +197,7 @@ class MlflowTracker:
         headline = headline_line(metrics)
         if self.note and headline:
             self.client.set_tag(self.run_id, NOTE, f"{self.note}\n\n{headline}")
+        self._log_prompts(run_dir)
         for name in (rundir.TIMINGS, rundir.IMAGES, rundir.QUALITY, rundir.ENVIRONMENT, rundir.INPUTS, rundir.RERUN,
                      rundir.PROFILE):
             if (run_dir / name).exists():
@@ -208,6 +209,25 @@ class MlflowTracker:
         if (run_dir / rundir.GRID).exists():
             with Image.open(run_dir / rundir.GRID) as grid:
                 self.client.log_image(self.run_id, grid.copy(), artifact_file="grid.png")
+
+    def _log_prompts(self, run_dir: Path) -> None:
+        """The run's prompts as an MLflow dataset input (the runs table's Dataset column; searchable as
+        ``dataset.name`` / ``dataset.digest``): named after the prompt file or set, its digest the
+        prompt list's (the same prompts, the same digest, whatever the file is called)."""
+        import json
+
+        from mlflow.entities import Dataset, DatasetInput, InputTag
+
+        from sdjax_runner.record.inputs import prompts_digest
+
+        recorded = rundir.read_json_or_empty(run_dir / rundir.INPUTS)
+        prompts = recorded.get("prompts")
+        if not prompts:
+            return
+        dataset = Dataset(name=str(recorded.get("prompt_set") or "prompts"), digest=prompts_digest(prompts),
+                          source_type="local", source=json.dumps({"uri": str(run_dir / rundir.INPUTS)}),
+                          profile=json.dumps({"num_prompts": len(prompts)}))
+        self.client.log_inputs(self.run_id, [DatasetInput(dataset, [InputTag("mlflow.data.context", "prompts")])])
 
     def log_sweep(self, sweep_dir: Path, rows: list[dict[str, Any]], metrics: dict[str, float]) -> None:
         """The sweep's summary (as an MLflow table and CSV) and contact sheet, on the parent run."""
