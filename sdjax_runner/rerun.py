@@ -13,6 +13,7 @@ environment facts (a different jaxlib or device kind can change pixels) that dif
 is not, 2 when the record cannot be re-run.
 
     python -m sdjax_runner.rerun outputs/runs/2026-11-22/17-08-10_smoke
+    python -m sdjax_runner.rerun outputs/multiruns/2026-11-22/17-10-00_smoke     # every finished job
     python -m sdjax_runner.rerun 5b90ca2ae3d141d192a2c9737e8ab6db --uri sqlite:///outputs/mlflow.db
 """
 
@@ -132,10 +133,29 @@ def rerun(record: Path, source: str, tracking: bool) -> int:
     return 0 if not differing else 1
 
 
+def rerun_sweep(sweep: Path, tracking: bool) -> int:
+    """Each finished job of a sweep re-run, in this one process (a model loaded and a program compiled
+    once for all of them, as in the sweep) and checked as a run is; 0 when every job is identical."""
+    jobs = [job for job in rundir.job_dirs(sweep) if (job / rundir.CONFIG).is_file()]
+    if not jobs:
+        raise UserError("RUN", f"{sweep} is a sweep directory without job records", "a run or sweep directory")
+    codes = {}
+    for job in jobs:
+        status = rundir.read_json_or_empty(job / rundir.STATUS).get("status")
+        if status != "FINISHED":  # its images are not all there to compare with
+            print(f"rerun: job {job.name} skipped: it ended {status or 'without a status.json'}")
+            continue
+        codes[job.name] = rerun(job, str(job), tracking)
+    differing = [name for name, code in codes.items() if code]
+    print(f"rerun: sweep {sweep}: {len(codes) - len(differing)} of {len(codes)} job(s) identical"
+          + (f"; DIFFERENT: job(s) {', '.join(differing)}" if differing else ""))
+    return 1 if differing else 0
+
+
 def main(argv: Optional[list[str]] = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m sdjax_runner.rerun", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("run", help="a run directory, or an MLflow run id")
+    parser.add_argument("run", help="a run directory, a sweep directory (each finished job), or an MLflow run id")
     parser.add_argument("--uri", help="tracking URI holding the MLflow run (default: MLFLOW_TRACKING_URI, "
                                       "else the embedded store outputs/mlflow.db)")
     parser.add_argument("--no-tracking", action="store_true", help="do not log the re-run to the tracker")
@@ -147,6 +167,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     try:
         with tempfile.TemporaryDirectory(prefix="sdjax-rerun-") as scratch:
             path = Path(args.run).expanduser()
+            if path.is_dir() and not (path / rundir.CONFIG).is_file() and (path / rundir.MULTIRUN).is_file():
+                return rerun_sweep(path, tracking=not args.no_tracking)
             record = path if path.is_dir() else download_record(args.run, args.uri, Path(scratch))
             return rerun(record, str(args.run), tracking=not args.no_tracking)
     except (KeyboardInterrupt, Terminated) as exc:

@@ -78,6 +78,16 @@ def test_seed_sweep_loads_and_compiles_once_under_one_parent_run(tmp_path, tiny_
     assert all(c.info.status == "FINISHED" for c in children)
     assert [r["run_id"] for r in rows] == [c.info.run_id for c in children]
 
+    # Last week's sweep re-run from its directory: every job checked, in one process that loads the
+    # model once and compiles once, as the sweep did.
+    rerun = run_cli(str(sweep_dir), "--no-tracking", cwd=tmp_path, module="sdjax_runner.rerun")
+    assert rerun.returncode == 0, rerun.stderr
+    assert rerun.stdout.count("rerun: identical -- all 8 image(s) match the record bit for bit") == 4
+    assert f"rerun: sweep {sweep_dir}: 4 of 4 job(s) identical" in rerun.stdout
+    again = [timings(d) for d in (tmp_path / "outputs" / "reruns").glob("*/*")]
+    assert len(again) == 4 and max(t["process_model_loads"] for t in again) == 1
+    assert sorted(t["compile_reused"] for t in again) == [0, 1, 1, 1]
+
 
 def test_guidance_sweep_does_not_recompile_and_a_dtype_change_releases_the_old_model(tmp_path, tiny_model_dir):
     # Hydra runs (fp32, 1.0), (fp32, 7.5), (bf16, 1.0), (bf16, 7.5) in that order.
