@@ -17,10 +17,11 @@ from typing import TYPE_CHECKING, Any, Optional
 
 from omegaconf import DictConfig, OmegaConf
 
+from sdjax_runner.models import model_index
+
 if TYPE_CHECKING:
     from sdjax_runner.config.plan import Plan
 
-WEIGHT_SUFFIXES = (".msgpack", ".safetensors", ".bin", ".ckpt", ".pt")
 # Config keys that may hold a path relative to the working directory (and the LoRA entries' paths).
 PATH_KEYS = ("model.pretrained_model_name_or_path", "model.checkpoint", "metrics.reference")
 _COMMIT = re.compile(r"[0-9a-f]{40}")
@@ -52,7 +53,7 @@ def weight_files(model_dir: Path) -> dict[str, str]:
     weight file of a local model folder."""
     out = {}
     for path in sorted(model_dir.glob("*/*")):
-        if path.suffix in WEIGHT_SUFFIXES and path.is_file():
+        if path.suffix in model_index.WEIGHT_SUFFIXES and path.is_file():
             stat = path.stat()
             modified = datetime.datetime.fromtimestamp(stat.st_mtime).isoformat(timespec="seconds")
             out[path.relative_to(model_dir).as_posix()] = f"{stat.st_size} bytes, modified {modified}"
