@@ -23,6 +23,12 @@ import numpy as np
 FLAX_FILES = {"diffusers": "diffusion_flax_model.msgpack", "transformers": "flax_model.msgpack"}
 PT_STEMS = {"diffusers": "diffusion_pytorch_model", "transformers": "model"}
 PICKLE_SUFFIXES = (".bin", ".ckpt", ".pt", ".pth", ".pkl")
+# Every weights file a model folder may hold (what the size check and inputs.json count as weights).
+WEIGHT_SUFFIXES = (".msgpack", ".safetensors", *PICKLE_SUFFIXES, ".onnx", ".pb", ".h5")
+# Memory to read a weights file, as a multiple of its size: a Flax msgpack file is read whole and
+# decoded with copies (measured: 2x for the UNet/VAE files this runner reads; transformers' loader held
+# 4.3x a text-encoder file at its peak, 2 GB -> 8.6 GB); safetensors are memory-mapped, read per tensor.
+MEMORY_FACTORS = {FLAX_FILES["diffusers"]: 2, FLAX_FILES["transformers"]: 4}
 
 
 @dataclass(frozen=True)

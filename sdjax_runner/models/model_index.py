@@ -24,11 +24,6 @@ FILE = "model_index.json"
 # libraries read such a file whole, so a larger one -- a sparse file costs no disk -- could take all
 # of the host's memory before anything fails.
 MAX_TEXT_BYTES = 64 * 2**20
-# Memory to read a weights file, as a multiple of its size: a Flax msgpack file is read whole and
-# decoded with copies (measured: 2x for the UNet/VAE files this runner reads; transformers' loader held
-# 4.3x a text-encoder file at its peak, 2 GB -> 8.6 GB); safetensors are memory-mapped, read per tensor.
-MEMORY_FACTORS = {"diffusion_flax_model.msgpack": 2, "flax_model.msgpack": 4}
-WEIGHT_SUFFIXES = (".msgpack", ".safetensors", ".bin", ".ckpt", ".pt", ".pth", ".onnx", ".pb", ".h5")
 # model_index.json's library name -> the module its classes are looked up in.
 LIBRARIES = {
     "diffusers": "diffusers",
@@ -46,6 +41,8 @@ def check_sizes(directory: Path, index: Optional[dict[str, Any]] = None) -> None
     """Refuse, before it is read, a file that is too large for what it is: the index (``index``
     None) or, given the index, a file of a component folder it names -- an index, config or tokenizer
     file over MAX_TEXT_BYTES, a weights file that would take more than the host's memory to read."""
+    from sdjax_runner.models.checkpoints import MEMORY_FACTORS, WEIGHT_SUFFIXES
+
     memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     folders = [] if index is None else [directory / name for name in sorted(index)
                                         if not name.startswith(("_", ".")) and "/" not in name]

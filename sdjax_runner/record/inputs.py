@@ -17,8 +17,6 @@ from typing import TYPE_CHECKING, Any, Optional
 
 from omegaconf import DictConfig, OmegaConf
 
-from sdjax_runner.models import model_index
-
 if TYPE_CHECKING:
     from sdjax_runner.config.plan import Plan
 
@@ -51,9 +49,11 @@ def hub_revision(model_dir: Path) -> Optional[str]:
 def weight_files(model_dir: Path) -> dict[str, str]:
     """``unet/diffusion_flax_model.msgpack -> "3438167536 bytes, modified 2026-11-20T09:14:03"`` for each
     weight file of a local model folder."""
+    from sdjax_runner.models.checkpoints import WEIGHT_SUFFIXES
+
     out = {}
     for path in sorted(model_dir.glob("*/*")):
-        if path.suffix in model_index.WEIGHT_SUFFIXES and path.is_file():
+        if path.suffix in WEIGHT_SUFFIXES and path.is_file():
             stat = path.stat()
             modified = datetime.datetime.fromtimestamp(stat.st_mtime).isoformat(timespec="seconds")
             out[path.relative_to(model_dir).as_posix()] = f"{stat.st_size} bytes, modified {modified}"
