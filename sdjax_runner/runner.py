@@ -42,7 +42,7 @@ def run(cfg: DictConfig, run_dir: Path, overrides: list[str], run_name: Optional
     interpreter.pause_collection()  # until the program is ready (see interpreter.py)
     try:
         runtime.prepare_process(cfg)
-        job = Job(run_dir, writes=distributed.is_writer())
+        job = Job(run_dir, writes=distributed.is_writer(), run_name=run_name)
         with job.recorded():
             prompts = check_values(cfg)  # bad input: refused before JAX and the model libraries start
             runtime.silence_libraries()

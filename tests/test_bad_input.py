@@ -102,8 +102,15 @@ def test_a_sweep_with_a_bad_point_is_refused_before_it_starts(tmp_path, point, e
 def test_empty_prompt_file(tmp_path):
     empty = tmp_path / "prompts.txt"
     empty.write_text("\n   \n", encoding="utf-8")
-    result = run_cli("+experiment=smoke", f"prompts.file={empty}", "prompts.texts=[]", cwd=tmp_path)
+    run_dir = tmp_path / "run"
+    result = run_cli("+experiment=smoke", f"prompts.file={empty}", "prompts.texts=[]", f"hydra.run.dir={run_dir}",
+                     cwd=tmp_path)
     assert_one_line_error(result, f"error: prompts.file: {empty} has no prompts")
+    # The refused run is on record under the name its command line gives it, and listed so.
+    status = json.loads((run_dir / "status.json").read_text())
+    assert status["status"] == "FAILED" and status["run_name"] == "smoke prompts.file=prompts.txt"
+    listed = run_cli("list", str(run_dir), "status=FAILED", module="sdjax_runner.runs", cwd=tmp_path)
+    assert listed.returncode == 0 and "FAILED  smoke prompts.file=prompts.txt " in listed.stdout, listed.stdout
 
 
 def test_size_the_model_cannot_take_fails_after_load_and_ends_the_run(tmp_path, tiny_model_dir):

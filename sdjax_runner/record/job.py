@@ -28,7 +28,7 @@ class Job:
     goes on, status.json says ``"logged": false``, and ``python -m sdjax_runner.sync`` logs it later.
     """
 
-    def __init__(self, run_dir: Path, writes: bool = True):
+    def __init__(self, run_dir: Path, writes: bool = True, run_name: Optional[str] = None):
         self.run_dir = run_dir
         self.writes = writes  # False on processes other than 0 of a multi-host run
         self.tracker: Any = NullTracker()
@@ -36,6 +36,8 @@ class Job:
         # Who runs it and since when: a later reader can tell a RUNNING job whose process is gone.
         self.status: dict[str, Any] = {"status": "RUNNING", "host": socket.gethostname(), "pid": os.getpid(),
                                        "started_at": datetime.datetime.now().astimezone().isoformat(timespec="seconds")}
+        if run_name:  # known before the config is checked: a job refused for bad input is listed by its name
+            self.status["run_name"] = run_name
         self.progress: dict[str, Any] = {}  # timings so far, kept if the job stops early
         self.records: list[dict] = []  # the images written so far
 
