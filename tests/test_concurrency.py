@@ -52,3 +52,50 @@ def test_a_default_directory_already_taken_is_claimed_with_a_suffix_never_shared
     fresh = tmp_path / "new" / "deep" / "sweep"
     release(claim(fresh))
     assert not (tmp_path / "new").exists()
+
+
+# Two processes each start a run, then log the same prompts as their run's dataset input at the same
+# moment, three times over (what two terminals or a parallel sweep on one prompt set do at the end).
+_SAME_PROMPTS_AT_ONCE = """
+import json, sys, time
+from pathlib import Path
+from omegaconf import OmegaConf
+from sdjax_runner.record.tracking import MlflowTracker
+
+root, me = Path(sys.argv[1]), sys.argv[2]
+tracking = OmegaConf.create({"uri": None, "experiment_name": "sdjax-runner", "max_retries": 0,
+                             "backoff_factor": 0, "timeout_s": 10})
+for round in range(3):
+    tracker = MlflowTracker(tracking, str(root / "outputs"))
+    tracker.start(f"{me} {round}", {}, {})
+    run_dir = root / f"{me}-{round}"
+    run_dir.mkdir()
+    (run_dir / "inputs.json").write_text(json.dumps({"prompt_set": "cats.txt", "prompts": [f"a cat, take {round}"]}))
+    (root / f"ready-{me}-{round}").touch()
+    deadline = time.monotonic() + 60
+    while not all((root / f"ready-{who}-{round}").exists() for who in "ab"):
+        if time.monotonic() > deadline:
+            sys.exit("the other process is gone")
+    tracker.log_outputs(run_dir, {"num_images": 1.0})
+    tracker.end("FINISHED")
+"""
+
+
+def test_runs_logging_the_same_prompts_at_once_both_get_their_dataset(tmp_path):
+    # MLflow looks a dataset up, then inserts it: before, the later of two simultaneous inserts broke the
+    # datasets table's unique key and that run's outputs went unlogged ("tracking failed").
+    procs = [subprocess.Popen([sys.executable, "-c", _SAME_PROMPTS_AT_ONCE, str(tmp_path), who], cwd=tmp_path,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for who in "ab"]
+    for proc in procs:
+        _, stderr = proc.communicate(timeout=300)
+        assert proc.returncode == 0, stderr
+    client = MlflowClient(f"sqlite:///{tmp_path / 'outputs' / 'mlflow.db'}")
+    [experiment] = [e for e in client.search_experiments() if e.name == "sdjax-runner"]
+    runs = client.search_runs([experiment.experiment_id])
+    assert len(runs) == 6
+    for run in runs:
+        [dataset_input] = run.inputs.dataset_inputs
+        round = run.info.run_name.split()[1]
+        assert dataset_input.dataset.name == "cats.txt" and run.data.metrics["num_images"] == 1
+        same_round = [r for r in runs if r.info.run_name.endswith(round)]
+        assert {r.inputs.dataset_inputs[0].dataset.digest for r in same_round} == {dataset_input.dataset.digest}

@@ -23,6 +23,9 @@ from sdjax_runner.record import rundir
 # link to the view its kind calls for. (3.17's UI also keeps a GenAI/model-training switch of its own,
 # defaulting to GenAI: links printed here carry workflowType=machine_learning; see ui_link.)
 EXPERIMENT_TAGS = {"mlflow.experimentKind": "custom_model_development"}
+# How the database behind an MLflow store (SQLite, PostgreSQL, MySQL) reports an insert that breaks a
+# unique key -- through MlflowClient directly or in a tracking server's error response.
+DUPLICATE_KEY_ERRORS = ("UNIQUE constraint failed", "duplicate key value", "Duplicate entry")
 NOTE = "mlflow.note.content"  # the run's Description in the UI
 # The numbers a run's description ends with once it has them (metric key, label, format).
 HEADLINE = (("images_per_s", "images/s", "{:.3g}"), ("generate_s", "s/batch", "{:.3g}"),
@@ -227,7 +230,16 @@ class MlflowTracker:
         dataset = Dataset(name=str(recorded.get("prompt_set") or "prompts"), digest=prompts_digest(prompts),
                           source_type="local", source=json.dumps({"uri": str(run_dir / rundir.INPUTS)}),
                           profile=json.dumps({"num_prompts": len(prompts)}))
-        self.client.log_inputs(self.run_id, [DatasetInput(dataset, [InputTag("mlflow.data.context", "prompts")])])
+        inputs = [DatasetInput(dataset, [InputTag("mlflow.data.context", "prompts")])]
+        try:
+            self.client.log_inputs(self.run_id, inputs)
+        except Exception as exc:
+            # MLflow's stores look the dataset up, then insert it: runs logging the same prompts at once
+            # (two terminals, a parallel sweep) race, and the late insert breaks the datasets table's unique
+            # key. The dataset is there now, so logging again finds it.
+            if not any(text in str(exc) for text in DUPLICATE_KEY_ERRORS):
+                raise
+            self.client.log_inputs(self.run_id, inputs)
 
     def log_sweep(self, sweep_dir: Path, rows: list[dict[str, Any]], metrics: dict[str, float]) -> None:
         """The sweep's summary (as an MLflow table and CSV) and contact sheet, on the parent run."""
