@@ -78,11 +78,16 @@ def list_table(summaries: list[dict[str, Any]]) -> str:
 
 def diff_runs(a: Path, b: Path, images: bool = True, labels: Optional[tuple[str, str]] = None) -> str:
     out = [f"A: {labels[0] if labels else a}", f"B: {labels[1] if labels else b}", ""]
-    config = catalog.config_diff(a, b) + [
+    # A config that cannot be read is said so, not shown as every key differing.
+    problems = [f"{label}'s {problem}" for label, run in (("A", a), ("B", b))
+                if (problem := catalog.config_problem(run))]
+    if problems:
+        out += [f"config keys: not compared -- {'; '.join(problems)}", ""]
+    config = ([] if problems else catalog.config_diff(a, b)) + [
         (f"inputs.{key}", x, y) for key, x, y in inputs.differences(rundir.read_json_or_empty(a / rundir.INPUTS),
                                                                     rundir.read_json_or_empty(b / rundir.INPUTS))]
     out.append(table([list(row) for row in config], ["config key", "A", "B"]) if config
-               else "config and inputs: identical")
+               else "inputs: identical" if problems else "config and inputs: identical")
     out.append("")
     metrics = catalog.metric_diff(a, b)
     rows = [[key, _cell(x), _cell(y), ratio] for key, x, y, ratio in metrics]
@@ -221,4 +226,9 @@ def diff_command(args: argparse.Namespace) -> int:
 
 
 if __name__ == "__main__":
+    # Piped into head, less or grep -m: end quietly when the reader stops reading, as Unix tools do
+    # (this command only reads, so stopping anywhere is safe), not with a BrokenPipeError traceback.
+    import signal
+
+    signal.signal(signal.SIGPIPE, signal.SIG_DFL)
     sys.exit(main())

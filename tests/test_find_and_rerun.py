@@ -255,6 +255,24 @@ def test_diff_compares_the_images_slot_by_slot_and_names_those_that_differ(smoke
         "images: not compared (B's images.json: ")
     skipped = run_cli("diff", "--no-images", str(original), str(changed), cwd=tmp_path, module="sdjax_runner.runs")
     assert skipped.returncode == 0 and skipped.stdout.rstrip().splitlines()[-1].startswith("write_s ")
+    # A config that cannot be read is named, not shown as every key differing.
+    (changed / ".hydra" / "config.yaml").write_text("model: [")
+    unreadable = run_cli("diff", "--no-images", str(original), str(changed), cwd=tmp_path, module="sdjax_runner.runs")
+    lines = unreadable.stdout.splitlines()
+    assert unreadable.returncode == 0 and lines[3].startswith(
+        "config keys: not compared -- B's .hydra/config.yaml cannot be read (ParserError: "), lines[:6]
+    assert "config key " not in unreadable.stdout and "inputs: identical" in lines
+
+    # Piped into a reader that stops early (head): the listing ends quietly, no BrokenPipeError traceback.
+    many = tmp_path / "many"
+    for number in range(2000):
+        (many / f"run{number}").mkdir(parents=True)
+        (many / f"run{number}" / "status.json").write_text('{"status": "FINISHED", "run_name": "%s"}' % ("x" * 80))
+    reader = subprocess.Popen([sys.executable, "-m", "sdjax_runner.runs", "list", str(many), "--limit", "0"],
+                              cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert reader.stdout.readline().startswith(b"started ")
+    reader.stdout.close()
+    assert reader.wait(timeout=60) != 0 and b"Traceback" not in reader.stderr.read()
 
 
 def test_a_rerun_reads_relative_paths_where_the_run_did_and_a_hub_model_at_the_commit_it_loaded(tmp_path):

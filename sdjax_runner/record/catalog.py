@@ -31,15 +31,33 @@ def find_runs(root: Path) -> Iterator[Path]:
         yield status.parent
 
 
+def read_config(run_dir: Path) -> Any:
+    """The run's recorded config as plain data; OSError or ValueError (YAML's errors included) if it is
+    absent, unreadable, damaged or not a mapping."""
+    with open(run_dir / rundir.CONFIG, encoding="utf-8") as file:
+        data = yaml.load(file, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
+    if not isinstance(data, dict):
+        raise ValueError(f"a {type(data).__name__}, not a mapping of config keys")
+    return data
+
+
+def config_problem(run_dir: Path) -> Optional[str]:
+    """Why the run's recorded config cannot be compared (one line), or None if it can."""
+    try:
+        read_config(run_dir)
+    except (OSError, ValueError, yaml.YAMLError) as exc:
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else " ".join(str(exc).split())[:120]
+        return f"{rundir.CONFIG} cannot be read ({type(exc).__name__}: {reason})"
+    return None
+
+
 def flat_config(run_dir: Path, needed: Optional[Iterable[str]] = None) -> dict[str, str]:
     """The run's recorded config, flattened (``sampling.num_inference_steps: "4"``, lists as JSON),
     interpolations resolved where this environment can (else shown as written). ``needed``: only
     these keys' values must be resolved (resolving builds the whole OmegaConf tree, ~8 ms a run,
     which a listing of thousands of runs cannot afford for keys it does not show)."""
-    path = run_dir / rundir.CONFIG
     try:
-        with open(path, encoding="utf-8") as file:
-            data = yaml.load(file, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
+        data = read_config(run_dir)
     except (OSError, ValueError, yaml.YAMLError):  # absent, unreadable or damaged: nothing to show
         return {}
     flat = dict(_walk(data))
