@@ -1,4 +1,5 @@
-"""SIGINT / SIGTERM mid-run: tracker runs end KILLED, status.json says so, images made so far stay."""
+"""SIGINT / SIGTERM mid-run: tracker runs end KILLED, status.json says so, images made so far stay.
+A console reader that goes away (``| head``) ends nothing."""
 
 import json
 import os
@@ -89,3 +90,17 @@ def test_a_signal_ends_a_rerun_killed_too(smoke_run, tmp_path):
     status = json.loads((images.parent / "status.json").read_text())
     assert (status["status"], status["error"]) == ("KILLED", "terminated (SIGTERM)")
     assert run_statuses(tmp_path) == [("smoke rerun", "KILLED")]
+
+
+def test_a_console_reader_that_stops_reading_ends_nothing(tmp_path, tiny_model_dir):
+    # `python -m sdjax_runner ... | head -1`: before, the run went on but printed a logging-error
+    # traceback for each of its later lines.
+    run_dir = tmp_path / "run"
+    proc = start(tmp_path, "+experiment=smoke", "tracking=none", f"hydra.run.dir={run_dir}")
+    assert "plan:" in proc.stdout.readline()
+    proc.stdout.close()
+    stderr = proc.stderr.read()
+    assert proc.wait(timeout=300) == 0 and "Logging error" not in stderr and "Traceback" not in stderr, stderr
+    assert json.loads((run_dir / "status.json").read_text())["status"] == "FINISHED"
+    assert len(list((run_dir / "images").glob("*.png"))) == 8
+    assert "write: 8 image(s) + grid" in (run_dir / "run.log").read_text()  # the lines still reach run.log
