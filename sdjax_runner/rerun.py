@@ -14,6 +14,7 @@ is not, 2 when the record cannot be re-run.
 
     python -m sdjax_runner.rerun outputs/runs/2026-11-22/17-08-10_smoke
     python -m sdjax_runner.rerun outputs/multiruns/2026-11-22/17-10-00_smoke     # every finished job
+                                                     # (one that cannot be re-run is named, the rest go on)
     python -m sdjax_runner.rerun 5b90ca2ae3d141d192a2c9737e8ab6db --uri sqlite:///outputs/mlflow.db
 """
 
@@ -139,17 +140,25 @@ def rerun_sweep(sweep: Path, tracking: bool) -> int:
     jobs = [job for job in rundir.job_dirs(sweep) if (job / rundir.CONFIG).is_file()]
     if not jobs:
         raise UserError("RUN", f"{sweep} is a sweep directory without job records", "a run or sweep directory")
-    codes = {}
+    codes, failed = {}, []
     for job in jobs:
         status = rundir.read_json_or_empty(job / rundir.STATUS).get("status")
         if status != "FINISHED":  # its images are not all there to compare with
             print(f"rerun: job {job.name} skipped: it ended {status or 'without a status.json'}")
             continue
-        codes[job.name] = rerun(job, str(job), tracking)
+        try:
+            codes[job.name] = rerun(job, str(job), tracking)
+        except Exception as exc:  # this job's inputs (a LoRA file gone, a damaged record): the others go on
+            message = describe(exc)
+            if message is None:
+                raise
+            print(f"rerun: job {job.name} could not be re-run: {message}")
+            failed.append(job.name)
     differing = [name for name, code in codes.items() if code]
     print(f"rerun: sweep {sweep}: {len(codes) - len(differing)} of {len(codes)} job(s) identical"
-          + (f"; DIFFERENT: job(s) {', '.join(differing)}" if differing else ""))
-    return 1 if differing else 0
+          + (f"; DIFFERENT: job(s) {', '.join(differing)}" if differing else "")
+          + (f"; could not re-run: job(s) {', '.join(failed)}" if failed else ""))
+    return 1 if differing else 2 if failed else 0
 
 
 def main(argv: Optional[list[str]] = None) -> int:

@@ -3,6 +3,7 @@ the sweep, the persistent compilation cache across processes, and the joblib lau
 
 import csv
 import json
+import shutil
 
 import numpy as np
 import pytest
@@ -87,6 +88,17 @@ def test_seed_sweep_loads_and_compiles_once_under_one_parent_run(tmp_path, tiny_
     again = [timings(d) for d in (tmp_path / "outputs" / "reruns").glob("*/*")]
     assert len(again) == 4 and max(t["process_model_loads"] for t in again) == 1
     assert sorted(t["compile_reused"] for t in again) == [0, 1, 1, 1]
+    # A job that cannot be re-run (here its record no longer fits the config schema) is named; the rest go on.
+    partial = tmp_path / "partial"
+    shutil.copytree(sweep_dir, partial, ignore=shutil.ignore_patterns("0", "1"))
+    config = partial / "2" / ".hydra" / "config.yaml"
+    config.write_text(config.read_text().replace("sampling:\n", "sampling:\n  eta: 0.0\n"))
+    rerun = run_cli(str(partial), "--no-tracking", cwd=tmp_path, module="sdjax_runner.rerun")
+    assert rerun.returncode == 2, rerun.stderr
+    assert (f"rerun: job 2 could not be re-run: RUN: {partial / '2'}/.hydra/config.yaml does not fit this "
+            "version's config schema: sampling.eta: unknown key") in rerun.stdout
+    assert rerun.stdout.count("rerun: identical -- all 8 image(s)") == 1
+    assert f"rerun: sweep {partial}: 1 of 1 job(s) identical; could not re-run: job(s) 2" in rerun.stdout
 
 
 def test_guidance_sweep_does_not_recompile_and_a_dtype_change_releases_the_old_model(tmp_path, tiny_model_dir):
