@@ -61,6 +61,14 @@ CASES = {
                                     "error: lora.foo: unknown key (allowed: path, scale)"),
     "unknown key in a LoRA entry given with +": (["+lora=[{path:a.safetensors,foo:2}]"],
                                                 "error: lora.foo: unknown key (allowed: path, scale)"),
+    "tracking server address without its scheme": (["tracking.uri=127.0.0.1:5000"], "error: tracking.uri: "
+                                                   "127.0.0.1:5000 is no URI MLflow can log to (a server's address "
+                                                   "needs its scheme: http://127.0.0.1:5000) (allowed: http(s)://"),
+    "misspelled tracking URI scheme": (["tracking.uri=htp://mlflow.example.org:5000"],
+                                       "error: tracking.uri: MLflow has no store for htp://mlflow.example.org:5000 "
+                                       "(scheme 'htp': "),
+    "MLflow's file store": (["tracking.uri=file:///tmp/mlruns"], "error: tracking.uri: file:///tmp/mlruns is "
+                            "MLflow's file store, which MLflow 3 refuses unless MLFLOW_ALLOW_FILE_STORE=true"),
     "reference that is no run": (["metrics.reference=/no/such/run"],
                                  "error: metrics.reference: /no/such/run is not a finished run directory"),
 }
@@ -97,6 +105,17 @@ def test_a_sweep_with_a_bad_point_is_refused_before_it_starts(tmp_path, point, e
     result = run_cli("-m", "+experiment=smoke", "seed=0,1", point, f"hydra.sweep.dir={sweep}", cwd=tmp_path)
     assert_one_line_error(result, expected)
     assert not sweep.exists() and mlflow_statuses(tmp_path) == []  # nothing ran, nothing was written
+
+
+def test_a_tracking_uri_from_the_environment_is_checked_too_and_a_server_down_is_not_bad_input(tmp_path):
+    result = run_cli("+experiment=smoke", cwd=tmp_path, env={"MLFLOW_TRACKING_URI": "localhost:5000"})
+    assert_one_line_error(result, "error: MLFLOW_TRACKING_URI: localhost:5000 is no URI MLflow can log to (a "
+                                  "server's address needs its scheme: http://localhost:5000)")
+    from helpers.configs import compose_cfg
+    from sdjax_runner.config.checks import tracking_uri
+
+    # A well-formed server address is not contacted here: whether it answers is for the run to find out.
+    tracking_uri(compose_cfg(["+experiment=smoke", "tracking.uri=http://127.0.0.1:9"]).tracking)
 
 
 def test_empty_prompt_file(tmp_path):

@@ -261,6 +261,40 @@ def run_values(cfg: DictConfig) -> None:
                         f"must be >= 0, got {cfg.compilation_cache.min_compile_time_s}", "0 (cache everything), 1.5, ...")
     scheduler_overrides(cfg.scheduler.name, dict(cfg.scheduler.config_overrides))
     metrics(cfg.metrics)
+    tracking_uri(cfg.tracking)
+
+
+# What a tracking URI may be, for the one-line error.
+TRACKING_URIS = ("http(s)://HOST:PORT for a tracking server, sqlite:///PATH, postgresql://, mysql:// or "
+                 "mssql:// with its driver installed, databricks, or null for the embedded store under "
+                 "paths.output_root")
+
+
+def tracking_uri(tracking: Any) -> None:
+    """A tracking URI that MLflow has no store for -- a misspelled scheme, a server's host:port without
+    http://, MLflow 3's file store (refused unless MLFLOW_ALLOW_FILE_STORE=true), a database whose
+    driver is not installed -- is refused before the run: nothing could ever be logged there. Whether
+    a server answers is not checked: a server down is a tracker failure (the run goes on; sync logs
+    it later). The embedded SQLite store is not opened here (opening creates it)."""
+    uri = tracking.uri or os.environ.get("MLFLOW_TRACKING_URI")
+    if tracking.backend.name != "mlflow" or not uri or uri.startswith("sqlite:"):
+        return
+    key = "tracking.uri" if tracking.uri else "MLFLOW_TRACKING_URI"
+    from mlflow.tracking import MlflowClient
+
+    try:
+        MlflowClient(tracking_uri=uri)  # resolves the store for the URI's scheme; connects to nothing
+    except ModuleNotFoundError as exc:
+        raise UserError(key, f"{uri} needs the Python module {exc.name}, which is not installed",
+                        TRACKING_URIS) from None
+    except Exception as exc:
+        if "://" not in uri and ":" in uri:
+            problem = f"{uri} is no URI MLflow can log to (a server's address needs its scheme: http://{uri})"
+        elif "filesystem tracking backend" in str(exc):
+            problem = f"{uri} is MLflow's file store, which MLflow 3 refuses unless MLFLOW_ALLOW_FILE_STORE=true"
+        else:
+            problem = f"MLflow has no store for {uri} (scheme {uri.split(':', 1)[0]!r}: {type(exc).__name__})"
+        raise UserError(key, problem, TRACKING_URIS) from None
 
 
 def metrics(metrics: Any) -> None:
