@@ -127,6 +127,15 @@ def main(argv: Optional[list[str]] = None) -> int:
     parser.add_argument("--assume-gone", action="store_true",
                         help="finish runs left RUNNING on another host as KILLED (their process cannot be checked)")
     args = parser.parse_args(argv)
+    if args.uri:
+        from sdjax_runner.config.checks import mlflow_uri
+        from sdjax_runner.errors import UserError
+
+        try:
+            mlflow_uri("--uri", args.uri, "no --uri for each run's own tracking config")
+        except UserError as error:
+            print(f"error: {error}", file=sys.stderr)
+            return 2
     failed = 0
     for path in args.paths:
         if not path.is_dir():

@@ -317,6 +317,19 @@ def test_a_rerun_reads_relative_paths_where_the_run_did_and_a_hub_model_at_the_c
 def test_a_rerun_of_something_that_is_no_record_is_one_line(tmp_path):
     result = run_cli(str(tmp_path), cwd=tmp_path, module="sdjax_runner.rerun")
     assert_one_line_error(result, f"error: RUN: {tmp_path} has no .hydra/config.yaml: not a run record")
+    # An MLflow run id with no store to look it up in, or with a --uri MLflow cannot read: one line, and
+    # no empty store created on the way.
+    run_id, elsewhere = "3d70384158934982ac2cf50c80a37ebd", tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    result = run_cli(run_id, cwd=elsewhere, module="sdjax_runner.rerun")
+    assert_one_line_error(result, f"error: RUN: {run_id} is not a run directory, and there is no MLflow store at "
+                                  f"{elsewhere / 'outputs' / 'mlflow.db'} to look it up in")
+    for module, args in (("sdjax_runner.rerun", [run_id]), ("sdjax_runner.runs", ["diff", run_id, run_id]),
+                         ("sdjax_runner.sync", [str(elsewhere)])):
+        result = run_cli(*args, "--uri", "localhost:5000", cwd=elsewhere, module=module)
+        assert_one_line_error(result, "error: --uri: localhost:5000 is no URI MLflow can log to (a server's "
+                                      "address needs its scheme: http://localhost:5000)")
+    assert list(elsewhere.iterdir()) == []
 
 
 def test_help_is_the_apps_own(tmp_path):

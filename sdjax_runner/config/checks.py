@@ -266,8 +266,7 @@ def run_values(cfg: DictConfig) -> None:
 
 # What a tracking URI may be, for the one-line error.
 TRACKING_URIS = ("http(s)://HOST:PORT for a tracking server, sqlite:///PATH, postgresql://, mysql:// or "
-                 "mssql:// with its driver installed, databricks, or null for the embedded store under "
-                 "paths.output_root")
+                 "mssql:// with its driver installed, databricks")
 
 
 def tracking_uri(tracking: Any) -> None:
@@ -277,16 +276,23 @@ def tracking_uri(tracking: Any) -> None:
     a server answers is not checked: a server down is a tracker failure (the run goes on; sync logs
     it later). The embedded SQLite store is not opened here (opening creates it)."""
     uri = tracking.uri or os.environ.get("MLFLOW_TRACKING_URI")
-    if tracking.backend.name != "mlflow" or not uri or uri.startswith("sqlite:"):
+    if tracking.backend.name == "mlflow" and uri:
+        mlflow_uri("tracking.uri" if tracking.uri else "MLFLOW_TRACKING_URI", uri,
+                   "null for the embedded store under paths.output_root")
+
+
+def mlflow_uri(key: str, uri: str, unset: str) -> None:
+    """``uri`` (given as ``key``) refused with one line if MLflow has no store for it (see tracking_uri);
+    ``unset``: what leaving it out means, for the list of what is allowed."""
+    if uri.startswith("sqlite:"):
         return
-    key = "tracking.uri" if tracking.uri else "MLFLOW_TRACKING_URI"
     from mlflow.tracking import MlflowClient
 
     try:
         MlflowClient(tracking_uri=uri)  # resolves the store for the URI's scheme; connects to nothing
     except ModuleNotFoundError as exc:
         raise UserError(key, f"{uri} needs the Python module {exc.name}, which is not installed",
-                        TRACKING_URIS) from None
+                        f"{TRACKING_URIS}, or {unset}") from None
     except Exception as exc:
         if "://" not in uri and ":" in uri:
             problem = f"{uri} is no URI MLflow can log to (a server's address needs its scheme: http://{uri})"
@@ -294,7 +300,7 @@ def tracking_uri(tracking: Any) -> None:
             problem = f"{uri} is MLflow's file store, which MLflow 3 refuses unless MLFLOW_ALLOW_FILE_STORE=true"
         else:
             problem = f"MLflow has no store for {uri} (scheme {uri.split(':', 1)[0]!r}: {type(exc).__name__})"
-        raise UserError(key, problem, TRACKING_URIS) from None
+        raise UserError(key, problem, f"{TRACKING_URIS}, or {unset}") from None
 
 
 def metrics(metrics: Any) -> None:

@@ -280,9 +280,19 @@ def download_record(run_id: str, uri: Optional[str], into: Path, outputs: bool =
     os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")  # a bar per file, on stderr
     from mlflow.tracking import MlflowClient
 
+    from sdjax_runner.config.checks import mlflow_uri
     from sdjax_runner.errors import UserError
 
-    uri = uri or os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{Path('outputs/mlflow.db').resolve()}"
+    if uri or os.environ.get("MLFLOW_TRACKING_URI"):
+        mlflow_uri("--uri" if uri else "MLFLOW_TRACKING_URI", uri or os.environ["MLFLOW_TRACKING_URI"],
+                   "no --uri for the embedded store outputs/mlflow.db")
+        uri = uri or os.environ["MLFLOW_TRACKING_URI"]
+    else:
+        embedded = Path("outputs/mlflow.db").resolve()
+        if not embedded.is_file():  # opening it would create an empty store here
+            raise UserError("RUN", f"{run_id} is not a run directory, and there is no MLflow store at {embedded} "
+                            "to look it up in", "a run directory, or an MLflow run id with --uri") from None
+        uri = f"sqlite:///{embedded}"
     client = MlflowClient(tracking_uri=uri)
     try:
         run = client.get_run(run_id)
