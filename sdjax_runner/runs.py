@@ -221,7 +221,8 @@ def diff_command(args: argparse.Namespace) -> int:
                 except UserError as error:
                     print(f"error: {error}", file=sys.stderr)
                     return 2
-        print(diff_runs(runs[0], runs[1], images=not args.no_images, labels=(args.a, args.b)))
+        text = diff_runs(runs[0], runs[1], images=not args.no_images, labels=(args.a, args.b))
+    print(text)  # after the scratch directory is gone: a reader that stops early cannot leave it behind
     return 0
 
 
