@@ -78,12 +78,10 @@ def list_table(summaries: list[dict[str, Any]]) -> str:
 
 def diff_runs(a: Path, b: Path, images: bool = True, labels: Optional[tuple[str, str]] = None) -> str:
     out = [f"A: {labels[0] if labels else a}", f"B: {labels[1] if labels else b}", ""]
-    # A config that cannot be read is said so, not shown as every key differing.
-    problems = [f"{label}'s {problem}" for label, run in (("A", a), ("B", b))
-                if (problem := catalog.config_problem(run))]
+    config, problems = catalog.config_diff(a, b)
     if problems:
         out += [f"config keys: not compared -- {'; '.join(problems)}", ""]
-    config = ([] if problems else catalog.config_diff(a, b)) + [
+    config += [
         (f"inputs.{key}", x, y) for key, x, y in inputs.differences(rundir.read_json_or_empty(a / rundir.INPUTS),
                                                                     rundir.read_json_or_empty(b / rundir.INPUTS))]
     out.append(table([list(row) for row in config], ["config key", "A", "B"]) if config

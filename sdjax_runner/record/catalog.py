@@ -31,9 +31,13 @@ def find_runs(root: Path) -> Iterator[Path]:
         yield status.parent
 
 
+# How reading a recorded config fails: absent or unreadable, damaged YAML, or not a mapping.
+CONFIG_ERRORS = (OSError, ValueError, yaml.YAMLError)
+
+
 def read_config(run_dir: Path) -> Any:
-    """The run's recorded config as plain data; OSError or ValueError (YAML's errors included) if it is
-    absent, unreadable, damaged or not a mapping."""
+    """The run's recorded config as plain data; one of CONFIG_ERRORS if it is absent, unreadable,
+    damaged or not a mapping."""
     with open(run_dir / rundir.CONFIG, encoding="utf-8") as file:
         data = yaml.load(file, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
     if not isinstance(data, dict):
@@ -41,25 +45,19 @@ def read_config(run_dir: Path) -> Any:
     return data
 
 
-def config_problem(run_dir: Path) -> Optional[str]:
-    """Why the run's recorded config cannot be compared (one line), or None if it can."""
-    try:
-        read_config(run_dir)
-    except (OSError, ValueError, yaml.YAMLError) as exc:
-        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else " ".join(str(exc).split())[:120]
-        return f"{rundir.CONFIG} cannot be read ({type(exc).__name__}: {reason})"
-    return None
-
-
 def flat_config(run_dir: Path, needed: Optional[Iterable[str]] = None) -> dict[str, str]:
-    """The run's recorded config, flattened (``sampling.num_inference_steps: "4"``, lists as JSON),
-    interpolations resolved where this environment can (else shown as written). ``needed``: only
-    these keys' values must be resolved (resolving builds the whole OmegaConf tree, ~8 ms a run,
-    which a listing of thousands of runs cannot afford for keys it does not show)."""
+    """The run's recorded config, flattened (see _flatten); empty if it cannot be read."""
     try:
-        data = read_config(run_dir)
-    except (OSError, ValueError, yaml.YAMLError):  # absent, unreadable or damaged: nothing to show
+        return _flatten(read_config(run_dir), needed)
+    except CONFIG_ERRORS:  # absent, unreadable or damaged: nothing to show
         return {}
+
+
+def _flatten(data: dict, needed: Optional[Iterable[str]] = None) -> dict[str, str]:
+    """A config flattened (``sampling.num_inference_steps: "4"``, lists as JSON), interpolations
+    resolved where this environment can (else shown as written). ``needed``: only these keys' values
+    must be resolved (resolving builds the whole OmegaConf tree, ~8 ms a run, which a listing of
+    thousands of runs cannot afford for keys it does not show)."""
     flat = dict(_walk(data))
     pending = [value for key, value in flat.items() if needed is None or key in needed]
     if not any("${" in value for value in pending):
@@ -107,11 +105,22 @@ def numbers(run_dir: Path) -> dict[str, float]:
     return {k: float(v) for k, v in data.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
 
 
-def config_diff(a: Path, b: Path) -> list[tuple[str, str, str]]:
-    """(key, value in a, value in b) for every config key whose values differ."""
-    left, right = flat_config(a), flat_config(b)
+def config_diff(a: Path, b: Path) -> tuple[list[tuple[str, str, str]], list[str]]:
+    """(key, value in a, value in b) for every config key whose values differ -- or, if either config
+    cannot be read, no rows and why (``A's .hydra/config.yaml cannot be read (...)``), so that a
+    damaged record is named rather than shown as every key differing."""
+    flats, problems = [], []
+    for label, run in (("A", a), ("B", b)):
+        try:
+            flats.append(_flatten(read_config(run)))
+        except CONFIG_ERRORS as exc:
+            reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else " ".join(str(exc).split())[:120]
+            problems.append(f"{label}'s {rundir.CONFIG} cannot be read ({type(exc).__name__}: {reason})")
+    if problems:
+        return [], problems
+    left, right = flats
     return [(k, left.get(k, "-"), right.get(k, "-")) for k in sorted(set(left) | set(right))
-            if left.get(k, "-") != right.get(k, "-")]
+            if left.get(k, "-") != right.get(k, "-")], []
 
 
 def metric_diff(a: Path, b: Path, keys: Optional[tuple[str, ...]] = None) -> list[tuple[str, float, float, str]]:

@@ -283,10 +283,10 @@ def download_record(run_id: str, uri: Optional[str], into: Path, outputs: bool =
     from sdjax_runner.config.checks import mlflow_uri
     from sdjax_runner.errors import UserError
 
-    if uri or os.environ.get("MLFLOW_TRACKING_URI"):
-        mlflow_uri("--uri" if uri else "MLFLOW_TRACKING_URI", uri or os.environ["MLFLOW_TRACKING_URI"],
-                   "no --uri for the embedded store outputs/mlflow.db")
-        uri = uri or os.environ["MLFLOW_TRACKING_URI"]
+    given = uri or os.environ.get("MLFLOW_TRACKING_URI")
+    if given:
+        mlflow_uri("--uri" if uri else "MLFLOW_TRACKING_URI", given, "no --uri for the embedded store outputs/mlflow.db")
+        uri = given
     else:
         embedded = Path("outputs/mlflow.db").resolve()
         if not embedded.is_file():  # opening it would create an empty store here
