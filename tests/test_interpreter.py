@@ -23,6 +23,7 @@ class Cycle:
 
 def test_start_up_objects_are_exempt_until_the_job_ends_then_collected(tmp_path):
     assert gc.isenabled()
+    before = gc.get_freeze_count()  # Python 3.12 starts with a few hundred objects frozen
     try:
         interpreter.pause_collection()
         assert not gc.isenabled()
@@ -30,11 +31,11 @@ def test_start_up_objects_are_exempt_until_the_job_ends_then_collected(tmp_path)
         collected = weakref.ref(garbage)
         del garbage  # unreachable, but only the cyclic collector frees it
         interpreter.program_ready()
-        assert gc.isenabled() and gc.get_freeze_count() > 0
+        assert gc.isenabled() and gc.get_freeze_count() > before
         gc.collect()
         assert collected() is not None  # frozen: left out of collections while the job runs
         interpreter.job_ended()
-        assert gc.get_freeze_count() == 0
+        assert gc.get_freeze_count() <= before  # nothing the job froze stays frozen
         gc.collect()
         assert collected() is None  # collected as usual afterwards: nothing is kept for good
     finally:
@@ -43,9 +44,10 @@ def test_start_up_objects_are_exempt_until_the_job_ends_then_collected(tmp_path)
 
 
 def test_a_job_that_fails_before_its_program_is_ready_gets_collection_back():
+    before = gc.get_freeze_count()
     interpreter.pause_collection()
     interpreter.job_ended()  # what runner.run's and cli.main's finally blocks do
-    assert gc.isenabled() and gc.get_freeze_count() == 0
+    assert gc.isenabled() and gc.get_freeze_count() == before
 
 
 def test_collection_someone_else_disabled_stays_disabled():
