@@ -25,12 +25,15 @@ from sdjax_runner.record.tracking import NullTracker, make_tracker
 log = logging.getLogger("sdjax_runner")
 
 
-def converted_note(formats: dict[str, str]) -> str:
-    """`` (single-file checkpoint converted: text_encoder, unet, vae)``: weights that were not Flax files."""
+def converted_note(formats: dict[str, str], variant: Optional[str] = None, variant_components=()) -> str:
+    """`` (single-file checkpoint converted: text_encoder, unet, vae)``: weights that were not Flax files,
+    and those read from ``variant``'s files (``; fp16 variant: unet, vae``)."""
     notes = {"safetensors": "PyTorch safetensors converted", "single_file": "single-file checkpoint converted",
              "pickle": "PyTorch pickle converted"}
     parts = [f"{notes[fmt]}: {', '.join(sorted(n for n, f in formats.items() if f == fmt))}"
              for fmt in notes if fmt in formats.values()]
+    if variant_components:
+        parts.append(f"{variant} variant: {', '.join(sorted(variant_components))}")
     return f" ({'; '.join(parts)})" if parts else ""
 
 
@@ -84,13 +87,14 @@ def _run(plan: Plan, job: Job, run_name: str, tags: dict[str, str], started: flo
     loaded = entry.loaded
     height, width = image_size(plan, loaded)
     log.info("load: %s %s%s", plan.model.name, "reused from an earlier job of this process" if model_reused else
-             f"from {loaded.path} in {loaded.load_s:.1f} s", "" if model_reused else converted_note(loaded.formats))
+             f"from {loaded.path} in {loaded.load_s:.1f} s",
+             "" if model_reused else converted_note(loaded.formats, plan.model.variant, loaded.variant_components))
     if job.writes:
         rundir.write_json(job.run_dir / rundir.INPUTS, inputs.collect(plan, loaded.path))
     warn_truncated(loaded.pipeline.tokenizer, plan.prompts)
     devices = jax.devices()[: plan.num_devices]
     mode = MODES[plan.mode]
-    prepared = REUSE.prepare(plan, entry, model_reused, mode, devices, shape_key(plan, height, width))
+    prepared = REUSE.prepare(plan, entry, model_reused, mode, devices, shape_key(plan, height, width, loaded.pipeline))
     generator = mode(prepared.pipeline, prepared.params, prepared.safety_weights, plan, height, width, devices)
     compiled = compile_generator(generator, prepared, plan)
     interpreter.program_ready()

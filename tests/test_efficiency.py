@@ -26,7 +26,7 @@ def prepared_tiny(overrides):
     entry, _ = cache.model(plan)
     devices = jax.devices()[: plan.num_devices]
     mode = MODES[plan.mode]
-    prepared = cache.prepare(plan, entry, False, mode, devices, shape_key(plan, 64, 64))
+    prepared = cache.prepare(plan, entry, False, mode, devices, shape_key(plan, 64, 64, entry.loaded.pipeline))
     generator = mode(prepared.pipeline, prepared.params, None, plan, 64, 64, devices)
     generator.compiled = cache.compile(prepared, generator.lower)[0]
     return cache, prepared, generator, plan

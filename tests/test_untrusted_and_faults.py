@@ -73,6 +73,13 @@ HOSTILE = {
                                                 "not a class name"),
     "a class that is no component": (_not_a_component, "{m}/model_index.json: component 'vae': diffusers has no "
                                                        "loadable class 'DiffusionPipeline'"),
+    "a pipeline setting of the wrong type": (lambda m: _edit_index(m, "requires_safety_checker", "no"),
+                                             "{m}/model_index.json: setting 'requires_safety_checker' is \"no\", "
+                                             "not true/false"),
+    "an entry that is neither a component nor a setting": (
+        lambda m: _edit_index(m, "watermark", 1),
+        "{m}/model_index.json: component 'watermark' is 1, not [library, class] (pipeline settings allowed beside "
+        "the components: requires_safety_checker, force_zeros_for_empty_prompt, add_watermarker)"),
     "truncated weights": (_truncated_weights, "{m}/unet/: cannot be loaded ("),
     "a config that is not JSON": (_config_not_json, "{m}/vae/: cannot be loaded ("),
     "an index that is not JSON": (_index_not_json, "{m}/model_index.json: cannot be read as JSON ("),

@@ -183,7 +183,7 @@ def make_plan(cfg: DictConfig, available_devices: int, prompts: Optional[list[st
         attention=cfg.performance.attention.name,
         mode=par.mode.name,
         prompts=tuple(prompts),
-        negative=cfg.prompts.negative or None,
+        negative=cfg.prompts.negative,  # "" is a negative prompt for SDXL (engine/generate.py: negative_prompt)
         num_devices=num_devices,
         per_device_batch_size=par.per_device_batch_size,
         num_batches=num_batches,

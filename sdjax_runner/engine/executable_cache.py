@@ -101,6 +101,7 @@ def program_key(generator: Any, args: tuple, attention: str) -> str:
     program = [plan.mode, plan.num_inference_steps, generator.height, generator.width, attention,
                type(pipeline).__name__, str(pipeline.dtype), type(pipeline.scheduler).__name__,
                config_dict(pipeline.scheduler), config_dict(pipeline.unet), config_dict(pipeline.vae),
+               str(pipeline.vae.dtype),  # float32 where an fp16 run upcasts the VAE (loading.component_dtype)
                config_dict(getattr(pipeline, "text_encoder", None)),
                config_dict(getattr(pipeline, "text_encoder_2", None))]
     return key(program, args, generator.devices)

@@ -29,9 +29,27 @@ def batch_keys(seed: int, batch: int, num_devices: int) -> np.ndarray:
     return np.asarray(jax.random.split(key, num_devices))
 
 
-def shape_key(plan: Plan, height: int, width: int) -> tuple:
+def negative_prompt(plan: Plan, pipeline: Any) -> Optional[str]:
+    """The negative prompt encoded for every image, or None for the pipeline's own unconditional input.
+
+    SD 1.x/2.x: diffusers' Flax pipeline encodes "" when it is given no negative prompt, so "" is None
+    here (one program, the same images). SDXL follows diffusers' ``StableDiffusionXLPipeline.encode_prompt``
+    (``zero_out_negative_prompt = negative_prompt is None and self.config.force_zeros_for_empty_prompt``):
+    zero embeddings (what the Flax SDXL pipeline computes when it gets no negative ids) only when no
+    negative prompt is given and the model's index says ``force_zeros_for_empty_prompt`` (true for SDXL
+    base, diffusers' default); otherwise the negative prompt, "" included, is encoded.
+    """
+    if not hasattr(pipeline, "text_encoder_2"):
+        return plan.negative or None
+    if plan.negative is None and not pipeline.config.get("force_zeros_for_empty_prompt", True):
+        return ""
+    return plan.negative
+
+
+def shape_key(plan: Plan, height: int, width: int, pipeline: Any) -> tuple:
     """What, besides the pipeline and the devices, makes the compiled program differ."""
-    return (plan.num_inference_steps, height, width, plan.per_device_batch_size, plan.negative is not None)
+    return (plan.num_inference_steps, height, width, plan.per_device_batch_size,
+            negative_prompt(plan, pipeline) is not None)
 
 
 @dataclass
@@ -52,11 +70,6 @@ class Timings:
         }
 
 
-def compile_key(plan: Plan, height: int, width: int) -> tuple:
-    """What, besides the pipeline and devices, makes the compiled program differ."""
-    return (plan.num_inference_steps, height, width, plan.per_device_batch_size, plan.negative is not None)
-
-
 class Generator:
     """One job's batches through a compiled generate function; a subclass is one parallel mode:
     how params and inputs are placed on devices, and how the generate function is lowered."""
@@ -72,8 +85,9 @@ class Generator:
         self.retrace: Optional[Callable[[Exception], None]] = None
         self.non_finite: set[int] = set()  # indices of images with NaN or infinite pixels (overflow)
         self.negative_ids = None
-        if plan.negative:
-            self.negative_ids = self.place_ids(np.asarray(pipeline.prepare_inputs([plan.negative] * plan.images_per_batch)))
+        negative = negative_prompt(plan, pipeline)
+        if negative is not None:
+            self.negative_ids = self.place_ids(np.asarray(pipeline.prepare_inputs([negative] * plan.images_per_batch)))
 
     @staticmethod
     def place_params(tree, devices: list):

@@ -37,16 +37,23 @@ class ComponentWeights:
     files: tuple[Path, ...] = ()
 
 
+def safetensors_names(library: str, variant: Optional[str]) -> list[tuple[str, str]]:
+    """(single file, shard index) names of a component's safetensors, the variant's first. diffusers and
+    transformers put the variant before the last suffix: ``diffusion_pytorch_model.fp16.safetensors``,
+    ``model.safetensors.index.fp16.json`` (with shards ``model.fp16-00001-of-00002.safetensors``)."""
+    stem = PT_STEMS[library]
+    names = [(f"{stem}.{variant}.safetensors", f"{stem}.safetensors.index.{variant}.json")] if variant else []
+    return names + [(f"{stem}.safetensors", f"{stem}.safetensors.index.json")]
+
+
 def safetensors_files(folder: Path, library: str, variant: Optional[str]) -> list[Path]:
     """The component's safetensors file(s): the variant's if present, else the plain ones; shards via the index."""
-    stem = PT_STEMS[library]
-    for name in ([f"{stem}.{variant}"] if variant else []) + [stem]:
-        index = folder / f"{name}.safetensors.index.json"
-        if index.is_file():
-            weight_map = json.loads(index.read_text(encoding="utf-8"))["weight_map"]
+    for single, index in safetensors_names(library, variant):
+        if (folder / index).is_file():
+            weight_map = json.loads((folder / index).read_text(encoding="utf-8"))["weight_map"]
             return [folder / f for f in sorted(set(weight_map.values()))]
-        if (folder / f"{name}.safetensors").is_file():
-            return [folder / f"{name}.safetensors"]
+        if (folder / single).is_file():
+            return [folder / single]
     return []
 
 
@@ -85,8 +92,11 @@ def param_shapes(module: Any, library: str) -> dict:
         except (OSError, ValueError, TypeError, AttributeError):
             pass  # damaged: traced again and rewritten below
     key = jax.random.PRNGKey(0)
-    if library == "transformers":  # CLIP text encoders take the token shape
-        shapes = jax.eval_shape(lambda k: module.init_weights(k, (1, module.config.max_position_embeddings)), key)
+    positions = getattr(module.config, "max_position_embeddings", None)
+    if library == "transformers" and positions:  # CLIP text encoders take the token shape
+        shapes = jax.eval_shape(lambda k: module.init_weights(k, (1, positions)), key)
+    elif library == "transformers":  # the safety checker: its image shape
+        shapes = jax.eval_shape(lambda k: module.init_weights(k, module.input_shape), key)
     else:
         shapes = jax.eval_shape(module.init_weights, key)
     if path is not None:

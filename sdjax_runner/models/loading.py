@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import importlib.util
 import inspect
+import json
 import logging
 import time
 from dataclasses import dataclass, field
@@ -25,8 +26,8 @@ from omegaconf import DictConfig
 
 from sdjax_runner.errors import UserError
 from sdjax_runner.models import model_index, sources
-from sdjax_runner.models.checkpoints import (WeightsMismatch, convert_safetensors, convert_tensors, find_weights,
-                                             read_flax)
+from sdjax_runner.models.checkpoints import (ComponentWeights, WeightsMismatch, convert_safetensors, convert_tensors,
+                                             find_weights, read_flax)
 from sdjax_runner.models.schedulers import build_scheduler
 
 log = logging.getLogger("sdjax_runner")
@@ -52,6 +53,7 @@ class LoadedModel:
     load_s: float
     path: str
     formats: dict[str, str] = field(default_factory=dict)  # component -> "flax", "safetensors", "pickle", "single_file"
+    variant_components: tuple[str, ...] = ()  # components whose weights came from model.variant's files
 
     @property
     def native_size(self) -> int:
@@ -117,14 +119,30 @@ def from_config(cls, folder: Path, activations):
     return cls(cls.config_class.from_pretrained(folder), _do_init=False)
 
 
+def component_dtype(directory: Path, name: str, activations):
+    """The dtype component ``name`` computes in: the activations dtype, except a VAE whose config says
+    ``force_upcast`` (SDXL's: its decoder overflows float16) decodes in float32 when the activations are
+    float16 -- as diffusers' PyTorch pipelines upcast it (``needs_upcasting = self.vae.dtype ==
+    torch.float16 and self.vae.config.force_upcast``); bfloat16 is left as it is there too."""
+    import jax.numpy as jnp
+
+    if name != "vae" or activations != jnp.float16:
+        return activations
+    try:
+        config = json.loads((directory / name / "config.json").read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError):
+        return activations  # the component's own load says what is wrong with it
+    return jnp.float32 if isinstance(config, dict) and config.get("force_upcast") is True else activations
+
+
 def load_component(folder: Path, library: str, cls, model: DictConfig, activations, weights: np.dtype):
-    """(module, host params or None, weights format) for one component folder."""
+    """(module, host params or None, the weight files read) for one component folder."""
     from diffusers import FlaxModelMixin
     from transformers import FlaxPreTrainedModel
 
     is_diffusers = issubclass(cls, FlaxModelMixin)
     if not (is_diffusers or issubclass(cls, FlaxPreTrainedModel)):
-        return cls.from_pretrained(folder), None, ""  # a tokenizer or feature extractor
+        return cls.from_pretrained(folder), None, ComponentWeights("")  # a tokenizer or feature extractor
     found = find_weights(folder, "diffusers" if is_diffusers else "transformers", model.variant)
     size = sum(f.stat().st_size for f in found.files if f.is_file())
     if size >= ANNOUNCE_BYTES:  # seconds or more: say so before it starts
@@ -162,12 +180,12 @@ def load_component(folder: Path, library: str, cls, model: DictConfig, activatio
     else:
         raise UserError(sources.KEY, f"{folder} has no weights (looked for Flax .msgpack, PyTorch .safetensors "
                         "and, with model.allow_pickle, .bin files)", "a complete diffusers-format pipeline")
-    return module, to_host(params, weights), found.format
+    return module, to_host(params, weights), found
 
 
 def load_from_checkpoint(folder: Path, name: str, library: str, cls, checkpoint, activations,
                          weights: np.dtype):
-    """(module, host params, "single_file") for component ``name``: its config from the base model's
+    """(module, host params, the checkpoint) for component ``name``: its config from the base model's
     ``folder``, its weights from the single-file ``checkpoint`` (:mod:`.single_file`)."""
     from diffusers import FlaxModelMixin
 
@@ -185,7 +203,7 @@ def load_from_checkpoint(folder: Path, name: str, library: str, cls, checkpoint,
                         f"({single_file.ARCHITECTURES[checkpoint.architecture]} checkpoint): {exc}",
                         "a checkpoint of the base model's architecture (set model.pretrained_model_name_or_path "
                         "to a matching base)") from None
-    return module, to_host(params, weights), "single_file"
+    return module, to_host(params, weights), ComponentWeights("single_file", (checkpoint.path,))
 
 
 def unloadable(directory: Path, name: str, exc: BaseException) -> UserError:
@@ -237,6 +255,7 @@ def load_model(model: DictConfig, dtype: DictConfig) -> LoadedModel:
     modules: dict[str, Any] = {}
     params: dict[str, Any] = {}
     formats: dict[str, str] = {}
+    variant_components = []
     for name in accepted:
         if name in ("self", "dtype", "scheduler"):
             continue
@@ -250,11 +269,18 @@ def load_model(model: DictConfig, dtype: DictConfig) -> LoadedModel:
             modules[name] = None
             continue
         component = model_index.component_class(directory, name, *spec, kinds)
-        module, module_params, fmt = load_component_or_say_why(directory, name, spec[0], component, model,
-                                                               activations, weights, checkpoint)
+        if name == "safety_checker":  # diffusers' own fails on current JAX (models/safety_checker.py)
+            from sdjax_runner.models.safety_checker import REPLACEMENTS
+
+            component = REPLACEMENTS.get(component, component)
+        module, module_params, found = load_component_or_say_why(directory, name, spec[0], component, model,
+                                                                 component_dtype(directory, name, activations),
+                                                                 weights, checkpoint)
         modules[name] = module
         if module_params is not None:
-            params[name], formats[name] = module_params, fmt
+            params[name], formats[name] = module_params, found.format
+            if model.variant and any(f".{model.variant}." in f.name for f in found.files):
+                variant_components.append(name)
     spec = model_index.entry(directory, index, "scheduler")
     if spec is None:
         raise UserError(sources.KEY, f"{directory / model_index.FILE} names no scheduler", "a complete pipeline folder")
@@ -264,8 +290,24 @@ def load_model(model: DictConfig, dtype: DictConfig) -> LoadedModel:
     except (OSError, ValueError, TypeError, KeyError) as exc:
         raise unloadable(directory, "scheduler", exc) from exc
     pipeline = cls(**modules, scheduler=scheduler, dtype=activations)
+    _keep_config_readable(pipeline.unet)
+    if "text_encoder_2" in modules:  # SDXL: what an empty negative prompt means (engine/generate.py)
+        pipeline.register_to_config(force_zeros_for_empty_prompt=bool(
+            model_index.setting(index, "force_zeros_for_empty_prompt", True)))
     safety = params.pop("safety_checker", None)
-    return LoadedModel(pipeline, params, safety, time.perf_counter() - started, str(directory), formats)
+    return LoadedModel(pipeline, params, safety, time.perf_counter() - started, str(directory), formats,
+                       tuple(variant_components))
+
+
+def _keep_config_readable(unet) -> None:
+    """diffusers' Flax SD pipeline rewrites the config of a UNet saved before diffusers 0.9 with a
+    ``sample_size`` under 64 (``new_config["sample_size"] = 64``, as its PyTorch pipeline does) but stores
+    it as Flax's FrozenDict, whose keys are no attributes: ``unet.config.in_channels`` then fails in its
+    own generate function. Keep the rewritten values, in diffusers' config dict."""
+    from diffusers.configuration_utils import FrozenDict
+
+    if not isinstance(unet._internal_dict, FrozenDict):
+        unet._internal_dict = FrozenDict(unet._internal_dict)
 
 
 def with_scheduler(loaded: LoadedModel, scheduler: DictConfig, prediction_type: Any = None,
@@ -283,4 +325,6 @@ def with_scheduler(loaded: LoadedModel, scheduler: DictConfig, prediction_type: 
     modules = {n: getattr(p, n, None) for n in names}
     modules["unet"] = configure_unet(p.unet, attention)
     pipeline = type(p)(**modules, scheduler=sched, dtype=p.dtype)
+    if "force_zeros_for_empty_prompt" in p.config:
+        pipeline.register_to_config(force_zeros_for_empty_prompt=p.config["force_zeros_for_empty_prompt"])
     return pipeline, to_host(state, np.dtype(np.float32))  # the scheduler state is never cast

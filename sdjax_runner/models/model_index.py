@@ -6,6 +6,12 @@ model folder could run a Python file of its own. Here only the libraries this ru
 looked up, by an explicit table, and a class must be one of that library's own (found as an
 attribute of the library's module, never imported by the name in the file). A malformed entry is
 one line naming the file and the component.
+
+Besides its components, a published index carries pipeline settings: SD 2.x and pipelines saved by
+newer diffusers ``"requires_safety_checker": false``, SDXL ``"force_zeros_for_empty_prompt": true``
+and ``"add_watermarker": null``, newer saves an ``"image_encoder": [null, null]`` slot. Those are
+allowed by name and type (:data:`SETTINGS`); any other value that is not a ``[library, class]`` pair
+is refused.
 """
 
 from __future__ import annotations
@@ -30,6 +36,17 @@ LIBRARIES = {
     "transformers": "transformers",
     "stable_diffusion": "diffusers.pipelines.stable_diffusion",  # the safety checker's
 }
+# Pipeline settings a published model_index.json carries beside its components: name -> the types its
+# value may have (diffusers' StableDiffusion[XL]Pipeline register them with register_to_config).
+SETTINGS: dict[str, tuple[type, ...]] = {
+    "requires_safety_checker": (bool,),  # SD 2.x; SD 1.x pipelines saved by newer diffusers
+    "force_zeros_for_empty_prompt": (bool,),  # SDXL: no negative prompt -> zero embeddings (see engine/generate.py)
+    "add_watermarker": (bool, type(None)),  # SDXL: the invisible watermark of the PyTorch pipeline (not applied here)
+}
+# What the libraries read whole from a component folder besides weights: configs and tokenizer files.
+# Other files a published folder ships (ONNX and OpenVINO exports: unet/model.onnx_data, openvino_model.xml)
+# are never read, so they are not sized either.
+TEXT_SUFFIXES = (".json", ".txt", ".model")
 _CLASS_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_")
 
 
@@ -44,8 +61,7 @@ def check_sizes(directory: Path, index: Optional[dict[str, Any]] = None) -> None
     from sdjax_runner.models.checkpoints import MEMORY_FACTORS, WEIGHT_SUFFIXES
 
     memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    folders = [] if index is None else [directory / name for name in sorted(index)
-                                        if not name.startswith(("_", ".")) and "/" not in name]
+    folders = [] if index is None else [directory / name for name in components(index) if "/" not in name]
     paths = [directory / FILE] if index is None else [path for folder in folders for path in sorted(folder.glob("*"))]
     for path in paths:
         try:
@@ -61,7 +77,7 @@ def check_sizes(directory: Path, index: Optional[dict[str, Any]] = None) -> None
                 raise UserError(KEY, f"{path}: {size / 1e9:.1f} GB of weights, which take {needs / 1e9:.1f} GB "
                                 f"to read, more than this host's {memory / 1e9:.1f} GB of memory",
                                 "weights that fit in host memory")
-        elif size > MAX_TEXT_BYTES:
+        elif path.suffix in TEXT_SUFFIXES and size > MAX_TEXT_BYTES:
             raise UserError(KEY, f"{path}: {size / 1e9:.1f} GB, far too large for a config or tokenizer file",
                             f"at most {MAX_TEXT_BYTES // 2**20} MB; weights in .msgpack or .safetensors files")
 
@@ -78,12 +94,29 @@ def read(directory: Path) -> dict[str, Any]:
         raise _bad(directory, f"cannot be read as JSON ({type(exc).__name__}: {str(exc).splitlines()[0][:120]})") from None
     if not isinstance(index, dict) or not isinstance(index.get("_class_name"), str):
         raise _bad(directory, "is not a pipeline index (no \"_class_name\" string)")
-    for name, spec in index.items():
+    for name, value in index.items():
         if name.startswith("_"):
+            continue
+        if name in SETTINGS:
+            if not isinstance(value, SETTINGS[name]):
+                allowed = " or ".join("true/false" if t is bool else "null" for t in SETTINGS[name])
+                raise _bad(directory, f"setting {name!r} is {json.dumps(value)[:80]}, not {allowed}")
             continue
         entry(directory, index, name)
     check_sizes(directory, index)
     return index
+
+
+def components(index: dict[str, Any]) -> list[str]:
+    """The component names of a checked index (its settings and ``_`` keys left out), sorted."""
+    return sorted(name for name in index if not name.startswith(("_", ".")) and name not in SETTINGS)
+
+
+def setting(index: dict[str, Any], name: str, default: Any) -> Any:
+    """A pipeline setting of a checked index, or ``default`` where the index has none (as diffusers'
+    pipeline constructors default it)."""
+    value = index.get(name)
+    return default if value is None else value
 
 
 def entry(directory: Path, index: dict[str, Any], name: str) -> Optional[tuple[str, str]]:
@@ -92,7 +125,8 @@ def entry(directory: Path, index: dict[str, Any], name: str) -> Optional[tuple[s
     if spec is None or (isinstance(spec, list) and len(spec) == 2 and spec[0] is None and spec[1] is None):
         return None
     if not (isinstance(spec, list) and len(spec) == 2 and all(isinstance(part, str) for part in spec)):
-        raise _bad(directory, f"component {name!r} is {json.dumps(spec)[:80]}, not [library, class]")
+        raise _bad(directory, f"component {name!r} is {json.dumps(spec)[:80]}, not [library, class] (pipeline "
+                   f"settings allowed beside the components: {', '.join(SETTINGS)})")
     library, class_name = spec
     if library not in LIBRARIES:
         raise _bad(directory, f"component {name!r} names library {library!r}, which is not loaded "

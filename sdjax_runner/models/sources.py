@@ -13,7 +13,7 @@ from pathlib import Path
 
 from omegaconf import DictConfig
 
-from sdjax_runner.models.checkpoints import FLAX_FILES, PT_STEMS, find_weights
+from sdjax_runner.models.checkpoints import FLAX_FILES, PT_STEMS, find_weights, safetensors_names
 from sdjax_runner.errors import UserError
 
 KEY = "model.pretrained_model_name_or_path"
@@ -83,16 +83,20 @@ def resolve(model: DictConfig, allow_pickle: bool = False) -> Path:
                         "a diffusers pipeline repository")
     if model.checkpoint:  # the weights come from the checkpoint
         return directory
-    lacking = [(component, library) for component, library in weight_components(directory).items()
-               if find_weights(directory / component, library, model.variant).format == "missing"]
-    if lacking:  # no Flax weights: fall back to the PyTorch ones, as safetensors
+    # No Flax weights: fall back to the PyTorch ones, as safetensors -- the variant's where the repository
+    # has them (model.variant=fp16: half the download, the fp32 files not fetched), else the plain ones.
+    with_weights = weight_components(directory)
+    for variant in ([model.variant] if model.variant else []) + [None]:
+        lacking = [(component, library) for component, library in with_weights.items()
+                   if find_weights(directory / component, library, model.variant).format == "missing"]
+        if not lacking:
+            break
         patterns = []
         for component, library in lacking:
-            for stem in [PT_STEMS[library]] + ([f"{PT_STEMS[library]}.{model.variant}"] if model.variant else []):
-                # one file, or shards with their index
-                patterns += [f"{component}/{stem}.safetensors", f"{component}/{stem}-*.safetensors",
-                             f"{component}/{stem}.safetensors.index.json"]
-                if allow_pickle:
-                    patterns += [f"{component}/{stem}.bin"]
+            single, index = safetensors_names(library, variant)[0]  # one file, or shards with their index
+            shards = single.removesuffix(".safetensors") + "-*.safetensors"
+            patterns += [f"{component}/{single}", f"{component}/{shards}", f"{component}/{index}"]
+            if allow_pickle and variant is None:
+                patterns += [f"{component}/{PT_STEMS[library]}.bin"]
         directory = _snapshot(model, patterns)
     return directory
