@@ -63,8 +63,8 @@ def _run(plan: Plan, job: Job, run_name: str, tags: dict[str, str], started: flo
     from tqdm import tqdm
 
     from sdjax_runner.config.prompts import warn_truncated
-    from sdjax_runner.engine.generate import shape_key
-    from sdjax_runner.engine.modes import MODES
+    from sdjax_runner.engine.program import program_spec
+    from sdjax_runner.engine.parallel import PARALLEL
     from sdjax_runner.engine.reuse import REUSE
 
     log.info("plan: %d image(s) = %d batch(es) x %d device(s) x %d per device; %s %s, %s %d steps, seed %d",
@@ -93,9 +93,10 @@ def _run(plan: Plan, job: Job, run_name: str, tags: dict[str, str], started: flo
         rundir.write_json(job.run_dir / rundir.INPUTS, inputs.collect(plan, loaded.path))
     warn_truncated(loaded.pipeline.tokenizer, plan.prompts)
     devices = jax.devices()[: plan.num_devices]
-    mode = MODES[plan.mode]
-    prepared = REUSE.prepare(plan, entry, model_reused, mode, devices, shape_key(plan, height, width, loaded.pipeline))
-    generator = mode(prepared.pipeline, prepared.params, prepared.safety_weights, plan, height, width, devices)
+    mode = PARALLEL[plan.mode]
+    spec = program_spec(plan, loaded.pipeline, height, width)
+    prepared = REUSE.prepare(plan, entry, model_reused, mode, devices, spec)
+    generator = mode(prepared.pipeline, prepared.params, prepared.safety_weights, plan, spec, devices)
     compiled = compile_generator(generator, prepared, plan)
     interpreter.program_ready()
     job.progress.update(load_s=prepared.load_s, replicate_s=prepared.replicate_s, trace_s=compiled["trace_s"],
@@ -222,7 +223,7 @@ def compile_generator(generator, prepared, plan: Plan) -> dict[str, Any]:
     cache = plan.compilation_cache
     started = time.perf_counter()
     if executables_dir(plan):
-        generator.program_key = executable_cache.program_key(generator, generator.program_args(), plan.attention)
+        generator.program_key = executable_cache.program_key(generator, generator.program_args())
         REUSE.know_flops(prepared, executable_cache.load_flops(cache.dir, generator.program_key))
         stored = executable_cache.load(cache.dir, generator.program_key, generator.devices)
         if stored is not None:

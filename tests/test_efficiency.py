@@ -16,8 +16,8 @@ from sdjax_runner.engine import efficiency
 
 def prepared_tiny(overrides):
     from sdjax_runner.config.plan import make_plan
-    from sdjax_runner.engine.generate import shape_key
-    from sdjax_runner.engine.modes import MODES
+    from sdjax_runner.engine.program import program_spec
+    from sdjax_runner.engine.parallel import PARALLEL
     from sdjax_runner.engine.reuse import ReuseCache
 
     cfg = compose_cfg(["+experiment=smoke"] + overrides)
@@ -25,9 +25,10 @@ def prepared_tiny(overrides):
     cache = ReuseCache()
     entry, _ = cache.model(plan)
     devices = jax.devices()[: plan.num_devices]
-    mode = MODES[plan.mode]
-    prepared = cache.prepare(plan, entry, False, mode, devices, shape_key(plan, 64, 64, entry.loaded.pipeline))
-    generator = mode(prepared.pipeline, prepared.params, None, plan, 64, 64, devices)
+    mode = PARALLEL[plan.mode]
+    spec = program_spec(plan, entry.loaded.pipeline, 64, 64)
+    prepared = cache.prepare(plan, entry, False, mode, devices, spec)
+    generator = mode(prepared.pipeline, prepared.params, None, plan, spec, devices)
     generator.compiled = cache.compile(prepared, generator.lower)[0]
     return cache, prepared, generator, plan
 

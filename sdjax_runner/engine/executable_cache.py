@@ -29,8 +29,8 @@ What is kept, and why not more (measured with jaxlib 0.10.2 on CPU):
   loads it fails at its first call (``NOT_FOUND: Function add_select_fusion not found``). So a
   program whose key is not stored yet is compiled afresh, past the persistent cache (one full XLA
   compile per program and code version), and then stored;
-- both parallel modes: JAX 0.10 runs ``jax.pmap`` as ``jit`` of a ``shard_map``, so the guide's
-  pmapped ``_p_generate`` compiles to an executable that serializes like the sharded path's (the
+- both parallel modes: JAX (since 0.10) runs ``jax.pmap`` as ``jit`` of a ``shard_map``, so the guide's
+  pmapped program compiles to an executable that serializes like the sharded path's (the
   tests check that a stored one makes the traced one's images bit for bit, in both modes);
 - only single-process runs: a multi-host program is tied to its peers.
 """
@@ -78,7 +78,7 @@ def key(program: list, args: tuple, devices: list) -> str:
     ``args`` on ``devices``, with this machine's and this code's facts."""
     import jax
 
-    from sdjax_runner.record.provenance import package_versions
+    from sdjax_runner.versions import package_versions
 
     leaves, tree = jax.tree_util.tree_flatten(args)
     facts = {
@@ -93,12 +93,15 @@ def key(program: list, args: tuple, devices: list) -> str:
     return hashlib.sha256(json.dumps(facts, sort_keys=True, default=str).encode()).hexdigest()
 
 
-def program_key(generator: Any, args: tuple, attention: str) -> str:
-    """The key of the generate program ``generator`` would compile for ``args``."""
+def program_key(generator: Any, args: tuple) -> str:
+    """The key of the generate program ``generator`` would compile for ``args``: its program spec
+    (engine/program.py: every static setting), the model's structure and the arguments' layout."""
+    import dataclasses
+
     from sdjax_runner.models.checkpoints import config_dict
 
-    pipeline, plan = generator.pipeline, generator.plan
-    program = [plan.mode, plan.num_inference_steps, generator.height, generator.width, attention,
+    pipeline = generator.pipeline
+    program = [dataclasses.astuple(generator.spec),
                type(pipeline).__name__, str(pipeline.dtype), type(pipeline.scheduler).__name__,
                config_dict(pipeline.scheduler), config_dict(pipeline.unet), config_dict(pipeline.vae),
                str(pipeline.vae.dtype),  # float32 where an fp16 run upcasts the VAE (loading.component_dtype)
@@ -180,7 +183,7 @@ def load_flops(directory: str, key: str) -> Optional[float]:
 
 def save_flops(directory: str, key: str, flops: Optional[float]) -> None:
     """Keep the FLOPs of one batch of program ``key`` (atomically; a failure only costs a lowering later)."""
-    from sdjax_runner.record.rundir import write_json
+    from sdjax_runner.files import write_json
 
     path = _flops_path(directory, key)
     if flops is None or load_flops(directory, key) == flops:

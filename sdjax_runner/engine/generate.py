@@ -1,8 +1,8 @@
 """Sharded batches -> images and timings: what both parallel modes share.
 
-A mode (:mod:`.pmap`, :mod:`.sharded`; :data:`.modes.MODES` picks one) is a :class:`Generator`
-subclass that knows how to place the params and the inputs on devices and how to lower
-diffusers' own ``FlaxStableDiffusionPipeline._generate`` for them. Both give the same images
+A parallel mode (:mod:`.pmap`, :mod:`.sharded`; :data:`.parallel.PARALLEL` picks one) is a
+:class:`Generator` subclass that knows how to place the params and the inputs on devices and how to
+lower the generation program (:mod:`.program`) for them. Both give the same images
 for the same plan. Programs are compiled ahead of time so compilation is timed apart from
 execution.
 """
@@ -17,6 +17,8 @@ from typing import Any, Callable, Iterator, Optional
 import numpy as np
 
 from sdjax_runner.config.plan import Plan
+from sdjax_runner.engine.encode import negative_prompt
+from sdjax_runner.engine.program import Spec
 
 
 def batch_keys(seed: int, batch: int, num_devices: int) -> np.ndarray:
@@ -27,29 +29,6 @@ def batch_keys(seed: int, batch: int, num_devices: int) -> np.ndarray:
     if batch:
         key = jax.random.fold_in(key, batch)
     return np.asarray(jax.random.split(key, num_devices))
-
-
-def negative_prompt(plan: Plan, pipeline: Any) -> Optional[str]:
-    """The negative prompt encoded for every image, or None for the pipeline's own unconditional input.
-
-    SD 1.x/2.x: diffusers' Flax pipeline encodes "" when it is given no negative prompt, so "" is None
-    here (one program, the same images). SDXL follows diffusers' ``StableDiffusionXLPipeline.encode_prompt``
-    (``zero_out_negative_prompt = negative_prompt is None and self.config.force_zeros_for_empty_prompt``):
-    zero embeddings (what the Flax SDXL pipeline computes when it gets no negative ids) only when no
-    negative prompt is given and the model's index says ``force_zeros_for_empty_prompt`` (true for SDXL
-    base, diffusers' default); otherwise the negative prompt, "" included, is encoded.
-    """
-    if not hasattr(pipeline, "text_encoder_2"):
-        return plan.negative or None
-    if plan.negative is None and not pipeline.config.get("force_zeros_for_empty_prompt", True):
-        return ""
-    return plan.negative
-
-
-def shape_key(plan: Plan, height: int, width: int, pipeline: Any) -> tuple:
-    """What, besides the pipeline and the devices, makes the compiled program differ."""
-    return (plan.num_inference_steps, height, width, plan.per_device_batch_size,
-            negative_prompt(plan, pipeline) is not None)
 
 
 @dataclass
@@ -74,10 +53,10 @@ class Generator:
     """One job's batches through a compiled generate function; a subclass is one parallel mode:
     how params and inputs are placed on devices, and how the generate function is lowered."""
 
-    def __init__(self, pipeline: Any, params: dict, safety_weights: Any, plan: Plan, height: int, width: int,
-                 devices: list):
+    def __init__(self, pipeline: Any, params: dict, safety_weights: Any, plan: Plan, spec: Spec, devices: list):
         self.pipeline, self.params, self.safety_weights = pipeline, params, safety_weights
-        self.plan, self.height, self.width, self.devices = plan, height, width, devices
+        self.plan, self.spec, self.devices = plan, spec, devices  # spec: what shapes the program (engine/program.py)
+        self.height, self.width = spec.height, spec.width
         self.timings = Timings()
         self.compiled: Optional[Callable] = None
         self.program_key: Optional[str] = None  # what determines the program (engine/executable_cache.py)
@@ -85,7 +64,7 @@ class Generator:
         self.retrace: Optional[Callable[[Exception], None]] = None
         self.non_finite: set[int] = set()  # indices of images with NaN or infinite pixels (overflow)
         self.negative_ids = None
-        negative = negative_prompt(plan, pipeline)
+        negative = negative_prompt(plan.negative, pipeline)
         if negative is not None:
             self.negative_ids = self.place_ids(np.asarray(pipeline.prepare_inputs([negative] * plan.images_per_batch)))
 

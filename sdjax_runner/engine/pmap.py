@@ -1,11 +1,9 @@
 """The guide's parallel mode: params replicated with a leading device axis, inputs sharded as
-``(devices, batch, ...)``, and diffusers' own pmapped ``_p_generate`` (what ``pipeline(..., jit=True)``
-calls), compiled ahead of time."""
+``(devices, batch, ...)``, and the generation program (:mod:`.program`) pmapped over the devices -- what
+diffusers' ``pipeline(..., jit=True)`` does with its ``_p_generate`` -- compiled ahead of time."""
 
 from __future__ import annotations
 
-import inspect
-import sys
 from typing import Any
 
 import numpy as np
@@ -62,12 +60,13 @@ class PmapGenerator(Generator):
         return ids, self.params, keys, self.guidance, self.negative_ids
 
     def lower(self):
-        # The pipeline module's own pmapped _p_generate; SDXL's takes a trailing static return_latents.
-        module = sys.modules[type(self.pipeline).__module__]
-        extra = (False,) if len(inspect.signature(module._p_generate).parameters) > 10 else ()
-        ids, keys = self.inputs(0)
-        return module._p_generate.lower(self.pipeline, ids, self.params, keys, self.plan.num_inference_steps,
-                                        self.height, self.width, self.guidance, None, self.negative_ids, *extra)
+        import functools
+
+        import jax
+
+        from sdjax_runner.engine.program import generate
+
+        return jax.pmap(functools.partial(generate, self.pipeline, self.spec)).lower(*self.program_args())
 
     def run(self, ids, keys):
-        return self.compiled(ids, self.params, keys, self.guidance, None, self.negative_ids)
+        return self.compiled(ids, self.params, keys, self.guidance, self.negative_ids)

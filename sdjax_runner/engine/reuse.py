@@ -5,9 +5,10 @@ loads the model, places its weights and compiles the generate function once.
 Keys say what determines each piece:
 
     model      path, revision, variant, safety checker, weights and activations dtype, checkpoint and its hash
-    pipeline   + scheduler name and overrides, prediction type, attention (the pipeline is static)
+    pipeline   + scheduler name and overrides, prediction type, attention (from the program spec)
     placed     + the parallel mode and the devices the weights are placed on
-    compiled   + steps, height, width, per-device batch, negative prompt or not
+    compiled   + the program spec (engine/program.py: steps, size, per-device batch, negative prompt or not,
+               the scheduler, attention, mode and sampler -- every static setting, read in one function)
 
 A program depends on the model's structure, not on its weights: models that differ only in their
 single-file checkpoint (same base configs) share compiled programs, so a sweep over fine-tunes
@@ -29,6 +30,7 @@ from typing import Any, Callable, Optional
 from sdjax_runner.config.plan import Plan
 from sdjax_runner.engine import compile_cache
 from sdjax_runner.engine.generate import Generator
+from sdjax_runner.engine.program import Spec
 from sdjax_runner.models.attention import tracing_with
 from sdjax_runner.models.loading import LoadedModel, load_model, with_scheduler
 
@@ -100,12 +102,12 @@ class ReuseCache:
         return entry, False
 
     def prepare(self, plan: Plan, entry: ModelEntry, reused: bool, mode: type[Generator], devices: list,
-                shape_key: tuple) -> Prepared:
-        """Pipeline with the plan's scheduler, params placed on ``devices`` and, if compiled before, the program."""
+                spec: Spec) -> Prepared:
+        """Pipeline with the plan's scheduler, params placed on ``devices`` and, if compiled before, the
+        program: one per model structure, devices and program :class:`~.program.Spec`."""
         import jax
 
-        pipeline_key = _key(plan.scheduler, "name", "config_overrides") + _key(plan.model, "prediction_type")
-        pipeline_key += (plan.attention,)
+        pipeline_key = (spec.scheduler, spec.scheduler_overrides, spec.prediction_type, spec.attention)
         if pipeline_key not in entry.pipelines:
             entry.pipelines[pipeline_key] = with_scheduler(entry.loaded, plan.scheduler, plan.model.prediction_type,
                                                            plan.attention)
@@ -123,7 +125,7 @@ class ReuseCache:
         jax.block_until_ready(params)
         replicate_s = time.perf_counter() - started
 
-        compile_key = (entry.structure, pipeline_key, placement) + shape_key
+        compile_key = (entry.structure, placement, spec)
         return Prepared(pipeline, params, plan.attention, entry.loaded.safety_weights, self.programs.get(compile_key),
                         entry, compile_key, 0.0 if reused else entry.loaded.load_s, replicate_s)
 

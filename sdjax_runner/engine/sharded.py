@@ -1,6 +1,6 @@
 """JAX's recommended data parallelism: one ``jax.jit`` over a ``Mesh(devices, ("data",))``. Params are
 replicated with ``NamedSharding(mesh, P())`` (no device axis, each device's copy sent from host memory),
-the batch is sharded along ``data``, and a ``jax.shard_map`` runs diffusers' ``_generate`` on each
+the batch is sharded along ``data``, and a ``jax.shard_map`` runs the generation program (:mod:`.program`) on each
 device's slice: its latents drawn from its own key with the per-device shape, exactly as under pmap,
 and classifier-free guidance's concatenate/split of the batch kept on the device. (Under a global
 ``jit`` view XLA moved half of every device's batch to another device at each step -- the
@@ -45,9 +45,6 @@ class ShardedGenerator(Generator):
         self.replicated = jax.NamedSharding(self.mesh, jax.P())
         super().__init__(*args)
         self.guidance = global_array(np.float32(self.plan.guidance_scale), self.replicated)
-        self.latent_shape = (self.plan.per_device_batch_size, self.pipeline.unet.config.in_channels,
-                             self.height // self.pipeline.vae_scale_factor,
-                             self.width // self.pipeline.vae_scale_factor)
 
     place_params = staticmethod(replicate_sharded)
 
@@ -66,24 +63,23 @@ class ShardedGenerator(Generator):
 
     def lower(self):
         import jax
-        import jax.numpy as jnp
 
-        pipeline, plan, shape = self.pipeline, self.plan, self.latent_shape
+        from sdjax_runner.engine.program import generate
+
+        pipeline, spec = self.pipeline, self.spec
 
         def per_device(ids, params, keys, guidance, negative_ids=None):
-            # One device's share, as under pmap: its latents are normal(its key, (per_device_batch, C, h, w)).
-            latents = jax.random.normal(keys[0], shape, dtype=jnp.float32)
-            return pipeline._generate(ids, params, keys[0], plan.num_inference_steps, self.height, self.width,
-                                      guidance, latents, negative_ids)
+            # One device's share, as under pmap: its latents drawn from its own key, (per_device_batch, C, h, w).
+            return generate(pipeline, spec, ids, params, keys[0], guidance, negative_ids)
 
         data, replicated = jax.P("data"), jax.P()
-        specs = (data, replicated, data, replicated) + ((data,) if self.negative_ids is not None else ())
-        # shard_map: each device runs the pipeline on its own slice, so classifier-free guidance's
+        partitions = (data, replicated, data, replicated) + ((data,) if self.negative_ids is not None else ())
+        # shard_map: each device runs the program on its own slice, so classifier-free guidance's
         # concatenate/split of the batch stays on the device (a global jit view would move halves
         # of the batch between devices at every step).
-        generate = jax.shard_map(per_device, mesh=self.mesh, in_specs=specs, out_specs=data, check_vma=False)
-        shardings = tuple(jax.NamedSharding(self.mesh, spec) for spec in specs)
-        function = jax.jit(generate, in_shardings=shardings, out_shardings=self.data)
+        mapped = jax.shard_map(per_device, mesh=self.mesh, in_specs=partitions, out_specs=data, check_vma=False)
+        shardings = tuple(jax.NamedSharding(self.mesh, partition) for partition in partitions)
+        function = jax.jit(mapped, in_shardings=shardings, out_shardings=self.data)
         return function.lower(*self.program_args())
 
     def run(self, ids, keys):

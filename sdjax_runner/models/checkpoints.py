@@ -115,7 +115,7 @@ def config_dict(module: Any) -> Any:
 def _shapes_path(module: Any, library: str) -> Optional[Path]:
     import hashlib
 
-    from sdjax_runner.record.provenance import package_versions
+    from sdjax_runner.versions import package_versions
 
     facts = [type(module).__module__, type(module).__qualname__, library, str(getattr(module, "dtype", "")),
              config_dict(module), package_versions()]
@@ -129,7 +129,7 @@ def _shapes_path(module: Any, library: str) -> Optional[Path]:
 def _keep_shapes(path: Path, shapes: dict) -> None:
     from flax.traverse_util import flatten_dict
 
-    from sdjax_runner.record.rundir import write_json
+    from sdjax_runner.files import write_json
 
     flat = flatten_dict(shapes)
     if any("/" in part for key in flat for part in key):

@@ -11,17 +11,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Optional
 
-PACKAGES = ("jax", "jaxlib", "flax", "diffusers", "transformers", "numpy")
-
-
-def package_versions() -> dict[str, str]:
-    versions = {}
-    for name in PACKAGES:
-        try:
-            versions[name] = metadata.version(name)
-        except metadata.PackageNotFoundError:
-            versions[name] = "not installed"
-    return versions
+from sdjax_runner.versions import package_versions
 
 
 def device_facts() -> dict[str, object]:

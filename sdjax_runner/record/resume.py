@@ -47,7 +47,7 @@ def job_status(job_dir: Path) -> dict[str, Any]:
 def prepare(sweep_dir: Path, task_overrides: list[str]) -> None:
     """Check that ``sweep_dir`` holds this sweep and that none of its jobs runs; finish and move aside
     the jobs that did not finish. Bad input raises :class:`Refused` before anything is changed."""
-    from sdjax_runner.sync import process_gone
+    from sdjax_runner.record.backfill import process_gone
 
     key = "hydra.sweep.dir"
     record_file = sweep_dir / rundir.SWEEP
@@ -85,7 +85,7 @@ def prepare(sweep_dir: Path, task_overrides: list[str]) -> None:
 def finish_and_log(job_dir: Path) -> None:
     """As ``python -m sdjax_runner.sync JOB_DIR``: a dead RUNNING job ends KILLED, and what the tracker
     missed is logged. A tracker failure is a warning: the job is on disk."""
-    from sdjax_runner.sync import sync_run
+    from sdjax_runner.record.backfill import sync_run
 
     try:
         sync_run(job_dir, None, by="python -m sdjax_runner.resume")

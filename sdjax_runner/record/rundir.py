@@ -21,15 +21,15 @@ summary.csv, summary.json, contact_sheet.png and (with quality metrics) report.p
 from __future__ import annotations
 
 import hashlib
-import json
 import math
-import os
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Collection, Iterator, Optional, Sequence
 
 from PIL import Image
 from PIL.PngImagePlugin import PngInfo
+
+from sdjax_runner.files import read_json, write_json  # noqa: F401 (part of the run-directory contract)
 
 if TYPE_CHECKING:
     from sdjax_runner.config.plan import Plan
@@ -186,26 +186,6 @@ def make_grid(images: Sequence[Image.Image], rows: int, cols: int) -> Image.Imag
     blank = Image.new(images[0].mode, images[0].size)
     cells = list(images) + [blank] * (rows * cols - len(images))
     return make_image_grid(cells, rows=rows, cols=cols)
-
-
-def write_json(path: Path, data: Any, last_resort_in_place: bool = False) -> None:
-    """Write atomically: a reader never sees half a file, and a failed write (a full disk) leaves
-    the old file as it was and no ``.tmp`` behind. ``last_resort_in_place``: on a disk too full for
-    a second copy, overwrite the file itself (status.json must say how a run ended if it can)."""
-    text = json.dumps(data, indent=2, sort_keys=True, default=str) + "\n"
-    tmp = path.with_name(path.name + ".tmp")
-    try:
-        tmp.write_text(text, encoding="utf-8")
-        os.replace(tmp, path)
-    except BaseException as exc:
-        tmp.unlink(missing_ok=True)
-        if not (last_resort_in_place and isinstance(exc, OSError) and path.exists()):
-            raise
-        path.write_text(text, encoding="utf-8")
-
-
-def read_json(path: Path) -> Any:
-    return json.loads(path.read_text(encoding="utf-8"))
 
 
 def read_json_or_empty(path: Path) -> dict[str, Any]:

@@ -1,0 +1,80 @@
+"""Stage 1, encode: prompt token ids -> the conditioning the UNet reads (classifier-free guidance's
+unconditional half first), for one text encoder (SD 1.x/2.x) or two (SDXL)."""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple, Optional
+
+import jax.numpy as jnp
+
+
+class Conditioning(NamedTuple):
+    """What the UNet is conditioned on, unconditional half first (a pytree: it crosses the sampling loop)."""
+
+    context: Any  # (2 * batch, tokens, width): encoder_hidden_states
+    added: Optional[dict] = None  # SDXL's added conditioning: text_embeds (pooled), time_ids
+
+
+def negative_prompt(negative: Optional[str], pipeline: Any) -> Optional[str]:
+    """The negative prompt encoded for every image, or None for the pipeline's own unconditional input.
+
+    SD 1.x/2.x: diffusers' Flax pipeline encodes "" when it is given no negative prompt, so "" is None
+    here (one program, the same images). SDXL follows diffusers' ``StableDiffusionXLPipeline.encode_prompt``
+    (``zero_out_negative_prompt = negative_prompt is None and self.config.force_zeros_for_empty_prompt``):
+    zero embeddings (what the Flax SDXL pipeline computes when it gets no negative ids) only when no
+    negative prompt is given and the model's index says ``force_zeros_for_empty_prompt`` (true for SDXL
+    base, diffusers' default); otherwise the negative prompt, "" included, is encoded. (``negative``:
+    prompts.negative.)
+    """
+    if not hasattr(pipeline, "text_encoder_2"):
+        return negative or None
+    if negative is None and not pipeline.config.get("force_zeros_for_empty_prompt", True):
+        return ""
+    return negative
+
+
+def encode(pipeline: Any, params: dict, ids, negative_ids=None) -> Conditioning:
+    if hasattr(pipeline, "text_encoder_2"):
+        return _two_encoders(pipeline, params, ids, negative_ids)
+    return _one_encoder(pipeline, params, ids, negative_ids)
+
+
+def _one_encoder(pipeline: Any, params: dict, ids, negative_ids) -> Conditioning:
+    """SD 1.x/2.x: the text encoder's last hidden states; no negative prompt is the empty prompt's."""
+    embeds = pipeline.text_encoder(ids, params=params["text_encoder"])[0]
+    if negative_ids is None:
+        negative_ids = pipeline.tokenizer([""] * ids.shape[0], padding="max_length", max_length=ids.shape[-1],
+                                          return_tensors="np").input_ids
+    negative = pipeline.text_encoder(negative_ids, params=params["text_encoder"])[0]
+    return Conditioning(jnp.concatenate([negative, embeds]))
+
+
+def _sdxl_embeddings(pipeline: Any, params: dict, ids):
+    """Both encoders' penultimate hidden states side by side, and the second's pooled projection."""
+    first = pipeline.text_encoder(ids[:, 0, :], params=params["text_encoder"], output_hidden_states=True)
+    second = pipeline.text_encoder_2(ids[:, 1, :], params=params["text_encoder_2"], output_hidden_states=True)
+    context = jnp.concatenate([first["hidden_states"][-2], second["hidden_states"][-2]], axis=-1)
+    return context, second["text_embeds"]
+
+
+def _two_encoders(pipeline: Any, params: dict, ids, negative_ids) -> Conditioning:
+    """SDXL: no negative ids -> zero embeddings (engine/generate.py decides when that is meant); the added
+    time ids are (height, width, top, left, height, width) of the latents' pixels, uncropped."""
+    context, pooled = _sdxl_embeddings(pipeline, params, ids)
+    if negative_ids is None:
+        negative_context, negative_pooled = jnp.zeros_like(context), jnp.zeros_like(pooled)
+    else:
+        negative_context, negative_pooled = _sdxl_embeddings(pipeline, params, negative_ids)
+    return Conditioning(jnp.concatenate([negative_context, context], axis=0),
+                        {"text_embeds": jnp.concatenate([negative_pooled, pooled], axis=0)})
+
+
+def with_time_ids(conditioning: Conditioning, height: int, width: int, dtype) -> Conditioning:
+    """SDXL's micro-conditioning for an uncropped image of ``height`` x ``width``: original size, crop
+    corner (0, 0), target size -- diffusers' ``_get_add_time_ids((h, w), (0, 0), (h, w), ...)``."""
+    if conditioning.added is None:
+        return conditioning
+    rows = conditioning.context.shape[0] // 2
+    time_ids = jnp.array([[height, width, 0, 0, height, width]] * rows, dtype=dtype)
+    return conditioning._replace(added=dict(conditioning.added,
+                                            time_ids=jnp.concatenate([time_ids, time_ids], axis=0)))

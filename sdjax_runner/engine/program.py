@@ -1,0 +1,67 @@
+"""The generation program, assembled from stages, one interface each:
+
+    encode (prompt ids -> conditioning) -> prepare (key -> initial latents: the mode)
+        -> denoise (latents -> latents: the sampler, with classifier-free guidance) -> decode (latents -> pixels)
+
+:func:`generate` is one device's share of a batch; the parallel modes (:mod:`.parallel`) pmap it or run
+it under ``shard_map``. Everything in :class:`Spec` is static (it shapes the traced program); the prompt
+ids, params, keys and the guidance scale are traced inputs, so new prompts, seeds or guidance never
+recompile. A mode is a function in :data:`.modes.MODES`, a sampler one in :data:`.samplers.SAMPLERS`:
+adding either is a new module and a registry entry.
+
+For the text-to-image mode with diffusers' schedulers the stages do exactly what diffusers 0.39's
+``FlaxStableDiffusionPipeline._generate`` and ``FlaxStableDiffusionXLPipeline._generate`` do, op for op,
+so the images are the guide's (``tests/test_guide_parity.py``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Optional
+
+from sdjax_runner.engine.decode import decode
+from sdjax_runner.engine.encode import encode, negative_prompt, with_time_ids
+from sdjax_runner.engine.modes import MODES
+from sdjax_runner.engine.samplers import SAMPLERS
+
+
+@dataclass(frozen=True)
+class Spec:
+    """Everything static that shapes the compiled program, besides the model's structure and the devices.
+    Both program caches key on the whole of it -- the reuse cache across a sweep's jobs
+    (:mod:`.reuse`) and the stored executables across processes (:mod:`.executable_cache`) -- so a field
+    a new stage adds here keys both. Traced inputs (prompts, seeds, guidance, LoRA scales) are not in it."""
+
+    steps: int
+    height: int
+    width: int
+    batch: int  # images per device
+    negative: bool  # negative prompt ids are an input (else the pipeline's own unconditional input)
+    parallel: str  # "pmap" or "sharded" (engine/parallel.py)
+    attention: str  # performance.attention (models/attention.py)
+    scheduler: str  # scheduler.name; its config_overrides and the prediction type below
+    scheduler_overrides: tuple = ()
+    prediction_type: Optional[str] = None
+    mode: str = "txt2img"  # engine/modes
+    sampler: str = "scheduler"  # engine/samplers
+
+
+def program_spec(plan: Any, pipeline: Any, height: int, width: int) -> Spec:
+    """The one place the Plan's program-relevant fields are read (``plan``: config/plan.Plan)."""
+    prediction = plan.model.prediction_type
+    return Spec(steps=plan.num_inference_steps, height=height, width=width, batch=plan.per_device_batch_size,
+                negative=negative_prompt(plan.negative, pipeline) is not None, parallel=plan.mode,
+                attention=plan.attention, scheduler=plan.scheduler.name,
+                scheduler_overrides=tuple(sorted((str(k), repr(v)) for k, v in plan.scheduler.config_overrides.items())),
+                prediction_type=getattr(prediction, "name", prediction))
+
+
+def generate(pipeline: Any, spec: Spec, ids, params: dict, key, guidance, negative_ids: Optional[Any] = None):
+    """One device's images, (batch, height, width, 3) floats in [0, 1]. ``ids``: its prompts' token ids
+    ((batch, 77), SDXL (batch, 2, 77)); ``key``: its PRNG key; ``negative_ids``: like ``ids``, or None for
+    the pipeline's own unconditional input."""
+    conditioning = encode(pipeline, params, ids, negative_ids)
+    conditioning = with_time_ids(conditioning, spec.height, spec.width, conditioning.context.dtype)  # SDXL only
+    latents = MODES[spec.mode](pipeline, params, key, spec, ids.shape[0])
+    latents = SAMPLERS[spec.sampler](pipeline, params, conditioning, latents, guidance, spec)
+    return decode(pipeline, params, latents)
