@@ -1,11 +1,21 @@
-"""JSON files written whole: what every layer that keeps a file (the caches, the run records) shares."""
+"""Files written whole, and cache files checked before they are read: what every layer that keeps a file
+(the caches, the run records) shares.
+
+Files read back from the caches are checked on every read: a stored executable or a JAX cache entry is
+code this process runs, so another user who could plant one would run code as you. A cache file may be
+read only if it is a regular file (not a link), and it and every folder from it up to the cache's top
+folder belong to you (or root) and are writable by nobody else. The caches create their folders and files
+private (0700 / 0600), whatever the umask, so a run under ``umask 000`` does not open them up. What fails
+the check is named in one line, removed and rebuilt, never read.
+"""
 
 from __future__ import annotations
 
 import json
 import os
+import stat
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
 
 def write_json(path: Path, data: Any, last_resort_in_place: bool = False) -> None:
@@ -26,3 +36,74 @@ def write_json(path: Path, data: Any, last_resort_in_place: bool = False) -> Non
 
 def read_json(path: Path) -> Any:
     return json.loads(path.read_text(encoding="utf-8"))
+
+
+OTHERS_WRITE = stat.S_IWGRP | stat.S_IWOTH
+
+
+def _unsafe(info: os.stat_result) -> Optional[str]:
+    if info.st_uid not in (os.getuid(), 0):
+        return f"belongs to another user (uid {info.st_uid})"
+    if info.st_mode & OTHERS_WRITE:
+        return "can be written by other users"
+    return None
+
+
+def untrusted(path: Path, root: Path) -> Optional[str]:
+    """Why ``path``, a file under the cache folder ``root``, must not be read -- or None."""
+    try:
+        info = os.lstat(path)
+    except OSError as exc:
+        return f"cannot be checked ({exc.strerror})"
+    if not stat.S_ISREG(info.st_mode):
+        return "is not a regular file"
+    why = _unsafe(info)
+    if why:
+        return why
+    top = os.path.realpath(root)
+    folder = os.path.realpath(path.parent)
+    while True:
+        try:
+            why = _unsafe(os.stat(folder))
+        except OSError as exc:
+            return f"cannot be checked ({exc.strerror})"
+        if why:
+            return f"is in {folder}, which {why}"
+        if folder == top or os.path.dirname(folder) == folder or not folder.startswith(top):
+            return None
+        folder = os.path.dirname(folder)
+
+
+def private_folder(path: Path) -> None:
+    """Create ``path`` (and its missing parents) readable and writable by you alone."""
+    missing = []
+    while not path.exists():
+        missing.append(path)
+        path = path.parent
+    for folder in reversed(missing):
+        try:
+            folder.mkdir(mode=0o700)
+        except FileExistsError:
+            pass
+
+
+def write_private(path: Path, data: bytes) -> None:
+    """Write ``path`` whole (a private temporary file, renamed) with mode 0600."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+    try:
+        with os.fdopen(fd, "wb") as file:
+            file.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def not_a_folder(path: Path) -> Optional[Path]:
+    """The first of ``path`` and its parents that exists and is not a folder (a regular file, say), so
+    that ``path`` cannot be made a folder (ENOTDIR); None if nothing stands in the way."""
+    for candidate in [path, *path.parents]:
+        if os.path.lexists(candidate):
+            return None if candidate.is_dir() else candidate
+    return None

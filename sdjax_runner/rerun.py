@@ -61,7 +61,7 @@ def recorded_hashes(record: Path) -> dict[int, str]:
     from PIL import Image
 
     hashes = {}
-    for r in rundir.read_json(record / rundir.IMAGES):
+    for r in rundir.read_record(record / rundir.IMAGES, list) if (record / rundir.IMAGES).exists() else []:
         if r.get("pixels_sha256"):
             hashes[r["index"]] = r["pixels_sha256"]
         elif (record / r["file"]).is_file():
@@ -86,7 +86,7 @@ def rerun(record: Path, source: str, tracking: bool) -> int:
     from sdjax_runner.runner import run
 
     cfg = recorded_config(record)
-    status = rundir.read_json(record / rundir.STATUS) if (record / rundir.STATUS).is_file() else {}
+    status = rundir.read_record(record / rundir.STATUS) if (record / rundir.STATUS).exists() else {}
     name = status.get("run_name") or cfg.run_name
     overrides_file = record / rundir.OVERRIDES
     overrides = [str(o) for o in OmegaConf.load(overrides_file)] if overrides_file.is_file() else []

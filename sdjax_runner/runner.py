@@ -225,7 +225,7 @@ def compile_generator(generator, prepared, plan: Plan) -> dict[str, Any]:
     if executables_dir(plan):
         generator.program_key = executable_cache.program_key(generator, generator.program_args())
         REUSE.know_flops(prepared, executable_cache.load_flops(cache.dir, generator.program_key))
-        stored = executable_cache.load(cache.dir, generator.program_key, generator.devices)
+        stored = executable_cache.load(cache.dir, generator.program_key, generator.devices, generator.program_args())
         if stored is not None:
             generator.compiled = stored
             REUSE.adopt(prepared, generator.compiled)

@@ -102,8 +102,10 @@ def image_diff(a: Path, b: Path, shown: int = 10) -> str:
     kept = {}
     for label, run in (("A", a), ("B", b)):
         try:
-            kept[label] = rundir.read_json(run / rundir.IMAGES)
+            kept[label] = rundir.read_record(run / rundir.IMAGES, list)
             on_disk = bool(kept[label]) and all((run / r["file"]).is_file() for r in kept[label])
+        except rundir.DamagedRecord as error:
+            return f"images: not compared ({label}'s {rundir.IMAGES} {error.problem})"
         except (OSError, ValueError, TypeError, KeyError) as error:
             return f"images: not compared ({label}'s {rundir.IMAGES}: {_reason(error)})"
         if not on_disk:
@@ -159,6 +161,9 @@ def list_command(args: argparse.Namespace) -> int:
         print(f"error: {error}", file=sys.stderr)
         return 2
     shown = summaries[:args.limit] if args.limit > 0 else summaries
+    for s in shown:
+        if s["damaged"]:
+            print(f"runs: {s['damaged']}; listed with status UNKNOWN", file=sys.stderr)
     if args.dirs:
         for s in shown:
             print(s["dir"])

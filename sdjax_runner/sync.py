@@ -70,6 +70,9 @@ def main(argv: Optional[list[str]] = None) -> int:
         for run_dir in run_dirs(path):
             try:
                 print(f"{run_dir}: {sync_run(run_dir, args.uri, args.assume_gone)}")
+            except rundir.DamagedRecord as exc:  # names the file and what it should be
+                print(f"error: {exc}", file=sys.stderr)
+                failed += 1
             except Exception as exc:  # one bad run must not stop the others
                 print(f"error: {run_dir}: {type(exc).__name__}: {' '.join(str(exc).split())[:300]}", file=sys.stderr)
                 failed += 1

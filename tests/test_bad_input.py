@@ -107,6 +107,29 @@ def test_a_sweep_with_a_bad_point_is_refused_before_it_starts(tmp_path, point, e
     assert not sweep.exists() and mlflow_statuses(tmp_path) == []  # nothing ran, nothing was written
 
 
+def test_a_sweep_over_a_lora_scale_with_a_bad_value_is_refused_before_it_starts(tmp_path):
+    sweep = tmp_path / "sweep"
+    result = run_cli("-m", "+experiment=smoke", "lora=[{path: style.safetensors}]", "lora.0.scale=0,nan",
+                     f"hydra.sweep.dir={sweep}", cwd=tmp_path)
+    assert_one_line_error(result, "error: lora.0.scale: must be a finite number, got nan (allowed: any finite "
+                                  "float, e.g. 0.8)")
+    assert not sweep.exists() and mlflow_statuses(tmp_path) == []
+
+
+@pytest.mark.parametrize("key", ["hydra.run.dir", "paths.output_root", "paths.cache_dir", "compilation_cache.dir",
+                                 "hydra.sweep.dir"])
+def test_a_directory_under_a_regular_file_is_one_line(tmp_path, key):
+    """A path whose parent is a file cannot be made (ENOTDIR): before, mkdir's traceback."""
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a folder")
+    sweep = ["-m", "seed=0,1"] if key == "hydra.sweep.dir" else []
+    result = run_cli(*sweep, "+experiment=smoke", "tracking=none", f"{key}={blocker / 'inside'}", cwd=tmp_path)
+    assert_one_line_error(result, f"error: {key}: {blocker / 'inside'}")
+    assert f"cannot be made: {blocker} is a file, not a folder (allowed: a path whose existing parts are folders)" \
+        in result.stderr
+    assert blocker.read_text() == "not a folder"
+
+
 def test_a_tracking_uri_from_the_environment_is_checked_too_and_a_server_down_is_not_bad_input(tmp_path):
     result = run_cli("+experiment=smoke", cwd=tmp_path, env={"MLFLOW_TRACKING_URI": "localhost:5000"})
     assert_one_line_error(result, "error: MLFLOW_TRACKING_URI: localhost:5000 is no URI MLflow can log to (a "
@@ -193,7 +216,12 @@ def test_cache_directories_other_users_can_write_are_refused(tmp_path):
     result = run_cli("+experiment=smoke", f"compilation_cache.dir={shared}", cwd=tmp_path)
     assert_one_line_error(result, f"error: compilation_cache.dir: {shared} is writable by other users, who could "
                                   f"plant code this run would load (allowed: a directory only you can write "
-                                  f"(chmod o-w {shared}), or another compilation_cache.dir)")
+                                  f"(chmod go-w {shared}), or another compilation_cache.dir)")
+    shared.chmod(0o775)  # a group that can write plants code as well
+    result = run_cli("+experiment=smoke", f"compilation_cache.dir={shared}", cwd=tmp_path)
+    assert_one_line_error(result, f"error: compilation_cache.dir: {shared} is writable by its group, who could plant "
+                                  "code this run would load")
+    shared.chmod(0o777)
     result = run_cli("+experiment=smoke", f"paths.cache_dir={shared / 'new'}", cwd=tmp_path)
     assert_one_line_error(result, f"error: paths.cache_dir: {shared / 'new'} would be created in {shared}, "
                                   "which other users can write")

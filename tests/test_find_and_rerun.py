@@ -408,3 +408,45 @@ def test_the_mlflow_ui_opens_on_the_runs_view_in_a_real_browser(smoke_run, tmp_p
     assert "ok   the runs view rendered" in result.stdout and "ok   run 'smoke' listed" in result.stdout
     with Image.open(tmp_path / "view.png") as shot:
         assert shot.size == (1600, 1000)
+
+
+DAMAGE = {"truncated": lambda text: text[:20], "null": lambda text: "null", "a list": lambda text: "[1, 2]",
+          "a number": lambda text: "5"}
+
+
+def test_damaged_status_and_images_records_are_one_line_each_and_the_others_still_listed(smoke_run, tmp_path):
+    """status.json / images.json cut short, null, a list or another type (before: tracebacks from rerun,
+    runs list and sync; rerun's exit 1 said 'images differ')."""
+    _, original, _ = smoke_run
+    root = tmp_path / "runs"
+    shutil.copytree(original, root / "good")
+    for file in ("status.json", "images.json"):
+        for name, damage in DAMAGE.items():
+            run = root / f"{file.split('.')[0]} {name}"
+            shutil.copytree(original, run)
+            (run / file).write_text(damage((original / file).read_text()))
+    listing = run_cli("list", str(root), cwd=tmp_path, module="sdjax_runner.runs")
+    assert listing.returncode == 0 and "Traceback" not in listing.stderr
+    warnings = {line for line in listing.stderr.splitlines() if line.startswith("runs: ")}
+    truncated = {w for w in warnings if w.startswith(f"runs: {root / 'status truncated' / 'status.json'}: cannot be "
+                                                     "read as JSON, damaged or cut short (")}
+    assert len(truncated) == 1 and warnings - truncated == {
+        f"runs: {root / ('status ' + name) / 'status.json'}: is {name} (allowed: a JSON object); listed with status "
+        "UNKNOWN" for name in ("null", "a list", "a number")}
+    assert len([line for line in listing.stdout.splitlines() if str(root) in line]) == 9  # every run listed
+
+    diff = run_cli("diff", str(root / "good"), str(root / "images null"), "--no-images", cwd=tmp_path,
+                   module="sdjax_runner.runs")
+    assert diff.returncode == 0, diff.stderr
+    diff = run_cli("diff", str(root / "good"), str(root / "images null"), cwd=tmp_path, module="sdjax_runner.runs")
+    assert "images: not compared (B's images.json is null)" in diff.stdout
+
+    for run, expected in [("status truncated", "status.json: cannot be read as JSON, damaged or cut short ("),
+                          ("status a list", "status.json: is a list (allowed: a JSON object)"),
+                          ("images null", "images.json: is null (allowed: a list of image records (JSON objects))"),
+                          ("images a list", "images.json: is a list holding other things (allowed: a list of image")]:
+        rerun = run_cli(str(root / run), "--no-tracking", cwd=tmp_path, module="sdjax_runner.rerun")
+        assert_one_line_error(rerun, f"error: {root / run / expected.split(':')[0]}:{expected.split(':', 1)[1]}")
+    sync = run_cli(str(root / "status null"), cwd=tmp_path, module="sdjax_runner.sync")
+    assert sync.returncode == 1 and "Traceback" not in sync.stderr
+    assert sync.stderr.strip() == f"error: {root / 'status null' / 'status.json'}: is null (allowed: a JSON object)"

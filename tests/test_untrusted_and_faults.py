@@ -112,6 +112,21 @@ def test_a_model_folder_cannot_run_code_or_crash_the_loader(tmp_path, tiny_model
     assert _json(tmp_path / "run" / "status.json")["status"] == "FAILED"
 
 
+def test_python_m_from_a_folder_that_ships_modules_imports_none_of_them(tmp_path):
+    """A model folder that ships hydra.py, numpy.py or json.py, a run started inside it: ``python -m``
+    puts the working directory first on sys.path; the runner takes it off before importing anything."""
+    folder = tmp_path / "downloaded-model"
+    folder.mkdir()
+    for name in ("hydra", "omegaconf", "numpy", "json", "logging", "jax", "mlflow"):
+        (folder / f"{name}.py").write_text(f"open({str(tmp_path / ('RAN_' + name))!r}, 'w').write('yes')\n"
+                                           "raise SystemExit('planted module imported')\n")
+    result = run_cli("+experiment=smoke", "sampling.height=65", cwd=folder)
+    assert_one_line_error(result, "error: sampling.height: must be a positive multiple of 8")
+    listing = run_cli("list", str(tmp_path), cwd=folder, module="sdjax_runner.runs")
+    assert "planted module imported" not in listing.stderr + listing.stdout, listing.stderr
+    assert not list(tmp_path.glob("RAN_*"))
+
+
 def test_a_reused_run_or_sweep_directory_is_refused_and_the_first_run_kept(smoke_run, tmp_path):
     _, original, _ = smoke_run
     first = tmp_path / "first"
@@ -275,8 +290,8 @@ def test_prompt_files_split_on_line_ends_only(tmp_path):
     from sdjax_runner.config.prompts import read_prompt_file
 
     path = tmp_path / "prompts.txt"
-    path.write_bytes("one\u2028still one\x0cand one\r\ntwo \r\n\r\n  three\n".encode())
-    assert read_prompt_file(str(path)) == ["one\u2028still one\x0cand one", "two", "three"]
+    path.write_bytes("one\u2028still one\x0cand one\r\ntwo \r\n\r\n  three\rstill three\n".encode())
+    assert read_prompt_file(str(path)) == ["one\u2028still one\x0cand one", "two", "three\rstill three"]
 
 
 def test_a_sweep_that_breaks_off_before_its_jobs_leaves_no_running_parent_run(tmp_path):

@@ -21,6 +21,7 @@ from typing import Any, Optional
 from omegaconf import DictConfig
 
 from sdjax_runner.errors import UserError
+from sdjax_runner.files import not_a_folder
 
 log = logging.getLogger("sdjax_runner")
 
@@ -56,19 +57,23 @@ def at_most(key: str, value: Optional[int], limit: int) -> None:
 
 
 def private_dir(key: str, path: str) -> None:
-    """Refuse a cache directory that other users can write: a compiled XLA program or a model they
-    plant there would be loaded and run as this user. Group-writable ones get a warning."""
+    """Refuse a cache directory that other users -- its group included -- can write: a compiled XLA
+    program or a model they plant there would be loaded and run as this user. (Every file read from the
+    caches is checked the same way on each read: files.untrusted.)"""
     directory = Path(path).expanduser()
+    blocker = not_a_folder(directory)
+    if blocker is not None:
+        raise UserError(key, f"{directory} cannot be made: {blocker} is a file, not a folder",
+                        "a path whose existing parts are folders")
     if directory.exists():
         info = directory.stat()
-        if info.st_mode & stat.S_IWOTH:
-            raise UserError(key, f"{directory} is writable by other users, who could plant code this run would load",
-                            f"a directory only you can write (chmod o-w {directory}), or another {key}")
+        if info.st_mode & (stat.S_IWOTH | stat.S_IWGRP):
+            who = "other users" if info.st_mode & stat.S_IWOTH else "its group"
+            raise UserError(key, f"{directory} is writable by {who}, who could plant code this run would load",
+                            f"a directory only you can write (chmod go-w {directory}), or another {key}")
         if info.st_uid not in (os.getuid(), 0):
             raise UserError(key, f"{directory} belongs to another user (uid {info.st_uid})",
                             f"a directory of your own, or another {key}")
-        if info.st_mode & stat.S_IWGRP:
-            log.warning("%s: %s is writable by its group; members could plant code this run would load", key, directory)
         return
     parent = directory.parent
     while not parent.exists() and parent != parent.parent:
@@ -245,6 +250,10 @@ def run_values(cfg: DictConfig) -> None:
     at_most("timing.repeats", cfg.timing.repeats, MAX_REPEATS)
     if not 0 <= cfg.seed <= MAX_SEED:
         raise UserError("seed", f"{cfg.seed} is not a 32-bit PRNG seed", f"0..{MAX_SEED}")
+    for index, adapter in enumerate(cfg.lora):  # a sweep over lora.N.scale is refused here, before it starts
+        if not math.isfinite(float(adapter.scale)):
+            raise UserError(f"lora.{index}.scale", f"must be a finite number, got {adapter.scale}",
+                            "any finite float, e.g. 0.8")
     positive("output.grid_rows", cfg.output.grid_rows)
     positive("output.grid_cols", cfg.output.grid_cols)
     size("model.resolution", cfg.model.resolution)

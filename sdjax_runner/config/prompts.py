@@ -26,7 +26,7 @@ def read_prompt_file(path: str) -> list[str]:
         raise UserError("prompts.file", f"{file} has {size / 1e9:.1f} GB",
                         f"a prompt file of at most {MAX_FILE_BYTES // 2**20} MB")
     try:
-        text = file.read_text(encoding="utf-8")
+        text = file.read_bytes().decode("utf-8")  # not read_text: its universal newlines end a line at a lone \r
     except UnicodeDecodeError as exc:
         raise UserError("prompts.file", f"{file} is not valid UTF-8 (byte {exc.start})") from None
     if "\x00" in text:

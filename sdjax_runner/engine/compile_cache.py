@@ -14,6 +14,7 @@ from typing import Iterator, Optional
 from omegaconf import DictConfig
 
 from sdjax_runner.engine import executable_cache
+from sdjax_runner.files import private_folder, untrusted, write_private
 
 log = logging.getLogger("sdjax_runner")
 
@@ -43,7 +44,7 @@ def configure(cache: DictConfig) -> None:
     executable_cache.bound(wanted[2])
     if directory:
         guard_entries()
-        Path(directory).mkdir(parents=True, exist_ok=True)
+        private_folder(Path(directory))
         jax.config.update("jax_compilation_cache_dir", directory)
         jax.config.update("jax_persistent_cache_min_compile_time_secs", wanted[1])
         jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
@@ -78,6 +79,13 @@ def guard_entries() -> bool:
         return Path(os.fspath(root)) / f"{key}{lru_cache._CACHE_SUFFIX}"
 
     def get_executable_and_time(cache_key, compile_options, backend, *args, **kwargs):
+        entry = local_entry(jax_cache._get_cache(backend), cache_key) if cache_key else None
+        why = untrusted(entry, entry.parent) if entry is not None and os.path.lexists(entry) else None
+        if why:  # an entry is machine code this process would run: never one someone else could plant
+            with contextlib.suppress(OSError):
+                entry.unlink()
+            log.warning("compilation_cache: entry %s %s: not read, removed; compiling again", entry.name, why)
+            return None, None
         try:
             return read(cache_key, compile_options, backend, *args, **kwargs)
         except Exception as exc:
@@ -97,13 +105,9 @@ def guard_entries() -> bool:
             return write(self, key, value)  # a remote cache, JAX's own eviction on, or no key: JAX's put as shipped
         if entry.exists():
             return None
-        tmp = entry.with_name(f".{entry.name}.{os.getpid()}.tmp")
         try:
-            tmp.write_bytes(value)
-            os.replace(tmp, entry)
+            write_private(entry, value)  # whole, by rename, and 0600 whatever the umask
         except OSError as exc:
-            with contextlib.suppress(OSError):
-                tmp.unlink(missing_ok=True)
             if getattr(jax.config, "jax_raise_persistent_cache_errors", False):
                 raise
             log.info("compilation_cache: entry %s not written (%s)", entry.name, " ".join(str(exc).split())[:120])

@@ -38,6 +38,7 @@ What is kept, and why not more (measured with jaxlib 0.10.2 on CPU):
 from __future__ import annotations
 
 import hashlib
+import hmac
 import json
 import logging
 import os
@@ -46,10 +47,18 @@ import platform
 from pathlib import Path
 from typing import Any, Optional
 
+from sdjax_runner.files import private_folder, untrusted, write_private
+
 log = logging.getLogger("sdjax_runner")
 
 SUBDIR = "executables"
-FORMAT = 1  # bump when what is stored changes
+FORMAT = 2  # bump when what is stored changes (2: signed)
+# A stored executable is MAGIC, then the HMAC-SHA256 of the rest under this cache's key, then the pickle.
+# JAX's deserialize_and_load unpickles too, so nothing of a file is unpickled before its signature checks:
+# a file planted by someone without the key, or damaged (one flipped byte), is never loaded.
+MAGIC = b"sdjax-executable-2\n"
+KEY_FILE = ".signing-key"  # 32 random bytes, mode 0600, made by the first process that stores an executable
+_keys: dict[str, bytes] = {}
 _source_hash: Optional[str] = None
 _max_bytes: Optional[int] = None  # compilation_cache.max_size_gb: a larger executable is not stored
 
@@ -114,21 +123,102 @@ def _path(directory: str, key: str) -> Path:
     return Path(directory).expanduser() / SUBDIR / f"{key}.pkl"
 
 
-def load(directory: str, key: str, devices: list) -> Optional[Any]:
-    """The executable stored under ``key``, or None (absent, unreadable, refused)."""
+def signing_key(directory: str) -> Optional[bytes]:
+    """This cache's signing key, made if there is none; one that fails the checks (another user's, readable
+    or writable by others, damaged) is replaced -- every executable signed with it is then traced again."""
+    root = Path(directory).expanduser()
+    folder = root / SUBDIR
+    path = folder / KEY_FILE
+    if _keys.get(str(path)):
+        return _keys[str(path)]
+    for _ in range(3):
+        if os.path.lexists(path):
+            why = untrusted(path, root)
+            if why is None and os.lstat(path).st_mode & 0o077:
+                why = "can be read by other users"
+            data = path.read_bytes() if why is None else b""
+            if why is None and len(data) == 32:
+                _keys[str(path)] = data
+                return data
+            log.warning("compile: signing key %s %s: replaced; the executables it signed are traced again", path,
+                        why or "is damaged")
+            path.unlink(missing_ok=True)
+        try:
+            private_folder(folder)
+            tmp = folder / f".{KEY_FILE}.{os.getpid()}.tmp"
+            write_private(tmp, os.urandom(32))
+            try:
+                os.link(tmp, path)  # appears whole, or not at all if another process made one first
+            except FileExistsError:
+                pass
+            finally:
+                tmp.unlink(missing_ok=True)
+        except OSError as exc:
+            log.info("compile: no signing key for stored executables (%s); none are kept", exc.strerror)
+            return None
+    return None
+
+
+def _signature(key: bytes, payload: bytes) -> bytes:
+    return hmac.new(key, payload, hashlib.sha256).digest()
+
+
+def _verified(directory: str, path: Path) -> tuple[Optional[bytes], Optional[str]]:
+    """(the stored pickle, None) if ``path`` passes the checks and carries this cache's signature, else
+    (None, why not)."""
+    why = untrusted(path, Path(directory).expanduser())
+    if why:
+        return None, why
+    raw = path.read_bytes()
+    key = signing_key(directory)
+    if key is None:
+        return None, "cannot be verified (no signing key)"
+    signature, payload = raw[len(MAGIC):len(MAGIC) + 32], raw[len(MAGIC) + 32:]
+    if not raw.startswith(MAGIC) or not hmac.compare_digest(signature, _signature(key, payload)):
+        return None, "does not carry this cache's signature (damaged, or not written by this cache)"
+    return payload, None
+
+
+def fits(compiled: Any, args: tuple) -> bool:
+    """Whether ``compiled`` takes exactly ``args``: the same tree, and leaves of the same shapes and dtypes."""
+    import jax
+    import numpy as np
+
+    if compiled.in_tree != jax.tree_util.tree_structure((tuple(args), {})):
+        return False
+    expected = [(tuple(np.shape(leaf)), np.dtype(jax.dtypes.canonicalize_dtype(leaf.dtype)))  # host int64 -> int32
+                for leaf in jax.tree_util.tree_leaves(args)]
+    return expected == [(tuple(a.shape), np.dtype(a.dtype)) for a in jax.tree_util.tree_leaves(compiled.args_info)]
+
+
+def load(directory: str, key: str, devices: list, args: tuple) -> Optional[Any]:
+    """The executable stored under ``key`` for a call with ``args``, or None (absent, unreadable,
+    refused, or a program that takes other arguments)."""
     from jax.experimental.serialize_executable import deserialize_and_load
 
     path = _path(directory, key)
-    if not path.is_file():
+    if not os.path.lexists(path):
         return None
     try:
-        with open(path, "rb") as file:
-            stored = pickle.load(file)
+        payload, why = _verified(directory, path)
+    except OSError as exc:
+        payload, why = None, f"cannot be read ({exc.strerror})"
+    if why:
+        log.warning("compile: stored executable %s not usable: it %s; removed, tracing instead", path.name, why)
+        discard(directory, key)
+        return None
+    try:
+        stored = pickle.loads(payload)
         compiled = deserialize_and_load(stored["executable"], stored["in_tree"], stored["out_tree"],
                                         execution_devices=devices)
     except Exception as exc:  # a damaged or foreign file: trace instead, and overwrite it
         log.info("compile: stored executable %s not usable (%s: %s); tracing", path.name, type(exc).__name__,
                  " ".join(str(exc).split())[:120])
+        return None
+    if not fits(compiled, args):  # another program under this key: it would fail at its first call
+        log.warning("compile: stored executable %s not usable: it takes other arguments than this program; "
+                    "removed, tracing instead", path.name)
+        discard(directory, key)
         return None
     try:
         os.utime(path)  # used now: among the last to go when the cache is over its bound
@@ -150,19 +240,17 @@ def save(directory: str, key: str, compiled: Any) -> bool:
     from jax.experimental.serialize_executable import serialize
 
     path = _path(directory, key)
-    tmp = path.with_name(path.name + f".{os.getpid()}.tmp")
     try:
         executable, in_tree, out_tree = serialize(compiled)
         data = pickle.dumps({"executable": executable, "in_tree": in_tree, "out_tree": out_tree})
         if _max_bytes is not None and len(data) > _max_bytes:
             log.info("compile: executable not kept (%.1f MB is more than compilation_cache.max_size_gb)", len(data) / 1e6)
             return False
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with open(tmp, "wb") as file:
-            file.write(data)
-        os.replace(tmp, path)
+        signer = signing_key(directory)
+        if signer is None:
+            return False
+        write_private(path, MAGIC + _signature(signer, data) + data)
     except Exception as exc:
-        tmp.unlink(missing_ok=True)
         log.info("compile: executable not kept (%s: %s)", type(exc).__name__, " ".join(str(exc).split())[:120])
         return False
     return True
@@ -174,8 +262,12 @@ def _flops_path(directory: str, key: str) -> Path:
 
 def load_flops(directory: str, key: str) -> Optional[float]:
     """The FLOPs of one batch of program ``key``, if an earlier process counted them."""
+    path = _flops_path(directory, key)
+    if os.path.lexists(path) and untrusted(path, Path(directory).expanduser()):
+        path.unlink(missing_ok=True)  # counted again and rewritten
+        return None
     try:
-        flops = json.loads(_flops_path(directory, key).read_text(encoding="utf-8"))["flops_per_batch"]
+        flops = json.loads(path.read_text(encoding="utf-8"))["flops_per_batch"]
         return float(flops) if flops is not None else None
     except (OSError, ValueError, KeyError, TypeError):
         return None
@@ -183,13 +275,11 @@ def load_flops(directory: str, key: str) -> Optional[float]:
 
 def save_flops(directory: str, key: str, flops: Optional[float]) -> None:
     """Keep the FLOPs of one batch of program ``key`` (atomically; a failure only costs a lowering later)."""
-    from sdjax_runner.files import write_json
-
     path = _flops_path(directory, key)
     if flops is None or load_flops(directory, key) == flops:
         return
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        write_json(path, {"flops_per_batch": flops})
+        private_folder(path.parent)
+        write_private(path, json.dumps({"flops_per_batch": flops}).encode())
     except OSError:
         pass

@@ -84,7 +84,7 @@ class ClipScorer:
             return None
         from sdjax_runner.engine import executable_cache
 
-        return executable_cache.load(self.executables, self._key(inputs), self.devices)
+        return executable_cache.load(self.executables, self._key(inputs), self.devices, (self.params, *inputs))
 
     def _compiled(self, inputs: tuple) -> Callable:
         """Trace and compile with transformers' own model and loading (and keep the executable)."""

@@ -13,11 +13,14 @@ dtype as they are read -- so converting a component needs about one copy of its 
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Optional
 
 import numpy as np
+
+from sdjax_runner.files import untrusted
 
 # Flax and PyTorch file stems, by the library that defines the component.
 FLAX_FILES = {"diffusers": "diffusion_flax_model.msgpack", "transformers": "flax_model.msgpack"}
@@ -82,6 +85,8 @@ def param_shapes(module: Any, library: str) -> dict:
     import jax
 
     path = _shapes_path(module, library) if SHAPES_DIR is not None else None
+    if path is not None and os.path.lexists(path) and untrusted(path, SHAPES_DIR.parent):
+        path.unlink(missing_ok=True)  # another user could have written it: traced again and rewritten below
     if path is not None and path.is_file():
         try:
             from flax.traverse_util import unflatten_dict
@@ -129,14 +134,14 @@ def _shapes_path(module: Any, library: str) -> Optional[Path]:
 def _keep_shapes(path: Path, shapes: dict) -> None:
     from flax.traverse_util import flatten_dict
 
-    from sdjax_runner.files import write_json
+    from sdjax_runner.files import private_folder, write_private
 
     flat = flatten_dict(shapes)
     if any("/" in part for key in flat for part in key):
         return  # not representable in this format
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        write_json(path, {"/".join(k): [list(v.shape), str(v.dtype)] for k, v in flat.items()})
+        private_folder(path.parent)
+        write_private(path, json.dumps({"/".join(k): [list(v.shape), str(v.dtype)] for k, v in flat.items()}).encode())
     except OSError:
         pass  # not kept: the next process traces again
 

@@ -55,7 +55,7 @@ def finish_dead_run(run_dir: Path, status: dict, by: str = "python -m sdjax_runn
 
 def sync_run(run_dir: Path, uri: Optional[str], assume_gone: bool = False, by: str = "python -m sdjax_runner.sync"
              ) -> str:
-    status = rundir.read_json(run_dir / rundir.STATUS)
+    status = rundir.read_record(run_dir / rundir.STATUS)
     finished = ""
     if status["status"] == "RUNNING":
         gone = process_gone(status)

@@ -81,7 +81,10 @@ def _walk(node: Any, prefix: str = "") -> Iterator[tuple[str, str]]:
 def summary(run_dir: Path, config: Optional[dict[str, str]] = None) -> dict[str, Any]:
     """Name, status, start, key params and headline numbers of one run (``config``: its flat config,
     if already read)."""
-    status = rundir.read_json_or_empty(run_dir / rundir.STATUS)
+    try:
+        status, damaged = rundir.read_record(run_dir / rundir.STATUS), ""
+    except rundir.DamagedRecord as exc:  # listed, blank, and named once by the listing
+        status, damaged = {}, str(exc)
     numbers = _recorded_numbers(run_dir)
     config = flat_config(run_dir) if config is None else config
     return {
@@ -92,6 +95,7 @@ def summary(run_dir: Path, config: Optional[dict[str, str]] = None) -> dict[str,
         "run_id": status.get("run_id") or "",
         **{key: config.get(key, "") for key in KEY_PARAMS},
         **{key: numbers.get(key, "") for key in HEADLINE},
+        "damaged": damaged,
     }
 
 

@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any, Collection, Iterator, Optional, Sequence
 from PIL import Image
 from PIL.PngImagePlugin import PngInfo
 
+from sdjax_runner.errors import UserError
 from sdjax_runner.files import read_json, write_json  # noqa: F401 (part of the run-directory contract)
 
 if TYPE_CHECKING:
@@ -188,12 +189,46 @@ def make_grid(images: Sequence[Image.Image], rows: int, cols: int) -> Image.Imag
     return make_image_grid(cells, rows=rows, cols=cols)
 
 
+class DamagedRecord(UserError):
+    """A run's record file that is missing, not JSON, or JSON of the wrong kind: one line naming it."""
+
+    def __init__(self, path: Path, problem: str, wanted: str):
+        super().__init__(str(path), problem, wanted)
+
+
+_KINDS = {dict: "a JSON object", list: "a list of image records (JSON objects)"}
+
+
+def _kind_of(value: Any) -> str:
+    return {type(None): "null", bool: "a boolean", int: "a number", float: "a number", str: "a string",
+            list: "a list", dict: "an object"}.get(type(value), type(value).__name__)
+
+
+def read_record(path: Path, kind: type = dict) -> Any:
+    """A run's record file (status.json, images.json, ...) as the ``kind`` it must be: a JSON object, or
+    (``list``) a list of objects; :class:`DamagedRecord` naming the file otherwise -- truncated, ``null``,
+    a list where an object belongs."""
+    try:
+        value = read_json(path)
+    except FileNotFoundError:
+        raise DamagedRecord(path, "is missing", _KINDS[kind]) from None
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        detail = " ".join(str(exc).split())[:120]
+        raise DamagedRecord(path, f"cannot be read as JSON, damaged or cut short ({type(exc).__name__}: {detail})",
+                            _KINDS[kind]) from None
+    if not isinstance(value, kind) or (kind is list and not all(isinstance(item, dict) for item in value)):
+        what = _kind_of(value) if not isinstance(value, list) or kind is not list else "a list holding other things"
+        raise DamagedRecord(path, f"is {what}", _KINDS[kind])
+    return value
+
+
 def read_json_or_empty(path: Path) -> dict[str, Any]:
     """A record file of a run that may be absent, unreadable or damaged (a run killed mid-write, a
-    directory copied in part): ``{}`` then, so listings and resume show what is there."""
+    directory copied in part): ``{}`` then -- also where it holds JSON that is no object -- so listings
+    and resume show what is there."""
     try:
-        return read_json(path)
-    except (OSError, ValueError):
+        return read_record(path)
+    except DamagedRecord:
         return {}
 
 
