@@ -107,3 +107,19 @@ def test_stored_executables_are_signed_private_and_never_loaded_unverified(tmp_p
     assert f"compile: stored executable {stored.name} not usable: it takes other arguments than this program" \
         in wrong["log"]
     assert wrong["compile_path"] == "traced" and wrong["hashes"] == first["hashes"]
+
+    # A parameter-shape record that is valid JSON but wrong: traced again and rewritten, not blamed on the model.
+    records = sorted((cache / "shapes").glob("*.json"))
+    assert records
+    right = {}
+    for record in records:
+        shapes = json.loads(record.read_text())
+        name = next(iter(shapes))
+        right[record] = (name, shapes[name][0])
+        shapes[name][0] = [dim + 1 for dim in shapes[name][0]]
+        record.write_text(json.dumps(shapes))
+        record.chmod(0o600)
+    rewritten = _run(tmp_path, cache, "shapes")
+    assert rewritten["hashes"] == first["hashes"] and "does not match its config.json" not in rewritten["log"]
+    for record, (name, shape) in right.items():
+        assert json.loads(record.read_text())[name][0] == shape  # rewritten with the traced shapes

@@ -3,8 +3,10 @@ scale as an input -- scale 0 is no LoRA, scale 1 is the weights merged by hand, 
 
 import json
 import os
+import re
 
 import numpy as np
+import pytest
 
 from helpers.cli import assert_one_line_error, run_cli
 from helpers.images import images_of
@@ -84,3 +86,66 @@ def test_keys_that_match_no_module_are_one_line_not_ignored(tmp_path, tiny_model
         result = run_cli("+experiment=smoke", "tracking=none", _lora(bad), cwd=tmp_path, timeout=120)
         assert_one_line_error(result, f"error: lora.0.path: {bad} is not a readable safetensors file (")
         assert why in result.stderr
+
+
+def test_odd_lora_tensors_a_replaced_file_and_non_files_are_one_line_each(tmp_path, tiny_model_dir):
+    """Factors that are no matrices, rank 0, a vector alpha, no tensors, kohya and PEFT keys for one module,
+    a file replaced after the plan hashed it: one line each, before anything is generated (before: tracebacks,
+    or silently a no-op adapter / one of two factors). A directory or a FIFO given as the file: one line."""
+    from safetensors.numpy import save_file
+
+    from helpers.lora_files import host_params
+    from sdjax_runner.errors import UserError
+    from sdjax_runner.models import lora
+
+    (component, path), (a, b) = next(iter(factors(tiny_model_dir).items()))
+    name = ("lora_unet_" if component == "unet" else "lora_te_") + "_".join(path[:-1])
+    module = f"{component} {'_'.join(path[:-1])}"
+    peft = f"{component}." + ".".join(re.sub(r"_(\d+)$", r".\1", part) for part in path[:-1])  # PEFT's name
+    cases = {
+        "one-dimensional": ({f"{name}.lora_down.weight": a[0], f"{name}.lora_up.weight": b},
+                            f"{module}: down factor is a 1-D tensor ({a.shape[1]},) (allowed: a matrix"),
+        "a scalar": ({f"{name}.lora_down.weight": np.array(1.0, np.float32), f"{name}.lora_up.weight": b},
+                     f"{module}: down factor is a scalar (allowed: a matrix"),
+        "three-dimensional": ({f"{name}.lora_down.weight": a[None], f"{name}.lora_up.weight": b},
+                              f"{module}: down factor is a 3-D tensor (1, {a.shape[0]}, {a.shape[1]})"),
+        "a 3x3 convolution (LoCon)": ({f"{name}.lora_down.weight": np.zeros((2, a.shape[1], 3, 3), np.float32),
+                                       f"{name}.lora_up.weight": b},
+                                      f"{module}: down factor is a 3x3 convolution's weight"),
+        "rank 0": ({f"{name}.lora_down.weight": a[:0], f"{name}.lora_up.weight": b[:, :0]},
+                   f"{module}: rank 0 (down (0, {a.shape[1]})) (allowed: a rank of 1 or more)"),
+        "a vector alpha": ({f"{name}.lora_down.weight": a, f"{name}.lora_up.weight": b,
+                            f"{name}.alpha": np.array([1.0, 2.0], np.float32)},
+                           f"{module}: alpha is 2 value(s) [1.0, 2.0] (allowed: one finite number)"),
+        "kohya and PEFT keys for one module": ({f"{name}.lora_down.weight": a, f"{name}.lora_up.weight": b,
+                                                f"{peft}.lora_A.weight": a, f"{peft}.lora_B.weight": b},
+                                               f"weight of {module} (allowed: one key per module and factor)"),
+        "no tensors": ({}, "holds no tensors"),
+    }
+    params = host_params(tiny_model_dir)
+    for case, (tensors, expected) in cases.items():
+        file = tmp_path / f"{case.replace(' ', '-')}.safetensors"
+        save_file(tensors, str(file))
+        with pytest.raises(UserError) as error:
+            lora.read(str(file), params, "lora.0.path")
+        assert expected in str(error.value), (case, str(error.value))
+    good = write_kohya(tmp_path / "good.safetensors", factors(tiny_model_dir), alpha=ALPHA)
+    with pytest.raises(UserError, match="changed since the run was planned .* not run under the old file's hash"):
+        lora.read(str(good), params, "lora.0.path", expected_sha256="0" * 64)
+    assert lora.read(str(good), params, "lora.0.path", lora.file_sha256(good)).factors
+
+    # Through the command: one line, exit 2, before any image.
+    for case in ("one-dimensional", "kohya and PEFT keys for one module"):
+        file = tmp_path / f"{case.replace(' ', '-')}.safetensors"
+        result = run_cli("+experiment=smoke", "tracking=none", _lora(file), f"hydra.run.dir={tmp_path / case}",
+                         cwd=tmp_path)
+        assert_one_line_error(result, f"error: lora.0.path: {file.name}: ")
+        assert cases[case][1] in result.stderr and not (tmp_path / case / "images").exists()
+    fifo = tmp_path / "fifo.safetensors"
+    os.mkfifo(fifo)
+    for not_a_file in (tmp_path, fifo):
+        result = run_cli("+experiment=smoke", "tracking=none", _lora(not_a_file), cwd=tmp_path, timeout=60)
+        assert_one_line_error(result, f"error: lora.0.path: not a regular file: {not_a_file} (allowed: a LoRA")
+        result = run_cli("+experiment=smoke", "tracking=none", f"model.checkpoint={not_a_file}", cwd=tmp_path,
+                         timeout=60)
+        assert_one_line_error(result, f"error: model.checkpoint: not a regular file: {not_a_file} (allowed: a single")

@@ -4,6 +4,7 @@ model in diffusers format; the records name the file and its hash; bad files are
 
 import hashlib
 import json
+import os
 import sys
 
 import numpy as np
@@ -82,6 +83,19 @@ def test_single_file_weights_are_the_diffusers_weights(tmp_path, request, fixtur
     half = _load([f"model={model}", f"model.checkpoint={write_single_file(model_dir, tmp_path / 'h.safetensors')}",
                   "dtype=bf16"])  # an fp16 file, cast to the weights dtype while it is read
     assert {leaf.dtype.name for leaf in half.host_weights["unet"]["conv_in"].values()} == {"bfloat16"}
+    if fixture == "tiny_model_dir" and not open_clip:  # a file replaced after the plan hashed it: not run
+        from sdjax_runner.errors import UserError
+        from sdjax_runner.models.loading import load_model
+        from sdjax_runner.models.lora import file_sha256
+
+        cfg = compose_cfg([f"model={model}", f"model.checkpoint={checkpoint}"])
+        planned = file_sha256(checkpoint)
+        assert load_model(cfg.model, cfg.dtype, planned).formats
+        replacement = write_single_file(model_dir, tmp_path / "other.safetensors")  # fp16: other bytes
+        os.replace(replacement, checkpoint)
+        with pytest.raises(UserError, match=f"model.checkpoint: {checkpoint} changed since the run was planned "
+                                            f"\\(sha256 {planned[:12]} -> "):
+            load_model(cfg.model, cfg.dtype, planned)
 
 
 def test_a_checkpoint_run_makes_the_models_images_and_names_the_file(smoke_run, tmp_path, tiny_model_dir):

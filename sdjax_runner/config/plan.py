@@ -107,7 +107,8 @@ def lora_record(index: int, spec) -> tuple[str, float, str]:
 
     path = Path(str(spec.path)).expanduser()
     if not path.is_file():
-        raise UserError(f"lora.{index}.path", f"no such file: {path}", "a LoRA .safetensors file")
+        raise UserError(f"lora.{index}.path", f"{'not a regular file' if path.exists() else 'no such file'}: {path}",
+                        "a LoRA .safetensors file")
     check_header(path, f"lora.{index}.path")
     return str(path), float(spec.scale), file_sha256(path)
 

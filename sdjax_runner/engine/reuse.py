@@ -96,7 +96,8 @@ class ReuseCache:
         while len(self.models) >= plan.max_models:
             self.models.popitem(last=False)
             gc.collect()  # release the old weights before the new ones arrive
-        entry = ModelEntry(load_model(plan.model, plan.dtype), structure)
+        entry = ModelEntry(load_model(plan.model, plan.dtype, plan.checkpoint[1] if plan.checkpoint else None),
+                           structure)
         self.counters.model_loads += 1
         self.models[key] = entry
         return entry, False
@@ -138,8 +139,8 @@ class ReuseCache:
         key = (tuple((path, sha) for path, _, sha in plan.lora), placement)
         if entry.lora_on != key:
             entry.lora_factors, entry.lora_on = {}, ()
-            for index, (path, _, _) in enumerate(plan.lora):
-                adapter = lora.read(path, entry.loaded.host_weights, f"lora.{index}.path")
+            for index, (path, _, sha256) in enumerate(plan.lora):
+                adapter = lora.read(path, entry.loaded.host_weights, f"lora.{index}.path", sha256)
                 for (component, kernel_path), pair in adapter.factors.items():
                     entry.lora_factors[(component, kernel_path, index)] = mode.place_params(pair, devices)
             entry.lora_on = key

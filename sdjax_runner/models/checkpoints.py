@@ -182,16 +182,35 @@ def _fitted(reference: dict, tensors: Iterable[tuple[tuple, np.ndarray, str]], s
     return unflatten_dict(params)
 
 
-def convert_tensors(tensors: Iterable[tuple[str, Callable[[], np.ndarray]]], module: Any, library: str,
-                    dtype: np.dtype, source: str) -> dict:
-    """Flax params for ``module`` from ``(PyTorch name, loader)`` pairs, as host arrays of ``dtype``
-    (each tensor is loaded, renamed, checked and cast in turn; WeightsMismatch if they do not fit)."""
+def _against_shapes(module: Any, library: str, use: Callable[[dict], Any]) -> Any:
+    """``use(reference)`` with the module's flattened parameter shapes. Where they came from a stored shape
+    record and the weights do not fit, the record is dropped and the shapes traced again, once: a record
+    that is valid but wrong is the cache's fault, and must not be blamed on the model."""
     from flax.traverse_util import flatten_dict
 
-    reference = flatten_dict(param_shapes(module, library))
+    path = _shapes_path(module, library) if SHAPES_DIR is not None else None
+    from_record = path is not None and path.is_file()
+    try:
+        return use(flatten_dict(param_shapes(module, library)))
+    except ValueError:
+        if not from_record:
+            raise
+        path.unlink(missing_ok=True)
+        return use(flatten_dict(param_shapes(module, library)))
+
+
+def convert_tensors(tensors: Callable[[], Iterable[tuple[str, Callable[[], np.ndarray]]]], module: Any, library: str,
+                    dtype: np.dtype, source: str) -> dict:
+    """Flax params for ``module`` from ``(PyTorch name, loader)`` pairs (``tensors()`` gives them), as host
+    arrays of ``dtype`` (each tensor is loaded, renamed, checked and cast in turn; WeightsMismatch if they
+    do not fit)."""
     prefix = getattr(module, "base_model_prefix", "")
-    renamed = ((*_flax_key(pt_key, load(), reference, library, prefix), pt_key) for pt_key, load in tensors)
-    return _fitted(reference, renamed, source, dtype)
+
+    def use(reference: dict) -> dict:
+        renamed = ((*_flax_key(pt_key, load(), reference, library, prefix), pt_key) for pt_key, load in tensors())
+        return _fitted(reference, renamed, source, dtype)
+
+    return _against_shapes(module, library, use)
 
 
 def check_flax_size(file: Path, reference: dict) -> None:
@@ -212,10 +231,12 @@ def read_flax(file: Path, module: Any, library: str) -> dict:
     from flax.serialization import msgpack_restore
     from flax.traverse_util import flatten_dict
 
-    reference = flatten_dict(param_shapes(module, library))
-    check_flax_size(file, reference)
-    stored = flatten_dict(msgpack_restore(file.read_bytes()))
-    return _fitted(reference, ((key, value, "/".join(key)) for key, value in stored.items()), file.name)
+    def use(reference: dict) -> dict:
+        check_flax_size(file, reference)
+        stored = flatten_dict(msgpack_restore(file.read_bytes()))
+        return _fitted(reference, ((key, value, "/".join(key)) for key, value in stored.items()), file.name)
+
+    return _against_shapes(module, library, use)
 
 
 def _file_tensors(files: tuple[Path, ...]) -> Iterator[tuple[str, Callable[[], np.ndarray]]]:
@@ -229,4 +250,4 @@ def _file_tensors(files: tuple[Path, ...]) -> Iterator[tuple[str, Callable[[], n
 
 def convert_safetensors(files: tuple[Path, ...], module: Any, library: str, dtype: np.dtype) -> dict:
     """Flax params for ``module`` from PyTorch-layout safetensors ``files``, as host arrays of ``dtype``."""
-    return convert_tensors(_file_tensors(files), module, library, dtype, ", ".join(f.name for f in files))
+    return convert_tensors(lambda: _file_tensors(files), module, library, dtype, ", ".join(f.name for f in files))

@@ -19,7 +19,7 @@ import logging
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
 import numpy as np
 from omegaconf import DictConfig
@@ -194,9 +194,8 @@ def load_from_checkpoint(folder: Path, name: str, library: str, cls, checkpoint,
     is_diffusers = issubclass(cls, FlaxModelMixin)
     module = from_config(cls, folder, activations)
     base = folder.parent
-    tensors = single_file.component_tensors(checkpoint, name)
     try:
-        params = convert_tensors(tensors, module, "diffusers" if is_diffusers else "transformers", weights,
+        params = convert_tensors(lambda: single_file.component_tensors(checkpoint, name), module, "diffusers" if is_diffusers else "transformers", weights,
                                  f"{checkpoint.path.name} ({name})")
     except ValueError as exc:
         raise UserError(single_file.KEY, f"does not fit the base model {base} "
@@ -226,8 +225,10 @@ def load_component_or_say_why(directory: Path, name: str, library: str, cls, mod
         raise unloadable(directory, name, exc) from exc
 
 
-def load_model(model: DictConfig, dtype: DictConfig) -> LoadedModel:
-    """The pipeline (with the model's own scheduler) and its weights as host arrays."""
+def load_model(model: DictConfig, dtype: DictConfig, checkpoint_sha256: Optional[str] = None) -> LoadedModel:
+    """The pipeline (with the model's own scheduler) and its weights as host arrays. ``checkpoint_sha256``:
+    the plan's hash of ``model.checkpoint``; a file replaced since then is refused once its weights are read,
+    so a run is never recorded under the hash of a file it did not read."""
     import jax.numpy as jnp
 
     started = time.perf_counter()
@@ -289,6 +290,14 @@ def load_model(model: DictConfig, dtype: DictConfig) -> LoadedModel:
         scheduler, _ = scheduler_class.from_pretrained(directory, subfolder="scheduler")
     except (OSError, ValueError, TypeError, KeyError) as exc:
         raise unloadable(directory, "scheduler", exc) from exc
+    if checkpoint is not None and checkpoint_sha256 is not None:
+        from sdjax_runner.models.lora import file_sha256
+
+        now = file_sha256(checkpoint.path)
+        if now != checkpoint_sha256:
+            raise UserError("model.checkpoint", f"{checkpoint.path} changed since the run was planned (sha256 "
+                            f"{checkpoint_sha256[:12]} -> {now[:12]}); it is not run under the old file's hash",
+                            "run again")
     pipeline = cls(**modules, scheduler=scheduler, dtype=activations)
     _keep_config_readable(pipeline.unet)
     if "text_encoder_2" in modules:  # SDXL: what an empty negative prompt means (engine/generate.py)

@@ -65,14 +65,15 @@ def check_header(path: Path, config_key: str) -> None:
 
 
 def file_sha256(path: Path) -> str:
-    """SHA-256 of a weights file (kept per process while the file's size and mtime stay the same:
-    a sweep hashes a multi-GB checkpoint once)."""
+    """SHA-256 of a weights file (kept per process while the file is the same file, unchanged: its inode,
+    size, mtime and ctime -- a copy over it that keeps the mtime still changes the ctime -- so a sweep
+    hashes a multi-GB checkpoint once)."""
     stat = Path(path).stat()
-    return _sha256(str(path), stat.st_size, stat.st_mtime_ns)
+    return _sha256(str(path), stat.st_size, stat.st_mtime_ns, stat.st_ino, stat.st_ctime_ns)
 
 
 @functools.lru_cache(maxsize=64)
-def _sha256(path: str, size: int, mtime_ns: int) -> str:
+def _sha256(path: str, size: int, mtime_ns: int, inode: int, ctime_ns: int) -> str:
     if size >= 200_000_000:
         logging.getLogger("sdjax_runner").info("hash: %s (%.1f GB) ...", Path(path).name, size / 1e9)
     digest = hashlib.sha256()
@@ -109,25 +110,52 @@ def kernels(params: dict) -> dict[tuple[str, str], tuple]:
     return found
 
 
-def read(path: str, params: dict, config_key: str) -> Adapter:
-    """The adapter at ``path`` matched to ``params`` (host weights); one-line errors for what does not fit."""
+def _matrix(value: np.ndarray, what: str, name: str, config_key: str) -> np.ndarray:
+    """A LoRA factor as a matrix: 2-D, or a 1x1 convolution's 4-D weight; anything else is one line."""
+    if value.ndim == 2:
+        return value
+    if value.ndim == 4 and value.shape[2:] == (1, 1):
+        return value.reshape(value.shape[:2])
+    kind = (f"a {value.ndim}-D tensor {tuple(value.shape)}" if value.ndim not in (0, 4) else
+            "a scalar" if value.ndim == 0 else f"a {value.shape[2]}x{value.shape[3]} convolution's weight "
+                                                f"{tuple(value.shape)} (LoCon / LyCORIS, not read)")
+    raise UserError(config_key, f"{name}: {what} factor is {kind}", "a matrix (or a 1x1 convolution's weight)")
+
+
+def read(path: str, params: dict, config_key: str, expected_sha256: Optional[str] = None) -> Adapter:
+    """The adapter at ``path`` matched to ``params`` (host weights); one-line errors for what does not
+    fit. The file is read once and hashed from those bytes; ``expected_sha256`` (the plan's) that
+    differs means it was replaced since the plan, and what was read is not run under the old hash."""
     from safetensors import SafetensorError
-    from safetensors.numpy import load_file
+    from safetensors.numpy import load
 
     file = Path(path).expanduser()
     if not file.is_file():
-        raise UserError(config_key, f"no such file: {file}", "a LoRA .safetensors file")
+        raise UserError(config_key, f"{'not a regular file' if file.exists() else 'no such file'}: {file}",
+                        "a LoRA .safetensors file")
     try:
-        tensors = load_file(str(file))
+        data = file.read_bytes()
+        tensors = load(data)
     except (SafetensorError, OSError, ValueError) as exc:
         raise UserError(config_key, f"{file} is not a readable safetensors file ({exc})") from None
+    sha256 = hashlib.sha256(data).hexdigest()
+    if expected_sha256 is not None and sha256 != expected_sha256:
+        raise UserError(config_key, f"{file} changed since the run was planned (sha256 {expected_sha256[:12]} -> "
+                        f"{sha256[:12]}); it is not run under the old file's hash", "run again")
+    if not tensors:
+        raise UserError(config_key, f"{file.name} holds no tensors", "a LoRA .safetensors file")
     modules: dict[tuple[str, str], dict[str, np.ndarray]] = {}
+    keys: dict[tuple[str, str, str], str] = {}
     unknown = []
     for key, value in tensors.items():
         parts = _split(key)
         if parts is None:
             unknown.append(key)
             continue
+        if parts in keys:  # kohya and PEFT names of one module, say: which one would count?
+            raise UserError(config_key, f"{file.name}: {keys[parts]} and {key} are both the {parts[2]} weight of "
+                            f"{parts[0]} {parts[1]}", "one key per module and factor")
+        keys[parts] = key
         component, module, factor = parts
         modules.setdefault((component, module), {})[factor] = np.asarray(value, dtype=np.float32)
     if unknown:
@@ -142,21 +170,27 @@ def read(path: str, params: dict, config_key: str) -> Adapter:
                         "a LoRA made for this model's architecture")
     factors = {}
     for (component, module), parts in sorted(modules.items()):
+        name = f"{file.name}: {component} {module}"
         if "down" not in parts or "up" not in parts:
-            raise UserError(config_key, f"{file.name}: {component} {module} lacks its "
-                            f"{'up' if 'down' in parts else 'down'} weight")
-        down, up = parts["down"].reshape(parts["down"].shape[:2]), parts["up"].reshape(parts["up"].shape[:2])
+            raise UserError(config_key, f"{name} lacks its {'up' if 'down' in parts else 'down'} weight")
+        down, up = _matrix(parts["down"], "down", name, config_key), _matrix(parts["up"], "up", name, config_key)
         rank = down.shape[0]
-        alpha = float(parts["alpha"]) if "alpha" in parts else float(rank)
+        if rank == 0:
+            raise UserError(config_key, f"{name}: rank 0 (down {tuple(down.shape)})", "a rank of 1 or more")
+        alpha = parts.get("alpha", np.float32(rank))
+        if np.size(alpha) != 1 or not np.isfinite(alpha).all():
+            raise UserError(config_key, f"{name}: alpha is {np.size(alpha)} value(s) {np.ravel(alpha)[:4].tolist()}",
+                            "one finite number")
+        alpha = float(np.ravel(alpha)[0])
         path_ = targets[(component, module)]
         kernel = _leaf(params[component], path_)
         fan_in, fan_out = kernel.shape[-2], kernel.shape[-1]
         if up.shape[1] != rank or down.shape[1] != fan_in or up.shape[0] != fan_out or kernel.ndim == 4 and \
                 kernel.shape[:2] != (1, 1):
-            raise UserError(config_key, f"{file.name}: {component} {module}: LoRA shapes {tuple(up.shape)} x "
+            raise UserError(config_key, f"{name}: LoRA shapes {tuple(up.shape)} x "
                             f"{tuple(down.shape)} do not fit its kernel {tuple(kernel.shape)}")
         factors[(component, path_)] = ((down.T * (alpha / rank)).astype(np.float32), up.T.astype(np.float32))
-    return Adapter(str(file), file_sha256(file), factors)
+    return Adapter(str(file), sha256, factors)
 
 
 def _leaf(tree: Any, path: tuple) -> Any:

@@ -232,7 +232,8 @@ def open_checkpoint(path: Path) -> Checkpoint:
     from safetensors import safe_open
 
     if not path.is_file():
-        raise UserError(KEY, f"no such file: {path}", "a single-file .safetensors checkpoint")
+        raise UserError(KEY, f"{'not a regular file' if path.exists() else 'no such file'}: {path}",
+                        "a single-file .safetensors checkpoint")
     if path.suffix != ".safetensors":
         raise UserError(KEY, f"{path.name} is not a .safetensors file; pickle checkpoints (.ckpt, .pt, .bin) can run "
                         "code when loaded and are not read", "a .safetensors checkpoint (convert a .ckpt first)")
