@@ -105,7 +105,7 @@ def image_diff(a: Path, b: Path, shown: int = 10) -> str:
             kept[label] = rundir.read_record(run / rundir.IMAGES, list)
             on_disk = bool(kept[label]) and all((run / r["file"]).is_file() for r in kept[label])
         except rundir.DamagedRecord as error:
-            return f"images: not compared ({label}'s {rundir.IMAGES} {error.problem})"
+            return f"images: not compared ({label}'s {rundir.IMAGES}: {error.problem})"
         except (OSError, ValueError, TypeError, KeyError) as error:
             return f"images: not compared ({label}'s {rundir.IMAGES}: {_reason(error)})"
         if not on_disk:

@@ -439,7 +439,7 @@ def test_damaged_status_and_images_records_are_one_line_each_and_the_others_stil
                    module="sdjax_runner.runs")
     assert diff.returncode == 0, diff.stderr
     diff = run_cli("diff", str(root / "good"), str(root / "images null"), cwd=tmp_path, module="sdjax_runner.runs")
-    assert "images: not compared (B's images.json is null)" in diff.stdout
+    assert "images: not compared (B's images.json: is null)" in diff.stdout
 
     for run, expected in [("status truncated", "status.json: cannot be read as JSON, damaged or cut short ("),
                           ("status a list", "status.json: is a list (allowed: a JSON object)"),
