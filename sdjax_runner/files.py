@@ -100,10 +100,22 @@ def write_private(path: Path, data: bytes) -> None:
         raise
 
 
-def not_a_folder(path: Path) -> Optional[Path]:
-    """The first of ``path`` and its parents that exists and is not a folder (a regular file, say), so
-    that ``path`` cannot be made a folder (ENOTDIR); None if nothing stands in the way."""
+def not_a_file(path: Path) -> Optional[str]:
+    """Why ``path`` cannot be read as a file (``no such file``, or ``not a regular file``: a directory, a
+    FIFO), or None."""
+    if path.is_file():
+        return None
+    return "not a regular file" if path.exists() else "no such file"
+
+
+# What a folder path that cannot be made must be instead (the allowed part of its one-line error).
+FOLDER_PATHS = "a path whose existing parts are folders"
+
+
+def cannot_make_folder(path: Path) -> Optional[str]:
+    """Why ``path`` cannot be made a folder -- one of it and its parents exists and is not a folder (ENOTDIR),
+    e.g. ``P cannot be made: F is a file, not a folder`` -- or None."""
     for candidate in [path, *path.parents]:
         if os.path.lexists(candidate):
-            return None if candidate.is_dir() else candidate
+            return None if candidate.is_dir() else f"{path} cannot be made: {candidate} is a file, not a folder"
     return None

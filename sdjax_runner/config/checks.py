@@ -21,7 +21,7 @@ from typing import Any, Optional
 from omegaconf import DictConfig
 
 from sdjax_runner.errors import UserError
-from sdjax_runner.files import not_a_folder
+from sdjax_runner.files import FOLDER_PATHS, cannot_make_folder
 
 log = logging.getLogger("sdjax_runner")
 
@@ -61,10 +61,9 @@ def private_dir(key: str, path: str) -> None:
     program or a model they plant there would be loaded and run as this user. (Every file read from the
     caches is checked the same way on each read: files.untrusted.)"""
     directory = Path(path).expanduser()
-    blocker = not_a_folder(directory)
-    if blocker is not None:
-        raise UserError(key, f"{directory} cannot be made: {blocker} is a file, not a folder",
-                        "a path whose existing parts are folders")
+    blocked = cannot_make_folder(directory)
+    if blocked:
+        raise UserError(key, blocked, FOLDER_PATHS)
     if directory.exists():
         info = directory.stat()
         if info.st_mode & (stat.S_IWOTH | stat.S_IWGRP):

@@ -22,6 +22,7 @@ from sdjax_runner.config.prompts import check_text, load_prompts
 from sdjax_runner.config.schema import (CompilationCacheConfig, DtypeConfig, MetricsConfig, ModelConfig, OutputConfig,
                                         SchedulerConfig, TrackingConfig)
 from sdjax_runner.errors import UserError
+from sdjax_runner.files import not_a_file
 
 
 @dataclass(frozen=True)
@@ -106,9 +107,9 @@ def lora_record(index: int, spec) -> tuple[str, float, str]:
     from sdjax_runner.models.lora import check_header, file_sha256
 
     path = Path(str(spec.path)).expanduser()
-    if not path.is_file():
-        raise UserError(f"lora.{index}.path", f"{'not a regular file' if path.exists() else 'no such file'}: {path}",
-                        "a LoRA .safetensors file")
+    missing = not_a_file(path)
+    if missing:
+        raise UserError(f"lora.{index}.path", f"{missing}: {path}", "a LoRA .safetensors file")
     check_header(path, f"lora.{index}.path")
     return str(path), float(spec.scale), file_sha256(path)
 
@@ -182,7 +183,7 @@ def make_plan(cfg: DictConfig, available_devices: int, prompts: Optional[list[st
         attention=cfg.performance.attention.name,
         mode=par.mode.name,
         prompts=tuple(prompts),
-        negative=cfg.prompts.negative,  # "" is a negative prompt for SDXL (engine/generate.py: negative_prompt)
+        negative=cfg.prompts.negative,  # "" is a negative prompt for SDXL (engine/encode.py: negative_prompt)
         num_devices=num_devices,
         per_device_batch_size=par.per_device_batch_size,
         num_batches=num_batches,

@@ -6,6 +6,7 @@ import logging
 from pathlib import Path
 
 from sdjax_runner.errors import UserError
+from sdjax_runner.files import not_a_file
 
 log = logging.getLogger("sdjax_runner")
 # A run makes at most 1,000,000 images (config/checks.py): that many prompts of 256 bytes each.
@@ -18,9 +19,9 @@ def read_prompt_file(path: str) -> list[str]:
     inside a prompt); each line's surrounding whitespace (``str.strip``) is removed and blank lines
     are skipped."""
     file = Path(path).expanduser()
-    if not file.is_file():
-        what = "not a regular file" if file.exists() else "no such file"
-        raise UserError("prompts.file", f"{what}: {file}", "a UTF-8 text file with one prompt per line")
+    missing = not_a_file(file)
+    if missing:
+        raise UserError("prompts.file", f"{missing}: {file}", "a UTF-8 text file with one prompt per line")
     size = file.stat().st_size
     if size > MAX_FILE_BYTES:  # read whole: a sparse file of terabytes costs no disk, but all the memory
         raise UserError("prompts.file", f"{file} has {size / 1e9:.1f} GB",

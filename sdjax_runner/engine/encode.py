@@ -58,8 +58,8 @@ def _sdxl_embeddings(pipeline: Any, params: dict, ids):
 
 
 def _two_encoders(pipeline: Any, params: dict, ids, negative_ids) -> Conditioning:
-    """SDXL: no negative ids -> zero embeddings (engine/generate.py decides when that is meant); the added
-    time ids are (height, width, top, left, height, width) of the latents' pixels, uncropped."""
+    """SDXL: no negative ids -> zero embeddings (negative_prompt above decides when that is meant); the
+    added time ids come from with_time_ids."""
     context, pooled = _sdxl_embeddings(pipeline, params, ids)
     if negative_ids is None:
         negative_context, negative_pooled = jnp.zeros_like(context), jnp.zeros_like(pooled)

@@ -195,7 +195,8 @@ def load_from_checkpoint(folder: Path, name: str, library: str, cls, checkpoint,
     module = from_config(cls, folder, activations)
     base = folder.parent
     try:
-        params = convert_tensors(lambda: single_file.component_tensors(checkpoint, name), module, "diffusers" if is_diffusers else "transformers", weights,
+        params = convert_tensors(lambda: single_file.component_tensors(checkpoint, name), module,
+                                 "diffusers" if is_diffusers else "transformers", weights,
                                  f"{checkpoint.path.name} ({name})")
     except ValueError as exc:
         raise UserError(single_file.KEY, f"does not fit the base model {base} "
@@ -300,7 +301,7 @@ def load_model(model: DictConfig, dtype: DictConfig, checkpoint_sha256: Optional
                             "run again")
     pipeline = cls(**modules, scheduler=scheduler, dtype=activations)
     _keep_config_readable(pipeline.unet)
-    if "text_encoder_2" in modules:  # SDXL: what an empty negative prompt means (engine/generate.py)
+    if "text_encoder_2" in modules:  # SDXL: what an empty negative prompt means (engine/encode.py)
         pipeline.register_to_config(force_zeros_for_empty_prompt=bool(
             model_index.setting(index, "force_zeros_for_empty_prompt", True)))
     safety = params.pop("safety_checker", None)

@@ -30,6 +30,7 @@ from typing import Any, Optional
 import numpy as np
 
 from sdjax_runner.errors import UserError
+from sdjax_runner.files import not_a_file
 
 # Key prefix -> pipeline component.
 PREFIXES = (("lora_unet_", "unet"), ("lora_te1_", "text_encoder"), ("lora_te2_", "text_encoder_2"),
@@ -130,9 +131,9 @@ def read(path: str, params: dict, config_key: str, expected_sha256: Optional[str
     from safetensors.numpy import load
 
     file = Path(path).expanduser()
-    if not file.is_file():
-        raise UserError(config_key, f"{'not a regular file' if file.exists() else 'no such file'}: {file}",
-                        "a LoRA .safetensors file")
+    missing = not_a_file(file)
+    if missing:
+        raise UserError(config_key, f"{missing}: {file}", "a LoRA .safetensors file")
     try:
         data = file.read_bytes()
         tensors = load(data)

@@ -40,7 +40,7 @@ LIBRARIES = {
 # value may have (diffusers' StableDiffusion[XL]Pipeline register them with register_to_config).
 SETTINGS: dict[str, tuple[type, ...]] = {
     "requires_safety_checker": (bool,),  # SD 2.x; SD 1.x pipelines saved by newer diffusers
-    "force_zeros_for_empty_prompt": (bool,),  # SDXL: no negative prompt -> zero embeddings (see engine/generate.py)
+    "force_zeros_for_empty_prompt": (bool,),  # SDXL: no negative prompt -> zero embeddings (engine/encode.py)
     "add_watermarker": (bool, type(None)),  # SDXL: the invisible watermark of the PyTorch pipeline (not applied here)
 }
 # What the libraries read whole from a component folder besides weights: configs and tokenizer files.

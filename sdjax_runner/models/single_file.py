@@ -29,6 +29,7 @@ from typing import Callable, Iterator, Optional
 import numpy as np
 
 from sdjax_runner.errors import UserError
+from sdjax_runner.files import not_a_file
 
 KEY = "model.checkpoint"
 
@@ -231,9 +232,9 @@ def open_checkpoint(path: Path) -> Checkpoint:
     """The checkpoint's tensor names and architecture, from its header alone (milliseconds)."""
     from safetensors import safe_open
 
-    if not path.is_file():
-        raise UserError(KEY, f"{'not a regular file' if path.exists() else 'no such file'}: {path}",
-                        "a single-file .safetensors checkpoint")
+    missing = not_a_file(path)
+    if missing:
+        raise UserError(KEY, f"{missing}: {path}", "a single-file .safetensors checkpoint")
     if path.suffix != ".safetensors":
         raise UserError(KEY, f"{path.name} is not a .safetensors file; pickle checkpoints (.ckpt, .pt, .bin) can run "
                         "code when loaded and are not read", "a .safetensors checkpoint (convert a .ckpt first)")

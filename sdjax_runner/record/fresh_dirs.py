@@ -19,8 +19,8 @@ from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf, read_write
 
 from sdjax_runner.config.naming import quoted
-from sdjax_runner.errors import Refused
-from sdjax_runner.files import not_a_folder
+from sdjax_runner.errors import Refused, UserError
+from sdjax_runner.files import FOLDER_PATHS, cannot_make_folder
 from sdjax_runner.record import rundir
 
 # What marks a directory as holding a run (or a sweep): any of these.
@@ -69,11 +69,9 @@ def fresh(config: DictConfig, key: str, marks: tuple[str, ...]) -> None:
     """Refuse a used directory the user named; claim a fresh one where the default was taken."""
     directory = Path(OmegaConf.select(config, key))
     given = any(o.startswith(f"{key}=") for o in config.hydra.overrides.hydra)
-    blocker = not_a_folder(directory)
-    if blocker is not None:  # else mkdir's NotADirectoryError, a traceback, when Hydra makes the directory
-        named = key if given else "paths.output_root"
-        raise Refused(f"{named}: {directory} cannot be made: {blocker} is a file, not a folder (allowed: a path "
-                      "whose existing parts are folders)")
+    blocked = cannot_make_folder(directory)
+    if blocked:  # else mkdir's NotADirectoryError, a traceback, when Hydra makes the directory
+        raise Refused(UserError(key if given else "paths.output_root", blocked, FOLDER_PATHS))
     if given:
         refuse_reused(directory, marks, key)
         return
