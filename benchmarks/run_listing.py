@@ -1,4 +1,4 @@
-"""How long ``python -m sdjax_runner.runs list`` takes over a large run history, against the code
+"""How long ``python -m sdjax_runner runs list`` takes over a large run history, against the code
 before the listing read configs with libyaml and resolved only the keys it shows (9f0fb7e).
 
 One real run (``+experiment=smoke tracking=none``) is copied ``--runs`` times under an output
@@ -26,7 +26,7 @@ BASELINE = "9f0fb7e"
 
 def listing(args: list[str], cwd: Path, env: dict) -> float:
     started = time.perf_counter()
-    result = subprocess.run([sys.executable, "-m", "sdjax_runner.runs", "list", "outputs", *args], cwd=cwd, env=env,
+    result = subprocess.run([sys.executable, "-m", "sdjax_runner", "runs", "list", "outputs", *args], cwd=cwd, env=env,
                             capture_output=True, text=True)
     if result.returncode:
         raise SystemExit(f"failed: list {args}\n{result.stderr[-3000:]}")

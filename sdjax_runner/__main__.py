@@ -1,3 +1,3 @@
-from sdjax_runner.cli import entry
+from sdjax_runner.commands import entry
 
 entry()

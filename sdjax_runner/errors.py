@@ -2,12 +2,7 @@
 
 from __future__ import annotations
 
-import dataclasses
 import errno
-import re
-import sys
-import typing
-from pathlib import Path
 from typing import Iterable, Optional
 
 
@@ -59,58 +54,6 @@ class UserError(Exception):
         super().__init__(text)
 
 
-def _schema_node(parts: list[str]) -> typing.Any:
-    """The schema's type at the dotted path ``parts`` (a dataclass or a field's type), or None."""
-    from sdjax_runner.config.schema import RunConfig, field_types
-
-    node: typing.Any = RunConfig
-    for part in parts:
-        if not dataclasses.is_dataclass(node) or part not in field_types(node):
-            return None
-        node = field_types(node)[part]
-    return node
-
-
-def _schema_keys(full_key: str) -> Optional[list[str]]:
-    """The keys the schema allows beside ``full_key`` (e.g. sampling.foo -> sampling's fields)."""
-    from sdjax_runner.config.schema import field_types
-
-    node = _schema_node(full_key.split(".")[:-1])
-    if not dataclasses.is_dataclass(node):
-        return None
-    return list(field_types(node))
-
-
-def _schema_class(message: str) -> typing.Any:
-    """The schema dataclass an OmegaConf message names (``Key 'foo' not in 'LoraConfig'``), or None."""
-    from sdjax_runner.config import schema
-
-    named = re.search(r"not in '(\w+)'", message)
-    found = getattr(schema, named.group(1), None) if named else None
-    return found if dataclasses.is_dataclass(found) else None
-
-
-_KINDS = {int: "an integer", float: "a number", bool: "true or false", str: "a string"}
-
-
-def _schema_kind(full_key: str) -> Optional[str]:
-    """What the schema's field ``full_key`` takes, in words (``a number or null``), or None."""
-    from sdjax_runner.config.schema import without_null
-
-    node, optional = without_null(_schema_node(full_key.split(".")))
-    if typing.get_origin(node) in (list, typing.List):
-        kind = "a list, e.g. [a,b]"
-    else:
-        kind = _KINDS.get(node)
-    if kind is None:
-        return None
-    return kind + (" or null" if optional else "")
-
-
-def _one_line(text: str) -> str:
-    return " ".join(line.strip() for line in str(text).splitlines() if line.strip())
-
-
 # Write failures that are the machine's state, not a bug: one line, and what to do about it.
 DISK_ERRORS = {
     errno.ENOSPC: "free space there, or another paths.output_root",
@@ -118,99 +61,3 @@ DISK_ERRORS = {
     errno.EROFS: "a writable paths.output_root",
     errno.EACCES: "a paths.output_root you may write to",
 }
-
-# Hydra launchers that come with an optional extra of this package, and how to install each.
-OPTIONAL_LAUNCHERS = {"joblib": "pip install 'sdjax-runner[joblib]'"}
-
-
-def describe(exc: BaseException) -> Optional[str]:
-    """One line for a config or input error, or None if ``exc`` is not one (a bug, say)."""
-    from hydra.errors import HydraException, MissingConfigException
-    from omegaconf.errors import (
-        ConfigAttributeError,
-        ConfigKeyError,
-        MissingMandatoryValue,
-        OmegaConfBaseException,
-        ValidationError,
-    )
-
-    if isinstance(exc, UserError):
-        return str(exc)
-    if isinstance(exc, OSError) and exc.errno in DISK_ERRORS:
-        where = f"{exc.filename}: " if exc.filename else ""
-        return f"{where}{exc.strerror} -- the outputs could not be written (allowed: {DISK_ERRORS[exc.errno]})"
-    if isinstance(exc, MissingConfigException):
-        found = re.search(r"Could not find '([^']+)'", str(exc))
-        if found and "/" in found.group(1):
-            group, option = found.group(1).rsplit("/", 1)
-            allowed = ", ".join(exc.options) if exc.options else "none found"
-            install = OPTIONAL_LAUNCHERS.get(option) if group == "hydra/launcher" else None
-            if install:
-                return f"{group}={option}: the launcher is not installed ({install}; allowed now: {allowed})"
-            return f"{group}={option}: no such option (allowed: {allowed})"
-        return _one_line(exc)
-    cause = exc.__cause__ if isinstance(exc, HydraException) else None
-    omega = exc if isinstance(exc, OmegaConfBaseException) else cause
-    if isinstance(omega, OmegaConfBaseException):
-        key = getattr(omega, "full_key", None) or ""
-        message = getattr(omega, "msg", None) or str(omega)
-        message = _one_line(message.split("\n")[0])
-        if isinstance(omega, MissingMandatoryValue):
-            return f"{key}: a value is required (set it on the command line: {key}=...)"
-        if isinstance(omega, (ConfigKeyError, ConfigAttributeError)) and key:
-            within = _schema_class(message)  # "Key 'foo' not in 'LoraConfig'": a list item's keys
-            if within is not None:
-                outer = re.search(r"Could not override '([^']+)'|Error merging override [+~]*([\w.]+)=", str(exc))
-                given = outer and (outer.group(1) or outer.group(2))
-                if given and given != key and not key.startswith(given + "."):
-                    key = f"{given}.{key}"  # the item's own full key is relative to the item
-                from sdjax_runner.config.schema import field_types
-
-                return f"{key}: unknown key (allowed: {', '.join(field_types(within))})"
-            allowed = _schema_keys(key)
-            if allowed is not None:
-                return f"{key}: unknown key (allowed: {', '.join(allowed)})"
-        if isinstance(omega, ValidationError) and key and "(allowed" not in message:
-            kind = _schema_kind(key)  # a value of the wrong type: say which type the key takes
-            if kind:
-                return f"{key}: {message} (allowed: {kind})"
-        return f"{key}: {message}" if key else message
-    if isinstance(exc, HydraException):
-        return _one_line(exc)
-    if isinstance(exc, (ValueError, TypeError)) and _raised_in_hydra(exc):
-        # e.g. "scheduler=0": Hydra checks a group override's type with a ValueError that names no key
-        return _group_override(sys.argv[1:]) or _one_line(exc)
-    return None
-
-
-def _group_override(argv: list[str]) -> Optional[str]:
-    """``group=value: no such option (allowed: ...)`` for the first override of ``argv`` that picks
-    no option of one of the package's config groups, or None."""
-    conf = Path(__file__).resolve().parent / "conf"
-    for arg in argv:
-        key, sep, value = arg.lstrip("+~").partition("=")
-        group = conf / key
-        if sep and key and ".." not in key and group.is_dir() and not (group / f"{value}.yaml").is_file():
-            options = ", ".join(sorted(p.stem for p in group.glob("*.yaml")))
-            return f"{key}={value}: no such option (allowed: {options})"
-    return None
-
-
-def _raised_in_hydra(exc: BaseException) -> bool:
-    """Whether ``exc`` was raised by Hydra itself (while composing the config from the overrides)."""
-    traceback = exc.__traceback__
-    last = None
-    while traceback is not None:
-        last, traceback = traceback, traceback.tb_next
-    return last is not None and "/hydra/" in last.tb_frame.f_code.co_filename.replace("\\", "/")
-
-
-def stop_reason(exc: BaseException) -> tuple[str, str]:
-    """(tracker status, one-line reason) for whatever ended a job."""
-    if isinstance(exc, KeyboardInterrupt):
-        return "KILLED", "interrupted (SIGINT)"
-    if isinstance(exc, Terminated):
-        return "KILLED", "terminated (SIGTERM)"
-    if isinstance(exc, SystemExit):
-        return "KILLED", f"exited with status {exc.code}"
-    return "FAILED", describe(exc) or f"{type(exc).__name__}: {exc}"

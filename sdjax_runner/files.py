@@ -11,7 +11,10 @@ the check is named in one line, removed and rebuilt, never read.
 
 from __future__ import annotations
 
+import functools
+import hashlib
 import json
+import logging
 import os
 import stat
 from pathlib import Path
@@ -119,3 +122,22 @@ def cannot_make_folder(path: Path) -> Optional[str]:
         if os.path.lexists(candidate):
             return None if candidate.is_dir() else f"{path} cannot be made: {candidate} is a file, not a folder"
     return None
+
+
+def file_sha256(path: Path) -> str:
+    """SHA-256 of a weights file (kept per process while the file is the same file, unchanged: its inode,
+    size, mtime and ctime -- a copy over it that keeps the mtime still changes the ctime -- so a sweep
+    hashes a multi-GB checkpoint once)."""
+    info = Path(path).stat()
+    return _sha256(str(path), info.st_size, info.st_mtime_ns, info.st_ino, info.st_ctime_ns)
+
+
+@functools.lru_cache(maxsize=64)
+def _sha256(path: str, size: int, mtime_ns: int, inode: int, ctime_ns: int) -> str:
+    if size >= 200_000_000:
+        logging.getLogger("sdjax_runner").info("hash: %s (%.1f GB) ...", Path(path).name, size / 1e9)
+    digest = hashlib.sha256()
+    with open(path, "rb") as file:
+        for chunk in iter(lambda: file.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()

@@ -14,7 +14,7 @@ from omegaconf import DictConfig
 
 from sdjax_runner import interpreter
 from sdjax_runner.config import checks
-from sdjax_runner.config.plan import Plan, check_values, make_plan
+from sdjax_runner.config.plan import Plan, admit, check_values, make_plan
 from sdjax_runner.engine import compile_cache, distributed, runtime
 from sdjax_runner.models import checkpoints
 from sdjax_runner.record import inputs, rundir
@@ -43,18 +43,20 @@ def run(cfg: DictConfig, run_dir: Path, overrides: list[str], run_name: Optional
     ``extra_tags`` are added to its tracker run (a re-run names what it re-runs)."""
     started = time.perf_counter()
     interpreter.pause_collection()  # until the program is ready (see interpreter.py)
+    config = None
     try:
-        runtime.prepare_process(cfg)
+        config = admit(cfg)  # the door: Hydra's config typed; nothing after it reads cfg
+        runtime.prepare_process(config.parallelism, config.performance)
         job = Job(run_dir, writes=distributed.is_writer(), run_name=run_name)
         with job.recorded():
-            prompts = check_values(cfg)  # bad input: refused before JAX and the model libraries start
+            prompts = check_values(config)  # bad input: refused before JAX and the model libraries start
             runtime.silence_libraries()
-            plan = make_plan(cfg, runtime.available_devices(cfg.parallelism.mode.name), prompts)
+            plan = make_plan(config, runtime.available_devices(config.parallelism.mode.name), prompts)
             tags = dict(tracker_tags(plan, overrides, parent_run_id, run_dir), **(extra_tags or {}))
             return _run(plan, job, run_name or plan.run_name, tags, started)
     finally:
-        if compile_cache.configured():  # whatever this job added, the cache stays within its bound
-            compile_cache.trim(cfg.compilation_cache)
+        if config is not None and compile_cache.configured():  # whatever this job added, the cache stays within its bound
+            compile_cache.trim(config.compilation_cache)
         interpreter.job_ended()
 
 
@@ -144,8 +146,8 @@ def _run(plan: Plan, job: Job, run_name: str, tags: dict[str, str], started: flo
     from sdjax_runner.metrics.evaluate import evaluate
 
     non_finite = warn_non_finite(job.records, plan.dtype.name)
-    quality = dict(evaluate(plan.metrics, job.run_dir, images, job.records, executables_dir(plan)),
-                   non_finite_images=non_finite)
+    quality = dict(evaluate(plan.metrics, job.run_dir, images, job.records, executables_dir(plan),
+                            rundir.image_records), non_finite_images=non_finite)
     write_s += rundir.write_run_files(job.run_dir, plan, job.records, images)
     from sdjax_runner.engine.efficiency import param_bytes_per_device
 

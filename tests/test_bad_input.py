@@ -151,7 +151,7 @@ def test_empty_prompt_file(tmp_path):
     # The refused run is on record under the name its command line gives it, and listed so.
     status = json.loads((run_dir / "status.json").read_text())
     assert status["status"] == "FAILED" and status["run_name"] == "smoke prompts.file=prompts.txt"
-    listed = run_cli("list", str(run_dir), "status=FAILED", module="sdjax_runner.runs", cwd=tmp_path)
+    listed = run_cli("list", str(run_dir), "status=FAILED", command="runs", cwd=tmp_path)
     assert listed.returncode == 0 and "FAILED  smoke prompts.file=prompts.txt " in listed.stdout, listed.stdout
 
 
@@ -195,17 +195,17 @@ def test_huge_prompt_files_plan_quickly(tmp_path):
     import time
 
     from helpers.configs import compose_cfg
-    from sdjax_runner.config.plan import make_plan
+    from sdjax_runner.config.plan import admit, make_plan
 
     many = tmp_path / "many.txt"
     many.write_text("".join(f"prompt number {i}\n" for i in range(100_000)), encoding="utf-8")
     long = tmp_path / "long.txt"
     long.write_text(("word " * 2000).strip() + "\nshort\n", encoding="utf-8")
     started = time.perf_counter()
-    plan = make_plan(compose_cfg(["+experiment=smoke", f"prompts.file={many}", "prompts.texts=[]"]), 8)
+    plan = make_plan(admit(compose_cfg(["+experiment=smoke", f"prompts.file={many}", "prompts.texts=[]"])), 8)
     assert time.perf_counter() - started < 10
     assert len(plan.prompts) == 100_000 and plan.num_batches == 12_500 and plan.images[-1].prompt == "prompt number 99999"
-    plan = make_plan(compose_cfg(["+experiment=smoke", f"prompts.file={long}", "prompts.texts=[]"]), 8)
+    plan = make_plan(admit(compose_cfg(["+experiment=smoke", f"prompts.file={long}", "prompts.texts=[]"])), 8)
     assert len(plan.prompts[0]) == 9_999 and plan.prompts[1] == "short"
 
 

@@ -5,8 +5,8 @@ from hydra.errors import ConfigCompositionException
 from omegaconf import OmegaConf
 
 from helpers.configs import CONF, compose_cfg
-from sdjax_runner.config.plan import make_plan
-from sdjax_runner.errors import describe
+from sdjax_runner.config.plan import admit, make_plan
+from sdjax_runner.config.messages import describe
 
 EXPERIMENTS = sorted(p.stem for p in (CONF / "experiment").glob("*.yaml"))
 GROUP_OPTIONS = sorted(
@@ -43,7 +43,7 @@ def test_every_experiment_composes_resolves_and_plans(name):
     resolved = OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True)
     assert resolved["experiment"] == name
     # Validation needs no weights: the real-weight experiments plan without the hub.
-    plan = make_plan(cfg, available_devices=8)
+    plan = make_plan(admit(cfg), available_devices=8)
     assert plan.num_devices == 8 and plan.images_per_batch == 8
 
 
@@ -65,11 +65,11 @@ def test_guide_experiments_match_the_guide():
         assert cfg.dtype.weights_dtype.name == cfg.dtype.activations_dtype.name == "bfloat16"
         assert (cfg.sampling.num_inference_steps, cfg.sampling.height, cfg.sampling.width) == (50, 512, 512)
         assert cfg.scheduler.name == "pndm" and cfg.seed == 0
-    plan = make_plan(different, available_devices=8)
+    plan = make_plan(admit(different), available_devices=8)
     assert [s.prompt for s in plan.images][:2] == ["Labrador in the style of Hokusai",
                                                   "Painting of a squirrel skating in New York"]
     assert len(set(s.prompt for s in plan.images)) == 8
-    assert len(set(s.prompt for s in make_plan(same, available_devices=8).images)) == 1
+    assert len(set(s.prompt for s in make_plan(admit(same), available_devices=8).images)) == 1
 
 
 def test_smoke_is_small():

@@ -15,13 +15,13 @@ from sdjax_runner.engine import efficiency
 
 
 def prepared_tiny(overrides):
-    from sdjax_runner.config.plan import make_plan
+    from sdjax_runner.config.plan import admit, make_plan
     from sdjax_runner.engine.program import program_spec
     from sdjax_runner.engine.parallel import PARALLEL
     from sdjax_runner.engine.reuse import ReuseCache
 
     cfg = compose_cfg(["+experiment=smoke"] + overrides)
-    plan = make_plan(cfg, jax.device_count())
+    plan = make_plan(admit(cfg), jax.device_count())
     cache = ReuseCache()
     entry, _ = cache.model(plan)
     devices = jax.devices()[: plan.num_devices]

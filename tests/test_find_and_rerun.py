@@ -67,7 +67,7 @@ def test_single_runs_name_themselves_and_record_what_a_rerun_needs(tmp_path, cac
     assert tags["mlflow.source.name"] == "sdjax_runner"
     assert tags["command"] == "python -m sdjax_runner +experiment=smoke seed=5 prompts.file=prompts.txt 'prompts.texts=[]'"
     note = tags["mlflow.note.content"]
-    assert f"python -m sdjax_runner.rerun {run_dir.resolve()}" in note
+    assert f"python -m sdjax_runner rerun {run_dir.resolve()}" in note
     assert f"images/s {run.data.metrics['images_per_s']:.3g}" in note  # the headline, once the run has it
     assert "environment.json" in {a.path for a in client.list_artifacts(run.info.run_id)}
     # The prompts are the run's MLflow dataset input: the Dataset column, searchable by name or digest.
@@ -88,7 +88,7 @@ def test_single_runs_name_themselves_and_record_what_a_rerun_needs(tmp_path, cac
     assert not any(tmp_path.parent.glob("outside*")) and not any((tmp_path / "outputs").glob("outside*"))
 
     # Looking without MLflow: the list, newest first, and what differs between the two.
-    listing = run_cli("list", "outputs", cwd=tmp_path, module="sdjax_runner.runs")
+    listing = run_cli("list", "outputs", cwd=tmp_path, command="runs")
     assert listing.returncode == 0, listing.stderr
     lines = listing.stdout.splitlines()
     assert lines[0].split()[:3] == ["started", "status", "name"]
@@ -97,7 +97,7 @@ def test_single_runs_name_themselves_and_record_what_a_rerun_needs(tmp_path, cac
     # Finding one again: filters on any config key (short names for the listed ones), status and
     # start time; the root may be left out; --dirs for scripts; a misspelt key is one line.
     def listed(*args):
-        result = run_cli("list", *args, cwd=tmp_path, module="sdjax_runner.runs")
+        result = run_cli("list", *args, cwd=tmp_path, command="runs")
         assert result.returncode == 0, result.stderr
         return result
     def dirs(*args):
@@ -112,7 +112,7 @@ def test_single_runs_name_themselves_and_record_what_a_rerun_needs(tmp_path, cac
     limited = listed("--limit", "1")
     assert len(limited.stdout.splitlines()) == 2 and "1 of 2 runs shown" in limited.stderr
     for bad, key in ((["sed=5"], "error: sed:"), (["--since", "yesterday"], "error: --since yesterday:")):
-        error = run_cli("list", *bad, cwd=tmp_path, module="sdjax_runner.runs")
+        error = run_cli("list", *bad, cwd=tmp_path, command="runs")
         assert_one_line_error(error, key)
     # Values are matched resolved (paths.cache_dir is ${oc.env:SDJAX_RUNNER_CACHE_DIR,...} as recorded).
     assert dirs(f"paths.cache_dir={cache_dir}", "seed=5") == [first_dir]
@@ -123,7 +123,7 @@ def test_single_runs_name_themselves_and_record_what_a_rerun_needs(tmp_path, cac
     assert dirs() == [second_dir, first_dir, damaged.relative_to(tmp_path)]
     assert dirs("seed=5") == [first_dir]
 
-    diff = run_cli("diff", str(run_dir), str(second[0]), cwd=tmp_path, module="sdjax_runner.runs")
+    diff = run_cli("diff", str(run_dir), str(second[0]), cwd=tmp_path, command="runs")
     assert diff.returncode == 0, diff.stderr
     rows = {line.split()[0]: line.split()[1:] for line in diff.stdout.splitlines() if line.strip()}
     assert rows["seed"] == ["5", "6"]
@@ -144,7 +144,7 @@ def test_single_runs_name_themselves_and_record_what_a_rerun_needs(tmp_path, cac
     (tmp_path / "prompts.txt").write_text("a green bicycle\n")
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
-    rerun = run_cli(str(run_dir), "--no-tracking", cwd=elsewhere, module="sdjax_runner.rerun")
+    rerun = run_cli(str(run_dir), "--no-tracking", cwd=elsewhere, command="rerun")
     assert rerun.returncode == 0, rerun.stderr
     assert "rerun: identical -- all 8 image(s) match the record bit for bit" in rerun.stdout
     assert ("rerun: prompts.file: prompts.txt: changed since the run; the run's 2 recorded prompt(s) are used"
@@ -177,7 +177,7 @@ def test_a_rerun_from_an_mlflow_run_id_alone_gives_bit_identical_images(smoke_ru
     shutil.copyfile(work / "outputs" / "mlflow.db", tmp_path / "outputs" / "mlflow.db")  # artifacts stay put
     run_id = _read(record / "status.json")["run_id"]
     result = run_cli(run_id, "--uri", f"sqlite:///{tmp_path / 'outputs' / 'mlflow.db'}", cwd=tmp_path,
-                     module="sdjax_runner.rerun")
+                     command="rerun")
     assert result.returncode == 0, result.stderr
     assert "rerun: identical -- all 8 image(s) match the record bit for bit" in result.stdout
     [rerun_dir] = (tmp_path / "outputs" / "reruns").glob("*/*")
@@ -192,13 +192,13 @@ def test_a_rerun_from_an_mlflow_run_id_alone_gives_bit_identical_images(smoke_ru
     # Two runs found in MLflow compared by their ids alone: config, numbers and images from the artifacts.
     rerun_id = runs["smoke rerun"].info.run_id
     diff = run_cli("diff", run_id, rerun_id, "--uri", f"sqlite:///{tmp_path / 'outputs' / 'mlflow.db'}",
-                   cwd=tmp_path, module="sdjax_runner.runs")
+                   cwd=tmp_path, command="runs")
     assert diff.returncode == 0, diff.stderr
     assert diff.stdout.startswith(f"A: {run_id}\nB: {rerun_id}\n") and "Downloading" not in diff.stderr
     assert "config and inputs: identical" in diff.stdout and "\nimages_per_s " in diff.stdout
     assert diff.stdout.rstrip().endswith("8 of 8 compared: all identical (PSNR inf, SSIM 1)")
     missing = run_cli("diff", run_id, "0123abcd", "--uri", f"sqlite:///{tmp_path / 'outputs' / 'mlflow.db'}",
-                      cwd=tmp_path, module="sdjax_runner.runs")
+                      cwd=tmp_path, command="runs")
     assert_one_line_error(missing, "error: RUN: 0123abcd is neither a run directory nor a run in sqlite:///")
 
 
@@ -216,7 +216,7 @@ def test_a_rerun_reports_changed_images_and_the_environment_facts_that_differ(sm
     inputs["model"]["weights"]["unet/diffusion_flax_model.msgpack"] = "1 bytes, modified 2000-01-01T00:00:00"
     (record / "inputs.json").write_text(json.dumps(inputs))
 
-    result = run_cli(str(record), "--no-tracking", cwd=tmp_path, module="sdjax_runner.rerun")
+    result = run_cli(str(record), "--no-tracking", cwd=tmp_path, command="rerun")
     assert result.returncode == 1, result.stderr
     assert "rerun: DIFFERENT -- 1 of 8 image(s) differ from the record: 3 " in result.stdout
     assert f"versions.jax: 0.0.1 -> {jax.__version__}" in result.stdout
@@ -238,7 +238,7 @@ def test_diff_compares_the_images_slot_by_slot_and_names_those_that_differ(smoke
     pixels[:8, :8] = 255 - pixels[:8, :8]  # one corner of image 3 inverted
     Image.fromarray(pixels).save(changed / record["file"])
 
-    diff = run_cli("diff", str(original), str(changed), cwd=tmp_path, module="sdjax_runner.runs")
+    diff = run_cli("diff", str(original), str(changed), cwd=tmp_path, command="runs")
     assert diff.returncode == 0, diff.stderr
     section = diff.stdout[diff.stdout.index("images (B against A"):].splitlines()
     mse = np.mean(((pixels.astype(float) - np.asarray(Image.open(original / record["file"]).convert("RGB"))) / 255) ** 2)
@@ -247,17 +247,17 @@ def test_diff_compares_the_images_slot_by_slot_and_names_those_that_differ(smoke
     assert section[3].split()[:3] == ["image", "seed", "psnr_db"]
     assert section[4].split()[:2] == ["3", "0"] and len(section) == 5  # only the image that differs
 
-    identical = run_cli("diff", str(original), str(original), cwd=tmp_path, module="sdjax_runner.runs")
+    identical = run_cli("diff", str(original), str(original), cwd=tmp_path, command="runs")
     assert identical.stdout.rstrip().endswith("8 of 8 compared: all identical (PSNR inf, SSIM 1)")
     (changed / "images.json").write_text("[{")  # a damaged record is a line, not a traceback
-    damaged = run_cli("diff", str(original), str(changed), cwd=tmp_path, module="sdjax_runner.runs")
+    damaged = run_cli("diff", str(original), str(changed), cwd=tmp_path, command="runs")
     assert damaged.returncode == 0 and damaged.stdout.rstrip().splitlines()[-1].startswith(
         "images: not compared (B's images.json: ")
-    skipped = run_cli("diff", "--no-images", str(original), str(changed), cwd=tmp_path, module="sdjax_runner.runs")
+    skipped = run_cli("diff", "--no-images", str(original), str(changed), cwd=tmp_path, command="runs")
     assert skipped.returncode == 0 and skipped.stdout.rstrip().splitlines()[-1].startswith("write_s ")
     # A config that cannot be read is named, not shown as every key differing.
     (changed / ".hydra" / "config.yaml").write_text("model: [")
-    unreadable = run_cli("diff", "--no-images", str(original), str(changed), cwd=tmp_path, module="sdjax_runner.runs")
+    unreadable = run_cli("diff", "--no-images", str(original), str(changed), cwd=tmp_path, command="runs")
     lines = unreadable.stdout.splitlines()
     assert unreadable.returncode == 0 and lines[3].startswith(
         "config keys: not compared -- B's .hydra/config.yaml cannot be read (ParserError: "), lines[:6]
@@ -268,7 +268,7 @@ def test_diff_compares_the_images_slot_by_slot_and_names_those_that_differ(smoke
     for number in range(2000):
         (many / f"run{number}").mkdir(parents=True)
         (many / f"run{number}" / "status.json").write_text('{"status": "FINISHED", "run_name": "%s"}' % ("x" * 80))
-    reader = subprocess.Popen([sys.executable, "-m", "sdjax_runner.runs", "list", str(many), "--limit", "0"],
+    reader = subprocess.Popen([sys.executable, "-m", "sdjax_runner", "runs", "list", str(many), "--limit", "0"],
                               cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     assert reader.stdout.readline().startswith(b"started ")
     reader.stdout.close()
@@ -278,8 +278,9 @@ def test_diff_compares_the_images_slot_by_slot_and_names_those_that_differ(smoke
 def test_a_rerun_reads_relative_paths_where_the_run_did_and_a_hub_model_at_the_commit_it_loaded(tmp_path):
     from omegaconf import OmegaConf
 
+    from sdjax_runner.commands.rerun import repeat
     from sdjax_runner.config.schema import RunConfig
-    from sdjax_runner.record.inputs import hub_revision, repeat
+    from sdjax_runner.record.inputs import hub_revision
 
     then = tmp_path / "then"
     (then / "models" / "mine").mkdir(parents=True)
@@ -315,18 +316,17 @@ def test_a_rerun_reads_relative_paths_where_the_run_did_and_a_hub_model_at_the_c
 
 
 def test_a_rerun_of_something_that_is_no_record_is_one_line(tmp_path):
-    result = run_cli(str(tmp_path), cwd=tmp_path, module="sdjax_runner.rerun")
+    result = run_cli(str(tmp_path), cwd=tmp_path, command="rerun")
     assert_one_line_error(result, f"error: RUN: {tmp_path} has no .hydra/config.yaml: not a run record")
     # An MLflow run id with no store to look it up in, or with a --uri MLflow cannot read: one line, and
     # no empty store created on the way.
     run_id, elsewhere = "3d70384158934982ac2cf50c80a37ebd", tmp_path / "elsewhere"
     elsewhere.mkdir()
-    result = run_cli(run_id, cwd=elsewhere, module="sdjax_runner.rerun")
+    result = run_cli(run_id, cwd=elsewhere, command="rerun")
     assert_one_line_error(result, f"error: RUN: {run_id} is not a run directory, and there is no MLflow store at "
                                   f"{elsewhere / 'outputs' / 'mlflow.db'} to look it up in")
-    for module, args in (("sdjax_runner.rerun", [run_id]), ("sdjax_runner.runs", ["diff", run_id, run_id]),
-                         ("sdjax_runner.sync", [str(elsewhere)])):
-        result = run_cli(*args, "--uri", "localhost:5000", cwd=elsewhere, module=module)
+    for command, args in (("rerun", [run_id]), ("runs", ["diff", run_id, run_id]), ("sync", [str(elsewhere)])):
+        result = run_cli(*args, "--uri", "localhost:5000", cwd=elsewhere, command=command)
         assert_one_line_error(result, "error: --uri: localhost:5000 is no URI MLflow can log to (a server's "
                                       "address needs its scheme: http://localhost:5000)")
     assert list(elsewhere.iterdir()) == []
@@ -338,7 +338,7 @@ def test_help_is_the_apps_own(tmp_path):
     text = result.stdout
     for expected in ("sdjax-runner: Stable Diffusion inference in JAX/Flax",
                      "python -m sdjax_runner +experiment=smoke", "outputs/runs/DATE/TIME_NAME/",
-                     "python -m sdjax_runner.rerun RUN", "python -m sdjax_runner.runs list",
+                     "python -m sdjax_runner rerun RUN", "python -m sdjax_runner runs list",
                      "scheduler: ddim, ddpm, dpm_solver_pp, euler, lms, pndm", "experiment: "):
         assert expected in text, expected
     assert "Powered by Hydra" not in text
@@ -425,7 +425,7 @@ def test_damaged_status_and_images_records_are_one_line_each_and_the_others_stil
             run = root / f"{file.split('.')[0]} {name}"
             shutil.copytree(original, run)
             (run / file).write_text(damage((original / file).read_text()))
-    listing = run_cli("list", str(root), cwd=tmp_path, module="sdjax_runner.runs")
+    listing = run_cli("list", str(root), cwd=tmp_path, command="runs")
     assert listing.returncode == 0 and "Traceback" not in listing.stderr
     warnings = {line for line in listing.stderr.splitlines() if line.startswith("runs: ")}
     truncated = {w for w in warnings if w.startswith(f"runs: {root / 'status truncated' / 'status.json'}: cannot be "
@@ -436,17 +436,17 @@ def test_damaged_status_and_images_records_are_one_line_each_and_the_others_stil
     assert len([line for line in listing.stdout.splitlines() if str(root) in line]) == 9  # every run listed
 
     diff = run_cli("diff", str(root / "good"), str(root / "images null"), "--no-images", cwd=tmp_path,
-                   module="sdjax_runner.runs")
+                   command="runs")
     assert diff.returncode == 0, diff.stderr
-    diff = run_cli("diff", str(root / "good"), str(root / "images null"), cwd=tmp_path, module="sdjax_runner.runs")
+    diff = run_cli("diff", str(root / "good"), str(root / "images null"), cwd=tmp_path, command="runs")
     assert "images: not compared (B's images.json: is null)" in diff.stdout
 
     for run, expected in [("status truncated", "status.json: cannot be read as JSON, damaged or cut short ("),
                           ("status a list", "status.json: is a list (allowed: a JSON object)"),
                           ("images null", "images.json: is null (allowed: a list of image records (JSON objects))"),
                           ("images a list", "images.json: is a list holding other things (allowed: a list of image")]:
-        rerun = run_cli(str(root / run), "--no-tracking", cwd=tmp_path, module="sdjax_runner.rerun")
+        rerun = run_cli(str(root / run), "--no-tracking", cwd=tmp_path, command="rerun")
         assert_one_line_error(rerun, f"error: {root / run / expected.split(':')[0]}:{expected.split(':', 1)[1]}")
-    sync = run_cli(str(root / "status null"), cwd=tmp_path, module="sdjax_runner.sync")
+    sync = run_cli(str(root / "status null"), cwd=tmp_path, command="sync")
     assert sync.returncode == 1 and "Traceback" not in sync.stderr
     assert sync.stderr.strip() == f"error: {root / 'status null' / 'status.json'}: is null (allowed: a JSON object)"

@@ -12,8 +12,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from helpers.configs import compose_cfg
-from sdjax_runner.config.plan import Plan, make_plan
-from sdjax_runner.errors import describe
+from sdjax_runner.config.plan import Plan, admit, make_plan
+from sdjax_runner.config.messages import describe
 
 KEYS = ["sampling.height", "sampling.width", "sampling.num_inference_steps", "sampling.guidance_scale",
         "parallelism.per_device_batch_size", "parallelism.num_devices", "parallelism.num_batches", "seed",
@@ -37,7 +37,7 @@ OVERRIDES = st.lists(st.tuples(st.sampled_from(KEYS), VALUES), min_size=1, max_s
 def test_any_values_plan_or_fail_with_one_line(pairs):
     overrides = ["+experiment=smoke"] + [f"{key}={value}" for key, value in pairs]
     try:
-        plan = make_plan(compose_cfg(overrides), available_devices=8)
+        plan = make_plan(admit(compose_cfg(overrides)), available_devices=8)
     except Exception as exc:
         message = describe(exc)
         assert message is not None, f"{overrides} raised {type(exc).__name__}: {exc}"

@@ -75,7 +75,7 @@ def test_a_signal_ends_a_rerun_killed_too(smoke_run, tmp_path):
     assert "  num_batches: null\n" in config.read_text()  # a long re-run of a short record
     config.write_text(config.read_text().replace("  num_batches: null\n", "  num_batches: 500\n"))
     env = {k: v for k, v in os.environ.items() if k not in ENV_DROP}
-    proc = subprocess.Popen([sys.executable, "-m", "sdjax_runner.rerun", str(record)], cwd=tmp_path, env=env,
+    proc = subprocess.Popen([sys.executable, "-m", "sdjax_runner", "rerun", str(record)], cwd=tmp_path, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 120
     while not list((tmp_path / "outputs" / "reruns").glob("*/*/images")) and time.monotonic() < deadline:

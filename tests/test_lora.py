@@ -96,6 +96,7 @@ def test_odd_lora_tensors_a_replaced_file_and_non_files_are_one_line_each(tmp_pa
 
     from helpers.lora_files import host_params
     from sdjax_runner.errors import UserError
+    from sdjax_runner.files import file_sha256
     from sdjax_runner.models import lora
 
     (component, path), (a, b) = next(iter(factors(tiny_model_dir).items()))
@@ -132,7 +133,7 @@ def test_odd_lora_tensors_a_replaced_file_and_non_files_are_one_line_each(tmp_pa
     good = write_kohya(tmp_path / "good.safetensors", factors(tiny_model_dir), alpha=ALPHA)
     with pytest.raises(UserError, match="changed since the run was planned .* not run under the old file's hash"):
         lora.read(str(good), params, "lora.0.path", expected_sha256="0" * 64)
-    assert lora.read(str(good), params, "lora.0.path", lora.file_sha256(good)).factors
+    assert lora.read(str(good), params, "lora.0.path", file_sha256(good)).factors
 
     # Through the command: one line, exit 2, before any image.
     for case in ("one-dimensional", "kohya and PEFT keys for one module"):

@@ -81,9 +81,10 @@ def test_fidelity_reads_images_a_chunk_at_a_time_and_gets_the_same_numbers(smoke
         noisy = np.clip(pixels + rng.integers(-i, i + 1, pixels.shape), 0, 255).astype(np.uint8)
         Image.fromarray(noisy).save(run_dir / record["file"])
 
-    whole, whole_fields = fidelity.compare(run_dir, records, reference)  # 8 images: one chunk
+    reference_records = json.loads((reference / "images.json").read_text())
+    whole, whole_fields = fidelity.compare(run_dir, records, reference, reference_records)  # 8 images: one chunk
     monkeypatch.setattr(fidelity, "CHUNK", 3)  # 3 + 3 + 2 (padded to 3, the padding dropped)
-    chunked, chunked_fields = fidelity.compare(run_dir, records, reference)
+    chunked, chunked_fields = fidelity.compare(run_dir, records, reference, reference_records)
     assert math.isinf(chunked[0]["psnr"]) and chunked_fields["identical_images"] == 1
     assert [r["psnr"] for r in chunked[1:]] == sorted((r["psnr"] for r in chunked[1:]), reverse=True)  # more noise
     for got, expected in zip(chunked, whole, strict=True):

@@ -129,7 +129,7 @@ def test_hub_ids_load_from_the_local_cache_offline_and_a_missing_one_says_how_to
     # The record names the snapshot's commit, and a re-run loads that commit (offline, from the cache).
     commit = "0123456789abcdef0123456789abcdef01234567"
     assert json.loads((run_dir / "inputs.json").read_text())["model"]["revision"] == commit
-    rerun = run_cli(str(run_dir), "--no-tracking", cwd=tmp_path, env=env, module="sdjax_runner.rerun")
+    rerun = run_cli(str(run_dir), "--no-tracking", cwd=tmp_path, env=env, command="rerun")
     assert rerun.returncode == 0, rerun.stderr
     assert f"rerun: model.revision: the default branch -> {commit}, the snapshot the run loaded" in rerun.stderr
     assert "rerun: identical -- all 8 image(s) match the record bit for bit" in rerun.stdout

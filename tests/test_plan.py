@@ -4,7 +4,7 @@ import pytest
 from hydra import compose, initialize_config_dir
 
 from sdjax_runner.config import schema
-from sdjax_runner.config.plan import make_plan
+from sdjax_runner.config.plan import admit, make_plan
 from sdjax_runner.errors import UserError
 from sdjax_runner.record.rundir import grid_shape
 
@@ -15,7 +15,7 @@ def plan_for(*overrides, devices=8):
     schema.register()
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
         cfg = compose(config_name="config", overrides=["+experiment=smoke", *overrides])
-    return make_plan(cfg, available_devices=devices)
+    return make_plan(admit(cfg), available_devices=devices)
 
 
 def test_one_prompt_fills_every_device_like_the_guide():

@@ -30,6 +30,7 @@ def test_every_parameter_of_the_full_size_architecture_comes_from_exactly_one_ch
     import jax
     from flax.traverse_util import flatten_dict
 
+    from sdjax_runner.config import weight_files
     from sdjax_runner.models import single_file
     from sdjax_runner.models.builtin import SPECS, architecture
     from sdjax_runner.models.checkpoints import _flax_key
@@ -42,7 +43,7 @@ def test_every_parameter_of_the_full_size_architecture_comes_from_exactly_one_ch
     for key, (shape, diffusers_name) in published.items():
         assert state[key].shape == shape, key
         assert single_file.renamed(key, layers, 4)[1][0][0] == diffusers_name
-    checkpoint = single_file.Checkpoint(None, "", tuple(state), layers, 4)
+    checkpoint = weight_files.Checkpoint(None, "", tuple(state), layers, 4)
     assert single_file.unrecognised(checkpoint) == []
     found = {c: {} for c in shapes}
     for key, value in state.items():
@@ -86,7 +87,7 @@ def test_single_file_weights_are_the_diffusers_weights(tmp_path, request, fixtur
     if fixture == "tiny_model_dir" and not open_clip:  # a file replaced after the plan hashed it: not run
         from sdjax_runner.errors import UserError
         from sdjax_runner.models.loading import load_model
-        from sdjax_runner.models.lora import file_sha256
+        from sdjax_runner.files import file_sha256
 
         cfg = compose_cfg([f"model={model}", f"model.checkpoint={checkpoint}"])
         planned = file_sha256(checkpoint)

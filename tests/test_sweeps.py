@@ -81,7 +81,7 @@ def test_seed_sweep_loads_and_compiles_once_under_one_parent_run(tmp_path, tiny_
 
     # Last week's sweep re-run from its directory: every job checked, in one process that loads the
     # model once and compiles once, as the sweep did.
-    rerun = run_cli(str(sweep_dir), "--no-tracking", cwd=tmp_path, module="sdjax_runner.rerun")
+    rerun = run_cli(str(sweep_dir), "--no-tracking", cwd=tmp_path, command="rerun")
     assert rerun.returncode == 0, rerun.stderr
     assert rerun.stdout.count("rerun: identical -- all 8 image(s) match the record bit for bit") == 4
     assert f"rerun: sweep {sweep_dir}: 4 of 4 job(s) identical" in rerun.stdout
@@ -93,7 +93,7 @@ def test_seed_sweep_loads_and_compiles_once_under_one_parent_run(tmp_path, tiny_
     shutil.copytree(sweep_dir, partial, ignore=shutil.ignore_patterns("0", "1"))
     config = partial / "2" / ".hydra" / "config.yaml"
     config.write_text(config.read_text().replace("sampling:\n", "sampling:\n  eta: 0.0\n"))
-    rerun = run_cli(str(partial), "--no-tracking", cwd=tmp_path, module="sdjax_runner.rerun")
+    rerun = run_cli(str(partial), "--no-tracking", cwd=tmp_path, command="rerun")
     assert rerun.returncode == 2, rerun.stderr
     assert (f"rerun: job 2 could not be re-run: RUN: {partial / '2'}/.hydra/config.yaml does not fit this "
             "version's config schema: sampling.eta: unknown key") in rerun.stdout
@@ -225,7 +225,7 @@ def test_a_killed_sweep_resumes_only_its_unfinished_jobs_into_the_same_parent_ru
 
     elsewhere = tmp_path / "elsewhere"  # resumed from another directory: it runs where the sweep ran
     elsewhere.mkdir()
-    result = run_cli(str(sweep_dir), cwd=elsewhere, module="sdjax_runner.resume")
+    result = run_cli(str(sweep_dir), cwd=elsewhere, command="resume")
     assert result.returncode == 0, result.stderr
     assert f"resume: in {tmp_path}, where the sweep was started" in result.stdout
     assert "resume: job 0 (+experiment=smoke seed=0) finished in an earlier attempt; kept" in result.stdout
@@ -256,10 +256,10 @@ def test_a_killed_sweep_resumes_only_its_unfinished_jobs_into_the_same_parent_ru
     try:
         status = json.loads(kept["1"])
         (sweep_dir / "1" / "status.json").write_text(json.dumps(dict(status, status="RUNNING", pid=alive.pid)))
-        refused = run_cli(str(sweep_dir), cwd=tmp_path, module="sdjax_runner.resume")
+        refused = run_cli(str(sweep_dir), cwd=tmp_path, command="resume")
         assert_one_line_error(refused, f"error: hydra.sweep.dir: job 1 of {sweep_dir} is still running (pid {alive.pid})")
         assert not (sweep_dir / "earlier_attempts" / "1").exists()
     finally:
         alive.kill()
-    assert_one_line_error(run_cli(str(tmp_path / "nothing"), cwd=tmp_path, module="sdjax_runner.resume"),
+    assert_one_line_error(run_cli(str(tmp_path / "nothing"), cwd=tmp_path, command="resume"),
                           f"error: SWEEP_DIR: {tmp_path / 'nothing'} has no readable multirun.yaml")

@@ -76,13 +76,13 @@ def test_tracker_down_loses_nothing_and_sync_logs_it_later_once(tmp_path, mlflow
     result = run_cli("+experiment=smoke", f"tracking.uri={dead}", f"hydra.run.dir={run_dir}", cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     warnings = [line for line in result.stdout.splitlines() if "tracking failed" in line]
-    assert len(warnings) == 1 and f"python -m sdjax_runner.sync {run_dir}" in warnings[0]
+    assert len(warnings) == 1 and f"python -m sdjax_runner sync {run_dir}" in warnings[0]
     assert "Traceback" not in result.stdout + result.stderr
     status = json.loads((run_dir / "status.json").read_text())
     assert (status["status"], status["logged"]) == ("FINISHED", False) and "Connection refused" in status["tracking_error"]
     assert len(list((run_dir / "images").glob("*.png"))) == 8 and (run_dir / "timings.json").exists()
 
-    sync = [sys.executable, "-m", "sdjax_runner.sync", str(run_dir), "--uri", mlflow_server]
+    sync = [sys.executable, "-m", "sdjax_runner", "sync", str(run_dir), "--uri", mlflow_server]
     first = subprocess.run(sync, capture_output=True, text=True, timeout=120)
     second = subprocess.run(sync, capture_output=True, text=True, timeout=120)
     assert first.returncode == second.returncode == 0, first.stderr + second.stderr
@@ -128,7 +128,7 @@ def test_server_killed_mid_sweep_loses_nothing_and_sync_completes_the_sweep(tmp_
 
     server, url = start_server(tmp_path, port)  # back, with the same store
     try:
-        sync = [sys.executable, "-m", "sdjax_runner.sync", str(sweep), "--uri", url]
+        sync = [sys.executable, "-m", "sdjax_runner", "sync", str(sweep), "--uri", url]
         first = subprocess.run(sync, capture_output=True, text=True, timeout=180)
         second = subprocess.run(sync, capture_output=True, text=True, timeout=180)
         assert first.returncode == second.returncode == 0, first.stderr + second.stderr

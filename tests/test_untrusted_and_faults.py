@@ -122,7 +122,7 @@ def test_python_m_from_a_folder_that_ships_modules_imports_none_of_them(tmp_path
                                            "raise SystemExit('planted module imported')\n")
     result = run_cli("+experiment=smoke", "sampling.height=65", cwd=folder)
     assert_one_line_error(result, "error: sampling.height: must be a positive multiple of 8")
-    listing = run_cli("list", str(tmp_path), cwd=folder, module="sdjax_runner.runs")
+    listing = run_cli("list", str(tmp_path), cwd=folder, command="runs")
     assert "planted module imported" not in listing.stderr + listing.stdout, listing.stderr
     assert not list(tmp_path.glob("RAN_*"))
 
@@ -159,7 +159,7 @@ def test_a_killed_run_says_whose_it_was_and_sync_finishes_it_from_disk(tmp_path,
     assert (status["status"], status["pid"]) == ("RUNNING", proc.pid) and status["host"] and status["started_at"]
     assert not (run_dir / "images.json").exists()
 
-    result = run_cli(str(run_dir), cwd=tmp_path, module="sdjax_runner.sync")
+    result = run_cli(str(run_dir), cwd=tmp_path, command="sync")
     assert result.returncode == 0, result.stderr
     assert f"{run_dir}: KILLED: its process is gone; " in result.stdout and "logged as mlflow run" in result.stdout
     status = _json(run_dir / "status.json")
@@ -177,7 +177,7 @@ def test_a_killed_run_says_whose_it_was_and_sync_finishes_it_from_disk(tmp_path,
         assert parameters[1].startswith("Steps: 4, Sampler: pndm")
     with sqlite3.connect(tmp_path / "outputs" / "mlflow.db") as db:
         assert db.execute("select status from runs").fetchall() == [("KILLED",)]
-    again = run_cli(str(run_dir), cwd=tmp_path, module="sdjax_runner.sync")
+    again = run_cli(str(run_dir), cwd=tmp_path, command="sync")
     assert again.returncode == 0 and "already logged" in again.stdout
 
 
@@ -304,7 +304,7 @@ def broken(self, config, **kwargs):
     raise RuntimeError("the sweeper broke")
 Plugins.instantiate_sweeper = broken  # called right after the sweep's start (parent run, sweep.json)
 sys.argv = ["sdjax_runner", "-m", "+experiment=smoke", "seed=0,1", "hydra.sweep.dir={tmp_path / 'sweep'}"]
-from sdjax_runner.cli import main
+from sdjax_runner.commands.run import main
 main()
 """
     result = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, capture_output=True, text=True, timeout=120)
@@ -324,7 +324,7 @@ def broken(config, task):
     raise RuntimeError("the check broke")
 sweep_points.check_points = broken
 sys.argv = ["sdjax_runner", "-m", "+experiment=smoke", "seed=0", "hydra.sweep.dir={tmp_path / 'sweep'}"]
-from sdjax_runner.cli import main
+from sdjax_runner.commands.run import main
 main()
 """
     result = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, capture_output=True, text=True, timeout=300)

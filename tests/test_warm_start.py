@@ -126,14 +126,15 @@ def test_the_cache_bound_is_checked_before_anything_runs():
     import pytest
 
     from helpers.configs import compose_cfg
-    from sdjax_runner.config.plan import make_plan
+    from sdjax_runner.config.plan import admit, make_plan
     from sdjax_runner.errors import UserError
 
     for bad in ("0", "-1", "nan", "inf"):
         with pytest.raises(UserError, match="compilation_cache.max_size_gb"):
-            make_plan(compose_cfg(["+experiment=smoke", f"compilation_cache.max_size_gb={bad}"]), available_devices=8)
+            make_plan(admit(compose_cfg(["+experiment=smoke", f"compilation_cache.max_size_gb={bad}"])),
+                      available_devices=8)
     with pytest.raises(UserError, match="compilation_cache.min_compile_time_s"):
-        make_plan(compose_cfg(["+experiment=smoke", "compilation_cache.min_compile_time_s=-1"]), available_devices=8)
+        make_plan(admit(compose_cfg(["+experiment=smoke", "compilation_cache.min_compile_time_s=-1"])), available_devices=8)
 
 
 def test_a_stored_executable_that_fails_when_run_is_removed_and_traced_instead(tmp_path):
@@ -148,7 +149,7 @@ from sdjax_runner.engine import compile_cache
 compile_cache.bypassed = lambda: contextlib.nullcontext(False)
 compile_cache.hits = lambda: 0
 sys.argv = ["sdjax_runner", *{SMOKE!r}, "compilation_cache.dir={cache}", "hydra.run.dir={tmp_path / 'bad'}"]
-from sdjax_runner.cli import main
+from sdjax_runner.commands.run import main
 main()
 """
     subprocess.run([sys.executable, "-c", script], cwd=tmp_path, check=True, capture_output=True, timeout=300)

@@ -1,5 +1,5 @@
 """``hydra/sweeper=resume``: Hydra's basic sweeper, run again over an existing sweep directory, that
-launches only the jobs which did not finish there. ``python -m sdjax_runner.resume SWEEP_DIR`` builds
+launches only the jobs which did not finish there. ``python -m sdjax_runner resume SWEEP_DIR`` builds
 the command; what happens to the directory is in :mod:`sdjax_runner.record.resume`.
 
 Hydra finds sweepers only in the ``hydra_plugins`` namespace package, hence this module."""

@@ -18,8 +18,7 @@ import sys
 from pathlib import Path
 from typing import Any, Optional
 
-from omegaconf import DictConfig
-
+from sdjax_runner.config.schema import BUILTIN_MODELS, SCHEDULERS
 from sdjax_runner.errors import UserError
 from sdjax_runner.files import FOLDER_PATHS, cannot_make_folder
 
@@ -83,10 +82,12 @@ def private_dir(key: str, path: str) -> None:
                         f"a path under a directory only you can write, or another {key}")
 
 
-def model(model: Any) -> None:
-    from sdjax_runner.models.builtin import BUILTIN_MODELS
-    from sdjax_runner.models.sources import is_local
+def is_local(name: str) -> bool:
+    """Whether a model name is a local folder (else a hub id, ``owner/name``)."""
+    return name.startswith(("/", ".", "~")) or Path(name).expanduser().exists() or name.count("/") != 1
 
+
+def model(model: Any) -> None:
     if model.checkpoint:  # the file itself is read (and checked) once, by config/plan.py's checkpoint_record
         if model.pretrained_model_name_or_path is None:
             return  # the standard base of its architecture (config/plan.py)
@@ -114,11 +115,13 @@ def scheduler_overrides(name: str, overrides: dict[str, Any]) -> None:
     """Reject override keys the scheduler does not take, before anything loads."""
     if not overrides:  # nothing to check: no need to import diffusers' schedulers yet
         return
+    import importlib
     import inspect
 
-    from sdjax_runner.models.schedulers import scheduler_class
-
-    accepted = [p for p in inspect.signature(scheduler_class(name).__init__).parameters if p not in ("self", "dtype")]
+    if name not in SCHEDULERS:
+        raise UserError("scheduler.name", f"unknown scheduler {name!r}", sorted(SCHEDULERS))
+    settings = getattr(importlib.import_module("diffusers"), SCHEDULERS[name])
+    accepted = [p for p in inspect.signature(settings.__init__).parameters if p not in ("self", "dtype")]
     for key in overrides:
         if key not in accepted:
             raise UserError(f"scheduler.config_overrides.{key}", f"not a {name} setting", accepted)
@@ -176,11 +179,11 @@ def xla_flags(flags: str) -> None:
                         "flags XLA knows, e.g. --xla_gpu_autotune_level=2")
 
 
-def distributed(parallelism: DictConfig) -> None:
+def distributed(parallelism: Any) -> None:
     """Reject inconsistent multi-host settings before anything starts."""
     dist = parallelism.distributed
     if not dist.enabled:
-        given = [key for key in ("coordinator_address", "num_processes", "process_id") if dist[key] is not None]
+        given = [key for key in ("coordinator_address", "num_processes", "process_id") if getattr(dist, key) is not None]
         if given:  # each process would run alone: two runs writing one directory
             raise UserError("parallelism.distributed.enabled", f"false, but {', '.join(given)} given: each process "
                             "would run alone, all writing the same outputs", "true, with all three settings")
@@ -227,11 +230,8 @@ def known_keys(node: Any, schema: Any, prefix: str = "") -> None:
                 known_keys(item, typing.get_args(kind)[0], f"{prefix}{key}.{number}.")
 
 
-def run_values(cfg: DictConfig) -> None:
-    """Every value of ``cfg`` that can be checked without JAX, a model or a device."""
-    from sdjax_runner.config.schema import RunConfig
-
-    known_keys(cfg, RunConfig)
+def run_values(cfg: Any) -> None:
+    """Every value of ``cfg`` (a typed RunConfig: plan.admit) that can be checked without JAX, a model or a device."""
     sampling, par = cfg.sampling, cfg.parallelism
     size("sampling.height", sampling.height)
     size("sampling.width", sampling.width)

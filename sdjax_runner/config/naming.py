@@ -1,6 +1,6 @@
 """Run names: a single run is named after what its command line changes (``smoke dtype=bf16
 scheduler=euler``), so runs of one experiment can be told apart in the run directories, in MLflow
-and in ``python -m sdjax_runner.runs list``; ``run_name=`` on the command line wins. Names become
+and in ``python -m sdjax_runner runs list``; ``run_name=`` on the command line wins. Names become
 directory names only through :func:`slug`, which keeps them inside ``paths.output_root``.
 
 Both are OmegaConf resolvers (registered with the schema) so that ``hydra.run.dir`` can use them.

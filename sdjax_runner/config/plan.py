@@ -10,6 +10,7 @@ every device.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,9 +21,10 @@ from omegaconf import DictConfig, OmegaConf
 from sdjax_runner.config import checks
 from sdjax_runner.config.prompts import check_text, load_prompts
 from sdjax_runner.config.schema import (CompilationCacheConfig, DtypeConfig, MetricsConfig, ModelConfig, OutputConfig,
-                                        SchedulerConfig, TrackingConfig)
+                                        RunConfig, SchedulerConfig, TrackingConfig, field_types)
+from sdjax_runner.config.weight_files import BASES, lora_header, open_checkpoint
 from sdjax_runner.errors import UserError
-from sdjax_runner.files import not_a_file
+from sdjax_runner.files import file_sha256, not_a_file
 
 
 @dataclass(frozen=True)
@@ -84,7 +86,7 @@ class Plan:
         return [s for s in self.images if s.kept]
 
 
-def flatten_params(cfg: DictConfig, max_chars: int = 500) -> dict[str, str]:
+def flatten_params(config: RunConfig, max_chars: int = 500) -> dict[str, str]:
     """Scalar config values as ``{"sampling.num_inference_steps": "4", ...}``; lists (prompt texts)
     and values longer than ``max_chars`` are left to the config artifact."""
     out: dict[str, str] = {}
@@ -98,19 +100,28 @@ def flatten_params(cfg: DictConfig, max_chars: int = 500) -> dict[str, str]:
             if len(text) <= max_chars:
                 out[prefix] = text
 
-    walk("", OmegaConf.to_container(cfg, resolve=True, enum_to_str=True))
+    walk("", OmegaConf.to_container(OmegaConf.structured(config), resolve=True, enum_to_str=True))
     return out
+
+
+def admit(cfg: DictConfig) -> RunConfig:
+    """The door: Hydra's composed config as the schema's typed dataclasses, every key one the schema
+    defines (Hydra's ``+key=value`` can add one it lacks: refused here). The only read of the Hydra
+    config; everything after reads what this returns, then the Plan made from it."""
+    checks.known_keys(cfg, RunConfig)
+    # Field by field: a sweep's job config also holds Hydra's own node, which is not the run's to read.
+    values = {key: cfg[key] for key in field_types(RunConfig)}
+    return RunConfig(**{key: OmegaConf.to_object(value) if OmegaConf.is_config(value) else value
+                        for key, value in values.items()})
 
 
 def lora_record(index: int, spec) -> tuple[str, float, str]:
     """(path, scale, content hash) of adapter ``index``; the hash goes into every record of the run."""
-    from sdjax_runner.models.lora import check_header, file_sha256
-
     path = Path(str(spec.path)).expanduser()
     missing = not_a_file(path)
     if missing:
         raise UserError(f"lora.{index}.path", f"{missing}: {path}", "a LoRA .safetensors file")
-    check_header(path, f"lora.{index}.path")
+    lora_header(path, f"lora.{index}.path")
     return str(path), float(spec.scale), file_sha256(path)
 
 
@@ -127,9 +138,6 @@ def checkpoint_record(model: ModelConfig) -> Optional[tuple[str, str, str]]:
     base of that architecture, so the record names the configs the weights ran on."""
     if not model.checkpoint:
         return None
-    from sdjax_runner.models.lora import file_sha256
-    from sdjax_runner.models.single_file import BASES, open_checkpoint
-
     checkpoint = open_checkpoint(Path(model.checkpoint).expanduser())
     if model.pretrained_model_name_or_path is None:
         model.pretrained_model_name_or_path = BASES[checkpoint.architecture]
@@ -143,22 +151,23 @@ def checkpoint_params(model: ModelConfig, checkpoint: Optional[tuple]) -> dict[s
             "model.checkpoint_sha256": checkpoint[1], "model.checkpoint_architecture": checkpoint[2]}
 
 
-def check_values(cfg: DictConfig) -> list[str]:
-    """Every check of ``cfg`` that needs neither devices nor a model (so the runner makes them before
+def check_values(config: RunConfig) -> list[str]:
+    """Every check of ``config`` that needs neither devices nor a model (so the runner makes them before
     JAX and the model libraries start: bad input is refused in well under a second); the prompts."""
-    checks.run_values(cfg)
-    prompts = load_prompts(list(cfg.prompts.texts), cfg.prompts.file)
-    if cfg.prompts.negative:
-        check_text("prompts.negative", str(cfg.prompts.negative))
+    checks.run_values(config)
+    prompts = load_prompts(list(config.prompts.texts), config.prompts.file)
+    if config.prompts.negative:
+        check_text("prompts.negative", str(config.prompts.negative))
     return prompts
 
 
-def make_plan(cfg: DictConfig, available_devices: int, prompts: Optional[list[str]] = None) -> Plan:
-    """Validate ``cfg`` and lay out its images; raises UserError naming the first bad key.
-    ``prompts``: what :func:`check_values` returned, if the caller has made those checks already."""
+def make_plan(config: RunConfig, available_devices: int, prompts: Optional[list[str]] = None) -> Plan:
+    """Validate ``config`` (what :func:`admit` returned) and lay out its images; raises UserError naming
+    the first bad key. ``prompts``: what :func:`check_values` returned, if the caller has made those
+    checks already."""
     if prompts is None:
-        prompts = check_values(cfg)
-    par = cfg.parallelism
+        prompts = check_values(config)
+    par = config.parallelism
     num_devices = par.num_devices or available_devices
     per_batch = num_devices * par.per_device_batch_size
     needed = math.ceil(len(prompts) / per_batch)
@@ -166,45 +175,45 @@ def make_plan(cfg: DictConfig, available_devices: int, prompts: Optional[list[st
     checks.layout(num_devices, available_devices, num_batches, needed, per_batch, len(prompts))
     total = num_batches * per_batch
     # pad keeps only whole copies of the prompt list; cycle keeps every slot.
-    kept = total if cfg.prompts.fill.name == "cycle" else len(prompts) * (total // len(prompts))
+    kept = total if config.prompts.fill.name == "cycle" else len(prompts) * (total // len(prompts))
     slots = []
     for i in range(total):
         batch, within = divmod(i, per_batch)
         device, slot = divmod(within, par.per_device_batch_size)
         slots.append(ImageSlot(i, batch, device, slot, prompts[i % len(prompts)], i < kept))
-    checks.grid(cfg.output.grid_rows, cfg.output.grid_cols, kept)
-    adapters = tuple(lora_record(i, spec) for i, spec in enumerate(cfg.lora))
-    model = OmegaConf.to_object(cfg.model)
+    checks.grid(config.output.grid_rows, config.output.grid_cols, kept)
+    adapters = tuple(lora_record(i, spec) for i, spec in enumerate(config.lora))
+    model = dataclasses.replace(config.model)  # the checkpoint's base may be filled in: the caller's stays as given
     checkpoint = checkpoint_record(model)
     return Plan(
         model=model,
-        dtype=OmegaConf.to_object(cfg.dtype),
-        scheduler=OmegaConf.to_object(cfg.scheduler),
-        attention=cfg.performance.attention.name,
+        dtype=config.dtype,
+        scheduler=config.scheduler,
+        attention=config.performance.attention.name,
         mode=par.mode.name,
         prompts=tuple(prompts),
-        negative=cfg.prompts.negative,  # "" is a negative prompt for SDXL (engine/encode.py: negative_prompt)
+        negative=config.prompts.negative,  # "" is a negative prompt for SDXL (engine/encode.py: negative_prompt)
         num_devices=num_devices,
         per_device_batch_size=par.per_device_batch_size,
         num_batches=num_batches,
         images=tuple(slots),
-        seed=cfg.seed,
-        num_inference_steps=cfg.sampling.num_inference_steps,
-        guidance_scale=float(cfg.sampling.guidance_scale),
-        height=cfg.sampling.height,
-        width=cfg.sampling.width,
-        repeats=cfg.timing.repeats,
-        metrics=OmegaConf.to_object(cfg.metrics),
-        run_name=cfg.run_name,
-        experiment=cfg.experiment,
-        output=OmegaConf.to_object(cfg.output),
-        tracking=OmegaConf.to_object(cfg.tracking),
-        output_root=cfg.paths.output_root,
-        compilation_cache=OmegaConf.to_object(cfg.compilation_cache),
-        peak_tflops_per_device=cfg.performance.peak_tflops_per_device,
-        profile=cfg.performance.profile,
-        max_models=cfg.reuse.max_models,
-        params=dict(flatten_params(cfg), **lora_params(adapters), **checkpoint_params(model, checkpoint)),
+        seed=config.seed,
+        num_inference_steps=config.sampling.num_inference_steps,
+        guidance_scale=float(config.sampling.guidance_scale),
+        height=config.sampling.height,
+        width=config.sampling.width,
+        repeats=config.timing.repeats,
+        metrics=config.metrics,
+        run_name=config.run_name,
+        experiment=config.experiment,
+        output=config.output,
+        tracking=config.tracking,
+        output_root=config.paths.output_root,
+        compilation_cache=config.compilation_cache,
+        peak_tflops_per_device=config.performance.peak_tflops_per_device,
+        profile=config.performance.profile,
+        max_models=config.reuse.max_models,
+        params=dict(flatten_params(config), **lora_params(adapters), **checkpoint_params(model, checkpoint)),
         lora=adapters,
         checkpoint=checkpoint,
     )

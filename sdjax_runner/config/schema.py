@@ -54,6 +54,16 @@ class TrackingBackend(Enum):
     none = "none"
 
 
+# Names a run may pick whose implementations live in a lower layer; each of those registries is
+# checked against these lists when it is imported, so the two cannot drift apart.
+BUILTIN_MODELS = ("tiny-random", "tiny-random-xl", "sd-v1-arch", "sdxl-arch", "tiny-random-clip")  # models/builtin.py
+# scheduler.name -> the diffusers Flax class whose settings it takes (scheduler.config_overrides); the
+# classes that run are in models/schedulers.py (LMS and DDPM are the project's own subclasses).
+SCHEDULERS = {"pndm": "FlaxPNDMScheduler", "ddim": "FlaxDDIMScheduler", "lms": "FlaxLMSDiscreteScheduler",
+              "dpm_solver_pp": "FlaxDPMSolverMultistepScheduler", "euler": "FlaxEulerDiscreteScheduler",
+              "ddpm": "FlaxDDPMScheduler"}
+
+
 @dataclass
 class ModelConfig:
     name: str = MISSING  # names the model in run names, image metadata and the console
@@ -164,7 +174,7 @@ class TrackingConfig:
     # A tracking server that is down or flaky: each request is retried max_retries times with
     # exponential backoff (backoff_factor s, doubling) and times out after timeout_s. If it still
     # fails, the run goes on, everything is written to the run directory, status.json says
-    # "logged": false, and `python -m sdjax_runner.sync RUN_DIR` logs it later.
+    # "logged": false, and `python -m sdjax_runner sync RUN_DIR` logs it later.
     max_retries: int = 2
     backoff_factor: int = 1
     timeout_s: int = 10

@@ -31,7 +31,7 @@ def check_points(config: DictConfig, task: list[str]) -> None:
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
     from sdjax_runner.config.checks import run_values
-    from sdjax_runner.config.plan import check_values
+    from sdjax_runner.config.plan import admit, check_values
 
     batch = config.hydra.sweeper.get("max_batch_size")
     if config.hydra.sweeper._target_ in LISTING_SWEEPERS and batch is not None and batch < 1:
@@ -52,12 +52,12 @@ def check_points(config: DictConfig, task: list[str]) -> None:
         return
     first_job = [values[0] for values in lines]
     first = loader.load_sweep_config(config, first_job)
-    check_values(first)
+    check_values(admit(first))
     for i in swept:
         values = list(dict.fromkeys(lines[i][1:]))  # each distinct value once
         if loader.get_group_options(parsed[i].key_or_group.split("@")[0]):
             for line in values:  # another option: another defaults tree
-                check_values(loader.load_sweep_config(config, [*first_job[:i], line, *first_job[i + 1:]]))
+                check_values(admit(loader.load_sweep_config(config, [*first_job[:i], line, *first_job[i + 1:]])))
             continue
         # The first job has this key (set by its first value): each value is set in place, checked,
         # and the first value set back -- no copy of the config per value.
@@ -66,7 +66,7 @@ def check_points(config: DictConfig, task: list[str]) -> None:
         check = check_values if key.startswith("prompts.") else run_values
         for line in [*values, lines[i][0]]:
             ConfigLoaderImpl._apply_overrides_to_config(parser.parse_overrides([key + line[line.index("="):]]), first)
-            check(first)
+            check(admit(first))
 
 
 def _values(override: Any) -> list[str]:

@@ -11,8 +11,7 @@ import os
 from pathlib import Path
 from typing import Iterator, Optional
 
-from omegaconf import DictConfig
-
+from sdjax_runner.config.schema import CompilationCacheConfig
 from sdjax_runner.engine import executable_cache
 from sdjax_runner.files import private_folder, untrusted, write_private
 
@@ -27,7 +26,7 @@ def _count(event: str, **_: object) -> None:
     _events[event] += 1
 
 
-def configure(cache: DictConfig) -> None:
+def configure(cache: CompilationCacheConfig) -> None:
     """Point JAX at the cache directory, once per process."""
     global _settings
     import jax
@@ -141,7 +140,7 @@ def bypassed() -> Iterator[bool]:
             jax_cache._cache_checked, jax_cache._cache_used = saved
 
 
-def max_bytes(cache: DictConfig) -> Optional[int]:
+def max_bytes(cache: CompilationCacheConfig) -> Optional[int]:
     """``compilation_cache.max_size_gb`` in bytes, or None (no bound)."""
     return None if cache.max_size_gb is None else int(cache.max_size_gb * 1e9)
 
@@ -162,7 +161,7 @@ def hits() -> int:
 _ENTRIES = (("*-cache", ("-cache", "-atime")), (f"{executable_cache.SUBDIR}/*.pkl", (".pkl", ".flops.json")))
 
 
-def trim(cache: DictConfig) -> list[Path]:
+def trim(cache: CompilationCacheConfig) -> list[Path]:
     """Remove the least recently used entries until ``cache.dir`` holds at most ``cache.max_size_gb``;
     returns what was removed. Recency is a file's last access or modification, whichever is later: a
     stored executable's is renewed at each load; JAX's entries' access times are the filesystem's

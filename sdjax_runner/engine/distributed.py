@@ -13,15 +13,14 @@ import time
 from typing import Optional
 
 import numpy as np
-from omegaconf import DictConfig
-
 from sdjax_runner.config import checks
+from sdjax_runner.config.schema import ParallelismConfig
 from sdjax_runner.errors import UserError
 
 _initialized: Optional[tuple] = None  # the settings this process was initialised with
 
 
-def initialize(parallelism: DictConfig) -> None:
+def initialize(parallelism: ParallelismConfig) -> None:
     """``jax.distributed.initialize`` once per process, also across the jobs of a multirun."""
     global _initialized
     checks.distributed(parallelism)

@@ -16,9 +16,8 @@ import sys
 import warnings
 from typing import Optional
 
-from omegaconf import DictConfig
-
 from sdjax_runner.config import checks
+from sdjax_runner.config.schema import ParallelismConfig, PerformanceConfig
 
 log = logging.getLogger("sdjax_runner")
 
@@ -48,7 +47,7 @@ def use_host_devices(count: Optional[int]) -> None:
     os.environ["XLA_FLAGS"] = f"{flags} --xla_force_host_platform_device_count={count}".strip()
 
 
-def use_xla_settings(performance: DictConfig) -> None:
+def use_xla_settings(performance: PerformanceConfig) -> None:
     """performance.* flags and GPU memory share, into the environment JAX reads when it starts."""
     checks.xla_settings(performance)
     flags = [str(flag) for flag in performance.xla_flags]
@@ -68,13 +67,13 @@ def use_xla_settings(performance: DictConfig) -> None:
         os.environ["XLA_PYTHON_CLIENT_MEM_FRACTION"] = str(performance.gpu_memory_fraction)
 
 
-def prepare_process(cfg: DictConfig) -> None:
+def prepare_process(parallelism: ParallelismConfig, performance: PerformanceConfig) -> None:
     """Everything about the process that must be settled before JAX starts, then multi-host setup."""
     from sdjax_runner.engine import distributed
 
-    use_host_devices(cfg.parallelism.host_device_count)
-    use_xla_settings(cfg.performance)
-    distributed.initialize(cfg.parallelism)
+    use_host_devices(parallelism.host_device_count)
+    use_xla_settings(performance)
+    distributed.initialize(parallelism)
 
 
 def available_devices(mode: str) -> int:

@@ -226,7 +226,7 @@ def score_run(clip: Any, images: list, prompts: list[str], executables: Optional
     cannot be loaded or run gives one warning and ``clip_score_error``. ``executables``: see load_scorer."""
     import jax
 
-    from sdjax_runner.errors import describe
+    from sdjax_runner.config.messages import describe
 
     started = time.perf_counter()
     try:

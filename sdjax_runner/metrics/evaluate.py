@@ -8,17 +8,18 @@ from __future__ import annotations
 import logging
 import time
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 log = logging.getLogger("sdjax_runner")
 
 
-def with_reference(run_dir: Path, records: list[dict], reference_dir: Path) -> dict[str, Any]:
+def with_reference(run_dir: Path, records: list[dict], reference_dir: Path,
+                   read_records: Callable[[Path], list[dict]]) -> dict[str, Any]:
     """PSNR/SSIM of each record's image against ``reference_dir``; records gain ``psnr``/``ssim``."""
     from sdjax_runner.metrics.fidelity import compare
 
     try:
-        per_image, fields = compare(run_dir, records, reference_dir)
+        per_image, fields = compare(run_dir, records, reference_dir, read_records(reference_dir))
     except Exception as exc:
         error = f"{type(exc).__name__}: {' '.join(str(exc).split())[:300]}"
         log.warning("metrics: no comparison with %s: %s", reference_dir, error)
@@ -31,10 +32,11 @@ def with_reference(run_dir: Path, records: list[dict], reference_dir: Path) -> d
     return fields
 
 
-def evaluate(metrics: Any, run_dir: Path, images: list, records: list[dict], executables: Optional[str] = None
-             ) -> dict[str, Any]:
+def evaluate(metrics: Any, run_dir: Path, images: list, records: list[dict], executables: Optional[str],
+             read_records: Callable[[Path], list[dict]]) -> dict[str, Any]:
     """The run-level quality fields (and ``metrics_s``); ``records`` gain the per-image values.
-    ``executables``: where compiled scoring programs are kept (a compilation_cache.dir), or None."""
+    ``executables``: where compiled scoring programs are kept (a compilation_cache.dir), or None;
+    ``read_records``: reads the image records of a run directory (the reference's)."""
     from sdjax_runner.metrics.clip_score import score_run
 
     started = time.perf_counter()
@@ -47,7 +49,7 @@ def evaluate(metrics: Any, run_dir: Path, images: list, records: list[dict], exe
                 record["clip_score"] = float(score)
     if metrics.reference and records:
         if all((run_dir / r["file"]).exists() for r in records):
-            quality.update(with_reference(run_dir, records, Path(metrics.reference).expanduser()))
+            quality.update(with_reference(run_dir, records, Path(metrics.reference).expanduser(), read_records))
         else:
             log.warning("metrics: no comparison with %s: output.save_images=false left no images to compare",
                         metrics.reference)

@@ -11,11 +11,9 @@ from __future__ import annotations
 import functools
 import math
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 import numpy as np
-
-from sdjax_runner.record import rundir
 
 
 def _slot(record: dict) -> tuple:
@@ -66,11 +64,9 @@ def _pairs_psnr_ssim(pairs: list[tuple[Path, dict, Path, dict]]) -> tuple[np.nda
 
 
 def compare(run_dir: Path, records: list[dict], reference_dir: Path,
-            reference_records: Optional[list[dict]] = None) -> tuple[list[dict], dict[str, Any]]:
+            reference_records: list[dict]) -> tuple[list[dict], dict[str, Any]]:
     """(per-image {psnr, ssim} aligned with ``records`` -- empty dicts where not compared, run-level
-    fields). ``reference_records``: the reference's images.json, if already read."""
-    if reference_records is None:
-        reference_records = rundir.read_json(reference_dir / rundir.IMAGES)
+    fields). ``reference_records``: the image records of the run in ``reference_dir``."""
     by_slot = {_slot(r): r for r in reference_records}
     pairs = [(i, by_slot.get(_slot(r))) for i, r in enumerate(records)]
     pairs = [(i, ref) for i, ref in pairs if ref is not None and (ref.get("height"), ref.get("width"))

@@ -26,6 +26,7 @@ import socket
 import tempfile
 from pathlib import Path
 
+from sdjax_runner.config.schema import BUILTIN_MODELS
 from sdjax_runner.errors import UserError
 
 log = logging.getLogger("sdjax_runner")
@@ -222,7 +223,8 @@ CLIP_SPECS = {
         projection_dim=32,
     ),
 }
-BUILTIN_MODELS = tuple(SPECS) + tuple(CLIP_SPECS)
+if tuple(SPECS) + tuple(CLIP_SPECS) != BUILTIN_MODELS:  # config/schema.py names them for the checks
+    raise RuntimeError(f"models/builtin.py builds {tuple(SPECS) + tuple(CLIP_SPECS)}, config/schema.py lists {BUILTIN_MODELS}")
 
 
 def build_builtin(name: str, target: Path) -> Path:

@@ -22,8 +22,8 @@ from pathlib import Path
 from typing import Any, Optional
 
 import numpy as np
-from omegaconf import DictConfig
 
+from sdjax_runner.config.schema import DtypeConfig, ModelConfig, SchedulerConfig
 from sdjax_runner.errors import UserError
 from sdjax_runner.models import model_index, sources
 from sdjax_runner.models.checkpoints import (ComponentWeights, WeightsMismatch, convert_safetensors, convert_tensors,
@@ -135,7 +135,7 @@ def component_dtype(directory: Path, name: str, activations):
     return jnp.float32 if isinstance(config, dict) and config.get("force_upcast") is True else activations
 
 
-def load_component(folder: Path, library: str, cls, model: DictConfig, activations, weights: np.dtype):
+def load_component(folder: Path, library: str, cls, model: ModelConfig, activations, weights: np.dtype):
     """(module, host params or None, the weight files read) for one component folder."""
     from diffusers import FlaxModelMixin
     from transformers import FlaxPreTrainedModel
@@ -189,6 +189,7 @@ def load_from_checkpoint(folder: Path, name: str, library: str, cls, checkpoint,
     ``folder``, its weights from the single-file ``checkpoint`` (:mod:`.single_file`)."""
     from diffusers import FlaxModelMixin
 
+    from sdjax_runner.config import weight_files
     from sdjax_runner.models import single_file
 
     is_diffusers = issubclass(cls, FlaxModelMixin)
@@ -199,8 +200,8 @@ def load_from_checkpoint(folder: Path, name: str, library: str, cls, checkpoint,
                                  "diffusers" if is_diffusers else "transformers", weights,
                                  f"{checkpoint.path.name} ({name})")
     except ValueError as exc:
-        raise UserError(single_file.KEY, f"does not fit the base model {base} "
-                        f"({single_file.ARCHITECTURES[checkpoint.architecture]} checkpoint): {exc}",
+        raise UserError(weight_files.KEY, f"does not fit the base model {base} "
+                        f"({weight_files.ARCHITECTURES[checkpoint.architecture]} checkpoint): {exc}",
                         "a checkpoint of the base model's architecture (set model.pretrained_model_name_or_path "
                         "to a matching base)") from None
     return module, to_host(params, weights), ComponentWeights("single_file", (checkpoint.path,))
@@ -214,7 +215,7 @@ def unloadable(directory: Path, name: str, exc: BaseException) -> UserError:
                      "a complete diffusers-format component folder")
 
 
-def load_component_or_say_why(directory: Path, name: str, library: str, cls, model: DictConfig, activations,
+def load_component_or_say_why(directory: Path, name: str, library: str, cls, model: ModelConfig, activations,
                               weights: np.dtype, checkpoint=None):
     try:
         if checkpoint is not None and name in CHECKPOINT_COMPONENTS:
@@ -226,7 +227,7 @@ def load_component_or_say_why(directory: Path, name: str, library: str, cls, mod
         raise unloadable(directory, name, exc) from exc
 
 
-def load_model(model: DictConfig, dtype: DictConfig, checkpoint_sha256: Optional[str] = None) -> LoadedModel:
+def load_model(model: ModelConfig, dtype: DtypeConfig, checkpoint_sha256: Optional[str] = None) -> LoadedModel:
     """The pipeline (with the model's own scheduler) and its weights as host arrays. ``checkpoint_sha256``:
     the plan's hash of ``model.checkpoint``; a file replaced since then is refused once its weights are read,
     so a run is never recorded under the hash of a file it did not read."""
@@ -235,15 +236,17 @@ def load_model(model: DictConfig, dtype: DictConfig, checkpoint_sha256: Optional
     started = time.perf_counter()
     checkpoint = None
     if model.checkpoint:
-        from sdjax_runner.models import single_file
+        from sdjax_runner.config.weight_files import ARCHITECTURES, open_checkpoint
 
-        checkpoint = single_file.open_checkpoint(Path(model.checkpoint).expanduser())
+        checkpoint = open_checkpoint(Path(model.checkpoint).expanduser())
         log.info("load: %s (%s single-file checkpoint, %.1f GB) on the configs of %s", checkpoint.path.name,
-                 single_file.ARCHITECTURES[checkpoint.architecture], checkpoint.path.stat().st_size / 1e9,
+                 ARCHITECTURES[checkpoint.architecture], checkpoint.path.stat().st_size / 1e9,
                  model.pretrained_model_name_or_path)
     directory = sources.resolve(model, model.allow_pickle)
     index = model_index.read(directory)  # untrusted: checked before anything is imported or loaded
     if checkpoint is not None:
+        from sdjax_runner.models import single_file
+
         checkpoint = single_file.on_base(checkpoint, directory)
         extra = single_file.unrecognised(checkpoint)
         if extra:
@@ -292,7 +295,7 @@ def load_model(model: DictConfig, dtype: DictConfig, checkpoint_sha256: Optional
     except (OSError, ValueError, TypeError, KeyError) as exc:
         raise unloadable(directory, "scheduler", exc) from exc
     if checkpoint is not None and checkpoint_sha256 is not None:
-        from sdjax_runner.models.lora import file_sha256
+        from sdjax_runner.files import file_sha256
 
         now = file_sha256(checkpoint.path)
         if now != checkpoint_sha256:
@@ -320,7 +323,7 @@ def _keep_config_readable(unet) -> None:
         unet._internal_dict = FrozenDict(unet._internal_dict)
 
 
-def with_scheduler(loaded: LoadedModel, scheduler: DictConfig, prediction_type: Any = None,
+def with_scheduler(loaded: LoadedModel, scheduler: SchedulerConfig, prediction_type: Any = None,
                    attention: str = "default"):
     """A pipeline sharing ``loaded``'s modules (the UNet set up for ``attention``) with the configured
     scheduler, and the scheduler's float32 state."""

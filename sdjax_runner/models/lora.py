@@ -19,9 +19,7 @@ how many and which module -- never silently ignored.
 
 from __future__ import annotations
 
-import functools
 import hashlib
-import logging
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -49,39 +47,6 @@ class Adapter:
     path: str
     sha256: str
     factors: dict  # (component, path tuple) -> (down, up)
-
-
-def check_header(path: Path, config_key: str) -> None:
-    """The file's safetensors header read (milliseconds; safetensors also checks that the data it
-    describes fills the file exactly), so that a file that is no adapter is one line before the run
-    hashes it, which reads every byte."""
-    from safetensors import safe_open
-
-    try:
-        with safe_open(str(path), framework="numpy") as tensors:
-            tensors.keys()
-    except Exception as exc:  # a file is input: a bad one is one line
-        raise UserError(config_key, f"{path} is not a readable safetensors file ({' '.join(str(exc).split())[:160]})",
-                        "a LoRA .safetensors file") from None
-
-
-def file_sha256(path: Path) -> str:
-    """SHA-256 of a weights file (kept per process while the file is the same file, unchanged: its inode,
-    size, mtime and ctime -- a copy over it that keeps the mtime still changes the ctime -- so a sweep
-    hashes a multi-GB checkpoint once)."""
-    stat = Path(path).stat()
-    return _sha256(str(path), stat.st_size, stat.st_mtime_ns, stat.st_ino, stat.st_ctime_ns)
-
-
-@functools.lru_cache(maxsize=64)
-def _sha256(path: str, size: int, mtime_ns: int, inode: int, ctime_ns: int) -> str:
-    if size >= 200_000_000:
-        logging.getLogger("sdjax_runner").info("hash: %s (%.1f GB) ...", Path(path).name, size / 1e9)
-    digest = hashlib.sha256()
-    with open(path, "rb") as file:
-        for chunk in iter(lambda: file.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 def _split(key: str) -> Optional[tuple[str, str, str]]:

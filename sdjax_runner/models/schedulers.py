@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from sdjax_runner.config.schema import SCHEDULERS as NAMES
 from sdjax_runner.errors import UserError
 
 # scheduler.name -> the Flax scheduler class. diffusers 0.39's LMS and DDPM cannot run in the
@@ -16,6 +17,8 @@ SCHEDULERS = {
     "euler": "diffusers:FlaxEulerDiscreteScheduler",
     "ddpm": "sdjax_runner.models.traced_schedulers:DDPMScheduler",
 }
+if set(SCHEDULERS) != set(NAMES):  # config/schema.py names them for the checks
+    raise RuntimeError(f"models/schedulers.py runs {sorted(SCHEDULERS)}, config/schema.py lists {sorted(NAMES)}")
 
 
 def scheduler_class(name: str):

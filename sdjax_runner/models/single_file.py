@@ -22,16 +22,13 @@ the pipeline and are skipped; anything else the runner does not recognise is nam
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterator, Optional
 
 import numpy as np
 
+from sdjax_runner.config.weight_files import Checkpoint
 from sdjax_runner.errors import UserError
-from sdjax_runner.files import not_a_file
-
-KEY = "model.checkpoint"
 
 # Prefix -> (component, text encoder layout or None).
 PREFIXES = (
@@ -48,11 +45,6 @@ SKIPPED = re.compile(r"^(model_ema\.|betas$|alphas_cumprod|sqrt_|log_one_minus|p
                      r"|first_stage_model\.loss\."
                      r"|(cond_stage_model|conditioner\.embedders\.\d)\.model\.(visual\.|logit_scale$)"
                      r"|.*\.position_ids$)")
-# The base model for each architecture when none is given: configs, tokenizers and scheduler only.
-BASES = {"sd1": "stable-diffusion-v1-5/stable-diffusion-v1-5", "sd2": "stabilityai/stable-diffusion-2-1",
-         "sdxl": "stabilityai/stable-diffusion-xl-base-1.0"}
-ARCHITECTURES = {"sd1": "SD 1.x", "sd2": "SD 2.x", "sdxl": "SDXL"}
-
 # Tensor -> the tensor(s) diffusers' PyTorch model holds: (name, transform) pairs.
 Renamed = list[tuple[str, Callable[[np.ndarray], np.ndarray]]]
 
@@ -203,16 +195,6 @@ def open_clip_names(key: str) -> Optional[Renamed]:
 
 # --- the file ----------------------------------------------------------------------------------
 
-@dataclass(frozen=True)
-class Checkpoint:
-    path: Path
-    architecture: str  # "sd1", "sd2" or "sdxl"
-    keys: tuple[str, ...]
-    # From the base model's configs (see on_base): how LDM's flat layer numbers map to diffusers' blocks.
-    layers_per_block: int = 2
-    vae_levels: int = 4
-
-
 def on_base(checkpoint: Checkpoint, base: Path) -> Checkpoint:
     """``checkpoint`` with the block structure of the base model at ``base`` (its UNet and VAE configs)."""
     import dataclasses
@@ -226,44 +208,6 @@ def on_base(checkpoint: Checkpoint, base: Path) -> Checkpoint:
         raise UserError("model.pretrained_model_name_or_path", f"{base}: the base model's unet/ or vae/ config cannot "
                         f"be read ({type(exc).__name__})", "a diffusers-format pipeline folder or hub id") from None
     return dataclasses.replace(checkpoint, layers_per_block=layers, vae_levels=levels)
-
-
-def open_checkpoint(path: Path) -> Checkpoint:
-    """The checkpoint's tensor names and architecture, from its header alone (milliseconds)."""
-    from safetensors import safe_open
-
-    missing = not_a_file(path)
-    if missing:
-        raise UserError(KEY, f"{missing}: {path}", "a single-file .safetensors checkpoint")
-    if path.suffix != ".safetensors":
-        raise UserError(KEY, f"{path.name} is not a .safetensors file; pickle checkpoints (.ckpt, .pt, .bin) can run "
-                        "code when loaded and are not read", "a .safetensors checkpoint (convert a .ckpt first)")
-    try:
-        with safe_open(str(path), framework="numpy") as tensors:
-            keys = tuple(tensors.keys())
-    except Exception as exc:  # a file is input: a bad one is one line
-        raise UserError(KEY, f"{path.name}: not a readable safetensors file ({' '.join(str(exc).split())[:160]})",
-                        "a single-file .safetensors checkpoint") from None
-    return Checkpoint(path, detect_architecture(path, keys), keys)
-
-
-def detect_architecture(path: Path, keys) -> str:
-    names = set(keys)
-    has = lambda prefix: any(k.startswith(prefix) for k in names)  # noqa: E731
-    if not has("model.diffusion_model."):
-        raise UserError(KEY, f"{path.name} has no model.diffusion_model.* tensors: not a Stable Diffusion checkpoint "
-                        "in the original (LDM) layout", "an SD 1.x, 2.x or SDXL single-file checkpoint")
-    if has("conditioner.embedders.1.model.transformer."):
-        return "sdxl"
-    if has("conditioner.embedders.0.model."):
-        raise UserError(KEY, f"{path.name} is an SDXL refiner checkpoint, which this runner does not run",
-                        "an SD 1.x, 2.x or SDXL base single-file checkpoint")
-    if has("cond_stage_model.model.transformer."):
-        return "sd2"
-    if has("cond_stage_model.transformer."):
-        return "sd1"
-    raise UserError(KEY, f"{path.name} has a UNet but no text encoder this runner knows (SD 1.x, 2.x or SDXL)",
-                    "an SD 1.x, 2.x or SDXL single-file checkpoint")
 
 
 def renamed(key: str, layers_per_block: int, vae_levels: int) -> Optional[tuple[str, Renamed]]:

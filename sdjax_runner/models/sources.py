@@ -11,19 +11,15 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from omegaconf import DictConfig
-
-from sdjax_runner.models.checkpoints import FLAX_FILES, PT_STEMS, find_weights, safetensors_names
+from sdjax_runner.config.checks import is_local
+from sdjax_runner.config.schema import ModelConfig
 from sdjax_runner.errors import UserError
+from sdjax_runner.models.checkpoints import FLAX_FILES, PT_STEMS, find_weights, safetensors_names
 
 KEY = "model.pretrained_model_name_or_path"
 # Everything but weights (what a single-file checkpoint's base model gives), and the Flax weights.
 CONFIG_PATTERNS = ["model_index.json", "*/*.json", "*/*.txt"]
 FIRST_PATTERNS = CONFIG_PATTERNS + [f"*/{name}" for name in FLAX_FILES.values()]
-
-
-def is_local(name: str) -> bool:
-    return name.startswith(("/", ".", "~")) or Path(name).expanduser().exists() or name.count("/") != 1
 
 
 def weight_components(directory: Path) -> dict[str, str]:
@@ -45,7 +41,7 @@ def fetch_command(repo: str, revision: str | None, configs_only: bool = False) -
     return command + " --exclude '*.bin' '*.ckpt' '*.onnx*' '*.pb'"
 
 
-def _snapshot(model: DictConfig, patterns: list[str]) -> Path:
+def _snapshot(model: ModelConfig, patterns: list[str]) -> Path:
     from huggingface_hub import snapshot_download
     from huggingface_hub.errors import (GatedRepoError, LocalEntryNotFoundError, RepositoryNotFoundError,
                                         RevisionNotFoundError)
@@ -68,7 +64,7 @@ def _snapshot(model: DictConfig, patterns: list[str]) -> Path:
                         "a cached hub model, or a local directory") from None
 
 
-def resolve(model: DictConfig, allow_pickle: bool = False) -> Path:
+def resolve(model: ModelConfig, allow_pickle: bool = False) -> Path:
     """A local directory holding ``model``'s pipeline (built or fetched if need be)."""
     from sdjax_runner.models.builtin import build_builtin
 

@@ -1,4 +1,4 @@
-"""What ``python -m sdjax_runner.sync`` does for one run directory, as a library the commands share
+"""What ``python -m sdjax_runner sync`` does for one run directory, as a library the commands share
 (``sync``, ``resume``): log a run the tracker missed, and finish a run whose process died without a word."""
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ def process_gone(status: dict) -> Optional[bool]:
         return False
 
 
-def finish_dead_run(run_dir: Path, status: dict, by: str = "python -m sdjax_runner.sync") -> str:
+def finish_dead_run(run_dir: Path, status: dict, by: str = "python -m sdjax_runner sync") -> str:
     """A run left RUNNING by a process that died (SIGKILL, out of memory, power): images.json rebuilt
     from its PNGs, status.json KILLED. Returns what was kept."""
     records, unreadable = rundir.records_from_pngs(run_dir)
@@ -53,7 +53,7 @@ def finish_dead_run(run_dir: Path, status: dict, by: str = "python -m sdjax_runn
     return f"KILLED: its process is gone; {kept}, images.json rebuilt from the PNGs"
 
 
-def sync_run(run_dir: Path, uri: Optional[str], assume_gone: bool = False, by: str = "python -m sdjax_runner.sync"
+def sync_run(run_dir: Path, uri: Optional[str], assume_gone: bool = False, by: str = "python -m sdjax_runner sync"
              ) -> str:
     status = rundir.read_record(run_dir / rundir.STATUS)
     finished = ""

@@ -15,7 +15,6 @@ import re
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Optional
 
-from omegaconf import DictConfig, OmegaConf
 
 if TYPE_CHECKING:
     from sdjax_runner.config.plan import Plan
@@ -90,45 +89,3 @@ def differences(recorded: dict[str, Any], current: dict[str, Any]) -> list[tuple
     old, new = flat(recorded), flat(current)
     return [(key, old.get(key, "-"), new.get(key, "-")) for key in sorted(set(old) | set(new))
             if old.get(key, "-") != new.get(key, "-")]
-
-
-def repeat(cfg: DictConfig, inputs: dict[str, Any]) -> list[str]:
-    """Make ``cfg`` read what the recorded run read: relative paths resolved against its working
-    directory, its prompts as recorded (not the prompt file as it is now), a hub model at the commit
-    it loaded. Returns one line per change worth saying."""
-    from sdjax_runner.config.prompts import load_prompts
-    from sdjax_runner.errors import UserError
-    from sdjax_runner.models.sources import is_local
-
-    notes = []
-    cwd = Path(inputs.get("cwd") or ".")
-    keys = list(PATH_KEYS) + [f"lora.{index}.path" for index in range(len(cfg.lora))]
-    for key in keys:
-        value = OmegaConf.select(cfg, key)
-        if isinstance(value, str) and value and not Path(value).expanduser().is_absolute() \
-                and (cwd / value).exists() and (cwd / value).resolve() != Path(value).resolve():
-            OmegaConf.update(cfg, key, str(cwd / value))
-            notes.append(f"{key}: {value} is read from the recorded run's working directory ({cwd})")
-    if inputs.get("prompts"):
-        file = cfg.prompts.file
-        if file:
-            file = file if Path(file).expanduser().is_absolute() else str(cwd / file)
-            try:
-                now = load_prompts(list(cfg.prompts.texts), file)
-            except UserError as error:
-                now = None
-                why = error.problem
-            else:
-                why = "changed since the run"
-            if now != inputs["prompts"]:
-                notes.append(f"prompts.file: {cfg.prompts.file}: {why}; the run's {len(inputs['prompts'])} "
-                             f"recorded prompt(s) are used")
-        cfg.prompts.texts = list(inputs["prompts"])
-        cfg.prompts.file = None
-    revision = (inputs.get("model") or {}).get("revision")
-    name = cfg.model.pretrained_model_name_or_path
-    if revision and cfg.model.revision != revision and not (name and is_local(str(name))):
-        notes.append(f"model.revision: {cfg.model.revision or 'the default branch'} -> {revision}, "
-                     f"the snapshot the run loaded")
-        cfg.model.revision = revision
-    return notes

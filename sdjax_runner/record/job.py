@@ -12,7 +12,8 @@ import sys
 from pathlib import Path
 from typing import Any, Callable, Iterator, Optional
 
-from sdjax_runner.errors import DISK_ERRORS, describe, stop_reason
+from sdjax_runner.config.messages import describe, stop_reason
+from sdjax_runner.errors import DISK_ERRORS
 from sdjax_runner.record import rundir
 from sdjax_runner.record.tracking import NullTracker, numeric_metrics
 
@@ -25,7 +26,7 @@ class Job:
     The tracker starts only once the config has passed validation, so bad input leaves no
     tracker run behind -- but status.json still says why the job stopped. What the tracker is
     to receive is written to tracking.json first; if the tracker fails (a server down), the job
-    goes on, status.json says ``"logged": false``, and ``python -m sdjax_runner.sync`` logs it later.
+    goes on, status.json says ``"logged": false``, and ``python -m sdjax_runner sync`` logs it later.
     """
 
     def __init__(self, run_dir: Path, writes: bool = True, run_name: Optional[str] = None):
@@ -61,7 +62,7 @@ class Job:
         except Exception as exc:
             self.tracker_error = describe(exc) or f"{type(exc).__name__}: {exc}"
             log.warning("tracking failed, the run goes on and keeps everything in %s (log it later: "
-                        "python -m sdjax_runner.sync %s): %s", self.run_dir, self.run_dir,
+                        "python -m sdjax_runner sync %s): %s", self.run_dir, self.run_dir,
                         " ".join(self.tracker_error.split())[:800])
 
     def start_tracker(self, tracker, run_name: str, params: dict[str, str], tags: dict[str, str]) -> None:

@@ -46,7 +46,7 @@ def run_note(overrides: list[str], run_dir: Path) -> str:
     """The MLflow run's description (markdown): how it was started, where its files are, how to re-run it."""
     where = Path(run_dir).resolve()
     return (f"`{command(overrides)}`\n\nRun directory: `{where}`\n\n"
-            f"Re-run it and check the images are bit-identical: `python -m sdjax_runner.rerun {where}`")
+            f"Re-run it and check the images are bit-identical: `python -m sdjax_runner rerun {where}`")
 
 
 def run_tags(overrides: list[str], experiment: Optional[str], with_devices: bool = True) -> dict[str, str]:

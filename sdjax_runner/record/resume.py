@@ -1,14 +1,14 @@
 """Resuming a sweep that did not finish (a preempted TPU VM, a killed process, a node lost, Ctrl-C):
 the same sweep into the same directory, launching only the jobs that did not finish there.
 
-``python -m sdjax_runner.resume SWEEP_DIR`` runs the sweep's recorded command again (its overrides,
+``python -m sdjax_runner resume SWEEP_DIR`` runs the sweep's recorded command again (its overrides,
 Hydra overrides, ``--config-dir`` and working directory, from ``multirun.yaml``) with
 ``hydra.sweep.dir=SWEEP_DIR hydra/sweeper=resume``. Then, before anything runs:
 
 * the directory must be that sweep's: ``sweep.json`` with the same overrides (so Hydra numbers the
   jobs the same way), and no job of it may still be running;
 * a job that did not finish (FAILED, KILLED, or RUNNING with its process gone) is finished the way
-  ``python -m sdjax_runner.sync`` finishes it -- status.json and its tracker run end KILLED with what
+  ``python -m sdjax_runner sync`` finishes it -- status.json and its tracker run end KILLED with what
   it had -- and moved to ``SWEEP_DIR/earlier_attempts/N/``, so job ``N`` runs again into a fresh
   directory (a run directory holds one run);
 * FINISHED jobs are not launched (the sweeper skips them; their directories are not touched);
@@ -58,7 +58,7 @@ def prepare(sweep_dir: Path, task_overrides: list[str]) -> None:
     if recorded != task_overrides:
         raise Refused(f"{key}: {sweep_dir} holds another sweep: it ran {' '.join(recorded or [])!r}, this is "
                       f"{' '.join(task_overrides)!r} (allowed: the sweep's own overrides; python -m "
-                      "sdjax_runner.resume SWEEP_DIR repeats them)")
+                      "sdjax_runner resume SWEEP_DIR repeats them)")
     unfinished = []
     for job_dir in rundir.job_dirs(sweep_dir):
         status = job_status(job_dir)
@@ -72,7 +72,7 @@ def prepare(sweep_dir: Path, task_overrides: list[str]) -> None:
             if gone is None:
                 raise Refused(f"{key}: job {job_dir.name} of {sweep_dir} is RUNNING on {status.get('host')}, which "
                               f"cannot be checked from here; if it has ended, finish it first: python -m "
-                              f"sdjax_runner.sync {job_dir} --assume-gone")
+                              f"sdjax_runner sync {job_dir} --assume-gone")
         unfinished.append((job_dir, status))
     for job_dir, status in unfinished:
         if status:
@@ -83,12 +83,12 @@ def prepare(sweep_dir: Path, task_overrides: list[str]) -> None:
 
 
 def finish_and_log(job_dir: Path) -> None:
-    """As ``python -m sdjax_runner.sync JOB_DIR``: a dead RUNNING job ends KILLED, and what the tracker
+    """As ``python -m sdjax_runner sync JOB_DIR``: a dead RUNNING job ends KILLED, and what the tracker
     missed is logged. A tracker failure is a warning: the job is on disk."""
     from sdjax_runner.record.backfill import sync_run
 
     try:
-        sync_run(job_dir, None, by="python -m sdjax_runner.resume")
+        sync_run(job_dir, None, by="python -m sdjax_runner resume")
     except Exception as exc:
         log.warning("resume: job %s could not be synced to the tracker (%s); it stays on disk", job_dir.name,
                     " ".join(str(exc).split())[:200])

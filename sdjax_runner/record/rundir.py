@@ -75,6 +75,11 @@ def job_overrides(job_dir: Path) -> Optional[list[str]]:
         return None
 
 
+def image_records(run_dir: Path) -> list[dict[str, Any]]:
+    """A finished run's image records (its images.json)."""
+    return read_json(run_dir / IMAGES)
+
+
 def image_file(index: int, seed: int) -> str:
     """An image's path relative to its run directory."""
     return f"{IMAGES_DIR}/{index:04d}_seed{seed}.png"
@@ -82,7 +87,7 @@ def image_file(index: int, seed: int) -> str:
 
 def pixel_hash(array) -> str:
     """SHA-256 of an image's pixels (H x W x 3 uint8, row-major): images.json's ``pixels_sha256``,
-    which a re-run compares (python -m sdjax_runner.rerun)."""
+    which a re-run compares (python -m sdjax_runner rerun)."""
     import numpy as np
 
     return hashlib.sha256(np.ascontiguousarray(array, dtype=np.uint8).tobytes()).hexdigest()

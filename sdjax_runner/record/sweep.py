@@ -147,7 +147,8 @@ class SweepCallback(Callback):
         from sdjax_runner.record.tracking import make_tracker
 
         from sdjax_runner.config.sweep_points import check_points
-        from sdjax_runner.errors import Refused, describe
+        from sdjax_runner.config.messages import describe
+        from sdjax_runner.errors import Refused
 
         last_result.clear()
         task = list(config.hydra.overrides.task)
@@ -211,7 +212,7 @@ class SweepCallback(Callback):
                 log_parent(self.tracker, sweep_dir, rows)
             except Exception as exc:  # everything is on disk; sync logs it later
                 log.warning("sweep: tracking failed for the parent run, the sweep keeps everything in %s (log it "
-                            "later: python -m sdjax_runner.sync %s): %s", sweep_dir, sweep_dir,
+                            "later: python -m sdjax_runner sync %s): %s", sweep_dir, sweep_dir,
                             " ".join(str(exc).split())[:200])
         log.info("sweep: %d job(s), %d failed; summary.csv and contact_sheet.png in %s", len(rows), len(failed),
                  sweep_dir)
@@ -241,7 +242,7 @@ def compare_with_reference_point(sweep_dir: Path, rows: list[dict[str, Any]], ke
             continue
         job_dir, reference_dir = Path(row["dir"]), Path(reference["dir"])
         records = rundir.read_json(job_dir / rundir.IMAGES)
-        fields = with_reference(job_dir, records, reference_dir)
+        fields = with_reference(job_dir, records, reference_dir, rundir.image_records)
         fields["reference_label"] = reference["label"]
         quality_file = job_dir / rundir.QUALITY
         quality = dict(rundir.read_json(quality_file) if quality_file.exists() else {}, **fields)

@@ -15,8 +15,7 @@ import os
 from pathlib import Path
 from typing import Any, Iterator, Optional
 
-from omegaconf import DictConfig
-
+from sdjax_runner.config.schema import TrackingConfig
 from sdjax_runner.record import rundir
 
 # The experiment's kind for MLflow 3's UI (model training, not GenAI): the UI redirects an experiment
@@ -71,7 +70,7 @@ class NullTracker:
 
 
 class MlflowTracker:
-    def __init__(self, tracking: DictConfig, output_root: str, uri: Optional[str] = None):
+    def __init__(self, tracking: TrackingConfig, output_root: str, uri: Optional[str] = None):
         root = Path(output_root).expanduser().resolve()
         self.uri = uri or tracking.uri or os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{root / 'mlflow.db'}"
         # Bounded retries for a server that is down or flaky (MLflow reads these per request;
@@ -313,7 +312,7 @@ def download_record(run_id: str, uri: Optional[str], into: Path, outputs: bool =
     return into
 
 
-def make_tracker(tracking: DictConfig, output_root: str):
+def make_tracker(tracking: TrackingConfig, output_root: str):
     """The tracker ``tracking`` (a TrackingConfig) asks for; the embedded store lives under ``output_root``."""
     if tracking.backend.name == "none":
         return NullTracker()

@@ -10,11 +10,12 @@ from pathlib import Path
 
 
 def run_cli(*overrides: str, cwd: Path, env: dict | None = None, timeout: int = 300,
-            module: str = "sdjax_runner") -> subprocess.CompletedProcess:
-    """``python -m MODULE OVERRIDES`` in a subprocess, as a user runs it."""
+            command: str | None = None) -> subprocess.CompletedProcess:
+    """``python -m sdjax_runner [COMMAND] OVERRIDES`` in a subprocess, as a user runs it (COMMAND: runs,
+    rerun, sync, resume; none: a run or sweep)."""
     full_env = {k: v for k, v in os.environ.items() if k not in ("HYDRA_FULL_ERROR", "MLFLOW_TRACKING_URI")}
     full_env.update(env or {})
-    return subprocess.run([sys.executable, "-m", module, *overrides], cwd=cwd, env=full_env,
+    return subprocess.run([sys.executable, "-m", "sdjax_runner", *([command] if command else []), *overrides], cwd=cwd, env=full_env,
                           capture_output=True, text=True, timeout=timeout)
 
 

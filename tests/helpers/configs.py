@@ -7,7 +7,7 @@ from pathlib import Path
 from hydra import compose, initialize_config_module
 
 import sdjax_runner
-from sdjax_runner.cli import CONFIG_MODULE
+from sdjax_runner.commands.run import CONFIG_MODULE
 from sdjax_runner.config import schema
 
 CONF = Path(sdjax_runner.__file__).resolve().parent / "conf"

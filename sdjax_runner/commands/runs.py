@@ -1,12 +1,12 @@
-"""``python -m sdjax_runner.runs``: look at runs without MLflow.
+"""``python -m sdjax_runner runs``: look at runs without MLflow.
 
-    python -m sdjax_runner.runs list [ROOT] [--limit N] [--since WHEN] [--dirs] [KEY=VALUE ...]
+    python -m sdjax_runner runs list [ROOT] [--limit N] [--since WHEN] [--dirs] [KEY=VALUE ...]
         recent runs under ROOT (default: outputs), newest first: name, status, key params, headline
         numbers, directory. KEY=VALUE keeps the runs whose config (or status, name, run_id) has that
         value (shell patterns: *, ?, [..]; a key given twice: either value; model, dtype, scheduler,
         steps, guidance, parallelism are short for model.name, ...). --since 7d / 12h / 2026-11-15:
         runs started since then. --dirs: only the directories, one a line (for scripts).
-    python -m sdjax_runner.runs diff RUN_A RUN_B [--no-images] [--uri URI]
+    python -m sdjax_runner runs diff RUN_A RUN_B [--no-images] [--uri URI]
         the config keys and inputs (inputs.json: the prompts as read, the model's commit or weight
         files, LoRA and checkpoint hashes) that differ, the metrics side by side, and B's images
         against A's slot by slot (same index, seed, prompt and size): how many are identical, PSNR
@@ -178,7 +178,12 @@ def list_command(args: argparse.Namespace) -> int:
 
 
 def main(argv: Optional[list[str]] = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m sdjax_runner.runs", description=__doc__,
+    # Piped into head, less or grep -m: end quietly when the reader stops reading, as Unix tools do
+    # (this command only reads, so stopping anywhere is safe), not with a BrokenPipeError traceback.
+    import signal
+
+    signal.signal(signal.SIGPIPE, signal.SIG_DFL)
+    parser = argparse.ArgumentParser(prog="python -m sdjax_runner runs", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     commands = parser.add_subparsers(dest="command", required=True)
     listing = commands.add_parser("list", help="recent runs, newest first")
@@ -228,11 +233,3 @@ def diff_command(args: argparse.Namespace) -> int:
     print(text)  # after the scratch directory is gone: a reader that stops early cannot leave it behind
     return 0
 
-
-if __name__ == "__main__":
-    # Piped into head, less or grep -m: end quietly when the reader stops reading, as Unix tools do
-    # (this command only reads, so stopping anywhere is safe), not with a BrokenPipeError traceback.
-    import signal
-
-    signal.signal(signal.SIGPIPE, signal.SIG_DFL)
-    sys.exit(main())

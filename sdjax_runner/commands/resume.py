@@ -1,4 +1,4 @@
-"""``python -m sdjax_runner.resume SWEEP_DIR``: finish a sweep that was cut short (a preempted VM, a
+"""``python -m sdjax_runner resume SWEEP_DIR``: finish a sweep that was cut short (a preempted VM, a
 killed process, Ctrl-C), running only the jobs that did not finish, into the same sweep directory and
 the same MLflow parent run.
 
@@ -7,7 +7,7 @@ It repeats the sweep's recorded command -- its overrides, Hydra overrides (a lau
 ``hydra.sweep.dir=SWEEP_DIR hydra/sweeper=resume``; what that does is in
 :mod:`sdjax_runner.record.resume`. Exit codes are the sweep's: 0, 1 if a job failed, 2 for bad input.
 
-    python -m sdjax_runner.resume outputs/multiruns/2026-11-23/05-30-12_smoke
+    python -m sdjax_runner resume outputs/multiruns/2026-11-23/05-30-12_smoke
 """
 
 from __future__ import annotations
@@ -53,7 +53,7 @@ def recorded_command(sweep_dir: Path) -> tuple[list[str], Optional[str]]:
 
 
 def main(argv: Optional[list[str]] = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m sdjax_runner.resume", description=__doc__,
+    parser = argparse.ArgumentParser(prog="python -m sdjax_runner resume", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("sweep_dir", type=Path, help="the directory of the sweep (outputs/multiruns/DATE/TIME_NAME)")
     args = parser.parse_args(argv)
@@ -66,11 +66,8 @@ def main(argv: Optional[list[str]] = None) -> None:
         print(f"resume: in {cwd}, where the sweep was started (its relative paths are from there)")
         os.chdir(cwd)
     print("resume: python -m sdjax_runner " + shlex.join(command))
-    from sdjax_runner.cli import entry
+    from sdjax_runner.commands.run import entry
 
     sys.argv = [sys.argv[0], *command]
     entry()
 
-
-if __name__ == "__main__":
-    main()

@@ -22,8 +22,8 @@ from omegaconf import DictConfig
 from sdjax_runner import interpreter
 from sdjax_runner.config import naming, schema
 from sdjax_runner.config.prompts import file_replaces_texts
-from sdjax_runner.errors import (Refused, Terminated, describe, stop_exit_status, stop_on_sigterm,
-                                 stop_reason)
+from sdjax_runner.config.messages import describe, stop_reason
+from sdjax_runner.errors import Refused, Terminated, stop_exit_status, stop_on_sigterm
 from sdjax_runner.record.sweep import abort, failure_message, job_label, read_sweep_file
 
 # The configs travel inside the package (package data), so a wheel install finds them too.

@@ -1,4 +1,4 @@
-"""``python -m sdjax_runner.sync PATH... [--uri URI]``: log runs the tracker missed.
+"""``python -m sdjax_runner sync PATH... [--uri URI]``: log runs the tracker missed.
 
 A run whose tracker was unreachable (``"logged": false`` in its status.json) kept everything
 on disk, including ``tracking.json`` -- the run name, params and tags it meant to log. This
@@ -45,7 +45,7 @@ def sync_parent(sweep_dir: Path, uri: Optional[str]) -> Optional[str]:
 
 
 def main(argv: Optional[list[str]] = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m sdjax_runner.sync", description=__doc__,
+    parser = argparse.ArgumentParser(prog="python -m sdjax_runner sync", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("paths", nargs="+", type=Path, help="run or multirun directories")
     parser.add_argument("--uri", help="tracking URI to log to (default: the run's own tracking config)")
@@ -86,6 +86,3 @@ def main(argv: Optional[list[str]] = None) -> int:
                 failed += 1
     return 1 if failed else 0
 
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,4 +1,4 @@
-"""``python -m sdjax_runner.rerun RUN_DIR_OR_MLFLOW_RUN_ID``: run a recorded run again, from its record
+"""``python -m sdjax_runner rerun RUN_DIR_OR_MLFLOW_RUN_ID``: run a recorded run again, from its record
 alone, and check that it makes the same images, bit for bit.
 
 The record is the run's resolved config (``.hydra/config.yaml``, or the ``config/`` artifact of an
@@ -12,10 +12,10 @@ environment facts (a different jaxlib or device kind can change pixels) that dif
 ``rerun.json`` into the new run directory, and exits 0 when every image is identical, 1 when one
 is not, 2 when the record cannot be re-run.
 
-    python -m sdjax_runner.rerun outputs/runs/2026-11-22/17-08-10_smoke
-    python -m sdjax_runner.rerun outputs/multiruns/2026-11-22/17-10-00_smoke     # every finished job
+    python -m sdjax_runner rerun outputs/runs/2026-11-22/17-08-10_smoke
+    python -m sdjax_runner rerun outputs/multiruns/2026-11-22/17-10-00_smoke     # every finished job
                                                      # (one that cannot be re-run is named, the rest go on)
-    python -m sdjax_runner.rerun 5b90ca2ae3d141d192a2c9737e8ab6db --uri sqlite:///outputs/mlflow.db
+    python -m sdjax_runner rerun 5b90ca2ae3d141d192a2c9737e8ab6db --uri sqlite:///outputs/mlflow.db
 """
 
 from __future__ import annotations
@@ -26,13 +26,13 @@ import logging
 import sys
 import tempfile
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
-from omegaconf import OmegaConf
+from omegaconf import DictConfig, OmegaConf
 
 from sdjax_runner.config.naming import slug
-from sdjax_runner.errors import (Terminated, UserError, describe, stop_exit_status, stop_on_sigterm,
-                                 stop_reason)
+from sdjax_runner.config.messages import describe, stop_reason
+from sdjax_runner.errors import Terminated, UserError, stop_exit_status, stop_on_sigterm
 from sdjax_runner.record import inputs, rundir
 from sdjax_runner.record.fresh_dirs import claim
 from sdjax_runner.record.tracking import download_record
@@ -53,6 +53,47 @@ def recorded_config(record: Path):
         return OmegaConf.merge(OmegaConf.structured(RunConfig), OmegaConf.load(path))
     except Exception as exc:
         raise UserError("RUN", f"{path} does not fit this version's config schema: {describe(exc) or exc}") from None
+
+
+def repeat(cfg: DictConfig, recorded: dict[str, Any]) -> list[str]:
+    """Make ``cfg`` read what the recorded run read: relative paths resolved against its working
+    directory, its prompts as recorded (not the prompt file as it is now), a hub model at the commit
+    it loaded. Returns one line per change worth saying."""
+    from sdjax_runner.config.checks import is_local
+    from sdjax_runner.config.prompts import load_prompts
+
+    notes = []
+    cwd = Path(recorded.get("cwd") or ".")
+    keys = list(inputs.PATH_KEYS) + [f"lora.{index}.path" for index in range(len(cfg.lora))]
+    for key in keys:
+        value = OmegaConf.select(cfg, key)
+        if isinstance(value, str) and value and not Path(value).expanduser().is_absolute() \
+                and (cwd / value).exists() and (cwd / value).resolve() != Path(value).resolve():
+            OmegaConf.update(cfg, key, str(cwd / value))
+            notes.append(f"{key}: {value} is read from the recorded run's working directory ({cwd})")
+    if recorded.get("prompts"):
+        file = cfg.prompts.file
+        if file:
+            file = file if Path(file).expanduser().is_absolute() else str(cwd / file)
+            try:
+                now = load_prompts(list(cfg.prompts.texts), file)
+            except UserError as error:
+                now = None
+                why = error.problem
+            else:
+                why = "changed since the run"
+            if now != recorded["prompts"]:
+                notes.append(f"prompts.file: {cfg.prompts.file}: {why}; the run's {len(recorded['prompts'])} "
+                             f"recorded prompt(s) are used")
+        cfg.prompts.texts = list(recorded["prompts"])
+        cfg.prompts.file = None
+    revision = (recorded.get("model") or {}).get("revision")
+    name = cfg.model.pretrained_model_name_or_path
+    if revision and cfg.model.revision != revision and not (name and is_local(str(name))):
+        notes.append(f"model.revision: {cfg.model.revision or 'the default branch'} -> {revision}, "
+                     f"the snapshot the run loaded")
+        cfg.model.revision = revision
+    return notes
 
 
 def recorded_hashes(record: Path) -> dict[int, str]:
@@ -96,7 +137,7 @@ def rerun(record: Path, source: str, tracking: bool) -> int:
     if not expected:
         raise UserError("RUN", f"{record} records no images to compare with (no images.json or PNGs)")
     recorded_inputs = rundir.read_json_or_empty(record / rundir.INPUTS)
-    repeated = inputs.repeat(cfg, recorded_inputs)
+    repeated = repeat(cfg, recorded_inputs)
     now = datetime.datetime.now()
     run_dir = claim(Path(cfg.paths.output_root) / "reruns" / now.strftime("%Y-%m-%d") / f"{now:%H-%M-%S}_{slug(name)}")
     (run_dir / rundir.HYDRA_DIR).mkdir()
@@ -162,7 +203,7 @@ def rerun_sweep(sweep: Path, tracking: bool) -> int:
 
 
 def main(argv: Optional[list[str]] = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m sdjax_runner.rerun", description=__doc__,
+    parser = argparse.ArgumentParser(prog="python -m sdjax_runner rerun", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("run", help="a run directory, a sweep directory (each finished job), or an MLflow run id")
     parser.add_argument("--uri", help="tracking URI holding the MLflow run (default: MLFLOW_TRACKING_URI, "
@@ -190,6 +231,3 @@ def main(argv: Optional[list[str]] = None) -> int:
         print(f"error: {message}", file=sys.stderr)
         return 2
 
-
-if __name__ == "__main__":
-    sys.exit(main())

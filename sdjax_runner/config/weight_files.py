@@ -1,0 +1,80 @@
+"""The weight files a run names -- LoRA adapters and single-file checkpoints -- known from their
+safetensors headers alone (milliseconds), when the plan is made: a file that is no adapter or no
+Stable Diffusion checkpoint is one line before anything loads or the file is hashed (which reads
+every byte). The loaders (models/lora.py, models/single_file.py) read the tensors later.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from sdjax_runner.errors import UserError
+from sdjax_runner.files import not_a_file
+
+KEY = "model.checkpoint"
+# The base model for each architecture when none is given: configs, tokenizers and scheduler only.
+BASES = {"sd1": "stable-diffusion-v1-5/stable-diffusion-v1-5", "sd2": "stabilityai/stable-diffusion-2-1",
+         "sdxl": "stabilityai/stable-diffusion-xl-base-1.0"}
+ARCHITECTURES = {"sd1": "SD 1.x", "sd2": "SD 2.x", "sdxl": "SDXL"}
+
+
+
+def safetensors_keys(path: Path, key: str, named: str, allowed: str) -> tuple[str, ...]:
+    """The tensor names in ``path``'s safetensors header (safetensors also checks that the data it
+    describes fills the file exactly); a file that is not one is a UserError on ``key``, its problem
+    starting with ``named``."""
+    from safetensors import safe_open
+
+    try:
+        with safe_open(str(path), framework="numpy") as tensors:
+            return tuple(tensors.keys())
+    except Exception as exc:  # a file is input: a bad one is one line
+        raise UserError(key, f"{named} not a readable safetensors file ({' '.join(str(exc).split())[:160]})",
+                        allowed) from None
+
+
+def lora_header(path: Path, key: str) -> None:
+    """A LoRA file's header read, so that a file that is no adapter is one line before the run hashes it."""
+    safetensors_keys(path, key, f"{path} is", "a LoRA .safetensors file")
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    path: Path
+    architecture: str  # "sd1", "sd2" or "sdxl"
+    keys: tuple[str, ...]
+    # From the base model's configs (see on_base): how LDM's flat layer numbers map to diffusers' blocks.
+    layers_per_block: int = 2
+    vae_levels: int = 4
+
+
+def open_checkpoint(path: Path) -> Checkpoint:
+    """The checkpoint's tensor names and architecture, from its header alone (milliseconds)."""
+    missing = not_a_file(path)
+    if missing:
+        raise UserError(KEY, f"{missing}: {path}", "a single-file .safetensors checkpoint")
+    if path.suffix != ".safetensors":
+        raise UserError(KEY, f"{path.name} is not a .safetensors file; pickle checkpoints (.ckpt, .pt, .bin) can run "
+                        "code when loaded and are not read", "a .safetensors checkpoint (convert a .ckpt first)")
+    keys = safetensors_keys(path, KEY, f"{path.name}:", "a single-file .safetensors checkpoint")
+    return Checkpoint(path, detect_architecture(path, keys), keys)
+
+
+def detect_architecture(path: Path, keys) -> str:
+    names = set(keys)
+    has = lambda prefix: any(k.startswith(prefix) for k in names)  # noqa: E731
+    if not has("model.diffusion_model."):
+        raise UserError(KEY, f"{path.name} has no model.diffusion_model.* tensors: not a Stable Diffusion checkpoint "
+                        "in the original (LDM) layout", "an SD 1.x, 2.x or SDXL single-file checkpoint")
+    if has("conditioner.embedders.1.model.transformer."):
+        return "sdxl"
+    if has("conditioner.embedders.0.model."):
+        raise UserError(KEY, f"{path.name} is an SDXL refiner checkpoint, which this runner does not run",
+                        "an SD 1.x, 2.x or SDXL base single-file checkpoint")
+    if has("cond_stage_model.model.transformer."):
+        return "sd2"
+    if has("cond_stage_model.transformer."):
+        return "sd1"
+    raise UserError(KEY, f"{path.name} has a UNet but no text encoder this runner knows (SD 1.x, 2.x or SDXL)",
+                    "an SD 1.x, 2.x or SDXL single-file checkpoint")

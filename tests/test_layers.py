@@ -1,0 +1,83 @@
+"""The package's layers (docs/architecture.md), read from its source: no module imports a layer to its right,
+and no import circle, counting the imports made inside functions too (only ``if TYPE_CHECKING:`` blocks are
+left out: they never run)."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import sdjax_runner
+
+PACKAGE = Path(sdjax_runner.__file__).resolve().parent
+# Left to right. The bottom modules may be imported by anything; runner.py and commands/ sit on top.
+LAYERS = {"errors": 0, "files": 0, "versions": 0, "console": 0, "interpreter": 0, "config": 1, "models": 2,
+          "engine": 3, "metrics": 4, "record": 5, "runner": 6, "commands": 7, "__main__": 8}
+
+
+def _modules() -> dict[str, Path]:
+    found = {}
+    for path in PACKAGE.rglob("*.py"):
+        if "conf" in path.relative_to(PACKAGE).parts[:1]:
+            continue
+        name = ".".join(("sdjax_runner",) + path.relative_to(PACKAGE).with_suffix("").parts)
+        found[name.removesuffix(".__init__")] = path
+    return found
+
+
+def _imports(path: Path, modules: dict[str, Path]) -> set[str]:
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    skipped = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and getattr(node.test, "id", "") == "TYPE_CHECKING":
+            skipped.update(id(child) for child in ast.walk(node))
+    found = set()
+    for node in ast.walk(tree):
+        if id(node) in skipped:
+            continue
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("sdjax_runner"):
+            for alias in node.names:
+                child = f"{node.module}.{alias.name}"
+                found.add(child if child in modules else node.module)
+        elif isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names if alias.name.startswith("sdjax_runner."))
+    return {name for name in found if name in modules}
+
+
+def _layer(module: str) -> int:
+    parts = module.split(".")
+    return LAYERS[parts[1]] if len(parts) > 1 else -1  # the package itself: its __init__ imports nothing
+
+
+def _graph() -> dict[str, set[str]]:
+    modules = _modules()
+    return {name: _imports(path, modules) - {name} for name, path in modules.items()}
+
+
+def test_every_module_has_a_layer():
+    assert {name.split(".")[1] for name in _graph() if "." in name} <= set(LAYERS)
+
+
+def test_no_module_imports_a_layer_to_its_right():
+    upward = sorted(f"{module} -> {target}" for module, targets in _graph().items() for target in targets
+                    if _layer(target) > _layer(module))
+    assert upward == []
+
+
+def test_no_import_circle():
+    graph = _graph()
+    circles, state = [], {}
+
+    def visit(module: str, path: list[str]) -> None:
+        state[module] = "open"
+        for target in sorted(graph[module]):
+            if state.get(target) == "open":
+                circles.append(path[path.index(target):] + [target])
+            elif target not in state:
+                visit(target, path + [target])
+        state[module] = "done"
+
+    for module in sorted(graph):
+        if module not in state:
+            visit(module, [module])
+    assert circles == []
