@@ -1,4 +1,5 @@
-"""Every scheduler runs the pipeline's loop to real, distinct images; a scheduler sweep loads once."""
+"""Every diffusers scheduler runs the pipeline's loop to real, distinct images; a scheduler sweep loads once.
+(The scheduler group's sigma schedules -- karras, ... -- are the k samplers': tests/test_samplers.py.)"""
 
 import json
 
@@ -7,8 +8,11 @@ from PIL import Image
 
 from helpers.cli import run_cli
 from helpers.configs import options
+from sdjax_runner.config.samplers import SCHEDULES
+from sdjax_runner.config.schema import SCHEDULERS as DIFFUSERS
 
-SCHEDULERS = options("scheduler")
+SCHEDULERS = [name for name in options("scheduler") if name not in SCHEDULES]
+assert sorted(SCHEDULERS) == sorted(DIFFUSERS) and set(options("scheduler")) == set(SCHEDULERS) | set(SCHEDULES)
 
 
 def test_every_scheduler_gives_its_own_images_from_one_model_load(tmp_path, tiny_model_dir):

@@ -18,6 +18,7 @@ import sys
 from pathlib import Path
 from typing import Any, Optional
 
+from sdjax_runner.config import samplers
 from sdjax_runner.config.schema import BUILTIN_MODELS, SCHEDULERS
 from sdjax_runner.errors import UserError
 from sdjax_runner.files import FOLDER_PATHS, cannot_make_folder
@@ -267,7 +268,9 @@ def run_values(cfg: Any) -> None:
     if cfg.compilation_cache.min_compile_time_s < 0:
         raise UserError("compilation_cache.min_compile_time_s",
                         f"must be >= 0, got {cfg.compilation_cache.min_compile_time_s}", "0 (cache everything), 1.5, ...")
-    scheduler_overrides(cfg.scheduler.name, dict(cfg.scheduler.config_overrides))
+    chosen = samplers.resolve(cfg.sampler, cfg.scheduler.name)
+    if chosen.sampler == "scheduler" and chosen.scheduler == cfg.scheduler.name:
+        scheduler_overrides(cfg.scheduler.name, dict(cfg.scheduler.config_overrides))
     metrics(cfg.metrics)
     tracking_uri(cfg.tracking)
 

@@ -18,8 +18,9 @@ from typing import Optional
 
 from omegaconf import DictConfig, OmegaConf
 
-from sdjax_runner.config import checks
+from sdjax_runner.config import checks, samplers
 from sdjax_runner.config.prompts import check_text, load_prompts
+from sdjax_runner.config.samplers import Sampling
 from sdjax_runner.config.schema import (CompilationCacheConfig, DtypeConfig, MetricsConfig, ModelConfig, OutputConfig,
                                         RunConfig, SchedulerConfig, TrackingConfig, field_types)
 from sdjax_runner.config.weight_files import BASES, lora_header, open_checkpoint
@@ -42,7 +43,8 @@ class Plan:
     # What runs: the model, its dtype, the scheduler, the attention and the parallel mode.
     model: ModelConfig
     dtype: DtypeConfig
-    scheduler: SchedulerConfig
+    scheduler: SchedulerConfig  # the diffusers scheduler the model is loaded with
+    sampling: Sampling  # what steps: a k sampler on its sigma schedule, or that scheduler (config/samplers.py)
     attention: str
     mode: str  # "pmap" or "sharded"
     # The images: prompts, layout on devices and batches, sampling.
@@ -182,13 +184,21 @@ def make_plan(config: RunConfig, available_devices: int, prompts: Optional[list[
         device, slot = divmod(within, par.per_device_batch_size)
         slots.append(ImageSlot(i, batch, device, slot, prompts[i % len(prompts)], i < kept))
     checks.grid(config.output.grid_rows, config.output.grid_cols, kept)
+    sampling = samplers.resolve(config.sampler, config.scheduler.name)
+    scheduler = config.scheduler
+    if scheduler.name != sampling.scheduler or scheduler.name in samplers.SCHEDULES:
+        # DDIM / PLMS named by sampler=; a k sampler's sigma schedule: the model's own training schedule is read
+        # through diffusers' Euler scheduler, which steps nothing here.
+        name = sampling.scheduler if sampling.scheduler not in samplers.SCHEDULES else "euler"
+        scheduler = SchedulerConfig(name=name, config_overrides={})
     adapters = tuple(lora_record(i, spec) for i, spec in enumerate(config.lora))
     model = dataclasses.replace(config.model)  # the checkpoint's base may be filled in: the caller's stays as given
     checkpoint = checkpoint_record(model)
     return Plan(
         model=model,
         dtype=config.dtype,
-        scheduler=config.scheduler,
+        scheduler=scheduler,
+        sampling=sampling,
         attention=config.performance.attention.name,
         mode=par.mode.name,
         prompts=tuple(prompts),

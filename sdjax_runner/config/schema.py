@@ -101,7 +101,9 @@ class DtypeConfig:
 
 @dataclass
 class SchedulerConfig:
-    name: str = MISSING  # pndm, ddim, lms, dpm_solver_pp, euler, ddpm (models/schedulers.py)
+    # pndm, ddim, lms, dpm_solver_pp, euler, ddpm (diffusers' schedulers: models/schedulers.py), or a
+    # k sampler's sigma schedule: normal, karras, exponential, sgm_uniform, simple (with sampler=NAME)
+    name: str = MISSING
     # The scheduler is built from the model's own scheduler config; these entries replace entries of it
     # (e.g. steps_offset, timestep_spacing, prediction_type). Unknown keys fail before anything loads.
     config_overrides: Dict[str, Any] = field(default_factory=dict)
@@ -272,6 +274,10 @@ class RunConfig:
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
     # LoRA adapters, applied together: lora='[{path: a.safetensors, scale: 0.8}]'; sweep lora.0.scale=0,0.5,1.
     lora: List[LoraConfig] = field(default_factory=list)
+    # A sampler by the name A1111 or ComfyUI gives it: "DPM++ 2M Karras", "Euler a", dpmpp_2m (with
+    # scheduler=karras for the sigma schedule), ... (config/samplers.py has the list). null: the diffusers
+    # scheduler picked by scheduler=NAME steps, as in the Diffusers JAX guide.
+    sampler: Optional[str] = None
     seed: int = 0
     run_name: str = MISSING
     experiment: Optional[str] = None

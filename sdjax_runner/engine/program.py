@@ -43,25 +43,28 @@ class Spec:
     scheduler_overrides: tuple = ()
     prediction_type: Optional[str] = None
     mode: str = "txt2img"  # engine/modes
-    sampler: str = "scheduler"  # engine/samplers
+    sampler: str = "scheduler"  # engine/samplers: a k-diffusion sampler, or "scheduler" (diffusers')
+    sigmas: Optional[str] = None  # a k sampler's sigma schedule (engine/samplers/sigmas.py)
 
 
 def program_spec(plan: Any, pipeline: Any, height: int, width: int) -> Spec:
     """The one place the Plan's program-relevant fields are read (``plan``: config/plan.Plan)."""
     prediction = plan.model.prediction_type
+    stepping = plan.sampling.sampler == "scheduler"  # else the diffusers scheduler steps nothing: not in the key
     return Spec(steps=plan.num_inference_steps, height=height, width=width, batch=plan.per_device_batch_size,
                 negative=negative_prompt(plan.negative, pipeline) is not None, parallel=plan.mode,
-                attention=plan.attention, scheduler=plan.scheduler.name,
-                scheduler_overrides=tuple(sorted((str(k), repr(v)) for k, v in plan.scheduler.config_overrides.items())),
-                prediction_type=getattr(prediction, "name", prediction))
+                attention=plan.attention, scheduler=plan.scheduler.name if stepping else "",
+                scheduler_overrides=tuple(sorted((str(k), repr(v)) for k, v in plan.scheduler.config_overrides.items()))
+                if stepping else (), prediction_type=getattr(prediction, "name", prediction),
+                sampler=plan.sampling.sampler, sigmas=plan.sampling.sigmas)
 
 
 def generate(pipeline: Any, spec: Spec, ids, params: dict, key, guidance, negative_ids: Optional[Any] = None):
     """One device's images, (batch, height, width, 3) floats in [0, 1]. ``ids``: its prompts' token ids
-    ((batch, 77), SDXL (batch, 2, 77)); ``key``: its PRNG key; ``negative_ids``: like ``ids``, or None for
+    ((batch, 77), SDXL (batch, 2, 77)); ``key``: its PRNG key (the mode's initial noise; a sampler's own noise comes from a key folded from it); ``negative_ids``: like ``ids``, or None for
     the pipeline's own unconditional input."""
     conditioning = encode(pipeline, params, ids, negative_ids)
     conditioning = with_time_ids(conditioning, spec.height, spec.width, conditioning.context.dtype)  # SDXL only
     latents = MODES[spec.mode](pipeline, params, key, spec, ids.shape[0])
-    latents = SAMPLERS[spec.sampler](pipeline, params, conditioning, latents, guidance, spec)
+    latents = SAMPLERS[spec.sampler](pipeline, params, conditioning, latents, guidance, spec, key)
     return decode(pipeline, params, latents)

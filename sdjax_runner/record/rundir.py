@@ -106,7 +106,9 @@ def a1111_parameters(meta: dict[str, Any]) -> str:
     if meta.get("negative_prompt"):
         lines.append(f"Negative prompt: {one_line(meta['negative_prompt'])}")
     lines.append(
-        f"Steps: {meta['steps']}, Sampler: {meta['scheduler']}, CFG scale: {meta['guidance_scale']}, "
+        f"Steps: {meta['steps']}, Sampler: {meta['sampler']}, "
+        + (f"Schedule type: {meta['schedule_type']}, " if meta.get("schedule_type") else "")
+        + f"CFG scale: {meta['guidance_scale']}, "
         f"Seed: {meta['seed']}, Size: {meta['width']}x{meta['height']}, Model: {meta['model']}, "
         f"Dtype: {meta['dtype']}, Batch: {meta['batch']}, Device: {meta['device']}"
         + (f", Lora: {meta['lora']}" if meta.get("lora") else "")
@@ -244,7 +246,10 @@ def image_meta(plan: "Plan", height: int, width: int) -> dict[str, Any]:
         "seed": plan.seed,
         "steps": plan.num_inference_steps,
         "guidance_scale": plan.guidance_scale,
-        "scheduler": plan.scheduler.name,
+        # A diffusers scheduler's name; with a k sampler its sigma schedule (ComfyUI's "scheduler")
+        "scheduler": plan.scheduler.name if plan.sampling.sampler == "scheduler" else plan.sampling.sigmas,
+        "sampler": plan.sampling.a1111[0],
+        **({"schedule_type": plan.sampling.a1111[1]} if plan.sampling.a1111[1] else {}),
         "model": plan.model.name,
         "model_path": str(plan.model.pretrained_model_name_or_path),
         "dtype": plan.dtype.weights_dtype.name,

@@ -1,6 +1,7 @@
 """The diffusers Flax schedulers as a sampler: ``set_timesteps``, then per step the UNet on the
 unconditional and conditional halves at once, classifier-free guidance, and ``scheduler.step`` -- the loop
-of diffusers 0.39's Flax pipelines, so every scheduler of ``models/schedulers.py`` gives diffusers' images."""
+of diffusers 0.39's Flax pipelines, so every scheduler of ``models/schedulers.py`` gives diffusers' images.
+(It draws no noise of its own: ``key`` is not used.)"""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from typing import Any
 from sdjax_runner.engine.encode import Conditioning
 
 
-def denoise(pipeline: Any, params: dict, conditioning: Conditioning, latents, guidance, spec: Any):
+def denoise(pipeline: Any, params: dict, conditioning: Conditioning, latents, guidance, spec: Any, key=None):
     import jax
     import jax.numpy as jnp
 

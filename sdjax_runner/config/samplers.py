@@ -1,0 +1,92 @@
+"""Sampler names as users type them, in A1111's and ComfyUI's spellings, resolved to what runs.
+
+``sampler=NAME`` picks a k-diffusion sampler (engine/samplers/k_samplers.py) or one of the diffusers
+schedulers; the sigma schedule comes from an A1111 name's suffix (``DPM++ 2M Karras``) or, ComfyUI's way,
+from ``scheduler=karras`` (the ``scheduler`` group holds the sigma schedules beside diffusers' schedulers).
+Names are matched without regard to case. ``sampler`` left null runs ``scheduler=NAME``'s diffusers
+scheduler, as before samplers existed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+from sdjax_runner.config.schema import SCHEDULERS
+from sdjax_runner.errors import UserError
+
+# k-diffusion's sampler names (ComfyUI's too); engine/samplers checks its registry against this list.
+K_SAMPLERS = ("euler", "euler_ancestral", "heun", "dpm_2", "dpm_2_ancestral", "lms", "dpmpp_2s_ancestral",
+              "dpmpp_sde", "dpmpp_2m", "dpmpp_2m_sde", "dpmpp_3m_sde", "lcm")
+SCHEDULES = ("normal", "karras", "exponential", "sgm_uniform", "simple")  # engine/samplers/sigmas.py
+# A1111's names (its sampler list, with its schedule in a separate field since 1.9; older versions wrote it
+# into the name: "DPM++ 2M Karras"). DDIM and PLMS are diffusers' DDIM and PNDM schedulers here.
+A1111 = {"Euler": "euler", "Euler a": "euler_ancestral", "Heun": "heun", "DPM2": "dpm_2", "DPM2 a": "dpm_2_ancestral",
+         "LMS": "lms", "DPM++ 2S a": "dpmpp_2s_ancestral", "DPM++ SDE": "dpmpp_sde", "DPM++ 2M": "dpmpp_2m",
+         "DPM++ 2M SDE": "dpmpp_2m_sde", "DPM++ 3M SDE": "dpmpp_3m_sde", "LCM": "lcm", "DDIM": "ddim",
+         "PLMS": "pndm"}
+# The schedules' names in A1111's "Schedule type" (its sd_schedulers.py).
+A1111_SCHEDULES = {"normal": "Normal", "karras": "Karras", "exponential": "Exponential", "sgm_uniform": "SGM Uniform",
+                   "simple": "Simple"}
+DIFFUSERS = {"ddim": "ddim", "pndm": "pndm", "plms": "pndm"}  # names that run a diffusers scheduler
+NOT_YET = {"unipc": "UniPC", "uni_pc": "UniPC", "uni_pc_bh2": "UniPC"}
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """What runs: ``sampler`` -- a k-diffusion name, or "scheduler" for diffusers' scheduler ``scheduler``;
+    ``sigmas``: the k sampler's sigma schedule (None for a diffusers scheduler)."""
+
+    sampler: str
+    scheduler: str
+    sigmas: Optional[str]
+
+    @property
+    def a1111(self) -> tuple[str, Optional[str]]:
+        """(Sampler, Schedule type) as A1111 writes them in a PNG's ``parameters`` (``DPM++ 2M``, ``Karras``).
+        A diffusers scheduler keeps its own name (``pndm``) and has no schedule type: it is not A1111's
+        sampler of a similar name."""
+        if self.sampler == "scheduler":
+            return self.scheduler, None
+        return next(a for a, k in A1111.items() if k == self.sampler), A1111_SCHEDULES[self.sigmas]
+
+
+def allowed() -> str:
+    return ", ".join([*A1111, *K_SAMPLERS, "ddim", "pndm"]) + " (A1111 names may end in Karras or Exponential)"
+
+
+def _lookup(name: str) -> tuple[str, Optional[str]]:
+    """(k-diffusion name or diffusers scheduler, the schedule the name carries or None)."""
+    text = " ".join(name.split()).lower()
+    carried = None
+    for schedule, suffix in (("karras", " karras"), ("exponential", " exponential")):
+        if text.endswith(suffix) and text != suffix.strip():
+            text, carried = text[: -len(suffix)], schedule
+    by_a1111 = {a.lower(): k for a, k in A1111.items()}
+    found = by_a1111.get(text) or (text if text in K_SAMPLERS else None) or DIFFUSERS.get(text)
+    if found is None:
+        if text in NOT_YET:
+            raise UserError("sampler", f"{name}: {NOT_YET[text]} is not available yet", allowed())
+        raise UserError("sampler", f"unknown sampler {name!r}", allowed())
+    return found, carried
+
+
+def resolve(sampler: Optional[str], scheduler: str) -> Sampling:
+    """``sampler`` and ``scheduler.name`` as given -> what runs; a UserError for names that do not fit."""
+    if sampler is None:
+        if scheduler in SCHEDULES:
+            raise UserError("scheduler", f"{scheduler} is a sigma schedule of the k-diffusion samplers: pick one "
+                            "with sampler=NAME too", f"sampler=dpmpp_2m scheduler={scheduler}, or scheduler="
+                            + ", ".join(SCHEDULERS))
+        return Sampling("scheduler", scheduler, None)
+    found, carried = _lookup(str(sampler))
+    if found in SCHEDULERS:  # DDIM / PLMS: diffusers' own scheduler, with its own timesteps
+        if carried or scheduler in SCHEDULES:
+            raise UserError("sampler", f"{sampler} steps on its own timesteps and takes no sigma schedule",
+                            f"sampler={found} with scheduler={found} (or any diffusers scheduler)")
+        return Sampling("scheduler", found, None)
+    if carried and scheduler in SCHEDULES and scheduler != carried:
+        raise UserError("scheduler", f"{scheduler}, but sampler={sampler} names the {carried} schedule",
+                        f"{carried}, or a sampler name without a schedule")
+    # A diffusers scheduler name (the experiment's default) says nothing about sigmas: A1111's Automatic.
+    return Sampling(found, scheduler, carried or (scheduler if scheduler in SCHEDULES else "normal"))

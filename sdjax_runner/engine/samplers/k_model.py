@@ -1,0 +1,63 @@
+"""The UNet as k-diffusion's denoiser, and the k samplers as a denoising stage.
+
+``denoiser(x, sigma) -> x0``: the input scaled by ``1 / sqrt(sigma^2 + 1)``, the timestep the sigma's
+continuous position in the training schedule (log-sigma interpolated, as k-diffusion's
+``DiscreteSchedule.sigma_to_t``), the UNet on the unconditional and conditional halves at once,
+classifier-free guidance, then x0 from the prediction: ``x - sigma * eps`` (epsilon), or
+``x / (sigma^2 + 1) - v * sigma / sqrt(sigma^2 + 1)`` (v-prediction, k-diffusion's DiscreteVDDPMDenoiser).
+The sigmas the steps visit come from the model's scheduler config and the schedule (:mod:`.sigmas`).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import numpy as np
+
+from sdjax_runner.engine.encode import Conditioning
+from sdjax_runner.engine.samplers.k_samplers import K_SAMPLERS, key_noise
+from sdjax_runner.engine.samplers.sigmas import schedule, training_sigmas
+
+NOISE_STREAM = 1  # the sampler's noise key: the device key folded with this (the initial latents use the key itself)
+
+
+def unet_denoiser(pipeline: Any, params: dict, conditioning: Conditioning, guidance, prediction: str,
+                  training: np.ndarray) -> Callable:
+    import jax.numpy as jnp
+
+    log_sigmas = jnp.asarray(np.log(training), jnp.float32)
+    positions = jnp.arange(len(training), dtype=jnp.float32)
+    guidance = jnp.array([guidance], dtype=jnp.float32)
+    added = {} if conditioning.added is None else {"added_cond_kwargs": conditioning.added}
+
+    def denoiser(x, sigma):
+        t = jnp.interp(jnp.log(sigma), log_sigmas, positions)
+        model_input = jnp.concatenate([x / jnp.sqrt(sigma**2 + 1)] * 2)
+        out = pipeline.unet.apply({"params": params["unet"]}, model_input, jnp.broadcast_to(t, model_input.shape[:1]),
+                                  encoder_hidden_states=conditioning.context, **added).sample
+        unconditional, conditional = jnp.split(out.astype(jnp.float32), 2, axis=0)
+        out = unconditional + guidance * (conditional - unconditional)
+        if prediction == "v_prediction":
+            return x / (sigma**2 + 1) - out * sigma / jnp.sqrt(sigma**2 + 1)
+        if prediction == "sample":
+            return out
+        return x - out * sigma
+
+    return denoiser
+
+
+def sampler(name: str) -> Callable:
+    """The denoising stage of k sampler ``name``."""
+
+    def denoise(pipeline: Any, params: dict, conditioning: Conditioning, latents, guidance, spec: Any, key):
+        import jax
+
+        config = pipeline.scheduler.config
+        training = training_sigmas(config)
+        sigmas = schedule(spec.sigmas, spec.steps, training)  # host values: constants of the program
+        prediction = spec.prediction_type or config.get("prediction_type", "epsilon")
+        model = unet_denoiser(pipeline, params, conditioning, guidance, prediction, training)
+        noise = key_noise(jax.random.fold_in(key, NOISE_STREAM), latents.shape, latents.dtype)
+        return K_SAMPLERS[name](model, latents * float(sigmas[0]), sigmas, noise)
+
+    return denoise

@@ -1,0 +1,273 @@
+"""The k-diffusion samplers (A1111's and ComfyUI's Euler, Euler a, Heun, DPM2, DPM++ 2M, ...), written in JAX.
+
+Each runs in sigma space, as k-diffusion does: the sample starts as ``noise * sigmas[0]`` and a
+``denoiser(x, sigma) -> x0`` (the UNet with its scalings and classifier-free guidance: :mod:`.k_model`)
+is called once or twice per step. The whole loop is one ``lax.fori_loop`` over the steps: the sigmas are
+host values (a NumPy array made from the model's training schedule) and constants of the program, multistep history
+(DPM++ 2M, 3M SDE, LMS) is carried through the loop, and the two-evaluation samplers take their plain Euler
+step at the last sigma with a ``lax.cond``, as k-diffusion's ``if sigmas[i + 1] == 0`` does.
+
+``noise(i, j)`` is the j-th standard normal draw of step i, drawn where k-diffusion draws (``randn_like`` or
+its noise sampler); the program makes it from the device's key (:func:`key_noise`), tests pass fixed
+arrays. The algorithms follow crowsonkb/k-diffusion ``k_diffusion/sampling.py`` (LCM: ComfyUI's
+``sample_lcm``), with its defaults: eta 1, s_noise 1, no churn, r = 1/2, DPM++ 2M SDE's midpoint solver.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import numpy as np
+
+Denoiser = Callable[[Any, Any], Any]  # (x, sigma) -> x0
+Noise = Callable[[Any, int], Any]  # (step index, draw) -> standard normal, shaped like x
+
+
+def _ancestral(sigma_from, sigma_to, eta: float = 1.0):
+    """k-diffusion's get_ancestral_step: (sigma_down, sigma_up)."""
+    import jax.numpy as jnp
+
+    sigma_up = jnp.minimum(sigma_to, eta * jnp.sqrt(sigma_to**2 * (sigma_from**2 - sigma_to**2) / sigma_from**2))
+    return jnp.sqrt(sigma_to**2 - sigma_up**2), sigma_up
+
+
+def _steps(sigmas, x, step, carry=None):
+    """``step(i, sigma, sigma_next, carry) -> carry`` over every step in one ``lax.fori_loop`` (``carry``:
+    ``x`` unless given); ``sigmas`` are host values, made constants of the program in the sample's dtype."""
+    import jax
+    import jax.numpy as jnp
+
+    constants = jnp.asarray(np.asarray(sigmas), x.dtype)
+    return jax.lax.fori_loop(0, len(sigmas) - 1, lambda i, c: step(i, constants[i], constants[i + 1], c),
+                             x if carry is None else carry)
+
+
+def _derivative(model: Denoiser, x, sigma):
+    """k-diffusion's to_d: the ODE's dx/dsigma at ``x``."""
+    return (x - model(x, sigma)) / sigma
+
+
+def _last(sigma_next, plain, full, x):
+    """``plain(x)`` where ``sigma_next`` is 0 (the last step), else ``full(x)``."""
+    import jax
+
+    return jax.lax.cond(sigma_next == 0, plain, full, x)
+
+
+def _noise_if(condition, draw, scale):
+    import jax.numpy as jnp
+
+    return jnp.where(condition, draw * scale, 0.0)
+
+
+def euler(model: Denoiser, x, sigmas, noise: Noise):
+    return _steps(sigmas, x, lambda i, sigma, sigma_next, x:
+                  x + _derivative(model, x, sigma) * (sigma_next - sigma))
+
+
+def euler_ancestral(model: Denoiser, x, sigmas, noise: Noise):
+    def step(i, sigma, sigma_next, x):
+        sigma_down, sigma_up = _ancestral(sigma, sigma_next)
+        x = x + _derivative(model, x, sigma) * (sigma_down - sigma)
+        return x + _noise_if(sigma_next > 0, noise(i, 0), sigma_up)
+
+    return _steps(sigmas, x, step)
+
+
+def heun(model: Denoiser, x, sigmas, noise: Noise):
+    def step(i, sigma, sigma_next, x):
+        d = _derivative(model, x, sigma)
+        dt = sigma_next - sigma
+
+        def corrected(x):
+            x_2 = x + d * dt
+            return x + (d + _derivative(model, x_2, sigma_next)) / 2 * dt
+
+        return _last(sigma_next, lambda x: x + d * dt, corrected, x)
+
+    return _steps(sigmas, x, step)
+
+
+def _midpoint_step(model: Denoiser, x, d, sigma, target):
+    """DPM2's second-order step from ``sigma`` to ``target`` through the log-midpoint."""
+    import jax.numpy as jnp
+
+    sigma_mid = jnp.exp((jnp.log(sigma) + jnp.log(target)) / 2)
+    x_2 = x + d * (sigma_mid - sigma)
+    return x + _derivative(model, x_2, sigma_mid) * (target - sigma)
+
+
+def _dpm_2_to(model: Denoiser, x, sigma, target):
+    """DPM2 from ``sigma`` to ``target``: a plain Euler step where ``target`` is 0."""
+    d = _derivative(model, x, sigma)
+    return _last(target, lambda x: x + d * (target - sigma), lambda x: _midpoint_step(model, x, d, sigma, target), x)
+
+
+def dpm_2(model: Denoiser, x, sigmas, noise: Noise):
+    return _steps(sigmas, x, lambda i, sigma, sigma_next, x: _dpm_2_to(model, x, sigma, sigma_next))
+
+
+def dpm_2_ancestral(model: Denoiser, x, sigmas, noise: Noise):
+    def step(i, sigma, sigma_next, x):
+        sigma_down, sigma_up = _ancestral(sigma, sigma_next)
+        return _dpm_2_to(model, x, sigma, sigma_down) + noise(i, 0) * sigma_up
+
+    return _steps(sigmas, x, step)
+
+
+LMS_ORDER = 4
+
+
+def lms_coefficients(sigmas: np.ndarray, order: int = LMS_ORDER) -> np.ndarray:
+    """(steps, order) weights of the newest-first derivatives: the integral over [sigma_i, sigma_i+1] of
+    each Lagrange basis polynomial through the last ``min(i + 1, order)`` sigmas (k-diffusion's
+    linear_multistep_coeff), integrated exactly on the host (the sigmas are constants of the program)."""
+    from numpy.polynomial import polynomial
+
+    sigmas = np.asarray(sigmas, np.float64)
+    table = np.zeros((len(sigmas) - 1, order))
+    for i in range(len(sigmas) - 1):
+        used = min(i + 1, order)
+        for j in range(used):
+            basis = np.array([1.0])
+            for k in range(used):
+                if k != j:
+                    basis = polynomial.polymul(basis, np.array([-sigmas[i - k], 1.0]) / (sigmas[i - j] - sigmas[i - k]))
+            antiderivative = polynomial.polyint(basis)
+            table[i, j] = polynomial.polyval(sigmas[i + 1], antiderivative) - polynomial.polyval(sigmas[i], antiderivative)
+    return table
+
+
+def lms(model: Denoiser, x, sigmas, noise: Noise):
+    import jax.numpy as jnp
+
+    coefficients = jnp.asarray(lms_coefficients(sigmas), x.dtype)
+
+    def step(i, sigma, sigma_next, carry):
+        x, history = carry  # the last LMS_ORDER derivatives, newest first
+        history = jnp.concatenate([_derivative(model, x, sigma)[None], history[:-1]])
+        return x + jnp.tensordot(coefficients[i], history, axes=1), history
+
+    return _steps(sigmas, x, step, (x, jnp.zeros((LMS_ORDER,) + x.shape, x.dtype)))[0]
+
+
+def dpmpp_2s_ancestral(model: Denoiser, x, sigmas, noise: Noise):
+    import jax.numpy as jnp
+
+    def step(i, sigma, sigma_next, x):
+        denoised = model(x, sigma)
+        sigma_down, sigma_up = _ancestral(sigma, sigma_next)
+
+        def second_order(x):
+            h = jnp.log(sigma) - jnp.log(sigma_down)  # t_next - t, with t = -log(sigma)
+            sigma_s = sigma * jnp.exp(-h / 2)
+            x_2 = (sigma_s / sigma) * x - jnp.expm1(-h / 2) * denoised
+            return (sigma_down / sigma) * x - jnp.expm1(-h) * model(x_2, sigma_s)
+
+        x = _last(sigma_down, lambda x: x + (x - denoised) / sigma * (sigma_down - sigma), second_order, x)
+        return x + _noise_if(sigma_next > 0, noise(i, 0), sigma_up)
+
+    return _steps(sigmas, x, step)
+
+
+def dpmpp_sde(model: Denoiser, x, sigmas, noise: Noise):
+    import jax.numpy as jnp
+
+    def step(i, sigma, sigma_next, x):
+        denoised = model(x, sigma)
+
+        def stochastic(x):
+            sigma_s = jnp.sqrt(sigma * sigma_next)  # t + h / 2 in t = -log(sigma)
+            down, up = _ancestral(sigma, sigma_s)
+            x_2 = (down / sigma) * x - jnp.expm1(jnp.log(down / sigma)) * denoised + noise(i, 0) * up
+            denoised_2 = model(x_2, sigma_s)
+            down, up = _ancestral(sigma, sigma_next)
+            # fac = 1 / (2 r) = 1: the second denoised alone
+            return (down / sigma) * x - jnp.expm1(jnp.log(down / sigma)) * denoised_2 + noise(i, 1) * up
+
+        return _last(sigma_next, lambda x: x + (x - denoised) / sigma * (sigma_next - sigma), stochastic, x)
+
+    return _steps(sigmas, x, step)
+
+
+def _log_step(sigma, sigma_next):
+    """(h = log(sigma / sigma_next), whether this is the last step); h is 1 on the last step, whose
+    update does not use it (x becomes the denoised sample there), so nothing infinite is carried."""
+    import jax.numpy as jnp
+
+    last = sigma_next == 0
+    return jnp.where(last, 1.0, jnp.log(sigma) - jnp.log(jnp.where(last, 1.0, sigma_next))), last
+
+
+def dpmpp_2m(model: Denoiser, x, sigmas, noise: Noise):
+    import jax.numpy as jnp
+
+    def step(i, sigma, sigma_next, carry):
+        x, old, h_last = carry
+        denoised = model(x, sigma)
+        h, last = _log_step(sigma, sigma_next)
+        first_order = (i == 0) | last
+        r = jnp.where(first_order, 1.0, h_last / h)
+        corrected = jnp.where(first_order, denoised, (1 + 1 / (2 * r)) * denoised - (1 / (2 * r)) * old)
+        return jnp.where(last, denoised, (sigma_next / sigma) * x - jnp.expm1(-h) * corrected), denoised, h
+
+    return _steps(sigmas, x, step, (x, jnp.zeros_like(x), jnp.ones((), x.dtype)))[0]
+
+
+def dpmpp_2m_sde(model: Denoiser, x, sigmas, noise: Noise):
+    import jax.numpy as jnp
+
+    def step(i, sigma, sigma_next, carry):
+        x, old, h_last = carry
+        denoised = model(x, sigma)
+        h, last = _log_step(sigma, sigma_next)
+        moved = sigma_next / sigma * jnp.exp(-h) * x - jnp.expm1(-2 * h) * denoised
+        correction = -0.5 * jnp.expm1(-2 * h) * (h / h_last) * (denoised - old)
+        moved = moved + jnp.where(i == 0, 0.0, correction)
+        moved = moved + noise(i, 0) * sigma_next * jnp.sqrt(-jnp.expm1(-2 * h))
+        return jnp.where(last, denoised, moved), denoised, h
+
+    return _steps(sigmas, x, step, (x, jnp.zeros_like(x), jnp.ones((), x.dtype)))[0]
+
+
+def dpmpp_3m_sde(model: Denoiser, x, sigmas, noise: Noise):
+    import jax.numpy as jnp
+
+    def step(i, sigma, sigma_next, carry):
+        x, denoised_1, denoised_2, h_1, h_2 = carry
+        denoised = model(x, sigma)
+        h, last = _log_step(sigma, sigma_next)
+        h_eta = 2 * h  # h * (eta + 1)
+        moved = jnp.exp(-h_eta) * x - jnp.expm1(-h_eta) * denoised
+        phi_2 = jnp.expm1(-h_eta) / h_eta + 1
+        phi_3 = phi_2 / h_eta - 0.5
+        r0, r1 = h_1 / h, h_2 / h
+        d1_0 = (denoised - denoised_1) / r0
+        d1_1 = (denoised_1 - denoised_2) / r1
+        third = phi_2 * (d1_0 + (d1_0 - d1_1) * r0 / (r0 + r1)) - phi_3 * (d1_0 - d1_1) / (r0 + r1)
+        moved = moved + jnp.where(i >= 2, third, jnp.where(i == 1, phi_2 * d1_0, 0.0))
+        moved = moved + noise(i, 0) * sigma_next * jnp.sqrt(-jnp.expm1(-2 * h))
+        return jnp.where(last, denoised, moved), denoised, denoised_1, h, h_1
+
+    zeros, ones = jnp.zeros_like(x), jnp.ones((), x.dtype)
+    return _steps(sigmas, x, step, (x, zeros, zeros, ones, ones))[0]
+
+
+def lcm(model: Denoiser, x, sigmas, noise: Noise):
+    return _steps(sigmas, x, lambda i, sigma, sigma_next, x:
+                  model(x, sigma) + _noise_if(sigma_next > 0, noise(i, 0), sigma_next))
+
+
+# k-diffusion's names; config/samplers.py maps A1111's and ComfyUI's spellings onto them.
+K_SAMPLERS = {"euler": euler, "euler_ancestral": euler_ancestral, "heun": heun, "dpm_2": dpm_2,
+              "dpm_2_ancestral": dpm_2_ancestral, "lms": lms, "dpmpp_2s_ancestral": dpmpp_2s_ancestral,
+              "dpmpp_sde": dpmpp_sde, "dpmpp_2m": dpmpp_2m, "dpmpp_2m_sde": dpmpp_2m_sde,
+              "dpmpp_3m_sde": dpmpp_3m_sde, "lcm": lcm}
+
+
+def key_noise(key, shape, dtype) -> Noise:
+    """Draws from ``key`` (the device's): step i's j-th draw is its own stream, and each image of the
+    device's batch gets its own rows of it."""
+    import jax
+
+    return lambda i, j: jax.random.normal(jax.random.fold_in(jax.random.fold_in(key, i), j), shape, dtype)

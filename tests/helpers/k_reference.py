@@ -1,0 +1,397 @@
+"""An independent NumPy reference of k-diffusion's published algorithms, for tests.
+
+The runner's own samplers and schedules are JAX code; this module is a second, plain NumPy (float64)
+transcription of the published sources, written from them and not from the runner, so that tests can
+compare the two. Sources (step order, formulas and defaults kept as published):
+
+* crowsonkb/k-diffusion ``k_diffusion/sampling.py``: the ``sample_*`` functions, ``get_ancestral_step``,
+  ``linear_multistep_coeff``, ``get_sigmas_karras`` / ``get_sigmas_exponential``; defaults eta=1,
+  s_noise=1, s_churn=0, r=1/2 (dpmpp_sde), solver_type='midpoint' (dpmpp_2m_sde), order=4 (lms).
+* crowsonkb/k-diffusion ``k_diffusion/external.py``: ``DiscreteSchedule`` (sigma_to_t, t_to_sigma,
+  get_sigmas).
+* comfyanonymous/ComfyUI ``comfy/samplers.py`` (``simple_scheduler``, ``normal_scheduler(sgm=True)``) and
+  ``comfy/k_diffusion/sampling.py`` (``sample_lcm``, with the EPS ``noise_scaling``: x0 + sigma * noise).
+
+Conventions: ``denoiser(x, sigma) -> x0`` with sigma a Python float; ``x`` is already ``noise * sigmas[0]``;
+``sigmas`` decrease and end with 0; ``noise(i, j)`` is the j-th standard normal draw of step i, called
+exactly where the source calls ``torch.randn_like`` or its ``noise_sampler`` (the Brownian-tree samplers'
+increments are replaced by these independent standard normals). The sources compute in float32 tensors;
+this reference computes in float64, so compare with a tolerance.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import numpy as np
+from scipy import integrate
+
+# How many noise(i, j) draws step i makes, and when (j counts from 0 within each step).
+DRAWS = {
+    "euler": "none (the source's per-step randn_like eps is unused with s_churn=0)",
+    "euler_ancestral": "1 (j=0) if sigmas[i+1] > 0, after the Euler step to sigma_down",
+    "heun": "none (the source's per-step randn_like eps is unused with s_churn=0)",
+    "dpm_2": "none (the source's per-step randn_like eps is unused with s_churn=0)",
+    "dpm_2_ancestral": "1 (j=0) if sigma_down != 0 (i.e. sigmas[i+1] > 0), after the midpoint step",
+    "lms": "none",
+    "dpmpp_2s_ancestral": "1 (j=0) if sigmas[i+1] > 0, after the 2S step to sigma_down",
+    "dpmpp_sde": "2 if sigmas[i+1] > 0: j=0 for the substep to the midpoint s, j=1 for the full step; "
+                 "none on the last (Euler) step (k-diffusion's Brownian tree makes the two correlated; "
+                 "here they are whatever noise(i, 0) and noise(i, 1) are)",
+    "dpmpp_2m": "none",
+    "dpmpp_2m_sde": "1 (j=0) if sigmas[i+1] > 0, after the (multistep-corrected) update",
+    "dpmpp_3m_sde": "1 (j=0) if sigmas[i+1] > 0, after the (multistep-corrected) update",
+    "lcm": "1 (j=0) if sigmas[i+1] > 0: x = denoised + sigmas[i+1] * noise",
+}
+
+
+def _draws(noise, i):
+    """noise(i, 0), noise(i, 1), ... on successive calls (the draws of step i, in order)."""
+    counter = itertools.count()
+    return lambda: np.asarray(noise(i, next(counter)), dtype=np.float64)
+
+
+def _to_d(x, sigma, denoised):
+    """k-diffusion ``to_d``: the Karras ODE derivative."""
+    return (x - denoised) / sigma
+
+
+def _ancestral_step(sigma_from, sigma_to, eta=1.0):
+    """k-diffusion ``get_ancestral_step``: (sigma_down, sigma_up)."""
+    if not eta:
+        return sigma_to, 0.0
+    sigma_up = min(sigma_to, eta * (sigma_to ** 2 * (sigma_from ** 2 - sigma_to ** 2) / sigma_from ** 2) ** 0.5)
+    sigma_down = (sigma_to ** 2 - sigma_up ** 2) ** 0.5
+    return sigma_down, sigma_up
+
+
+def _t_fn(sigma):  # k-diffusion's t_fn: sigma.log().neg() (log 0 = -inf)
+    return -math.log(sigma) if sigma > 0 else math.inf
+
+
+def _sigma_fn(t):  # k-diffusion's sigma_fn: t.neg().exp()
+    return math.exp(-t)
+
+
+def _log_midpoint(a, b):
+    """``a.log().lerp(b.log(), 0.5).exp()``, the DPM-Solver-2 midpoint of k-diffusion's dpm_2 samplers."""
+    return math.exp(math.log(a) + 0.5 * (math.log(b) - math.log(a)))
+
+
+def _euler(model, x, s, noise):
+    """k-diffusion ``sample_euler`` (s_churn=0, so sigma_hat = sigmas[i])."""
+    for i in range(len(s) - 1):
+        d = _to_d(x, s[i], model(x, s[i]))
+        x = x + d * (s[i + 1] - s[i])
+    return x
+
+
+def _euler_ancestral(model, x, s, noise):
+    """k-diffusion ``sample_euler_ancestral`` (eta=1, s_noise=1)."""
+    for i in range(len(s) - 1):
+        draw = _draws(noise, i)
+        denoised = model(x, s[i])
+        sigma_down, sigma_up = _ancestral_step(s[i], s[i + 1])
+        x = x + _to_d(x, s[i], denoised) * (sigma_down - s[i])
+        if s[i + 1] > 0:
+            x = x + draw() * sigma_up
+    return x
+
+
+def _heun(model, x, s, noise):
+    """k-diffusion ``sample_heun`` (s_churn=0): Heun steps, a plain Euler step to sigma 0."""
+    for i in range(len(s) - 1):
+        d = _to_d(x, s[i], model(x, s[i]))
+        dt = s[i + 1] - s[i]
+        if s[i + 1] == 0:
+            x = x + d * dt
+        else:
+            x_2 = x + d * dt
+            d_2 = _to_d(x_2, s[i + 1], model(x_2, s[i + 1]))
+            x = x + (d + d_2) / 2 * dt
+    return x
+
+
+def _dpm_2(model, x, s, noise):
+    """k-diffusion ``sample_dpm_2`` (s_churn=0): midpoint at the geometric mean (log-space lerp 0.5)."""
+    for i in range(len(s) - 1):
+        d = _to_d(x, s[i], model(x, s[i]))
+        if s[i + 1] == 0:
+            x = x + d * (s[i + 1] - s[i])
+        else:
+            sigma_mid = _log_midpoint(s[i], s[i + 1])
+            x_2 = x + d * (sigma_mid - s[i])
+            d_2 = _to_d(x_2, sigma_mid, model(x_2, sigma_mid))
+            x = x + d_2 * (s[i + 1] - s[i])
+    return x
+
+
+def _dpm_2_ancestral(model, x, s, noise):
+    """k-diffusion ``sample_dpm_2_ancestral`` (eta=1, s_noise=1)."""
+    for i in range(len(s) - 1):
+        draw = _draws(noise, i)
+        denoised = model(x, s[i])
+        sigma_down, sigma_up = _ancestral_step(s[i], s[i + 1])
+        d = _to_d(x, s[i], denoised)
+        if sigma_down == 0:
+            x = x + d * (sigma_down - s[i])
+        else:
+            sigma_mid = _log_midpoint(s[i], sigma_down)
+            x_2 = x + d * (sigma_mid - s[i])
+            d_2 = _to_d(x_2, sigma_mid, model(x_2, sigma_mid))
+            x = x + d_2 * (sigma_down - s[i])
+            x = x + draw() * sigma_up
+    return x
+
+
+def linear_multistep_coeff(order, t, i, j):
+    """k-diffusion ``linear_multistep_coeff``: the integral over [t[i], t[i+1]] of the j-th Lagrange basis
+    polynomial on the nodes t[i], t[i-1], ..., t[i-order+1]."""
+    if order - 1 > i:
+        raise ValueError(f"Order {order} too high for step {i}")
+
+    def fn(tau):
+        prod = 1.0
+        for k in range(order):
+            if j == k:
+                continue
+            prod *= (tau - t[i - k]) / (t[i - j] - t[i - k])
+        return prod
+
+    return integrate.quad(fn, t[i], t[i + 1], epsrel=1e-4)[0]
+
+
+def _lms(model, x, s, noise, order=4):
+    """k-diffusion ``sample_lms`` (order=4)."""
+    ds = []
+    for i in range(len(s) - 1):
+        ds.append(_to_d(x, s[i], model(x, s[i])))
+        if len(ds) > order:
+            ds.pop(0)
+        cur_order = min(i + 1, order)
+        coeffs = [linear_multistep_coeff(cur_order, s, i, j) for j in range(cur_order)]
+        x = x + sum(c * d for c, d in zip(coeffs, reversed(ds)))
+    return x
+
+
+def _dpmpp_2s_ancestral(model, x, s, noise):
+    """k-diffusion ``sample_dpmpp_2s_ancestral`` (eta=1, s_noise=1, r=1/2)."""
+    for i in range(len(s) - 1):
+        draw = _draws(noise, i)
+        denoised = model(x, s[i])
+        sigma_down, sigma_up = _ancestral_step(s[i], s[i + 1])
+        if sigma_down == 0:
+            x = x + _to_d(x, s[i], denoised) * (sigma_down - s[i])
+        else:
+            t, t_next = _t_fn(s[i]), _t_fn(sigma_down)
+            r = 1 / 2
+            h = t_next - t
+            s_ = t + r * h
+            x_2 = (_sigma_fn(s_) / _sigma_fn(t)) * x - math.expm1(-h * r) * denoised
+            denoised_2 = model(x_2, _sigma_fn(s_))
+            x = (_sigma_fn(t_next) / _sigma_fn(t)) * x - math.expm1(-h) * denoised_2
+        if s[i + 1] > 0:
+            x = x + draw() * sigma_up
+    return x
+
+
+def _dpmpp_sde(model, x, s, noise, eta=1.0, r=1 / 2):
+    """k-diffusion ``sample_dpmpp_sde`` (eta=1, s_noise=1, r=1/2); noise(i, 0) and noise(i, 1) stand in
+    for the two BrownianTreeNoiseSampler calls."""
+    for i in range(len(s) - 1):
+        draw = _draws(noise, i)
+        denoised = model(x, s[i])
+        if s[i + 1] == 0:
+            x = x + _to_d(x, s[i], denoised) * (s[i + 1] - s[i])
+        else:
+            t, t_next = _t_fn(s[i]), _t_fn(s[i + 1])
+            h = t_next - t
+            s_ = t + h * r
+            fac = 1 / (2 * r)
+            # Step 1
+            sd, su = _ancestral_step(_sigma_fn(t), _sigma_fn(s_), eta)
+            s_down = _t_fn(sd)
+            x_2 = (_sigma_fn(s_down) / _sigma_fn(t)) * x - math.expm1(t - s_down) * denoised
+            x_2 = x_2 + draw() * su
+            denoised_2 = model(x_2, _sigma_fn(s_))
+            # Step 2
+            sd, su = _ancestral_step(_sigma_fn(t), _sigma_fn(t_next), eta)
+            t_next_ = _t_fn(sd)
+            denoised_d = (1 - fac) * denoised + fac * denoised_2
+            x = (_sigma_fn(t_next_) / _sigma_fn(t)) * x - math.expm1(t - t_next_) * denoised_d
+            x = x + draw() * su
+    return x
+
+
+def _dpmpp_2m(model, x, s, noise):
+    """k-diffusion ``sample_dpmpp_2m``."""
+    old_denoised = None
+    for i in range(len(s) - 1):
+        denoised = model(x, s[i])
+        t, t_next = _t_fn(s[i]), _t_fn(s[i + 1])
+        h = t_next - t
+        if old_denoised is None or s[i + 1] == 0:
+            x = (_sigma_fn(t_next) / _sigma_fn(t)) * x - math.expm1(-h) * denoised
+        else:
+            r = (t - _t_fn(s[i - 1])) / h
+            denoised_d = (1 + 1 / (2 * r)) * denoised - (1 / (2 * r)) * old_denoised
+            x = (_sigma_fn(t_next) / _sigma_fn(t)) * x - math.expm1(-h) * denoised_d
+        old_denoised = denoised
+    return x
+
+
+def _dpmpp_2m_sde(model, x, s, noise, eta=1.0):
+    """k-diffusion ``sample_dpmpp_2m_sde`` (eta=1, s_noise=1, solver_type='midpoint')."""
+    old_denoised, h_last, h = None, None, None
+    for i in range(len(s) - 1):
+        draw = _draws(noise, i)
+        denoised = model(x, s[i])
+        if s[i + 1] == 0:
+            x = denoised
+        else:
+            t, s_next = -math.log(s[i]), -math.log(s[i + 1])
+            h = s_next - t
+            eta_h = eta * h
+            x = s[i + 1] / s[i] * math.exp(-eta_h) * x + -math.expm1(-h - eta_h) * denoised
+            if old_denoised is not None:
+                r = h_last / h
+                x = x + 0.5 * -math.expm1(-h - eta_h) * (1 / r) * (denoised - old_denoised)  # 'midpoint'
+            if eta:
+                x = x + draw() * s[i + 1] * math.sqrt(-math.expm1(-2 * eta_h))
+        old_denoised, h_last = denoised, h
+    return x
+
+
+def _dpmpp_3m_sde(model, x, s, noise, eta=1.0):
+    """k-diffusion ``sample_dpmpp_3m_sde`` (eta=1, s_noise=1)."""
+    denoised_1, denoised_2 = None, None
+    h, h_1, h_2 = None, None, None
+    for i in range(len(s) - 1):
+        draw = _draws(noise, i)
+        denoised = model(x, s[i])
+        if s[i + 1] == 0:
+            x = denoised
+        else:
+            t, s_next = -math.log(s[i]), -math.log(s[i + 1])
+            h = s_next - t
+            h_eta = h * (eta + 1)
+            x = math.exp(-h_eta) * x + -math.expm1(-h_eta) * denoised
+            if h_2 is not None:
+                r0, r1 = h_1 / h, h_2 / h
+                d1_0 = (denoised - denoised_1) / r0
+                d1_1 = (denoised_1 - denoised_2) / r1
+                d1 = d1_0 + (d1_0 - d1_1) * r0 / (r0 + r1)
+                d2 = (d1_0 - d1_1) / (r0 + r1)
+                phi_2 = math.expm1(-h_eta) / h_eta + 1
+                phi_3 = phi_2 / h_eta - 0.5
+                x = x + phi_2 * d1 - phi_3 * d2
+            elif h_1 is not None:
+                d = (denoised - denoised_1) / (h_1 / h)
+                phi_2 = math.expm1(-h_eta) / h_eta + 1
+                x = x + phi_2 * d
+            if eta:
+                x = x + draw() * s[i + 1] * math.sqrt(-math.expm1(-2 * h * eta))
+        denoised_1, denoised_2 = denoised, denoised_1
+        h_1, h_2 = h, h_1
+    return x
+
+
+def _lcm(model, x, s, noise):
+    """ComfyUI ``sample_lcm`` (comfy/k_diffusion/sampling.py) with the EPS model's noise_scaling."""
+    for i in range(len(s) - 1):
+        draw = _draws(noise, i)
+        x = model(x, s[i])
+        if s[i + 1] > 0:
+            x = draw() * s[i + 1] + x
+    return x
+
+
+SAMPLERS = {
+    "euler": _euler, "euler_ancestral": _euler_ancestral, "heun": _heun, "dpm_2": _dpm_2,
+    "dpm_2_ancestral": _dpm_2_ancestral, "lms": _lms, "dpmpp_2s_ancestral": _dpmpp_2s_ancestral,
+    "dpmpp_sde": _dpmpp_sde, "dpmpp_2m": _dpmpp_2m, "dpmpp_2m_sde": _dpmpp_2m_sde,
+    "dpmpp_3m_sde": _dpmpp_3m_sde, "lcm": _lcm,
+}
+
+
+def sample(name: str, denoiser, x, sigmas, noise) -> np.ndarray:
+    """Run k-diffusion sampler ``name`` (KeyError if unknown) from ``x`` (already ``noise * sigmas[0]``)."""
+    fn = SAMPLERS[name]
+    sigmas = [float(v) for v in np.asarray(sigmas, dtype=np.float64)]
+
+    def model(x, sigma):
+        return np.asarray(denoiser(x, float(sigma)), dtype=np.float64)
+
+    return np.asarray(fn(model, np.asarray(x, dtype=np.float64), sigmas, noise), dtype=np.float64)
+
+
+# ---- sigma schedules ----------------------------------------------------------------------------
+
+def model_sigmas(beta_start=0.00085, beta_end=0.012, num_train_timesteps=1000,
+                 beta_schedule="scaled_linear") -> np.ndarray:
+    """Stable Diffusion's training sigmas, increasing: sqrt((1 - alphas_cumprod) / alphas_cumprod)."""
+    if beta_schedule == "scaled_linear":
+        betas = np.linspace(beta_start ** 0.5, beta_end ** 0.5, num_train_timesteps, dtype=np.float64) ** 2
+    elif beta_schedule == "linear":
+        betas = np.linspace(beta_start, beta_end, num_train_timesteps, dtype=np.float64)
+    else:
+        raise ValueError(f"unknown beta_schedule {beta_schedule!r}")
+    alphas_cumprod = np.cumprod(1.0 - betas)
+    return np.sqrt((1 - alphas_cumprod) / alphas_cumprod)
+
+
+def sigma_to_t(sigma, model_sigmas):
+    """k-diffusion ``DiscreteSchedule.sigma_to_t`` (quantize=False): t by linear interpolation in
+    log-sigma between the two neighbouring training sigmas, w clamped to [0, 1]."""
+    log_sigmas = np.log(np.asarray(model_sigmas, dtype=np.float64))
+    log_sigma = math.log(sigma)
+    dists = log_sigma - log_sigmas
+    low_idx = min(int(np.argmax(np.cumsum(dists >= 0))), len(log_sigmas) - 2)
+    high_idx = low_idx + 1
+    low, high = log_sigmas[low_idx], log_sigmas[high_idx]
+    w = min(max((low - log_sigma) / (low - high), 0.0), 1.0)
+    return (1 - w) * low_idx + w * high_idx
+
+
+def t_to_sigma(t, model_sigmas):
+    """k-diffusion ``DiscreteSchedule.t_to_sigma`` (ComfyUI ``ModelSamplingDiscrete.sigma`` also clamps t
+    to [0, T-1]): log-sigma interpolated linearly between floor(t) and ceil(t)."""
+    log_sigmas = np.log(np.asarray(model_sigmas, dtype=np.float64))
+    t = np.clip(np.asarray(t, dtype=np.float64), 0, len(log_sigmas) - 1)
+    low_idx, high_idx = np.floor(t).astype(int), np.ceil(t).astype(int)
+    w = t - np.floor(t)
+    return np.exp((1 - w) * log_sigmas[low_idx] + w * log_sigmas[high_idx])
+
+
+def schedule(name: str, n: int, model_sigmas: np.ndarray) -> np.ndarray:
+    """n + 1 sigmas, decreasing, ending with 0, for scheduler ``name`` (KeyError if unknown):
+
+    * "normal": k-diffusion ``DiscreteSchedule.get_sigmas(n)``: t = linspace(T-1, 0, n), t_to_sigma.
+    * "karras": k-diffusion ``get_sigmas_karras(n, sigma_min, sigma_max, rho=7.)``.
+    * "exponential": k-diffusion ``get_sigmas_exponential(n, sigma_min, sigma_max)``.
+    * "sgm_uniform": ComfyUI ``normal_scheduler(sgm=True)``: linspace(t(sigma_max), t(sigma_min), n+1)[:-1].
+      (ComfyUI's ``timestep`` takes the nearest index; at sigma_max / sigma_min that equals sigma_to_t.)
+    * "simple": ComfyUI ``simple_scheduler``: every (T/n)-th training sigma from the top.
+    sigma_min / sigma_max are model_sigmas[0] / model_sigmas[-1].
+    """
+    ms = np.asarray(model_sigmas, dtype=np.float64)
+    sigma_min, sigma_max = float(ms[0]), float(ms[-1])
+    if name == "normal":
+        sigmas = t_to_sigma(np.linspace(len(ms) - 1, 0, n), ms)
+    elif name == "karras":
+        rho = 7.0
+        ramp = np.linspace(0, 1, n)
+        min_inv_rho, max_inv_rho = sigma_min ** (1 / rho), sigma_max ** (1 / rho)
+        sigmas = (max_inv_rho + ramp * (min_inv_rho - max_inv_rho)) ** rho
+    elif name == "exponential":
+        sigmas = np.exp(np.linspace(math.log(sigma_max), math.log(sigma_min), n))
+    elif name == "sgm_uniform":
+        start, end = sigma_to_t(sigma_max, ms), sigma_to_t(sigma_min, ms)
+        sigmas = t_to_sigma(np.linspace(start, end, n + 1)[:-1], ms)
+    elif name == "simple":
+        ss = len(ms) / n
+        sigmas = np.array([ms[-(1 + int(x * ss))] for x in range(n)])
+    else:
+        raise KeyError(name)
+    return np.append(np.asarray(sigmas, dtype=np.float64), 0.0)

@@ -1,0 +1,192 @@
+"""The k-diffusion samplers and sigma schedules against references that are not ours, on a closed-form denoiser.
+
+Data ~ N(mu, v) element-wise has the exact denoiser D(x, sigma) = (v x + sigma^2 mu) / (v + sigma^2), and its
+probability-flow ODE the exact solution x(sigma) = mu + (x_T - mu) sqrt(v + sigma^2) / sqrt(v + sigma_T^2). So:
+each JAX sampler is checked against a NumPy transcription of k-diffusion's published algorithm
+(tests/helpers/k_reference.py) with the same noise draws; the deterministic ones converge to the exact
+solution at their order; the stochastic ones end with the data's mean and variance. One CLI sweep runs the
+samplers through the UNet as users name them.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pytest
+
+from helpers import k_reference
+from helpers.cli import assert_one_line_error, run_cli
+from sdjax_runner.config import samplers as names
+from sdjax_runner.engine.samplers import sigmas as schedules
+from sdjax_runner.engine.samplers.k_samplers import K_SAMPLERS, key_noise
+
+SHAPE = (2, 4, 3, 3)
+V = 0.25
+RNG = np.random.default_rng(0)
+MU = RNG.standard_normal(SHAPE) * 0.5
+TRAINING = schedules.training_sigmas({})  # Stable Diffusion's: scaled_linear 0.00085..0.012, 1000 steps
+DETERMINISTIC = {"euler": 1, "heun": 2, "dpm_2": 2, "dpmpp_2m": 2, "lms": 2}
+
+
+def denoiser(mu, v):
+    return lambda x, sigma: (v * x + sigma**2 * mu) / (v + sigma**2)
+
+
+def exact(x_start, sigma_max, sigma):
+    """The probability-flow ODE's solution at ``sigma`` from ``x_start`` at ``sigma_max``."""
+    return MU + (x_start - MU) * math.sqrt(V + sigma**2) / math.sqrt(V + sigma_max**2)
+
+
+def run_jax(name, x, sigmas, noises=None, x64=True):
+    import jax
+    import jax.numpy as jnp
+
+    with jax.enable_x64(x64):
+        dtype = jnp.float64 if x64 else jnp.float32
+        draws = jnp.asarray(noises if noises is not None else np.zeros((len(sigmas), 2) + x.shape), dtype)
+        # The sigmas are constants of the program, as in the runner's (LMS integrates on them on the host).
+        program = jax.jit(lambda x: K_SAMPLERS[name](denoiser(jnp.asarray(MU, dtype), V), x, sigmas,
+                                                     lambda i, j: draws[i, j]))
+        return np.asarray(program(jnp.asarray(x, dtype)))
+
+
+@pytest.mark.parametrize("name", sorted(K_SAMPLERS))
+def test_each_sampler_is_k_diffusions_algorithm(name):
+    sigmas = k_reference.schedule("karras", 12, TRAINING)
+    noises = RNG.standard_normal((12, 2) + SHAPE)
+    x = RNG.standard_normal(SHAPE) * sigmas[0]
+    expected = k_reference.sample(name, denoiser(MU, V), x, sigmas, lambda i, j: noises[i, j])
+    np.testing.assert_allclose(run_jax(name, x, sigmas, noises), expected, rtol=1e-10, atol=1e-10)
+    # In float32, as the program runs it: the same to float32's precision.
+    np.testing.assert_allclose(run_jax(name, x, sigmas, noises, x64=False), expected, rtol=2e-4, atol=2e-4)
+
+
+@pytest.mark.parametrize("name", schedules.SCHEDULES)
+def test_each_schedule_is_the_published_one(name):
+    for steps in (1, 10, 25, 50):
+        ours = schedules.schedule(name, steps, TRAINING)
+        assert ours.shape == (steps + 1,) and ours[-1] == 0 and np.all(np.diff(ours) < 0)
+        np.testing.assert_allclose(ours, k_reference.schedule(name, steps, TRAINING), rtol=1e-12)
+    assert np.isclose(schedules.schedule("karras", 10, TRAINING)[0], TRAINING[-1])  # sigma_max ~14.61
+    np.testing.assert_allclose(TRAINING, k_reference.model_sigmas(), rtol=1e-12)
+
+
+@pytest.mark.parametrize("name,order", sorted(DETERMINISTIC.items()))
+def test_deterministic_samplers_converge_at_their_order(name, order):
+    # To sigma_min, not 0: the samplers' last step to 0 is by design a first-order jump to D(x, sigma_min),
+    # an error that does not shrink with the steps.
+    x = RNG.standard_normal(SHAPE) * TRAINING[-1]
+    errors = []
+    for steps in (8, 16, 32, 64):
+        sigmas = schedules.schedule("karras", steps, TRAINING)[:-1]
+        errors.append(np.max(np.abs(run_jax(name, x, sigmas) - exact(x, sigmas[0], sigmas[-1]))))
+    slopes = -np.diff(np.log2(errors))  # error ~ steps^-order: each doubling divides it by 2^order
+    assert errors[-1] < errors[0] / 2 ** (3 * order - 1), errors
+    assert slopes[-1] > order - 0.3, (errors, slopes)
+
+
+@pytest.mark.parametrize("name", sorted(set(K_SAMPLERS) - set(DETERMINISTIC)))
+def test_stochastic_samplers_end_with_the_datas_distribution(name):
+    import jax
+    import jax.numpy as jnp
+
+    shape = (32, 4, 16, 16)  # 32,768 samples of N(mu, V) with one mu: mean and variance are measurable
+    sigmas = schedules.schedule("karras", 200, TRAINING)  # many steps: the SDEs' discretisation error is small
+    noise = key_noise(jax.random.PRNGKey(1), shape, jnp.float32)
+    start = jax.random.normal(jax.random.PRNGKey(0), shape) * float(sigmas[0])
+    out = np.asarray(jax.jit(lambda x: K_SAMPLERS[name](denoiser(0.3, V), x, sigmas, noise))(start))
+    assert abs(out.mean() - 0.3) < 0.01, out.mean()
+    if name != "lcm":  # LCM's jump to each x0 estimate assumes a consistency-distilled model: it narrows the spread
+        assert abs(out.var() - V) < 0.05 * V, out.var()
+
+
+def test_sampler_noise_is_its_own_per_image_and_step():
+    import jax
+    import jax.numpy as jnp
+
+    noise = key_noise(jax.random.PRNGKey(0), (4, 4, 8, 8), jnp.float32)
+    draws = np.stack([np.asarray(noise(i, j)) for i in range(3) for j in range(2)])
+    flat = draws.reshape(-1, 4 * 8 * 8)  # every (step, draw, image) row
+    assert len({row.tobytes() for row in flat}) == len(flat)
+    np.testing.assert_array_equal(np.asarray(noise(2, 1)), draws[5])  # the same key gives the same draws
+
+
+@pytest.mark.parametrize("given,sampler,sigmas", [
+    (("DPM++ 2M Karras", "pndm"), "dpmpp_2m", "karras"),
+    (("dpm++ 2m  karras", "pndm"), "dpmpp_2m", "karras"),
+    (("dpmpp_2m", "karras"), "dpmpp_2m", "karras"),
+    (("DPM++ 2M", "pndm"), "dpmpp_2m", "normal"),
+    (("Euler a", "exponential"), "euler_ancestral", "exponential"),
+    (("DPM++ SDE Karras", "karras"), "dpmpp_sde", "karras"),
+    (("DPM++ 3M SDE Exponential", "pndm"), "dpmpp_3m_sde", "exponential"),
+    (("euler_ancestral", "sgm_uniform"), "euler_ancestral", "sgm_uniform"),
+    (("LCM", "simple"), "lcm", "simple"),
+    (("DDIM", "pndm"), "scheduler", None),
+    (("PLMS", "pndm"), "scheduler", None),
+    ((None, "euler"), "scheduler", None),
+])
+def test_names_as_a1111_and_comfyui_spell_them(given, sampler, sigmas):
+    chosen = names.resolve(*given)
+    assert (chosen.sampler, chosen.sigmas) == (sampler, sigmas)
+
+
+def test_a1111_reads_the_sampler_back():
+    assert names.resolve("dpmpp_2m", "karras").a1111 == ("DPM++ 2M", "Karras")
+    assert names.resolve("Euler a", "pndm").a1111 == ("Euler a", "Normal")
+    assert names.resolve("DDIM", "pndm").a1111 == ("ddim", None)
+
+
+def test_bad_sampler_names_are_one_line(tmp_path):
+    for args, expected in [
+        (["sampler=DPM++ 9M"], "error: sampler: unknown sampler 'DPM++ 9M' (allowed: Euler, Euler a, Heun,"),
+        (["sampler=UniPC"], "error: sampler: UniPC: UniPC is not available yet (allowed: Euler"),
+        (["scheduler=karras"], "error: scheduler: karras is a sigma schedule of the k-diffusion samplers"),
+        (["sampler=DPM++ 2M Karras", "scheduler=exponential"], "error: scheduler: exponential, but sampler=DPM++ 2M "
+                                                              "Karras names the karras schedule"),
+        (["sampler=DDIM", "scheduler=karras"], "error: sampler: DDIM steps on its own timesteps"),
+    ]:
+        assert_one_line_error(run_cli("+experiment=smoke", *args, cwd=tmp_path), expected)
+    assert not (tmp_path / "outputs" / "runs").exists() or not any((tmp_path / "outputs" / "runs").rglob("*.png"))
+
+
+def _job_images(job_dir):
+    from PIL import Image
+
+    records = json.loads((job_dir / "images.json").read_text())
+    texts = []
+    for record in records:
+        with Image.open(job_dir / record["file"]) as image:
+            texts.append(dict(image.text))
+    return records, texts
+
+
+def test_samplers_through_the_unet_as_users_name_them(tmp_path, tiny_model_dir):
+    sweep = tmp_path / "sweep"
+    result = run_cli("-m", "+experiment=smoke", "sampler=Euler a,DPM++ 2M Karras,dpmpp_2m", "tracking=none",
+                     f"hydra.sweep.dir={sweep}", cwd=tmp_path, timeout=600)
+    assert result.returncode == 0, result.stderr
+    jobs = [sweep / str(n) for n in range(3)]
+    params = []
+    for job, (sampler, schedule) in zip(jobs, [("Euler a", "Normal"), ("DPM++ 2M", "Karras"), ("DPM++ 2M", "Normal")]):
+        records, texts = _job_images(job)
+        assert all(r["sampler"] == sampler and r["schedule_type"] == schedule for r in records)
+        assert all(f"Sampler: {sampler}, Schedule type: {schedule}, CFG scale: 7.5" in t["parameters"] for t in texts)
+        assert all(r["non_finite"] is False for r in records)
+        params.append({r["pixels_sha256"] for r in records})
+    assert len(params[0] | params[1] | params[2]) == 3 * len(params[0])  # three samplers, three sets of images
+    timings = [json.loads((job / "timings.json").read_text()) for job in jobs]
+    assert [t["process_model_loads"] for t in timings] == [1, 1, 1]  # one load; each sampler its own program
+    assert [t["process_compiles"] for t in timings] == [1, 2, 3]
+
+    # An ancestral run is repeatable bit for bit in another process; v-prediction and bf16 run too.
+    again = run_cli("+experiment=smoke", "sampler=Euler a", "tracking=none", f"hydra.run.dir={tmp_path / 'again'}",
+                    cwd=tmp_path)
+    assert again.returncode == 0, again.stderr
+    assert {r["pixels_sha256"] for r in _job_images(tmp_path / "again")[0]} == params[0]
+    v = run_cli("+experiment=smoke", "sampler=DPM++ 2M SDE Karras", "model.prediction_type=v_prediction", "dtype=bf16",
+                "tracking=none", f"hydra.run.dir={tmp_path / 'v'}", cwd=tmp_path)
+    assert v.returncode == 0, v.stderr
+    records, _ = _job_images(tmp_path / "v")
+    assert all(r["non_finite"] is False for r in records) and len({r["pixels_sha256"] for r in records}) == len(records)
