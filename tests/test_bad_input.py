@@ -8,7 +8,8 @@ from helpers.cli import assert_one_line_error, run_cli
 from helpers.mlflow_store import mlflow_statuses
 
 CASES = {
-    "unknown option": (["scheduler=nope"], "error: scheduler=nope: no such option (allowed: ddim, ddpm, dpm_solver_pp, euler, lms, pndm)"),
+    "unknown option": (["scheduler=nope"], "error: scheduler=nope: no such option (allowed: ddim, ddpm, dpm_solver_pp, "
+                                           "euler, exponential, karras, lms, normal, pndm, sgm_uniform, simple)"),
     "unknown experiment": (["+experiment=nope"], "error: experiment=nope: no such option (allowed: guide_different_prompts, guide_same_prompt, smoke)"),
     "misspelled key": (["sampling.num_inference_step=3"],
                        "error: sampling.num_inference_step: unknown key (allowed: num_inference_steps, guidance_scale, height, width)"),
@@ -22,7 +23,7 @@ CASES = {
                                  "to 4096, got 65 (allowed: 8, 16, ..., 512, ..., 4096 or null)"),
     "zero width": (["sampling.width=0"], "error: sampling.width: must be a positive multiple of 8 up to 4096, got 0"),
     "group given a number": (["scheduler=0"], "error: scheduler=0: no such option (allowed: ddim, ddpm, "
-                             "dpm_solver_pp, euler, lms, pndm)"),
+                             "dpm_solver_pp, euler, exponential, karras, lms, normal, pndm, sgm_uniform, simple)"),
     "unknown XLA flag": (['performance.xla_flags=["--nonsense_flag=1"]'],
                          "error: performance.xla_flags: XLA rejects them: Unknown flag in XLA_FLAGS: --nonsense_flag=1"),
     "autotune level": (["performance.gpu_autotune_level=9"],

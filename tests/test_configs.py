@@ -23,7 +23,9 @@ def test_the_config_tree_is_what_the_tests_cover():
     models = {option for group, option in GROUP_OPTIONS if group == "model"}
     assert models == {"local", "tiny-random", "tiny-random-xl", "sd-v1-arch", "sdxl-arch", "sd-v1-4", "sd-v1-5",
                       "sd-2-1-base", "sd-2-1", "sdxl-base-1.0", "single_file"}
-    assert {o for g, o in GROUP_OPTIONS if g == "scheduler"} == {"pndm", "ddim", "lms", "dpm_solver_pp", "euler", "ddpm"}
+    schedulers = {o for g, o in GROUP_OPTIONS if g == "scheduler"}
+    assert schedulers == {"pndm", "ddim", "lms", "dpm_solver_pp", "euler", "ddpm",  # diffusers'
+                          "normal", "karras", "exponential", "sgm_uniform", "simple"}  # the k samplers' sigma schedules
 
 
 @pytest.mark.parametrize("model,resolution,prediction", [
@@ -82,7 +84,8 @@ def test_smoke_is_small():
     ("sampling.num_inference_step=3", "sampling.num_inference_step: unknown key (allowed: num_inference_steps,"),
     ("seed=abc", "seed: Value 'abc'"),
     ("dtype.weights_dtype=int8", "expected one of [float32, bfloat16, float16]"),
-    ("scheduler=nope", "scheduler=nope: no such option (allowed: ddim, ddpm, dpm_solver_pp, euler, lms, pndm)"),
+    ("scheduler=nope", "scheduler=nope: no such option (allowed: ddim, ddpm, dpm_solver_pp, euler, exponential, karras, "
+                       "lms, normal, pndm, sgm_uniform, simple)"),
     ("model.prediction_type=x0", "model.prediction_type: Invalid value 'x0', expected one of [epsilon, v_prediction, sample]"),
 ])
 def test_schema_rejects_bad_values_at_compose_time(override, message):

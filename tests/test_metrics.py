@@ -153,3 +153,16 @@ def test_images_that_overflowed_are_named_not_passed_off_as_black_pictures(tmp_p
 
     assert [r["non_finite"] for r in records_from_pngs(run_dir)[0]] == [True] * 8
     assert np.asarray(Image.open(run_dir / "grid.png")).max() == 0  # what the PNGs hold: black
+
+
+def test_the_report_draws_one_line_per_sampler_against_the_steps():
+    from sdjax_runner.metrics.report import series_of
+
+    rows = [{"sampler": s, "sampling.num_inference_steps": n} for s in ("Euler a", "DPM++ 2M Karras") for n in (30, 10, 20)]
+    values = [20.0, 12.0, 16.0, 35.0, 25.0, 31.0]
+    keys = ["sampler", "sampling.num_inference_steps"]
+    by_steps = series_of(rows, values, "sampling.num_inference_steps", keys)
+    assert by_steps == {"sampler=Euler a": [("30", 20.0), ("10", 12.0), ("20", 16.0)],
+                        "sampler=DPM++ 2M Karras": [("30", 35.0), ("10", 25.0), ("20", 31.0)]}
+    assert set(series_of(rows, values, "sampler", keys)) == {f"sampling.num_inference_steps={n}" for n in (30, 10, 20)}
+    assert series_of(rows[:1], [None], "sampler", keys) == {}  # a job without the metric draws nothing

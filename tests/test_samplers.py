@@ -27,7 +27,8 @@ V = 0.25
 RNG = np.random.default_rng(0)
 MU = RNG.standard_normal(SHAPE) * 0.5
 TRAINING = schedules.training_sigmas({})  # Stable Diffusion's: scaled_linear 0.00085..0.012, 1000 steps
-DETERMINISTIC = {"euler": 1, "heun": 2, "dpm_2": 2, "dpmpp_2m": 2, "lms": 2}
+# Orders toward the exact solution at sigma_min; UniPC's last move is first order (ComfyUI's), so 2 overall.
+DETERMINISTIC = {"euler": 1, "heun": 2, "dpm_2": 2, "dpmpp_2m": 2, "lms": 2, "uni_pc": 2, "uni_pc_bh2": 2}
 
 
 def denoiser(mu, v):
@@ -123,6 +124,8 @@ def test_sampler_noise_is_its_own_per_image_and_step():
     (("DPM++ 3M SDE Exponential", "pndm"), "dpmpp_3m_sde", "exponential"),
     (("euler_ancestral", "sgm_uniform"), "euler_ancestral", "sgm_uniform"),
     (("LCM", "simple"), "lcm", "simple"),
+    (("UniPC", "pndm"), "uni_pc", "normal"),
+    (("uni_pc_bh2", "karras"), "uni_pc_bh2", "karras"),
     (("DDIM", "pndm"), "scheduler", None),
     (("PLMS", "pndm"), "scheduler", None),
     ((None, "euler"), "scheduler", None),
@@ -141,7 +144,8 @@ def test_a1111_reads_the_sampler_back():
 def test_bad_sampler_names_are_one_line(tmp_path):
     for args, expected in [
         (["sampler=DPM++ 9M"], "error: sampler: unknown sampler 'DPM++ 9M' (allowed: Euler, Euler a, Heun,"),
-        (["sampler=UniPC"], "error: sampler: UniPC: UniPC is not available yet (allowed: Euler"),
+        (["sampler=UniPC", "sampling.num_inference_steps=1"], "error: sampling.num_inference_steps: 1: UniPC takes "
+                                                              "at least 2 steps"),
         (["scheduler=karras"], "error: scheduler: karras is a sigma schedule of the k-diffusion samplers"),
         (["sampler=DPM++ 2M Karras", "scheduler=exponential"], "error: scheduler: exponential, but sampler=DPM++ 2M "
                                                               "Karras names the karras schedule"),
@@ -164,21 +168,22 @@ def _job_images(job_dir):
 
 def test_samplers_through_the_unet_as_users_name_them(tmp_path, tiny_model_dir):
     sweep = tmp_path / "sweep"
-    result = run_cli("-m", "+experiment=smoke", "sampler=Euler a,DPM++ 2M Karras,dpmpp_2m", "tracking=none",
+    result = run_cli("-m", "+experiment=smoke", "sampler=Euler a,DPM++ 2M Karras,dpmpp_2m,uni_pc", "tracking=none",
                      f"hydra.sweep.dir={sweep}", cwd=tmp_path, timeout=600)
     assert result.returncode == 0, result.stderr
-    jobs = [sweep / str(n) for n in range(3)]
+    jobs = [sweep / str(n) for n in range(4)]
     params = []
-    for job, (sampler, schedule) in zip(jobs, [("Euler a", "Normal"), ("DPM++ 2M", "Karras"), ("DPM++ 2M", "Normal")]):
+    for job, (sampler, schedule) in zip(jobs, [("Euler a", "Normal"), ("DPM++ 2M", "Karras"), ("DPM++ 2M", "Normal"),
+                                               ("UniPC", "Normal")]):
         records, texts = _job_images(job)
         assert all(r["sampler"] == sampler and r["schedule_type"] == schedule for r in records)
         assert all(f"Sampler: {sampler}, Schedule type: {schedule}, CFG scale: 7.5" in t["parameters"] for t in texts)
         assert all(r["non_finite"] is False for r in records)
         params.append({r["pixels_sha256"] for r in records})
-    assert len(params[0] | params[1] | params[2]) == 3 * len(params[0])  # three samplers, three sets of images
+    assert len(set().union(*params)) == 4 * len(params[0])  # four samplers, four sets of images
     timings = [json.loads((job / "timings.json").read_text()) for job in jobs]
-    assert [t["process_model_loads"] for t in timings] == [1, 1, 1]  # one load; each sampler its own program
-    assert [t["process_compiles"] for t in timings] == [1, 2, 3]
+    assert [t["process_model_loads"] for t in timings] == [1, 1, 1, 1]  # one load; each sampler its own program
+    assert [t["process_compiles"] for t in timings] == [1, 2, 3, 4]
 
     # An ancestral run is repeatable bit for bit in another process; v-prediction and bf16 run too.
     again = run_cli("+experiment=smoke", "sampler=Euler a", "tracking=none", f"hydra.run.dir={tmp_path / 'again'}",

@@ -17,19 +17,19 @@ from sdjax_runner.errors import UserError
 
 # k-diffusion's sampler names (ComfyUI's too); engine/samplers checks its registry against this list.
 K_SAMPLERS = ("euler", "euler_ancestral", "heun", "dpm_2", "dpm_2_ancestral", "lms", "dpmpp_2s_ancestral",
-              "dpmpp_sde", "dpmpp_2m", "dpmpp_2m_sde", "dpmpp_3m_sde", "lcm")
+              "dpmpp_sde", "dpmpp_2m", "dpmpp_2m_sde", "dpmpp_3m_sde", "lcm", "uni_pc", "uni_pc_bh2")
 SCHEDULES = ("normal", "karras", "exponential", "sgm_uniform", "simple")  # engine/samplers/sigmas.py
 # A1111's names (its sampler list, with its schedule in a separate field since 1.9; older versions wrote it
 # into the name: "DPM++ 2M Karras"). DDIM and PLMS are diffusers' DDIM and PNDM schedulers here.
 A1111 = {"Euler": "euler", "Euler a": "euler_ancestral", "Heun": "heun", "DPM2": "dpm_2", "DPM2 a": "dpm_2_ancestral",
          "LMS": "lms", "DPM++ 2S a": "dpmpp_2s_ancestral", "DPM++ SDE": "dpmpp_sde", "DPM++ 2M": "dpmpp_2m",
-         "DPM++ 2M SDE": "dpmpp_2m_sde", "DPM++ 3M SDE": "dpmpp_3m_sde", "LCM": "lcm", "DDIM": "ddim",
-         "PLMS": "pndm"}
+         "DPM++ 2M SDE": "dpmpp_2m_sde", "DPM++ 3M SDE": "dpmpp_3m_sde", "LCM": "lcm", "UniPC": "uni_pc",
+         "DDIM": "ddim", "PLMS": "pndm"}
 # The schedules' names in A1111's "Schedule type" (its sd_schedulers.py).
 A1111_SCHEDULES = {"normal": "Normal", "karras": "Karras", "exponential": "Exponential", "sgm_uniform": "SGM Uniform",
                    "simple": "Simple"}
 DIFFUSERS = {"ddim": "ddim", "pndm": "pndm", "plms": "pndm"}  # names that run a diffusers scheduler
-NOT_YET = {"unipc": "UniPC", "uni_pc": "UniPC", "uni_pc_bh2": "UniPC"}
+MIN_STEPS = {"uni_pc": 2, "uni_pc_bh2": 2}  # UniPC's predictor needs a step to warm up on
 
 
 @dataclass(frozen=True)
@@ -65,14 +65,13 @@ def _lookup(name: str) -> tuple[str, Optional[str]]:
     by_a1111 = {a.lower(): k for a, k in A1111.items()}
     found = by_a1111.get(text) or (text if text in K_SAMPLERS else None) or DIFFUSERS.get(text)
     if found is None:
-        if text in NOT_YET:
-            raise UserError("sampler", f"{name}: {NOT_YET[text]} is not available yet", allowed())
         raise UserError("sampler", f"unknown sampler {name!r}", allowed())
     return found, carried
 
 
-def resolve(sampler: Optional[str], scheduler: str) -> Sampling:
-    """``sampler`` and ``scheduler.name`` as given -> what runs; a UserError for names that do not fit."""
+def resolve(sampler: Optional[str], scheduler: str, steps: Optional[int] = None) -> Sampling:
+    """``sampler``, ``scheduler.name`` and the step count as given -> what runs; a UserError for names that
+    do not fit."""
     if sampler is None:
         if scheduler in SCHEDULES:
             raise UserError("scheduler", f"{scheduler} is a sigma schedule of the k-diffusion samplers: pick one "
@@ -88,5 +87,8 @@ def resolve(sampler: Optional[str], scheduler: str) -> Sampling:
     if carried and scheduler in SCHEDULES and scheduler != carried:
         raise UserError("scheduler", f"{scheduler}, but sampler={sampler} names the {carried} schedule",
                         f"{carried}, or a sampler name without a schedule")
-    # A diffusers scheduler name (the experiment's default) says nothing about sigmas: A1111's Automatic.
+    if steps is not None and steps < MIN_STEPS.get(found, 1):
+        raise UserError("sampling.num_inference_steps", f"{steps}: {sampler} takes at least {MIN_STEPS[found]} steps",
+                        f"{MIN_STEPS[found]}, {MIN_STEPS[found] + 1}, ...")
+    # A diffusers scheduler name (the experiment's default) says nothing about sigmas: normal.
     return Sampling(found, scheduler, carried or (scheduler if scheduler in SCHEDULES else "normal"))

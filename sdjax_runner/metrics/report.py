@@ -3,8 +3,9 @@ swept value, one matplotlib figure saved beside the contact sheet.
 
 Rows are the quality metrics the sweep has (CLIP score, PSNR and SSIM to the reference); the first
 column plots seconds per image against the metric, one point per job, numbered (the key under the
-figure gives each job's swept values); the other columns
-plot the metric against each swept key's values. PSNR of a job identical to the reference is
+figure gives each job's swept values); the other columns plot the metric against each swept key's
+values, one line per combination of the other swept keys (a sampler x steps sweep: each sampler's
+quality against its step count). PSNR of a job identical to the reference is
 ``inf``: it is drawn at the top of its axis and marked so.
 """
 
@@ -35,6 +36,19 @@ def _values(rows: list[dict], metric: str) -> tuple[list[Optional[float]], Optio
     return [cap if v is not None and math.isinf(v) else v for v in values], cap
 
 
+def series_of(rows: list[dict], values: list[Optional[float]], key: str, keys: list[str]
+              ) -> dict[str, list[tuple[str, float]]]:
+    """The points (``key``'s value, metric) of each combination of the other swept keys, named
+    ``other=value ...``: one line each in the metric-vs-``key`` plot (sampler=... against steps=...:
+    which sampler reaches a quality in the fewest steps)."""
+    others = [k for k in keys if k != key]
+    series: dict[str, list[tuple[str, float]]] = {}
+    for r, y in zip(rows, values):
+        if y is not None:
+            series.setdefault(" ".join(f"{k}={r.get(k, '')}" for k in others), []).append((str(r.get(key, "")), y))
+    return series
+
+
 def write_report(path: Path, rows: list[dict], keys: list[str], reference_point: Optional[dict] = None) -> Optional[Path]:
     """report.png for a sweep's summary rows; None when no job has a quality metric."""
     metrics = [m for m in QUALITY if any(_number(r.get(m)) is not None for r in rows)]
@@ -61,11 +75,16 @@ def write_report(path: Path, rows: list[dict], keys: list[str], reference_point:
         pareto.set_ylabel(QUALITY[metric])
         for column, key in enumerate(keys, start=1):
             ax = axes[row][column]
-            points = [(str(r.get(key, "")), y) for r, y in zip(rows, values) if y is not None]
-            labels = list(dict.fromkeys(x for x, _ in points))
+            series = series_of(rows, values, key, keys)
+            labels = list(dict.fromkeys(x for points in series.values() for x, _ in points))
             numeric = all(_number(x) is not None for x in labels)
-            xs = [_number(x) if numeric else labels.index(x) for x, _ in points]
-            ax.plot(xs, [y for _, y in points], "o")
+            for name, points in series.items():
+                xs = [_number(x) if numeric else labels.index(x) for x, _ in points]
+                order = sorted(range(len(xs)), key=xs.__getitem__)
+                ax.plot([xs[i] for i in order], [points[i][1] for i in order], "o-" if len(series) > 1 else "o",
+                        label=name or None)
+            if 1 < len(series) <= 12:
+                ax.legend(fontsize=6)
             if not numeric:
                 ax.set_xticks(range(len(labels)), labels, rotation=30, fontsize=7)
             ax.set_xlabel(key)

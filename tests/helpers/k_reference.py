@@ -11,6 +11,9 @@ compare the two. Sources (step order, formulas and defaults kept as published):
   get_sigmas).
 * comfyanonymous/ComfyUI ``comfy/samplers.py`` (``simple_scheduler``, ``normal_scheduler(sgm=True)``) and
   ``comfy/k_diffusion/sampling.py`` (``sample_lcm``, with the EPS ``noise_scaling``: x0 + sigma * noise).
+* comfyanonymous/ComfyUI ``comfy/extra_samplers/uni_pc.py`` (``sample_unipc`` / ``sample_unipc_bh2``, the
+  ``SigmaConvert`` version, commit 9bffd67f): ``UniPC.sample`` (method='multistep', lower_order_final=True)
+  and ``multistep_uni_pc_bh_update`` (predict_x0=True), written in sigma space (see ``unipc``).
 
 Conventions: ``denoiser(x, sigma) -> x0`` with sigma a Python float; ``x`` is already ``noise * sigmas[0]``;
 ``sigmas`` decrease and end with 0; ``noise(i, j)`` is the j-th standard normal draw of step i, called
@@ -43,6 +46,8 @@ DRAWS = {
     "dpmpp_2m_sde": "1 (j=0) if sigmas[i+1] > 0, after the (multistep-corrected) update",
     "dpmpp_3m_sde": "1 (j=0) if sigmas[i+1] > 0, after the (multistep-corrected) update",
     "lcm": "1 (j=0) if sigmas[i+1] > 0: x = denoised + sigmas[i+1] * noise",
+    "uni_pc": "none",
+    "uni_pc_bh2": "none",
 }
 
 
@@ -307,11 +312,153 @@ def _lcm(model, x, s, noise):
     return x
 
 
+# ---- UniPC (ComfyUI comfy/extra_samplers/uni_pc.py) ---------------------------------------------
+#
+# ComfyUI runs UniPC on a VP schedule built from the k-diffusion sigmas themselves (``SigmaConvert``:
+# alpha_t = 1 / sqrt(1 + sigma^2), sigma_t = sigma / sqrt(1 + sigma^2), lambda_t = -log(sigma)), with the model
+# wrapped as an eps-predictor whose data prediction is exactly ``denoiser(x_k, sigma)`` at x_k = x_vp / alpha_t
+# (``predict_eps_sigma`` hands the model x_vp * sqrt(1 + sigma^2) and the sigma itself). With predict_x0=True
+# every update is invariant under x_k = x_vp / alpha_t, so it is written here with alpha = 1,
+# sigma = the k-diffusion sigma and lambda = -log(sigma); ComfyUI's final ``x /= marginal_alpha(timesteps[-1])``
+# is that same change of variables back, so the result is x_k at timesteps[-1].
+
+UNIPC_FINAL_SIGMA = 0.001  # what sample_unipc puts in place of a final sigma of 0 (``timesteps[-1] = 0.001``)
+
+
+def _unipc_bh_update(model, x, model_prev_list, t_prev_list, t, order, variant, use_corrector):
+    """ComfyUI ``UniPC.multistep_uni_pc_bh_update`` (predict_x0=True, x_t=None), in sigma space.
+
+    ``t_prev_list`` / ``t`` are sigmas; returns (x at sigma t, the model's value at the *predicted* x at t,
+    or None without the corrector)."""
+    lambda_prev_0 = -math.log(t_prev_list[-1])
+    lambda_t = -math.log(t)
+    model_prev_0 = model_prev_list[-1]
+    h = lambda_t - lambda_prev_0
+
+    rks, D1s = [], []
+    for i in range(1, order):
+        lambda_prev_i = -math.log(t_prev_list[-(i + 1)])
+        rk = (lambda_prev_i - lambda_prev_0) / h
+        rks.append(rk)
+        D1s.append((model_prev_list[-(i + 1)] - model_prev_0) / rk)
+    rks.append(1.0)
+    rks = np.asarray(rks, dtype=np.float64)
+
+    hh = -h  # predict_x0
+    h_phi_1 = math.expm1(hh)  # h phi_1(h) = e^h - 1
+    h_phi_k = h_phi_1 / hh - 1
+    factorial_i = 1
+    if variant == "bh1":
+        B_h = hh
+    elif variant == "bh2":
+        B_h = math.expm1(hh)
+    else:
+        raise NotImplementedError(variant)
+    R, b = [], []
+    for i in range(1, order + 1):
+        R.append(rks ** (i - 1))
+        b.append(h_phi_k * factorial_i / B_h)
+        factorial_i *= i + 1
+        h_phi_k = h_phi_k / hh - 1 / factorial_i
+    R = np.stack(R)
+    b = np.asarray(b, dtype=np.float64)
+
+    # predictor (UniP): "for order 2, we use a simplified version"
+    if D1s:
+        rhos_p = np.array([0.5]) if order == 2 else np.linalg.solve(R[:-1, :-1], b[:-1])
+    # corrector (UniC): "for order 1, we use a simplified version"
+    if use_corrector:
+        rhos_c = np.array([0.5]) if order == 1 else np.linalg.solve(R, b)
+
+    x_t_ = (t / t_prev_list[-1]) * x - h_phi_1 * model_prev_0
+    pred_res = sum(r * d for r, d in zip(rhos_p, D1s)) if D1s else 0.0
+    x_t = x_t_ - B_h * pred_res
+
+    model_t = None
+    if use_corrector:
+        model_t = model(x_t, t)
+        corr_res = sum(r * d for r, d in zip(rhos_c[:-1], D1s)) if D1s else 0.0
+        D1_t = model_t - model_prev_0
+        x_t = x_t_ - B_h * (corr_res + rhos_c[-1] * D1_t)
+    return x_t, model_t
+
+
+def _unipc(model, x, s, noise, variant="bh1", order=3):
+    """ComfyUI ``sample_unipc(variant)`` -> ``UniPC.sample(method='multistep', lower_order_final=True)``, in
+    sigma space. ``noise`` is unused (no draws)."""
+    timesteps = list(s)
+    if len(timesteps) < 2:
+        return x
+    if timesteps[-1] == 0:
+        timesteps[-1] = UNIPC_FINAL_SIGMA
+    steps = len(timesteps) - 1
+    order = min(order, len(timesteps) - 2)  # sample_unipc: order = min(3, len(timesteps) - 2)
+
+    model_prev_list, t_prev_list = [], []
+    for step_index in range(steps):
+        if step_index == 0:
+            model_prev_list = [model(x, timesteps[0])]
+            t_prev_list = [timesteps[0]]
+        elif step_index < order:
+            # warm-up: lower-order multistep UniPC, corrector on
+            init_order = step_index
+            x, model_x = _unipc_bh_update(model, x, model_prev_list, t_prev_list, timesteps[init_order],
+                                          init_order, variant, use_corrector=True)
+            model_prev_list.append(model_x)
+            t_prev_list.append(timesteps[init_order])
+        else:
+            extra_final_step = 1 if step_index == steps - 1 else 0
+            for step in range(step_index, step_index + 1 + extra_final_step):
+                step_order = min(order, steps + 1 - step)  # lower_order_final
+                use_corrector = step != steps  # no corrector on the last step
+                x, model_x = _unipc_bh_update(model, x, model_prev_list, t_prev_list, timesteps[step],
+                                              step_order, variant, use_corrector)
+                for i in range(order - 1):
+                    t_prev_list[i] = t_prev_list[i + 1]
+                    model_prev_list[i] = model_prev_list[i + 1]
+                t_prev_list[-1] = timesteps[step]
+                if step < steps:
+                    model_prev_list[-1] = model_x
+    if steps == 1:
+        # order = 0: ComfyUI's loop only evaluates the model at timesteps[0] and never moves x_vp; the final
+        # division by alpha(timesteps[-1]) then rescales x_k = x_vp / alpha(timesteps[0]) by
+        # alpha(timesteps[0]) / alpha(timesteps[-1]).
+        x = x * math.sqrt(1 + timesteps[-1] ** 2) / math.sqrt(1 + timesteps[0] ** 2)
+    return x
+
+
+def unipc(denoiser, x, sigmas, variant="bh1", order=3) -> np.ndarray:
+    """ComfyUI's UniPC: "uni_pc" is variant="bh1", "uni_pc_bh2" variant="bh2"; order=3 (capped, as
+    sample_unipc does, at len(sigmas) - 2).
+
+    Steps (n = len(sigmas) - 1; t = sigmas with a final 0 replaced by 0.001): one model evaluation at t[0];
+    then moves 1 .. n-1 to t[1] .. t[n-1], each a UniP predictor of order min(k, order, n + 1 - k) (orders
+    1, 2, ..., order during warm-up, min(order, 2) for the move to t[n-1]) followed by the model at the
+    predicted point and the UniC corrector (that model value, not one at the corrected point, is what the
+    next steps use); then the last move to t[n]: a first-order predictor (DPM-Solver++(1)/DDIM) with no
+    corrector and no model evaluation. n model evaluations in all. With a final sigma of 0 the result is the
+    sample at sigma 0.001 (no denoise-to-zero step; ComfyUI's denoise_to_zero is off and commented out).
+
+    Not modelled: ComfyUI computes in float32 (its lambda at sigma 0.001, via log(1 - 1/(1 + sigma^2)), comes
+    out as that of sigma ~0.000977 in float32), and the KSampler node's DISCARD_PENULTIMATE_SIGMA_SAMPLERS (for "uni_pc" it builds
+    steps + 1 sigmas and drops the next-to-last) is a schedule matter, outside this function.
+    """
+    sigmas = [float(v) for v in np.asarray(sigmas, dtype=np.float64)]
+
+    def model(x, sigma):
+        return np.asarray(denoiser(x, float(sigma)), dtype=np.float64)
+
+    out = _unipc(model, np.asarray(x, dtype=np.float64), sigmas, None, variant=variant, order=order)
+    return np.asarray(out, dtype=np.float64)
+
+
 SAMPLERS = {
     "euler": _euler, "euler_ancestral": _euler_ancestral, "heun": _heun, "dpm_2": _dpm_2,
     "dpm_2_ancestral": _dpm_2_ancestral, "lms": _lms, "dpmpp_2s_ancestral": _dpmpp_2s_ancestral,
     "dpmpp_sde": _dpmpp_sde, "dpmpp_2m": _dpmpp_2m, "dpmpp_2m_sde": _dpmpp_2m_sde,
     "dpmpp_3m_sde": _dpmpp_3m_sde, "lcm": _lcm,
+    "uni_pc": lambda model, x, s, noise: _unipc(model, x, s, noise, variant="bh1"),
+    "uni_pc_bh2": lambda model, x, s, noise: _unipc(model, x, s, noise, variant="bh2"),
 }
 
 

@@ -15,7 +15,7 @@ from typing import Any, Callable
 import numpy as np
 
 from sdjax_runner.engine.encode import Conditioning
-from sdjax_runner.engine.samplers.k_samplers import K_SAMPLERS, key_noise
+from sdjax_runner.engine.samplers.k_samplers import DISCARD_PENULTIMATE, K_SAMPLERS, key_noise
 from sdjax_runner.engine.samplers.sigmas import schedule, training_sigmas
 
 NOISE_STREAM = 1  # the sampler's noise key: the device key folded with this (the initial latents use the key itself)
@@ -54,7 +54,11 @@ def sampler(name: str) -> Callable:
 
         config = pipeline.scheduler.config
         training = training_sigmas(config)
-        sigmas = schedule(spec.sigmas, spec.steps, training)  # host values: constants of the program
+        if name in DISCARD_PENULTIMATE:  # as ComfyUI's KSampler: one sigma more, the next-to-last dropped
+            sigmas = schedule(spec.sigmas, spec.steps + 1, training)
+            sigmas = np.append(sigmas[:-2], sigmas[-1])
+        else:
+            sigmas = schedule(spec.sigmas, spec.steps, training)  # host values: constants of the program
         prediction = spec.prediction_type or config.get("prediction_type", "epsilon")
         model = unet_denoiser(pipeline, params, conditioning, guidance, prediction, training)
         noise = key_noise(jax.random.fold_in(key, NOISE_STREAM), latents.shape, latents.dtype)

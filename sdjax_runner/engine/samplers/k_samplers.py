@@ -19,6 +19,8 @@ from typing import Any, Callable
 
 import numpy as np
 
+from sdjax_runner.engine.samplers import unipc
+
 Denoiser = Callable[[Any, Any], Any]  # (x, sigma) -> x0
 Noise = Callable[[Any, int], Any]  # (step index, draw) -> standard normal, shaped like x
 
@@ -258,11 +260,14 @@ def lcm(model: Denoiser, x, sigmas, noise: Noise):
                   model(x, sigma) + _noise_if(sigma_next > 0, noise(i, 0), sigma_next))
 
 
-# k-diffusion's names; config/samplers.py maps A1111's and ComfyUI's spellings onto them.
+# k-diffusion's and ComfyUI's names; config/samplers.py maps A1111's spellings onto them.
 K_SAMPLERS = {"euler": euler, "euler_ancestral": euler_ancestral, "heun": heun, "dpm_2": dpm_2,
               "dpm_2_ancestral": dpm_2_ancestral, "lms": lms, "dpmpp_2s_ancestral": dpmpp_2s_ancestral,
               "dpmpp_sde": dpmpp_sde, "dpmpp_2m": dpmpp_2m, "dpmpp_2m_sde": dpmpp_2m_sde,
-              "dpmpp_3m_sde": dpmpp_3m_sde, "lcm": lcm}
+              "dpmpp_3m_sde": dpmpp_3m_sde, "lcm": lcm, "uni_pc": unipc.sampler(3, "bh1"),
+              "uni_pc_bh2": unipc.sampler(3, "bh2")}
+# ComfyUI's KSampler makes one more sigma for these and drops the next-to-last (DISCARD_PENULTIMATE_SIGMA_SAMPLERS).
+DISCARD_PENULTIMATE = ("uni_pc", "uni_pc_bh2")
 
 
 def key_noise(key, shape, dtype) -> Noise:
