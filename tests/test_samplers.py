@@ -40,7 +40,7 @@ def exact(x_start, sigma_max, sigma):
     return MU + (x_start - MU) * math.sqrt(V + sigma**2) / math.sqrt(V + sigma_max**2)
 
 
-def run_jax(name, x, sigmas, noises=None, x64=True):
+def run_jax(name, x, sigmas, noises=None, x64=True, **options):
     import jax
     import jax.numpy as jnp
 
@@ -49,7 +49,7 @@ def run_jax(name, x, sigmas, noises=None, x64=True):
         draws = jnp.asarray(noises if noises is not None else np.zeros((len(sigmas), 2) + x.shape), dtype)
         # The sigmas are constants of the program, as in the runner's (LMS integrates on them on the host).
         program = jax.jit(lambda x: K_SAMPLERS[name](denoiser(jnp.asarray(MU, dtype), V), x, sigmas,
-                                                     lambda i, j: draws[i, j]))
+                                                     lambda i, j: draws[i, j], **options))
         return np.asarray(program(jnp.asarray(x, dtype)))
 
 
@@ -62,6 +62,41 @@ def test_each_sampler_is_k_diffusions_algorithm(name):
     np.testing.assert_allclose(run_jax(name, x, sigmas, noises), expected, rtol=1e-10, atol=1e-10)
     # In float32, as the program runs it: the same to float32's precision.
     np.testing.assert_allclose(run_jax(name, x, sigmas, noises, x64=False), expected, rtol=2e-4, atol=2e-4)
+
+
+@pytest.mark.parametrize("name", sorted(set(names.ETA) - {"ddim"}))
+def test_eta_is_k_diffusions_eta(name):
+    sigmas = k_reference.schedule("karras", 8, TRAINING)
+    noises = RNG.standard_normal((8, 2) + SHAPE)
+    x = RNG.standard_normal(SHAPE) * sigmas[0]
+    for eta in (0.0, 0.5):
+        expected = k_reference.sample(name, denoiser(MU, V), x, sigmas, lambda i, j: noises[i, j], eta=eta)
+        np.testing.assert_allclose(run_jax(name, x, sigmas, noises, eta=eta), expected, rtol=1e-10, atol=1e-10)
+    if name == "euler_ancestral":  # no noise: Euler itself
+        np.testing.assert_allclose(run_jax(name, x, sigmas, noises, eta=0.0), run_jax("euler", x, sigmas), rtol=1e-12)
+
+
+def test_ddim_with_eta_adds_the_noise_diffusers_flax_leaves_out():
+    import jax.numpy as jnp
+    from diffusers import FlaxDDIMScheduler
+
+    from sdjax_runner.engine.samplers.schedulers import ddim_step
+
+    scheduler = FlaxDDIMScheduler(beta_start=0.00085, beta_end=0.012, beta_schedule="scaled_linear",
+                                  set_alpha_to_one=False, steps_offset=1, clip_sample=False)
+    state = scheduler.set_timesteps(scheduler.create_state(), num_inference_steps=10, shape=SHAPE)
+    eps, x, z = (RNG.standard_normal(SHAPE).astype(np.float32) for _ in range(3))
+    for index in (2, 9):  # a middle step, and the last (to the final alpha)
+        t = int(state.timesteps[index])
+        got, _ = ddim_step(scheduler, state, jnp.asarray(eps), jnp.asarray(t), jnp.asarray(x), 0.7, jnp.asarray(z))
+        # DDIM (Song et al.) eq. 12 and 16, as diffusers' PyTorch DDIMScheduler.step computes it
+        alphas = np.cumprod(1 - np.linspace(0.00085**0.5, 0.012**0.5, 1000) ** 2)
+        prev = t - 100
+        a_t, a_prev = alphas[t], alphas[prev] if prev >= 0 else alphas[0]
+        x0 = (x - np.sqrt(1 - a_t) * eps) / np.sqrt(a_t)
+        std = 0.7 * np.sqrt((1 - a_prev) / (1 - a_t) * (1 - a_t / a_prev))
+        expected = np.sqrt(a_prev) * x0 + np.sqrt(1 - a_prev - std**2) * eps + std * z
+        np.testing.assert_allclose(np.asarray(got), expected, rtol=2e-5, atol=2e-5)
 
 
 @pytest.mark.parametrize("name", schedules.SCHEDULES)
@@ -150,6 +185,9 @@ def test_bad_sampler_names_are_one_line(tmp_path):
         (["sampler=DPM++ 2M Karras", "scheduler=exponential"], "error: scheduler: exponential, but sampler=DPM++ 2M "
                                                               "Karras names the karras schedule"),
         (["sampler=DDIM", "scheduler=karras"], "error: sampler: DDIM steps on its own timesteps"),
+        (["sampler=Euler", "sampling.eta=0.5"], "error: sampling.eta: Euler adds no noise: eta would change nothing "
+                                                "(allowed: null, or one of the samplers that take it: Euler a, DPM2 a,"),
+        (["sampler=Euler a", "sampling.eta=2"], "error: sampling.eta: must be between 0 and 1, got 2.0"),
     ]:
         assert_one_line_error(run_cli("+experiment=smoke", *args, cwd=tmp_path), expected)
     assert not (tmp_path / "outputs" / "runs").exists() or not any((tmp_path / "outputs" / "runs").rglob("*.png"))
@@ -185,13 +223,21 @@ def test_samplers_through_the_unet_as_users_name_them(tmp_path, tiny_model_dir):
     assert [t["process_model_loads"] for t in timings] == [1, 1, 1, 1]  # one load; each sampler its own program
     assert [t["process_compiles"] for t in timings] == [1, 2, 3, 4]
 
-    # An ancestral run is repeatable bit for bit in another process; v-prediction and bf16 run too.
+    # An ancestral run is repeatable bit for bit in another process.
     again = run_cli("+experiment=smoke", "sampler=Euler a", "tracking=none", f"hydra.run.dir={tmp_path / 'again'}",
                     cwd=tmp_path)
     assert again.returncode == 0, again.stderr
     assert {r["pixels_sha256"] for r in _job_images(tmp_path / "again")[0]} == params[0]
-    v = run_cli("+experiment=smoke", "sampler=DPM++ 2M SDE Karras", "model.prediction_type=v_prediction", "dtype=bf16",
-                "tracking=none", f"hydra.run.dir={tmp_path / 'v'}", cwd=tmp_path)
+    # DDIM with eta: diffusers' Flax DDIM computes sigma_t but adds no noise; here eta 1 is another picture.
+    ddim = run_cli("-m", "+experiment=smoke", "sampler=DDIM", "sampling.eta=0,1", "tracking=none",
+                   f"hydra.sweep.dir={tmp_path / 'ddim'}", cwd=tmp_path)
+    assert ddim.returncode == 0, ddim.stderr
+    hashes = [{r["pixels_sha256"] for r in _job_images(tmp_path / "ddim" / job)[0]} for job in ("0", "1")]
+    assert not hashes[0] & hashes[1]
+    # v-prediction in bf16 and fp16: finite, every image its own.
+    v = run_cli("-m", "+experiment=smoke", "sampler=DPM++ 2M SDE Karras", "model.prediction_type=v_prediction",
+                "dtype=bf16,fp16", "tracking=none", f"hydra.sweep.dir={tmp_path / 'v'}", cwd=tmp_path)
     assert v.returncode == 0, v.stderr
-    records, _ = _job_images(tmp_path / "v")
-    assert all(r["non_finite"] is False for r in records) and len({r["pixels_sha256"] for r in records}) == len(records)
+    for job in ("0", "1"):
+        records, _ = _job_images(tmp_path / "v" / job)
+        assert all(r["non_finite"] is False for r in records) and len({r["pixels_sha256"] for r in records}) == 8

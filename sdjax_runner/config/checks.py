@@ -268,7 +268,7 @@ def run_values(cfg: Any) -> None:
     if cfg.compilation_cache.min_compile_time_s < 0:
         raise UserError("compilation_cache.min_compile_time_s",
                         f"must be >= 0, got {cfg.compilation_cache.min_compile_time_s}", "0 (cache everything), 1.5, ...")
-    chosen = samplers.resolve(cfg.sampler, cfg.scheduler.name, sampling.num_inference_steps)
+    chosen = samplers.resolve(cfg.sampler, cfg.scheduler.name, sampling.num_inference_steps, sampling.eta)
     if chosen.sampler == "scheduler" and chosen.scheduler == cfg.scheduler.name:
         scheduler_overrides(cfg.scheduler.name, dict(cfg.scheduler.config_overrides))
     metrics(cfg.metrics)

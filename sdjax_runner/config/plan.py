@@ -184,7 +184,8 @@ def make_plan(config: RunConfig, available_devices: int, prompts: Optional[list[
         device, slot = divmod(within, par.per_device_batch_size)
         slots.append(ImageSlot(i, batch, device, slot, prompts[i % len(prompts)], i < kept))
     checks.grid(config.output.grid_rows, config.output.grid_cols, kept)
-    sampling = samplers.resolve(config.sampler, config.scheduler.name, config.sampling.num_inference_steps)
+    sampling = samplers.resolve(config.sampler, config.scheduler.name, config.sampling.num_inference_steps,
+                                config.sampling.eta)
     scheduler = config.scheduler
     if scheduler.name != sampling.scheduler or scheduler.name in samplers.SCHEDULES:
         # DDIM / PLMS named by sampler=; a k sampler's sigma schedule: the model's own training schedule is read

@@ -30,6 +30,9 @@ A1111_SCHEDULES = {"normal": "Normal", "karras": "Karras", "exponential": "Expon
                    "simple": "Simple"}
 DIFFUSERS = {"ddim": "ddim", "pndm": "pndm", "plms": "pndm"}  # names that run a diffusers scheduler
 MIN_STEPS = {"uni_pc": 2, "uni_pc_bh2": 2}  # UniPC's predictor needs a step to warm up on
+# The samplers that take sampling.eta (k-diffusion's eta; DDIM's), and their default.
+ETA = {"euler_ancestral": 1.0, "dpm_2_ancestral": 1.0, "dpmpp_2s_ancestral": 1.0, "dpmpp_sde": 1.0,
+       "dpmpp_2m_sde": 1.0, "dpmpp_3m_sde": 1.0, "ddim": 0.0}
 
 
 @dataclass(frozen=True)
@@ -40,6 +43,7 @@ class Sampling:
     sampler: str
     scheduler: str
     sigmas: Optional[str]
+    eta: Optional[float] = None  # as given (sampling.eta); None: the sampler's default
 
     @property
     def a1111(self) -> tuple[str, Optional[str]]:
@@ -69,21 +73,35 @@ def _lookup(name: str) -> tuple[str, Optional[str]]:
     return found, carried
 
 
-def resolve(sampler: Optional[str], scheduler: str, steps: Optional[int] = None) -> Sampling:
-    """``sampler``, ``scheduler.name`` and the step count as given -> what runs; a UserError for names that
-    do not fit."""
+def _eta(eta: Optional[float], runs: str, named: str) -> Optional[float]:
+    """``sampling.eta`` checked against what runs (a k sampler's name, or a diffusers scheduler's)."""
+    if eta is None:
+        return None
+    if not 0 <= eta <= 1:  # (NaN fails too)
+        raise UserError("sampling.eta", f"must be between 0 and 1, got {eta}", "0 (no noise) .. 1 (full), or null")
+    if runs not in ETA:
+        takers = [a for a, k in A1111.items() if k in ETA]
+        raise UserError("sampling.eta", f"{named} adds no noise: eta would change nothing",
+                        f"null, or one of the samplers that take it: {', '.join(takers)}")
+    return float(eta)
+
+
+def resolve(sampler: Optional[str], scheduler: str, steps: Optional[int] = None,
+            eta: Optional[float] = None) -> Sampling:
+    """``sampler``, ``scheduler.name``, the step count and ``sampling.eta`` as given -> what runs; a UserError
+    for what does not fit."""
     if sampler is None:
         if scheduler in SCHEDULES:
             raise UserError("scheduler", f"{scheduler} is a sigma schedule of the k-diffusion samplers: pick one "
                             "with sampler=NAME too", f"sampler=dpmpp_2m scheduler={scheduler}, or scheduler="
                             + ", ".join(SCHEDULERS))
-        return Sampling("scheduler", scheduler, None)
+        return Sampling("scheduler", scheduler, None, _eta(eta, scheduler, f"scheduler={scheduler}"))
     found, carried = _lookup(str(sampler))
     if found in SCHEDULERS:  # DDIM / PLMS: diffusers' own scheduler, with its own timesteps
         if carried or scheduler in SCHEDULES:
             raise UserError("sampler", f"{sampler} steps on its own timesteps and takes no sigma schedule",
                             f"sampler={found} with scheduler={found} (or any diffusers scheduler)")
-        return Sampling("scheduler", found, None)
+        return Sampling("scheduler", found, None, _eta(eta, found, str(sampler)))
     if carried and scheduler in SCHEDULES and scheduler != carried:
         raise UserError("scheduler", f"{scheduler}, but sampler={sampler} names the {carried} schedule",
                         f"{carried}, or a sampler name without a schedule")
@@ -91,4 +109,5 @@ def resolve(sampler: Optional[str], scheduler: str, steps: Optional[int] = None)
         raise UserError("sampling.num_inference_steps", f"{steps}: {sampler} takes at least {MIN_STEPS[found]} steps",
                         f"{MIN_STEPS[found]}, {MIN_STEPS[found] + 1}, ...")
     # A diffusers scheduler name (the experiment's default) says nothing about sigmas: normal.
-    return Sampling(found, scheduler, carried or (scheduler if scheduler in SCHEDULES else "normal"))
+    return Sampling(found, scheduler, carried or (scheduler if scheduler in SCHEDULES else "normal"),
+                    _eta(eta, found, str(sampler)))

@@ -138,6 +138,10 @@ class SamplingConfig:
     guidance_scale: float = 7.5  # classifier-free guidance weight; a traced value, no recompile
     height: Optional[int] = None  # pixels, a multiple of 8 (null: the model's native size)
     width: Optional[int] = None
+    # The noise of DDIM and of the ancestral/SDE samplers (A1111's "Eta for DDIM" / "Eta for ancestral
+    # samplers"): 0 none, 1 full. null: their defaults (DDIM 0; Euler a, DPM2 a, DPM++ 2S a, DPM++ SDE,
+    # DPM++ 2M SDE, DPM++ 3M SDE 1). A sampler without noise refuses it. It shapes the program (recompiles).
+    eta: Optional[float] = None
 
 
 @dataclass

@@ -45,6 +45,7 @@ class Spec:
     mode: str = "txt2img"  # engine/modes
     sampler: str = "scheduler"  # engine/samplers: a k-diffusion sampler, or "scheduler" (diffusers')
     sigmas: Optional[str] = None  # a k sampler's sigma schedule (engine/samplers/sigmas.py)
+    eta: Optional[float] = None  # sampling.eta (None: the sampler's default)
 
 
 def program_spec(plan: Any, pipeline: Any, height: int, width: int) -> Spec:
@@ -56,7 +57,7 @@ def program_spec(plan: Any, pipeline: Any, height: int, width: int) -> Spec:
                 attention=plan.attention, scheduler=plan.scheduler.name if stepping else "",
                 scheduler_overrides=tuple(sorted((str(k), repr(v)) for k, v in plan.scheduler.config_overrides.items()))
                 if stepping else (), prediction_type=getattr(prediction, "name", prediction),
-                sampler=plan.sampling.sampler, sigmas=plan.sampling.sigmas)
+                sampler=plan.sampling.sampler, sigmas=plan.sampling.sigmas, eta=plan.sampling.eta)
 
 
 def generate(pipeline: Any, spec: Spec, ids, params: dict, key, guidance, negative_ids: Optional[Any] = None):

@@ -92,12 +92,12 @@ def _euler(model, x, s, noise):
     return x
 
 
-def _euler_ancestral(model, x, s, noise):
+def _euler_ancestral(model, x, s, noise, eta=1.0):
     """k-diffusion ``sample_euler_ancestral`` (eta=1, s_noise=1)."""
     for i in range(len(s) - 1):
         draw = _draws(noise, i)
         denoised = model(x, s[i])
-        sigma_down, sigma_up = _ancestral_step(s[i], s[i + 1])
+        sigma_down, sigma_up = _ancestral_step(s[i], s[i + 1], eta)
         x = x + _to_d(x, s[i], denoised) * (sigma_down - s[i])
         if s[i + 1] > 0:
             x = x + draw() * sigma_up
@@ -132,12 +132,12 @@ def _dpm_2(model, x, s, noise):
     return x
 
 
-def _dpm_2_ancestral(model, x, s, noise):
+def _dpm_2_ancestral(model, x, s, noise, eta=1.0):
     """k-diffusion ``sample_dpm_2_ancestral`` (eta=1, s_noise=1)."""
     for i in range(len(s) - 1):
         draw = _draws(noise, i)
         denoised = model(x, s[i])
-        sigma_down, sigma_up = _ancestral_step(s[i], s[i + 1])
+        sigma_down, sigma_up = _ancestral_step(s[i], s[i + 1], eta)
         d = _to_d(x, s[i], denoised)
         if sigma_down == 0:
             x = x + d * (sigma_down - s[i])
@@ -180,12 +180,12 @@ def _lms(model, x, s, noise, order=4):
     return x
 
 
-def _dpmpp_2s_ancestral(model, x, s, noise):
+def _dpmpp_2s_ancestral(model, x, s, noise, eta=1.0):
     """k-diffusion ``sample_dpmpp_2s_ancestral`` (eta=1, s_noise=1, r=1/2)."""
     for i in range(len(s) - 1):
         draw = _draws(noise, i)
         denoised = model(x, s[i])
-        sigma_down, sigma_up = _ancestral_step(s[i], s[i + 1])
+        sigma_down, sigma_up = _ancestral_step(s[i], s[i + 1], eta)
         if sigma_down == 0:
             x = x + _to_d(x, s[i], denoised) * (sigma_down - s[i])
         else:
@@ -462,15 +462,16 @@ SAMPLERS = {
 }
 
 
-def sample(name: str, denoiser, x, sigmas, noise) -> np.ndarray:
-    """Run k-diffusion sampler ``name`` (KeyError if unknown) from ``x`` (already ``noise * sigmas[0]``)."""
+def sample(name: str, denoiser, x, sigmas, noise, **options) -> np.ndarray:
+    """Run k-diffusion sampler ``name`` (KeyError if unknown) from ``x`` (already ``noise * sigmas[0]``);
+    ``options``: the sampler's own keywords (``eta`` of the ancestral and SDE samplers)."""
     fn = SAMPLERS[name]
     sigmas = [float(v) for v in np.asarray(sigmas, dtype=np.float64)]
 
     def model(x, sigma):
         return np.asarray(denoiser(x, float(sigma)), dtype=np.float64)
 
-    return np.asarray(fn(model, np.asarray(x, dtype=np.float64), sigmas, noise), dtype=np.float64)
+    return np.asarray(fn(model, np.asarray(x, dtype=np.float64), sigmas, noise, **options), dtype=np.float64)
 
 
 # ---- sigma schedules ----------------------------------------------------------------------------

@@ -15,10 +15,8 @@ from typing import Any, Callable
 import numpy as np
 
 from sdjax_runner.engine.encode import Conditioning
-from sdjax_runner.engine.samplers.k_samplers import DISCARD_PENULTIMATE, K_SAMPLERS, key_noise
+from sdjax_runner.engine.samplers.k_samplers import DISCARD_PENULTIMATE, K_SAMPLERS, NOISE_STREAM, key_noise
 from sdjax_runner.engine.samplers.sigmas import schedule, training_sigmas
-
-NOISE_STREAM = 1  # the sampler's noise key: the device key folded with this (the initial latents use the key itself)
 
 
 def unet_denoiser(pipeline: Any, params: dict, conditioning: Conditioning, guidance, prediction: str,
@@ -62,6 +60,7 @@ def sampler(name: str) -> Callable:
         prediction = spec.prediction_type or config.get("prediction_type", "epsilon")
         model = unet_denoiser(pipeline, params, conditioning, guidance, prediction, training)
         noise = key_noise(jax.random.fold_in(key, NOISE_STREAM), latents.shape, latents.dtype)
-        return K_SAMPLERS[name](model, latents * float(sigmas[0]), sigmas, noise)
+        options = {} if spec.eta is None else {"eta": spec.eta}  # config/samplers.py let it through: it takes one
+        return K_SAMPLERS[name](model, latents * float(sigmas[0]), sigmas, noise, **options)
 
     return denoise

@@ -67,9 +67,9 @@ def euler(model: Denoiser, x, sigmas, noise: Noise):
                   x + _derivative(model, x, sigma) * (sigma_next - sigma))
 
 
-def euler_ancestral(model: Denoiser, x, sigmas, noise: Noise):
+def euler_ancestral(model: Denoiser, x, sigmas, noise: Noise, eta: float = 1.0):
     def step(i, sigma, sigma_next, x):
-        sigma_down, sigma_up = _ancestral(sigma, sigma_next)
+        sigma_down, sigma_up = _ancestral(sigma, sigma_next, eta)
         x = x + _derivative(model, x, sigma) * (sigma_down - sigma)
         return x + _noise_if(sigma_next > 0, noise(i, 0), sigma_up)
 
@@ -109,9 +109,9 @@ def dpm_2(model: Denoiser, x, sigmas, noise: Noise):
     return _steps(sigmas, x, lambda i, sigma, sigma_next, x: _dpm_2_to(model, x, sigma, sigma_next))
 
 
-def dpm_2_ancestral(model: Denoiser, x, sigmas, noise: Noise):
+def dpm_2_ancestral(model: Denoiser, x, sigmas, noise: Noise, eta: float = 1.0):
     def step(i, sigma, sigma_next, x):
-        sigma_down, sigma_up = _ancestral(sigma, sigma_next)
+        sigma_down, sigma_up = _ancestral(sigma, sigma_next, eta)
         return _dpm_2_to(model, x, sigma, sigma_down) + noise(i, 0) * sigma_up
 
     return _steps(sigmas, x, step)
@@ -153,12 +153,12 @@ def lms(model: Denoiser, x, sigmas, noise: Noise):
     return _steps(sigmas, x, step, (x, jnp.zeros((LMS_ORDER,) + x.shape, x.dtype)))[0]
 
 
-def dpmpp_2s_ancestral(model: Denoiser, x, sigmas, noise: Noise):
+def dpmpp_2s_ancestral(model: Denoiser, x, sigmas, noise: Noise, eta: float = 1.0):
     import jax.numpy as jnp
 
     def step(i, sigma, sigma_next, x):
         denoised = model(x, sigma)
-        sigma_down, sigma_up = _ancestral(sigma, sigma_next)
+        sigma_down, sigma_up = _ancestral(sigma, sigma_next, eta)
 
         def second_order(x):
             h = jnp.log(sigma) - jnp.log(sigma_down)  # t_next - t, with t = -log(sigma)
@@ -172,7 +172,7 @@ def dpmpp_2s_ancestral(model: Denoiser, x, sigmas, noise: Noise):
     return _steps(sigmas, x, step)
 
 
-def dpmpp_sde(model: Denoiser, x, sigmas, noise: Noise):
+def dpmpp_sde(model: Denoiser, x, sigmas, noise: Noise, eta: float = 1.0):
     import jax.numpy as jnp
 
     def step(i, sigma, sigma_next, x):
@@ -180,10 +180,10 @@ def dpmpp_sde(model: Denoiser, x, sigmas, noise: Noise):
 
         def stochastic(x):
             sigma_s = jnp.sqrt(sigma * sigma_next)  # t + h / 2 in t = -log(sigma)
-            down, up = _ancestral(sigma, sigma_s)
+            down, up = _ancestral(sigma, sigma_s, eta)
             x_2 = (down / sigma) * x - jnp.expm1(jnp.log(down / sigma)) * denoised + noise(i, 0) * up
             denoised_2 = model(x_2, sigma_s)
-            down, up = _ancestral(sigma, sigma_next)
+            down, up = _ancestral(sigma, sigma_next, eta)
             # fac = 1 / (2 r) = 1: the second denoised alone
             return (down / sigma) * x - jnp.expm1(jnp.log(down / sigma)) * denoised_2 + noise(i, 1) * up
 
@@ -216,30 +216,31 @@ def dpmpp_2m(model: Denoiser, x, sigmas, noise: Noise):
     return _steps(sigmas, x, step, (x, jnp.zeros_like(x), jnp.ones((), x.dtype)))[0]
 
 
-def dpmpp_2m_sde(model: Denoiser, x, sigmas, noise: Noise):
+def dpmpp_2m_sde(model: Denoiser, x, sigmas, noise: Noise, eta: float = 1.0):
     import jax.numpy as jnp
 
     def step(i, sigma, sigma_next, carry):
         x, old, h_last = carry
         denoised = model(x, sigma)
         h, last = _log_step(sigma, sigma_next)
-        moved = sigma_next / sigma * jnp.exp(-h) * x - jnp.expm1(-2 * h) * denoised
-        correction = -0.5 * jnp.expm1(-2 * h) * (h / h_last) * (denoised - old)
+        eta_h = eta * h
+        moved = sigma_next / sigma * jnp.exp(-eta_h) * x - jnp.expm1(-h - eta_h) * denoised
+        correction = -0.5 * jnp.expm1(-h - eta_h) * (h / h_last) * (denoised - old)
         moved = moved + jnp.where(i == 0, 0.0, correction)
-        moved = moved + noise(i, 0) * sigma_next * jnp.sqrt(-jnp.expm1(-2 * h))
+        moved = moved + noise(i, 0) * sigma_next * jnp.sqrt(-jnp.expm1(-2 * eta_h))
         return jnp.where(last, denoised, moved), denoised, h
 
     return _steps(sigmas, x, step, (x, jnp.zeros_like(x), jnp.ones((), x.dtype)))[0]
 
 
-def dpmpp_3m_sde(model: Denoiser, x, sigmas, noise: Noise):
+def dpmpp_3m_sde(model: Denoiser, x, sigmas, noise: Noise, eta: float = 1.0):
     import jax.numpy as jnp
 
     def step(i, sigma, sigma_next, carry):
         x, denoised_1, denoised_2, h_1, h_2 = carry
         denoised = model(x, sigma)
         h, last = _log_step(sigma, sigma_next)
-        h_eta = 2 * h  # h * (eta + 1)
+        h_eta = h * (eta + 1)
         moved = jnp.exp(-h_eta) * x - jnp.expm1(-h_eta) * denoised
         phi_2 = jnp.expm1(-h_eta) / h_eta + 1
         phi_3 = phi_2 / h_eta - 0.5
@@ -248,7 +249,7 @@ def dpmpp_3m_sde(model: Denoiser, x, sigmas, noise: Noise):
         d1_1 = (denoised_1 - denoised_2) / r1
         third = phi_2 * (d1_0 + (d1_0 - d1_1) * r0 / (r0 + r1)) - phi_3 * (d1_0 - d1_1) / (r0 + r1)
         moved = moved + jnp.where(i >= 2, third, jnp.where(i == 1, phi_2 * d1_0, 0.0))
-        moved = moved + noise(i, 0) * sigma_next * jnp.sqrt(-jnp.expm1(-2 * h))
+        moved = moved + noise(i, 0) * sigma_next * jnp.sqrt(-jnp.expm1(-2 * h * eta))
         return jnp.where(last, denoised, moved), denoised, denoised_1, h, h_1
 
     zeros, ones = jnp.zeros_like(x), jnp.ones((), x.dtype)
@@ -268,6 +269,9 @@ K_SAMPLERS = {"euler": euler, "euler_ancestral": euler_ancestral, "heun": heun, 
               "uni_pc_bh2": unipc.sampler(3, "bh2")}
 # ComfyUI's KSampler makes one more sigma for these and drops the next-to-last (DISCARD_PENULTIMATE_SIGMA_SAMPLERS).
 DISCARD_PENULTIMATE = ("uni_pc", "uni_pc_bh2")
+
+
+NOISE_STREAM = 1  # a sampler's noise key: the device key folded with this (the initial latents use the key itself)
 
 
 def key_noise(key, shape, dtype) -> Noise:

@@ -1,13 +1,14 @@
 """The diffusers Flax schedulers as a sampler: ``set_timesteps``, then per step the UNet on the
 unconditional and conditional halves at once, classifier-free guidance, and ``scheduler.step`` -- the loop
 of diffusers 0.39's Flax pipelines, so every scheduler of ``models/schedulers.py`` gives diffusers' images.
-(It draws no noise of its own: ``key`` is not used.)"""
+Only DDIM with ``sampling.eta`` > 0 draws noise (from ``key``, as the k samplers do)."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from sdjax_runner.engine.encode import Conditioning
+from sdjax_runner.engine.samplers.k_samplers import NOISE_STREAM, key_noise
 
 
 def denoise(pipeline: Any, params: dict, conditioning: Conditioning, latents, guidance, spec: Any, key=None):
@@ -34,7 +35,20 @@ def denoise(pipeline: Any, params: dict, conditioning: Conditioning, latents, gu
                                     **added).sample
         unconditional, conditional = jnp.split(noise, 2, axis=0)
         noise = unconditional + guidance * (conditional - unconditional)
+        if spec.eta:  # DDIM with eta (config/samplers.py allows it for DDIM alone)
+            return ddim_step(scheduler, state, noise, t, latents, spec.eta, draws(index, 0))
         return scheduler.step(state, noise, t, latents).to_tuple()
 
+    draws = key_noise(jax.random.fold_in(key, NOISE_STREAM), latents.shape, latents.dtype) if spec.eta else None
     latents, _ = jax.lax.fori_loop(0, spec.steps, step, (latents, state))
     return latents
+
+
+def ddim_step(scheduler: Any, state: Any, noise, t, latents, eta: float, draw):
+    """diffusers' Flax DDIM step with eta, and the noise it leaves out: its step computes sigma_t(eta) and
+    narrows the direction to x_t by it, but never adds sigma_t * z (diffusers' PyTorch DDIMScheduler does,
+    DDIM paper eq. 12); here z is the step's draw from the device's key."""
+    prev_t = t - scheduler.config.num_train_timesteps // state.num_inference_steps
+    sigma_t = eta * scheduler._get_variance(state, t, prev_t) ** 0.5
+    latents, state = scheduler.step(state, noise, t, latents, eta=eta).to_tuple()
+    return latents + sigma_t * draw, state
