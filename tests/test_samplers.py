@@ -234,6 +234,9 @@ def test_samplers_through_the_unet_as_users_name_them(tmp_path, tiny_model_dir):
     assert ddim.returncode == 0, ddim.stderr
     hashes = [{r["pixels_sha256"] for r in _job_images(tmp_path / "ddim" / job)[0]} for job in ("0", "1")]
     assert not hashes[0] & hashes[1]
+    records, texts = _job_images(tmp_path / "ddim" / "1")
+    assert records[0]["eta"] == 1.0 and "Sampler: ddim, CFG scale: 7.5" in texts[0]["parameters"]
+    assert ", Eta DDIM: 1.0" in texts[0]["parameters"]
     # v-prediction in bf16 and fp16: finite, every image its own.
     v = run_cli("-m", "+experiment=smoke", "sampler=DPM++ 2M SDE Karras", "model.prediction_type=v_prediction",
                 "dtype=bf16,fp16", "tracking=none", f"hydra.sweep.dir={tmp_path / 'v'}", cwd=tmp_path)

@@ -111,6 +111,8 @@ def a1111_parameters(meta: dict[str, Any]) -> str:
         + f"CFG scale: {meta['guidance_scale']}, "
         f"Seed: {meta['seed']}, Size: {meta['width']}x{meta['height']}, Model: {meta['model']}, "
         f"Dtype: {meta['dtype']}, Batch: {meta['batch']}, Device: {meta['device']}"
+        + (f", {'Eta DDIM' if meta['sampler'] == 'ddim' else 'Eta'}: {meta['eta']}" if meta.get("eta") is not None
+           else "")
         + (f", Lora: {meta['lora']}" if meta.get("lora") else "")
         + (f", Checkpoint: {meta['checkpoint']}" if meta.get("checkpoint") else "")
     )
@@ -136,7 +138,7 @@ def save_whole(image: Image.Image, path: Path, **options: Any) -> None:
 
 # PNG text chunks that are numbers in images.json (everything else is text; "" is None for these).
 _INT_CHUNKS = ("index", "batch", "device", "seed", "steps", "height", "width")
-_FLOAT_CHUNKS = ("guidance_scale",)
+_FLOAT_CHUNKS = ("guidance_scale", "eta")
 _BOOL_CHUNKS = ("non_finite",)
 
 
@@ -250,6 +252,7 @@ def image_meta(plan: "Plan", height: int, width: int) -> dict[str, Any]:
         "scheduler": plan.scheduler.name if plan.sampling.sampler == "scheduler" else plan.sampling.sigmas,
         "sampler": plan.sampling.a1111[0],
         **({"schedule_type": plan.sampling.a1111[1]} if plan.sampling.a1111[1] else {}),
+        **({"eta": plan.sampling.eta} if plan.sampling.eta is not None else {}),
         "model": plan.model.name,
         "model_path": str(plan.model.pretrained_model_name_or_path),
         "dtype": plan.dtype.weights_dtype.name,
