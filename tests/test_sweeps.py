@@ -92,11 +92,11 @@ def test_seed_sweep_loads_and_compiles_once_under_one_parent_run(tmp_path, tiny_
     partial = tmp_path / "partial"
     shutil.copytree(sweep_dir, partial, ignore=shutil.ignore_patterns("0", "1"))
     config = partial / "2" / ".hydra" / "config.yaml"
-    config.write_text(config.read_text().replace("sampling:\n", "sampling:\n  eta: 0.0\n"))
+    config.write_text(config.read_text().replace("sampling:\n", "sampling:\n  no_such_key: 0.0\n"))
     rerun = run_cli(str(partial), "--no-tracking", cwd=tmp_path, command="rerun")
     assert rerun.returncode == 2, rerun.stderr
     assert (f"rerun: job 2 could not be re-run: RUN: {partial / '2'}/.hydra/config.yaml does not fit this "
-            "version's config schema: sampling.eta: unknown key") in rerun.stdout
+            "version's config schema: sampling.no_such_key: unknown key") in rerun.stdout
     assert rerun.stdout.count("rerun: identical -- all 8 image(s)") == 1
     assert f"rerun: sweep {partial}: 1 of 1 job(s) identical; could not re-run: job(s) 2" in rerun.stdout
 
