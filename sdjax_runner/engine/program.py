@@ -62,8 +62,9 @@ def program_spec(plan: Any, pipeline: Any, height: int, width: int) -> Spec:
 
 def generate(pipeline: Any, spec: Spec, ids, params: dict, key, guidance, negative_ids: Optional[Any] = None):
     """One device's images, (batch, height, width, 3) floats in [0, 1]. ``ids``: its prompts' token ids
-    ((batch, 77), SDXL (batch, 2, 77)); ``key``: its PRNG key (the mode's initial noise; a sampler's own noise comes from a key folded from it); ``negative_ids``: like ``ids``, or None for
-    the pipeline's own unconditional input."""
+    ((batch, 77), SDXL (batch, 2, 77)); ``key``: its PRNG key (the mode's initial noise; a sampler's own
+    noise comes from a key folded from it); ``negative_ids``: like ``ids``, or None for the pipeline's own
+    unconditional input."""
     conditioning = encode(pipeline, params, ids, negative_ids)
     conditioning = with_time_ids(conditioning, spec.height, spec.width, conditioning.context.dtype)  # SDXL only
     latents = MODES[spec.mode](pipeline, params, key, spec, ids.shape[0])

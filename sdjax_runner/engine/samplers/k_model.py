@@ -15,6 +15,7 @@ from typing import Any, Callable
 import numpy as np
 
 from sdjax_runner.engine.encode import Conditioning
+from sdjax_runner.engine.samplers import unet
 from sdjax_runner.engine.samplers.k_samplers import DISCARD_PENULTIMATE, K_SAMPLERS, NOISE_STREAM, key_noise
 from sdjax_runner.engine.samplers.sigmas import schedule, training_sigmas
 
@@ -26,14 +27,11 @@ def unet_denoiser(pipeline: Any, params: dict, conditioning: Conditioning, guida
     log_sigmas = jnp.asarray(np.log(training), jnp.float32)
     positions = jnp.arange(len(training), dtype=jnp.float32)
     guidance = jnp.array([guidance], dtype=jnp.float32)
-    added = {} if conditioning.added is None else {"added_cond_kwargs": conditioning.added}
 
     def denoiser(x, sigma):
         t = jnp.interp(jnp.log(sigma), log_sigmas, positions)
-        model_input = jnp.concatenate([x / jnp.sqrt(sigma**2 + 1)] * 2)
-        out = pipeline.unet.apply({"params": params["unet"]}, model_input, jnp.broadcast_to(t, model_input.shape[:1]),
-                                  encoder_hidden_states=conditioning.context, **added).sample
-        unconditional, conditional = jnp.split(out.astype(jnp.float32), 2, axis=0)
+        unconditional, conditional = (half.astype(jnp.float32) for half in
+                                      unet.halves(pipeline, params, conditioning, x / jnp.sqrt(sigma**2 + 1), t))
         out = unconditional + guidance * (conditional - unconditional)
         if prediction == "v_prediction":
             return x / (sigma**2 + 1) - out * sigma / jnp.sqrt(sigma**2 + 1)

@@ -8,6 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 from sdjax_runner.engine.encode import Conditioning
+from sdjax_runner.engine.samplers import unet
 from sdjax_runner.engine.samplers.k_samplers import NOISE_STREAM, key_noise
 
 
@@ -17,7 +18,6 @@ def denoise(pipeline: Any, params: dict, conditioning: Conditioning, latents, gu
 
     scheduler = pipeline.scheduler
     guidance = jnp.array([guidance], dtype=jnp.float32)  # the model output stays float32 into the scheduler
-    added = {} if conditioning.added is None else {"added_cond_kwargs": conditioning.added}
     state = scheduler.set_timesteps(params["scheduler"], num_inference_steps=spec.steps, shape=latents.shape)
     # The initial noise scaled to the scheduler's spread. diffusers' SD pipeline reads init_noise_sigma from
     # the state before set_timesteps, its SDXL pipeline from the state after (they differ for Euler only).
@@ -26,14 +26,10 @@ def denoise(pipeline: Any, params: dict, conditioning: Conditioning, latents, gu
 
     def step(index, carry):
         latents, state = carry
-        model_input = jnp.concatenate([latents] * 2)
         t = jnp.array(state.timesteps, dtype=jnp.int32)[index]
-        timestep = jnp.broadcast_to(t, model_input.shape[0])
-        model_input = scheduler.scale_model_input(state, model_input, t)
-        noise = pipeline.unet.apply({"params": params["unet"]}, jnp.array(model_input),
-                                    jnp.array(timestep, dtype=jnp.int32), encoder_hidden_states=conditioning.context,
-                                    **added).sample
-        unconditional, conditional = jnp.split(noise, 2, axis=0)
+        # (scale_model_input is element-wise: scaling before the halves are doubled is the same as after)
+        unconditional, conditional = unet.halves(pipeline, params, conditioning,
+                                                 scheduler.scale_model_input(state, latents, t), t)
         noise = unconditional + guidance * (conditional - unconditional)
         if spec.eta:  # DDIM with eta (config/samplers.py allows it for DDIM alone)
             return ddim_step(scheduler, state, noise, t, latents, spec.eta, draws(index, 0))

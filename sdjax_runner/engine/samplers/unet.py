@@ -1,0 +1,23 @@
+"""What every sampler asks of the UNet: one call on the unconditional and conditional halves of a batch at
+once (the inputs doubled, SDXL's added conditioning passed along), split back into the two predictions.
+Each sampler combines them with the guidance scale in its own precision (the diffusers schedulers in the
+UNet's dtype, as diffusers does; the k samplers in float32)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sdjax_runner.engine.encode import Conditioning
+
+
+def halves(pipeline: Any, params: dict, conditioning: Conditioning, x, timestep):
+    """(unconditional, conditional) predictions for ``x`` (one half's inputs) at the scalar ``timestep``,
+    whose dtype the UNet receives (the schedulers' integer timesteps, the k samplers' fractional ones)."""
+    import jax.numpy as jnp
+
+    model_input = jnp.concatenate([x] * 2)
+    added = {} if conditioning.added is None else {"added_cond_kwargs": conditioning.added}
+    timesteps = jnp.broadcast_to(timestep, model_input.shape[:1])
+    out = pipeline.unet.apply({"params": params["unet"]}, model_input, timesteps,
+                              encoder_hidden_states=conditioning.context, **added).sample
+    return jnp.split(out, 2, axis=0)
