@@ -49,9 +49,9 @@ def run(cfg: DictConfig, run_dir: Path, overrides: list[str], run_name: Optional
         runtime.prepare_process(config.parallelism, config.performance)
         job = Job(run_dir, writes=distributed.is_writer(), run_name=run_name)
         with job.recorded():
-            prompts = check_values(config)  # bad input: refused before JAX and the model libraries start
+            checked = check_values(config)  # bad input: refused before JAX and the model libraries start
             runtime.silence_libraries()
-            plan = make_plan(config, runtime.available_devices(config.parallelism.mode.name), prompts)
+            plan = make_plan(config, runtime.available_devices(config.parallelism.mode.name), checked)
             tags = dict(tracker_tags(plan, overrides, parent_run_id, run_dir), **(extra_tags or {}))
             return _run(plan, job, run_name or plan.run_name, tags, started)
     finally:
@@ -96,7 +96,11 @@ def _run(plan: Plan, job: Job, run_name: str, tags: dict[str, str], started: flo
     warn_truncated(loaded.pipeline.tokenizer, plan.prompts)
     devices = jax.devices()[: plan.num_devices]
     mode = PARALLEL[plan.mode]
-    spec = program_spec(plan, loaded.pipeline, height, width)
+    controlnet = REUSE.controlnet(plan, entry)
+    if controlnet is not None:
+        log.info("load: ControlNet %s (%s weights%s)", controlnet.path, controlnet.format,
+                 ", reused" if controlnet.load_s == 0 else f", {controlnet.load_s:.1f} s")
+    spec = program_spec(plan, loaded.pipeline, height, width, controlnet.structure if controlnet else "")
     prepared = REUSE.prepare(plan, entry, model_reused, mode, devices, spec)
     generator = mode(prepared.pipeline, prepared.params, prepared.safety_weights, plan, spec, devices)
     compiled = compile_generator(generator, prepared, plan)

@@ -21,15 +21,16 @@ def test_the_config_tree_is_what_the_tests_cover():
     assert EXPERIMENTS == ["guide_different_prompts", "guide_same_prompt", "smoke"]
     assert ("model", "sd-v1-4") in GROUP_OPTIONS and ("tracking", "none") in GROUP_OPTIONS
     models = {option for group, option in GROUP_OPTIONS if group == "model"}
-    assert models == {"local", "tiny-random", "tiny-random-xl", "sd-v1-arch", "sdxl-arch", "sd-v1-4", "sd-v1-5",
-                      "sd-2-1-base", "sd-2-1", "sdxl-base-1.0", "single_file"}
+    assert models == {"local", "tiny-random", "tiny-random-inpaint", "tiny-random-xl", "sd-v1-arch", "sdxl-arch",
+                      "sd-v1-4", "sd-v1-5", "sd-v1-5-inpainting", "sd-2-1-base", "sd-2-1", "sdxl-base-1.0",
+                      "single_file"}
     schedulers = {o for g, o in GROUP_OPTIONS if g == "scheduler"}
     assert schedulers == {"pndm", "ddim", "lms", "dpm_solver_pp", "euler", "ddpm",  # diffusers'
                           "normal", "karras", "exponential", "sgm_uniform", "simple"}  # the k samplers' sigma schedules
 
 
 @pytest.mark.parametrize("model,resolution,prediction", [
-    ("sd-v1-4", 512, None), ("sd-v1-5", 512, None), ("sd-2-1-base", 512, "epsilon"), ("sd-2-1", 768, "v_prediction"),
+    ("sd-v1-4", 512, None), ("sd-v1-5", 512, None), ("sd-v1-5-inpainting", 512, None), ("sd-2-1-base", 512, "epsilon"), ("sd-2-1", 768, "v_prediction"),
     ("sdxl-base-1.0", 1024, None), ("sd-v1-arch", 512, None), ("sdxl-arch", 1024, None),
 ])
 def test_model_configs_say_their_native_size_and_prediction_type(model, resolution, prediction):

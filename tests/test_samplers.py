@@ -64,6 +64,28 @@ def test_each_sampler_is_k_diffusions_algorithm(name):
     np.testing.assert_allclose(run_jax(name, x, sigmas, noises, x64=False), expected, rtol=2e-4, atol=2e-4)
 
 
+def test_each_sampler_started_part_way_is_a_run_on_the_rest_of_the_schedule():
+    """img2img/inpaint start at step s (a traced number, so a strength sweep compiles once): that must be
+    k-diffusion's run on sigmas[s:] (A1111's and diffusers' img2img), step i still drawing step i's noise."""
+    import jax
+    import jax.numpy as jnp
+
+    sigmas = k_reference.schedule("karras", 10, TRAINING)
+    noises = RNG.standard_normal((10, 2) + SHAPE)
+    x = RNG.standard_normal(SHAPE)
+    with jax.enable_x64(True):
+        draws = jnp.asarray(noises)
+        for name in sorted(K_SAMPLERS):
+            program = jax.jit(lambda x, start: K_SAMPLERS[name](denoiser(jnp.asarray(MU), V), x, sigmas,
+                                                                lambda i, j: draws[i, j], start=start))
+            for start in (3, 7):
+                x_start = x * sigmas[start]
+                expected = k_reference.sample(name, denoiser(MU, V), x_start, sigmas[start:],
+                                              lambda i, j: noises[i + start, j])
+                got = np.asarray(program(jnp.asarray(x_start), jnp.int32(start)))
+                np.testing.assert_allclose(got, expected, rtol=1e-10, atol=1e-10, err_msg=f"{name} from step {start}")
+
+
 @pytest.mark.parametrize("name", sorted(set(names.ETA) - {"ddim"}))
 def test_eta_is_k_diffusions_eta(name):
     sigmas = k_reference.schedule("karras", 8, TRAINING)

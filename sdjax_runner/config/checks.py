@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 from typing import Any, Optional
 
-from sdjax_runner.config import samplers
+from sdjax_runner.config import modes, samplers
 from sdjax_runner.config.schema import BUILTIN_MODELS, SCHEDULERS
 from sdjax_runner.errors import UserError
 from sdjax_runner.files import FOLDER_PATHS, cannot_make_folder
@@ -271,6 +271,7 @@ def run_values(cfg: Any) -> None:
     chosen = samplers.resolve(cfg.sampler, cfg.scheduler.name, sampling.num_inference_steps, sampling.eta)
     if chosen.sampler == "scheduler" and chosen.scheduler == cfg.scheduler.name:
         scheduler_overrides(cfg.scheduler.name, dict(cfg.scheduler.config_overrides))
+    modes.check(cfg, chosen.sampler)
     metrics(cfg.metrics)
     tracking_uri(cfg.tracking)
 

@@ -18,7 +18,9 @@ from typing import Optional
 
 from omegaconf import DictConfig, OmegaConf
 
-from sdjax_runner.config import checks, samplers
+from sdjax_runner.config import checks, modes, samplers
+from sdjax_runner.config.input_images import ModeInputs, read_mode_inputs
+from sdjax_runner.config.modes import start_step
 from sdjax_runner.config.prompts import check_text, load_prompts
 from sdjax_runner.config.samplers import Sampling
 from sdjax_runner.config.schema import (CompilationCacheConfig, DtypeConfig, MetricsConfig, ModelConfig, OutputConfig,
@@ -36,6 +38,7 @@ class ImageSlot:
     slot: int
     prompt: str
     kept: bool  # False for padding images that are generated but not written
+    prompt_index: int = 0  # which prompt (and which paired input image: config/input_images.py)
 
 
 @dataclass(frozen=True)
@@ -74,6 +77,15 @@ class Plan:
     params: dict  # the resolved config, flattened, as the tracker logs it
     lora: tuple = ()  # (path, scale, sha256) per adapter
     checkpoint: Optional[tuple] = None  # (path, sha256, architecture) of model.checkpoint
+    # What the sampler starts from and is steered by (config/modes.py, engine/modes/).
+    generation: str = "txt2img"
+    strength: Optional[float] = None  # img2img / inpaint
+    start_step: int = 0  # the step the sampler starts at (from strength)
+    inputs: ModeInputs = ModeInputs()  # the mode's images, read and checked
+    resize_mode: str = "stretch"
+    controlnet: Optional[str] = None  # controlnet.model
+    conditioning_scale: float = 1.0  # controlnet.conditioning_scale
+    cache_dir: str = ""  # paths.cache_dir: where built-in models are
 
     @property
     def images_per_batch(self) -> int:
@@ -153,22 +165,34 @@ def checkpoint_params(model: ModelConfig, checkpoint: Optional[tuple]) -> dict[s
             "model.checkpoint_sha256": checkpoint[1], "model.checkpoint_architecture": checkpoint[2]}
 
 
-def check_values(config: RunConfig) -> list[str]:
+@dataclass(frozen=True)
+class Checked:
+    """What the checks read: the prompts, and the mode's images."""
+
+    prompts: list[str]
+    inputs: ModeInputs
+
+
+def check_values(config: RunConfig) -> Checked:
     """Every check of ``config`` that needs neither devices nor a model (so the runner makes them before
-    JAX and the model libraries start: bad input is refused in well under a second); the prompts."""
+    JAX and the model libraries start: bad input is refused in well under a second); the prompts and
+    the mode's images, read."""
     checks.run_values(config)
     prompts = load_prompts(list(config.prompts.texts), config.prompts.file)
     if config.prompts.negative:
         check_text("prompts.negative", str(config.prompts.negative))
-    return prompts
+    inputs = read_mode_inputs(config.mode.name, config.init_image, config.mask_image, config.controlnet.image,
+                              len(prompts))
+    return Checked(prompts, inputs)
 
 
-def make_plan(config: RunConfig, available_devices: int, prompts: Optional[list[str]] = None) -> Plan:
+def make_plan(config: RunConfig, available_devices: int, checked: Optional[Checked] = None) -> Plan:
     """Validate ``config`` (what :func:`admit` returned) and lay out its images; raises UserError naming
-    the first bad key. ``prompts``: what :func:`check_values` returned, if the caller has made those
+    the first bad key. ``checked``: what :func:`check_values` returned, if the caller has made those
     checks already."""
-    if prompts is None:
-        prompts = check_values(config)
+    if checked is None:
+        checked = check_values(config)
+    prompts = checked.prompts
     par = config.parallelism
     num_devices = par.num_devices or available_devices
     per_batch = num_devices * par.per_device_batch_size
@@ -182,7 +206,7 @@ def make_plan(config: RunConfig, available_devices: int, prompts: Optional[list[
     for i in range(total):
         batch, within = divmod(i, per_batch)
         device, slot = divmod(within, par.per_device_batch_size)
-        slots.append(ImageSlot(i, batch, device, slot, prompts[i % len(prompts)], i < kept))
+        slots.append(ImageSlot(i, batch, device, slot, prompts[i % len(prompts)], i < kept, i % len(prompts)))
     checks.grid(config.output.grid_rows, config.output.grid_cols, kept)
     sampling = samplers.resolve(config.sampler, config.scheduler.name, config.sampling.num_inference_steps,
                                 config.sampling.eta)
@@ -193,6 +217,7 @@ def make_plan(config: RunConfig, available_devices: int, prompts: Optional[list[
         name = sampling.scheduler if sampling.scheduler not in samplers.SCHEDULES else "euler"
         scheduler = SchedulerConfig(name=name, config_overrides={})
     adapters = tuple(lora_record(i, spec) for i, spec in enumerate(config.lora))
+    strength = modes.strength(config.mode.name, config.strength)
     model = dataclasses.replace(config.model)  # the checkpoint's base may be filled in: the caller's stays as given
     checkpoint = checkpoint_record(model)
     return Plan(
@@ -224,7 +249,16 @@ def make_plan(config: RunConfig, available_devices: int, prompts: Optional[list[
         peak_tflops_per_device=config.performance.peak_tflops_per_device,
         profile=config.performance.profile,
         max_models=config.reuse.max_models,
-        params=dict(flatten_params(config), **lora_params(adapters), **checkpoint_params(model, checkpoint)),
+        params=dict(flatten_params(config), **lora_params(adapters), **checkpoint_params(model, checkpoint),
+                    **({"strength": str(strength)} if strength is not None else {})),
         lora=adapters,
         checkpoint=checkpoint,
+        generation=config.mode.name,
+        strength=strength,
+        start_step=start_step(config.sampling.num_inference_steps, strength),
+        inputs=checked.inputs,
+        resize_mode=config.resize_mode.name,
+        controlnet=config.controlnet.model if config.mode.name == "controlnet" else None,
+        conditioning_scale=float(config.controlnet.conditioning_scale),
+        cache_dir=config.paths.cache_dir,
     )

@@ -30,6 +30,18 @@ class ParallelMode(Enum):
     sharded = "sharded"  # one jax.jit over a Mesh("data"), NamedSharding params and batch
 
 
+class GenerationMode(Enum):
+    txt2img = 0  # from noise
+    img2img = 1  # from init_image, noised to `strength`
+    inpaint = 2  # repaint the mask_image's white area of init_image
+    controlnet = 3  # from noise, steered by controlnet.image through controlnet.model
+
+
+class ResizeMode(Enum):
+    stretch = 0  # to height x width, aspect ratio not kept (diffusers' image processor, A1111's "Just resize")
+    crop = 1  # scaled to cover height x width, then centre-cropped (A1111's "Crop and resize")
+
+
 class PromptFill(Enum):
     cycle = "cycle"  # repeat the prompt list to fill the last batch; every image is kept
     pad = "pad"  # fill the last batch with copies too, but drop those images from the outputs
@@ -56,7 +68,8 @@ class TrackingBackend(Enum):
 
 # Names a run may pick whose implementations live in a lower layer; each of those registries is
 # checked against these lists when it is imported, so the two cannot drift apart.
-BUILTIN_MODELS = ("tiny-random", "tiny-random-xl", "sd-v1-arch", "sdxl-arch", "tiny-random-clip")  # models/builtin.py
+BUILTIN_MODELS = ("tiny-random", "tiny-random-inpaint", "tiny-random-xl", "sd-v1-arch", "sdxl-arch", "tiny-random-clip",
+                  "tiny-random-controlnet")  # models/builtin.py
 # scheduler.name -> the diffusers Flax class whose settings it takes (scheduler.config_overrides); the
 # classes that run are in models/schedulers.py (LMS and DDPM are the project's own subclasses).
 SCHEDULERS = {"pndm": "FlaxPNDMScheduler", "ddim": "FlaxDDIMScheduler", "lms": "FlaxLMSDiscreteScheduler",
@@ -142,6 +155,18 @@ class SamplingConfig:
     # samplers"): 0 none, 1 full. null: their defaults (DDIM 0; Euler a, DPM2 a, DPM++ 2S a, DPM++ SDE,
     # DPM++ 2M SDE, DPM++ 3M SDE 1). A sampler without noise refuses it. It shapes the program (recompiles).
     eta: Optional[float] = None
+
+
+@dataclass
+class ControlNetConfig:
+    # A diffusers ControlNet folder (config.json + Flax .msgpack or PyTorch .safetensors weights, as
+    # lllyasviel/sd-controlnet-canny ships it), or tiny-random-controlnet: the built-in one for model=tiny-random.
+    model: Optional[str] = None
+    # The control image (a canny map, a depth map, ...): a file, or a folder / list of files paired with
+    # the prompts (prompt k gets file k; a folder's files in name order). Read as RGB in [0, 1].
+    image: Any = None
+    # How strongly the ControlNet's residuals steer the UNet. A traced input: a sweep over it compiles once.
+    conditioning_scale: float = 1.0
 
 
 @dataclass
@@ -282,6 +307,19 @@ class RunConfig:
     # scheduler=karras for the sigma schedule), ... (config/samplers.py has the list). null: the diffusers
     # scheduler picked by scheduler=NAME steps, as in the Diffusers JAX guide.
     sampler: Optional[str] = None
+    # What the sampler starts from and is steered by (engine/modes/): txt2img, img2img, inpaint, controlnet.
+    mode: GenerationMode = GenerationMode.txt2img
+    # img2img / inpaint: the starting image: a file, or a folder / list of files paired with the prompts
+    # (prompt k gets file k; a folder's files in name order). Resized to height x width by resize_mode.
+    init_image: Any = None
+    # inpaint: single-channel (grayscale) mask, white = repaint, black = keep; the init image's size.
+    mask_image: Any = None
+    # img2img / inpaint: how much of the schedule runs, in (0, 1]: the last int(steps * strength) of the
+    # steps run, from the image noised to that level (diffusers' rule). null: diffusers' defaults, 0.8 for
+    # img2img, 1.0 (from pure noise) for inpaint. A traced input: a sweep over it compiles once.
+    strength: Optional[float] = None
+    resize_mode: ResizeMode = ResizeMode.stretch
+    controlnet: ControlNetConfig = field(default_factory=ControlNetConfig)
     seed: int = 0
     run_name: str = MISSING
     experiment: Optional[str] = None

@@ -31,6 +31,7 @@ def check_points(config: DictConfig, task: list[str]) -> None:
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
     from sdjax_runner.config.checks import run_values
+    from sdjax_runner.config.modes import IMAGE_KEYS
     from sdjax_runner.config.plan import admit, check_values
 
     batch = config.hydra.sweeper.get("max_batch_size")
@@ -62,8 +63,9 @@ def check_points(config: DictConfig, task: list[str]) -> None:
         # The first job has this key (set by its first value): each value is set in place, checked,
         # and the first value set back -- no copy of the config per value.
         key = parsed[i].key_or_group.lstrip("+~")
-        # The prompts (a file of 100,000 lines takes ~40 ms to read) depend on prompts.* alone.
-        check = check_values if key.startswith("prompts.") else run_values
+        # The prompts (a file of 100,000 lines takes ~40 ms to read) depend on prompts.* alone, the images
+        # read on their keys.
+        check = check_values if key.startswith("prompts.") or key in IMAGE_KEYS else run_values
         for line in [*values, lines[i][0]]:
             ConfigLoaderImpl._apply_overrides_to_config(parser.parse_overrides([key + line[line.index("="):]]), first)
             check(admit(first))

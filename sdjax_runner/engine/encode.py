@@ -13,6 +13,10 @@ class Conditioning(NamedTuple):
 
     context: Any  # (2 * batch, tokens, width): encoder_hidden_states
     added: Optional[dict] = None  # SDXL's added conditioning: text_embeds (pooled), time_ids
+    # The modes' (engine/modes/), both halves: more UNet input channels after the latents (an inpainting
+    # model's mask and masked-image latents, (2 * batch, 5, h, w)), and a ControlNet's inputs.
+    concat: Optional[Any] = None
+    control: Optional[Any] = None  # (control image (2 * batch, 3, H, W) in [0, 1], conditioning scale)
 
 
 def negative_prompt(negative: Optional[str], pipeline: Any) -> Optional[str]:

@@ -18,6 +18,7 @@ import numpy as np
 
 from sdjax_runner.config.plan import Plan
 from sdjax_runner.engine.encode import negative_prompt
+from sdjax_runner.engine.modes import NUMBERS, PER_IMAGE
 from sdjax_runner.engine.program import Spec
 
 
@@ -67,6 +68,13 @@ class Generator:
         negative = negative_prompt(plan.negative, pipeline)
         if negative is not None:
             self.negative_ids = self.place_ids(np.asarray(pipeline.prepare_inputs([negative] * plan.images_per_batch)))
+        # The mode's inputs (engine/modes): its images fitted to the run's size, one row per prompt, and its
+        # numbers (the start step from strength, the ControlNet's conditioning scale), placed once.
+        self.per_prompt = {name: array for name, array in
+                           plan.inputs.arrays(len(plan.prompts), spec.height, spec.width, plan.resize_mode).items()
+                           if name in PER_IMAGE[spec.mode]}
+        numbers = {"start": np.int32(plan.start_step), "control_scale": np.float32(plan.conditioning_scale)}
+        self.numbers = {name: self.place_number(numbers[name]) for name in NUMBERS[spec.mode]}
 
     @staticmethod
     def place_params(tree, devices: list):
@@ -79,10 +87,18 @@ class Generator:
     def place_keys(self, keys: np.ndarray):
         raise NotImplementedError
 
+    def place_number(self, value: np.ndarray):
+        """A number every device reads (a scalar of the program)."""
+        raise NotImplementedError
+
     def inputs(self, batch: int) -> tuple:
-        """The batch's prompt ids and per-device keys, placed for this path."""
+        """The batch's prompt ids, per-device keys and mode inputs (each image's rows, by its prompt), placed
+        for this path."""
         ids = self.place_ids(np.asarray(self.pipeline.prepare_inputs(self.plan.batch_prompts(batch))))
-        return ids, self.place_keys(batch_keys(self.plan.seed, batch, self.plan.num_devices))
+        start = batch * self.plan.images_per_batch
+        rows = [slot.prompt_index for slot in self.plan.images[start: start + self.plan.images_per_batch]]
+        mode_inputs = dict(self.numbers, **{name: self.place_ids(array[rows]) for name, array in self.per_prompt.items()})
+        return ids, self.place_keys(batch_keys(self.plan.seed, batch, self.plan.num_devices)), mode_inputs
 
     def program_args(self) -> tuple:
         """The arguments the compiled program takes (their shapes and shardings key a stored executable)."""

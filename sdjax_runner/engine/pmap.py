@@ -55,9 +55,14 @@ class PmapGenerator(Generator):
     def place_keys(self, keys: np.ndarray):
         return keys
 
+    def place_number(self, value: np.ndarray):
+        import jax.numpy as jnp
+
+        return jnp.asarray(np.repeat(value[None], self.plan.num_devices))  # one per device, as the guidance
+
     def program_args(self) -> tuple:
-        ids, keys = self.inputs(0)
-        return ids, self.params, keys, self.guidance, self.negative_ids
+        ids, keys, inputs = self.inputs(0)
+        return ids, self.params, keys, self.guidance, inputs, self.negative_ids
 
     def lower(self):
         import functools
@@ -68,5 +73,5 @@ class PmapGenerator(Generator):
 
         return jax.pmap(functools.partial(generate, self.pipeline, self.spec)).lower(*self.program_args())
 
-    def run(self, ids, keys):
-        return self.compiled(ids, self.params, keys, self.guidance, self.negative_ids)
+    def run(self, ids, keys, inputs):
+        return self.compiled(ids, self.params, keys, self.guidance, inputs, self.negative_ids)

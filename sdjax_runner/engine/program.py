@@ -5,8 +5,8 @@
 
 :func:`generate` is one device's share of a batch; the parallel modes (:mod:`.parallel`) pmap it or run
 it under ``shard_map``. Everything in :class:`Spec` is static (it shapes the traced program); the prompt
-ids, params, keys and the guidance scale are traced inputs, so new prompts, seeds or guidance never
-recompile. A mode is a function in :data:`.modes.MODES`, a sampler one in :data:`.samplers.SAMPLERS`:
+ids, params, keys, the guidance scale and the mode's inputs (images, start step, conditioning scale) are
+traced inputs, so new prompts, seeds, guidance, strengths or images never recompile. A mode is a function in :data:`.modes.MODES`, a sampler one in :data:`.samplers.SAMPLERS`:
 adding either is a new module and a registry entry.
 
 For the text-to-image mode with diffusers' schedulers the stages do exactly what diffusers 0.39's
@@ -46,10 +46,12 @@ class Spec:
     sampler: str = "scheduler"  # engine/samplers: a k-diffusion sampler, or "scheduler" (diffusers')
     sigmas: Optional[str] = None  # a k sampler's sigma schedule (engine/samplers/sigmas.py)
     eta: Optional[float] = None  # sampling.eta (None: the sampler's default)
+    controlnet: str = ""  # the ControlNet's structure (its config), in controlnet mode
 
 
-def program_spec(plan: Any, pipeline: Any, height: int, width: int) -> Spec:
-    """The one place the Plan's program-relevant fields are read (``plan``: config/plan.Plan)."""
+def program_spec(plan: Any, pipeline: Any, height: int, width: int, controlnet: str = "") -> Spec:
+    """The one place the Plan's program-relevant fields are read (``plan``: config/plan.Plan);
+    ``controlnet``: the loaded ControlNet's structure."""
     prediction = plan.model.prediction_type
     stepping = plan.sampling.sampler == "scheduler"  # else the diffusers scheduler steps nothing: not in the key
     return Spec(steps=plan.num_inference_steps, height=height, width=width, batch=plan.per_device_batch_size,
@@ -57,16 +59,21 @@ def program_spec(plan: Any, pipeline: Any, height: int, width: int) -> Spec:
                 attention=plan.attention, scheduler=plan.scheduler.name if stepping else "",
                 scheduler_overrides=tuple(sorted((str(k), repr(v)) for k, v in plan.scheduler.config_overrides.items()))
                 if stepping else (), prediction_type=getattr(prediction, "name", prediction),
-                sampler=plan.sampling.sampler, sigmas=plan.sampling.sigmas, eta=plan.sampling.eta)
+                sampler=plan.sampling.sampler, sigmas=plan.sampling.sigmas, eta=plan.sampling.eta,
+                mode=plan.generation, controlnet=controlnet)
 
 
-def generate(pipeline: Any, spec: Spec, ids, params: dict, key, guidance, negative_ids: Optional[Any] = None):
+def generate(pipeline: Any, spec: Spec, ids, params: dict, key, guidance, inputs: dict,
+             negative_ids: Optional[Any] = None):
     """One device's images, (batch, height, width, 3) floats in [0, 1]. ``ids``: its prompts' token ids
     ((batch, 77), SDXL (batch, 2, 77)); ``key``: its PRNG key (the mode's initial noise; a sampler's own
-    noise comes from a key folded from it); ``negative_ids``: like ``ids``, or None for the pipeline's own
-    unconditional input."""
+    noise comes from a key folded from it); ``inputs``: the mode's traced inputs (engine/modes: init
+    images, masks, control images, the start step, the conditioning scale; empty for text to image);
+    ``negative_ids``: like ``ids``, or None for the pipeline's own unconditional input."""
     conditioning = encode(pipeline, params, ids, negative_ids)
     conditioning = with_time_ids(conditioning, spec.height, spec.width, conditioning.context.dtype)  # SDXL only
-    latents = MODES[spec.mode](pipeline, params, key, spec, ids.shape[0])
-    latents = SAMPLERS[spec.sampler](pipeline, params, conditioning, latents, guidance, spec, key)
+    start = MODES[spec.mode](pipeline, params, key, spec, ids.shape[0], inputs)
+    if start.conditioning:
+        conditioning = conditioning._replace(**start.conditioning)
+    latents = SAMPLERS[spec.sampler](pipeline, params, conditioning, start, guidance, spec, key)
     return decode(pipeline, params, latents)

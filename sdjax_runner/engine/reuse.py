@@ -5,6 +5,7 @@ loads the model, places its weights and compiles the generate function once.
 Keys say what determines each piece:
 
     model      path, revision, variant, safety checker, weights and activations dtype, checkpoint and its hash
+    ControlNet + controlnet.model (one held per model)
     pipeline   + scheduler name and overrides, prediction type, attention (from the program spec)
     placed     + the parallel mode and the devices the weights are placed on
     compiled   + the program spec (engine/program.py: steps, size, per-device batch, negative prompt or not,
@@ -52,6 +53,10 @@ class ModelEntry:
     placed_weights: Any = None
     lora_on: tuple = ()  # (adapter files and hashes, placement) ``lora_factors`` are for
     lora_factors: dict = field(default_factory=dict)  # (component, kernel path, adapter) -> placed (down, up)
+    controlnet_key: tuple = ()  # (controlnet.model) ``controlnet`` was loaded for, one at a time
+    controlnet: Any = None  # models/controlnet.LoadedControlNet
+    controlnet_on: tuple = ()  # the placement ``controlnet_weights`` are on
+    controlnet_weights: Any = None
 
 
 # Compiled programs a process keeps (an executable is host memory of a few MB to some hundred MB).
@@ -102,6 +107,24 @@ class ReuseCache:
         self.models[key] = entry
         return entry, False
 
+    def controlnet(self, plan: Plan, entry: ModelEntry) -> Any:
+        """The plan's ControlNet (controlnet mode), loaded beside ``entry``'s model or reused; else None."""
+        if not plan.controlnet:
+            return None
+        key = (plan.controlnet,)
+        if entry.controlnet_key != key:
+            import jax.numpy as jnp
+
+            from sdjax_runner.models import controlnet
+            from sdjax_runner.models.loading import numpy_dtype
+
+            entry.controlnet, entry.controlnet_on, entry.controlnet_weights = None, (), None
+            entry.controlnet = controlnet.load(plan.controlnet, plan.cache_dir, entry.loaded.pipeline.unet.config,
+                                               getattr(jnp, plan.dtype.activations_dtype.name),
+                                               numpy_dtype(plan.dtype.weights_dtype.name))
+            entry.controlnet_key = key
+        return entry.controlnet
+
     def prepare(self, plan: Plan, entry: ModelEntry, reused: bool, mode: type[Generator], devices: list,
                 spec: Spec) -> Prepared:
         """Pipeline with the plan's scheduler, params placed on ``devices`` and, if compiled before, the
@@ -123,6 +146,12 @@ class ReuseCache:
         params = dict(entry.placed_weights, scheduler=mode.place_params(state, devices))
         if plan.lora:  # merged on the devices; the scales are inputs, so no new program
             params = self.with_lora(plan, entry, mode, devices, placement, params)
+        if entry.controlnet is not None and plan.controlnet:
+            if entry.controlnet_on != placement:
+                entry.controlnet_weights = mode.place_params(entry.controlnet.host_weights, devices)
+                entry.controlnet_on = placement
+            params["controlnet"] = entry.controlnet_weights
+            pipeline.controlnet = entry.controlnet.module  # read by the program (engine/samplers/unet.py)
         jax.block_until_ready(params)
         replicate_s = time.perf_counter() - started
 

@@ -57,8 +57,11 @@ class ShardedGenerator(Generator):
     def place_keys(self, keys: np.ndarray):
         return global_array(keys, self.data)
 
-    def _args(self, ids, keys) -> tuple:
-        args = (ids, self.params, keys, self.guidance)
+    def place_number(self, value: np.ndarray):
+        return global_array(value, self.replicated)
+
+    def _args(self, ids, keys, inputs) -> tuple:
+        args = (ids, self.params, keys, self.guidance, inputs)
         return args + (self.negative_ids,) if self.negative_ids is not None else args
 
     def lower(self):
@@ -68,22 +71,24 @@ class ShardedGenerator(Generator):
 
         pipeline, spec = self.pipeline, self.spec
 
-        def per_device(ids, params, keys, guidance, negative_ids=None):
+        def per_device(ids, params, keys, guidance, inputs, negative_ids=None):
             # One device's share, as under pmap: its latents drawn from its own key, (per_device_batch, C, h, w).
-            return generate(pipeline, spec, ids, params, keys[0], guidance, negative_ids)
+            return generate(pipeline, spec, ids, params, keys[0], guidance, inputs, negative_ids)
 
         data, replicated = jax.P("data"), jax.P()
-        partitions = (data, replicated, data, replicated) + ((data,) if self.negative_ids is not None else ())
+        inputs = {name: replicated if name in self.numbers else data for name in self.program_args()[4]}
+        partitions = (data, replicated, data, replicated, inputs) + ((data,) if self.negative_ids is not None else ())
         # shard_map: each device runs the program on its own slice, so classifier-free guidance's
         # concatenate/split of the batch stays on the device (a global jit view would move halves
         # of the batch between devices at every step).
         mapped = jax.shard_map(per_device, mesh=self.mesh, in_specs=partitions, out_specs=data, check_vma=False)
-        shardings = tuple(jax.NamedSharding(self.mesh, partition) for partition in partitions)
+        shardings = jax.tree_util.tree_map(lambda partition: jax.NamedSharding(self.mesh, partition), partitions,
+                                           is_leaf=lambda node: isinstance(node, jax.P))
         function = jax.jit(mapped, in_shardings=shardings, out_shardings=self.data)
         return function.lower(*self.program_args())
 
-    def run(self, ids, keys):
-        return self.compiled(*self._args(ids, keys))
+    def run(self, ids, keys, inputs):
+        return self.compiled(*self._args(ids, keys, inputs))
 
     def fetch(self, out) -> np.ndarray:
         import jax

@@ -6,6 +6,8 @@ full-size ones for benchmarks.
   scheduler) small enough to run on a laptop CPU in seconds.
 * ``sd-v1-arch`` / ``sdxl-arch``: the exact SD-1.x and SDXL-base shapes (859.5M and 2.57G UNet
   parameters) with random weights, so performance can be measured with no hub access.
+* ``tiny-random-inpaint``: ``tiny-random`` as an inpainting model (a 9-channel UNet, the index of
+  ``StableDiffusionInpaintPipeline``); ``tiny-random-controlnet``: a ControlNet for ``tiny-random``.
 * ``tiny-random-clip``: a small random CLIP (text and vision towers, the CLIP tokenizer and image
   processor) for the CLIP score metric in tests and the smoke run.
 
@@ -175,6 +177,17 @@ SPECS = {
         vae=dict(block_out_channels=(16, 16, 32, 32), layers_per_block=1, norm_num_groups=8, sample_size=64),
         save_dtype="float32",
     ),
+    # tiny-random as an inpainting model: its UNet reads 9 channels (latents, mask, masked-image latents), as
+    # runwayml/stable-diffusion-inpainting's does, and its index names StableDiffusionInpaintPipeline.
+    "tiny-random-inpaint": dict(
+        xl=False, inpaint=True,
+        text=[dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4)],
+        unet=dict(sample_size=8, down_block_types=("CrossAttnDownBlock2D", "DownBlock2D"),
+                  up_block_types=("UpBlock2D", "CrossAttnUpBlock2D"), block_out_channels=(32, 64),
+                  layers_per_block=1, attention_head_dim=8, cross_attention_dim=32),
+        vae=dict(block_out_channels=(16, 16, 32, 32), layers_per_block=1, norm_num_groups=8, sample_size=64),
+        save_dtype="float32",
+    ),
     "tiny-random-xl": dict(
         xl=True,
         text=[dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4),
@@ -223,14 +236,21 @@ CLIP_SPECS = {
         projection_dim=32,
     ),
 }
-if tuple(SPECS) + tuple(CLIP_SPECS) != BUILTIN_MODELS:  # config/schema.py names them for the checks
-    raise RuntimeError(f"models/builtin.py builds {tuple(SPECS) + tuple(CLIP_SPECS)}, config/schema.py lists {BUILTIN_MODELS}")
+# A ControlNet for a built-in model (controlnet.model=NAME): the down blocks and mid block of its UNet, and a
+# conditioning embedding that brings the control image down 8x to the latents' size.
+CONTROLNET_SPECS = {
+    "tiny-random-controlnet": dict(base="tiny-random", conditioning_embedding_out_channels=(16, 16, 32, 32)),
+}
+if tuple(SPECS) + tuple(CLIP_SPECS) + tuple(CONTROLNET_SPECS) != BUILTIN_MODELS:  # config/schema.py names them
+    raise RuntimeError(f"models/builtin.py builds {tuple(SPECS) + tuple(CLIP_SPECS) + tuple(CONTROLNET_SPECS)}, "
+                       f"config/schema.py lists {BUILTIN_MODELS}")
 
 
 def build_builtin(name: str, target: Path) -> Path:
     """Create built-in model ``name`` at ``target`` (atomically; an existing build is kept)."""
     target = Path(target)
-    marker = "config.json" if name in CLIP_SPECS else "model_index.json"  # builds appear whole (staged, renamed)
+    single = name in CLIP_SPECS or name in CONTROLNET_SPECS
+    marker = "config.json" if single else "model_index.json"  # builds appear whole (staged, renamed)
     if (target / marker).exists():
         return target
     if target.exists() and any(target.iterdir()):
@@ -245,6 +265,8 @@ def build_builtin(name: str, target: Path) -> Path:
     try:
         if name in CLIP_SPECS:
             _build_clip_into(staging, CLIP_SPECS[name])
+        elif name in CONTROLNET_SPECS:
+            _build_controlnet_into(staging, CONTROLNET_SPECS[name])
         else:
             _build_into(staging, SPECS[name])
         try:
@@ -293,7 +315,8 @@ def architecture(name: str):
         component = "text_encoder" if number == 0 else "text_encoder_2"
         modules[component] = encoder
         shapes[component] = param_shapes(encoder, "transformers")
-    modules["unet"] = FlaxUNet2DConditionModel(in_channels=4, out_channels=4, **spec["unet"])
+    modules["unet"] = FlaxUNet2DConditionModel(in_channels=9 if spec.get("inpaint") else 4, out_channels=4,
+                                               **spec["unet"])
     modules["vae"] = FlaxAutoencoderKL(in_channels=3, out_channels=3, latent_channels=4,
                                        down_block_types=("DownEncoderBlock2D",) * 4,
                                        up_block_types=("UpDecoderBlock2D",) * 4, **spec["vae"])
@@ -305,8 +328,8 @@ def architecture(name: str):
 def _build_into(directory: Path, spec: dict) -> None:
     import ml_dtypes
     import numpy as np
-    from diffusers import (FlaxEulerDiscreteScheduler, FlaxPNDMScheduler, FlaxStableDiffusionPipeline,
-                           FlaxStableDiffusionXLPipeline)
+    from diffusers import (FlaxEulerDiscreteScheduler, FlaxPNDMScheduler, FlaxStableDiffusionInpaintPipeline,
+                           FlaxStableDiffusionPipeline, FlaxStableDiffusionXLPipeline)
     from transformers import CLIPTokenizer
 
     name = next(n for n, s in SPECS.items() if s is spec)
@@ -326,7 +349,7 @@ def _build_into(directory: Path, spec: dict) -> None:
             tokenizer=tokenizer, tokenizer_2=CLIPTokenizer.from_pretrained(directory / "_tokenizer_2"),
             unet=modules["unet"], scheduler=FlaxEulerDiscreteScheduler(**XL_SCHEDULER))
     else:
-        pipeline = FlaxStableDiffusionPipeline(
+        pipeline = (FlaxStableDiffusionInpaintPipeline if spec.get("inpaint") else FlaxStableDiffusionPipeline)(
             vae=modules["vae"], text_encoder=modules["text_encoder"], tokenizer=tokenizer, unet=modules["unet"],
             scheduler=FlaxPNDMScheduler(**SD_SCHEDULER), safety_checker=None, feature_extractor=None)
     pipeline.save_pretrained(directory, params=params)
@@ -351,3 +374,25 @@ def _build_clip_into(directory: Path, spec: dict) -> None:
     CLIPImageProcessor(size={"shortest_edge": image_size},
                        crop_size={"height": image_size, "width": image_size}).save_pretrained(directory)
     shutil.rmtree(directory / "_tokenizer")
+
+
+def controlnet_architecture(name: str):
+    """(FlaxControlNetModel, its parameter shapes) of built-in ControlNet ``name``, with no weights."""
+    from diffusers import FlaxControlNetModel
+
+    from sdjax_runner.models.checkpoints import param_shapes
+
+    spec = CONTROLNET_SPECS[name]
+    unet = SPECS[spec["base"]]["unet"]
+    module = FlaxControlNetModel(
+        sample_size=unet["sample_size"], in_channels=4, down_block_types=unet["down_block_types"],
+        block_out_channels=unet["block_out_channels"], layers_per_block=unet["layers_per_block"],
+        attention_head_dim=unet["attention_head_dim"], cross_attention_dim=unet["cross_attention_dim"],
+        conditioning_embedding_out_channels=spec["conditioning_embedding_out_channels"])
+    return module, param_shapes(module, "diffusers")
+
+
+def _build_controlnet_into(directory: Path, spec: dict) -> None:
+    name = next(n for n, s in CONTROLNET_SPECS.items() if s is spec)
+    module, shapes = controlnet_architecture(name)
+    module.save_pretrained(directory, params=_random_params(shapes, SEED + 20))

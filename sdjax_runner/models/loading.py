@@ -37,8 +37,12 @@ ANNOUNCE_BYTES = 200_000_000
 # The components a single-file checkpoint (model.checkpoint) holds the weights of.
 CHECKPOINT_COMPONENTS = ("unet", "vae", "text_encoder", "text_encoder_2")
 # model_index.json's pipeline class (with or without "Flax") -> the Flax pipeline that runs it.
+# An inpainting model's pipeline (runwayml/stable-diffusion-inpainting) holds the same components: the runner
+# reads its modules and runs its own program (engine/modes/inpaint.py).
 PIPELINES = {"StableDiffusionPipeline": "FlaxStableDiffusionPipeline",
-             "StableDiffusionXLPipeline": "FlaxStableDiffusionXLPipeline"}
+             "StableDiffusionInpaintPipeline": "FlaxStableDiffusionPipeline",
+             "StableDiffusionXLPipeline": "FlaxStableDiffusionXLPipeline",
+             "StableDiffusionXLInpaintPipeline": "FlaxStableDiffusionXLPipeline"}
 
 
 @dataclass

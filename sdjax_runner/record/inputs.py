@@ -3,7 +3,7 @@ can name the input that changed: the working directory its relative paths resolv
 prompt list as read (a prompt file can be edited, moved or deleted afterwards), the model directory
 it loaded -- with the hub commit of a hub snapshot, or each weight file's size and modification time
 for a local folder (hashing gigabytes of weights per run would cost seconds) -- and the content
-hashes of its LoRA adapters and single-file checkpoint."""
+hashes of its LoRA adapters, single-file checkpoint and input images (img2img, inpaint, controlnet)."""
 
 from __future__ import annotations
 
@@ -37,6 +37,8 @@ def collect(plan: "Plan", model_path: str) -> dict[str, Any]:
                   "weights": {} if revision else weight_files(model_dir)},
         "lora": [{"path": path, "scale": scale, "sha256": sha256} for path, scale, sha256 in plan.lora],
         "checkpoint": {"path": plan.checkpoint[0], "sha256": plan.checkpoint[1]} if plan.checkpoint else None,
+        # The mode's images (init_image, mask_image, controlnet.image): path and content hash of each.
+        "images": [{"key": image.key, "path": image.path, "sha256": image.sha256} for image in plan.inputs.all()],
     }
 
 
@@ -79,6 +81,10 @@ def flat(inputs: dict[str, Any]) -> dict[str, str]:
         out[f"lora.{index}.sha256"] = adapter.get("sha256")
     if inputs.get("checkpoint"):
         out["checkpoint.sha256"] = inputs["checkpoint"].get("sha256")
+    counts: dict[str, int] = {}
+    for image in inputs.get("images") or []:  # init_image.0.sha256, mask_image.0.sha256, ...
+        number = counts[image.get("key")] = counts.get(image.get("key"), -1) + 1
+        out[f"{image.get('key')}.{number}.sha256"] = image.get("sha256")
     return out
 
 

@@ -2,7 +2,8 @@
 
     images/NNNN_seedS.png   one PNG per image, generation settings in PNG text chunks
                             (plus an A1111-style ``parameters`` chunk image tools read)
-    grid.png                every image of the run in one grid
+    grid.png                every image of the run in one grid (img2img, inpaint, controlnet: the input
+                            images -- init image, mask, control image -- in the left columns)
     images.json             per image: file, prompt, negative prompt, batch, device, seed, pixels_sha256
     timings.json            compile and steady-state timings, layout and device facts
     status.json             FINISHED / FAILED / KILLED, the error, and the tracker run
@@ -113,6 +114,10 @@ def a1111_parameters(meta: dict[str, Any]) -> str:
         f"Dtype: {meta['dtype']}, Batch: {meta['batch']}, Device: {meta['device']}"
         + (f", {'Eta DDIM' if meta['sampler'] == 'ddim' else 'Eta'}: {meta['eta']}" if meta.get("eta") is not None
            else "")
+        + (f", Denoising strength: {meta['strength']}" if meta.get("strength") is not None else "")
+        + (f", Mask: {meta['mask_image']}" if meta.get("mask_image") else "")
+        + (f", ControlNet: {meta['controlnet']}, Control weight: {meta['conditioning_scale']}"
+           if meta.get("controlnet") else "")
         + (f", Lora: {meta['lora']}" if meta.get("lora") else "")
         + (f", Checkpoint: {meta['checkpoint']}" if meta.get("checkpoint") else "")
     )
@@ -138,7 +143,7 @@ def save_whole(image: Image.Image, path: Path, **options: Any) -> None:
 
 # PNG text chunks that are numbers in images.json (everything else is text; "" is None for these).
 _INT_CHUNKS = ("index", "batch", "device", "seed", "steps", "height", "width")
-_FLOAT_CHUNKS = ("guidance_scale", "eta")
+_FLOAT_CHUNKS = ("guidance_scale", "eta", "strength", "conditioning_scale")
 _BOOL_CHUNKS = ("non_finite",)
 
 
@@ -253,6 +258,9 @@ def image_meta(plan: "Plan", height: int, width: int) -> dict[str, Any]:
         "sampler": plan.sampling.a1111[0],
         **({"schedule_type": plan.sampling.a1111[1]} if plan.sampling.a1111[1] else {}),
         **({"eta": plan.sampling.eta} if plan.sampling.eta is not None else {}),
+        "mode": plan.generation,
+        **({"strength": plan.strength} if plan.strength is not None else {}),
+        **({"controlnet": plan.controlnet, "conditioning_scale": plan.conditioning_scale} if plan.controlnet else {}),
         "model": plan.model.name,
         "model_path": str(plan.model.pretrained_model_name_or_path),
         "dtype": plan.dtype.weights_dtype.name,
@@ -285,8 +293,8 @@ def write_images(run_dir: Path, plan: "Plan", batches: Iterator, meta: dict[str,
                 continue
             image = Image.fromarray(array)
             record = dict(meta, index=slot.index, batch=slot.batch, device=slot.device, prompt=slot.prompt,
-                          file=image_file(slot.index, plan.seed), pixels_sha256=pixel_hash(array),
-                          non_finite=slot.index in non_finite)
+                          **input_files(plan, slot.prompt_index), file=image_file(slot.index, plan.seed),
+                          pixels_sha256=pixel_hash(array), non_finite=slot.index in non_finite)
             if plan.output.save_images:
                 save_png(image, run_dir / record["file"], record)
             records.append(record)
@@ -295,11 +303,47 @@ def write_images(run_dir: Path, plan: "Plan", batches: Iterator, meta: dict[str,
     return images, write_s
 
 
+def input_files(plan: "Plan", prompt_index: int) -> dict[str, str]:
+    """The mode's input images an image was made from (its prompt's pair): init_image, mask_image, control_image."""
+    out = {}
+    for key, images in (("init_image", plan.inputs.init), ("mask_image", plan.inputs.mask),
+                        ("control_image", plan.inputs.control)):
+        if images:
+            out[key] = Path(images[prompt_index % len(images)].path).name
+    return out
+
+
+def input_panels(plan: "Plan", height: int, width: int) -> list[Image.Image]:
+    """The mode's distinct input images fitted to the output size, as the program reads them (init images,
+    masks, control images), for the grid and the sweep's contact sheet."""
+    from sdjax_runner.config.input_images import fitted
+
+    panels = []
+    for image in plan.inputs.all():
+        pixels = fitted(image, height, width, plan.resize_mode)
+        panels.append(Image.fromarray(pixels[..., 0] if pixels.shape[-1] == 1 else pixels).convert("RGB"))
+    return panels
+
+
+def with_inputs(grid: Image.Image, panels: list[Image.Image], rows: int) -> Image.Image:
+    """``grid`` with the input ``panels`` in columns on its left, a gap of a cell's tenth between."""
+    if not panels:
+        return grid
+    cell_w, cell_h = panels[0].size
+    side = make_grid(panels, min(rows, len(panels)), math.ceil(len(panels) / rows))
+    gap = max(2, cell_w // 10)
+    out = Image.new("RGB", (side.width + gap + grid.width, max(side.height, grid.height)), "white")
+    out.paste(side, (0, 0))
+    out.paste(grid.convert("RGB"), (side.width + gap, 0))
+    return out
+
+
 def write_run_files(run_dir: Path, plan: "Plan", records: list[dict], images: list) -> float:
-    """images.json and grid.png; returns the seconds it took."""
+    """images.json and grid.png (the mode's input images in its left columns); returns the seconds it took."""
     started = time.perf_counter()
     write_json(run_dir / IMAGES, records)
     if plan.output.grid:
         rows, cols = grid_shape(len(images), plan.output.grid_rows, plan.output.grid_cols)
-        save_whole(make_grid(images, rows, cols), run_dir / GRID)
+        panels = input_panels(plan, images[0].height, images[0].width) if images else []
+        save_whole(with_inputs(make_grid(images, rows, cols), panels, rows), run_dir / GRID)
     return time.perf_counter() - started

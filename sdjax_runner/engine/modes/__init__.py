@@ -1,9 +1,25 @@
-"""Stage 2, prepare: the modes. Each maps (pipeline, params, key, spec, batch) -> the initial latents
-(batch, channels, height / 8, width / 8) the sampler starts from. A new mode (img2img, inpaint, ...) is a
-module here and an entry in :data:`MODES`."""
+"""Stage 2, prepare: the modes. Each maps (pipeline, params, key, spec, batch, inputs) -> a :class:`.start.Start`:
+the initial noise, and what the sampler starts from and is steered by -- an init image's latents and the
+step to start at (img2img, inpaint), a mask (inpaint), extra UNet input channels (inpainting models) or a
+ControlNet's inputs (added to the conditioning, :class:`~sdjax_runner.engine.encode.Conditioning`).
+``inputs`` holds the mode's traced inputs (engine/generate.py places them): the per-image arrays ``init``,
+``mask``, ``control`` and the numbers ``start`` (the start step, from strength) and ``control_scale`` --
+inputs, not part of the program, so sweeping strength or the conditioning scale never recompiles.
+
+How a sampler uses a Start (engine/samplers): from pure noise it scales ``noise`` to its first noise level;
+given ``image`` it noises the image to the level of step ``step`` and runs from there; given ``keep`` it
+puts the init image back, noised to the current level, wherever ``keep`` is 1 (inpainting with an ordinary
+model). A new mode is a module here and an entry in :data:`MODES`."""
 
 from __future__ import annotations
 
-from sdjax_runner.engine.modes import txt2img
+from sdjax_runner.config.modes import MODES as NAMES
+from sdjax_runner.engine.modes import controlnet, img2img, inpaint, txt2img
 
-MODES = {"txt2img": txt2img.initial_latents}
+MODES = {"txt2img": txt2img.prepare, "img2img": img2img.prepare, "inpaint": inpaint.prepare,
+         "controlnet": controlnet.prepare}
+# The traced inputs each mode takes: per-image arrays (sharded with the batch) and numbers (replicated).
+PER_IMAGE = {"txt2img": (), "img2img": ("init",), "inpaint": ("init", "mask"), "controlnet": ("control",)}
+NUMBERS = {"txt2img": (), "img2img": ("start",), "inpaint": ("start",), "controlnet": ("control_scale",)}
+if tuple(MODES) != NAMES:
+    raise RuntimeError(f"engine/modes runs {tuple(MODES)}, config/modes.py lists {NAMES}")

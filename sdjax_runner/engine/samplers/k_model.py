@@ -15,6 +15,7 @@ from typing import Any, Callable
 import numpy as np
 
 from sdjax_runner.engine.encode import Conditioning
+from sdjax_runner.engine.modes.start import Start, initial
 from sdjax_runner.engine.samplers import unet
 from sdjax_runner.engine.samplers.k_samplers import DISCARD_PENULTIMATE, K_SAMPLERS, NOISE_STREAM, key_noise
 from sdjax_runner.engine.samplers.sigmas import schedule, training_sigmas
@@ -45,8 +46,9 @@ def unet_denoiser(pipeline: Any, params: dict, conditioning: Conditioning, guida
 def sampler(name: str) -> Callable:
     """The denoising stage of k sampler ``name``."""
 
-    def denoise(pipeline: Any, params: dict, conditioning: Conditioning, latents, guidance, spec: Any, key):
+    def denoise(pipeline: Any, params: dict, conditioning: Conditioning, start: Start, guidance, spec: Any, key):
         import jax
+        import jax.numpy as jnp
 
         config = pipeline.scheduler.config
         training = training_sigmas(config)
@@ -57,8 +59,16 @@ def sampler(name: str) -> Callable:
             sigmas = schedule(spec.sigmas, spec.steps, training)  # host values: constants of the program
         prediction = spec.prediction_type or config.get("prediction_type", "epsilon")
         model = unet_denoiser(pipeline, params, conditioning, guidance, prediction, training)
-        noise = key_noise(jax.random.fold_in(key, NOISE_STREAM), latents.shape, latents.dtype)
+        if start.keep is not None:
+            # Inpainting with an ordinary model, as A1111 does for the k samplers: the denoised sample is the
+            # init image wherever it is kept (and so is the result).
+            unmasked = model
+            model = lambda x, sigma: start.keep * start.image + (1 - start.keep) * unmasked(x, sigma)  # noqa: E731
+        constants = jnp.asarray(sigmas, start.noise.dtype)
+        x = initial(start, start.noise * float(sigmas[0]), lambda step: start.image + start.noise * constants[step])
+        noise = key_noise(jax.random.fold_in(key, NOISE_STREAM), x.shape, x.dtype)
         options = {} if spec.eta is None else {"eta": spec.eta}  # config/samplers.py let it through: it takes one
-        return K_SAMPLERS[name](model, latents * float(sigmas[0]), sigmas, noise, **options)
+        x = K_SAMPLERS[name](model, x, sigmas, noise, start=start.step, **options)
+        return x if start.keep is None else start.keep * start.image + (1 - start.keep) * x
 
     return denoise

@@ -7,6 +7,11 @@ host values (a NumPy array made from the model's training schedule) and constant
 (DPM++ 2M, 3M SDE, LMS) is carried through the loop, and the two-evaluation samplers take their plain Euler
 step at the last sigma with a ``lax.cond``, as k-diffusion's ``if sigmas[i + 1] == 0`` does.
 
+Every sampler takes ``start``: the step it starts at (img2img and inpainting start part-way down the
+schedule; a traced number, so a strength sweep compiles once). Running from ``start`` on ``sigmas`` is
+running on ``sigmas[start:]`` -- the first step is first-order, the multistep history begins there --
+with step i still drawing step i's noise.
+
 ``noise(i, j)`` is the j-th standard normal draw of step i, drawn where k-diffusion draws (``randn_like`` or
 its noise sampler); the program makes it from the device's key (:func:`key_noise`), tests pass fixed
 arrays. The algorithms follow crowsonkb/k-diffusion ``k_diffusion/sampling.py`` (LCM: ComfyUI's
@@ -20,6 +25,7 @@ from typing import Any, Callable
 import numpy as np
 
 from sdjax_runner.engine.samplers import unipc
+from sdjax_runner.engine.samplers.starts import per_start
 
 Denoiser = Callable[[Any, Any], Any]  # (x, sigma) -> x0
 Noise = Callable[[Any, int], Any]  # (step index, draw) -> standard normal, shaped like x
@@ -33,14 +39,15 @@ def _ancestral(sigma_from, sigma_to, eta: float = 1.0):
     return jnp.sqrt(sigma_to**2 - sigma_up**2), sigma_up
 
 
-def _steps(sigmas, x, step, carry=None):
-    """``step(i, sigma, sigma_next, carry) -> carry`` over every step in one ``lax.fori_loop`` (``carry``:
-    ``x`` unless given); ``sigmas`` are host values, made constants of the program in the sample's dtype."""
+def _steps(sigmas, x, step, carry=None, start=0):
+    """``step(i, sigma, sigma_next, carry) -> carry`` over the steps from ``start`` in one ``lax.fori_loop``
+    (``carry``: ``x`` unless given); ``sigmas`` are host values, made constants of the program in the
+    sample's dtype."""
     import jax
     import jax.numpy as jnp
 
     constants = jnp.asarray(np.asarray(sigmas), x.dtype)
-    return jax.lax.fori_loop(0, len(sigmas) - 1, lambda i, c: step(i, constants[i], constants[i + 1], c),
+    return jax.lax.fori_loop(start, len(sigmas) - 1, lambda i, c: step(i, constants[i], constants[i + 1], c),
                              x if carry is None else carry)
 
 
@@ -62,21 +69,21 @@ def _noise_if(condition, draw, scale):
     return jnp.where(condition, draw * scale, 0.0)
 
 
-def euler(model: Denoiser, x, sigmas, noise: Noise):
+def euler(model: Denoiser, x, sigmas, noise: Noise, start=0):
     return _steps(sigmas, x, lambda i, sigma, sigma_next, x:
-                  x + _derivative(model, x, sigma) * (sigma_next - sigma))
+                  x + _derivative(model, x, sigma) * (sigma_next - sigma), start=start)
 
 
-def euler_ancestral(model: Denoiser, x, sigmas, noise: Noise, eta: float = 1.0):
+def euler_ancestral(model: Denoiser, x, sigmas, noise: Noise, eta: float = 1.0, start=0):
     def step(i, sigma, sigma_next, x):
         sigma_down, sigma_up = _ancestral(sigma, sigma_next, eta)
         x = x + _derivative(model, x, sigma) * (sigma_down - sigma)
         return x + _noise_if(sigma_next > 0, noise(i, 0), sigma_up)
 
-    return _steps(sigmas, x, step)
+    return _steps(sigmas, x, step, start=start)
 
 
-def heun(model: Denoiser, x, sigmas, noise: Noise):
+def heun(model: Denoiser, x, sigmas, noise: Noise, start=0):
     def step(i, sigma, sigma_next, x):
         d = _derivative(model, x, sigma)
         dt = sigma_next - sigma
@@ -87,7 +94,7 @@ def heun(model: Denoiser, x, sigmas, noise: Noise):
 
         return _last(sigma_next, lambda x: x + d * dt, corrected, x)
 
-    return _steps(sigmas, x, step)
+    return _steps(sigmas, x, step, start=start)
 
 
 def _midpoint_step(model: Denoiser, x, d, sigma, target):
@@ -105,16 +112,16 @@ def _dpm_2_to(model: Denoiser, x, sigma, target):
     return _last(target, lambda x: x + d * (target - sigma), lambda x: _midpoint_step(model, x, d, sigma, target), x)
 
 
-def dpm_2(model: Denoiser, x, sigmas, noise: Noise):
-    return _steps(sigmas, x, lambda i, sigma, sigma_next, x: _dpm_2_to(model, x, sigma, sigma_next))
+def dpm_2(model: Denoiser, x, sigmas, noise: Noise, start=0):
+    return _steps(sigmas, x, lambda i, sigma, sigma_next, x: _dpm_2_to(model, x, sigma, sigma_next), start=start)
 
 
-def dpm_2_ancestral(model: Denoiser, x, sigmas, noise: Noise, eta: float = 1.0):
+def dpm_2_ancestral(model: Denoiser, x, sigmas, noise: Noise, eta: float = 1.0, start=0):
     def step(i, sigma, sigma_next, x):
         sigma_down, sigma_up = _ancestral(sigma, sigma_next, eta)
         return _dpm_2_to(model, x, sigma, sigma_down) + noise(i, 0) * sigma_up
 
-    return _steps(sigmas, x, step)
+    return _steps(sigmas, x, step, start=start)
 
 
 LMS_ORDER = 4
@@ -140,20 +147,20 @@ def lms_coefficients(sigmas: np.ndarray, order: int = LMS_ORDER) -> np.ndarray:
     return table
 
 
-def lms(model: Denoiser, x, sigmas, noise: Noise):
+def lms(model: Denoiser, x, sigmas, noise: Noise, start=0):
     import jax.numpy as jnp
 
-    coefficients = jnp.asarray(lms_coefficients(sigmas), x.dtype)
+    coefficients = jnp.asarray(per_start(lms_coefficients, sigmas, start), x.dtype)  # [start, step]
 
     def step(i, sigma, sigma_next, carry):
         x, history = carry  # the last LMS_ORDER derivatives, newest first
         history = jnp.concatenate([_derivative(model, x, sigma)[None], history[:-1]])
-        return x + jnp.tensordot(coefficients[i], history, axes=1), history
+        return x + jnp.tensordot(coefficients[start, i], history, axes=1), history
 
-    return _steps(sigmas, x, step, (x, jnp.zeros((LMS_ORDER,) + x.shape, x.dtype)))[0]
+    return _steps(sigmas, x, step, (x, jnp.zeros((LMS_ORDER,) + x.shape, x.dtype)), start)[0]
 
 
-def dpmpp_2s_ancestral(model: Denoiser, x, sigmas, noise: Noise, eta: float = 1.0):
+def dpmpp_2s_ancestral(model: Denoiser, x, sigmas, noise: Noise, eta: float = 1.0, start=0):
     import jax.numpy as jnp
 
     def step(i, sigma, sigma_next, x):
@@ -169,10 +176,10 @@ def dpmpp_2s_ancestral(model: Denoiser, x, sigmas, noise: Noise, eta: float = 1.
         x = _last(sigma_down, lambda x: x + (x - denoised) / sigma * (sigma_down - sigma), second_order, x)
         return x + _noise_if(sigma_next > 0, noise(i, 0), sigma_up)
 
-    return _steps(sigmas, x, step)
+    return _steps(sigmas, x, step, start=start)
 
 
-def dpmpp_sde(model: Denoiser, x, sigmas, noise: Noise, eta: float = 1.0):
+def dpmpp_sde(model: Denoiser, x, sigmas, noise: Noise, eta: float = 1.0, start=0):
     import jax.numpy as jnp
 
     def step(i, sigma, sigma_next, x):
@@ -189,7 +196,7 @@ def dpmpp_sde(model: Denoiser, x, sigmas, noise: Noise, eta: float = 1.0):
 
         return _last(sigma_next, lambda x: x + (x - denoised) / sigma * (sigma_next - sigma), stochastic, x)
 
-    return _steps(sigmas, x, step)
+    return _steps(sigmas, x, step, start=start)
 
 
 def _log_step(sigma, sigma_next):
@@ -201,22 +208,22 @@ def _log_step(sigma, sigma_next):
     return jnp.where(last, 1.0, jnp.log(sigma) - jnp.log(jnp.where(last, 1.0, sigma_next))), last
 
 
-def dpmpp_2m(model: Denoiser, x, sigmas, noise: Noise):
+def dpmpp_2m(model: Denoiser, x, sigmas, noise: Noise, start=0):
     import jax.numpy as jnp
 
     def step(i, sigma, sigma_next, carry):
         x, old, h_last = carry
         denoised = model(x, sigma)
         h, last = _log_step(sigma, sigma_next)
-        first_order = (i == 0) | last
+        first_order = (i == start) | last
         r = jnp.where(first_order, 1.0, h_last / h)
         corrected = jnp.where(first_order, denoised, (1 + 1 / (2 * r)) * denoised - (1 / (2 * r)) * old)
         return jnp.where(last, denoised, (sigma_next / sigma) * x - jnp.expm1(-h) * corrected), denoised, h
 
-    return _steps(sigmas, x, step, (x, jnp.zeros_like(x), jnp.ones((), x.dtype)))[0]
+    return _steps(sigmas, x, step, (x, jnp.zeros_like(x), jnp.ones((), x.dtype)), start)[0]
 
 
-def dpmpp_2m_sde(model: Denoiser, x, sigmas, noise: Noise, eta: float = 1.0):
+def dpmpp_2m_sde(model: Denoiser, x, sigmas, noise: Noise, eta: float = 1.0, start=0):
     import jax.numpy as jnp
 
     def step(i, sigma, sigma_next, carry):
@@ -226,14 +233,14 @@ def dpmpp_2m_sde(model: Denoiser, x, sigmas, noise: Noise, eta: float = 1.0):
         eta_h = eta * h
         moved = sigma_next / sigma * jnp.exp(-eta_h) * x - jnp.expm1(-h - eta_h) * denoised
         correction = -0.5 * jnp.expm1(-h - eta_h) * (h / h_last) * (denoised - old)
-        moved = moved + jnp.where(i == 0, 0.0, correction)
+        moved = moved + jnp.where(i == start, 0.0, correction)
         moved = moved + noise(i, 0) * sigma_next * jnp.sqrt(-jnp.expm1(-2 * eta_h))
         return jnp.where(last, denoised, moved), denoised, h
 
-    return _steps(sigmas, x, step, (x, jnp.zeros_like(x), jnp.ones((), x.dtype)))[0]
+    return _steps(sigmas, x, step, (x, jnp.zeros_like(x), jnp.ones((), x.dtype)), start)[0]
 
 
-def dpmpp_3m_sde(model: Denoiser, x, sigmas, noise: Noise, eta: float = 1.0):
+def dpmpp_3m_sde(model: Denoiser, x, sigmas, noise: Noise, eta: float = 1.0, start=0):
     import jax.numpy as jnp
 
     def step(i, sigma, sigma_next, carry):
@@ -248,17 +255,17 @@ def dpmpp_3m_sde(model: Denoiser, x, sigmas, noise: Noise, eta: float = 1.0):
         d1_0 = (denoised - denoised_1) / r0
         d1_1 = (denoised_1 - denoised_2) / r1
         third = phi_2 * (d1_0 + (d1_0 - d1_1) * r0 / (r0 + r1)) - phi_3 * (d1_0 - d1_1) / (r0 + r1)
-        moved = moved + jnp.where(i >= 2, third, jnp.where(i == 1, phi_2 * d1_0, 0.0))
+        moved = moved + jnp.where(i >= start + 2, third, jnp.where(i == start + 1, phi_2 * d1_0, 0.0))
         moved = moved + noise(i, 0) * sigma_next * jnp.sqrt(-jnp.expm1(-2 * h * eta))
         return jnp.where(last, denoised, moved), denoised, denoised_1, h, h_1
 
     zeros, ones = jnp.zeros_like(x), jnp.ones((), x.dtype)
-    return _steps(sigmas, x, step, (x, zeros, zeros, ones, ones))[0]
+    return _steps(sigmas, x, step, (x, zeros, zeros, ones, ones), start)[0]
 
 
-def lcm(model: Denoiser, x, sigmas, noise: Noise):
+def lcm(model: Denoiser, x, sigmas, noise: Noise, start=0):
     return _steps(sigmas, x, lambda i, sigma, sigma_next, x:
-                  model(x, sigma) + _noise_if(sigma_next > 0, noise(i, 0), sigma_next))
+                  model(x, sigma) + _noise_if(sigma_next > 0, noise(i, 0), sigma_next), start=start)
 
 
 # k-diffusion's and ComfyUI's names; config/samplers.py maps A1111's spellings onto them.

@@ -8,21 +8,34 @@ from __future__ import annotations
 from typing import Any
 
 from sdjax_runner.engine.encode import Conditioning
+from sdjax_runner.engine.modes.start import Start, initial
 from sdjax_runner.engine.samplers import unet
 from sdjax_runner.engine.samplers.k_samplers import NOISE_STREAM, key_noise
 
 
-def denoise(pipeline: Any, params: dict, conditioning: Conditioning, latents, guidance, spec: Any, key=None):
+def denoise(pipeline: Any, params: dict, conditioning: Conditioning, start: Start, guidance, spec: Any, key=None):
     import jax
     import jax.numpy as jnp
 
     scheduler = pipeline.scheduler
     guidance = jnp.array([guidance], dtype=jnp.float32)  # the model output stays float32 into the scheduler
-    state = scheduler.set_timesteps(params["scheduler"], num_inference_steps=spec.steps, shape=latents.shape)
+    state = scheduler.set_timesteps(params["scheduler"], num_inference_steps=spec.steps, shape=start.noise.shape)
     # The initial noise scaled to the scheduler's spread. diffusers' SD pipeline reads init_noise_sigma from
     # the state before set_timesteps, its SDXL pipeline from the state after (they differ for Euler only).
     sigma = (state if conditioning.added is not None else params["scheduler"]).init_noise_sigma
-    latents = latents * sigma
+
+    def noised(index):
+        """The init image noised to the level of step ``index``. diffusers' Flax img2img pipeline:
+        ``scheduler.add_noise`` at ``timesteps[index]``, times init_noise_sigma (1 for these). A scheduler
+        that steps in sigma space (Euler, LMS) adds ``noise * sigmas[index]``, as diffusers' PyTorch
+        schedulers do: its Flax ``add_noise`` indexes sigmas by the timestep's value, and init_noise_sigma is
+        the largest sigma there, which would noise the image twice."""
+        if hasattr(state, "sigmas"):
+            return start.image + start.noise * jnp.asarray(state.sigmas)[index]
+        t = jnp.broadcast_to(jnp.asarray(state.timesteps)[index], start.noise.shape[:1])
+        return scheduler.add_noise(params["scheduler"], start.image, start.noise, t) * params["scheduler"].init_noise_sigma
+
+    latents = initial(start, start.noise * sigma, noised)
 
     def step(index, carry):
         latents, state = carry
@@ -32,11 +45,20 @@ def denoise(pipeline: Any, params: dict, conditioning: Conditioning, latents, gu
                                                  scheduler.scale_model_input(state, latents, t), t)
         noise = unconditional + guidance * (conditional - unconditional)
         if spec.eta:  # DDIM with eta (config/samplers.py allows it for DDIM alone)
-            return ddim_step(scheduler, state, noise, t, latents, spec.eta, draws(index, 0))
-        return scheduler.step(state, noise, t, latents).to_tuple()
+            latents, state = ddim_step(scheduler, state, noise, t, latents, spec.eta, draws(index, 0))
+        else:
+            latents, state = scheduler.step(state, noise, t, latents).to_tuple()
+        if start.keep is not None:
+            # Inpainting with an ordinary model, as diffusers' StableDiffusionInpaintPipeline does for a
+            # 4-channel UNet: the kept area is the init image noised to the next step's level (clean after
+            # the last step).
+            following = index + 1
+            proper = jnp.where(following < spec.steps, noised(jnp.minimum(following, spec.steps - 1)), start.image)
+            latents = start.keep * proper + (1 - start.keep) * latents
+        return latents, state
 
     draws = key_noise(jax.random.fold_in(key, NOISE_STREAM), latents.shape, latents.dtype) if spec.eta else None
-    latents, _ = jax.lax.fori_loop(0, spec.steps, step, (latents, state))
+    latents, _ = jax.lax.fori_loop(start.step, spec.steps, step, (latents, state))
     return latents
 
 

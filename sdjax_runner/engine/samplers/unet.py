@@ -12,12 +12,23 @@ from sdjax_runner.engine.encode import Conditioning
 
 def halves(pipeline: Any, params: dict, conditioning: Conditioning, x, timestep):
     """(unconditional, conditional) predictions for ``x`` (one half's inputs) at the scalar ``timestep``,
-    whose dtype the UNet receives (the schedulers' integer timesteps, the k samplers' fractional ones)."""
+    whose dtype the UNet receives (the schedulers' integer timesteps, the k samplers' fractional ones).
+    An inpainting model reads the mode's extra channels after ``x``; a ControlNet (controlnet mode) sees
+    ``x`` and adds its scaled residuals to the UNet's skip connections, as diffusers' Flax ControlNet
+    pipeline does."""
     import jax.numpy as jnp
 
     model_input = jnp.concatenate([x] * 2)
-    added = {} if conditioning.added is None else {"added_cond_kwargs": conditioning.added}
     timesteps = jnp.broadcast_to(timestep, model_input.shape[:1])
+    extra = {} if conditioning.added is None else {"added_cond_kwargs": conditioning.added}
+    if conditioning.control is not None:
+        image, scale = conditioning.control
+        down, mid = pipeline.controlnet.apply({"params": params["controlnet"]}, model_input, timesteps,
+                                              encoder_hidden_states=conditioning.context, controlnet_cond=image,
+                                              conditioning_scale=scale, return_dict=False)
+        extra.update(down_block_additional_residuals=down, mid_block_additional_residual=mid)
+    if conditioning.concat is not None:
+        model_input = jnp.concatenate([model_input, conditioning.concat], axis=1)
     out = pipeline.unet.apply({"params": params["unet"]}, model_input, timesteps,
-                              encoder_hidden_states=conditioning.context, **added).sample
+                              encoder_hidden_states=conditioning.context, **extra).sample
     return jnp.split(out, 2, axis=0)

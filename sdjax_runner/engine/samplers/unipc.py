@@ -17,6 +17,8 @@ import math
 
 import numpy as np
 
+from sdjax_runner.engine.samplers.starts import per_start
+
 DEPTH = 3  # the most x0 estimates an update reaches back to (order 3)
 FINAL_SIGMA = 0.001  # ComfyUI's sample_unipc steps to this in place of a final 0
 
@@ -73,7 +75,8 @@ def coefficients(sigmas: np.ndarray, order: int, variant: str):
 
 
 def sampler(order: int, variant: str):
-    def unipc(model, x, sigmas, noise):
+    def unipc(model, x, sigmas, noise, start=0):
+        """From step ``start`` (k_samplers.py): the coefficients of a run on ``sigmas[start:]``."""
         import jax
         import jax.numpy as jnp
 
@@ -82,20 +85,21 @@ def sampler(order: int, variant: str):
             raise ValueError("UniPC takes at least 2 steps")  # config/samplers.py refuses fewer first
         if sigmas[-1] == 0:
             sigmas = np.append(sigmas[:-1], FINAL_SIGMA)
-        predict, correct = (jnp.asarray(table, x.dtype) for table in coefficients(sigmas, order, variant))
+        predict, correct = (jnp.asarray(per_start(lambda s: coefficients(s, order, variant)[part], sigmas, start),
+                                        x.dtype) for part in (0, 1))
         constants = jnp.asarray(sigmas, x.dtype)
 
         def step(k, carry):
             x, last, history = carry  # history: the x0 estimates of steps k-1, k-2, k-3
             m = model(x, constants[k])
-            c = correct[k]
+            c = correct[start, k]
             corrected = c[0] * last + jnp.tensordot(c[1:1 + DEPTH], history, axes=1) + c[-1] * m
-            x = jnp.where(k > 0, corrected, x)
+            x = jnp.where(k > start, corrected, x)
             history = jnp.concatenate([m[None], history[:-1]])
-            p = predict[k]
+            p = predict[start, k]
             return p[0] * x + jnp.tensordot(p[1:], history, axes=1), x, history
 
         carry = (x, x, jnp.zeros((DEPTH,) + x.shape, x.dtype))
-        return jax.lax.fori_loop(0, len(sigmas) - 1, step, carry)[0]
+        return jax.lax.fori_loop(start, len(sigmas) - 1, step, carry)[0]
 
     return unipc

@@ -1,0 +1,193 @@
+"""The images a run starts from or is steered by (``init_image``, ``mask_image``, ``controlnet.image``):
+untrusted files, read and checked before any model loads, then fitted to the run's size.
+
+Each key takes a file, a folder (its image files in name order) or a list of files. One file serves every
+prompt; a folder or list is paired with the prompts: prompt k gets image k, so it must hold exactly as
+many images as there are prompts. Every image is decoded whole here (a truncated or corrupt file is one
+line now, not a failure mid-run), at most :data:`MAX_PIXELS` pixels (a decompression bomb -- a small file
+that decodes to gigabytes -- is refused from its header, before it is decoded).
+
+Fitting to ``height`` x ``width`` (:func:`fitted`), by ``resize_mode``:
+
+* ``stretch`` (the default): resized to exactly height x width, Lanczos, aspect ratio not kept -- what
+  diffusers' ``VaeImageProcessor.resize`` does by default and A1111's "Just resize";
+* ``crop``: scaled (Lanczos) so it covers height x width, then the centre cut out -- A1111's "Crop and resize".
+
+An image already of the run's size is used as it is (no resampling), which is how diffusers' Flax
+pipelines take an image of their size. A mask is binarised after resizing: >= 0.5 (128 of 255)
+repaints, as diffusers' Flax inpaint pipeline does; it is resized with the same geometry as the init
+image (nearest neighbour, so its edge stays sharp before binarising).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from sdjax_runner.errors import UserError
+from sdjax_runner.files import not_a_file
+
+MAX_PIXELS = 64 * 2**20  # 64 megapixels: 8192 x 8192; a 512 x 512 image is 0.26
+EXTENSIONS = (".png", ".jpg", ".jpeg", ".webp", ".bmp", ".tif", ".tiff")
+ALLOWED = "an image file (PNG, JPEG, WebP, ...), a folder of them, or a list of files paired with the prompts"
+
+
+@dataclass(frozen=True)
+class InputImage:
+    key: str  # the config key it came from
+    path: str
+    sha256: str
+    pixels: np.ndarray  # (H, W, C) uint8 as decoded: RGB, or L for a mask
+
+    @property
+    def size(self) -> tuple[int, int]:
+        return self.pixels.shape[1], self.pixels.shape[0]  # (width, height), as PIL says it
+
+
+def _paths(key: str, value: Any) -> list[Path]:
+    """The files ``value`` names: one file, a folder's image files in name order, or a list."""
+    if isinstance(value, (list, tuple)):
+        if not value:
+            raise UserError(key, "is an empty list", ALLOWED)
+        return [Path(str(item)).expanduser() for item in value]
+    path = Path(str(value)).expanduser()
+    if path.is_dir():
+        files = sorted(p for p in path.iterdir() if p.suffix.lower() in EXTENSIONS and p.is_file())
+        if not files:
+            raise UserError(key, f"{path} holds no image files ({', '.join(EXTENSIONS)})", ALLOWED)
+        return files
+    return [path]
+
+
+def read_image(key: str, path: Path, mask: bool = False) -> InputImage:
+    """One file, decoded whole and checked; a mask must be single-channel."""
+    from PIL import Image, UnidentifiedImageError
+
+    missing = not_a_file(path)
+    if missing:
+        raise UserError(key, f"{missing}: {path}", ALLOWED)
+    data = path.read_bytes()
+    import io
+    import warnings
+
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", Image.DecompressionBombWarning)
+            with Image.open(io.BytesIO(data)) as image:
+                width, height = image.size
+                if width * height > MAX_PIXELS:
+                    raise UserError(key, f"{path} is {width} x {height} pixels ({width * height / 1e6:.0f} MP)",
+                                    f"an image of at most {MAX_PIXELS // 2**20} MP")
+                image.load()
+                if mask and image.mode not in ("L", "1", "I;16", "I", "F"):
+                    raise UserError(key, f"{path} has {len(image.getbands())} channels ({image.mode}); a mask is "
+                                    "single-channel", "a grayscale (mode L) mask: white repaints, black keeps")
+                if mask:
+                    pixels = np.asarray(image.convert("L"))[..., None] if image.mode in ("1", "L") else \
+                        np.asarray(_to_8bit(image))[..., None]
+                else:
+                    pixels = np.asarray(image.convert("RGB"))
+    except UserError:
+        raise
+    except (UnidentifiedImageError, Image.DecompressionBombError, Image.DecompressionBombWarning) as exc:
+        kind = "not an image Pillow can read" if isinstance(exc, UnidentifiedImageError) else \
+            "a decompression bomb (" + " ".join(str(exc).split())[:120] + ")"
+        raise UserError(key, f"{path} is {kind}", ALLOWED) from None
+    except (OSError, ValueError, SyntaxError) as exc:  # truncated or corrupt data
+        raise UserError(key, f"{path} cannot be decoded ({' '.join(str(exc).split())[:120]})", ALLOWED) from None
+    return InputImage(key, str(path), hashlib.sha256(data).hexdigest(), np.ascontiguousarray(pixels))
+
+
+def _to_8bit(image):
+    """A 16-bit or float single-channel image as 0..255 (scaled by its type's range)."""
+    array = np.asarray(image, dtype=np.float64)
+    top = 1.0 if image.mode == "F" else 65535.0 if array.max(initial=0) > 255 else 255.0
+    from PIL import Image
+
+    return Image.fromarray(np.clip(np.round(array / top * 255), 0, 255).astype(np.uint8), "L")
+
+
+def read_images(key: str, value: Any, prompts: int, mask: bool = False) -> tuple[InputImage, ...]:
+    """The images of ``key``: one for all prompts, or exactly one per prompt."""
+    paths = _paths(key, value)
+    if len(paths) > 1 and len(paths) != prompts:
+        raise UserError(key, f"has {len(paths)} images for {prompts} prompt(s); images are paired with prompts",
+                        f"one image for every prompt, or {prompts} image(s) (prompt k gets image k)")
+    return tuple(read_image(key, path, mask) for path in paths)
+
+
+def same_sizes(mask_key: str, masks: tuple[InputImage, ...], images: tuple[InputImage, ...]) -> None:
+    """Each mask has its init image's size (paired as the prompts pair them)."""
+    count = max(len(masks), len(images))
+    for k in range(count):
+        m, i = masks[k % len(masks)], images[k % len(images)]
+        if m.size != i.size:
+            raise UserError(mask_key, f"{m.path} is {m.size[0]} x {m.size[1]}, its init image {i.path} is "
+                            f"{i.size[0]} x {i.size[1]}", "a mask of its init image's size")
+
+
+def fitted(image: InputImage, height: int, width: int, resize_mode: str) -> np.ndarray:
+    """``image`` at height x width by ``resize_mode`` (module docstring), (height, width, C) uint8."""
+    from PIL import Image
+
+    pixels = image.pixels
+    if pixels.shape[:2] == (height, width):
+        return pixels
+    mask = pixels.shape[-1] == 1
+    picture = Image.fromarray(pixels[..., 0] if mask else pixels)
+    resample = Image.Resampling.NEAREST if mask else Image.Resampling.LANCZOS
+    if resize_mode == "crop":
+        scale = max(width / picture.width, height / picture.height)
+        w, h = max(width, round(picture.width * scale)), max(height, round(picture.height * scale))
+        left, top = (w - width) // 2, (h - height) // 2
+        picture = picture.resize((w, h), resample=resample).crop((left, top, left + width, top + height))
+    else:
+        picture = picture.resize((width, height), resample=resample)
+    out = np.asarray(picture)
+    return out[..., None] if mask else out
+
+
+@dataclass(frozen=True)
+class ModeInputs:
+    """The mode's images as read (fitted to the size once the model is loaded: :func:`arrays`)."""
+
+    init: tuple[InputImage, ...] = ()
+    mask: tuple[InputImage, ...] = ()
+    control: tuple[InputImage, ...] = ()
+
+    def all(self) -> list[InputImage]:
+        return [*self.init, *self.mask, *self.control]
+
+    def arrays(self, prompts: int, height: int, width: int, resize_mode: str) -> dict[str, np.ndarray]:
+        """Per prompt, fitted: ``init`` (P, 3, H, W) in [-1, 1] (the VAE's input), ``mask`` (P, 1, H, W)
+        of 0 (keep) and 1 (repaint), ``control`` (P, 3, H, W) in [0, 1] (the ControlNet's input)."""
+        out = {}
+        for name, images in (("init", self.init), ("mask", self.mask), ("control", self.control)):
+            if not images:
+                continue
+            rows = np.stack([fitted(images[k % len(images)], height, width, resize_mode) for k in range(prompts)])
+            rows = rows.astype(np.float32).transpose(0, 3, 1, 2) / 255.0
+            if name == "init":
+                rows = 2.0 * rows - 1.0
+            elif name == "mask":
+                rows = (rows >= 0.5).astype(np.float32)
+            out[name] = rows
+        return out
+
+
+def read_mode_inputs(mode: str, init: Any, mask: Any, control: Any, prompts: int) -> ModeInputs:
+    """Every image ``mode`` reads, checked (the keys it needs are set: config/checks.py ``mode_keys``)."""
+    inputs = ModeInputs()
+    if mode in ("img2img", "inpaint"):
+        inputs = ModeInputs(init=read_images("init_image", init, prompts))
+    if mode == "inpaint":
+        masks = read_images("mask_image", mask, prompts, mask=True)
+        same_sizes("mask_image", masks, inputs.init)
+        inputs = ModeInputs(init=inputs.init, mask=masks)
+    if mode == "controlnet":
+        inputs = ModeInputs(control=read_images("controlnet.image", control, prompts))
+    return inputs

@@ -1,0 +1,94 @@
+"""ControlNets (``controlnet.model``): a diffusers ControlNet folder -- ``config.json`` with Flax
+``diffusion_flax_model.msgpack`` or PyTorch ``diffusion_pytorch_model.safetensors`` weights, as
+lllyasviel/sd-controlnet-* ship them (converted without torch, as the model's components are) -- or a
+built-in one (``tiny-random-controlnet``, for ``model=tiny-random``). Loaded beside the model, checked
+against its UNet, and run by engine/modes/controlnet.py."""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+from sdjax_runner.errors import UserError
+
+KEY = "controlnet.model"
+ALLOWED = "a diffusers ControlNet folder (config.json + Flax or PyTorch safetensors weights), or tiny-random-controlnet"
+# The ControlNet's settings that must equal its UNet's: its residuals are added to the UNet's skip connections.
+MATCHING = ("block_out_channels", "layers_per_block", "cross_attention_dim", "down_block_types")
+
+
+@dataclass
+class LoadedControlNet:
+    module: Any  # FlaxControlNetModel
+    host_weights: Any
+    path: str
+    format: str  # "flax" or "safetensors"
+    structure: str  # its config, as JSON: what a compiled program depends on
+    load_s: float
+
+
+def folder(value: str, cache_dir: str) -> Path:
+    """Where ControlNet ``value`` is (a built-in one is built there on first use)."""
+    from sdjax_runner.models.builtin import CONTROLNET_SPECS, build_builtin
+
+    if value in CONTROLNET_SPECS:
+        return build_builtin(value, Path(cache_dir).expanduser() / "models" / f"{value}-v1")
+    path = Path(value).expanduser()
+    if not path.is_dir():
+        raise UserError(KEY, f"no such directory: {path}", ALLOWED)
+    return path
+
+
+def read_config(path: Path) -> dict:
+    config_file = path / "config.json"
+    try:
+        config = json.loads(config_file.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise UserError(KEY, f"{path} has no config.json", ALLOWED) from None
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        raise UserError(KEY, f"{config_file} is not a JSON config ({' '.join(str(exc).split())[:120]})",
+                        ALLOWED) from None
+    name = config.get("_class_name") if isinstance(config, dict) else None
+    if not isinstance(name, str) or name.removeprefix("Flax") != "ControlNetModel":
+        raise UserError(KEY, f"{path} holds a {name or 'config without a _class_name'}, not a ControlNetModel", ALLOWED)
+    return config
+
+
+def check_fits(config: dict, unet_config: Any, path: Path) -> None:
+    """The ControlNet was made for this kind of UNet (SD 1.x or 2.x: diffusers' Flax ControlNet has no SDXL)."""
+    if unet_config.get("addition_embed_type") is not None:
+        raise UserError(KEY, f"{path} cannot steer an SDXL model: diffusers' Flax ControlNet is for SD 1.x/2.x",
+                        "an SD 1.x or 2.x model with an SD 1.x/2.x ControlNet")
+    for name in MATCHING:
+        mine, theirs = config.get(name), unet_config.get(name)
+        if mine is not None and theirs is not None and list(mine if isinstance(mine, (list, tuple)) else [mine]) \
+                != list(theirs if isinstance(theirs, (list, tuple)) else [theirs]):
+            raise UserError(KEY, f"{path} was made for another UNet ({name} {mine}, the model's {theirs})",
+                            "a ControlNet trained for this model's architecture")
+
+
+def load(value: str, cache_dir: str, unet_config: Any, activations, weights) -> LoadedControlNet:
+    """The ControlNet, its weights as host arrays (``weights`` dtype), computing in ``activations``."""
+    from diffusers import FlaxControlNetModel
+
+    from sdjax_runner.models.loading import load_component
+
+    started = time.perf_counter()
+    path = folder(value, cache_dir)
+    config = read_config(path)
+    check_fits(config, unet_config, path)
+    try:
+        module, params, found = load_component(path, "diffusers", FlaxControlNetModel,
+                                               SimpleNamespace(variant=None, allow_pickle=False), activations, weights)
+    except UserError as exc:  # said of the model's folder: here it is the ControlNet's
+        raise UserError(KEY, exc.problem, exc.allowed or ALLOWED) from None
+    except Exception as exc:  # the folder is input: whatever it holds is one line
+        raise UserError(KEY, f"{path} cannot be loaded ({type(exc).__name__}: {' '.join(str(exc).split())[:160]})",
+                        ALLOWED) from exc
+    structure = json.dumps({k: v for k, v in dict(module.config).items() if not k.startswith("_")}, sort_keys=True,
+                           default=str)
+    return LoadedControlNet(module, params, str(path), found.format, structure, time.perf_counter() - started)

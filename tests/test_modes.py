@@ -1,0 +1,334 @@
+"""img2img, inpainting and ControlNet, run as users run them (the CLI in a subprocess, images read from disk),
+against diffusers 0.39's own Flax pipelines for the same model, inputs and seed -- and the ordinary-model
+inpainting, which diffusers' Flax code lacks, against what blending must give at its two ends."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from PIL import Image
+
+from helpers.cli import assert_one_line_error, run_cli
+from helpers.configs import compose_cfg
+from helpers.images import images_of
+from helpers.published import write_published
+
+SIZE = 64
+SEED = 0
+
+
+def smooth_image(seed: int) -> np.ndarray:
+    """A 64 x 64 RGB picture with structure at several scales (not white noise)."""
+    rng = np.random.default_rng(seed)
+    low = rng.random((8, 8, 3))
+    image = np.asarray(Image.fromarray((low * 255).astype(np.uint8)).resize((SIZE, SIZE), Image.Resampling.BICUBIC))
+    return np.clip(image.astype(int) + rng.integers(-20, 20, image.shape), 0, 255).astype(np.uint8)
+
+
+@pytest.fixture(scope="module")
+def inputs(tmp_path_factory) -> dict[str, Path]:
+    folder = tmp_path_factory.mktemp("inputs")
+    Image.fromarray(smooth_image(1)).save(folder / "init.png")
+    mask = np.zeros((SIZE, SIZE), np.uint8)
+    mask[16:48, 8:40] = 255  # white repaints
+    Image.fromarray(mask).save(folder / "mask.png")
+    Image.fromarray(np.full((SIZE, SIZE), 255, np.uint8)).save(folder / "white.png")
+    Image.fromarray(np.zeros((SIZE, SIZE), np.uint8)).save(folder / "black.png")
+    edges = np.zeros((SIZE, SIZE, 3), np.uint8)
+    edges[::8], edges[:, ::8] = 255, 255  # a canny-like line map
+    Image.fromarray(edges).save(folder / "control.png")
+    return {name: folder / f"{name}.png" for name in ("init", "mask", "white", "black", "control")}
+
+
+def smoke_prompt() -> tuple[str, float, int]:
+    cfg = compose_cfg(["+experiment=smoke"])
+    return cfg.prompts.texts[0], float(cfg.sampling.guidance_scale), int(cfg.sampling.num_inference_steps)
+
+
+def sweep(tmp_path: Path, *overrides: str) -> list[Path]:
+    """A multirun in one process; its job directories in job order, each run checked to have finished."""
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    result = run_cli("-m", "+experiment=smoke", "tracking=none", *overrides, f"hydra.sweep.dir={tmp_path / 'sweep'}",
+                     cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    jobs = sorted((p for p in (tmp_path / "sweep").iterdir() if p.name.isdigit()), key=lambda p: int(p.name))
+    return jobs
+
+
+def as_uint8(images) -> list[np.ndarray]:
+    images = np.asarray(images)
+    images = images.reshape((-1,) + images.shape[-3:])
+    return [np.asarray(image) for image in ((images * 255).round().astype("uint8"))]
+
+
+def assert_matches(got: list[np.ndarray], expected: list[np.ndarray], exact: bool = True) -> None:
+    """Pixel for pixel, or (``exact=False``) within one level (1/255) with at least 99% of the values equal:
+    float rounding, where the programs differ in how XLA compiles them (a start step that is a traced number
+    makes the denoising loop a while loop; diffusers' own is a fixed-count loop)."""
+    assert len(got) == len(expected) == jax.device_count()
+    for index, (mine, theirs) in enumerate(zip(got, expected)):
+        difference = np.abs(mine.astype(int) - theirs.astype(int))
+        if exact:
+            assert difference.max() == 0, f"image {index} differs by up to {difference.max()} levels"
+        else:
+            assert difference.max() <= 1 and (difference == 0).mean() >= 0.99, \
+                f"image {index}: up to {difference.max()} levels, {(difference > 0).sum()} values differ"
+
+
+# --- img2img -----------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def img2img_sweep(tmp_path_factory, inputs):
+    """One process sweeps strength: one load, one compile (strength is a traced input)."""
+    work = tmp_path_factory.mktemp("img2img")
+    return sweep(work, "mode=img2img", f"init_image={inputs['init']}", "strength=0.5,0.75")
+
+
+def test_img2img_equals_diffusers_flax_img2img_pipeline_and_a_strength_sweep_compiles_once(img2img_sweep, inputs,
+                                                                                             tiny_model_dir):
+    from diffusers import FlaxStableDiffusionImg2ImgPipeline
+    from flax.jax_utils import replicate
+    from flax.training.common_utils import shard
+
+    prompt, guidance, steps = smoke_prompt()
+    pipeline, params = FlaxStableDiffusionImg2ImgPipeline.from_pretrained(
+        str(tiny_model_dir), dtype=jnp.float32, safety_checker=None, feature_extractor=None)
+    count = jax.device_count()
+    with Image.open(inputs["init"]) as init:
+        prompt_ids, image = pipeline.prepare_inputs([prompt] * count, [init.convert("RGB")] * count)
+    rng = jax.random.split(jax.random.PRNGKey(SEED), count)
+    for job, strength in zip(img2img_sweep, (0.5, 0.75)):
+        expected = pipeline(shard(prompt_ids), shard(image), replicate(params), rng, strength=strength,
+                            num_inference_steps=steps, height=SIZE, width=SIZE, guidance_scale=guidance,
+                            jit=True).images
+        assert_matches(images_of(job), as_uint8(expected), exact=False)
+    first, second = (json.loads((job / "timings.json").read_text()) for job in img2img_sweep)
+    assert (first["process_compiles"], second["process_compiles"]) == (1, 1)
+    assert second["model_reused"] == 1 and second["compile_reused"] == 1
+    assert not np.array_equal(images_of(img2img_sweep[0])[0], images_of(img2img_sweep[1])[0])
+
+
+def test_img2img_records_its_input_and_shows_it_in_the_grid(img2img_sweep, inputs):
+    import hashlib
+
+    job = img2img_sweep[0]
+    recorded = json.loads((job / "inputs.json").read_text())
+    assert recorded["images"] == [{"key": "init_image", "path": str(inputs["init"]),
+                                   "sha256": hashlib.sha256(inputs["init"].read_bytes()).hexdigest()}]
+    record = json.loads((job / "images.json").read_text())[0]
+    assert (record["mode"], record["strength"], record["init_image"]) == ("img2img", 0.5, "init.png")
+    with Image.open(sorted((job / "images").glob("*.png"))[0]) as png:
+        assert "Denoising strength: 0.5" in png.text["parameters"]
+    with Image.open(job / "grid.png") as grid:
+        grid = np.asarray(grid.convert("RGB"))
+    # 8 images in 2 x 4 cells of 64 px, the init image in a column on their left, a gap of 6 px between.
+    assert grid.shape == (2 * SIZE, SIZE + 6 + 4 * SIZE, 3)
+    assert np.array_equal(grid[:SIZE, :SIZE], smooth_image(1))
+    assert np.array_equal(grid[:SIZE, SIZE + 6:2 * SIZE + 6], images_of(job)[0])
+
+
+# --- inpainting --------------------------------------------------------------------------------------------
+
+
+def test_inpainting_model_equals_diffusers_flax_inpaint_pipeline(tmp_path, inputs, cache_dir):
+    from diffusers import FlaxStableDiffusionInpaintPipeline
+    from flax.jax_utils import replicate
+    from flax.training.common_utils import shard
+
+    from sdjax_runner.models.builtin import build_builtin
+
+    jobs = sweep(tmp_path, "mode=inpaint", "model=tiny-random-inpaint", f"init_image={inputs['init']}",
+                 f"mask_image={inputs['mask']}", "sampling.guidance_scale=7.5,3")
+    model_dir = build_builtin("tiny-random-inpaint", cache_dir / "models" / "tiny-random-inpaint-v1")
+    index = json.loads((model_dir / "model_index.json").read_text())
+    assert index["_class_name"].removeprefix("Flax") == "StableDiffusionInpaintPipeline"  # runwayml's kind
+    pipeline, params = FlaxStableDiffusionInpaintPipeline.from_pretrained(
+        str(model_dir), dtype=jnp.float32, safety_checker=None, feature_extractor=None)
+    assert pipeline.unet.config.in_channels == 9
+    prompt, _, steps = smoke_prompt()
+    count = jax.device_count()
+    with Image.open(inputs["init"]) as init, Image.open(inputs["mask"]) as mask:
+        prompt_ids, masked, masks = pipeline.prepare_inputs([prompt] * count, [init.convert("RGB")] * count,
+                                                            [mask.copy()] * count)
+    rng = jax.random.split(jax.random.PRNGKey(SEED), count)
+    for job, guidance in zip(jobs, (7.5, 3.0)):
+        expected = pipeline(shard(prompt_ids), shard(masks), shard(masked), replicate(params), rng,
+                            num_inference_steps=steps, height=SIZE, width=SIZE, guidance_scale=guidance,
+                            jit=True).images
+        assert_matches(images_of(job), as_uint8(expected), exact=False)
+    # The same model laid out as the published SD 1.5 inpainting repository (runwayml's): its model index
+    # names StableDiffusionInpaintPipeline, PyTorch safetensors only, every published config key.
+    published = write_published(model_dir, tmp_path / "stable-diffusion-inpainting", "sd15",
+                                {"_class_name": "StableDiffusionInpaintPipeline"})
+    assert json.loads((published / "unet" / "config.json").read_text())["in_channels"] == 9
+    run = run_cli("+experiment=smoke", "tracking=none", "model=local", f"model.pretrained_model_name_or_path={published}",
+                  "mode=inpaint", f"init_image={inputs['init']}", f"mask_image={inputs['mask']}",
+                  f"hydra.run.dir={tmp_path / 'published'}", cwd=tmp_path)
+    assert run.returncode == 0, run.stderr
+    assert_matches(images_of(tmp_path / "published"), images_of(jobs[0]))
+
+
+def test_inpainting_with_an_ordinary_model_blends_the_kept_area(tmp_path, inputs, smoke_run, tiny_model_dir):
+    """diffusers' Flax code has no inpainting for a 4-channel UNet; blending has two ends to check against
+    references that are not this code: a white mask (repaint all) at strength 1 is text to image -- the
+    guide's images (the smoke run, tests/test_guide_parity.py) -- and a black mask (keep all) gives the init
+    image through diffusers' VAE: encoded, sampled with the device's key, decoded. The second end runs a k
+    sampler (A1111's blending of the denoised sample), part-way (strength 0.6)."""
+    from diffusers import FlaxAutoencoderKL
+
+    white = sweep(tmp_path / "white", "mode=inpaint", f"init_image={inputs['init']}", f"mask_image={inputs['white']}")
+    assert_matches(images_of(white[0]), images_of(smoke_run[1]), exact=False)
+    black = sweep(tmp_path / "black", "mode=inpaint", f"init_image={inputs['init']}", f"mask_image={inputs['black']}",
+                  "sampler=Euler a", "strength=0.6")
+    vae, params = FlaxAutoencoderKL.from_pretrained(str(tiny_model_dir), subfolder="vae", dtype=jnp.float32)
+    pixels = jnp.asarray(smooth_image(1)[None].transpose(0, 3, 1, 2) / 255.0 * 2 - 1, jnp.float32)
+    expected = []
+    for key in jax.random.split(jax.random.PRNGKey(SEED), jax.device_count()):
+        latents = vae.apply({"params": params}, pixels, method=vae.encode).latent_dist.sample(key=key)
+        decoded = vae.apply({"params": params}, latents.transpose((0, 3, 1, 2)), method=vae.decode).sample
+        expected.append(((decoded / 2 + 0.5).clip(0, 1).transpose(0, 2, 3, 1)[0] * 255).round().astype(np.uint8))
+    assert_matches(images_of(black[0]), [np.asarray(e) for e in expected], exact=False)
+
+
+# --- ControlNet --------------------------------------------------------------------------------------------
+
+
+def write_pytorch_controlnet(flax_dir: Path, target: Path) -> Path:
+    """The built-in ControlNet as a hub ControlNet looks (lllyasviel/sd-controlnet-*): config.json naming
+    ControlNetModel, PyTorch-named safetensors weights, written without torch."""
+    from diffusers import FlaxControlNetModel
+    from safetensors.numpy import save_file
+
+    from helpers.pt_layout import pytorch_state_dict
+
+    _, params = FlaxControlNetModel.from_pretrained(str(flax_dir))
+    target.mkdir(parents=True)
+    config = json.loads((flax_dir / "config.json").read_text())
+    config["_class_name"] = "ControlNetModel"
+    (target / "config.json").write_text(json.dumps(config))
+    save_file(pytorch_state_dict(params, "diffusers"), str(target / "diffusion_pytorch_model.safetensors"))
+    return target
+
+
+def test_controlnet_from_a_pytorch_folder_equals_diffusers_flax_controlnet_pipeline(tmp_path, inputs, cache_dir,
+                                                                                     tiny_model_dir):
+    from diffusers import FlaxControlNetModel, FlaxStableDiffusionControlNetPipeline, FlaxStableDiffusionPipeline
+    from flax.jax_utils import replicate
+    from flax.training.common_utils import shard
+
+    from sdjax_runner.models.builtin import build_builtin
+
+    flax_dir = build_builtin("tiny-random-controlnet", cache_dir / "models" / "tiny-random-controlnet-v1")
+    torch_dir = write_pytorch_controlnet(flax_dir, tmp_path / "sd-controlnet-tiny")
+    jobs = sweep(tmp_path, "mode=controlnet", f"controlnet.model={torch_dir}", f"controlnet.image={inputs['control']}",
+                 "controlnet.conditioning_scale=1.0,0.5,0")
+    base, params = FlaxStableDiffusionPipeline.from_pretrained(str(tiny_model_dir), dtype=jnp.float32,
+                                                               safety_checker=None, feature_extractor=None)
+    controlnet, params["controlnet"] = FlaxControlNetModel.from_pretrained(str(flax_dir), dtype=jnp.float32)
+    pipeline = FlaxStableDiffusionControlNetPipeline(
+        vae=base.vae, text_encoder=base.text_encoder, tokenizer=base.tokenizer, unet=base.unet, controlnet=controlnet,
+        scheduler=base.scheduler, safety_checker=None, feature_extractor=None, dtype=jnp.float32)
+    prompt, guidance, steps = smoke_prompt()
+    count = jax.device_count()
+    with Image.open(inputs["control"]) as control:
+        image = pipeline.prepare_image_inputs([control.convert("RGB")] * count)
+    prompt_ids = pipeline.prepare_text_inputs([prompt] * count)
+    rng = jax.random.split(jax.random.PRNGKey(SEED), count)
+    for job, scale in zip(jobs, (1.0, 0.5)):
+        expected = pipeline(shard(prompt_ids), shard(image), replicate(params), rng, num_inference_steps=steps,
+                            guidance_scale=guidance, controlnet_conditioning_scale=scale, jit=True).images
+        assert_matches(images_of(job), as_uint8(expected))
+    timings = [json.loads((job / "timings.json").read_text()) for job in jobs]
+    assert [t["process_compiles"] for t in timings] == [1, 1, 1]  # the scale is a traced input
+    # Scale 0 adds nothing: text to image, the guide's images.
+    text_only = run_cli("+experiment=smoke", "tracking=none", f"hydra.run.dir={tmp_path / 'plain'}", cwd=tmp_path)
+    assert text_only.returncode == 0, text_only.stderr
+    assert_matches(images_of(jobs[2]), images_of(tmp_path / "plain"), exact=False)
+    record = json.loads((jobs[0] / "images.json").read_text())[0]
+    assert (record["mode"], record["conditioning_scale"], record["control_image"]) == ("controlnet", 1.0, "control.png")
+
+
+# --- bad input ---------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def bad_files(tmp_path_factory, inputs) -> dict[str, Path]:
+    folder = tmp_path_factory.mktemp("bad")
+    (folder / "notes.png").write_text("not an image at all")
+    Image.fromarray(smooth_image(2)).save(folder / "rgb_mask.png")
+    Image.fromarray(np.zeros((32, 32), np.uint8)).save(folder / "small_mask.png")
+    whole = inputs["init"].read_bytes()
+    (folder / "truncated.png").write_bytes(whole[: len(whole) // 2])
+    # A decompression bomb: a tiny PNG whose header says 20000 x 20000 pixels.
+    Image.new("L", (20000, 20000)).save(folder / "bomb.png", optimize=True)
+    return {p.stem: p for p in folder.iterdir()}
+
+
+@pytest.mark.parametrize("overrides, expected", [
+    (["mode=img2img"], "error: init_image: a value is required with mode=img2img"),
+    (["mode=inpaint", "init_image={init}"], "error: mask_image: a value is required with mode=inpaint"),
+    (["mode=controlnet", "controlnet.image={control}"], "error: controlnet.model: a value is required"),
+    (["mode=img2img", "init_image={bad}/notes.png"], "error: init_image: {bad}/notes.png is not an image"),
+    (["mode=img2img", "init_image={bad}/truncated.png"], "error: init_image: {bad}/truncated.png cannot be decoded"),
+    (["mode=img2img", "init_image={bad}/bomb.png"], "error: init_image: {bad}/bomb.png is a decompression bomb"),
+    (["mode=img2img", "init_image={bad}/missing.png"], "error: init_image: no such file"),
+    (["mode=inpaint", "init_image={init}", "mask_image={bad}/rgb_mask.png"], "error: mask_image: {bad}/rgb_mask.png has 3 channels"),
+    (["mode=inpaint", "init_image={init}", "mask_image={bad}/small_mask.png"], "error: mask_image: {bad}/small_mask.png is 32 x 32"),
+    (["mode=img2img", "init_image=[{init},{init}]"], "error: init_image: has 2 images for 1 prompt(s)"),
+    (["mode=img2img", "init_image={init}", "strength=1.5"], "error: strength: must be in (0, 1]"),
+    (["mode=img2img", "init_image={init}", "strength=0.1"], "error: strength: 0.1 of 4 steps runs 0 step(s)"),
+    (["mode=controlnet", "controlnet.model={bad}", "controlnet.image={control}"], "error: controlnet.model: {bad} has no config.json"),
+    (["mode=controlnet", "controlnet.model=tiny-random-controlnet", "controlnet.image={control}",
+      "controlnet.conditioning_scale=nan"], "error: controlnet.conditioning_scale: must be a finite number"),
+])
+def test_bad_mode_input_is_one_line(tmp_path, inputs, bad_files, overrides, expected):
+    bad = bad_files["notes"].parent
+    values = {"init": inputs["init"], "control": inputs["control"], "bad": bad}
+    result = run_cli("+experiment=smoke", "tracking=none", *[o.format(**values) for o in overrides], cwd=tmp_path)
+    assert_one_line_error(result, expected.format(**values))
+    assert not [p for p in tmp_path.rglob("*.png") if p.is_file()]  # no image written
+
+
+def test_controlnet_for_another_unet_is_one_line(tmp_path, inputs, cache_dir):
+    """A ControlNet must fit its UNet (SD 1.x vs 2.x widths); said when the model is loaded, with no traceback."""
+    from sdjax_runner.models.builtin import build_builtin
+
+    flax_dir = build_builtin("tiny-random-controlnet", cache_dir / "models" / "tiny-random-controlnet-v1")
+    other = tmp_path / "other"
+    other.mkdir()
+    config = json.loads((flax_dir / "config.json").read_text())
+    config["cross_attention_dim"] = 1024
+    (other / "config.json").write_text(json.dumps(config))
+    result = run_cli("+experiment=smoke", "tracking=none", "mode=controlnet", f"controlnet.model={other}",
+                     f"controlnet.image={inputs['control']}", cwd=tmp_path)
+    assert result.returncode != 0
+    assert "Traceback" not in result.stderr + result.stdout
+    assert "controlnet.model: " in result.stderr and "was made for another UNet (cross_attention_dim 1024" in result.stderr
+
+
+def test_readme_mode_examples_are_valid_runs(monkeypatch):
+    """Every mode example in the README (run from a checkout) is a run the runner accepts, on inputs that
+    ship in examples/ (each ran when it was written; the tests above run the same modes through the CLI)."""
+    import shlex
+
+    from sdjax_runner.config.plan import admit, make_plan
+
+    root = Path(__file__).resolve().parent.parent
+    monkeypatch.chdir(root)
+    lines = [line for line in (root / "README.md").read_text().splitlines()
+             if line.startswith("python -m sdjax_runner") and "mode=" in line]
+    assert {next(w for w in shlex.split(line) if w.startswith("mode=")) for line in lines} == \
+        {"mode=img2img", "mode=inpaint", "mode=controlnet"}
+    for line in lines:
+        words = [w for w in shlex.split(line)[3:] if w != "-m"]
+        first_points = [w.split(",")[0] if "," in w and "[" not in w else w for w in words]
+        plan = make_plan(admit(compose_cfg(first_points)), available_devices=8)
+        assert plan.inputs.all(), line
+        for image in plan.inputs.all():
+            assert Path(image.path).is_file() and Path(image.path).parent.name == "examples"
