@@ -13,7 +13,7 @@ from typing import Any, Optional
 from omegaconf import DictConfig
 
 from sdjax_runner import interpreter
-from sdjax_runner.config import checks
+from sdjax_runner.config import checks, modes
 from sdjax_runner.config.plan import Plan, admit, check_values, make_plan
 from sdjax_runner.engine import compile_cache, distributed, runtime
 from sdjax_runner.models import checkpoints
@@ -88,6 +88,7 @@ def _run(plan: Plan, job: Job, run_name: str, tags: dict[str, str], started: flo
     entry, model_reused = REUSE.model(plan)
     loaded = entry.loaded
     height, width = image_size(plan, loaded)
+    modes.fits_model(plan.generation, loaded.pipeline.unet.config.in_channels, plan.model.name)
     log.info("load: %s %s%s", plan.model.name, "reused from an earlier job of this process" if model_reused else
              f"from {loaded.path} in {loaded.load_s:.1f} s",
              "" if model_reused else converted_note(loaded.formats, plan.model.variant, loaded.variant_components))

@@ -295,6 +295,12 @@ def test_bad_mode_input_is_one_line(tmp_path, inputs, bad_files, overrides, expe
     assert not [p for p in tmp_path.rglob("*.png") if p.is_file()]  # no image written
 
 
+def test_an_inpainting_model_outside_inpaint_mode_is_one_line(tmp_path):
+    result = run_cli("+experiment=smoke", "tracking=none", "model=tiny-random-inpaint", cwd=tmp_path)
+    assert result.returncode != 0 and "Traceback" not in result.stderr + result.stdout
+    assert "mode: txt2img, but tiny-random-inpaint is an inpainting model" in result.stderr
+
+
 def test_controlnet_for_another_unet_is_one_line(tmp_path, inputs, cache_dir):
     """A ControlNet must fit its UNet (SD 1.x vs 2.x widths); said when the model is loaded, with no traceback."""
     from sdjax_runner.models.builtin import build_builtin
@@ -332,3 +338,18 @@ def test_readme_mode_examples_are_valid_runs(monkeypatch):
         assert plan.inputs.all(), line
         for image in plan.inputs.all():
             assert Path(image.path).is_file() and Path(image.path).parent.name == "examples"
+
+
+def test_a_rerun_names_an_input_image_that_changed(tmp_path, inputs):
+    import shutil
+
+    picture = tmp_path / "picture.png"
+    shutil.copy(inputs["init"], picture)
+    run = run_cli("+experiment=smoke", "tracking=none", "mode=img2img", f"init_image={picture}",
+                  f"hydra.run.dir={tmp_path / 'run'}", cwd=tmp_path)
+    assert run.returncode == 0, run.stderr
+    Image.fromarray(smooth_image(7)).save(picture)  # edited in place after the run
+    again = run_cli(str(tmp_path / "run"), "--no-tracking", cwd=tmp_path, command="rerun")
+    said = again.stdout + again.stderr
+    assert "init_image.0.sha256" in said and "Traceback" not in said, said
+    assert again.returncode != 0  # the images differ from the record

@@ -74,3 +74,14 @@ def check(cfg: Any, sampler: str) -> None:
     if not math.isfinite(scale):
         raise UserError("controlnet.conditioning_scale", f"must be a finite number, got {scale}",
                         "0 (no control) .. 1 (full) .. 2")
+
+
+def fits_model(mode: str, unet_in_channels: int, model_name: str) -> None:
+    """Once the model is loaded: an inpainting model (9 UNet input channels) runs mode=inpaint only, and a
+    UNet that reads another number of channels (instruct-pix2pix's 8, ...) is none this runner drives."""
+    if unet_in_channels == 9 and mode != "inpaint":
+        raise UserError("mode", f"{mode}, but {model_name} is an inpainting model (its UNet reads 9 channels: "
+                        "latents, mask, masked image)", "inpaint (with init_image and mask_image)")
+    if unet_in_channels not in (4, 9):
+        raise UserError("model.pretrained_model_name_or_path", f"{model_name}'s UNet reads {unet_in_channels} "
+                        "input channels", "a text-to-image model (4 channels) or an inpainting model (9)")

@@ -177,17 +177,6 @@ SPECS = {
         vae=dict(block_out_channels=(16, 16, 32, 32), layers_per_block=1, norm_num_groups=8, sample_size=64),
         save_dtype="float32",
     ),
-    # tiny-random as an inpainting model: its UNet reads 9 channels (latents, mask, masked-image latents), as
-    # runwayml/stable-diffusion-inpainting's does, and its index names StableDiffusionInpaintPipeline.
-    "tiny-random-inpaint": dict(
-        xl=False, inpaint=True,
-        text=[dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4)],
-        unet=dict(sample_size=8, down_block_types=("CrossAttnDownBlock2D", "DownBlock2D"),
-                  up_block_types=("UpBlock2D", "CrossAttnUpBlock2D"), block_out_channels=(32, 64),
-                  layers_per_block=1, attention_head_dim=8, cross_attention_dim=32),
-        vae=dict(block_out_channels=(16, 16, 32, 32), layers_per_block=1, norm_num_groups=8, sample_size=64),
-        save_dtype="float32",
-    ),
     "tiny-random-xl": dict(
         xl=True,
         text=[dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4),
@@ -227,6 +216,9 @@ SPECS = {
         save_dtype="bfloat16",
     ),
 }
+# tiny-random as an inpainting model: its UNet reads 9 channels (latents, mask, masked-image latents), as
+# runwayml/stable-diffusion-inpainting's does, and its index names StableDiffusionInpaintPipeline.
+SPECS["tiny-random-inpaint"] = dict(SPECS["tiny-random"], inpaint=True)
 # A small CLIP (metrics/clip_score.py), with the SD models' tokenizer.
 CLIP_SPECS = {
     "tiny-random-clip": dict(

@@ -20,7 +20,8 @@ if TYPE_CHECKING:
     from sdjax_runner.config.plan import Plan
 
 # Config keys that may hold a path relative to the working directory (and the LoRA entries' paths).
-PATH_KEYS = ("model.pretrained_model_name_or_path", "model.checkpoint", "metrics.reference")
+PATH_KEYS = ("model.pretrained_model_name_or_path", "model.checkpoint", "metrics.reference", "init_image", "mask_image",
+             "controlnet.image", "controlnet.model")
 _COMMIT = re.compile(r"[0-9a-f]{40}")
 
 
