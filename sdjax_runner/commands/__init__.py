@@ -1,10 +1,11 @@
-"""The commands, on top of the library: ``python -m sdjax_runner`` (or ``sdjax-runner``) and its four others.
+"""The commands, on top of the library: ``python -m sdjax_runner`` (or ``sdjax-runner``) and its five others.
 
     python -m sdjax_runner +experiment=NAME [KEY=VALUE ...]   a run, or with -m a sweep (run.py)
     python -m sdjax_runner runs list | diff A B                look at runs without MLflow (runs.py)
     python -m sdjax_runner rerun RUN                           run a recorded run again (rerun.py)
     python -m sdjax_runner sync RUN                            log a run the tracker missed (sync.py)
     python -m sdjax_runner resume SWEEP_DIR                    finish a sweep cut short (resume.py)
+    python -m sdjax_runner from_png IMAGE.png [KEY=VALUE ...]  make an image again from its A1111 infotext (from_png.py)
 
 A first argument that names a command picks it (no Hydra override is a bare word); anything else
 is the run's Hydra command line.
@@ -15,7 +16,7 @@ from __future__ import annotations
 import sys
 from typing import NoReturn
 
-COMMANDS = ("runs", "rerun", "sync", "resume")
+COMMANDS = ("runs", "rerun", "sync", "resume", "from_png")
 
 
 def entry() -> NoReturn:

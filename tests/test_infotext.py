@@ -1,0 +1,89 @@
+"""A1111 infotext in and out: our PNGs' ``parameters`` read back by A1111's own parsing rules, A1111's
+published example read as A1111 reads it, and ``python -m sdjax_runner from_png`` remaking a run's images
+from one of its PNGs."""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from helpers.cli import assert_one_line_error, run_cli
+from helpers.configs import compose_cfg
+from helpers.images import images_of
+from sdjax_runner.config import infotext
+
+# A1111's published docstring example (modules/infotext_utils.py, parse_generation_parameters).
+A1111_EXAMPLE = """girl with an artist's beret, determined, blue eyes, desert scene, computer monitors, heavy makeup, by Alphonse Mucha and Charlie Bowater, ((eyeshadow)), (coquettish), detailed, intricate
+Negative prompt: ugly, fat, obese, chubby, (((deformed))), [blurry], bad anatomy, disfigured, poorly drawn face, mutation, mutated, (extra_limb), (ugly), (poorly drawn hands), messy drawing
+Steps: 20, Sampler: Euler a, CFG scale: 7, Seed: 965400086, Size: 512x512, Model hash: 45dee52b"""
+# A1111's patterns, copied from the same file: a copy of its published format, to read our PNGs with.
+A1111_PARAM = re.compile(r'\s*(\w[\w \-/]+):\s*("(?:\\.|[^\\"])+"|[^,]*)(?:,|$)')
+
+
+def test_a1111s_example_reads_as_a1111_reads_it_and_becomes_overrides():
+    info = infotext.parse(A1111_EXAMPLE)
+    assert info.prompt.startswith("girl with an artist's beret") and info.prompt.endswith("detailed, intricate")
+    assert info.negative.startswith("ugly, fat") and info.negative.endswith("messy drawing")
+    assert info.settings == {"Steps": "20", "Sampler": "Euler a", "CFG scale": "7", "Seed": "965400086",
+                             "Size": "512x512", "Model hash": "45dee52b"}
+    out = infotext.overrides(info, ("tiny-random",), ("fp32",), has_init_image=False)
+    assert {"sampling.num_inference_steps=20", "sampler='Euler a'", "sampling.guidance_scale=7", "seed=965400086",
+            "sampling.width=512", "sampling.height=512"} <= set(out.overrides)
+    assert out.not_honoured == ["Model hash: 45dee52b: models are not found by hash here; pick one with model=NAME"]
+    cfg = compose_cfg(out.overrides)  # every override composes, the prompts exactly as written
+    assert list(cfg.prompts.texts) == [info.prompt] and cfg.prompts.negative == info.negative
+
+
+@pytest.mark.parametrize("prompt", ["a 'quoted' cat", 'say "hi", twice', r"escaped \(paren\) and a \\", "ends in \\",
+                                    "${oc.env:HOME} is not resolved", "[list, like], {braces: 1}", "a\nsecond line"])
+def test_prompts_pass_through_hydra_unchanged(prompt):
+    cfg = compose_cfg([f"prompts.texts=[{infotext.hydra_quoted(prompt)}]", f"prompts.negative={infotext.hydra_quoted(prompt)}"])
+    assert list(cfg.prompts.texts) == [prompt] and cfg.prompts.negative == prompt
+
+
+def test_our_pngs_infotext_reads_back_with_a1111s_rules(smoke_run):
+    _, run_dir, _ = smoke_run
+    png = sorted((run_dir / "images").glob("*.png"))[0]
+    with Image.open(png) as image:
+        text, chunks = image.text["parameters"], dict(image.text)
+    *lines, last = text.strip().split("\n")
+    settings = dict(A1111_PARAM.findall(last))
+    assert len(settings) >= 3  # A1111 takes the last line for settings only then
+    assert lines[0] == chunks["prompt"]
+    assert (settings["Steps"], settings["Seed"], settings["CFG scale"]) == (chunks["steps"], chunks["seed"],
+                                                                           chunks["guidance_scale"])
+    assert settings["Size"] == f"{chunks['width']}x{chunks['height']}"
+
+
+def test_from_png_remakes_the_runs_images(smoke_run, tmp_path):
+    _, run_dir, _ = smoke_run
+    png = sorted((run_dir / "images").glob("*.png"))[0]
+    result = run_cli(str(png), "+experiment=smoke", "tracking=none", f"hydra.run.dir={tmp_path / 'again'}",
+                     cwd=tmp_path, command="from_png")
+    assert result.returncode == 0, result.stderr
+    assert "from_png: Steps: 4 -> sampling.num_inference_steps=4" in result.stderr
+    for mine, theirs in zip(images_of(tmp_path / "again"), images_of(run_dir), strict=True):
+        assert np.array_equal(mine, theirs)
+
+
+def test_from_png_of_a_file_without_infotext_is_one_line(tmp_path):
+    Image.new("RGB", (8, 8)).save(tmp_path / "plain.png")
+    (tmp_path / "notes.png").write_text("not an image")
+    assert_one_line_error(run_cli(str(tmp_path / "plain.png"), cwd=tmp_path, command="from_png"),
+                          f"error: IMAGE: {tmp_path / 'plain.png'} carries no A1111 'parameters' text")
+    assert_one_line_error(run_cli(str(tmp_path / "notes.png"), cwd=tmp_path, command="from_png"),
+                          f"error: IMAGE: {tmp_path / 'notes.png'} cannot be read as an image")
+
+
+def test_denoising_strength_is_used_with_an_init_image_and_said_otherwise():
+    info = infotext.parse("a cat\nSteps: 20, Sampler: DPM++ 2M, Schedule type: Karras, CFG scale: 5, "
+                          "Denoising strength: 0.45, Clip skip: 2")
+    used = infotext.overrides(info, (), (), has_init_image=True)
+    assert {"strength=0.45", "sampler='DPM++ 2M'", "scheduler=karras"} <= set(used.overrides)
+    assert used.not_honoured == ["Clip skip: 2: not honoured (the runner encodes prompts with the last layer)"]
+    unused = infotext.overrides(info, (), (), has_init_image=False)
+    assert not any(o.startswith("strength=") for o in unused.overrides)
+    assert unused.not_honoured[0].startswith("Denoising strength: 0.45: an img2img setting")
