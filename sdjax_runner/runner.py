@@ -89,6 +89,8 @@ def _run(plan: Plan, job: Job, run_name: str, tags: dict[str, str], started: flo
     loaded = entry.loaded
     height, width = image_size(plan, loaded)
     modes.fits_model(plan.generation, loaded.pipeline.unet.config.in_channels, plan.model.name)
+    checks.clip_skip(plan.clip_skip, loaded.pipeline.text_encoder.config.num_hidden_layers,
+                     hasattr(loaded.pipeline, "text_encoder_2"), plan.model.name)
     log.info("load: %s %s%s", plan.model.name, "reused from an earlier job of this process" if model_reused else
              f"from {loaded.path} in {loaded.load_s:.1f} s",
              "" if model_reused else converted_note(loaded.formats, plan.model.variant, loaded.variant_components))
@@ -97,10 +99,10 @@ def _run(plan: Plan, job: Job, run_name: str, tags: dict[str, str], started: flo
     warn_truncated(loaded.pipeline.tokenizer, plan.prompts)
     devices = jax.devices()[: plan.num_devices]
     mode = PARALLEL[plan.mode]
-    controlnet = REUSE.controlnet(plan, entry)
+    controlnet, controlnet_reused = REUSE.controlnet(plan, entry)
     if controlnet is not None:
-        log.info("load: ControlNet %s (%s weights%s)", controlnet.path, controlnet.format,
-                 ", reused" if controlnet.load_s == 0 else f", {controlnet.load_s:.1f} s")
+        log.info("load: ControlNet %s", "reused from an earlier job of this process" if controlnet_reused else
+                 f"from {controlnet.path} in {controlnet.load_s:.1f} s ({controlnet.format} weights)")
     spec = program_spec(plan, loaded.pipeline, height, width, controlnet.structure if controlnet else "")
     prepared = REUSE.prepare(plan, entry, model_reused, mode, devices, spec)
     generator = mode(prepared.pipeline, prepared.params, prepared.safety_weights, plan, spec, devices)

@@ -32,7 +32,9 @@ def test_a1111s_example_reads_as_a1111_reads_it_and_becomes_overrides():
     out = infotext.overrides(info, ("tiny-random",), ("fp32",), has_init_image=False)
     assert {"sampling.num_inference_steps=20", "sampler='Euler a'", "sampling.guidance_scale=7", "seed=965400086",
             "sampling.width=512", "sampling.height=512"} <= set(out.overrides)
-    assert out.not_honoured == ["Model hash: 45dee52b: models are not found by hash here; pick one with model=NAME"]
+    assert out.not_honoured == [
+        "Prompt: A1111's emphasis and BREAK syntax ((text:1.3), [text], BREAK) is read as plain text here, brackets "
+        "and all", "Model hash: 45dee52b: models are not found by hash here; pick one with model=NAME"]
     cfg = compose_cfg(out.overrides)  # every override composes, the prompts exactly as written
     assert list(cfg.prompts.texts) == [info.prompt] and cfg.prompts.negative == info.negative
 
@@ -82,8 +84,53 @@ def test_denoising_strength_is_used_with_an_init_image_and_said_otherwise():
     info = infotext.parse("a cat\nSteps: 20, Sampler: DPM++ 2M, Schedule type: Karras, CFG scale: 5, "
                           "Denoising strength: 0.45, Clip skip: 2")
     used = infotext.overrides(info, (), (), has_init_image=True)
-    assert {"strength=0.45", "sampler='DPM++ 2M'", "scheduler=karras"} <= set(used.overrides)
-    assert used.not_honoured == ["Clip skip: 2: not honoured (the runner encodes prompts with the last layer)"]
+    assert {"strength=0.45", "sampler='DPM++ 2M'", "scheduler=karras", "prompts.clip_skip=2"} <= set(used.overrides)
+    assert used.not_honoured == []
     unused = infotext.overrides(info, (), (), has_init_image=False)
     assert not any(o.startswith("strength=") for o in unused.overrides)
     assert unused.not_honoured[0].startswith("Denoising strength: 0.45: an img2img setting")
+
+
+def test_clip_skip_is_a1111s_and_round_trips_through_the_png(smoke_run, tmp_path, tiny_model_dir):
+    """prompts.clip_skip=2: the text encoder's penultimate layer through its final layer norm (A1111's
+    encode_with_transformers), checked against transformers' hidden states normalised in NumPy; written as
+    A1111's 'Clip skip: 2', and from_png remakes the run from it."""
+    import jax.numpy as jnp
+    from transformers import CLIPTokenizer, FlaxCLIPTextModel
+
+    from sdjax_runner.engine.encode import _hidden_states
+
+    encoder = FlaxCLIPTextModel.from_pretrained(str(tiny_model_dir / "text_encoder"))
+    tokenizer = CLIPTokenizer.from_pretrained(str(tiny_model_dir / "tokenizer"))
+    ids = tokenizer(["a red car, a blue sky"], padding="max_length", max_length=77, return_tensors="np").input_ids
+    hidden = np.asarray(encoder(ids, output_hidden_states=True).hidden_states[-2], np.float64)
+    norm = encoder.params["text_model"]["final_layer_norm"]
+    mean, var = hidden.mean(-1, keepdims=True), hidden.var(-1, keepdims=True)
+    expected = (hidden - mean) / np.sqrt(var + encoder.config.layer_norm_eps) * np.asarray(norm["scale"]) \
+        + np.asarray(norm["bias"])
+
+    class Pipeline:
+        text_encoder = encoder
+
+    got = _hidden_states(Pipeline, {"text_encoder": encoder.params}, jnp.asarray(ids), 2)
+    np.testing.assert_allclose(np.asarray(got), expected, rtol=1e-4, atol=1e-4)
+
+    run = run_cli("+experiment=smoke", "tracking=none", "prompts.clip_skip=2", f"hydra.run.dir={tmp_path / 'skip'}",
+                  cwd=tmp_path)
+    assert run.returncode == 0, run.stderr
+    skipped = images_of(tmp_path / "skip")
+    assert not np.array_equal(skipped[0], images_of(smoke_run[1])[0])
+    png = sorted((tmp_path / "skip" / "images").glob("*.png"))[0]
+    with Image.open(png) as image:
+        assert "Clip skip: 2" in image.text["parameters"]
+    again = run_cli(str(png), "+experiment=smoke", "tracking=none", f"hydra.run.dir={tmp_path / 'again'}",
+                    cwd=tmp_path, command="from_png")
+    assert again.returncode == 0, again.stderr
+    assert "from_png: Clip skip: 2 -> prompts.clip_skip=2" in again.stderr
+    assert all(np.array_equal(a, b) for a, b in zip(images_of(tmp_path / "again"), skipped, strict=True))
+
+
+def test_clip_skip_past_the_text_encoders_layers_is_one_line(tmp_path):
+    result = run_cli("+experiment=smoke", "tracking=none", "prompts.clip_skip=3", cwd=tmp_path)
+    assert result.returncode == 2 and "Traceback" not in result.stderr + result.stdout
+    assert "error: prompts.clip_skip: 3, but tiny-random's text encoder has 2 layers (allowed: 1..2)" in result.stderr

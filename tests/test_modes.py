@@ -87,11 +87,15 @@ def assert_matches(got: list[np.ndarray], expected: list[np.ndarray], exact: boo
 def img2img_sweep(tmp_path_factory, inputs):
     """One process sweeps strength: one load, one compile (strength is a traced input)."""
     work = tmp_path_factory.mktemp("img2img")
-    return sweep(work, "mode=img2img", f"init_image={inputs['init']}", "strength=0.5,0.75")
+    return sweep(work, "mode=img2img", f"init_image={inputs['init']}", "scheduler=pndm,ddim,dpm_solver_pp",
+                 "strength=0.5,0.75")
 
 
 def test_img2img_equals_diffusers_flax_img2img_pipeline_and_a_strength_sweep_compiles_once(img2img_sweep, inputs,
                                                                                              tiny_model_dir):
+    """PNDM, DDIM and DPM-Solver++ (the schedulers diffusers' Flax img2img pipeline runs right), two strengths
+    each: diffusers' images, and one compile per scheduler."""
+    import diffusers
     from diffusers import FlaxStableDiffusionImg2ImgPipeline
     from flax.jax_utils import replicate
     from flax.training.common_utils import shard
@@ -103,14 +107,20 @@ def test_img2img_equals_diffusers_flax_img2img_pipeline_and_a_strength_sweep_com
     with Image.open(inputs["init"]) as init:
         prompt_ids, image = pipeline.prepare_inputs([prompt] * count, [init.convert("RGB")] * count)
     rng = jax.random.split(jax.random.PRNGKey(SEED), count)
-    for job, strength in zip(img2img_sweep, (0.5, 0.75)):
-        expected = pipeline(shard(prompt_ids), shard(image), replicate(params), rng, strength=strength,
-                            num_inference_steps=steps, height=SIZE, width=SIZE, guidance_scale=guidance,
-                            jit=True).images
+    points = [(name, strength) for name in ("pndm", "ddim", "dpm_solver_pp") for strength in (0.5, 0.75)]
+    classes = {"pndm": "FlaxPNDMScheduler", "ddim": "FlaxDDIMScheduler",
+               "dpm_solver_pp": "FlaxDPMSolverMultistepScheduler"}
+    for job, (name, strength) in zip(img2img_sweep, points, strict=True):
+        scheduler, state = getattr(diffusers, classes[name]).from_pretrained(str(tiny_model_dir), subfolder="scheduler")
+        reference = FlaxStableDiffusionImg2ImgPipeline(
+            vae=pipeline.vae, text_encoder=pipeline.text_encoder, tokenizer=pipeline.tokenizer, unet=pipeline.unet,
+            scheduler=scheduler, safety_checker=None, feature_extractor=None, dtype=jnp.float32)
+        expected = reference(shard(prompt_ids), shard(image), replicate(dict(params, scheduler=state)), rng,
+                             strength=strength, num_inference_steps=steps, height=SIZE, width=SIZE,
+                             guidance_scale=guidance, jit=True).images
         assert_matches(images_of(job), as_uint8(expected), exact=False)
-    first, second = (json.loads((job / "timings.json").read_text()) for job in img2img_sweep)
-    assert (first["process_compiles"], second["process_compiles"]) == (1, 1)
-    assert second["model_reused"] == 1 and second["compile_reused"] == 1
+    compiles = [json.loads((job / "timings.json").read_text())["process_compiles"] for job in img2img_sweep]
+    assert compiles == [1, 1, 2, 2, 3, 3]  # once per scheduler: strength is a traced input
     assert not np.array_equal(images_of(img2img_sweep[0])[0], images_of(img2img_sweep[1])[0])
 
 

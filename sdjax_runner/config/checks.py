@@ -241,6 +241,7 @@ def run_values(cfg: Any) -> None:
     if not math.isfinite(sampling.guidance_scale):
         raise UserError("sampling.guidance_scale", f"must be a finite number, got {sampling.guidance_scale}",
                         "any finite float, e.g. 7.5")
+    positive("prompts.clip_skip", cfg.prompts.clip_skip, optional=False)
     positive("parallelism.per_device_batch_size", par.per_device_batch_size, optional=False)
     at_most("parallelism.per_device_batch_size", par.per_device_batch_size, MAX_PER_DEVICE_BATCH)
     positive("parallelism.num_devices", par.num_devices)
@@ -355,3 +356,15 @@ def grid(rows: Optional[int], cols: Optional[int], kept: int) -> None:
     if rows and cols and rows * cols < kept:
         raise UserError("output.grid_rows", f"a {rows} x {cols} grid cannot hold {kept} images",
                         f"rows x cols >= {kept}, or null for automatic")
+
+
+def clip_skip(value: int, layers: int, xl: bool, model_name: str) -> None:
+    """Once the model is loaded: prompts.clip_skip within its text encoder's layers (SD 1.x/2.x only)."""
+    if value == 1:
+        return
+    if xl:
+        raise UserError("prompts.clip_skip", f"{value}, but {model_name} is SDXL, which reads its text encoders' "
+                        "penultimate layers by design", "1")
+    if value > layers:
+        raise UserError("prompts.clip_skip", f"{value}, but {model_name}'s text encoder has {layers} layers",
+                        f"1..{layers}")

@@ -20,6 +20,7 @@ from sdjax_runner.config.schema import SCHEDULERS
 # A1111's own patterns (infotext_utils.py).
 PARAM = re.compile(r'\s*(\w[\w \-/]+):\s*("(?:\\.|[^\\"])+"|[^,]*)(?:,|$)')
 IMAGE_SIZE = re.compile(r"^(\d+)x(\d+)$")
+EMPHASIS = re.compile(r"(?<!\\)[(\[]|\bBREAK\b")  # an unescaped bracket, or BREAK
 # Settings that describe the run's layout or provenance here, not how to make the image.
 SILENT = ("Batch", "Device", "Version", "Dtype")
 
@@ -88,6 +89,9 @@ def overrides(info: Infotext, model_options: tuple[str, ...], dtype_options: tup
         out.append("prompts.file=null")
     if info.negative:
         out.append(f"prompts.negative={hydra_quoted(info.negative)}")
+    if EMPHASIS.search(info.prompt + "\n" + info.negative):
+        skipped.append("Prompt: A1111's emphasis and BREAK syntax ((text:1.3), [text], BREAK) is read as plain text "
+                       "here, brackets and all")
     if settings.get("Steps", "").isdigit():
         use("Steps", f"sampling.num_inference_steps={settings['Steps']}")
     if "CFG scale" in settings and _number(settings["CFG scale"]) is not None:
@@ -116,6 +120,8 @@ def overrides(info: Infotext, model_options: tuple[str, ...], dtype_options: tup
     for key in ("Eta", "Eta DDIM"):
         if key in settings and _number(settings[key]) is not None:
             use(key, f"sampling.eta={settings[key]}")
+    if settings.get("Clip skip", "").isdigit():
+        use("Clip skip", f"prompts.clip_skip={settings['Clip skip']}")
     if "Denoising strength" in settings:
         if has_init_image:
             use("Denoising strength", f"strength={settings['Denoising strength']}")
@@ -129,8 +135,6 @@ def overrides(info: Infotext, model_options: tuple[str, ...], dtype_options: tup
     for key, value in settings.items():
         if key == "Model hash":
             skipped.append(f"Model hash: {value}: models are not found by hash here; pick one with model=NAME")
-        elif key == "Clip skip":
-            skipped.append(f"Clip skip: {value}: not honoured (the runner encodes prompts with the last layer)")
         elif key not in SILENT:
             skipped.append(f"{key}: {value}: not honoured")
     return Translation(out, honoured, skipped)

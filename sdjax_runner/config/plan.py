@@ -86,6 +86,7 @@ class Plan:
     controlnet: Optional[str] = None  # controlnet.model
     conditioning_scale: float = 1.0  # controlnet.conditioning_scale
     cache_dir: str = ""  # paths.cache_dir: where built-in models are
+    clip_skip: int = 1  # prompts.clip_skip
 
     @property
     def images_per_batch(self) -> int:
@@ -261,4 +262,5 @@ def make_plan(config: RunConfig, available_devices: int, checked: Optional[Check
         controlnet=config.controlnet.model if config.mode.name == "controlnet" else None,
         conditioning_scale=float(config.controlnet.conditioning_scale),
         cache_dir=config.paths.cache_dir,
+        clip_skip=config.prompts.clip_skip,
     )

@@ -133,6 +133,10 @@ class PromptsConfig:
     # How a prompt list that does not fill the last batch is completed: cycle (repeat the list; all
     # images kept) or pad (the fillers are generated to keep shapes static, then dropped).
     fill: PromptFill = PromptFill.cycle
+    # A1111's "Clip skip" for SD 1.x/2.x: the text encoder layer whose output conditions the UNet, counted
+    # from the last (1: the last layer, the guide's; 2: the one before it, then the final layer norm, as
+    # A1111 does). SDXL reads its penultimate layer by design and takes 1 only. Shapes the program.
+    clip_skip: int = 1
 
 
 @dataclass

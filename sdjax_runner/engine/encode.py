@@ -37,19 +37,33 @@ def negative_prompt(negative: Optional[str], pipeline: Any) -> Optional[str]:
     return negative
 
 
-def encode(pipeline: Any, params: dict, ids, negative_ids=None) -> Conditioning:
+def encode(pipeline: Any, params: dict, ids, negative_ids=None, clip_skip: int = 1) -> Conditioning:
     if hasattr(pipeline, "text_encoder_2"):
         return _two_encoders(pipeline, params, ids, negative_ids)
-    return _one_encoder(pipeline, params, ids, negative_ids)
+    return _one_encoder(pipeline, params, ids, negative_ids, clip_skip)
 
 
-def _one_encoder(pipeline: Any, params: dict, ids, negative_ids) -> Conditioning:
-    """SD 1.x/2.x: the text encoder's last hidden states; no negative prompt is the empty prompt's."""
-    embeds = pipeline.text_encoder(ids, params=params["text_encoder"])[0]
+def _hidden_states(pipeline: Any, params: dict, ids, clip_skip: int):
+    """The text encoder's last hidden states (``clip_skip`` 1), or -- A1111's Clip skip -- the output of the
+    ``clip_skip``-th layer from the end through the final layer norm (its ``encode_with_transformers``)."""
+    if clip_skip == 1:
+        return pipeline.text_encoder(ids, params=params["text_encoder"])[0]
+    import flax.linen as nn
+
+    hidden = pipeline.text_encoder(ids, params=params["text_encoder"], output_hidden_states=True).hidden_states
+    config = pipeline.text_encoder.config
+    norm = nn.LayerNorm(epsilon=config.layer_norm_eps, dtype=pipeline.text_encoder.dtype)
+    return norm.apply({"params": params["text_encoder"]["text_model"]["final_layer_norm"]}, hidden[-clip_skip])
+
+
+def _one_encoder(pipeline: Any, params: dict, ids, negative_ids, clip_skip: int = 1) -> Conditioning:
+    """SD 1.x/2.x: the text encoder's last hidden states (or an earlier layer's: clip skip); no negative
+    prompt is the empty prompt's."""
+    embeds = _hidden_states(pipeline, params, ids, clip_skip)
     if negative_ids is None:
         negative_ids = pipeline.tokenizer([""] * ids.shape[0], padding="max_length", max_length=ids.shape[-1],
                                           return_tensors="np").input_ids
-    negative = pipeline.text_encoder(negative_ids, params=params["text_encoder"])[0]
+    negative = _hidden_states(pipeline, params, negative_ids, clip_skip)
     return Conditioning(jnp.concatenate([negative, embeds]))
 
 

@@ -47,6 +47,7 @@ class Spec:
     sigmas: Optional[str] = None  # a k sampler's sigma schedule (engine/samplers/sigmas.py)
     eta: Optional[float] = None  # sampling.eta (None: the sampler's default)
     controlnet: str = ""  # the ControlNet's structure (its config), in controlnet mode
+    clip_skip: int = 1  # prompts.clip_skip (engine/encode.py)
 
 
 def program_spec(plan: Any, pipeline: Any, height: int, width: int, controlnet: str = "") -> Spec:
@@ -60,7 +61,7 @@ def program_spec(plan: Any, pipeline: Any, height: int, width: int, controlnet: 
                 scheduler_overrides=tuple(sorted((str(k), repr(v)) for k, v in plan.scheduler.config_overrides.items()))
                 if stepping else (), prediction_type=getattr(prediction, "name", prediction),
                 sampler=plan.sampling.sampler, sigmas=plan.sampling.sigmas, eta=plan.sampling.eta,
-                mode=plan.generation, controlnet=controlnet)
+                mode=plan.generation, controlnet=controlnet, clip_skip=plan.clip_skip)
 
 
 def generate(pipeline: Any, spec: Spec, ids, params: dict, key, guidance, inputs: dict,
@@ -70,7 +71,7 @@ def generate(pipeline: Any, spec: Spec, ids, params: dict, key, guidance, inputs
     noise comes from a key folded from it); ``inputs``: the mode's traced inputs (engine/modes: init
     images, masks, control images, the start step, the conditioning scale; empty for text to image);
     ``negative_ids``: like ``ids``, or None for the pipeline's own unconditional input."""
-    conditioning = encode(pipeline, params, ids, negative_ids)
+    conditioning = encode(pipeline, params, ids, negative_ids, spec.clip_skip)
     conditioning = with_time_ids(conditioning, spec.height, spec.width, conditioning.context.dtype)  # SDXL only
     start = MODES[spec.mode](pipeline, params, key, spec, ids.shape[0], inputs)
     if start.conditioning:

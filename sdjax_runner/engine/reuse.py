@@ -107,12 +107,14 @@ class ReuseCache:
         self.models[key] = entry
         return entry, False
 
-    def controlnet(self, plan: Plan, entry: ModelEntry) -> Any:
-        """The plan's ControlNet (controlnet mode), loaded beside ``entry``'s model or reused; else None."""
+    def controlnet(self, plan: Plan, entry: ModelEntry) -> tuple[Any, bool]:
+        """The plan's ControlNet (controlnet mode), loaded beside ``entry``'s model or reused (then True);
+        else (None, False)."""
         if not plan.controlnet:
-            return None
+            return None, False
         key = (plan.controlnet,)
-        if entry.controlnet_key != key:
+        reused = entry.controlnet_key == key
+        if not reused:
             import jax.numpy as jnp
 
             from sdjax_runner.models import controlnet
@@ -123,7 +125,7 @@ class ReuseCache:
                                                getattr(jnp, plan.dtype.activations_dtype.name),
                                                numpy_dtype(plan.dtype.weights_dtype.name))
             entry.controlnet_key = key
-        return entry.controlnet
+        return entry.controlnet, reused
 
     def prepare(self, plan: Plan, entry: ModelEntry, reused: bool, mode: type[Generator], devices: list,
                 spec: Spec) -> Prepared:

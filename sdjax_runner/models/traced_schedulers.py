@@ -53,9 +53,11 @@ class LMSScheduler(FlaxLMSDiscreteScheduler):
             pred_original_sample = model_output * (-sigma / (sigma**2 + 1) ** 0.5) + (sample / (sigma**2 + 1))
         else:
             raise ValueError(f"prediction_type {self.config.prediction_type!r}: LMS takes epsilon or v_prediction")
+        # The first steps have fewer derivatives, so a lower order (diffusers' min(len(derivatives), order)):
+        # counted from those kept so far, so a run that starts part-way down (img2img) warms up as well.
+        kept = jnp.sum(jnp.any(state.derivatives != 0, axis=tuple(range(1, state.derivatives.ndim))))
         derivatives = jnp.roll(state.derivatives, 1, axis=0).at[0].set((sample - pred_original_sample) / sigma)
-        # The first steps have fewer derivatives, so a lower order (as diffusers' min(step + 1, order)).
-        available = jnp.minimum(step + 1, order)
+        available = jnp.minimum(kept + 1, order)
         weights = jnp.select([available == o for o in range(1, order + 1)],
                              [lms_coefficients(state.sigmas, step, o) for o in range(1, order + 1)])
         prev_sample = sample + jnp.tensordot(weights.astype(sample.dtype), derivatives, axes=1)

@@ -114,6 +114,7 @@ def a1111_parameters(meta: dict[str, Any]) -> str:
         f"Dtype: {meta['dtype']}, Batch: {meta['batch']}, Device: {meta['device']}"
         + (f", {'Eta DDIM' if meta['sampler'] == 'ddim' else 'Eta'}: {meta['eta']}" if meta.get("eta") is not None
            else "")
+        + (f", Clip skip: {meta['clip_skip']}" if meta.get("clip_skip") else "")
         + (f", Denoising strength: {meta['strength']}" if meta.get("strength") is not None else "")
         + (f", Mask: {meta['mask_image']}" if meta.get("mask_image") else "")
         + (f", ControlNet: {meta['controlnet']}, Control weight: {meta['conditioning_scale']}"
@@ -142,7 +143,7 @@ def save_whole(image: Image.Image, path: Path, **options: Any) -> None:
 
 
 # PNG text chunks that are numbers in images.json (everything else is text; "" is None for these).
-_INT_CHUNKS = ("index", "batch", "device", "seed", "steps", "height", "width")
+_INT_CHUNKS = ("index", "batch", "device", "seed", "steps", "height", "width", "clip_skip")
 _FLOAT_CHUNKS = ("guidance_scale", "eta", "strength", "conditioning_scale")
 _BOOL_CHUNKS = ("non_finite",)
 
@@ -258,6 +259,7 @@ def image_meta(plan: "Plan", height: int, width: int) -> dict[str, Any]:
         "sampler": plan.sampling.a1111[0],
         **({"schedule_type": plan.sampling.a1111[1]} if plan.sampling.a1111[1] else {}),
         **({"eta": plan.sampling.eta} if plan.sampling.eta is not None else {}),
+        **({"clip_skip": plan.clip_skip} if plan.clip_skip > 1 else {}),
         "mode": plan.generation,
         **({"strength": plan.strength} if plan.strength is not None else {}),
         **({"controlnet": plan.controlnet, "conditioning_scale": plan.conditioning_scale} if plan.controlnet else {}),
