@@ -277,6 +277,8 @@ def bad_files(tmp_path_factory, inputs) -> dict[str, Path]:
     (folder / "truncated.png").write_bytes(whole[: len(whole) // 2])
     # A decompression bomb: a tiny PNG whose header says 20000 x 20000 pixels.
     Image.new("L", (20000, 20000)).save(folder / "bomb.png", optimize=True)
+    with open(folder / "huge.png", "wb") as sparse:  # 300 MB that take no disk
+        sparse.truncate(300 * 2**20)
     return {p.stem: p for p in folder.iterdir()}
 
 
@@ -288,6 +290,7 @@ def bad_files(tmp_path_factory, inputs) -> dict[str, Path]:
     (["mode=img2img", "init_image={bad}/truncated.png"], "error: init_image: {bad}/truncated.png cannot be decoded"),
     (["mode=img2img", "init_image={bad}/bomb.png"], "error: init_image: {bad}/bomb.png is a decompression bomb"),
     (["mode=img2img", "init_image={bad}/missing.png"], "error: init_image: no such file"),
+    (["mode=img2img", "init_image={bad}/huge.png"], "error: init_image: {bad}/huge.png has 0.3 GB"),
     (["mode=inpaint", "init_image={init}", "mask_image={bad}/rgb_mask.png"], "error: mask_image: {bad}/rgb_mask.png has 3 channels"),
     (["mode=inpaint", "init_image={init}", "mask_image={bad}/small_mask.png"], "error: mask_image: {bad}/small_mask.png is 32 x 32"),
     (["mode=img2img", "init_image=[{init},{init}]"], "error: init_image: has 2 images for 1 prompt(s)"),

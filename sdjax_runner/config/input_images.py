@@ -32,6 +32,7 @@ from sdjax_runner.errors import UserError
 from sdjax_runner.files import not_a_file
 
 MAX_PIXELS = 64 * 2**20  # 64 megapixels: 8192 x 8192; a 512 x 512 image is 0.26
+MAX_FILE_BYTES = 256 * 2**20  # read whole: a sparse file of terabytes costs no disk, but all the memory
 EXTENSIONS = (".png", ".jpg", ".jpeg", ".webp", ".bmp", ".tif", ".tiff")
 ALLOWED = "an image file (PNG, JPEG, WebP, ...), a folder of them, or a list of files paired with the prompts"
 
@@ -70,6 +71,9 @@ def read_image(key: str, path: Path, mask: bool = False) -> InputImage:
     missing = not_a_file(path)
     if missing:
         raise UserError(key, f"{missing}: {path}", ALLOWED)
+    size = path.stat().st_size
+    if size > MAX_FILE_BYTES:
+        raise UserError(key, f"{path} has {size / 1e9:.1f} GB", f"an image file of at most {MAX_FILE_BYTES // 2**20} MB")
     data = path.read_bytes()
     import io
     import warnings

@@ -49,6 +49,8 @@ def check(cfg: Any, sampler: str) -> None:
         if values[key] in (None, "", []):
             raise UserError(key, f"a value is required with mode={mode}", f"{key}=PATH")
     unused = [key for key, value in values.items() if value not in (None, "", []) and key not in needs]
+    if cfg.strength is not None and mode not in DEFAULT_STRENGTH:
+        unused.append("strength")
     if unused:
         log.warning("%s: set, but mode=%s does not read %s", ", ".join(unused), mode,
                     "it" if len(unused) == 1 else "them")
