@@ -1,9 +1,9 @@
 """``python -m sdjax_runner from_png IMAGE.png [KEY=VALUE ...]``: make an image again from the A1111 infotext
 it carries (its ``parameters`` text: A1111's PNGs and ours), or from ``--infotext TEXT``.
 
-The infotext's prompt, negative prompt, steps, sampler and schedule type, CFG scale, seed, size, eta and
-(with ``mode=img2img init_image=...``) denoising strength become overrides (config/infotext.py), each said
-on one line; what cannot be honoured (a model hash, clip skip, extensions' settings) is one line each. The
+The infotext's prompt, negative prompt, steps, sampler and schedule type, CFG scale, seed, size, eta, clip
+skip and (with ``mode=img2img init_image=...``) denoising strength become overrides (config/infotext.py),
+each said on one line; what cannot be honoured (a model hash, extensions' settings) is one line each. The
 command line's own overrides come after them, so they win, and the run goes on as ``python -m
 sdjax_runner`` with all of them. Nothing runs from a file that carries no infotext."""
 

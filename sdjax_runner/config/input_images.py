@@ -24,7 +24,7 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 import numpy as np
 
@@ -47,6 +47,11 @@ class InputImage:
     @property
     def size(self) -> tuple[int, int]:
         return self.pixels.shape[1], self.pixels.shape[0]  # (width, height), as PIL says it
+
+
+def paired(images: Sequence, prompt_index: int):
+    """The image prompt ``prompt_index`` gets: the one image, or its own of a list / folder."""
+    return images[prompt_index % len(images)]
 
 
 def _paths(key: str, value: Any) -> list[Path]:
@@ -128,7 +133,7 @@ def same_sizes(mask_key: str, masks: tuple[InputImage, ...], images: tuple[Input
     """Each mask has its init image's size (paired as the prompts pair them)."""
     count = max(len(masks), len(images))
     for k in range(count):
-        m, i = masks[k % len(masks)], images[k % len(images)]
+        m, i = paired(masks, k), paired(images, k)
         if m.size != i.size:
             raise UserError(mask_key, f"{m.path} is {m.size[0]} x {m.size[1]}, its init image {i.path} is "
                             f"{i.size[0]} x {i.size[1]}", "a mask of its init image's size")
@@ -173,7 +178,8 @@ class ModeInputs:
         for name, images in (("init", self.init), ("mask", self.mask), ("control", self.control)):
             if not images:
                 continue
-            rows = np.stack([fitted(images[k % len(images)], height, width, resize_mode) for k in range(prompts)])
+            each = [fitted(image, height, width, resize_mode) for image in images]  # once per distinct image
+            rows = np.stack([paired(each, k) for k in range(prompts)])
             rows = rows.astype(np.float32).transpose(0, 3, 1, 2) / 255.0
             if name == "init":
                 rows = 2.0 * rows - 1.0
@@ -184,7 +190,7 @@ class ModeInputs:
 
 
 def read_mode_inputs(mode: str, init: Any, mask: Any, control: Any, prompts: int) -> ModeInputs:
-    """Every image ``mode`` reads, checked (the keys it needs are set: config/checks.py ``mode_keys``)."""
+    """Every image ``mode`` reads, checked (config/modes.py ``check`` made sure the keys it needs are set)."""
     inputs = ModeInputs()
     if mode in ("img2img", "inpaint"):
         inputs = ModeInputs(init=read_images("init_image", init, prompts))

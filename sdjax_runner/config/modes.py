@@ -19,6 +19,8 @@ MODES = ("txt2img", "img2img", "inpaint", "controlnet")
 DEFAULT_STRENGTH = {"img2img": 0.8, "inpaint": 1.0}
 IMAGE_KEYS = ("init_image", "mask_image", "controlnet.image")  # sweeping these reads images (config/sweep_points.py)
 BUILTIN_CONTROLNETS = ("tiny-random-controlnet",)  # models/builtin.py builds them
+CONTROLNET_ALLOWED = ("a diffusers ControlNet folder (config.json + Flax or PyTorch safetensors weights), or "
+                      + ", ".join(BUILTIN_CONTROLNETS))
 
 
 def strength(mode: str, value: Optional[float]) -> Optional[float]:
@@ -67,11 +69,10 @@ def check(cfg: Any, sampler: str) -> None:
     net = cfg.controlnet.model
     if mode == "controlnet" and net not in BUILTIN_CONTROLNETS:
         path = Path(str(net)).expanduser()
-        allowed = "a diffusers ControlNet folder (config.json + weights), or " + ", ".join(BUILTIN_CONTROLNETS)
         if not path.is_dir():
-            raise UserError("controlnet.model", f"no such directory: {path}", allowed)
+            raise UserError("controlnet.model", f"no such directory: {path}", CONTROLNET_ALLOWED)
         if not (path / "config.json").is_file():
-            raise UserError("controlnet.model", f"{path} has no config.json", allowed)
+            raise UserError("controlnet.model", f"{path} has no config.json", CONTROLNET_ALLOWED)
     scale = cfg.controlnet.conditioning_scale
     if not math.isfinite(scale):
         raise UserError("controlnet.conditioning_scale", f"must be a finite number, got {scale}",

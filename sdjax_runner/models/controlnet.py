@@ -13,10 +13,11 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+from sdjax_runner.config.modes import CONTROLNET_ALLOWED
 from sdjax_runner.errors import UserError
 
 KEY = "controlnet.model"
-ALLOWED = "a diffusers ControlNet folder (config.json + Flax or PyTorch safetensors weights), or tiny-random-controlnet"
+ALLOWED = CONTROLNET_ALLOWED
 # The ControlNet's settings that must equal its UNet's: its residuals are added to the UNet's skip connections.
 MATCHING = ("block_out_channels", "layers_per_block", "cross_attention_dim", "down_block_types")
 

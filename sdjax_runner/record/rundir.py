@@ -307,11 +307,13 @@ def write_images(run_dir: Path, plan: "Plan", batches: Iterator, meta: dict[str,
 
 def input_files(plan: "Plan", prompt_index: int) -> dict[str, str]:
     """The mode's input images an image was made from (its prompt's pair): init_image, mask_image, control_image."""
+    from sdjax_runner.config.input_images import paired
+
     out = {}
     for key, images in (("init_image", plan.inputs.init), ("mask_image", plan.inputs.mask),
                         ("control_image", plan.inputs.control)):
         if images:
-            out[key] = Path(images[prompt_index % len(images)].path).name
+            out[key] = Path(paired(images, prompt_index).path).name
     return out
 
 
@@ -331,7 +333,7 @@ def with_inputs(grid: Image.Image, panels: list[Image.Image], rows: int) -> Imag
     """``grid`` with the input ``panels`` in columns on its left, a gap of a cell's tenth between."""
     if not panels:
         return grid
-    cell_w, cell_h = panels[0].size
+    cell_w = panels[0].width
     side = make_grid(panels, min(rows, len(panels)), math.ceil(len(panels) / rows))
     gap = max(2, cell_w // 10)
     out = Image.new("RGB", (side.width + gap + grid.width, max(side.height, grid.height)), "white")

@@ -16,6 +16,11 @@ class Start(NamedTuple):
     pure_at_zero: bool = False
 
 
+def kept(start: Start, image, x):
+    """``x`` with ``image`` where ``start.keep`` is 1 (ordinary-model inpainting's blend)."""
+    return start.keep * image + (1 - start.keep) * x
+
+
 def initial(start: Start, pure, noised):
     """The sampler's first sample: ``pure`` (the noise at the first level) from pure noise, else
     ``noised(step)`` (the init image noised to step ``step``'s level)."""

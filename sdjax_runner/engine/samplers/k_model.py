@@ -15,7 +15,7 @@ from typing import Any, Callable
 import numpy as np
 
 from sdjax_runner.engine.encode import Conditioning
-from sdjax_runner.engine.modes.start import Start, initial
+from sdjax_runner.engine.modes.start import Start, initial, kept
 from sdjax_runner.engine.samplers import unet
 from sdjax_runner.engine.samplers.k_samplers import DISCARD_PENULTIMATE, K_SAMPLERS, NOISE_STREAM, key_noise
 from sdjax_runner.engine.samplers.sigmas import schedule, training_sigmas
@@ -63,12 +63,12 @@ def sampler(name: str) -> Callable:
             # Inpainting with an ordinary model, as A1111 does for the k samplers: the denoised sample is the
             # init image wherever it is kept (and so is the result).
             unmasked = model
-            model = lambda x, sigma: start.keep * start.image + (1 - start.keep) * unmasked(x, sigma)  # noqa: E731
+            model = lambda x, sigma: kept(start, start.image, unmasked(x, sigma))  # noqa: E731
         constants = jnp.asarray(sigmas, start.noise.dtype)
         x = initial(start, start.noise * float(sigmas[0]), lambda step: start.image + start.noise * constants[step])
         noise = key_noise(jax.random.fold_in(key, NOISE_STREAM), x.shape, x.dtype)
         options = {} if spec.eta is None else {"eta": spec.eta}  # config/samplers.py let it through: it takes one
         x = K_SAMPLERS[name](model, x, sigmas, noise, start=start.step, **options)
-        return x if start.keep is None else start.keep * start.image + (1 - start.keep) * x
+        return x if start.keep is None else kept(start, start.image, x)
 
     return denoise

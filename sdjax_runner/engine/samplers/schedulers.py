@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 from sdjax_runner.engine.encode import Conditioning
-from sdjax_runner.engine.modes.start import Start, initial
+from sdjax_runner.engine.modes.start import Start, initial, kept
 from sdjax_runner.engine.samplers import unet
 from sdjax_runner.engine.samplers.k_samplers import NOISE_STREAM, key_noise
 
@@ -54,7 +54,7 @@ def denoise(pipeline: Any, params: dict, conditioning: Conditioning, start: Star
             # the last step).
             following = index + 1
             proper = jnp.where(following < spec.steps, noised(jnp.minimum(following, spec.steps - 1)), start.image)
-            latents = start.keep * proper + (1 - start.keep) * latents
+            latents = kept(start, proper, latents)
         return latents, state
 
     draws = key_noise(jax.random.fold_in(key, NOISE_STREAM), latents.shape, latents.dtype) if spec.eta else None
