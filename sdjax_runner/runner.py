@@ -96,7 +96,8 @@ def _run(plan: Plan, job: Job, run_name: str, tags: dict[str, str], started: flo
              "" if model_reused else converted_note(loaded.formats, plan.model.variant, loaded.variant_components))
     if job.writes:
         rundir.write_json(job.run_dir / rundir.INPUTS, inputs.collect(plan, loaded.path))
-    warn_truncated(loaded.pipeline.tokenizer, plan.prompts)
+    if plan.syntax == "plain":
+        warn_truncated(loaded.pipeline.tokenizer, plan.prompts)
     devices = jax.devices()[: plan.num_devices]
     mode = PARALLEL[plan.mode]
     controlnet, controlnet_reused = REUSE.controlnet(plan, entry)
@@ -104,6 +105,9 @@ def _run(plan: Plan, job: Job, run_name: str, tags: dict[str, str], started: flo
         log.info("load: ControlNet %s", "reused from an earlier job of this process" if controlnet_reused else
                  f"from {controlnet.path} in {controlnet.load_s:.1f} s ({controlnet.format} weights)")
     spec = program_spec(plan, loaded.pipeline, height, width, controlnet.structure if controlnet else "")
+    if spec.prompt_chunks:
+        log.info("prompts: A1111's syntax, %d chunk(s) of 75 tokens per prompt (the longest prompt's; shorter "
+                 "ones padded with empty chunks)", spec.prompt_chunks)
     prepared = REUSE.prepare(plan, entry, model_reused, mode, devices, spec)
     generator = mode(prepared.pipeline, prepared.params, prepared.safety_weights, plan, spec, devices)
     compiled = compile_generator(generator, prepared, plan)
@@ -154,7 +158,7 @@ def _run(plan: Plan, job: Job, run_name: str, tags: dict[str, str], started: flo
 
     non_finite = warn_non_finite(job.records, plan.dtype.name)
     quality = dict(evaluate(plan.metrics, job.run_dir, images, job.records, executables_dir(plan),
-                            rundir.image_records), non_finite_images=non_finite)
+                            rundir.image_records, plan.syntax), non_finite_images=non_finite)
     write_s += rundir.write_run_files(job.run_dir, plan, job.records, images)
     from sdjax_runner.engine.efficiency import param_bytes_per_device
 
@@ -277,7 +281,7 @@ def measure_efficiency(plan: Plan, prepared, generator, devices: list, height: i
     from sdjax_runner.engine.reuse import REUSE
 
     flops = REUSE.flops(prepared, generator.compiled, plan.num_inference_steps, plan.per_device_batch_size,
-                        height, width, plan.num_devices)
+                        height, width, plan.num_devices, 77 * max(1, generator.spec.prompt_chunks))
     if generator.program_key and flops is not None:  # a warm start needs no FLOPs lowering
         from sdjax_runner.engine import executable_cache
 

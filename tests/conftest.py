@@ -34,14 +34,14 @@ def cache_dir(tmp_path_factory) -> Path:
 def tiny_model_dir(cache_dir) -> Path:
     from sdjax_runner.models.builtin import build_builtin
 
-    return build_builtin("tiny-random", cache_dir / "models" / "tiny-random-v1")
+    return build_builtin("tiny-random", cache_dir / "models" / "tiny-random-v2")
 
 
 @pytest.fixture(scope="session")
 def tiny_xl_dir(cache_dir) -> Path:
     from sdjax_runner.models.builtin import build_builtin
 
-    return build_builtin("tiny-random-xl", cache_dir / "models" / "tiny-random-xl-v1")
+    return build_builtin("tiny-random-xl", cache_dir / "models" / "tiny-random-xl-v2")
 
 
 @pytest.fixture(scope="session")

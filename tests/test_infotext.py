@@ -31,10 +31,8 @@ def test_a1111s_example_reads_as_a1111_reads_it_and_becomes_overrides():
                              "Size": "512x512", "Model hash": "45dee52b"}
     out = infotext.overrides(info, ("tiny-random",), ("fp32",), has_init_image=False)
     assert {"sampling.num_inference_steps=20", "sampler='Euler a'", "sampling.guidance_scale=7", "seed=965400086",
-            "sampling.width=512", "sampling.height=512"} <= set(out.overrides)
-    assert out.not_honoured == [
-        "Prompt: A1111's emphasis and BREAK syntax ((text:1.3), [text], BREAK) is read as plain text here, brackets "
-        "and all", "Model hash: 45dee52b: models are not found by hash here; pick one with model=NAME"]
+            "sampling.width=512", "sampling.height=512", "prompts.syntax=a1111"} <= set(out.overrides)
+    assert out.not_honoured == ["Model hash: 45dee52b: models are not found by hash here; pick one with model=NAME"]
     cfg = compose_cfg(out.overrides)  # every override composes, the prompts exactly as written
     assert list(cfg.prompts.texts) == [info.prompt] and cfg.prompts.negative == info.negative
 
@@ -67,6 +65,8 @@ def test_from_png_remakes_the_runs_images(smoke_run, tmp_path):
                      cwd=tmp_path, command="from_png")
     assert result.returncode == 0, result.stderr
     assert "from_png: Steps: 4 -> sampling.num_inference_steps=4" in result.stderr
+    # Read with A1111's syntax (ours escapes a plain prompt's brackets): the same encoding for a plain prompt.
+    assert "from_png: Prompt: A1111's syntax -> prompts.syntax=a1111" in result.stderr
     for mine, theirs in zip(images_of(tmp_path / "again"), images_of(run_dir), strict=True):
         assert np.array_equal(mine, theirs)
 

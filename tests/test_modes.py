@@ -155,7 +155,7 @@ def test_inpainting_model_equals_diffusers_flax_inpaint_pipeline(tmp_path, input
 
     jobs = sweep(tmp_path, "mode=inpaint", "model=tiny-random-inpaint", f"init_image={inputs['init']}",
                  f"mask_image={inputs['mask']}", "sampling.guidance_scale=7.5,3")
-    model_dir = build_builtin("tiny-random-inpaint", cache_dir / "models" / "tiny-random-inpaint-v1")
+    model_dir = build_builtin("tiny-random-inpaint", cache_dir / "models" / "tiny-random-inpaint-v2")
     index = json.loads((model_dir / "model_index.json").read_text())
     assert index["_class_name"].removeprefix("Flax") == "StableDiffusionInpaintPipeline"  # runwayml's kind
     pipeline, params = FlaxStableDiffusionInpaintPipeline.from_pretrained(

@@ -20,7 +20,6 @@ from sdjax_runner.config.schema import SCHEDULERS
 # A1111's own patterns (infotext_utils.py).
 PARAM = re.compile(r'\s*(\w[\w \-/]+):\s*("(?:\\.|[^\\"])+"|[^,]*)(?:,|$)')
 IMAGE_SIZE = re.compile(r"^(\d+)x(\d+)$")
-EMPHASIS = re.compile(r"(?<!\\)[(\[]|\bBREAK\b")  # an unescaped bracket, or BREAK
 # Settings that describe the run's layout or provenance here, not how to make the image.
 SILENT = ("Batch", "Device", "Version", "Dtype")
 
@@ -89,9 +88,9 @@ def overrides(info: Infotext, model_options: tuple[str, ...], dtype_options: tup
         out.append("prompts.file=null")
     if info.negative:
         out.append(f"prompts.negative={hydra_quoted(info.negative)}")
-    if EMPHASIS.search(info.prompt + "\n" + info.negative):
-        skipped.append("Prompt: A1111's emphasis and BREAK syntax ((text:1.3), [text], BREAK) is read as plain text "
-                       "here, brackets and all")
+    # An infotext's prompts are in A1111's syntax (ours escape the brackets of a plain prompt for it).
+    out.append("prompts.syntax=a1111")
+    honoured.append("Prompt: A1111's syntax -> prompts.syntax=a1111")
     if settings.get("Steps", "").isdigit():
         use("Steps", f"sampling.num_inference_steps={settings['Steps']}")
     if "CFG scale" in settings and _number(settings["CFG scale"]) is not None:

@@ -21,7 +21,7 @@ from omegaconf import DictConfig, OmegaConf
 from sdjax_runner.config import checks, modes, samplers
 from sdjax_runner.config.input_images import ModeInputs, read_mode_inputs
 from sdjax_runner.config.modes import start_step
-from sdjax_runner.config.prompts import check_text, load_prompts
+from sdjax_runner.config.prompts import check_syntax, check_text, load_prompts
 from sdjax_runner.config.samplers import Sampling
 from sdjax_runner.config.schema import (CompilationCacheConfig, DtypeConfig, MetricsConfig, ModelConfig, OutputConfig,
                                         RunConfig, SchedulerConfig, TrackingConfig, field_types)
@@ -87,6 +87,7 @@ class Plan:
     conditioning_scale: float = 1.0  # controlnet.conditioning_scale
     cache_dir: str = ""  # paths.cache_dir: where built-in models are
     clip_skip: int = 1  # prompts.clip_skip
+    syntax: str = "plain"  # prompts.syntax (engine/tokens.py)
 
     @property
     def images_per_batch(self) -> int:
@@ -182,6 +183,8 @@ def check_values(config: RunConfig) -> Checked:
     prompts = load_prompts(list(config.prompts.texts), config.prompts.file)
     if config.prompts.negative:
         check_text("prompts.negative", str(config.prompts.negative))
+    if config.prompts.syntax.name == "a1111":
+        check_syntax(prompts, len(config.prompts.texts), config.prompts.negative)
     inputs = read_mode_inputs(config.mode.name, config.init_image, config.mask_image, config.controlnet.image,
                               len(prompts))
     return Checked(prompts, inputs)
@@ -263,4 +266,5 @@ def make_plan(config: RunConfig, available_devices: int, checked: Optional[Check
         conditioning_scale=float(config.controlnet.conditioning_scale),
         cache_dir=config.paths.cache_dir,
         clip_skip=config.prompts.clip_skip,
+        syntax=config.prompts.syntax.name,
     )

@@ -75,6 +75,21 @@ def load_prompts(texts: list[str], file: str | None) -> list[str]:
     return prompts
 
 
+def check_syntax(prompts: list[str], from_texts: int, negative: str | None) -> None:
+    """``prompts.syntax=a1111``: a prompt that A1111 fails on (a weight such as ``(word:1.2.3)``,
+    config/prompt_syntax.py) is one line naming it; everything A1111 reads leniently passes."""
+    from sdjax_runner.config.prompt_syntax import SyntaxProblem, parse_attention
+
+    named = [(f"prompts.texts[{n}]" if n < from_texts else f"prompts.file (prompt {n - from_texts + 1})", text)
+             for n, text in enumerate(prompts)] + ([("prompts.negative", negative)] if negative else [])
+    for key, text in named:
+        try:
+            parse_attention(text)
+        except SyntaxProblem as problem:
+            raise UserError(key, str(problem), "a number after the colon, as in (word:1.3), or \\( for a "
+                            "literal bracket") from None
+
+
 def warn_truncated(tokenizer, prompts: tuple[str, ...]) -> None:
     """CLIP reads model_max_length tokens (77 with start and end); say what a longer prompt loses."""
     limit = tokenizer.model_max_length

@@ -42,6 +42,11 @@ class ResizeMode(Enum):
     crop = 1  # scaled to cover height x width, then centre-cropped (A1111's "Crop and resize")
 
 
+class PromptSyntax(Enum):
+    plain = "plain"  # the guide's: the text as it is, cut at 77 tokens
+    a1111 = "a1111"  # A1111's: (emphasis:1.3), [less], BREAK, prompts of any length in 75-token chunks
+
+
 class PromptFill(Enum):
     cycle = "cycle"  # repeat the prompt list to fill the last batch; every image is kept
     pad = "pad"  # fill the last batch with copies too, but drop those images from the outputs
@@ -137,6 +142,11 @@ class PromptsConfig:
     # from the last (1: the last layer, the guide's; 2: the one before it, then the final layer norm, as
     # A1111 does). SDXL reads its penultimate layer by design and takes 1 only. Shapes the program.
     clip_skip: int = 1
+    # How a prompt is read: plain (the guide's: literal text, cut at 77 tokens; the default, so the guide's
+    # images stay the guide's) or a1111 (AUTOMATIC1111's syntax: "(word)" x1.1, "(word:1.3)", "[word]"
+    # /1.1, "\(" a literal bracket, BREAK, and prompts longer than 77 tokens encoded in 75-token chunks).
+    # The negative prompt is read the same way.
+    syntax: PromptSyntax = PromptSyntax.plain
 
 
 @dataclass

@@ -47,8 +47,10 @@ def _flops(analysis: Any) -> Optional[float]:
     return float(analysis["flops"]) if analysis and "flops" in analysis else None
 
 
-def unet_step_flops(pipeline: Any, params: dict, per_device_images: int, height: int, width: int) -> Optional[float]:
-    """XLA's count for one guided UNet application (the batch doubled for classifier-free guidance)."""
+def unet_step_flops(pipeline: Any, params: dict, per_device_images: int, height: int, width: int,
+                    tokens: int = 77) -> Optional[float]:
+    """XLA's count for one guided UNet application (the batch doubled for classifier-free guidance);
+    ``tokens``: the prompt's length as the UNet reads it (77, or 77 per chunk with A1111's syntax)."""
     import jax
     import jax.numpy as jnp
 
@@ -56,7 +58,7 @@ def unet_step_flops(pipeline: Any, params: dict, per_device_images: int, height:
     factor = pipeline.vae_scale_factor
     latents = jax.ShapeDtypeStruct((batch, unet.config.in_channels, height // factor, width // factor), jnp.float32)
     steps = jax.ShapeDtypeStruct((batch,), jnp.int32)
-    context = jax.ShapeDtypeStruct((batch, 77, unet.config.cross_attention_dim), jnp.float32)  # CLIP outputs fp32
+    context = jax.ShapeDtypeStruct((batch, tokens, unet.config.cross_attention_dim), jnp.float32)  # CLIP outputs fp32
     added = None
     if getattr(unet.config, "addition_embed_type", None) == "text_time":
         embeds = pipeline.text_encoder_2.config.projection_dim

@@ -1,5 +1,14 @@
 """Stage 1, encode: prompt token ids -> the conditioning the UNet reads (classifier-free guidance's
-unconditional half first), for one text encoder (SD 1.x/2.x) or two (SDXL)."""
+unconditional half first), for one text encoder (SD 1.x/2.x) or two (SDXL).
+
+With A1111's prompt syntax (``chunks`` > 0; the ids from :mod:`.tokens`) each image's ids are ``chunks``
+rows of 77 that the encoder reads one by one; their hidden states are concatenated along the tokens (SDXL:
+its pooled embedding is the first chunk's, as A1111's), and each token's is scaled by its weight with the
+mean restored -- A1111's default emphasis ("Original": ``z *= weights; z *= old_mean / new_mean``), taken
+per encoder and per chunk, in float32. A1111 takes that mean over the chunk of a whole batch of prompts;
+here it is each image's own, so an image does not depend on which prompts share its batch (the same
+numbers where A1111's batch holds one prompt, its common case).
+"""
 
 from __future__ import annotations
 
@@ -37,10 +46,47 @@ def negative_prompt(negative: Optional[str], pipeline: Any) -> Optional[str]:
     return negative
 
 
-def encode(pipeline: Any, params: dict, ids, negative_ids=None, clip_skip: int = 1) -> Conditioning:
+def negative_text(negative: Optional[str], pipeline: Any, chunks: int) -> Optional[str]:
+    """:func:`negative_prompt`; with A1111's syntax (``chunks`` > 0) SD 1.x/2.x encode the empty prompt
+    from ids like any other (its chunks, padded to the prompts' count)."""
+    chosen = negative_prompt(negative, pipeline)
+    if chosen is None and chunks and not hasattr(pipeline, "text_encoder_2"):
+        return ""
+    return chosen
+
+
+def encode(pipeline: Any, params: dict, ids, negative_ids=None, clip_skip: int = 1, chunks: int = 0,
+           weights=None, negative_weights=None) -> Conditioning:
+    """``chunks``, ``weights``, ``negative_weights``: A1111's syntax (module docstring); 0 and None for the
+    guide's encoding."""
+    def read(encoder, ids, weights):
+        return _chunked(encoder, ids, chunks, weights)
+
     if hasattr(pipeline, "text_encoder_2"):
-        return _two_encoders(pipeline, params, ids, negative_ids)
-    return _one_encoder(pipeline, params, ids, negative_ids, clip_skip)
+        return _two_encoders(pipeline, params, ids, negative_ids, read, weights, negative_weights)
+    return _one_encoder(pipeline, params, ids, negative_ids, clip_skip, read, weights, negative_weights)
+
+
+def _chunked(encoder, ids, chunks: int, weights):
+    """``encoder``'s outputs (hidden states, and any others with a batch axis) for ``ids``; with ``chunks``,
+    each row's chunks read one by one, the hidden states concatenated and emphasized, the rest the first
+    chunk's."""
+    if not chunks:
+        return encoder(ids)
+    rows = ids.shape[0]
+    hidden, *rest = encoder(ids.reshape(rows * chunks, -1))
+    hidden = emphasis(hidden.reshape(rows, chunks, *hidden.shape[1:]), weights.reshape(rows, chunks, -1))
+    return (hidden.reshape(rows, -1, hidden.shape[-1]), *(r.reshape(rows, chunks, *r.shape[1:])[:, 0] for r in rest))
+
+
+def emphasis(hidden, weights):
+    """A1111's "Original" emphasis on (rows, chunks, 77, width) hidden states with (rows, chunks, 77)
+    weights: each token's state times its weight, then the chunk scaled back to its old mean."""
+    states = hidden.astype(jnp.float32)
+    old = states.mean(axis=(-2, -1), keepdims=True)
+    states = states * weights[..., None]
+    new = states.mean(axis=(-2, -1), keepdims=True)
+    return (states * (old / new)).astype(hidden.dtype)
 
 
 def _hidden_states(pipeline: Any, params: dict, ids, clip_skip: int):
@@ -56,33 +102,46 @@ def _hidden_states(pipeline: Any, params: dict, ids, clip_skip: int):
     return norm.apply({"params": params["text_encoder"]["text_model"]["final_layer_norm"]}, hidden[-clip_skip])
 
 
-def _one_encoder(pipeline: Any, params: dict, ids, negative_ids, clip_skip: int = 1) -> Conditioning:
+def _one_encoder(pipeline: Any, params: dict, ids, negative_ids, clip_skip: int, read,
+                 weights, negative_weights) -> Conditioning:
     """SD 1.x/2.x: the text encoder's last hidden states (or an earlier layer's: clip skip); no negative
-    prompt is the empty prompt's."""
-    embeds = _hidden_states(pipeline, params, ids, clip_skip)
+    prompt is the empty prompt's. ``read(encoder, ids, weights)``: the encoder's outputs (:func:`_chunked`)."""
+    def states(rows):
+        return (_hidden_states(pipeline, params, rows, clip_skip),)
+
+    (embeds,) = read(states, ids, weights)
     if negative_ids is None:
         negative_ids = pipeline.tokenizer([""] * ids.shape[0], padding="max_length", max_length=ids.shape[-1],
                                           return_tensors="np").input_ids
-    negative = _hidden_states(pipeline, params, negative_ids, clip_skip)
+    (negative,) = read(states, negative_ids, negative_weights)
     return Conditioning(jnp.concatenate([negative, embeds]))
 
 
-def _sdxl_embeddings(pipeline: Any, params: dict, ids):
+def _sdxl_embeddings(pipeline: Any, params: dict, ids, read, weights):
     """Both encoders' penultimate hidden states side by side, and the second's pooled projection."""
-    first = pipeline.text_encoder(ids[:, 0, :], params=params["text_encoder"], output_hidden_states=True)
-    second = pipeline.text_encoder_2(ids[:, 1, :], params=params["text_encoder_2"], output_hidden_states=True)
-    context = jnp.concatenate([first["hidden_states"][-2], second["hidden_states"][-2]], axis=-1)
-    return context, second["text_embeds"]
+    def first(rows):
+        return (pipeline.text_encoder(rows, params=params["text_encoder"], output_hidden_states=True)
+                ["hidden_states"][-2],)
+
+    def second(rows):
+        out = pipeline.text_encoder_2(rows, params=params["text_encoder_2"], output_hidden_states=True)
+        return out["hidden_states"][-2], out["text_embeds"]
+
+    (states,) = read(first, ids[:, 0], None if weights is None else weights[:, 0])
+    states_2, pooled = read(second, ids[:, 1], None if weights is None else weights[:, 1])
+    return jnp.concatenate([states, states_2], axis=-1), pooled
 
 
-def _two_encoders(pipeline: Any, params: dict, ids, negative_ids) -> Conditioning:
+def _two_encoders(pipeline: Any, params: dict, ids, negative_ids, read, weights,
+                  negative_weights) -> Conditioning:
     """SDXL: no negative ids -> zero embeddings (negative_prompt above decides when that is meant); the
     added time ids come from with_time_ids."""
-    context, pooled = _sdxl_embeddings(pipeline, params, ids)
+    context, pooled = _sdxl_embeddings(pipeline, params, ids, read, weights)
     if negative_ids is None:
         negative_context, negative_pooled = jnp.zeros_like(context), jnp.zeros_like(pooled)
     else:
-        negative_context, negative_pooled = _sdxl_embeddings(pipeline, params, negative_ids)
+        negative_context, negative_pooled = _sdxl_embeddings(pipeline, params, negative_ids, read,
+                                                             negative_weights)
     return Conditioning(jnp.concatenate([negative_context, context], axis=0),
                         {"text_embeds": jnp.concatenate([negative_pooled, pooled], axis=0)})
 

@@ -17,9 +17,10 @@ from typing import Any, Callable, Iterator, Optional
 import numpy as np
 
 from sdjax_runner.config.plan import Plan
-from sdjax_runner.engine.encode import negative_prompt
+from sdjax_runner.engine.encode import negative_text
 from sdjax_runner.engine.modes import NUMBERS, PER_IMAGE
 from sdjax_runner.engine.program import Spec
+from sdjax_runner.engine.tokens import PromptTokens
 
 
 def batch_keys(seed: int, batch: int, num_devices: int) -> np.ndarray:
@@ -64,10 +65,15 @@ class Generator:
         # For a stored executable: traces the program instead, should it fail at its first call.
         self.retrace: Optional[Callable[[Exception], None]] = None
         self.non_finite: set[int] = set()  # indices of images with NaN or infinite pixels (overflow)
+        self.tokens = PromptTokens(pipeline, plan.syntax)
         self.negative_ids = None
-        negative = negative_prompt(plan.negative, pipeline)
+        self.weights = {}  # A1111's syntax: the negative prompt's token weights, placed once
+        negative = negative_text(plan.negative, pipeline, spec.prompt_chunks)
         if negative is not None:
-            self.negative_ids = self.place_ids(np.asarray(pipeline.prepare_inputs([negative] * plan.images_per_batch)))
+            ids, weights = self.tokens([negative] * plan.images_per_batch, spec.prompt_chunks)
+            self.negative_ids = self.place_ids(ids)
+            if weights is not None:
+                self.weights["negative_weights"] = self.place_ids(weights)
         # The mode's inputs (engine/modes): its images fitted to the run's size, one row per prompt, and its
         # numbers (the start step from strength, the ControlNet's conditioning scale), placed once.
         self.per_prompt = {name: array for name, array in
@@ -92,12 +98,16 @@ class Generator:
         raise NotImplementedError
 
     def inputs(self, batch: int) -> tuple:
-        """The batch's prompt ids, per-device keys and mode inputs (each image's rows, by its prompt), placed
-        for this path."""
-        ids = self.place_ids(np.asarray(self.pipeline.prepare_inputs(self.plan.batch_prompts(batch))))
+        """The batch's prompt ids, per-device keys and mode inputs (each image's rows, by its prompt; with
+        A1111's syntax the token weights), placed for this path."""
+        ids, weights = self.tokens(self.plan.batch_prompts(batch), self.spec.prompt_chunks)
         start = batch * self.plan.images_per_batch
         rows = [slot.prompt_index for slot in self.plan.images[start: start + self.plan.images_per_batch]]
-        mode_inputs = dict(self.numbers, **{name: self.place_ids(array[rows]) for name, array in self.per_prompt.items()})
+        mode_inputs = dict(self.numbers, **self.weights,
+                           **{name: self.place_ids(array[rows]) for name, array in self.per_prompt.items()})
+        if weights is not None:
+            mode_inputs["prompt_weights"] = self.place_ids(weights)
+        ids = self.place_ids(ids)
         return ids, self.place_keys(batch_keys(self.plan.seed, batch, self.plan.num_devices)), mode_inputs
 
     def program_args(self) -> tuple:

@@ -20,9 +20,10 @@ from dataclasses import dataclass
 from typing import Any, Optional
 
 from sdjax_runner.engine.decode import decode
-from sdjax_runner.engine.encode import encode, negative_prompt, with_time_ids
+from sdjax_runner.engine.encode import encode, negative_text, with_time_ids
 from sdjax_runner.engine.modes import MODES
 from sdjax_runner.engine.samplers import SAMPLERS
+from sdjax_runner.engine.tokens import PromptTokens
 
 
 @dataclass(frozen=True)
@@ -48,6 +49,7 @@ class Spec:
     eta: Optional[float] = None  # sampling.eta (None: the sampler's default)
     controlnet: str = ""  # the ControlNet's structure (its config), in controlnet mode
     clip_skip: int = 1  # prompts.clip_skip (engine/encode.py)
+    prompt_chunks: int = 0  # prompts.syntax: 0 plain (the guide's 77 tokens), else A1111's chunks (engine/tokens.py)
 
 
 def program_spec(plan: Any, pipeline: Any, height: int, width: int, controlnet: str = "") -> Spec:
@@ -55,23 +57,27 @@ def program_spec(plan: Any, pipeline: Any, height: int, width: int, controlnet: 
     ``controlnet``: the loaded ControlNet's structure."""
     prediction = plan.model.prediction_type
     stepping = plan.sampling.sampler == "scheduler"  # else the diffusers scheduler steps nothing: not in the key
+    chunks = PromptTokens(pipeline, plan.syntax).chunk_count(plan.prompts + (plan.negative or "",))
     return Spec(steps=plan.num_inference_steps, height=height, width=width, batch=plan.per_device_batch_size,
-                negative=negative_prompt(plan.negative, pipeline) is not None, parallel=plan.mode,
+                negative=negative_text(plan.negative, pipeline, chunks) is not None, parallel=plan.mode,
                 attention=plan.attention, scheduler=plan.scheduler.name if stepping else "",
                 scheduler_overrides=tuple(sorted((str(k), repr(v)) for k, v in plan.scheduler.config_overrides.items()))
                 if stepping else (), prediction_type=getattr(prediction, "name", prediction),
                 sampler=plan.sampling.sampler, sigmas=plan.sampling.sigmas, eta=plan.sampling.eta,
-                mode=plan.generation, controlnet=controlnet, clip_skip=plan.clip_skip)
+                mode=plan.generation, controlnet=controlnet, clip_skip=plan.clip_skip, prompt_chunks=chunks)
 
 
 def generate(pipeline: Any, spec: Spec, ids, params: dict, key, guidance, inputs: dict,
              negative_ids: Optional[Any] = None):
     """One device's images, (batch, height, width, 3) floats in [0, 1]. ``ids``: its prompts' token ids
-    ((batch, 77), SDXL (batch, 2, 77)); ``key``: its PRNG key (the mode's initial noise; a sampler's own
-    noise comes from a key folded from it); ``inputs``: the mode's traced inputs (engine/modes: init
-    images, masks, control images, the start step, the conditioning scale; empty for text to image);
-    ``negative_ids``: like ``ids``, or None for the pipeline's own unconditional input."""
-    conditioning = encode(pipeline, params, ids, negative_ids, spec.clip_skip)
+    ((batch, 77), SDXL (batch, 2, 77); A1111's syntax: ``spec.prompt_chunks * 77`` tokens, engine/tokens.py);
+    ``key``: its PRNG key (the mode's initial noise; a sampler's own noise comes from a key folded from
+    it); ``inputs``: the mode's traced inputs (engine/modes: init images, masks, control images, the start
+    step, the conditioning scale; empty for text to image) and, with A1111's syntax, the prompts' token
+    weights (``prompt_weights``, ``negative_weights``); ``negative_ids``: like ``ids``, or None for the
+    pipeline's own unconditional input."""
+    conditioning = encode(pipeline, params, ids, negative_ids, spec.clip_skip, spec.prompt_chunks,
+                          inputs.get("prompt_weights"), inputs.get("negative_weights"))
     conditioning = with_time_ids(conditioning, spec.height, spec.width, conditioning.context.dtype)  # SDXL only
     start = MODES[spec.mode](pipeline, params, key, spec, ids.shape[0], inputs)
     if start.conditioning:

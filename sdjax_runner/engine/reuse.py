@@ -209,14 +209,14 @@ class ReuseCache:
             self.flops_of.pop(old, None)
 
     def flops(self, prepared: Prepared, compiled: Any, steps: int, per_device_images: int, height: int, width: int,
-              num_devices: int) -> Any:
+              num_devices: int, tokens: int = 77) -> Any:
         """FLOPs of one batch (XLA's count, see efficiency.py), once per compiled program."""
         from sdjax_runner.engine import efficiency
 
         if prepared.compile_key not in self.flops_of:
             with tracing_with(prepared.attention):
                 unet = efficiency.unet_step_flops(prepared.pipeline, prepared.entry.loaded.host_weights,
-                                                  per_device_images, height, width)
+                                                  per_device_images, height, width, tokens)
             self.flops_of[prepared.compile_key] = efficiency.batch_flops(compiled, unet, steps, num_devices)
         return self.flops_of[prepared.compile_key]
 

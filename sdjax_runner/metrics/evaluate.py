@@ -33,16 +33,20 @@ def with_reference(run_dir: Path, records: list[dict], reference_dir: Path,
 
 
 def evaluate(metrics: Any, run_dir: Path, images: list, records: list[dict], executables: Optional[str],
-             read_records: Callable[[Path], list[dict]]) -> dict[str, Any]:
+             read_records: Callable[[Path], list[dict]], syntax: str = "plain") -> dict[str, Any]:
     """The run-level quality fields (and ``metrics_s``); ``records`` gain the per-image values.
     ``executables``: where compiled scoring programs are kept (a compilation_cache.dir), or None;
-    ``read_records``: reads the image records of a run directory (the reference's)."""
+    ``read_records``: reads the image records of a run directory (the reference's); ``syntax``:
+    prompts.syntax -- with A1111's, CLIP scores an image against its prompt's text without the syntax
+    (``a (red:1.3) car`` as ``a red car``)."""
+    from sdjax_runner.config.prompt_syntax import plain_text
     from sdjax_runner.metrics.clip_score import score_run
 
     started = time.perf_counter()
     quality: dict[str, Any] = {}
     if metrics.clip_score.enabled and records:
-        scores, fields = score_run(metrics.clip_score, images, [r["prompt"] for r in records], executables)
+        text = plain_text if syntax == "a1111" else str
+        scores, fields = score_run(metrics.clip_score, images, [text(r["prompt"]) for r in records], executables)
         quality.update(fields, clip_model=str(metrics.clip_score.model))
         if scores is not None:
             for record, score in zip(records, scores):

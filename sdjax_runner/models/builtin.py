@@ -334,6 +334,13 @@ def _build_into(directory: Path, spec: dict) -> None:
         component: _random_params(shapes[component], SEED + number, dtype, "float32" if full_size else "float64")
         for number, component in enumerate(["text_encoder", "unet", "vae", "text_encoder_2"]) if component in shapes
     }
+    for number, component in enumerate(["text_encoder", "text_encoder_2"]):
+        # CLIP's final layer norm has a bias; with none, every token's output would have mean zero, and so
+        # would a chunk's -- which A1111's emphasis divides by (engine/encode.py: emphasis).
+        if component in params:
+            norm = params[component]["text_model"]["final_layer_norm"]
+            norm["bias"] = (0.1 * np.random.default_rng(SEED + 30 + number).standard_normal(norm["bias"].shape)
+                            ).astype(dtype)
     if spec["xl"]:
         _write_tokenizer(directory / "_tokenizer_2", pad_token="!")  # SDXL's second tokenizer pads with "!"
         pipeline = FlaxStableDiffusionXLPipeline(

@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any, Collection, Iterator, Optional, Sequence
 from PIL import Image
 from PIL.PngImagePlugin import PngInfo
 
+from sdjax_runner.config.prompt_syntax import escape
 from sdjax_runner.errors import UserError
 from sdjax_runner.files import read_json, write_json  # noqa: F401 (part of the run-directory contract)
 
@@ -102,10 +103,14 @@ def a1111_parameters(meta: dict[str, Any]) -> str:
     """The ``parameters`` text AUTOMATIC1111's web UI writes, which many image tools parse: the
     prompt, a ``Negative prompt:`` line, and a last line of settings. Line breaks inside the
     prompts become spaces here (the ``prompt`` chunk keeps them), so a prompt cannot add lines
-    that a reader would take for a negative prompt or settings."""
-    lines = [one_line(meta["prompt"])]
+    that a reader would take for a negative prompt or settings. A prompt read as plain text here
+    (prompts.syntax=plain) has its brackets escaped, so that A1111 reads the same text, not emphasis."""
+    def text(prompt: str) -> str:
+        return one_line(prompt) if meta.get("prompt_syntax") == "a1111" else escape(one_line(prompt))
+
+    lines = [text(meta["prompt"])]
     if meta.get("negative_prompt"):
-        lines.append(f"Negative prompt: {one_line(meta['negative_prompt'])}")
+        lines.append(f"Negative prompt: {text(meta['negative_prompt'])}")
     lines.append(
         f"Steps: {meta['steps']}, Sampler: {meta['sampler']}, "
         + (f"Schedule type: {meta['schedule_type']}, " if meta.get("schedule_type") else "")
@@ -260,6 +265,7 @@ def image_meta(plan: "Plan", height: int, width: int) -> dict[str, Any]:
         **({"schedule_type": plan.sampling.a1111[1]} if plan.sampling.a1111[1] else {}),
         **({"eta": plan.sampling.eta} if plan.sampling.eta is not None else {}),
         **({"clip_skip": plan.clip_skip} if plan.clip_skip > 1 else {}),
+        **({"prompt_syntax": plan.syntax} if plan.syntax != "plain" else {}),
         "mode": plan.generation,
         **({"strength": plan.strength} if plan.strength is not None else {}),
         **({"controlnet": plan.controlnet, "conditioning_scale": plan.conditioning_scale} if plan.controlnet else {}),

@@ -1,0 +1,72 @@
+"""Prompt texts -> the program's token ids, on the host (before stage 1, :mod:`.encode`).
+
+``prompts.syntax=plain`` is the guide's tokenization: ``pipeline.prepare_inputs`` (each encoder's
+tokenizer, padded and cut at 77 tokens); ids ``(batch, 77)``, SDXL ``(batch, 2, 77)``.
+
+``prompts.syntax=a1111`` is A1111's (config/prompt_syntax.py): each prompt parsed for emphasis and BREAK,
+its tokens laid out in chunks of 77, every token with its weight. A run's prompts and its negative prompt
+are padded with empty-prompt chunks to the chunk count of the longest of them (A1111 pads a batch's
+prompts, and the prompt and negative, the same way), so one program (:class:`.program.Spec`'s
+``prompt_chunks``) serves them all: ids ``(batch, chunks * 77)``, SDXL ``(batch, 2, chunks * 77)`` (each
+encoder's own tokenizer; they differ in their padding token), weights of the same shape, float32.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+import numpy as np
+
+from sdjax_runner.config.prompt_syntax import CHUNK, chunks
+
+TOKENS = CHUNK + 2  # one chunk as the text encoder reads it: start, 75, end
+
+
+def tokenizers(pipeline: Any) -> list:
+    return [pipeline.tokenizer] + ([pipeline.tokenizer_2] if hasattr(pipeline, "text_encoder_2") else [])
+
+
+class PromptTokens:
+    """The token ids (and weights) of prompts, for one pipeline and one ``prompts.syntax``."""
+
+    def __init__(self, pipeline: Any, syntax: str):
+        self.pipeline, self.syntax = pipeline, syntax
+        self.tokenizers = tokenizers(pipeline)
+        self._chunks: dict[tuple[int, str], list] = {}  # (tokenizer, text) -> its chunks
+
+    def chunk_list(self, which: int, text: str) -> list:
+        key = (which, text)
+        if key not in self._chunks:
+            tokenizer = self.tokenizers[which]
+
+            def tokenize(texts: list[str]) -> list[list[int]]:
+                return tokenizer(texts, truncation=False, add_special_tokens=False).input_ids
+
+            self._chunks[key] = chunks(text, tokenize, tokenizer.bos_token_id, tokenizer.eos_token_id,
+                                       tokenizer.pad_token_id, tokenizer.get_vocab().get(",</w>"))
+        return self._chunks[key]
+
+    def chunk_count(self, texts) -> int:
+        """The program's ``prompt_chunks`` for ``texts`` (every prompt and the negative): 0 for the plain
+        syntax, else the most chunks any of them takes."""
+        if self.syntax != "a1111":
+            return 0
+        return max(len(self.chunk_list(which, text)) for text in dict.fromkeys(texts)
+                   for which in range(len(self.tokenizers)))
+
+    def __call__(self, texts: list[str], count: int) -> tuple[np.ndarray, Optional[np.ndarray]]:
+        """``texts``' ids and (A1111's syntax, ``count`` chunks) weights; the plain syntax has no weights."""
+        if not count:
+            return np.asarray(self.pipeline.prepare_inputs(texts)), None
+        ids, weights = [], []
+        for which in range(len(self.tokenizers)):
+            empty = self.chunk_list(which, "")[0]
+            rows = []
+            for text in texts:
+                laid = self.chunk_list(which, text)
+                rows.append(laid + [empty] * (count - len(laid)))
+            ids.append(np.array([[t for chunk in row for t in chunk.tokens] for row in rows], np.int32))
+            weights.append(np.array([[w for chunk in row for w in chunk.weights] for row in rows], np.float32))
+        if len(ids) == 1:
+            return ids[0], weights[0]
+        return np.stack(ids, axis=1), np.stack(weights, axis=1)
