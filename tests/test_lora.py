@@ -26,7 +26,7 @@ def test_scale_zero_is_no_lora_scale_one_is_the_hand_merged_model_and_a_sweep_co
     kohya = write_kohya(tmp_path / "style.safetensors", updates, alpha=ALPHA)
     sweep = tmp_path / "sweep"
     # Stored executables off: this counts what the process itself compiles (test_warm_start covers them).
-    result = run_cli("-m", "+experiment=smoke", "tracking=none", _lora(kohya), "lora.0.scale=0,1",
+    result = run_cli("-m", "+experiment=smoke", "tracking=none", "compilation_cache.executables=false", _lora(kohya), "lora.0.scale=0,1",
                      "compilation_cache.executables=false", f"hydra.sweep.dir={sweep}", cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     timings = [json.loads((sweep / job / "timings.json").read_text()) for job in ("0", "1")]

@@ -53,8 +53,10 @@ def smoke_prompt() -> tuple[str, float, int]:
 def sweep(tmp_path: Path, *overrides: str) -> list[Path]:
     """A multirun in one process; its job directories in job order, each run checked to have finished."""
     tmp_path.mkdir(parents=True, exist_ok=True)
-    result = run_cli("-m", "+experiment=smoke", "tracking=none", *overrides, f"hydra.sweep.dir={tmp_path / 'sweep'}",
-                     cwd=tmp_path)
+    # Stored executables off: the jobs' process_compiles count what this process compiles, whatever other
+    # tests stored in the shared cache before.
+    result = run_cli("-m", "+experiment=smoke", "tracking=none", "compilation_cache.executables=false", *overrides,
+                     f"hydra.sweep.dir={tmp_path / 'sweep'}", cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     jobs = sorted((p for p in (tmp_path / "sweep").iterdir() if p.name.isdigit()), key=lambda p: int(p.name))
     return jobs

@@ -228,7 +228,7 @@ def _job_images(job_dir):
 
 def test_samplers_through_the_unet_as_users_name_them(tmp_path, tiny_model_dir):
     sweep = tmp_path / "sweep"
-    result = run_cli("-m", "+experiment=smoke", "sampler=Euler a,DPM++ 2M Karras,dpmpp_2m,uni_pc", "tracking=none",
+    result = run_cli("-m", "+experiment=smoke", "sampler=Euler a,DPM++ 2M Karras,dpmpp_2m,uni_pc", "tracking=none", "compilation_cache.executables=false",
                      f"hydra.sweep.dir={sweep}", cwd=tmp_path, timeout=600)
     assert result.returncode == 0, result.stderr
     jobs = [sweep / str(n) for n in range(4)]

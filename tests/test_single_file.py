@@ -106,7 +106,7 @@ def test_a_checkpoint_run_makes_the_models_images_and_names_the_file(smoke_run, 
     sd2 = write_single_file(tiny_model_dir, tmp_path / "openclip.safetensors", open_clip_text=True, dtype=np.float32)
     sweep = tmp_path / "sweep"
     # Stored executables off: this counts what the process itself compiles (test_warm_start covers them).
-    result = run_cli("-m", "+experiment=smoke", "tracking=none", f"model.checkpoint={sd1},{sd2}",
+    result = run_cli("-m", "+experiment=smoke", "tracking=none", "compilation_cache.executables=false", f"model.checkpoint={sd1},{sd2}",
                      "compilation_cache.executables=false", f"hydra.sweep.dir={sweep}", cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     timings = [json.loads((sweep / job / "timings.json").read_text()) for job in ("0", "1")]
