@@ -22,10 +22,14 @@ from typing import Any, Optional
 
 
 def write_json(path: Path, data: Any, last_resort_in_place: bool = False) -> None:
+    """``data`` as JSON, written as :func:`write_text` writes. ``last_resort_in_place``: on a disk too
+    full for a second copy, overwrite the file itself (status.json must say how a run ended if it can)."""
+    write_text(path, json.dumps(data, indent=2, sort_keys=True, default=str) + "\n", last_resort_in_place)
+
+
+def write_text(path: Path, text: str, last_resort_in_place: bool = False) -> None:
     """Write atomically: a reader never sees half a file, and a failed write (a full disk) leaves
-    the old file as it was and no ``.tmp`` behind. ``last_resort_in_place``: on a disk too full for
-    a second copy, overwrite the file itself (status.json must say how a run ended if it can)."""
-    text = json.dumps(data, indent=2, sort_keys=True, default=str) + "\n"
+    the old file as it was and no ``.tmp`` behind."""
     tmp = path.with_name(path.name + ".tmp")
     try:
         tmp.write_text(text, encoding="utf-8")

@@ -18,6 +18,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from PIL import Image
 
+from helpers.browser import chromium
 from helpers.cli import assert_one_line_error, run_cli
 
 REPO = Path(__file__).resolve().parents[1]
@@ -397,9 +398,8 @@ def test_a_prompt_file_replaces_the_prompt_sets_texts_unless_texts_are_given_too
     assert file_replaces_texts(["prompts.file=null"]) == ["prompts.file=null"]
 
 
-@pytest.mark.skipif(not any(shutil.which(b) for b in ("chromium", "chromium-browser", "google-chrome")),
-                    reason="needs Chromium (apt-get install chromium); tools/mlflow_view.py is the same check by hand")
 def test_the_mlflow_ui_opens_on_the_runs_view_in_a_real_browser(smoke_run, tmp_path):
+    chromium()  # the README's test setup installs it: apt-get install chromium
     work, _, _ = smoke_run
     shutil.copyfile(work / "outputs" / "mlflow.db", tmp_path / "outputs" / "mlflow.db")
     result = subprocess.run([sys.executable, str(REPO / "tools" / "mlflow_view.py"), str(tmp_path / "outputs" / "mlflow.db"),

@@ -17,6 +17,11 @@ from omegaconf import OmegaConf
 HOUSEKEEPING = ("hydra", "experiment", "run_name", "tracking", "paths", "compilation_cache", "reuse",
                 "output", "timing")
 MAX_NAME_CHARS = 120
+# Short names for config keys, usable where a person names a key: filters of ``runs list``
+# (``model=sd-v1-4``) and the axes of a sweep's report (``report.x=steps``).
+SHORT_KEYS = {"model": "model.name", "dtype": "dtype.name", "scheduler": "scheduler.name",
+              "steps": "sampling.num_inference_steps", "guidance": "sampling.guidance_scale",
+              "parallelism": "parallelism.mode"}
 _UNSAFE = re.compile(r"[^A-Za-z0-9._=,+@-]+")
 
 

@@ -294,6 +294,17 @@ class MetricsConfig:
 
 
 @dataclass
+class ReportConfig:
+    # A sweep's report.html (record/report_page.py): its X/Y grid's axes, each a swept key (its full name,
+    # or a short one: steps, guidance, dtype, model, scheduler, or the last part of a dotted key). null:
+    # chosen from the swept keys (x the last, y the one before it); every other swept key pages the grid (Z).
+    x: Optional[str] = None
+    y: Optional[str] = None
+    # Of each point, which image the grid shows (its index in the run; the run's first by default).
+    image: int = 0
+
+
+@dataclass
 class PathsConfig:
     output_root: str = "outputs"
     cache_dir: str = MISSING
@@ -315,6 +326,7 @@ class RunConfig:
     compilation_cache: CompilationCacheConfig = field(default_factory=CompilationCacheConfig)
     performance: PerformanceConfig = field(default_factory=PerformanceConfig)
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
+    report: ReportConfig = field(default_factory=ReportConfig)  # a sweep's report.html
     # LoRA adapters, applied together: lora='[{path: a.safetensors, scale: 0.8}]'; sweep lora.0.scale=0,0.5,1.
     lora: List[LoraConfig] = field(default_factory=list)
     # A sampler by the name A1111 or ComfyUI gives it: "DPM++ 2M Karras", "Euler a", dpmpp_2m (with

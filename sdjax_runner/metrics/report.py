@@ -1,5 +1,6 @@
-"""The sweep report: speed against each quality metric (the Pareto view) and each metric against each
-swept value, one matplotlib figure saved beside the contact sheet.
+"""The sweep report's plots: speed against each quality metric (the Pareto view, its front marked) and
+each metric against each swept value -- one matplotlib figure saved beside the contact sheet
+(report.png), and the same plots one by one as SVG for report.html (record/report_page.py).
 
 Rows are the quality metrics the sweep has (CLIP score, PSNR and SSIM to the reference); the first
 column plots seconds per image against the metric, one point per job, numbered (the key under the
@@ -49,6 +50,90 @@ def series_of(rows: list[dict], values: list[Optional[float]], key: str, keys: l
     return series
 
 
+def seconds_per_image(row: dict) -> Optional[float]:
+    """Steady-state seconds per image of a summary row (1 / images_per_s), or None."""
+    speed = _number(row.get("images_per_s"))
+    return 1.0 / speed if speed else None
+
+
+def pareto_front(points: list[tuple[Optional[float], Optional[float]]]) -> list[int]:
+    """Indices of the (seconds, quality) points no other point beats on both (as fast or faster and at
+    least as good, better in one), fastest first: the settings worth choosing between."""
+    known = [(x, y, i) for i, (x, y) in enumerate(points) if x is not None and y is not None]
+    front, best = [], -math.inf
+    for x, y, i in sorted(known, key=lambda p: (p[0], -p[1])):
+        if y > best:
+            front.append(i)
+            best = y
+    return front
+
+
+def _svg(figure) -> str:
+    import io
+
+    import matplotlib.pyplot as plt
+
+    buffer = io.StringIO()
+    figure.savefig(buffer, format="svg", bbox_inches="tight")
+    plt.close(figure)
+    text = buffer.getvalue()
+    return text[text.index("<svg"):]  # inline: without the XML declaration and doctype
+
+
+def svg_plots(rows: list[dict], keys: list[str]) -> list[tuple[str, str]]:
+    """(caption, inline SVG) for report.html: per quality metric the sweep has, the metric against seconds
+    per image with the Pareto front marked, then against each swept key whose values are all numbers, seed
+    aside (one line per combination of the other swept keys). Points are numbered by job."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    matplotlib.rcParams.update({"svg.fonttype": "none", "svg.hashsalt": "sdjax-runner"})  # text as text; stable ids
+    out = []
+    seconds = [seconds_per_image(r) for r in rows]
+    for metric in (m for m in QUALITY if any(_number(r.get(m)) is not None for r in rows)):
+        values, cap = _values(rows, metric)
+        figure, ax = plt.subplots(figsize=(5.2, 3.6))
+        front = pareto_front(list(zip(seconds, values)))
+        for r, x, y in zip(rows, seconds, values):
+            if x is not None and y is not None:
+                ax.scatter(x, y, color="tab:blue", s=18)
+                ax.annotate(f"#{r['job']}", (x, y), fontsize=7, xytext=(3, 3), textcoords="offset points")
+        if front:
+            ax.step([seconds[i] for i in front], [values[i] for i in front], where="post", color="tab:red",
+                    linewidth=1, label="Pareto front")
+            ax.scatter([seconds[i] for i in front], [values[i] for i in front], facecolors="none",
+                       edgecolors="tab:red", s=70, linewidths=1.2)
+            ax.legend(fontsize=7, loc="lower right")
+        if cap is not None:
+            ax.axhline(cap, color="grey", linestyle=":", linewidth=0.8)
+            ax.annotate("inf: identical to the reference", (0.01, 0.97), xycoords="axes fraction", fontsize=7,
+                        va="top", color="grey")
+        ax.set_xlabel("seconds per image (steady state)")
+        ax.set_ylabel(QUALITY[metric])
+        ax.locator_params(axis="x", nbins=5)
+        front_jobs = ", ".join(f"#{rows[i]['job']}" for i in front)
+        out.append((f"{QUALITY[metric]} against seconds per image; Pareto front (red): {front_jobs or 'none'}",
+                    _svg(figure)))
+        for key in keys:
+            series = series_of(rows, values, key, keys)
+            labels = list(dict.fromkeys(x for points in series.values() for x, _ in points))
+            if key == "seed" or not labels or any(_number(x) is None for x in labels):
+                continue  # a seed is a number, not a setting: quality against it is noise
+            figure, ax = plt.subplots(figsize=(5.2, 3.6))
+            for name, points in series.items():
+                order = sorted(points, key=lambda point: _number(point[0]))
+                ax.plot([_number(x) for x, _ in order], [y for _, y in order], "o-" if len(order) > 1 else "o",
+                        label=name or None, markersize=4)
+            if 1 < len(series) <= 12:
+                ax.legend(fontsize=6)
+            ax.set_xlabel(key)
+            ax.set_ylabel(QUALITY[metric])
+            out.append((f"{QUALITY[metric]} against {key}", _svg(figure)))
+    return out
+
+
 def write_report(path: Path, rows: list[dict], keys: list[str], reference_point: Optional[dict] = None) -> Optional[Path]:
     """report.png for a sweep's summary rows; None when no job has a quality metric."""
     metrics = [m for m in QUALITY if any(_number(r.get(m)) is not None for r in rows)]
@@ -63,7 +148,7 @@ def write_report(path: Path, rows: list[dict], keys: list[str], reference_point:
     key_lines = [f"#{r['job']}  {r['label']}" for r in rows]
     figure, axes = plt.subplots(len(metrics), columns, squeeze=False,
                                 figsize=(4.2 * columns, 3.4 * len(metrics) + 0.6 + 0.16 * len(key_lines)))
-    speed = [1.0 / s if (s := _number(r.get("images_per_s"))) else None for r in rows]
+    speed = [seconds_per_image(r) for r in rows]
     for row, metric in enumerate(metrics):
         values, cap = _values(rows, metric)
         pareto = axes[row][0]
@@ -71,6 +156,11 @@ def write_report(path: Path, rows: list[dict], keys: list[str], reference_point:
             if x is not None and y is not None:
                 pareto.scatter(x, y, color="tab:blue")
                 pareto.annotate(f"#{r['job']}", (x, y), fontsize=8, xytext=(3, 3), textcoords="offset points")
+        front = pareto_front(list(zip(speed, values)))
+        if front:
+            pareto.step([speed[i] for i in front], [values[i] for i in front], where="post", color="tab:red",
+                        linewidth=1, label="Pareto front")
+            pareto.legend(fontsize=7, loc="lower right")
         pareto.set_xlabel("seconds per image (steady state)")
         pareto.set_ylabel(QUALITY[metric])
         for column, key in enumerate(keys, start=1):

@@ -14,6 +14,7 @@ from typing import Any, Iterable, Iterator, Optional
 import yaml
 from omegaconf import OmegaConf
 
+from sdjax_runner.config.naming import SHORT_KEYS
 from sdjax_runner.record import rundir
 
 # What a summary shows of a run's config and of its numbers.
@@ -140,10 +141,7 @@ def metric_diff(a: Path, b: Path, keys: Optional[tuple[str, ...]] = None) -> lis
     return rows
 
 
-# Short names for the keys a listing shows, usable in filters (``model=sd-v1-4``).
-ALIASES = {"model": "model.name", "dtype": "dtype.name", "scheduler": "scheduler.name",
-           "steps": "sampling.num_inference_steps", "guidance": "sampling.guidance_scale",
-           "parallelism": "parallelism.mode"}
+ALIASES = SHORT_KEYS  # short names for the keys a listing shows, usable in filters (``model=sd-v1-4``)
 # Keys of a run's record besides its config that filters can name.
 RECORD_KEYS = ("status", "name", "run_id")
 

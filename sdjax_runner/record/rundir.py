@@ -16,7 +16,7 @@
     .hydra/                 the resolved config and the overrides (Hydra writes it)
 
 A sweep directory holds one run directory per job (``0/``, ``1/``, ...) and sweep.json,
-summary.csv, summary.json, contact_sheet.png and (with quality metrics) report.png.
+summary.csv, summary.json, contact_sheet.png, report.html and (with quality metrics) report.png.
 """
 
 from __future__ import annotations
@@ -58,6 +58,7 @@ SUMMARY_CSV = "summary.csv"
 SUMMARY_JSON = "summary.json"
 CONTACT_SHEET = "contact_sheet.png"
 REPORT = "report.png"
+REPORT_PAGE = "report.html"  # the sweep report a person opens (record/report_page.py)
 MULTIRUN = "multirun.yaml"  # Hydra's: the sweep's composed config and overrides (what a resume repeats)
 
 

@@ -24,7 +24,7 @@ from sdjax_runner.record import resume, rundir
 
 log = logging.getLogger("sdjax_runner")
 
-SUMMARY_TIMINGS = ("compile_s", "trace_s", "first_batch_s", "generate_s", "images_per_s", "model_reused",
+SUMMARY_TIMINGS = ("compile_s", "trace_s", "first_batch_s", "generate_s", "images_per_s", "mfu", "model_reused",
                    "compile_reused", "compile_cache_hit", "wall_s")
 SUMMARY_QUALITY = ("clip_score_mean", "clip_score_std", "psnr", "psnr_min", "ssim_mean", "ssim_min",
                    "non_finite_images")
@@ -124,8 +124,13 @@ def contact_sheet(rows: list[dict[str, Any]], keys: list[str]):
 
 
 def write_summary(sweep_dir: Path, rows: list[dict[str, Any]], keys: list[str],
-                  reference_point: Optional[dict[str, str]] = None) -> None:
+                  reference_point: Optional[dict[str, str]] = None, report: Optional[dict[str, Any]] = None,
+                  overrides: Optional[list[str]] = None) -> None:
+    """summary.csv/.json, contact_sheet.png, report.png and report.html (``report``: the sweep's
+    report.x / report.y / report.image, checked when it started)."""
+    from sdjax_runner.config.report_axes import choose
     from sdjax_runner.metrics.report import write_report
+    from sdjax_runner.record.report_page import mlflow_ui_of, write_page
 
     columns = ["job", "label", *keys, "status", "error", *SUMMARY_TIMINGS, *SUMMARY_QUALITY, "run_id", "dir"]
     with open(sweep_dir / rundir.SUMMARY_CSV, "w", newline="", encoding="utf-8") as f:
@@ -136,6 +141,9 @@ def write_summary(sweep_dir: Path, rows: list[dict[str, Any]], keys: list[str],
     if rows:
         contact_sheet(rows, keys).save(sweep_dir / rundir.CONTACT_SHEET)
         write_report(sweep_dir / rundir.REPORT, [r for r in rows if r["status"] == "FINISHED"], keys, reference_point)
+    report = report or {}
+    write_page(sweep_dir, rows, keys, choose(keys, report.get("x"), report.get("y")), int(report.get("image") or 0),
+               reference_point, overrides, mlflow_ui_of(rows))
 
 
 class SweepCallback(Callback):
@@ -156,6 +164,7 @@ class SweepCallback(Callback):
         point = None
         try:  # bad input: refused before anything runs or is written
             check_points(config, task)
+            report_choice(config, keys)
             if config.metrics.reference_point:
                 from sdjax_runner.config.checks import reference_point
 
@@ -191,7 +200,7 @@ class SweepCallback(Callback):
             earlier["resumed_at"] = resume.resumed_at(earlier)
         rundir.write_json(sweep_dir / rundir.SWEEP, dict(
             earlier, parent_run_id=parent, parent_logged=False if parent else None, swept_keys=keys, overrides=task,
-            reference_point=point))
+            reference_point=point, report=report_choice(config, keys)))
         log.info("sweep: over %s -> %s%s", ", ".join(keys) or "nothing", sweep_dir,
                  f"; {self.tracker.description}" if self.tracker else "")
 
@@ -203,7 +212,8 @@ class SweepCallback(Callback):
         if record.get("reference_point"):
             compare_with_reference_point(sweep_dir, rows, keys, record["reference_point"], config)
             rows = collect_jobs(sweep_dir, keys)
-        write_summary(sweep_dir, rows, keys, record.get("reference_point"))  # disk first
+        write_summary(sweep_dir, rows, keys, record.get("reference_point"), record.get("report"),
+                      record.get("overrides"))  # disk first
         failed = [r for r in rows if r["status"] != "FINISHED"]
         last_result.update(jobs=len(rows), failed=failed, sweep_dir=str(sweep_dir))
         _open_parent.clear()
@@ -214,8 +224,23 @@ class SweepCallback(Callback):
                 log.warning("sweep: tracking failed for the parent run, the sweep keeps everything in %s (log it "
                             "later: python -m sdjax_runner sync %s): %s", sweep_dir, sweep_dir,
                             " ".join(str(exc).split())[:200])
-        log.info("sweep: %d job(s), %d failed; summary.csv and contact_sheet.png in %s", len(rows), len(failed),
-                 sweep_dir)
+        log.info("sweep: %d job(s), %d failed; report.html, summary.csv and contact_sheet.png in %s", len(rows),
+                 len(failed), sweep_dir)
+
+
+def report_choice(config: DictConfig, keys: list[str]) -> dict[str, Any]:
+    """The sweep's report settings, its axes checked against the swept keys (one line naming report.x or
+    report.y when one is not swept)."""
+    from sdjax_runner.config.report_axes import choose
+
+    from sdjax_runner.errors import UserError
+
+    report = config.get("report") or {}
+    choose(keys, report.get("x"), report.get("y"))
+    image = int(report.get("image") or 0)
+    if image < 0:
+        raise UserError("report.image", f"{image}", "an image index of the run, 0 or more")
+    return {"x": report.get("x"), "y": report.get("y"), "image": image}
 
 
 def reference_of(row: dict[str, Any], rows: list[dict[str, Any]], keys: list[str],

@@ -241,14 +241,14 @@ class MlflowTracker:
             self.client.log_inputs(self.run_id, inputs)
 
     def log_sweep(self, sweep_dir: Path, rows: list[dict[str, Any]], metrics: dict[str, float]) -> None:
-        """The sweep's summary (as an MLflow table and CSV) and contact sheet, on the parent run."""
+        """The sweep's summary (as an MLflow table and CSV), contact sheet and report.html, on the parent run."""
         from PIL import Image
 
         self._log_metrics(metrics)
         if rows:
             table = {column: [str(row[column]) for row in rows] for column in rows[0]}
             self.client.log_table(self.run_id, data=table, artifact_file="summary_table.json")
-        for name in (rundir.SUMMARY_CSV, rundir.SWEEP):
+        for name in (rundir.SUMMARY_CSV, rundir.SWEEP, rundir.REPORT_PAGE):
             if (sweep_dir / name).exists():
                 self.client.log_artifact(self.run_id, str(sweep_dir / name))
         for name in (rundir.CONTACT_SHEET, rundir.REPORT):
@@ -271,11 +271,10 @@ class MlflowTracker:
         self.client.set_terminated(self.run_id, status=status)
 
 
-def download_record(run_id: str, uri: Optional[str], into: Path, outputs: bool = False) -> Path:
-    """The record of MLflow run ``run_id`` -- its config (as ``.hydra/``), images.json, environment.json,
-    inputs.json and a status.json -- downloaded into ``into`` laid out like a run directory; ``outputs``: its
-    timings, quality metrics and images too. ``uri``: else MLFLOW_TRACKING_URI, else the embedded
-    store ``outputs/mlflow.db``."""
+def client_for(uri: Optional[str], run_id: str, key: str = "RUN", what: str = "run directory"):
+    """(MlflowClient, its URI) to look ``run_id`` up in: ``uri`` (--uri), else MLFLOW_TRACKING_URI, else the
+    embedded store ``outputs/mlflow.db`` if there is one (one line naming ``key`` if not; ``what`` the
+    command takes besides a run id)."""
     os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")  # a bar per file, on stderr
     from mlflow.tracking import MlflowClient
 
@@ -289,10 +288,20 @@ def download_record(run_id: str, uri: Optional[str], into: Path, outputs: bool =
     else:
         embedded = Path("outputs/mlflow.db").resolve()
         if not embedded.is_file():  # opening it would create an empty store here
-            raise UserError("RUN", f"{run_id} is not a run directory, and there is no MLflow store at {embedded} "
-                            "to look it up in", "a run directory, or an MLflow run id with --uri") from None
+            raise UserError(key, f"{run_id} is not a {what}, and there is no MLflow store at {embedded} "
+                            "to look it up in", f"a {what}, or an MLflow run id with --uri") from None
         uri = f"sqlite:///{embedded}"
-    client = MlflowClient(tracking_uri=uri)
+    return MlflowClient(tracking_uri=uri), uri
+
+
+def download_record(run_id: str, uri: Optional[str], into: Path, outputs: bool = False) -> Path:
+    """The record of MLflow run ``run_id`` -- its config (as ``.hydra/``), images.json, environment.json,
+    inputs.json and a status.json -- downloaded into ``into`` laid out like a run directory; ``outputs``: its
+    timings, quality metrics and images too. ``uri``: else MLFLOW_TRACKING_URI, else the embedded
+    store ``outputs/mlflow.db``."""
+    from sdjax_runner.errors import UserError
+
+    client, uri = client_for(uri, run_id)
     try:
         run = client.get_run(run_id)
     except Exception as exc:

@@ -1,0 +1,291 @@
+"""A sweep's ``report.html``: one self-contained page a person reads in a browser.
+
+* **Grid** -- A1111's X/Y/Z plot: one cell per point, x and y two swept keys (``report.x``/``report.y``,
+  or chosen: config/report_axes.py), one grid per combination of the other swept keys' values (Z). A
+  cell is a thumbnail of one of the point's images (``report.image``), embedded, linking to the point's
+  full image grid; a point that did not finish is a grey cell saying its status.
+* **Points** -- a table of every point: swept values, status, seconds per image, MFU, CLIP score,
+  PSNR/SSIM to the reference point, non-finite images, its run directory and MLflow run; a click on a
+  column's header sorts by it.
+* **Quality and cost** -- metrics/report.py's plots as inline SVG: each quality metric against seconds
+  per image with the Pareto front marked, and against each numeric swept key.
+
+Nothing is fetched: the styles, the sorting script, the plots and the thumbnails are in the file, and
+the links are relative (the run directories of the sweep's points), so it opens from ``file://``, from a
+copy of the sweep directory and as an MLflow artifact (where the run-directory links go nowhere).
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import io
+import json
+import math
+import os
+from pathlib import Path
+from typing import Any, Optional
+
+from sdjax_runner.config.report_axes import Axes
+from sdjax_runner.files import write_text
+from sdjax_runner.record import rundir
+
+PAGE = rundir.REPORT_PAGE
+THUMBNAIL = 192  # px, the longer side of a grid cell's image
+# The table's columns after the swept keys: (row key, header, how a value is shown).
+NUMBERS = (("seconds_per_image", "s / image", "{:.4g}"), ("mfu", "MFU", "{:.1%}"),
+           ("clip_score_mean", "CLIP score", "{:.4g}"), ("psnr", "PSNR (dB)", "{:.4g}"),
+           ("ssim_mean", "SSIM", "{:.4f}"), ("non_finite_images", "non-finite images", "{:.0f}"))
+
+STYLE = """
+body { font: 14px/1.4 system-ui, sans-serif; margin: 1.5em; color: #222; }
+h1 { font-size: 1.5em; margin: 0 0 .3em; } h2 { margin-top: 1.6em; border-bottom: 1px solid #ddd; }
+.meta { color: #555; margin: .2em 0; } code { background: #f3f3f3; padding: 0 .25em; }
+nav a { margin-right: 1em; }
+table.grid { border-collapse: collapse; margin: .5em 0 1.5em; }
+table.grid th { font-weight: 600; padding: 4px 8px; background: #f6f6f6; }
+table.grid td.cell { padding: 4px; text-align: center; vertical-align: top; border: 1px solid #e3e3e3; }
+table.grid img { display: block; margin: 0 auto; max-width: 192px; max-height: 192px; }
+td.missing { background: #ddd; color: #a00; width: 192px; height: 120px; }
+.caption { font-size: 11px; color: #444; }
+table.points { border-collapse: collapse; font-size: 13px; }
+table.points th, table.points td { border: 1px solid #ddd; padding: 3px 7px; text-align: right; }
+table.points td.text, table.points th.text { text-align: left; }
+table.points th { background: #f0f0f0; cursor: pointer; user-select: none; position: sticky; top: 0; }
+table.points th[aria-sort=ascending]::after { content: " \\25B2"; }
+table.points th[aria-sort=descending]::after { content: " \\25BC"; }
+tr.failed td { color: #a00; } tr.pareto td:first-child { font-weight: bold; }
+figure { display: inline-block; margin: 0 1.5em 1.5em 0; vertical-align: top; }
+figure svg { max-width: 520px; height: auto; } figcaption { font-size: 12px; color: #444; max-width: 520px; }
+"""
+
+# Sorting the points table: a click on a header sorts by its column (numbers by value, blanks last),
+# a second click reverses.
+SCRIPT = """
+document.querySelectorAll("table.points th").forEach(function (header, column) {
+  header.addEventListener("click", function () {
+    var table = header.closest("table"), body = table.tBodies[0];
+    var ascending = header.getAttribute("aria-sort") !== "ascending";
+    table.querySelectorAll("th").forEach(function (h) { h.removeAttribute("aria-sort"); });
+    header.setAttribute("aria-sort", ascending ? "ascending" : "descending");
+    var numeric = header.dataset.type === "number";
+    var rows = Array.prototype.slice.call(body.rows);
+    function key(row) {
+      var cell = row.cells[column], raw = cell.dataset.value !== undefined ? cell.dataset.value : cell.textContent;
+      return numeric ? (raw === "" ? null : parseFloat(raw)) : raw;
+    }
+    rows.sort(function (a, b) {
+      var x = key(a), y = key(b);
+      if (x === null || y === null) { return (x === null) - (y === null); }
+      var order = numeric ? x - y : String(x).localeCompare(String(y), undefined, {numeric: true});
+      return ascending ? order : -order;
+    });
+    rows.forEach(function (row) { body.appendChild(row); });
+  });
+});
+"""
+
+
+def _number(value: Any) -> Optional[float]:
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        return None
+    return None if math.isnan(number) else number
+
+
+def _axis_values(rows: list[dict], key: Optional[str]) -> list[str]:
+    """A key's values in the grid's order: by number when all are numbers, else as the sweep ran them."""
+    if key is None:
+        return [""]
+    values = list(dict.fromkeys(str(r.get(key, "")) for r in rows))
+    if all(_number(v) is not None for v in values):
+        values.sort(key=lambda v: _number(v))
+    return values
+
+
+def thumbnail(job_dir: Path, image: int) -> Optional[str]:
+    """A data URI of a JPEG thumbnail of the point's image ``image`` (its index in the run), or of its
+    first image, or of its grid; None when it has none."""
+    from PIL import Image
+
+    try:
+        records = rundir.read_record(job_dir / rundir.IMAGES, list)
+    except rundir.DamagedRecord:  # absent or damaged: the grid, if there is one
+        records = []
+    wanted = [r.get("file") for r in records if r.get("index") == image]
+    for name in [*wanted, *[r.get("file") for r in records[:1]], rundir.GRID]:
+        path = job_dir / str(name)
+        if not name or not path.is_file() or not path.resolve().is_relative_to(job_dir.resolve()):
+            continue  # a record's file outside its run directory is not shown
+        try:
+            with Image.open(path) as picture:
+                picture = picture.convert("RGB")
+                picture.thumbnail((THUMBNAIL, THUMBNAIL))
+                buffer = io.BytesIO()
+                picture.save(buffer, "JPEG", quality=85)
+        except OSError:
+            continue
+        return "data:image/jpeg;base64," + base64.b64encode(buffer.getvalue()).decode("ascii")
+    return None
+
+
+def _link(target: Path, page_dir: Path) -> str:
+    return html.escape(Path(os.path.relpath(target, page_dir)).as_posix(), quote=True)
+
+
+def _values_label(row: dict, keys) -> str:
+    return " ".join(f"{k}={row.get(k, '')}" for k in keys)
+
+
+def _grid(rows: list[dict], axes: Axes, page_dir: Path, image: int) -> str:
+    out = []
+    pages = list(dict.fromkeys(_values_label(r, axes.z) for r in rows))
+    xs, ys = _axis_values(rows, axes.x), _axis_values(rows, axes.y)
+    for page in pages:
+        in_page = [r for r in rows if _values_label(r, axes.z) == page]
+        if page:
+            out.append(f'<h3 class="page">{html.escape(page)}</h3>')
+        corner = f"{html.escape(axes.y or '')} \\ {html.escape(axes.x or '')}" if axes.x else ""
+        out.append(f'<table class="grid" data-page="{html.escape(page, quote=True)}"><thead><tr>'
+                   f'<th class="corner">{corner}</th>')
+        out.extend(f'<th class="x-label">{html.escape(f"{axes.x}={x}" if axes.x else "")}</th>' for x in xs)
+        out.append("</tr></thead><tbody>")
+        for y in ys:
+            out.append(f'<tr><th class="y-label">{html.escape(f"{axes.y}={y}" if axes.y else "")}</th>')
+            for x in xs:
+                point = next((r for r in in_page if (axes.x is None or str(r.get(axes.x, "")) == x)
+                              and (axes.y is None or str(r.get(axes.y, "")) == y)), None)
+                out.append(_cell(point, page_dir, image))
+            out.append("</tr>")
+        out.append("</tbody></table>")
+    return "\n".join(out)
+
+
+def _cell(row: Optional[dict], page_dir: Path, image: int) -> str:
+    if row is None:
+        return '<td class="cell missing empty">no point</td>'
+    job_dir = Path(row["dir"])
+    picture = thumbnail(job_dir, image) if row["status"] == "FINISHED" else None
+    caption = [f"#{row['job']}"]
+    seconds = row.get("seconds_per_image")
+    if seconds is not None:
+        caption.append(f"{seconds:.3g} s/img")
+    clip = _number(row.get("clip_score_mean"))
+    if clip is not None:
+        caption.append(f"CLIP {clip:.3g}")
+    if picture is None:
+        why = row["status"] if row["status"] != "FINISHED" else "no image"
+        return (f'<td class="cell missing" data-job="{row["job"]}" title="{html.escape(row.get("error") or "", quote=True)}">'
+                f'{html.escape(why)}<div class="caption">{html.escape(" · ".join(caption))}</div></td>')
+    target = job_dir / rundir.GRID if (job_dir / rundir.GRID).is_file() else job_dir
+    return (f'<td class="cell" data-job="{row["job"]}"><a href="{_link(target, page_dir)}">'
+            f'<img src="{picture}" alt="{html.escape(row["label"], quote=True)}"></a>'
+            f'<div class="caption">{html.escape(" · ".join(caption))}</div></td>')
+
+
+def _table(rows: list[dict], keys: list[str], page_dir: Path, mlflow_ui: Optional[str], front: set[int]) -> str:
+    header = ['<th data-type="number">job</th>', *(f'<th class="text">{html.escape(k)}</th>' for k in keys),
+              '<th class="text">status</th>',
+              *(f'<th data-type="number">{html.escape(label)}</th>' for _, label, _ in NUMBERS),
+              '<th class="text">run directory</th>', '<th class="text">MLflow run</th>']
+    out = ['<table class="points" id="points"><thead><tr>', *header, "</tr></thead><tbody>"]
+    for row in rows:
+        classes = [c for c, on in (("failed", row["status"] != "FINISHED"), ("pareto", row["job"] in front)) if on]
+        out.append(f'<tr class="{" ".join(classes)}" data-job="{row["job"]}"><td data-value="{row["job"]}">'
+                   f'{row["job"]}</td>')
+        out.extend(f'<td class="text">{html.escape(str(row.get(k, "")))}</td>' for k in keys)
+        status = html.escape(row["status"]) + (f" ({html.escape(row['error'][:200])})" if row.get("error") else "")
+        out.append(f'<td class="text">{status}</td>')
+        for key, _, shown in NUMBERS:
+            value = _number(row.get(key))
+            if value is None:
+                out.append('<td data-value=""></td>')
+            elif math.isinf(value):
+                out.append(f'<td data-value="{"Infinity" if value > 0 else "-Infinity"}">'
+                           f'{"inf (identical)" if value > 0 else "-inf"}</td>')
+            else:
+                out.append(f'<td data-value="{value!r}">{shown.format(value)}</td>')
+        job_dir = Path(row["dir"])
+        out.append(f'<td class="text"><a href="{_link(job_dir, page_dir)}/">{html.escape(job_dir.name)}</a></td>')
+        run_id = row.get("run_id") or ""
+        if run_id and mlflow_ui:
+            link = html.escape(f"{mlflow_ui.rstrip('/')}/#/runs/{run_id}", quote=True)
+            out.append(f'<td class="text"><a href="{link}">{html.escape(run_id[:12])}</a></td>')
+        else:
+            out.append(f'<td class="text">{html.escape(run_id[:12])}</td>')
+        out.append("</tr>")
+    out.append("</tbody></table>")
+    return "\n".join(out)
+
+
+def mlflow_ui_of(rows: list[dict]) -> Optional[str]:
+    """Where the points' MLflow runs are shown: the tracking server a point logged to, else the address
+    ``mlflow ui`` serves the embedded store at; None when no point has a run."""
+    for row in rows:
+        if not row.get("run_id"):
+            continue
+        params = rundir.read_json_or_empty(Path(row["dir"]) / "tracking.json").get("params", {})
+        uri = str(params.get("tracking.uri", ""))
+        return uri if uri.startswith(("http://", "https://")) else "http://127.0.0.1:5000"
+    return None
+
+
+def write_page(sweep_dir: Path, rows: list[dict], keys: list[str], axes: Axes, image: int = 0,
+               reference_point: Optional[dict] = None, overrides: Optional[list[str]] = None,
+               mlflow_ui: Optional[str] = None, page_dir: Optional[Path] = None) -> Path:
+    """Write ``report.html`` for the sweep's summary rows (record/sweep.py: collect_jobs) into
+    ``page_dir`` (the sweep directory by default); returns its path."""
+    from sdjax_runner.metrics.report import pareto_front, seconds_per_image, svg_plots
+
+    page_dir = page_dir or sweep_dir
+    rows = [dict(r, seconds_per_image=seconds_per_image(r)) for r in rows]
+    finished = [r for r in rows if r["status"] == "FINISHED"]
+    front = set()
+    for metric in ("clip_score_mean", "psnr", "ssim_mean"):
+        points = [(r["seconds_per_image"], _number(r.get(metric))) for r in finished]
+        front.update(finished[i]["job"] for i in pareto_front(points))
+    plots = svg_plots(finished, keys)
+    title = f"Sweep report: {sweep_dir.name}"
+    reference = " ".join(f"{k}={v}" for k, v in (reference_point or {}).items())
+    meta = [f"<code>{html.escape(str(sweep_dir))}</code>",
+            f"{len(rows)} point(s): {len(finished)} finished, {len(rows) - len(finished)} not",
+            "swept: " + (", ".join(f"<code>{html.escape(k)}</code>" for k in keys) or "nothing")]
+    if overrides:
+        meta.append("overrides: <code>" + html.escape(" ".join(overrides)) + "</code>")
+    if reference:
+        meta.append(f"PSNR/SSIM against the reference point <code>{html.escape(reference)}</code>")
+    axes_line = (f"x: <code>{html.escape(axes.x or '-')}</code>, y: <code>{html.escape(axes.y or '-')}</code>"
+                 + (", pages (z): " + ", ".join(f"<code>{html.escape(k)}</code>" for k in axes.z) if axes.z else "")
+                 + " (set with <code>report.x=KEY report.y=KEY</code>)")
+    body = [
+        f"<h1>{html.escape(title)}</h1>", *(f'<p class="meta">{m}</p>' for m in meta),
+        '<nav><a href="#grid-section">Grid</a><a href="#points-section">Points</a>'
+        '<a href="#plots-section">Quality and cost</a></nav>',
+        '<section id="grid-section"><h2>Grid</h2>', f'<p class="meta">{axes_line}</p>',
+        _grid(rows, axes, page_dir, image), "</section>",
+        '<section id="points-section"><h2>Points</h2><p class="meta">Click a column to sort by it; bold: on a '
+        "Pareto front (no point is both faster and better).</p>",
+        _table(rows, keys, page_dir, mlflow_ui, front), "</section>",
+        '<section id="plots-section"><h2>Quality and cost</h2>',
+        *(f"<figure>{svg}<figcaption>{html.escape(caption)}</figcaption></figure>" for caption, svg in plots),
+        "" if plots else '<p class="meta">No point has a quality metric.</p>', "</section>",
+    ]
+    text = ("<!doctype html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
+            f"<title>{html.escape(title)}</title><style>{STYLE}</style></head><body>\n"
+            + "\n".join(body) + f"\n<script>{SCRIPT}</script>\n"
+            + f'<script type="application/json" id="points-data">{_json(rows)}</script>\n</body></html>\n')
+    path = page_dir / PAGE
+    write_text(path, text)
+    return path
+
+
+def _json(rows: list[dict]) -> str:
+    """The rows as strict JSON for scripts that read the page (no NaN/Infinity; ``</`` kept out of the
+    script element)."""
+    def clean(value: Any) -> Any:
+        if isinstance(value, float) and not math.isfinite(value):
+            return None if math.isnan(value) else ("inf" if value > 0 else "-inf")
+        return value
+
+    return json.dumps([{k: clean(v) for k, v in r.items()} for r in rows]).replace("</", "<\\/")

@@ -1,0 +1,164 @@
+"""The sweep report a person reads (report.html): a sweep through the CLI, its page opened in a real
+headless Chromium (no console errors, nothing fetched, the X/Y/Z grid's cells and labels, the table
+sorting), rebuilt by ``python -m sdjax_runner report`` for a sweep cut short and from MLflow, and bad axes
+as one line."""
+
+from __future__ import annotations
+
+import csv
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from helpers.browser import open_page
+from helpers.cli import assert_one_line_error, run_cli
+from helpers.mlflow_store import seed_store, sweep_runs
+from sdjax_runner.metrics.report import pareto_front
+
+SWEEP = ("dtype=fp32,bf16", "seed=0,1", "sampling.guidance_scale=5,7.5", "+metrics.reference_point.dtype=fp32")
+
+
+@pytest.fixture(scope="module")
+def sweep(tmp_path_factory, mlflow_template) -> tuple[Path, Path]:
+    """(work directory, sweep directory) of a 2 x 2 x 2 sweep logged to an embedded MLflow store."""
+    work = tmp_path_factory.mktemp("report")
+    seed_store(work, mlflow_template)
+    result = run_cli("-m", "+experiment=smoke", *SWEEP, f"hydra.sweep.dir={work / 'sweep'}", cwd=work, timeout=900)
+    assert result.returncode == 0, result.stderr
+    assert "report.html" in result.stdout + result.stderr
+    return work, work / "sweep"
+
+
+def summary(sweep_dir: Path) -> dict[str, dict]:
+    with open(sweep_dir / "summary.csv", newline="") as f:
+        return {row["job"]: row for row in csv.DictReader(f)}
+
+
+def test_the_page_opens_in_a_browser_with_its_grid_table_and_plots(sweep):
+    _, sweep_dir = sweep
+    rows = summary(sweep_dir)
+    with open_page((sweep_dir / "report.html").as_uri()) as opened:
+        page = opened.page
+        assert opened.console_errors == []
+        assert {url.split(":", 1)[0] for url in opened.requests} == {"file"}  # the page itself, nothing fetched
+        # Axes chosen from the swept keys: x the last (guidance), y the one before (seed), dtype pages (Z).
+        assert page.locator("h3.page").all_inner_texts() == ["dtype=fp32", "dtype=bf16"]
+        grids = page.locator("table.grid")
+        assert grids.count() == 2
+        for number in range(2):
+            grid = grids.nth(number)
+            assert grid.locator("th.x-label").all_inner_texts() == ["sampling.guidance_scale=5",
+                                                                     "sampling.guidance_scale=7.5"]
+            assert grid.locator("th.y-label").all_inner_texts() == ["seed=0", "seed=1"]
+            assert grid.locator("td.cell img").count() == 4
+        assert page.evaluate("Array.from(document.images).every(i => i.complete && i.naturalWidth > 0)")
+        # Each cell is its point: job 5 is dtype=bf16 seed=0 guidance 7.5 (Hydra's order), in the second grid.
+        cell = grids.nth(1).locator("tbody tr").nth(0).locator("td.cell").nth(1)
+        assert cell.get_attribute("data-job") == "5" and rows["5"]["label"] == \
+            "dtype=bf16 seed=0 sampling.guidance_scale=7.5"
+
+        # The table: every point, its numbers the runs' own; sorting by a column's header.
+        table = page.locator("table.points")
+        headers = table.locator("thead th").all_inner_texts()
+        assert headers[:5] == ["job", "dtype", "seed", "sampling.guidance_scale", "status"]
+        clip = headers.index("CLIP score")
+
+        def column(index: int) -> list[str]:
+            return table.locator(f"tbody tr td:nth-child({index + 1})").evaluate_all(
+                "cells => cells.map(c => c.dataset.value !== undefined ? c.dataset.value : c.textContent)")
+
+        assert len(column(0)) == 8
+        by_job = dict(zip(column(0), column(clip)))
+        assert {job: float(v) for job, v in by_job.items()} == pytest.approx(
+            {job: float(r["clip_score_mean"]) for job, r in rows.items()})
+        seconds = dict(zip(column(0), column(headers.index("s / image"))))
+        assert {job: float(v) for job, v in seconds.items()} == pytest.approx(
+            {job: 1 / float(r["images_per_s"]) for job, r in rows.items()})
+        table.locator("thead th").nth(clip).click()
+        values = [float(v) for v in column(clip)]
+        assert values == sorted(values) and table.locator("thead th").nth(clip).get_attribute("aria-sort") == "ascending"
+        table.locator("thead th").nth(clip).click()
+        assert [float(v) for v in column(clip)] == sorted(values, reverse=True)
+        psnr = headers.index("PSNR (dB)")
+        table.locator("thead th").nth(psnr).click()
+        assert column(psnr)[-4:] == [""] * 4  # the reference point's own jobs have no PSNR: blanks sort last
+
+        # Plots: quality against seconds per image with the Pareto front, and against the numeric key.
+        captions = page.locator("figcaption").all_inner_texts()
+        assert any(c.startswith("CLIP score (mean) against seconds per image; Pareto front (red): #") for c in captions)
+        assert "CLIP score (mean) against sampling.guidance_scale" in captions
+        assert any(c.startswith("PSNR to reference (dB) against seconds per image") for c in captions)
+        assert page.locator("figure svg").count() == len(captions)
+        page.screenshot(path=str(sweep_dir / "screenshot.png"), full_page=True)
+    assert (sweep_dir / "screenshot.png").stat().st_size > 10_000
+
+
+def test_pareto_front_keeps_the_points_nothing_beats():
+    points = [(1.0, 10.0), (2.0, 12.0), (2.0, 11.0), (3.0, 11.5), (0.5, 5.0), (4.0, 20.0), (None, 30.0)]
+    assert pareto_front(points) == [4, 0, 1, 5]  # fastest first; (2, 11), (3, 11.5) are beaten; no time: left out
+
+
+def test_the_report_command_rebuilds_a_sweep_cut_short_with_other_axes(sweep, tmp_path):
+    _, sweep_dir = sweep
+    copy = tmp_path / "cut"
+    shutil.copytree(sweep_dir, copy)
+    (copy / "report.html").unlink()
+    for name in ("status.json", "timings.json", "quality.json", "images.json", "images", "grid.png"):
+        target = copy / "7" / name  # the last job never finished
+        shutil.rmtree(target) if target.is_dir() else target.unlink()
+    result = run_cli(str(copy), "report.x=dtype", "report.y=seed", cwd=tmp_path, command="report")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == str(copy / "report.html")
+    with open_page((copy / "report.html").as_uri()) as opened:
+        page = opened.page
+        assert opened.console_errors == []
+        assert page.locator("h3.page").all_inner_texts() == ["sampling.guidance_scale=5", "sampling.guidance_scale=7.5"]
+        assert page.locator("table.grid").nth(0).locator("th.x-label").all_inner_texts() == ["dtype=fp32", "dtype=bf16"]
+        assert page.locator("table.grid td.cell img").count() == 7
+        missing = page.locator("td.cell.missing")
+        assert missing.count() == 1 and missing.get_attribute("data-job") == "7" and "UNKNOWN" in missing.inner_text()
+        assert page.locator("table.points tbody tr.failed").count() == 1
+
+
+def test_a_report_axis_that_is_not_swept_is_one_line(sweep, tmp_path):
+    _, sweep_dir = sweep
+    result = run_cli("-m", "+experiment=smoke", "tracking=none", "seed=0,1", "report.x=steps",
+                     f"hydra.sweep.dir={tmp_path / 'sweep'}", cwd=tmp_path)
+    assert_one_line_error(result, "error: report.x: steps is not a swept key of this sweep (allowed: seed)")
+    assert not (tmp_path / "sweep").exists()
+    result = run_cli(str(sweep_dir), "report.y=scheduler", cwd=tmp_path, command="report")
+    assert_one_line_error(result, "error: report.y: scheduler is not a swept key of this sweep (allowed: dtype, seed, "
+                                  "sampling.guidance_scale)")
+    assert_one_line_error(run_cli(str(sweep_dir), "report.z=seed", cwd=tmp_path, command="report"),
+                          "error: report.z=seed: is not a report setting (allowed: report.x=..., report.y=..., ")
+    # Neither a directory nor a run of the store in the working directory (an empty one, seeded by conftest.py).
+    assert_one_line_error(run_cli("no-such-sweep", cwd=tmp_path, command="report"),
+                          "error: SWEEP: no-such-sweep is neither a directory nor a run in sqlite:///")
+
+
+def test_the_report_of_a_sweep_pulled_from_mlflow(sweep, tmp_path):
+    work, sweep_dir = sweep
+    client, parent, children = sweep_runs(work)
+    assert "report.html" in {a.path for a in client.list_artifacts(parent.info.run_id)}
+    out = tmp_path / "from-mlflow"
+    result = run_cli(parent.info.run_id, "--uri", f"sqlite:///{work / 'outputs' / 'mlflow.db'}", "--out", str(out),
+                     cwd=tmp_path, command="report")
+    assert result.returncode == 0, result.stderr
+    with open_page((out / "report.html").as_uri()) as opened:
+        page = opened.page
+        assert opened.console_errors == []
+        assert page.locator("table.grid td.cell img").count() == 8
+        assert page.locator("table.points tbody tr").count() == len(children) == 8
+        links = page.locator("table.points tbody tr td:last-child a").evaluate_all("a => a.map(x => x.href)")
+        assert {link.rsplit("/", 1)[-1] for link in links} == {c.info.run_id for c in children}
+    records = json.loads(page_data(out / "report.html"))
+    assert sorted(r["label"] for r in records) == sorted(r["label"] for r in summary(sweep_dir).values())
+
+
+def page_data(page: Path) -> str:
+    text = page.read_text(encoding="utf-8")
+    start = text.index('<script type="application/json" id="points-data">') + len(
+        '<script type="application/json" id="points-data">')
+    return text[start:text.index("</script>", start)]
