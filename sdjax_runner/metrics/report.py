@@ -19,17 +19,18 @@ from typing import Any, Optional
 QUALITY = {"clip_score_mean": "CLIP score (mean)", "psnr": "PSNR to reference (dB)", "ssim_mean": "SSIM to reference"}
 
 
-def _number(value: Any) -> Optional[float]:
+def number(value: Any) -> Optional[float]:
+    """``value`` as a float (a summary cell is a string or a number), or None: blank, not a number, NaN."""
     try:
-        number = float(value)
+        out = float(value)
     except (TypeError, ValueError):
         return None
-    return None if math.isnan(number) else number
+    return None if math.isnan(out) else out
 
 
 def _values(rows: list[dict], metric: str) -> tuple[list[Optional[float]], Optional[float]]:
     """The metric per row with inf drawn at a cap above the finite values; (values, cap or None)."""
-    values = [_number(r.get(metric)) for r in rows]
+    values = [number(r.get(metric)) for r in rows]
     finite = [v for v in values if v is not None and math.isfinite(v)]
     if not any(v is not None and math.isinf(v) for v in values):
         return values, None
@@ -52,7 +53,7 @@ def series_of(rows: list[dict], values: list[Optional[float]], key: str, keys: l
 
 def seconds_per_image(row: dict) -> Optional[float]:
     """Steady-state seconds per image of a summary row (1 / images_per_s), or None."""
-    speed = _number(row.get("images_per_s"))
+    speed = number(row.get("images_per_s"))
     return 1.0 / speed if speed else None
 
 
@@ -92,7 +93,7 @@ def svg_plots(rows: list[dict], keys: list[str]) -> list[tuple[str, str]]:
     matplotlib.rcParams.update({"svg.fonttype": "none", "svg.hashsalt": "sdjax-runner"})  # text as text; stable ids
     out = []
     seconds = [seconds_per_image(r) for r in rows]
-    for metric in (m for m in QUALITY if any(_number(r.get(m)) is not None for r in rows)):
+    for metric in (m for m in QUALITY if any(number(r.get(m)) is not None for r in rows)):
         values, cap = _values(rows, metric)
         figure, ax = plt.subplots(figsize=(5.2, 3.6))
         front = pareto_front(list(zip(seconds, values)))
@@ -119,12 +120,12 @@ def svg_plots(rows: list[dict], keys: list[str]) -> list[tuple[str, str]]:
         for key in keys:
             series = series_of(rows, values, key, keys)
             labels = list(dict.fromkeys(x for points in series.values() for x, _ in points))
-            if key == "seed" or not labels or any(_number(x) is None for x in labels):
+            if key == "seed" or not labels or any(number(x) is None for x in labels):
                 continue  # a seed is a number, not a setting: quality against it is noise
             figure, ax = plt.subplots(figsize=(5.2, 3.6))
             for name, points in series.items():
-                order = sorted(points, key=lambda point: _number(point[0]))
-                ax.plot([_number(x) for x, _ in order], [y for _, y in order], "o-" if len(order) > 1 else "o",
+                order = sorted(points, key=lambda point: number(point[0]))
+                ax.plot([number(x) for x, _ in order], [y for _, y in order], "o-" if len(order) > 1 else "o",
                         label=name or None, markersize=4)
             if 1 < len(series) <= 12:
                 ax.legend(fontsize=6)
@@ -136,7 +137,7 @@ def svg_plots(rows: list[dict], keys: list[str]) -> list[tuple[str, str]]:
 
 def write_report(path: Path, rows: list[dict], keys: list[str], reference_point: Optional[dict] = None) -> Optional[Path]:
     """report.png for a sweep's summary rows; None when no job has a quality metric."""
-    metrics = [m for m in QUALITY if any(_number(r.get(m)) is not None for r in rows)]
+    metrics = [m for m in QUALITY if any(number(r.get(m)) is not None for r in rows)]
     if not metrics:
         return None
     import matplotlib
@@ -167,9 +168,9 @@ def write_report(path: Path, rows: list[dict], keys: list[str], reference_point:
             ax = axes[row][column]
             series = series_of(rows, values, key, keys)
             labels = list(dict.fromkeys(x for points in series.values() for x, _ in points))
-            numeric = all(_number(x) is not None for x in labels)
+            numeric = all(number(x) is not None for x in labels)
             for name, points in series.items():
-                xs = [_number(x) if numeric else labels.index(x) for x, _ in points]
+                xs = [number(x) if numeric else labels.index(x) for x, _ in points]
                 order = sorted(range(len(xs)), key=xs.__getitem__)
                 ax.plot([xs[i] for i in order], [points[i][1] for i in order], "o-" if len(series) > 1 else "o",
                         label=name or None)

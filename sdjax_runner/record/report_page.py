@@ -28,6 +28,7 @@ from typing import Any, Optional
 
 from sdjax_runner.config.report_axes import Axes
 from sdjax_runner.files import write_text
+from sdjax_runner.metrics.report import number, pareto_front, seconds_per_image, svg_plots
 from sdjax_runner.record import rundir
 
 PAGE = rundir.REPORT_PAGE
@@ -86,21 +87,13 @@ document.querySelectorAll("table.points th").forEach(function (header, column) {
 """
 
 
-def _number(value: Any) -> Optional[float]:
-    try:
-        number = float(value)
-    except (TypeError, ValueError):
-        return None
-    return None if math.isnan(number) else number
-
-
 def _axis_values(rows: list[dict], key: Optional[str]) -> list[str]:
     """A key's values in the grid's order: by number when all are numbers, else as the sweep ran them."""
     if key is None:
         return [""]
     values = list(dict.fromkeys(str(r.get(key, "")) for r in rows))
-    if all(_number(v) is not None for v in values):
-        values.sort(key=lambda v: _number(v))
+    if all(number(v) is not None for v in values):
+        values.sort(key=lambda v: number(v))
     return values
 
 
@@ -171,7 +164,7 @@ def _cell(row: Optional[dict], page_dir: Path, image: int) -> str:
     seconds = row.get("seconds_per_image")
     if seconds is not None:
         caption.append(f"{seconds:.3g} s/img")
-    clip = _number(row.get("clip_score_mean"))
+    clip = number(row.get("clip_score_mean"))
     if clip is not None:
         caption.append(f"CLIP {clip:.3g}")
     if picture is None:
@@ -198,7 +191,7 @@ def _table(rows: list[dict], keys: list[str], page_dir: Path, mlflow_ui: Optiona
         status = html.escape(row["status"]) + (f" ({html.escape(row['error'][:200])})" if row.get("error") else "")
         out.append(f'<td class="text">{status}</td>')
         for key, _, shown in NUMBERS:
-            value = _number(row.get(key))
+            value = number(row.get(key))
             if value is None:
                 out.append('<td data-value=""></td>')
             elif math.isinf(value):
@@ -236,14 +229,12 @@ def write_page(sweep_dir: Path, rows: list[dict], keys: list[str], axes: Axes, i
                mlflow_ui: Optional[str] = None, page_dir: Optional[Path] = None) -> Path:
     """Write ``report.html`` for the sweep's summary rows (record/sweep.py: collect_jobs) into
     ``page_dir`` (the sweep directory by default); returns its path."""
-    from sdjax_runner.metrics.report import pareto_front, seconds_per_image, svg_plots
-
     page_dir = page_dir or sweep_dir
     rows = [dict(r, seconds_per_image=seconds_per_image(r)) for r in rows]
     finished = [r for r in rows if r["status"] == "FINISHED"]
     front = set()
     for metric in ("clip_score_mean", "psnr", "ssim_mean"):
-        points = [(r["seconds_per_image"], _number(r.get(metric))) for r in finished]
+        points = [(r["seconds_per_image"], number(r.get(metric))) for r in finished]
         front.update(finished[i]["job"] for i in pareto_front(points))
     plots = svg_plots(finished, keys)
     title = f"Sweep report: {sweep_dir.name}"

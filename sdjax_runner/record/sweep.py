@@ -232,7 +232,6 @@ def report_choice(config: DictConfig, keys: list[str]) -> dict[str, Any]:
     """The sweep's report settings, its axes checked against the swept keys (one line naming report.x or
     report.y when one is not swept)."""
     from sdjax_runner.config.report_axes import choose
-
     from sdjax_runner.errors import UserError
 
     report = config.get("report") or {}
