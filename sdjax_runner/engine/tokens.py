@@ -32,6 +32,8 @@ class PromptTokens:
     def __init__(self, pipeline: Any, syntax: str):
         self.pipeline, self.syntax = pipeline, syntax
         self.tokenizers = tokenizers(pipeline)
+        # A1111's comma_token: ",</w>" (None: no backtracking at commas); get_vocab copies the vocabulary.
+        self.commas = [t.get_vocab().get(",</w>") for t in self.tokenizers] if syntax == "a1111" else []
         self._chunks: dict[tuple[int, str], list] = {}  # (tokenizer, text) -> its chunks
 
     def chunk_list(self, which: int, text: str) -> list:
@@ -43,7 +45,7 @@ class PromptTokens:
                 return tokenizer(texts, truncation=False, add_special_tokens=False).input_ids
 
             self._chunks[key] = chunks(text, tokenize, tokenizer.bos_token_id, tokenizer.eos_token_id,
-                                       tokenizer.pad_token_id, tokenizer.get_vocab().get(",</w>"))
+                                       tokenizer.pad_token_id, self.commas[which])
         return self._chunks[key]
 
     def chunk_count(self, texts) -> int:
