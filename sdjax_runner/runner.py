@@ -68,6 +68,7 @@ def _run(plan: Plan, job: Job, run_name: str, tags: dict[str, str], started: flo
     from sdjax_runner.engine.program import program_spec
     from sdjax_runner.engine.parallel import PARALLEL
     from sdjax_runner.engine.reuse import REUSE
+    from sdjax_runner.engine.tokens import PromptTokens
 
     log.info("plan: %d image(s) = %d batch(es) x %d device(s) x %d per device; %s %s, %s %d steps, seed %d",
              len(plan.kept_images), plan.num_batches, plan.num_devices, plan.per_device_batch_size,
@@ -104,12 +105,13 @@ def _run(plan: Plan, job: Job, run_name: str, tags: dict[str, str], started: flo
     if controlnet is not None:
         log.info("load: ControlNet %s", "reused from an earlier job of this process" if controlnet_reused else
                  f"from {controlnet.path} in {controlnet.load_s:.1f} s ({controlnet.format} weights)")
-    spec = program_spec(plan, loaded.pipeline, height, width, controlnet.structure if controlnet else "")
+    tokens = PromptTokens(loaded.pipeline, plan.syntax)  # read once: for the chunk count, then the batches
+    spec = program_spec(plan, loaded.pipeline, height, width, controlnet.structure if controlnet else "", tokens)
     if spec.prompt_chunks:
         log.info("prompts: A1111's syntax, %d chunk(s) of 75 tokens per prompt (the longest prompt's; shorter "
                  "ones padded with empty chunks)", spec.prompt_chunks)
     prepared = REUSE.prepare(plan, entry, model_reused, mode, devices, spec)
-    generator = mode(prepared.pipeline, prepared.params, prepared.safety_weights, plan, spec, devices)
+    generator = mode(prepared.pipeline, prepared.params, prepared.safety_weights, plan, spec, devices, tokens=tokens)
     compiled = compile_generator(generator, prepared, plan)
     interpreter.program_ready()
     job.progress.update(load_s=prepared.load_s, replicate_s=prepared.replicate_s, trace_s=compiled["trace_s"],
@@ -281,7 +283,7 @@ def measure_efficiency(plan: Plan, prepared, generator, devices: list, height: i
     from sdjax_runner.engine.reuse import REUSE
 
     flops = REUSE.flops(prepared, generator.compiled, plan.num_inference_steps, plan.per_device_batch_size,
-                        height, width, plan.num_devices, 77 * max(1, generator.spec.prompt_chunks))
+                        height, width, plan.num_devices, generator.spec.prompt_tokens)
     if generator.program_key and flops is not None:  # a warm start needs no FLOPs lowering
         from sdjax_runner.engine import executable_cache
 

@@ -17,6 +17,7 @@ import tempfile
 from pathlib import Path
 from typing import Any, Optional
 
+from sdjax_runner.config.report_axes import choose, image_index
 from sdjax_runner.errors import UserError
 from sdjax_runner.record import rundir
 
@@ -30,9 +31,7 @@ def settings_of(words: list[str], earlier: Optional[dict]) -> dict[str, Any]:
         if not sep or key not in SETTINGS:
             raise UserError(word, "is not a report setting", ", ".join(f"{k}=..." for k in SETTINGS))
         if key == "report.image":
-            if not value.isdigit():
-                raise UserError("report.image", value, "an image index of the run, 0 or more")
-            out["image"] = int(value)
+            out["image"] = image_index(value)
         else:
             out[key.split(".")[1]] = value or None
     return out
@@ -81,8 +80,7 @@ def from_mlflow(run_id: str, uri: Optional[str], out: Path) -> dict[str, Any]:
     return record
 
 
-def build(sweep_dir: Path, record: dict[str, Any], settings: dict[str, Any], page_dir: Optional[Path] = None) -> Path:
-    from sdjax_runner.config.report_axes import choose
+def build(sweep_dir: Path, record: dict[str, Any], settings: dict[str, Any]) -> Path:
     from sdjax_runner.record.report_page import mlflow_ui_of, write_page
     from sdjax_runner.record.sweep import collect_jobs
 
@@ -91,8 +89,8 @@ def build(sweep_dir: Path, record: dict[str, Any], settings: dict[str, Any], pag
     if not rows:
         raise UserError("SWEEP", f"{sweep_dir} holds no job directories (0/, 1/, ...)", "a sweep directory")
     axes = choose(keys, settings.get("x"), settings.get("y"))
-    return write_page(sweep_dir, rows, keys, axes, int(settings.get("image") or 0), record.get("reference_point"),
-                      record.get("overrides"), mlflow_ui_of(rows), page_dir)
+    return write_page(sweep_dir, rows, keys, axes, image_index(settings.get("image")), record.get("reference_point"),
+                      record.get("overrides"), mlflow_ui_of(rows))
 
 
 def main(argv: Optional[list[str]] = None) -> int:

@@ -33,6 +33,14 @@ def resolve(name: str, keys: list[str], config_key: str) -> str:
                     ", ".join(keys) if keys else "nothing: the sweep sweeps no key")
 
 
+def image_index(value) -> int:
+    """``report.image``: which image of each point the grid shows, an index of 0 or more."""
+    text = str(value if value is not None else 0)
+    if not text.isdigit():
+        raise UserError("report.image", text, "an image index of the run, 0 or more")
+    return int(text)
+
+
 def choose(keys: list[str], x: Optional[str] = None, y: Optional[str] = None) -> Axes:
     """The grid's axes for a sweep over ``keys`` (module docstring); ``x``/``y``: report.x / report.y."""
     chosen_x = resolve(x, keys, "report.x") if x else None

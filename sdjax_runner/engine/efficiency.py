@@ -14,6 +14,8 @@ import resource
 import sys
 from typing import Any, Optional
 
+from sdjax_runner.engine.tokens import TOKENS
+
 # Dense peak FLOP/s per device (one JAX device), from the vendors' data sheets.
 # fp32 on NVIDIA is the TF32 tensor-core peak: JAX's default matmul precision there.
 PEAK_TFLOPS = {  # device_kind substring -> {activations dtype: TFLOP/s}
@@ -48,7 +50,7 @@ def _flops(analysis: Any) -> Optional[float]:
 
 
 def unet_step_flops(pipeline: Any, params: dict, per_device_images: int, height: int, width: int,
-                    tokens: int = 77) -> Optional[float]:
+                    tokens: int = TOKENS) -> Optional[float]:
     """XLA's count for one guided UNet application (the batch doubled for classifier-free guidance);
     ``tokens``: the prompt's length as the UNet reads it (77, or 77 per chunk with A1111's syntax)."""
     import jax

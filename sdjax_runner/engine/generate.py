@@ -55,7 +55,10 @@ class Generator:
     """One job's batches through a compiled generate function; a subclass is one parallel mode:
     how params and inputs are placed on devices, and how the generate function is lowered."""
 
-    def __init__(self, pipeline: Any, params: dict, safety_weights: Any, plan: Plan, spec: Spec, devices: list):
+    def __init__(self, pipeline: Any, params: dict, safety_weights: Any, plan: Plan, spec: Spec, devices: list,
+                 tokens: Optional[PromptTokens] = None):
+        """``tokens``: the prompts' tokens as :func:`.program.program_spec` read them (their chunks are kept),
+        else read again here."""
         self.pipeline, self.params, self.safety_weights = pipeline, params, safety_weights
         self.plan, self.spec, self.devices = plan, spec, devices  # spec: what shapes the program (engine/program.py)
         self.height, self.width = spec.height, spec.width
@@ -65,7 +68,7 @@ class Generator:
         # For a stored executable: traces the program instead, should it fail at its first call.
         self.retrace: Optional[Callable[[Exception], None]] = None
         self.non_finite: set[int] = set()  # indices of images with NaN or infinite pixels (overflow)
-        self.tokens = PromptTokens(pipeline, plan.syntax)
+        self.tokens = tokens or PromptTokens(pipeline, plan.syntax)
         self.negative_ids = None
         self.weights = {}  # A1111's syntax: the negative prompt's token weights, placed once
         negative = negative_text(plan.negative, pipeline, spec.prompt_chunks)

@@ -40,8 +40,8 @@ def shard(array: np.ndarray, num_devices: int) -> np.ndarray:
 class PmapGenerator(Generator):
     """The guide's ``pipeline(prompt_ids, params, rng, jit=True)``, compiled ahead of time."""
 
-    def __init__(self, *args: Any):
-        super().__init__(*args)
+    def __init__(self, *args: Any, **kwargs: Any):
+        super().__init__(*args, **kwargs)
         import jax.numpy as jnp
 
         # As pipeline.__call__ builds it from a float guidance scale: one per device, float32.

@@ -23,7 +23,7 @@ from sdjax_runner.engine.decode import decode
 from sdjax_runner.engine.encode import encode, negative_text, with_time_ids
 from sdjax_runner.engine.modes import MODES
 from sdjax_runner.engine.samplers import SAMPLERS
-from sdjax_runner.engine.tokens import PromptTokens
+from sdjax_runner.engine.tokens import TOKENS, PromptTokens
 
 
 @dataclass(frozen=True)
@@ -51,13 +51,21 @@ class Spec:
     clip_skip: int = 1  # prompts.clip_skip (engine/encode.py)
     prompt_chunks: int = 0  # prompts.syntax: 0 plain (the guide's 77 tokens), else A1111's chunks (engine/tokens.py)
 
+    @property
+    def prompt_tokens(self) -> int:
+        """How many tokens of conditioning the UNet reads: 77, or 77 per chunk with A1111's syntax."""
+        return TOKENS * max(1, self.prompt_chunks)
 
-def program_spec(plan: Any, pipeline: Any, height: int, width: int, controlnet: str = "") -> Spec:
+
+def program_spec(plan: Any, pipeline: Any, height: int, width: int, controlnet: str = "",
+                 tokens: Optional[PromptTokens] = None) -> Spec:
     """The one place the Plan's program-relevant fields are read (``plan``: config/plan.Plan);
-    ``controlnet``: the loaded ControlNet's structure."""
+    ``controlnet``: the loaded ControlNet's structure; ``tokens``: reads the prompts' chunk count (and keeps
+    what it read, for the generator)."""
     prediction = plan.model.prediction_type
     stepping = plan.sampling.sampler == "scheduler"  # else the diffusers scheduler steps nothing: not in the key
-    chunks = PromptTokens(pipeline, plan.syntax).chunk_count(plan.prompts + (plan.negative or "",))
+    tokens = tokens or PromptTokens(pipeline, plan.syntax)
+    chunks = tokens.chunk_count(plan.prompts + (plan.negative or "",))
     return Spec(steps=plan.num_inference_steps, height=height, width=width, batch=plan.per_device_batch_size,
                 negative=negative_text(plan.negative, pipeline, chunks) is not None, parallel=plan.mode,
                 attention=plan.attention, scheduler=plan.scheduler.name if stepping else "",

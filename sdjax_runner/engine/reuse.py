@@ -32,6 +32,7 @@ from sdjax_runner.config.plan import Plan
 from sdjax_runner.engine import compile_cache
 from sdjax_runner.engine.generate import Generator
 from sdjax_runner.engine.program import Spec
+from sdjax_runner.engine.tokens import TOKENS
 from sdjax_runner.models.attention import tracing_with
 from sdjax_runner.models.loading import LoadedModel, load_model, with_scheduler
 
@@ -209,7 +210,7 @@ class ReuseCache:
             self.flops_of.pop(old, None)
 
     def flops(self, prepared: Prepared, compiled: Any, steps: int, per_device_images: int, height: int, width: int,
-              num_devices: int, tokens: int = 77) -> Any:
+              num_devices: int, tokens: int = TOKENS) -> Any:
         """FLOPs of one batch (XLA's count, see efficiency.py), once per compiled program."""
         from sdjax_runner.engine import efficiency
 

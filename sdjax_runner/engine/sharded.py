@@ -37,13 +37,13 @@ def replicate_sharded(tree, devices):
 class ShardedGenerator(Generator):
     """One jit over a ``data`` mesh; works unchanged across processes (multi-host)."""
 
-    def __init__(self, *args: Any):
+    def __init__(self, *args: Any, **kwargs: Any):
         import jax
 
         self.mesh = jax.sharding.Mesh(np.array(args[-1]), ("data",))
         self.data = jax.NamedSharding(self.mesh, jax.P("data"))
         self.replicated = jax.NamedSharding(self.mesh, jax.P())
-        super().__init__(*args)
+        super().__init__(*args, **kwargs)
         self.guidance = global_array(np.float32(self.plan.guidance_scale), self.replicated)
 
     place_params = staticmethod(replicate_sharded)
@@ -75,8 +75,9 @@ class ShardedGenerator(Generator):
             # One device's share, as under pmap: its latents drawn from its own key, (per_device_batch, C, h, w).
             return generate(pipeline, spec, ids, params, keys[0], guidance, inputs, negative_ids)
 
+        args = self.program_args()
         data, replicated = jax.P("data"), jax.P()
-        inputs = {name: replicated if name in self.numbers else data for name in self.program_args()[4]}
+        inputs = {name: replicated if name in self.numbers else data for name in args[4]}
         partitions = (data, replicated, data, replicated, inputs) + ((data,) if self.negative_ids is not None else ())
         # shard_map: each device runs the program on its own slice, so classifier-free guidance's
         # concatenate/split of the batch stays on the device (a global jit view would move halves
@@ -85,7 +86,7 @@ class ShardedGenerator(Generator):
         shardings = jax.tree_util.tree_map(lambda partition: jax.NamedSharding(self.mesh, partition), partitions,
                                            is_leaf=lambda node: isinstance(node, jax.P))
         function = jax.jit(mapped, in_shardings=shardings, out_shardings=self.data)
-        return function.lower(*self.program_args())
+        return function.lower(*args)
 
     def run(self, ids, keys, inputs):
         return self.compiled(*self._args(ids, keys, inputs))

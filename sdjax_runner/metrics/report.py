@@ -81,6 +81,53 @@ def _svg(figure) -> str:
     return text[text.index("<svg"):]  # inline: without the XML declaration and doctype
 
 
+def _against_seconds(ax, rows: list[dict], seconds: list, values: list, cap: Optional[float], metric: str,
+                     fontsize: int) -> list[int]:
+    """The metric against seconds per image on ``ax``: a numbered point per job, the Pareto front as a red
+    staircase with its points ringed, inf drawn at ``cap``; returns the front (row indices, fastest first)."""
+    for r, x, y in zip(rows, seconds, values):
+        if x is not None and y is not None:
+            ax.scatter(x, y, color="tab:blue", s=18)
+            ax.annotate(f"#{r['job']}", (x, y), fontsize=fontsize, xytext=(3, 3), textcoords="offset points")
+    front = pareto_front(list(zip(seconds, values)))
+    if front:
+        ax.step([seconds[i] for i in front], [values[i] for i in front], where="post", color="tab:red",
+                linewidth=1, label="Pareto front")
+        ax.scatter([seconds[i] for i in front], [values[i] for i in front], facecolors="none",
+                   edgecolors="tab:red", s=70, linewidths=1.2)
+        ax.legend(fontsize=7, loc="lower right")
+    if cap is not None:
+        ax.axhline(cap, color="grey", linestyle=":", linewidth=0.8)
+        ax.annotate("inf: identical to the reference", (0.01, 0.97), xycoords="axes fraction", fontsize=7,
+                    va="top", color="grey")
+    ax.set_xlabel("seconds per image (steady state)")
+    ax.set_ylabel(QUALITY[metric])
+    ax.locator_params(axis="x", nbins=5)
+    return front
+
+
+def _labels(series: dict) -> list[str]:
+    """The swept key's values that series_of's series hold, in order of appearance."""
+    return list(dict.fromkeys(x for points in series.values() for x, _ in points))
+
+
+def _against_key(ax, series: dict, key: str, metric: str) -> None:
+    """The metric against ``key``'s values on ``ax``, a line per series (series_of); values that are not all
+    numbers are placed evenly in their order, labelled."""
+    labels = _labels(series)
+    numeric = all(number(x) is not None for x in labels)
+    for name, points in series.items():
+        order = sorted(points, key=lambda point: number(point[0]) if numeric else labels.index(point[0]))
+        xs = [number(x) if numeric else labels.index(x) for x, _ in order]
+        ax.plot(xs, [y for _, y in order], "o-" if len(order) > 1 else "o", label=name or None, markersize=4)
+    if 1 < len(series) <= 12:
+        ax.legend(fontsize=6)
+    if not numeric:
+        ax.set_xticks(range(len(labels)), labels, rotation=30, fontsize=7)
+    ax.set_xlabel(key)
+    ax.set_ylabel(QUALITY[metric])
+
+
 def svg_plots(rows: list[dict], keys: list[str]) -> list[tuple[str, str]]:
     """(caption, inline SVG) for report.html: per quality metric the sweep has, the metric against seconds
     per image with the Pareto front marked, then against each swept key whose values are all numbers, seed
@@ -96,41 +143,17 @@ def svg_plots(rows: list[dict], keys: list[str]) -> list[tuple[str, str]]:
     for metric in (m for m in QUALITY if any(number(r.get(m)) is not None for r in rows)):
         values, cap = _values(rows, metric)
         figure, ax = plt.subplots(figsize=(5.2, 3.6))
-        front = pareto_front(list(zip(seconds, values)))
-        for r, x, y in zip(rows, seconds, values):
-            if x is not None and y is not None:
-                ax.scatter(x, y, color="tab:blue", s=18)
-                ax.annotate(f"#{r['job']}", (x, y), fontsize=7, xytext=(3, 3), textcoords="offset points")
-        if front:
-            ax.step([seconds[i] for i in front], [values[i] for i in front], where="post", color="tab:red",
-                    linewidth=1, label="Pareto front")
-            ax.scatter([seconds[i] for i in front], [values[i] for i in front], facecolors="none",
-                       edgecolors="tab:red", s=70, linewidths=1.2)
-            ax.legend(fontsize=7, loc="lower right")
-        if cap is not None:
-            ax.axhline(cap, color="grey", linestyle=":", linewidth=0.8)
-            ax.annotate("inf: identical to the reference", (0.01, 0.97), xycoords="axes fraction", fontsize=7,
-                        va="top", color="grey")
-        ax.set_xlabel("seconds per image (steady state)")
-        ax.set_ylabel(QUALITY[metric])
-        ax.locator_params(axis="x", nbins=5)
+        front = _against_seconds(ax, rows, seconds, values, cap, metric, fontsize=7)
         front_jobs = ", ".join(f"#{rows[i]['job']}" for i in front)
         out.append((f"{QUALITY[metric]} against seconds per image; Pareto front (red): {front_jobs or 'none'}",
                     _svg(figure)))
         for key in keys:
             series = series_of(rows, values, key, keys)
-            labels = list(dict.fromkeys(x for points in series.values() for x, _ in points))
+            labels = _labels(series)
             if key == "seed" or not labels or any(number(x) is None for x in labels):
                 continue  # a seed is a number, not a setting: quality against it is noise
             figure, ax = plt.subplots(figsize=(5.2, 3.6))
-            for name, points in series.items():
-                order = sorted(points, key=lambda point: number(point[0]))
-                ax.plot([number(x) for x, _ in order], [y for _, y in order], "o-" if len(order) > 1 else "o",
-                        label=name or None, markersize=4)
-            if 1 < len(series) <= 12:
-                ax.legend(fontsize=6)
-            ax.set_xlabel(key)
-            ax.set_ylabel(QUALITY[metric])
+            _against_key(ax, series, key, metric)
             out.append((f"{QUALITY[metric]} against {key}", _svg(figure)))
     return out
 
@@ -152,39 +175,11 @@ def write_report(path: Path, rows: list[dict], keys: list[str], reference_point:
     speed = [seconds_per_image(r) for r in rows]
     for row, metric in enumerate(metrics):
         values, cap = _values(rows, metric)
-        pareto = axes[row][0]
-        for r, x, y in zip(rows, speed, values):
-            if x is not None and y is not None:
-                pareto.scatter(x, y, color="tab:blue")
-                pareto.annotate(f"#{r['job']}", (x, y), fontsize=8, xytext=(3, 3), textcoords="offset points")
-        front = pareto_front(list(zip(speed, values)))
-        if front:
-            pareto.step([speed[i] for i in front], [values[i] for i in front], where="post", color="tab:red",
-                        linewidth=1, label="Pareto front")
-            pareto.legend(fontsize=7, loc="lower right")
-        pareto.set_xlabel("seconds per image (steady state)")
-        pareto.set_ylabel(QUALITY[metric])
+        _against_seconds(axes[row][0], rows, speed, values, cap, metric, fontsize=8)
         for column, key in enumerate(keys, start=1):
-            ax = axes[row][column]
-            series = series_of(rows, values, key, keys)
-            labels = list(dict.fromkeys(x for points in series.values() for x, _ in points))
-            numeric = all(number(x) is not None for x in labels)
-            for name, points in series.items():
-                xs = [number(x) if numeric else labels.index(x) for x, _ in points]
-                order = sorted(range(len(xs)), key=xs.__getitem__)
-                ax.plot([xs[i] for i in order], [points[i][1] for i in order], "o-" if len(series) > 1 else "o",
-                        label=name or None)
-            if 1 < len(series) <= 12:
-                ax.legend(fontsize=6)
-            if not numeric:
-                ax.set_xticks(range(len(labels)), labels, rotation=30, fontsize=7)
-            ax.set_xlabel(key)
-            ax.set_ylabel(QUALITY[metric])
-        if cap is not None:
-            for ax in axes[row]:
-                ax.axhline(cap, color="grey", linestyle=":", linewidth=0.8)
-            axes[row][0].annotate("inf: identical to the reference", (0.01, 0.97), xycoords="axes fraction",
-                                  fontsize=7, va="top", color="grey")
+            _against_key(axes[row][column], series_of(rows, values, key, keys), key, metric)
+            if cap is not None:
+                axes[row][column].axhline(cap, color="grey", linestyle=":", linewidth=0.8)
     reference = " ".join(f"{k}={v}" for k, v in (reference_point or {}).items())
     figure.suptitle("quality vs speed" + (f"; PSNR/SSIM against the reference point {reference}" if reference else ""))
     figure.text(0.01, 0.005, "\n".join(key_lines), fontsize=8, va="bottom", family="monospace")

@@ -226,10 +226,9 @@ def mlflow_ui_of(rows: list[dict]) -> Optional[str]:
 
 def write_page(sweep_dir: Path, rows: list[dict], keys: list[str], axes: Axes, image: int = 0,
                reference_point: Optional[dict] = None, overrides: Optional[list[str]] = None,
-               mlflow_ui: Optional[str] = None, page_dir: Optional[Path] = None) -> Path:
+               mlflow_ui: Optional[str] = None) -> Path:
     """Write ``report.html`` for the sweep's summary rows (record/sweep.py: collect_jobs) into
-    ``page_dir`` (the sweep directory by default); returns its path."""
-    page_dir = page_dir or sweep_dir
+    the sweep directory (its links relative to it); returns its path."""
     rows = [dict(r, seconds_per_image=seconds_per_image(r)) for r in rows]
     finished = [r for r in rows if r["status"] == "FINISHED"]
     front = set()
@@ -254,10 +253,10 @@ def write_page(sweep_dir: Path, rows: list[dict], keys: list[str], axes: Axes, i
         '<nav><a href="#grid-section">Grid</a><a href="#points-section">Points</a>'
         '<a href="#plots-section">Quality and cost</a></nav>',
         '<section id="grid-section"><h2>Grid</h2>', f'<p class="meta">{axes_line}</p>',
-        _grid(rows, axes, page_dir, image), "</section>",
+        _grid(rows, axes, sweep_dir, image), "</section>",
         '<section id="points-section"><h2>Points</h2><p class="meta">Click a column to sort by it; bold: on a '
         "Pareto front (no point is both faster and better).</p>",
-        _table(rows, keys, page_dir, mlflow_ui, front), "</section>",
+        _table(rows, keys, sweep_dir, mlflow_ui, front), "</section>",
         '<section id="plots-section"><h2>Quality and cost</h2>',
         *(f"<figure>{svg}<figcaption>{html.escape(caption)}</figcaption></figure>" for caption, svg in plots),
         "" if plots else '<p class="meta">No point has a quality metric.</p>', "</section>",
@@ -266,7 +265,7 @@ def write_page(sweep_dir: Path, rows: list[dict], keys: list[str], axes: Axes, i
             f"<title>{html.escape(title)}</title><style>{STYLE}</style></head><body>\n"
             + "\n".join(body) + f"\n<script>{SCRIPT}</script>\n"
             + f'<script type="application/json" id="points-data">{_json(rows)}</script>\n</body></html>\n')
-    path = page_dir / PAGE
+    path = sweep_dir / PAGE
     write_text(path, text)
     return path
 

@@ -128,7 +128,7 @@ def write_summary(sweep_dir: Path, rows: list[dict[str, Any]], keys: list[str],
                   overrides: Optional[list[str]] = None) -> None:
     """summary.csv/.json, contact_sheet.png, report.png and report.html (``report``: the sweep's
     report.x / report.y / report.image, checked when it started)."""
-    from sdjax_runner.config.report_axes import choose
+    from sdjax_runner.config.report_axes import choose, image_index
     from sdjax_runner.metrics.report import write_report
     from sdjax_runner.record.report_page import mlflow_ui_of, write_page
 
@@ -142,7 +142,7 @@ def write_summary(sweep_dir: Path, rows: list[dict[str, Any]], keys: list[str],
         contact_sheet(rows, keys).save(sweep_dir / rundir.CONTACT_SHEET)
         write_report(sweep_dir / rundir.REPORT, [r for r in rows if r["status"] == "FINISHED"], keys, reference_point)
     report = report or {}
-    write_page(sweep_dir, rows, keys, choose(keys, report.get("x"), report.get("y")), int(report.get("image") or 0),
+    write_page(sweep_dir, rows, keys, choose(keys, report.get("x"), report.get("y")), image_index(report.get("image")),
                reference_point, overrides, mlflow_ui_of(rows))
 
 
@@ -231,15 +231,11 @@ class SweepCallback(Callback):
 def report_choice(config: DictConfig, keys: list[str]) -> dict[str, Any]:
     """The sweep's report settings, its axes checked against the swept keys (one line naming report.x or
     report.y when one is not swept)."""
-    from sdjax_runner.config.report_axes import choose
-    from sdjax_runner.errors import UserError
+    from sdjax_runner.config.report_axes import choose, image_index
 
     report = config.get("report") or {}
     choose(keys, report.get("x"), report.get("y"))
-    image = int(report.get("image") or 0)
-    if image < 0:
-        raise UserError("report.image", f"{image}", "an image index of the run, 0 or more")
-    return {"x": report.get("x"), "y": report.get("y"), "image": image}
+    return {"x": report.get("x"), "y": report.get("y"), "image": image_index(report.get("image"))}
 
 
 def reference_of(row: dict[str, Any], rows: list[dict[str, Any]], keys: list[str],
