@@ -144,15 +144,32 @@ def _layer_norm(x, params, eps):
         + np.asarray(params["bias"])
 
 
+@pytest.fixture(scope="module")
+def sd21_published(tmp_path_factory, tiny_model_dir) -> Path:
+    """The tiny model laid out as stabilityai/stable-diffusion-2-1 ships (PyTorch safetensors, the hub's
+    tokenizer files: it pads with "!", not the end token)."""
+    from helpers.published import write_published
+
+    return write_published(tiny_model_dir, tmp_path_factory.mktemp("published") / "stable-diffusion-2-1", "sd21")
+
+
 @pytest.mark.parametrize("clip_skip", [1, 2])
-def test_sd_prompt_is_its_chunks_encoded_one_by_one_with_a1111s_emphasis(tiny_model_dir, clip_skip):
+@pytest.mark.parametrize("layout", ["built-in", "sd21 as published"])
+def test_sd_prompt_is_its_chunks_encoded_one_by_one_with_a1111s_emphasis(tiny_model_dir, sd21_published, layout,
+                                                                         clip_skip):
     import jax.numpy as jnp
 
     from sdjax_runner.engine.encode import encode
     from sdjax_runner.engine.tokens import PromptTokens
 
-    pipeline, params = _pipeline(tiny_model_dir)
+    pipeline, params = _pipeline(tiny_model_dir if layout == "built-in" else sd21_published)
     tokens = PromptTokens(pipeline, "a1111")
+    if layout == "sd21 as published":  # A1111's padding: the tokenizer's own pad after the first end token
+        tokenizer = pipeline.tokenizer
+        assert tokenizer.pad_token == "!" and tokenizer.pad_token_id != tokenizer.eos_token_id
+        (short,), _ = tokens(["a car"], 1)
+        end = list(short).index(tokenizer.eos_token_id)
+        assert set(short[end + 1:]) == {tokenizer.pad_token_id}
     prompts = [LONG, "a (red:1.5) car"]
     count = tokens.chunk_count(prompts + ["ugly, (bad:0.8)"])
     assert count >= 3  # the long prompt's chunks (and BREAK's); the short ones are padded to them
