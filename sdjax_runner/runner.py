@@ -64,7 +64,7 @@ def _run(plan: Plan, job: Job, run_name: str, tags: dict[str, str], started: flo
     import jax
     from tqdm import tqdm
 
-    from sdjax_runner.config.prompts import warn_truncated
+    from sdjax_runner.config.prompts import check_chunks, named_prompts, warn_truncated
     from sdjax_runner.engine.program import program_spec
     from sdjax_runner.engine.parallel import PARALLEL
     from sdjax_runner.engine.reuse import REUSE
@@ -106,6 +106,8 @@ def _run(plan: Plan, job: Job, run_name: str, tags: dict[str, str], started: flo
         log.info("load: ControlNet %s", "reused from an earlier job of this process" if controlnet_reused else
                  f"from {controlnet.path} in {controlnet.load_s:.1f} s ({controlnet.format} weights)")
     tokens = PromptTokens(loaded.pipeline, plan.syntax)  # read once: for the chunk count, then the batches
+    if plan.syntax == "a1111":  # before the program is made: its shape grows with the chunks
+        check_chunks(named_prompts(plan.prompts, plan.from_texts, plan.negative), tokens.chunks_of)
     spec = program_spec(plan, loaded.pipeline, height, width, controlnet.structure if controlnet else "", tokens)
     if spec.prompt_chunks:
         log.info("prompts: A1111's syntax, %d chunk(s) of 75 tokens per prompt (the longest prompt's; shorter "

@@ -17,7 +17,7 @@ from PIL import Image
 from helpers.cli import assert_one_line_error, run_cli
 from helpers.configs import compose_cfg
 from helpers.images import images_of
-from sdjax_runner.config.infotext import hydra_quoted
+from sdjax_runner.config.overrides import literal as hydra_quoted
 from sdjax_runner.config.prompt_syntax import CHUNK, SyntaxProblem, chunks, escape, parse_attention, plain_text
 
 

@@ -198,6 +198,32 @@ def test_a1111_reads_the_sampler_back():
     assert names.resolve("DDIM", "pndm").a1111 == ("ddim", None)
 
 
+def _plan(*overrides):
+    from helpers.configs import compose_cfg
+    from sdjax_runner.config.plan import admit, make_plan
+
+    return make_plan(admit(compose_cfg(["+experiment=smoke", *overrides])), 8)
+
+
+SAMPLER_NAMES = [*names.A1111, *names.K_SAMPLERS, *names.DIFFUSERS]
+
+
+@pytest.mark.parametrize("number,name", enumerate(SAMPLER_NAMES))
+def test_every_sampler_name_is_written_into_the_records_and_read_back_as_itself(number, name):
+    """Each name a user may give (the k samplers on each schedule in turn): its image records and A1111 infotext
+    are written (``uni_pc_bh2`` had no A1111 name: StopIteration after generating) and from_png's reading of
+    that infotext runs the same sampler on the same schedule."""
+    from sdjax_runner.config import infotext
+    from sdjax_runner.record.rundir import a1111_parameters, image_meta
+
+    takes_schedule = names.resolve(name, "pndm").sigmas is not None
+    schedule = names.SCHEDULES[number % len(names.SCHEDULES)] if takes_schedule else "pndm"
+    plan = _plan(f"sampler='{name}'", f"scheduler={schedule}")
+    text = a1111_parameters(dict(image_meta(plan, 64, 64), index=0, batch=0, device=0, prompt="a cat", seed=0))
+    read = infotext.overrides(infotext.parse(text), ("tiny-random",), ("fp32",), False)
+    assert _plan(*read.overrides).sampling == plan.sampling, text
+
+
 def test_bad_sampler_names_are_one_line(tmp_path):
     for args, expected in [
         (["sampler=DPM++ 9M"], "error: sampler: unknown sampler 'DPM++ 9M' (allowed: Euler, Euler a, Heun,"),

@@ -15,6 +15,7 @@ import os
 import stat
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 from typing import Any, Optional
 
@@ -34,6 +35,7 @@ MAX_IMAGES = 1_000_000  # per run
 MAX_REPEATS = 1000
 MAX_SEED = 2**32 - 1  # jax.random.PRNGKey takes 32 bits
 MAX_HOST_DEVICES = 512  # XLA makes every forced CPU device up front
+MAX_TRAIN_TIMESTEPS = 10_000  # scheduler.config_overrides.num_train_timesteps: arrays of that length (SD: 1000)
 
 ATTENTION = ("default", "split_head_dim", "memory_efficient", "dot_product", "cudnn_flash")
 
@@ -56,14 +58,31 @@ def at_most(key: str, value: Optional[int], limit: int) -> None:
         raise UserError(key, f"{value} is more than this runner allows", f"1..{limit}")
 
 
+WRITABLE_FOLDER = "a folder you can create and write in"
+
+
+def folder(key: str, path: Path) -> None:
+    """``path`` (``key``), a folder the run makes and writes in, refused with one line where it cannot be: a
+    part of it is a file (ENOTDIR), or the nearest folder of it that exists takes no new folder (no
+    permission, a read-only file system, /proc). That folder is asked by making and removing one there."""
+    blocked = cannot_make_folder(path)
+    if blocked:
+        raise UserError(key, blocked, FOLDER_PATHS)
+    existing = next(p for p in [path, *path.parents] if os.path.isdir(p))
+    try:
+        probe = tempfile.mkdtemp(prefix=".sdjax-runner-probe-", dir=existing)
+    except OSError as exc:
+        raise UserError(key, f"{path} cannot be made: {existing} takes no new folder ({exc.strerror})",
+                        WRITABLE_FOLDER) from None
+    os.rmdir(probe)
+
+
 def private_dir(key: str, path: str) -> None:
     """Refuse a cache directory that other users -- its group included -- can write: a compiled XLA
     program or a model they plant there would be loaded and run as this user. (Every file read from the
     caches is checked the same way on each read: files.untrusted.)"""
     directory = Path(path).expanduser()
-    blocked = cannot_make_folder(directory)
-    if blocked:
-        raise UserError(key, blocked, FOLDER_PATHS)
+    folder(key, directory)
     if directory.exists():
         info = directory.stat()
         if info.st_mode & (stat.S_IWOTH | stat.S_IWGRP):
@@ -126,6 +145,52 @@ def scheduler_overrides(name: str, overrides: dict[str, Any]) -> None:
     for key in overrides:
         if key not in accepted:
             raise UserError(f"scheduler.config_overrides.{key}", f"not a {name} setting", accepted)
+    scheduler_values(name, overrides)
+
+
+# The values a scheduler setting may take; any other fails inside the scheduler once the model is loaded (a
+# traceback: a count of 0 indexes an empty table, an unknown name is NotImplementedError) or makes NaN images.
+SCHEDULER_COUNTS = {"num_train_timesteps": (1, MAX_TRAIN_TIMESTEPS), "steps_offset": (0, MAX_TRAIN_TIMESTEPS),
+                    "solver_order": (1, 3)}
+SCHEDULER_CHOICES = {"beta_schedule": ("linear", "scaled_linear", "squaredcos_cap_v2"),
+                     "prediction_type": ("epsilon", "sample", "v_prediction"),
+                     "timestep_spacing": ("linspace", "leading", "trailing"),
+                     "algorithm_type": ("dpmsolver++", "dpmsolver"), "solver_type": ("midpoint", "heun"),
+                     "variance_type": ("fixed_small", "fixed_large")}  # DDPM here: models/traced_schedulers.py
+NARROWER_CHOICES = {**{(name, "prediction_type"): ("epsilon", "v_prediction") for name in ("euler", "lms", "pndm")},
+                    ("euler", "timestep_spacing"): ("linspace", "leading")}
+SCHEDULER_FLAGS = ("clip_sample", "set_alpha_to_one", "skip_prk_steps", "thresholding", "lower_order_final")
+BETAS = ("beta_start", "beta_end")  # 0 <= beta < 1: a beta of 1 leaves nothing of the signal
+
+
+def scheduler_values(name: str, overrides: dict[str, Any]) -> None:
+    """Each of ``overrides`` (settings of scheduler ``name``) a value the scheduler runs with."""
+    for key, value in overrides.items():
+        problem = scheduler_value_problem(name, key, value)
+        if problem:
+            raise UserError(f"scheduler.config_overrides.{key}", *problem)
+    start, end = (overrides.get(key) for key in BETAS)
+    if start is not None and end is not None and start > end:
+        raise UserError("scheduler.config_overrides.beta_start", f"{start} is above beta_end {end}",
+                        f"a beta_start from 0 to {end}")
+
+
+def scheduler_value_problem(name: str, key: str, value: Any) -> Optional[tuple[str, Any]]:
+    """(problem, allowed) of ``value`` for scheduler ``name``'s setting ``key``, or None."""
+    is_number = isinstance(value, (int, float)) and not isinstance(value, bool)
+    if key in SCHEDULER_COUNTS:
+        low, high = SCHEDULER_COUNTS[key]
+        if not (is_number and isinstance(value, int) and low <= value <= high):
+            return f"{value!r} is not a count {name} can use", f"a whole number {low}..{high}"
+    elif key in SCHEDULER_CHOICES:
+        choices = NARROWER_CHOICES.get((name, key), SCHEDULER_CHOICES[key])
+        if value not in choices:
+            return f"{value!r} is not a {key} {name} takes", choices
+    elif key in SCHEDULER_FLAGS and not isinstance(value, bool):
+        return f"{value!r} is not true or false", "true, false"
+    elif key in BETAS and not (is_number and 0 <= value < 1):  # (NaN fails too)
+        return f"{value!r} is not a beta", "a number from 0 up to (not including) 1"
+    return None
 
 
 def attention(name: str, backend: str, activations_dtype: str) -> None:

@@ -88,6 +88,7 @@ class Plan:
     cache_dir: str = ""  # paths.cache_dir: where built-in models are
     clip_skip: int = 1  # prompts.clip_skip
     syntax: str = "plain"  # prompts.syntax (engine/tokens.py)
+    from_texts: int = 0  # how many of the prompts are prompts.texts (the rest: prompts.file's), to name them
 
     @property
     def images_per_batch(self) -> int:
@@ -267,4 +268,5 @@ def make_plan(config: RunConfig, available_devices: int, checked: Optional[Check
         cache_dir=config.paths.cache_dir,
         clip_skip=config.prompts.clip_skip,
         syntax=config.prompts.syntax.name,
+        from_texts=len(config.prompts.texts),
     )

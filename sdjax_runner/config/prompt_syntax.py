@@ -29,7 +29,9 @@ BREAK = ("BREAK", -1.0)
 _ATTENTION = re.compile(r"""
 \\\(|\\\)|\\\[|\\]|\\\\|\\|\(|\[|:\s*([+-]?[.\d]+)\s*\)|\)|]|[^\\()\[\]:]+|:
 """, re.X)
-_BREAK = re.compile(r"\s*\bBREAK\b\s*", re.S)
+# A1111's re_break, r"\s*\bBREAK\b\s*", which retries its leading \s* from every space of a run that does not
+# end at BREAK (quadratic in the run's length); starting only where a run starts, it splits the same in a pass.
+_BREAK = re.compile(r"(?:(?<!\s)\s+|)\bBREAK\b\s*")
 _SPECIAL = re.compile(r"([\\()\[\]])")
 
 
@@ -38,51 +40,90 @@ class SyntaxProblem(ValueError):
 
 
 def parse_attention(text: str) -> list[list]:
-    """[[text, weight], ...] of ``text`` as A1111 parses it (module docstring); BREAK is ["BREAK", -1.0]."""
-    pieces: list[list] = []
+    """[[text, weight], ...] of ``text`` as A1111 parses it (module docstring); BREAK is ["BREAK", -1.0].
+
+    A1111 multiplies every piece after an opening bracket by the factor when the bracket closes, which is
+    quadratic in the nesting (``"(a " * 30000``: minutes). Here each closing is recorded as a range of pieces
+    and each piece's weight is the product of the ranges that hold it, in one pass (:func:`_products`):
+    linear. A piece's factors are multiplied outermost first, A1111's in the order its brackets close, so
+    with three or more different factors on one piece the weights can differ in the last bit of a float64
+    (the encoder reads them as float32)."""
+    texts: list[str] = []
+    bases: list[float] = []  # 1.0, or BREAK's -1.0 (multiplied like any piece, as in A1111)
+    rounds: list[tuple[int, int, float]] = []  # (first piece, end, factor) of each closed "(": A1111's multiply_range
+    squares: list[tuple[int, int, float]] = []
     round_open: list[int] = []
     square_open: list[int] = []
-
-    def multiply(start: int, factor: float) -> None:
-        for piece in pieces[start:]:
-            piece[1] *= factor
-
     for match in _ATTENTION.finditer(text):
         part, weight = match.group(0), match.group(1)
         if part.startswith("\\"):
-            pieces.append([part[1:], 1.0])
+            texts.append(part[1:])
+            bases.append(1.0)
         elif part == "(":
-            round_open.append(len(pieces))
+            round_open.append(len(texts))
         elif part == "[":
-            square_open.append(len(pieces))
+            square_open.append(len(texts))
         elif weight is not None and round_open:
-            try:
-                factor = float(weight)
-            except ValueError:
-                raise SyntaxProblem(f"the weight {weight!r} in {part!r} is not a number") from None
-            multiply(round_open.pop(), factor)
+            rounds.append((round_open.pop(), len(texts), _factor(weight, part)))
         elif part == ")" and round_open:
-            multiply(round_open.pop(), 1.1)
+            rounds.append((round_open.pop(), len(texts), ROUND))
         elif part == "]" and square_open:
-            multiply(square_open.pop(), 1 / 1.1)
+            squares.append((square_open.pop(), len(texts), SQUARE))
         else:
             for index, piece in enumerate(_BREAK.split(part)):
                 if index > 0:
-                    pieces.append(list(BREAK))
-                pieces.append([piece, 1.0])
-    for start in round_open:
-        multiply(start, 1.1)
-    for start in square_open:
-        multiply(start, 1 / 1.1)
-    if not pieces:
-        pieces = [["", 1.0]]
-    merged = [pieces[0]]
-    for piece in pieces[1:]:
-        if piece[1] == merged[-1][1]:
-            merged[-1][0] += piece[0]
+                    texts.append(BREAK[0])
+                    bases.append(BREAK[1])
+                texts.append(piece)
+                bases.append(1.0)
+    # Unclosed brackets close at the end, outermost first (A1111's order).
+    rounds += [(start, len(texts), ROUND) for start in round_open]
+    squares += [(start, len(texts), SQUARE) for start in square_open]
+    if not texts:
+        return [["", 1.0]]
+    weights = [base * r * s for base, r, s in zip(bases, _products(rounds, len(texts)), _products(squares, len(texts)))]
+    return _merged(texts, weights)
+
+
+ROUND, SQUARE = 1.1, 1 / 1.1  # A1111's round_bracket_multiplier, square_bracket_multiplier
+
+
+def _factor(weight: str, part: str) -> float:
+    try:
+        return float(weight)
+    except ValueError:
+        raise SyntaxProblem(f"the weight {weight!r} in {part!r} is not a number") from None
+
+
+def _products(ranges: list[tuple[int, int, float]], count: int) -> list[float]:
+    """Each of ``count`` pieces' product of the factors of the ``ranges`` (first, end, factor) that hold it.
+    Ranges of one bracket kind nest or are apart (a stack opened and closed them), so one sweep with a stack
+    of the ranges open at each piece does it. ``ranges`` is in closing order: of the ranges that start at
+    the same piece, a later one holds the earlier ones."""
+    starting: dict[int, list[tuple[int, float]]] = {}
+    for first, end, factor in ranges:
+        if first < end:
+            starting.setdefault(first, []).append((end, factor))
+    products: list[float] = []
+    open_ranges = [(count, 1.0)]  # (end, product of the factors of it and every range around it)
+    for index in range(count):
+        while open_ranges[-1][0] <= index:
+            open_ranges.pop()
+        for end, factor in reversed(starting.get(index, ())):  # the outermost first
+            open_ranges.append((end, open_ranges[-1][1] * factor))
+        products.append(open_ranges[-1][1])
+    return products
+
+
+def _merged(texts: list[str], weights: list[float]) -> list[list]:
+    """Neighbouring pieces of equal weight as one (joined once: adding to a growing string is quadratic)."""
+    runs: list[tuple[list[str], float]] = []
+    for piece, weight in zip(texts, weights):
+        if runs and runs[-1][1] == weight:
+            runs[-1][0].append(piece)
         else:
-            merged.append(piece)
-    return merged
+            runs.append(([piece], weight))
+    return [["".join(pieces), weight] for pieces, weight in runs]
 
 
 @dataclass(frozen=True)

@@ -4,13 +4,23 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
+from typing import Callable, Optional
 
+from sdjax_runner.config.prompt_syntax import CHUNK, SyntaxProblem, is_break, parse_attention
 from sdjax_runner.errors import UserError
 from sdjax_runner.files import not_a_file
 
 log = logging.getLogger("sdjax_runner")
 # A run makes at most 1,000,000 images (config/checks.py): that many prompts of 256 bytes each.
 MAX_FILE_BYTES = 256 * 2**20
+# One prompt's bounds: far above what anyone writes (A1111's users rarely pass 3 chunks, 225 tokens), low enough
+# that a pasted file or a hostile PNG's infotext costs milliseconds. A prompt is written into .hydra/, parsed and
+# tokenized; with prompts.syntax=a1111 each chunk is one more text-encoder pass per image and 77 more tokens for
+# every cross-attention of the UNet (800 BREAKs: 800 chunks, gigabytes).
+MAX_PROMPT_CHARS = 10_000
+MAX_PROMPT_CHUNKS = 20
+CHUNKS_ALLOWED = (f"at most {MAX_PROMPT_CHUNKS} chunks of {CHUNK} tokens ({MAX_PROMPT_CHUNKS * CHUNK:,} tokens) per "
+                  "prompt with prompts.syntax=a1111, each BREAK ending one")
 
 
 def read_prompt_file(path: str) -> list[str]:
@@ -37,7 +47,19 @@ def read_prompt_file(path: str) -> list[str]:
     prompts = [line.strip() for line in text.split("\n") if line.strip()]
     if not prompts:
         raise UserError("prompts.file", f"{file} has no prompts", "a UTF-8 text file with one prompt per line")
+    for number, prompt in enumerate(prompts, start=1):
+        check_length(file_key(number), prompt)
     return prompts
+
+
+def file_key(number: int) -> str:
+    """How a one-line error names prompt ``number`` (from 1) of prompts.file."""
+    return f"prompts.file (prompt {number})"
+
+
+def check_length(key: str, text: str) -> None:
+    if len(text) > MAX_PROMPT_CHARS:
+        raise UserError(key, f"has {len(text):,} characters", f"at most {MAX_PROMPT_CHARS:,} characters per prompt")
 
 
 def file_replaces_texts(args: list[str]) -> list[str]:
@@ -62,6 +84,7 @@ def check_text(key: str, text: str) -> None:
         raise UserError(key, f"is not valid UTF-8 (character {exc.start})", "UTF-8 text") from None
     if "\x00" in text:
         raise UserError(key, "contains a NUL byte", "printable text")
+    check_length(key, text)
 
 
 def load_prompts(texts: list[str], file: str | None) -> list[str]:
@@ -75,19 +98,41 @@ def load_prompts(texts: list[str], file: str | None) -> list[str]:
     return prompts
 
 
+def named_prompts(prompts: list[str] | tuple[str, ...], from_texts: int,
+                  negative: Optional[str]) -> dict[str, str]:
+    """Each distinct prompt (the first ``from_texts`` from prompts.texts, the rest from prompts.file) and the
+    negative prompt -> the key a one-line error names it by (its first place)."""
+    named: dict[str, str] = {}
+    for number, text in enumerate(prompts):
+        named.setdefault(text, f"prompts.texts[{number}]" if number < from_texts else file_key(number - from_texts + 1))
+    if negative:
+        named.setdefault(negative, "prompts.negative")
+    return named
+
+
 def check_syntax(prompts: list[str], from_texts: int, negative: str | None) -> None:
     """``prompts.syntax=a1111``: a prompt that A1111 fails on (a weight such as ``(word:1.2.3)``,
-    config/prompt_syntax.py) is one line naming it; everything A1111 reads leniently passes."""
-    from sdjax_runner.config.prompt_syntax import SyntaxProblem, parse_attention
-
-    named = [(f"prompts.texts[{n}]" if n < from_texts else f"prompts.file (prompt {n - from_texts + 1})", text)
-             for n, text in enumerate(prompts)] + ([("prompts.negative", negative)] if negative else [])
-    for key, text in named:
+    config/prompt_syntax.py) is one line naming it; everything A1111 reads leniently passes. So is one with
+    more BREAKs than :data:`MAX_PROMPT_CHUNKS` (each ends a chunk: known before any tokenizer loads)."""
+    for text, key in named_prompts(prompts, from_texts, negative).items():
         try:
-            parse_attention(text)
+            pieces = parse_attention(text)
         except SyntaxProblem as problem:
             raise UserError(key, str(problem), "a number after the colon, as in (word:1.3), or \\( for a "
                             "literal bracket") from None
+        breaks = sum(map(is_break, pieces))
+        if breaks > MAX_PROMPT_CHUNKS:
+            raise UserError(key, f"has {breaks} BREAKs: at least {breaks} chunks", CHUNKS_ALLOWED)
+
+
+def check_chunks(named: dict[str, str], count_chunks: Callable[[str], int]) -> None:
+    """``prompts.syntax=a1111``, once the tokenizer is loaded and before the program is made (its shape grows
+    with the chunks): each prompt (``named``: :func:`named_prompts`) within :data:`MAX_PROMPT_CHUNKS`;
+    ``count_chunks(text)``: the chunks it takes."""
+    for text, key in named.items():
+        count = count_chunks(text)
+        if count > MAX_PROMPT_CHUNKS:
+            raise UserError(key, f"takes {count} chunks", CHUNKS_ALLOWED)
 
 
 def warn_truncated(tokenizer, prompts: tuple[str, ...]) -> None:

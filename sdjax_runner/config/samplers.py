@@ -25,6 +25,7 @@ A1111 = {"Euler": "euler", "Euler a": "euler_ancestral", "Heun": "heun", "DPM2":
          "LMS": "lms", "DPM++ 2S a": "dpmpp_2s_ancestral", "DPM++ SDE": "dpmpp_sde", "DPM++ 2M": "dpmpp_2m",
          "DPM++ 2M SDE": "dpmpp_2m_sde", "DPM++ 3M SDE": "dpmpp_3m_sde", "LCM": "lcm", "UniPC": "uni_pc",
          "DDIM": "ddim", "PLMS": "pndm"}
+BY_K_NAME = {k: a for a, k in A1111.items()}  # a k sampler's A1111 name, where A1111 has one
 # The schedules' names in A1111's "Schedule type" (its sd_schedulers.py).
 A1111_SCHEDULES = {"normal": "Normal", "karras": "Karras", "exponential": "Exponential", "sgm_uniform": "SGM Uniform",
                    "simple": "Simple"}
@@ -49,10 +50,12 @@ class Sampling:
     def a1111(self) -> tuple[str, Optional[str]]:
         """(Sampler, Schedule type) as A1111 writes them in a PNG's ``parameters`` (``DPM++ 2M``, ``Karras``).
         A diffusers scheduler keeps its own name (``pndm``) and has no schedule type: it is not A1111's
-        sampler of a similar name."""
+        sampler of a similar name. So does a k sampler A1111 has no name for: ``uni_pc_bh2`` is A1111's
+        ``UniPC`` only with its "UniPC variant" setting at bh2, which ``Sampler:`` cannot say (and A1111's
+        default is bh1); its own (ComfyUI's) name reads back here as the same sampler."""
         if self.sampler == "scheduler":
             return self.scheduler, None
-        return next(a for a, k in A1111.items() if k == self.sampler), A1111_SCHEDULES[self.sigmas]
+        return BY_K_NAME.get(self.sampler, self.sampler), A1111_SCHEDULES[self.sigmas]
 
 
 def allowed() -> str:

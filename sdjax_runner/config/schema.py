@@ -123,13 +123,15 @@ class SchedulerConfig:
     # k sampler's sigma schedule: normal, karras, exponential, sgm_uniform, simple (with sampler=NAME)
     name: str = MISSING
     # The scheduler is built from the model's own scheduler config; these entries replace entries of it
-    # (e.g. steps_offset, timestep_spacing, prediction_type). Unknown keys fail before anything loads.
+    # (e.g. steps_offset, timestep_spacing, prediction_type). Unknown keys, and values the scheduler cannot
+    # run with (a count of 0, an unknown beta_schedule: config/checks.py), fail before anything loads.
     config_overrides: Dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
 class PromptsConfig:
     name: str = MISSING
+    # Each prompt (here, in the file or negative) is at most 10,000 characters (config/prompts.py).
     texts: List[str] = field(default_factory=list)
     # A UTF-8 text file, one prompt per line (blank lines skipped). Given on the command line, the
     # run's prompts are exactly the file's (plus prompts.texts only if those are given there too).
@@ -144,8 +146,8 @@ class PromptsConfig:
     clip_skip: int = 1
     # How a prompt is read: plain (the guide's: literal text, cut at 77 tokens; the default, so the guide's
     # images stay the guide's) or a1111 (AUTOMATIC1111's syntax: "(word)" x1.1, "(word:1.3)", "[word]"
-    # /1.1, "\(" a literal bracket, BREAK, and prompts longer than 77 tokens encoded in 75-token chunks).
-    # The negative prompt is read the same way.
+    # /1.1, "\(" a literal bracket, BREAK, and prompts longer than 77 tokens encoded in 75-token chunks, at
+    # most 20 per prompt). The negative prompt is read the same way.
     syntax: PromptSyntax = PromptSyntax.plain
 
 

@@ -53,8 +53,11 @@ class PromptTokens:
         syntax, else the most chunks any of them takes."""
         if self.syntax != "a1111":
             return 0
-        return max(len(self.chunk_list(which, text)) for text in dict.fromkeys(texts)
-                   for which in range(len(self.tokenizers)))
+        return max(self.chunks_of(text) for text in dict.fromkeys(texts))
+
+    def chunks_of(self, text: str) -> int:
+        """How many chunks ``text`` takes (A1111's syntax; SDXL: the more of its two tokenizers')."""
+        return max(len(self.chunk_list(which, text)) for which in range(len(self.tokenizers)))
 
     def __call__(self, texts: list[str], count: int) -> tuple[np.ndarray, Optional[np.ndarray]]:
         """``texts``' ids and (A1111's syntax, ``count`` chunks) weights; the plain syntax has no weights."""

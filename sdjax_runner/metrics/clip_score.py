@@ -205,8 +205,12 @@ def clip_scores(scorer: ClipScorer, images: list, prompts: list[str]) -> np.ndar
     from sdjax_runner.engine.sharded import global_array
 
     pixels = scorer.processor(images=[image.convert("RGB") for image in images], return_tensors="np")["pixel_values"]
-    tokens = scorer.tokenizer(list(prompts), padding="max_length", truncation=True,
+    distinct = list(dict.fromkeys(prompts))  # each prompt tokenized once, however many images it has
+    row = {prompt: number for number, prompt in enumerate(distinct)}
+    rows = [row[prompt] for prompt in prompts]
+    tokens = scorer.tokenizer(distinct, padding="max_length", truncation=True,
                               max_length=scorer.tokenizer.model_max_length, return_tensors="np")
+    tokens = {key: np.asarray(tokens[key])[rows] for key in ("input_ids", "attention_mask")}
     count, devices = len(images), len(scorer.devices)
     padded = -(-count // devices) * devices
     data = jax.NamedSharding(jax.sharding.Mesh(np.array(scorer.devices), ("data",)), jax.P("data"))

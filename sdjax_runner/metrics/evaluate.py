@@ -46,7 +46,8 @@ def evaluate(metrics: Any, run_dir: Path, images: list, records: list[dict], exe
     quality: dict[str, Any] = {}
     if metrics.clip_score.enabled and records:
         text = plain_text if syntax == "a1111" else str
-        scores, fields = score_run(metrics.clip_score, images, [text(r["prompt"]) for r in records], executables)
+        read = {prompt: text(prompt) for prompt in dict.fromkeys(r["prompt"] for r in records)}  # once per prompt
+        scores, fields = score_run(metrics.clip_score, images, [read[r["prompt"]] for r in records], executables)
         quality.update(fields, clip_model=str(metrics.clip_score.model))
         if scores is not None:
             for record, score in zip(records, scores):

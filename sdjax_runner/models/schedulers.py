@@ -34,5 +34,19 @@ def build_scheduler(name: str, overrides: dict[str, Any], model_path: str):
     """(scheduler, fp32 state) from the model's scheduler/ config with ``overrides`` applied."""
     cls = scheduler_class(name)
     config = cls.load_config(model_path, subfolder="scheduler")
+    betas_in_order({**config, **overrides}, overrides)
     scheduler = cls.from_config(config, **overrides)
     return scheduler, scheduler.create_state()
+
+
+def betas_in_order(settings: dict[str, Any], overrides: dict[str, Any]) -> None:
+    """An overridden beta_start above the model's beta_end (or beta_end below its beta_start) makes NaN images:
+    refused once the model's scheduler config is read (config/checks.py checks the overrides alone)."""
+    start, end = settings.get("beta_start"), settings.get("beta_end")
+    if start is None or end is None or start <= end or not {"beta_start", "beta_end"} & set(overrides):
+        return
+    if "beta_start" in overrides:
+        raise UserError("scheduler.config_overrides.beta_start", f"{start} is above the model's beta_end {end}",
+                        f"a beta_start from 0 to {end}")
+    raise UserError("scheduler.config_overrides.beta_end", f"{end} is below the model's beta_start {start}",
+                    f"a beta_end from {start} up to (not including) 1")
