@@ -21,3 +21,28 @@ class ConsoleHandler(logging.StreamHandler):
                 os.close(devnull)
             return
         super().handleError(record)
+
+    def format(self, record: logging.LogRecord) -> str:
+        """The line, with control and bidi characters shown escaped (a run name, a prompt, a record's text
+        cannot move the cursor, clear the screen, retitle the terminal or reorder what follows it)."""
+        return shown(super().format(record), keep="\n\t")
+
+
+def shown(text: object, keep: str = "") -> str:
+    """``text`` as a terminal shows it safely: every character that is not printable -- ESC, BEL, CR and
+    the other controls, bidi overrides (U+202E), zero-width and separator characters -- written as its
+    Python escape (``\\x1b``, ``\\u202e``); the characters in ``keep`` (``"\\n"``) stay as they are."""
+    text = str(text)
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() or c in keep else c.encode("unicode_escape").decode("ascii") for c in text)
+
+
+def error(message: object) -> None:
+    """``error: MESSAGE`` on standard error, as one line whatever the message holds."""
+    print(f"error: {shown(message)}", file=sys.stderr)
+
+
+def say(text: object) -> None:
+    """A command's output on standard output, its lines kept, every other control character escaped."""
+    print(shown(text, keep="\n"))

@@ -41,8 +41,104 @@ def write_text(path: Path, text: str, last_resort_in_place: bool = False) -> Non
         path.write_text(text, encoding="utf-8")
 
 
-def read_json(path: Path) -> Any:
-    return json.loads(path.read_text(encoding="utf-8"))
+class UnreadableRecord(ValueError):
+    """A record file refused unread or unparsed: larger than its bound, not a regular file, nested too
+    deep, a YAML alias or a tag that makes objects. The message is one line, without the path."""
+
+
+JSON_BYTES = 256 << 20  # images.json of a run's largest allowed image count fits with room to spare
+YAML_BYTES = 16 << 20  # Hydra's records (.hydra/*.yaml, multirun.yaml): a config, its prompts included
+MAX_DEPTH = 64  # our records nest 5 deep; this keeps every reader's recursion far from Python's limit
+MAX_YAML_NODES = 1_000_000
+
+
+def read_bounded_text(path: Path, limit: int) -> str:
+    """``path``'s text, refused unread if it is not a regular file (a FIFO is not waited on) or holds
+    more than ``limit`` bytes. OSError where it cannot be opened, UnicodeDecodeError if not UTF-8."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    with os.fdopen(fd, "rb") as file:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise UnreadableRecord("is not a regular file")
+        if info.st_size > limit:
+            raise UnreadableRecord(f"has {info.st_size / 1e6:.1f} MB (allowed: a record of at most {limit >> 20} MB)")
+        data = file.read(limit + 1)
+    if len(data) > limit:
+        raise UnreadableRecord(f"has over {limit >> 20} MB (allowed: a record of at most {limit >> 20} MB)")
+    return data.decode("utf-8")
+
+
+def read_json(path: Path, limit: int = JSON_BYTES) -> Any:
+    """A JSON record, bounded in size (``limit`` bytes) and depth (:data:`MAX_DEPTH`):
+    :class:`UnreadableRecord` (a ValueError) otherwise."""
+    try:
+        value = json.loads(read_bounded_text(path, limit))
+    except RecursionError:
+        raise UnreadableRecord(f"is nested deeper than Python can read (allowed: at most {MAX_DEPTH} levels)") from None
+    _check_depth(value)
+    return value
+
+
+def _check_depth(value: Any) -> None:
+    level = [value]
+    for _ in range(MAX_DEPTH + 1):
+        level = [child for node in level if isinstance(node, (dict, list))
+                 for child in (node.values() if isinstance(node, dict) else node)]
+        if not level:
+            return
+    raise UnreadableRecord(f"is nested deeper than {MAX_DEPTH} levels (allowed: at most {MAX_DEPTH})")
+
+
+def read_yaml_text(path: Path, limit: int = YAML_BYTES) -> str:
+    """A YAML record's text, checked before anything is built from it: bounded in size, depth and node
+    count, and without aliases (``*name``: what Hydra and OmegaConf write never has them, and a few
+    nested ones expand into gigabytes -- an alias bomb). The text is then safe to load with any safe
+    loader (OmegaConf.create, yaml's CSafeLoader). :class:`UnreadableRecord` otherwise."""
+    import yaml
+
+    text = read_bounded_text(path, limit)
+    depth = nodes = 0
+    try:
+        for event in yaml.parse(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader)):
+            if isinstance(event, yaml.AliasEvent):
+                raise UnreadableRecord(f"uses a YAML alias (*{event.anchor}); records are written without them")
+            if isinstance(event, yaml.CollectionStartEvent):
+                depth += 1
+                if depth > MAX_DEPTH:
+                    raise UnreadableRecord(f"is nested deeper than {MAX_DEPTH} levels (allowed: at most {MAX_DEPTH})")
+            elif isinstance(event, yaml.CollectionEndEvent):
+                depth -= 1
+            nodes += 1
+            if nodes > MAX_YAML_NODES:
+                raise UnreadableRecord(f"has over {MAX_YAML_NODES} YAML nodes")
+    except yaml.YAMLError as exc:
+        raise UnreadableRecord(f"is not valid YAML ({' '.join(str(exc).split())[:160]})") from None
+    return text
+
+
+def read_yaml(path: Path, limit: int = YAML_BYTES) -> Any:
+    """A YAML record as plain data (:func:`read_yaml_text`'s checks, then YAML's safe loader: a tag that
+    would make a Python object, ``!!python/object``, is refused)."""
+    import yaml
+
+    text = read_yaml_text(path, limit)
+    try:
+        return yaml.load(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
+    except yaml.YAMLError as exc:
+        raise UnreadableRecord(f"cannot be read as YAML ({' '.join(str(exc).split())[:160]})") from None
+
+
+def read_config_record(path: Path, limit: int = YAML_BYTES) -> Any:
+    """A YAML record Hydra wrote (``.hydra/config.yaml``, ``overrides.yaml``, ``multirun.yaml``) as an
+    OmegaConf object, read as :func:`read_yaml` reads (interpolations are kept, not resolved)."""
+    import yaml
+    from omegaconf import OmegaConf
+
+    text = read_yaml_text(path, limit)
+    try:
+        return OmegaConf.create(text)
+    except yaml.YAMLError as exc:
+        raise UnreadableRecord(f"cannot be read as YAML ({' '.join(str(exc).split())[:160]})") from None
 
 
 OTHERS_WRITE = stat.S_IWGRP | stat.S_IWOTH
@@ -112,6 +208,8 @@ def not_a_file(path: Path) -> Optional[str]:
     FIFO), or None."""
     if path.is_file():
         return None
+    if path.is_symlink() and not path.exists():
+        return "a symbolic link to nothing"
     return "not a regular file" if path.exists() else "no such file"
 
 
@@ -124,7 +222,10 @@ def cannot_make_folder(path: Path) -> Optional[str]:
     e.g. ``P cannot be made: F is a file, not a folder`` -- or None."""
     for candidate in [path, *path.parents]:
         if os.path.lexists(candidate):
-            return None if candidate.is_dir() else f"{path} cannot be made: {candidate} is a file, not a folder"
+            if candidate.is_dir():
+                return None
+            what = "a symbolic link to nothing" if not candidate.exists() else "a file"
+            return f"{path} cannot be made: {candidate} is {what}, not a folder"
     return None
 
 

@@ -149,11 +149,10 @@ def test_empty_prompt_file(tmp_path):
     result = run_cli("+experiment=smoke", f"prompts.file={empty}", "prompts.texts=[]", f"hydra.run.dir={run_dir}",
                      cwd=tmp_path)
     assert_one_line_error(result, f"error: prompts.file: {empty} has no prompts")
-    # The refused run is on record under the name its command line gives it, and listed so.
-    status = json.loads((run_dir / "status.json").read_text())
-    assert status["status"] == "FAILED" and status["run_name"] == "smoke prompts.file=prompts.txt"
-    listed = run_cli("list", str(run_dir), "status=FAILED", command="runs", cwd=tmp_path)
-    assert listed.returncode == 0 and "FAILED  smoke prompts.file=prompts.txt " in listed.stdout, listed.stdout
+    # Refused before it started: no run is left behind (as when Hydra itself refuses an override).
+    assert not run_dir.exists()
+    listed = run_cli("list", str(tmp_path), command="runs", cwd=tmp_path)
+    assert listed.returncode == 0 and "no runs under" in listed.stdout, listed.stdout
 
 
 def test_size_the_model_cannot_take_fails_after_load_and_ends_the_run(tmp_path, tiny_model_dir):

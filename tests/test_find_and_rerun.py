@@ -261,7 +261,7 @@ def test_diff_compares_the_images_slot_by_slot_and_names_those_that_differ(smoke
     unreadable = run_cli("diff", "--no-images", str(original), str(changed), cwd=tmp_path, command="runs")
     lines = unreadable.stdout.splitlines()
     assert unreadable.returncode == 0 and lines[3].startswith(
-        "config keys: not compared -- B's .hydra/config.yaml cannot be read (ParserError: "), lines[:6]
+        "config keys: not compared -- B's .hydra/config.yaml cannot be read (UnreadableRecord: is not valid YAML (while parsing "), lines[:6]
     assert "config key " not in unreadable.stdout and "inputs: identical" in lines
 
     # Piped into a reader that stops early (head): the listing ends quietly, no BrokenPipeError traceback.
@@ -369,14 +369,21 @@ def test_a_name_becomes_one_directory_inside_the_output_root(name):
     assert (root / part).resolve().parent == root
 
 
-@given(st.text(alphabet=st.characters(blacklist_categories=("Cs", "Cc")), max_size=60).filter(lambda t: "${" not in t))
-def test_a_directory_given_back_to_hydra_is_one_string_whatever_its_characters(path):
+@given(st.text(alphabet=st.characters(blacklist_categories=("Cs",)), max_size=60)
+       | st.lists(st.sampled_from(["${", "\\", "'", '"', "}", "oc.env:HOME", ",", "=", "a", " ", "[", "]"]),
+                  max_size=12).map("".join))
+def test_a_value_given_back_to_hydra_is_that_literal_text_whatever_its_characters(text):
+    """A path, a prompt from a PNG, a recorded name: one string, never a sweep, never an interpolation, through
+    both grammars (Hydra's override grammar, then OmegaConf's resolution)."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
+    from omegaconf import OmegaConf
 
-    from sdjax_runner.config.naming import quoted
+    from sdjax_runner.config.overrides import literal
 
-    override = OverridesParser.create().parse_override(f"hydra.sweep.dir={quoted(path)}")
-    assert not override.is_sweep_override() and override.value() == path  # '=', ',', quotes, backslashes
+    override = OverridesParser.create().parse_override(f"hydra.sweep.dir={literal(text)}")
+    assert not override.is_sweep_override()
+    resolved = OmegaConf.to_container(OmegaConf.create({"value": override.value()}), resolve=True)["value"]
+    assert resolved == text  # '=', ',', quotes, backslashes, '${oc.env:HOME}', '\\${...}'
 
 
 def test_only_what_changes_the_images_names_a_run():

@@ -14,6 +14,7 @@ from helpers.cli import assert_one_line_error, run_cli
 from helpers.configs import compose_cfg
 from helpers.images import images_of
 from sdjax_runner.config import infotext
+from sdjax_runner.config.overrides import literal
 
 # A1111's published docstring example (modules/infotext_utils.py, parse_generation_parameters).
 A1111_EXAMPLE = """girl with an artist's beret, determined, blue eyes, desert scene, computer monitors, heavy makeup, by Alphonse Mucha and Charlie Bowater, ((eyeshadow)), (coquettish), detailed, intricate
@@ -30,7 +31,7 @@ def test_a1111s_example_reads_as_a1111_reads_it_and_becomes_overrides():
     assert info.settings == {"Steps": "20", "Sampler": "Euler a", "CFG scale": "7", "Seed": "965400086",
                              "Size": "512x512", "Model hash": "45dee52b"}
     out = infotext.overrides(info, ("tiny-random",), ("fp32",), has_init_image=False)
-    assert {"sampling.num_inference_steps=20", "sampler='Euler a'", "sampling.guidance_scale=7", "seed=965400086",
+    assert {"sampling.num_inference_steps=20", "sampler='Euler a'", "sampling.guidance_scale=7.0", "seed=965400086",
             "sampling.width=512", "sampling.height=512", "prompts.syntax=a1111"} <= set(out.overrides)
     assert out.not_honoured == ["Model hash: 45dee52b: models are not found by hash here; pick one with model=NAME"]
     cfg = compose_cfg(out.overrides)  # every override composes, the prompts exactly as written
@@ -38,9 +39,10 @@ def test_a1111s_example_reads_as_a1111_reads_it_and_becomes_overrides():
 
 
 @pytest.mark.parametrize("prompt", ["a 'quoted' cat", 'say "hi", twice', r"escaped \(paren\) and a \\", "ends in \\",
-                                    "${oc.env:HOME} is not resolved", "[list, like], {braces: 1}", "a\nsecond line"])
+                                    "${oc.env:HOME} is not resolved", "\\${oc.env:HOME} neither", "\\\\${oc.env:HOME}",
+                                    "[list, like], {braces: 1}", "a\nsecond line"])
 def test_prompts_pass_through_hydra_unchanged(prompt):
-    cfg = compose_cfg([f"prompts.texts=[{infotext.hydra_quoted(prompt)}]", f"prompts.negative={infotext.hydra_quoted(prompt)}"])
+    cfg = compose_cfg([f"prompts.texts=[{literal(prompt)}]", f"prompts.negative={literal(prompt)}"])
     assert list(cfg.prompts.texts) == [prompt] and cfg.prompts.negative == prompt
 
 

@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 from typing import Optional
 
+from sdjax_runner import console
 from sdjax_runner.config import infotext
 from sdjax_runner.errors import UserError
 from sdjax_runner.files import not_a_file
@@ -28,6 +29,9 @@ def read_infotext(path: Path) -> str:
     try:
         with Image.open(path) as image:
             text = dict(getattr(image, "text", {}) or {}).get("parameters") or image.info.get("parameters")
+    except Image.DecompressionBombError as exc:
+        raise UserError("IMAGE", f"{path} is a decompression bomb ({' '.join(str(exc).split())[:160]})",
+                        "a PNG written by A1111 or by this runner") from None
     except (UnidentifiedImageError, OSError, ValueError, SyntaxError) as exc:
         raise UserError("IMAGE", f"{path} cannot be read as an image ({' '.join(str(exc).split())[:120]})",
                         "a PNG written by A1111 or by this runner") from None
@@ -53,6 +57,8 @@ def main(argv: Optional[list[str]] = None) -> int:
         if args.infotext is not None:
             if args.image is not None:
                 args.overrides.insert(0, args.image)
+            if not args.infotext.strip():
+                raise UserError("--infotext", "is empty", "an A1111 infotext: the prompt, then a line of settings")
             text = args.infotext
         elif args.image is None:
             raise UserError("IMAGE", "none given", "a PNG carrying A1111 infotext, or --infotext TEXT")
@@ -62,7 +68,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         given = {o.split("=", 1)[0].lstrip("+~") for o in args.overrides if "=" in o}
         translation = infotext.overrides(info, options("model"), options("dtype"), "init_image" in given)
     except UserError as error:
-        print(f"error: {error}", file=sys.stderr)
+        console.error(error)
         return 2
     for line in translation.honoured:
         print(f"from_png: {line}", file=sys.stderr)

@@ -12,11 +12,11 @@ sweep's own; the page goes into the sweep directory (or ``--out``) and its path 
 from __future__ import annotations
 
 import argparse
-import sys
 import tempfile
 from pathlib import Path
 from typing import Any, Optional
 
+from sdjax_runner import console
 from sdjax_runner.config.report_axes import choose, image_index
 from sdjax_runner.errors import UserError
 from sdjax_runner.record import rundir
@@ -42,12 +42,31 @@ def swept(sweep_dir: Path) -> dict[str, Any]:
     from sdjax_runner.record.sweep import read_sweep_file, swept_keys
 
     record = read_sweep_file(sweep_dir) if (sweep_dir / rundir.SWEEP).is_file() else {}
-    if not record.get("swept_keys") and (sweep_dir / "multirun.yaml").is_file():
-        from omegaconf import OmegaConf
+    if not record.get("swept_keys") and (sweep_dir / rundir.MULTIRUN).is_file():
+        from hydra.errors import OverrideParseException
 
-        task = list(OmegaConf.load(sweep_dir / "multirun.yaml").hydra.overrides.task)
-        record = dict(record, swept_keys=swept_keys(task), overrides=task)
+        task = recorded_task(sweep_dir)
+        try:
+            record = dict(record, swept_keys=swept_keys(task), overrides=task)
+        except OverrideParseException as exc:
+            raise UserError(str(sweep_dir / rundir.MULTIRUN), f"holds an override Hydra cannot read "
+                            f"({' '.join(str(exc).split())[:160]})", "key=value overrides") from None
     return record
+
+
+def recorded_task(sweep_dir: Path) -> list[str]:
+    """The sweep's task overrides from Hydra's multirun.yaml, read within the record bounds."""
+    from sdjax_runner.files import UnreadableRecord, read_yaml
+
+    path = sweep_dir / rundir.MULTIRUN
+    try:
+        task = read_yaml(path)["hydra"]["overrides"]["task"]
+    except (OSError, UnreadableRecord, KeyError, TypeError) as exc:
+        raise UserError(str(path), f"cannot be read ({exc if isinstance(exc, UnreadableRecord) else type(exc).__name__})",
+                        "the multirun.yaml Hydra wrote for the sweep") from None
+    if not isinstance(task, list) or not all(isinstance(o, str) for o in task):
+        raise UserError(str(path), "holds task overrides that are not a list of texts", "key=value overrides")
+    return task
 
 
 def from_mlflow(run_id: str, uri: Optional[str], out: Path) -> dict[str, Any]:
@@ -113,7 +132,7 @@ def main(argv: Optional[list[str]] = None) -> int:
             record = from_mlflow(args.sweep, args.uri, out)
             page = build(out, record, dict(record.get("report") or {}, **settings))
     except UserError as error:
-        print(f"error: {error}", file=sys.stderr)
+        console.error(error)
         return 2
     print(page)
     return 0

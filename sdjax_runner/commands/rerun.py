@@ -23,13 +23,13 @@ from __future__ import annotations
 import argparse
 import datetime
 import logging
-import sys
 import tempfile
 from pathlib import Path
 from typing import Any, Optional
 
 from omegaconf import DictConfig, OmegaConf
 
+from sdjax_runner import console
 from sdjax_runner.config.naming import slug
 from sdjax_runner.config.messages import describe, stop_reason
 from sdjax_runner.errors import Terminated, UserError, stop_exit_status, stop_on_sigterm
@@ -50,7 +50,12 @@ def recorded_config(record: Path):
     if not path.is_file():
         raise UserError("RUN", f"{record} has no {rundir.CONFIG}: not a run record", "a run directory")
     try:
-        return OmegaConf.merge(OmegaConf.structured(RunConfig), OmegaConf.load(path))
+        recorded = rundir.recorded_config(record)
+    except (OSError, ValueError) as exc:
+        raise UserError(str(path), f"cannot be read ({' '.join(str(exc).split())[:160]})",
+                        "the config.yaml Hydra wrote for the run") from None
+    try:
+        return OmegaConf.merge(OmegaConf.structured(RunConfig), recorded)
     except Exception as exc:
         raise UserError("RUN", f"{path} does not fit this version's config schema: {describe(exc) or exc}") from None
 
@@ -96,13 +101,32 @@ def repeat(cfg: DictConfig, recorded: dict[str, Any]) -> list[str]:
     return notes
 
 
+def recorded_overrides(record: Path) -> list[str]:
+    """The run's command-line overrides (``.hydra/overrides.yaml``: its name and records are made from them),
+    each one the runner could have recorded (config/overrides.replayable); [] where the file is absent."""
+    from sdjax_runner.config.overrides import replayable
+    from sdjax_runner.config.schema import RunConfig, field_types
+
+    path = record / rundir.OVERRIDES
+    if not path.is_file():
+        return []
+    try:
+        overrides = OmegaConf.to_container(rundir.read_config_record(path))
+    except (OSError, ValueError) as exc:
+        raise UserError(str(path), f"cannot be read ({' '.join(str(exc).split())[:160]})",
+                        "the overrides.yaml Hydra wrote for the run") from None
+    if not isinstance(overrides, list):
+        raise UserError(str(path), f"is {type(overrides).__name__}", "a list of overrides")
+    return replayable(overrides, str(path), field_types(RunConfig))
+
+
 def recorded_hashes(record: Path) -> dict[int, str]:
     """Index -> pixel hash of each recorded image (hashed from its PNG where the record predates hashes)."""
     import numpy as np
     from PIL import Image
 
     hashes = {}
-    for r in rundir.read_record(record / rundir.IMAGES, list) if (record / rundir.IMAGES).exists() else []:
+    for r in rundir.image_records(record) if (record / rundir.IMAGES).exists() else []:
         if r.get("pixels_sha256"):
             hashes[r["index"]] = r["pixels_sha256"]
         elif (record / r["file"]).is_file():
@@ -129,8 +153,7 @@ def rerun(record: Path, source: str, tracking: bool) -> int:
     cfg = recorded_config(record)
     status = rundir.read_record(record / rundir.STATUS) if (record / rundir.STATUS).exists() else {}
     name = status.get("run_name") or cfg.run_name
-    overrides_file = record / rundir.OVERRIDES
-    overrides = [str(o) for o in OmegaConf.load(overrides_file)] if overrides_file.is_file() else []
+    overrides = recorded_overrides(record)
     if not tracking:
         cfg.tracking.backend = "none"
     expected = recorded_hashes(record)
@@ -165,11 +188,11 @@ def rerun(record: Path, source: str, tracking: bool) -> int:
         print(f"rerun: DIFFERENT -- {len(differing)} of {len(expected)} image(s) differ from the record: "
               f"{', '.join(map(str, differing[:20]))} ({run_dir})")
     if changed:
-        print("inputs differ from the record: " + "; ".join(changed))
+        console.say("inputs differ from the record: " + "; ".join(changed))
     elif not recorded_inputs:
         print("the record has no inputs.json: the model's files and the prompt file cannot be compared")
     if environment:
-        print("environment differs from the record: " + "; ".join(environment))
+        console.say("environment differs from the record: " + "; ".join(environment))
     elif not recorded_env:
         print("the record has no environment.json: library versions and devices cannot be compared")
     return 0 if not differing else 1
@@ -185,7 +208,7 @@ def rerun_sweep(sweep: Path, tracking: bool) -> int:
     for job in jobs:
         status = rundir.read_json_or_empty(job / rundir.STATUS).get("status")
         if status != "FINISHED":  # its images are not all there to compare with
-            print(f"rerun: job {job.name} skipped: it ended {status or 'without a status.json'}")
+            console.say(f"rerun: job {job.name} skipped: it ended {status or 'without a status.json'}")
             continue
         try:
             codes[job.name] = rerun(job, str(job), tracking)
@@ -193,7 +216,7 @@ def rerun_sweep(sweep: Path, tracking: bool) -> int:
             message = describe(exc)
             if message is None:
                 raise
-            print(f"rerun: job {job.name} could not be re-run: {message}")
+            console.say(f"rerun: job {job.name} could not be re-run: {message}")
             failed.append(job.name)
     differing = [name for name, code in codes.items() if code]
     print(f"rerun: sweep {sweep}: {len(codes) - len(differing)} of {len(codes)} job(s) identical"
@@ -210,7 +233,8 @@ def main(argv: Optional[list[str]] = None) -> int:
                                       "else the embedded store outputs/mlflow.db)")
     parser.add_argument("--no-tracking", action="store_true", help="do not log the re-run to the tracker")
     args = parser.parse_args(argv)
-    logging.basicConfig(format="[%(asctime)s] %(message)s", datefmt="%H:%M:%S", level=logging.INFO, force=True)
+    logging.basicConfig(format="[%(asctime)s] %(message)s", datefmt="%H:%M:%S", level=logging.INFO, force=True,
+                        handlers=[console.ConsoleHandler()])  # a record's text shown escaped
     for name in ("mlflow", "alembic"):
         logging.getLogger(name).setLevel(logging.WARNING)
     stop_on_sigterm()  # a scheduler's kill ends the re-run KILLED, as Ctrl-C does, with what it wrote
@@ -222,12 +246,12 @@ def main(argv: Optional[list[str]] = None) -> int:
             record = path if path.is_dir() else download_record(args.run, args.uri, Path(scratch))
             return rerun(record, str(args.run), tracking=not args.no_tracking)
     except (KeyboardInterrupt, Terminated) as exc:
-        print(f"error: {stop_reason(exc)[1]}", file=sys.stderr)
+        console.error(stop_reason(exc)[1])
         return stop_exit_status(exc)
     except Exception as exc:
         message = describe(exc)
         if message is None:
             raise
-        print(f"error: {message}", file=sys.stderr)
+        console.error(message)
         return 2
 

@@ -14,14 +14,17 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import shlex
 import sys
 from pathlib import Path
 from typing import Optional
 
-import yaml
-
-from sdjax_runner.config.naming import quoted
+from sdjax_runner import console
+from sdjax_runner.config.overrides import literal, replayable
+from sdjax_runner.config.schema import RunConfig, field_types
+from sdjax_runner.errors import UserError
+from sdjax_runner.files import UnreadableRecord, read_yaml
 from sdjax_runner.record import rundir
 
 # Hydra overrides the resumed command sets itself.
@@ -29,27 +32,53 @@ OWN = ("hydra.mode=", "hydra.sweep.dir=", "hydra/sweeper=")
 
 
 def recorded_command(sweep_dir: Path) -> tuple[list[str], Optional[str]]:
-    """(argv after ``python -m sdjax_runner``, the working directory) of the sweep."""
+    """(argv after ``python -m sdjax_runner``, the working directory) of the sweep: only what the runner
+    itself records and replays (config/overrides.replayable), refused in one line (ValueError) otherwise."""
     path = sweep_dir / rundir.MULTIRUN
     try:
-        with open(path, encoding="utf-8") as file:
-            hydra = yaml.safe_load(file)["hydra"]
+        hydra = read_yaml(path)["hydra"]
         task, hydra_overrides = list(hydra["overrides"]["task"]), list(hydra["overrides"]["hydra"])
-    except (OSError, yaml.YAMLError, KeyError, TypeError) as exc:
+    except UnreadableRecord as exc:
+        raise ValueError(f"SWEEP_DIR: {path} {exc}") from None
+    except (OSError, KeyError, TypeError) as exc:
         raise ValueError(f"SWEEP_DIR: {sweep_dir} has no readable {rundir.MULTIRUN} ({type(exc).__name__}): not "
                          "the directory of a multirun (allowed: outputs/multiruns/DATE/TIME_NAME)") from None
+    try:
+        task = replayable(task, str(path), field_types(RunConfig))
+        hydra_overrides = replayable(hydra_overrides, str(path), ())
+    except UserError as error:
+        raise ValueError(str(error)) from None
     other = [o for o in hydra_overrides if o.startswith("hydra/sweeper=") and o != "hydra/sweeper=resume"]
     if other:
         raise ValueError(f"hydra/sweeper: {other[0].split('=', 1)[1]} sweeps cannot be resumed (allowed: basic)")
     kept = [o for o in hydra_overrides if not o.startswith(OWN)]
-    config_dir = next((s.get("path") for s in hydra.get("runtime", {}).get("config_sources", [])
-                       if s.get("provider") == "command-line" and s.get("schema") == "file"), None)
-    config_name = hydra.get("job", {}).get("config_name")
+    runtime = hydra.get("runtime") or {}
+    config_dir = recorded_config_dir(runtime, sweep_dir)
+    config_name = (hydra.get("job") or {}).get("config_name")
+    if config_name is not None and (not isinstance(config_name, str) or not re.fullmatch(r"[\w.-]+", config_name)):
+        raise ValueError(f"SWEEP_DIR: {path} names the config {str(config_name)[:80]!r} (allowed: a config file's name)")
     argv = (["--config-dir", config_dir] if config_dir else []) + (
         ["--config-name", config_name] if config_name and config_name != "config" else []) + ["-m", *task, *kept,
-                                                                   f"hydra.sweep.dir={quoted(str(sweep_dir.resolve()))}",
+                                                                   f"hydra.sweep.dir={literal(str(sweep_dir.resolve()))}",
                                                                    "hydra/sweeper=resume"]
-    return argv, hydra.get("runtime", {}).get("cwd")
+    cwd = runtime.get("cwd")
+    return argv, cwd if isinstance(cwd, str) else None
+
+
+def recorded_config_dir(runtime: dict, sweep_dir: Path) -> Optional[str]:
+    """The ``--config-dir`` the sweep was started with, if any. Configs inside the sweep directory itself are
+    refused: a folder someone hands you must not bring the configs (and so the Hydra callbacks) it runs."""
+    config_dir = next((s.get("path") for s in runtime.get("config_sources") or [] if isinstance(s, dict)
+                       and s.get("provider") == "command-line" and s.get("schema") == "file"), None)
+    if config_dir is None:
+        return None
+    if not isinstance(config_dir, str) or not Path(config_dir).is_dir():
+        raise ValueError(f"--config-dir: {str(config_dir)[:200]}, recorded in {sweep_dir / rundir.MULTIRUN}, is not "
+                         "a folder here (allowed: resume where the sweep's configs are)")
+    if Path(config_dir).resolve().is_relative_to(sweep_dir.resolve()):
+        raise ValueError(f"--config-dir: {config_dir} is inside the sweep directory {sweep_dir}: a sweep directory "
+                         "does not bring its own configs (allowed: a config folder outside it)")
+    return config_dir
 
 
 def main(argv: Optional[list[str]] = None) -> None:
@@ -60,12 +89,12 @@ def main(argv: Optional[list[str]] = None) -> None:
     try:
         command, cwd = recorded_command(args.sweep_dir.expanduser())
     except ValueError as error:
-        print(f"error: {error}", file=sys.stderr)
+        console.error(error)
         sys.exit(2)
     if cwd and Path(cwd).is_dir() and Path(cwd).resolve() != Path.cwd().resolve():
-        print(f"resume: in {cwd}, where the sweep was started (its relative paths are from there)")
+        console.say(f"resume: in {cwd}, where the sweep was started (its relative paths are from there)")
         os.chdir(cwd)
-    print("resume: python -m sdjax_runner " + shlex.join(command))
+    console.say("resume: python -m sdjax_runner " + shlex.join(command))
     from sdjax_runner.commands.run import entry
 
     sys.argv = [sys.argv[0], *command]

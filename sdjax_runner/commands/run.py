@@ -19,11 +19,13 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig
 
+from sdjax_runner import console
 from sdjax_runner import interpreter
 from sdjax_runner.config import naming, schema
 from sdjax_runner.config.prompts import file_replaces_texts
 from sdjax_runner.config.messages import describe, stop_reason
 from sdjax_runner.errors import Refused, Terminated, stop_exit_status, stop_on_sigterm
+from sdjax_runner.record.fresh_dirs import remove_refused
 from sdjax_runner.record.sweep import abort, failure_message, job_label, read_sweep_file
 
 # The configs travel inside the package (package data), so a wheel install finds them too.
@@ -35,7 +37,7 @@ _show_tracebacks = False
 
 
 def _fail(message: str) -> None:
-    print(f"error: {message}", file=sys.stderr)
+    console.error(message)
     sys.exit(BAD_INPUT_EXIT)
 
 
@@ -53,6 +55,7 @@ def _app(cfg: DictConfig) -> dict:
             message = describe(exc)
             if message is None or _show_tracebacks:
                 raise
+            remove_refused(run_dir)  # bad input found before the run started leaves no run behind
             _fail(message)
     # A sweep job: a child of the sweep's tracker run, named after the values it sweeps. A failed
     # job is recorded (status.json, FAILED tracker run) and the sweep goes on; the summary at the
@@ -114,7 +117,7 @@ def _main() -> None:
     except (KeyboardInterrupt, Terminated) as exc:
         reason = stop_reason(exc)[1]
         abort(reason)
-        print(f"error: {reason}", file=sys.stderr)
+        console.error(reason)
         sys.exit(stop_exit_status(exc))
     except Exception as exc:
         message = describe(exc)
@@ -124,5 +127,5 @@ def _main() -> None:
         _fail(message)
     failed_sweep = failure_message()
     if failed_sweep:
-        print(f"error: {failed_sweep}", file=sys.stderr)
+        console.error(failed_sweep)
         sys.exit(SWEEP_FAILED_EXIT)

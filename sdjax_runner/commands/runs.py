@@ -27,6 +27,7 @@ import sys
 from pathlib import Path
 from typing import Any, Optional
 
+from sdjax_runner import console
 from sdjax_runner.record import catalog, inputs, rundir
 
 LIST_COLUMNS = (("started", "started"), ("status", "status"), ("name", "name"), ("model.name", "model"),
@@ -42,6 +43,8 @@ def _cell(value: Any) -> str:
 
 
 def table(rows: list[list[str]], header: list[str]) -> str:
+    """Rows in aligned columns; a cell's control and bidi characters (a record's text) shown escaped."""
+    rows = [[console.shown(cell) for cell in row] for row in rows]
     widths = [max(len(str(x)) for x in column) for column in zip(header, *rows)]
     lines = ["  ".join(h.ljust(w) for h, w in zip(header, widths))]
     lines += ["  ".join(c.ljust(w) for c, w in zip(row, widths)) for row in rows]
@@ -77,7 +80,7 @@ def list_table(summaries: list[dict[str, Any]]) -> str:
 
 
 def diff_runs(a: Path, b: Path, images: bool = True, labels: Optional[tuple[str, str]] = None) -> str:
-    out = [f"A: {labels[0] if labels else a}", f"B: {labels[1] if labels else b}", ""]
+    out = [f"A: {console.shown(labels[0] if labels else a)}", f"B: {console.shown(labels[1] if labels else b)}", ""]
     config, problems = catalog.config_diff(a, b)
     if problems:
         out += [f"config keys: not compared -- {'; '.join(problems)}", ""]
@@ -102,7 +105,7 @@ def image_diff(a: Path, b: Path, shown: int = 10) -> str:
     kept = {}
     for label, run in (("A", a), ("B", b)):
         try:
-            kept[label] = rundir.read_record(run / rundir.IMAGES, list)
+            kept[label] = rundir.image_records(run)
             on_disk = bool(kept[label]) and all((run / r["file"]).is_file() for r in kept[label])
         except rundir.DamagedRecord as error:
             return f"images: not compared ({label}'s {rundir.IMAGES}: {error.problem})"
@@ -151,22 +154,22 @@ def list_command(args: argparse.Namespace) -> int:
         args.filters.insert(0, str(args.root))
         args.root = Path("outputs")
     if not args.root.is_dir():
-        print(f"error: {args.root}: no such directory", file=sys.stderr)
+        console.error(f"{args.root}: no such directory")
         return 2
     try:
         filters = catalog.parse_filters(args.filters)
         since = catalog.parse_since(args.since) if args.since else None
         summaries = select_runs(args.root, filters, since)
     except ValueError as error:
-        print(f"error: {error}", file=sys.stderr)
+        console.error(error)
         return 2
     shown = summaries[:args.limit] if args.limit > 0 else summaries
     for s in shown:
         if s["damaged"]:
-            print(f"runs: {s['damaged']}; listed with status UNKNOWN", file=sys.stderr)
+            print(f"runs: {console.shown(s['damaged'])}; listed with status UNKNOWN", file=sys.stderr)
     if args.dirs:
         for s in shown:
-            print(s["dir"])
+            print(console.shown(s["dir"]))
         return 0
     if not shown:
         print(f"no runs under {args.root}" + (" match" if filters or since else ""))
@@ -219,7 +222,7 @@ def diff_command(args: argparse.Namespace) -> int:
             if (path / rundir.STATUS).is_file():
                 runs.append(path)
             elif path.exists() or "/" in given or not given.isalnum():
-                print(f"error: {given}: not a run directory (no status.json) and not an MLflow run id", file=sys.stderr)
+                console.error(f"{given}: not a run directory (no status.json) and not an MLflow run id")
                 return 2
             else:
                 from sdjax_runner.record.tracking import download_record
@@ -227,9 +230,9 @@ def diff_command(args: argparse.Namespace) -> int:
                 try:
                     runs.append(download_record(given, args.uri, Path(scratch) / label, outputs=True))
                 except UserError as error:
-                    print(f"error: {error}", file=sys.stderr)
+                    console.error(error)
                     return 2
         text = diff_runs(runs[0], runs[1], images=not args.no_images, labels=(args.a, args.b))
-    print(text)  # after the scratch directory is gone: a reader that stops early cannot leave it behind
+    console.say(text)  # after the scratch directory is gone: a reader that stops early cannot leave it behind
     return 0
 

@@ -17,12 +17,11 @@ unless ``--assume-gone`` is given.
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
 from typing import Optional
 
-from omegaconf import OmegaConf
-
+from sdjax_runner import console
+from sdjax_runner.errors import UserError
 from sdjax_runner.record import rundir
 from sdjax_runner.record.backfill import run_dirs, sync_run
 from sdjax_runner.record.tracking import MlflowTracker
@@ -37,7 +36,7 @@ def sync_parent(sweep_dir: Path, uri: Optional[str]) -> Optional[str]:
     record = read_sweep_file(sweep_dir)
     if not record.get("parent_run_id") or record.get("parent_logged") is not False:
         return None
-    cfg = OmegaConf.load(run_dirs(sweep_dir)[0] / rundir.CONFIG)
+    cfg = rundir.recorded_config(run_dirs(sweep_dir)[0])
     tracker = MlflowTracker(cfg.tracking, cfg.paths.output_root, uri=uri)
     tracker.resume(record["parent_run_id"])
     log_parent(tracker, sweep_dir, collect_jobs(sweep_dir, record.get("swept_keys", [])))
@@ -54,27 +53,26 @@ def main(argv: Optional[list[str]] = None) -> int:
     args = parser.parse_args(argv)
     if args.uri:
         from sdjax_runner.config.checks import mlflow_uri
-        from sdjax_runner.errors import UserError
 
         try:
             mlflow_uri("--uri", args.uri, "no --uri for each run's own tracking config")
         except UserError as error:
-            print(f"error: {error}", file=sys.stderr)
+            console.error(error)
             return 2
     failed = 0
     for path in args.paths:
         if not path.is_dir():
-            print(f"error: {path}: no such directory", file=sys.stderr)
+            console.error(f"{path}: no such directory")
             failed += 1
             continue
         for run_dir in run_dirs(path):
             try:
-                print(f"{run_dir}: {sync_run(run_dir, args.uri, args.assume_gone)}")
-            except rundir.DamagedRecord as exc:  # names the file and what it should be
-                print(f"error: {exc}", file=sys.stderr)
+                console.say(f"{run_dir}: {sync_run(run_dir, args.uri, args.assume_gone)}")
+            except UserError as exc:  # a damaged record (names the file and what it should be), a lookup refused
+                console.error(exc)
                 failed += 1
             except Exception as exc:  # one bad run must not stop the others
-                print(f"error: {run_dir}: {type(exc).__name__}: {' '.join(str(exc).split())[:300]}", file=sys.stderr)
+                console.error(f"{run_dir}: {type(exc).__name__}: {' '.join(str(exc).split())[:300]}")
                 failed += 1
         if not failed:
             try:
@@ -82,7 +80,7 @@ def main(argv: Optional[list[str]] = None) -> int:
                 if done:
                     print(f"{path}: {done}")
             except Exception as exc:
-                print(f"error: {path}: {type(exc).__name__}: {' '.join(str(exc).split())[:300]}", file=sys.stderr)
+                console.error(f"{path}: {type(exc).__name__}: {' '.join(str(exc).split())[:300]}")
                 failed += 1
     return 1 if failed else 0
 

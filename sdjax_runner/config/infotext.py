@@ -10,16 +10,20 @@ Hydra override; every other one is said in one line, never silently dropped.
 from __future__ import annotations
 
 import json
+import math
 import re
 from dataclasses import dataclass, field
-from typing import Optional
 
 from sdjax_runner.config import samplers
+from sdjax_runner.config.overrides import literal
+from sdjax_runner.config.prompts import check_length
 from sdjax_runner.config.schema import SCHEDULERS
+from sdjax_runner.console import shown
+from sdjax_runner.errors import UserError
 
 # A1111's own patterns (infotext_utils.py).
 PARAM = re.compile(r'\s*(\w[\w \-/]+):\s*("(?:\\.|[^\\"])+"|[^,]*)(?:,|$)')
-IMAGE_SIZE = re.compile(r"^(\d+)x(\d+)$")
+IMAGE_SIZE = re.compile(r"([0-9]{1,6})x([0-9]{1,6})")  # ASCII digits (\d also takes "²")
 # Settings that describe the run's layout or provenance here, not how to make the image.
 SILENT = ("Batch", "Device", "Version", "Dtype")
 
@@ -55,14 +59,6 @@ def parse(text: str) -> Infotext:
     return Infotext("\n".join(prompt), "\n".join(negative), settings)
 
 
-def hydra_quoted(text: str) -> str:
-    """``text`` as a single-quoted Hydra value that composes back to exactly ``text``: quotes escaped, the
-    backslashes before a quote (or the closing one) doubled, ``${`` kept from being an interpolation."""
-    out = re.sub(r"(\\*)'", lambda m: m.group(1) * 2 + "\\'", text)
-    out = re.sub(r"(\\+)$", lambda m: m.group(1) * 2, out)
-    return "'" + out.replace("${", "\\${") + "'"
-
-
 @dataclass
 class Translation:
     overrides: list[str]
@@ -70,10 +66,43 @@ class Translation:
     not_honoured: list[str]  # one line each
 
 
+# The numbers an infotext holds, as A1111 writes them: ASCII digits only (Python's int() and float() also take
+# "²", "١٢" or "1_0", which no infotext has), so a value is a number or refused, never passed on as text.
+WHOLE = re.compile(r"[0-9]{1,12}")
+SIGNED = re.compile(r"-?[0-9]{1,20}")
+DECIMAL = re.compile(r"[+-]?(?:[0-9]{1,12}(?:\.[0-9]{0,12})?|\.[0-9]{1,12})(?:[eE][+-]?[0-9]{1,3})?")
+NUMBERS = {"Steps": (WHOLE, int, "a whole number, e.g. 20"), "Clip skip": (WHOLE, int, "a whole number, e.g. 2"),
+           "Seed": (SIGNED, int, "a whole number, e.g. 1234"), "CFG scale": (DECIMAL, float, "a number, e.g. 7.5"),
+           "Eta": (DECIMAL, float, "a number, e.g. 0.5"), "Eta DDIM": (DECIMAL, float, "a number, e.g. 0.5"),
+           "Denoising strength": (DECIMAL, float, "a number, e.g. 0.75")}
+
+
+def number(key: str, text: str) -> int | float:
+    """The infotext setting ``key``'s value as its number; :class:`UserError` naming the key otherwise."""
+    pattern, kind, example = NUMBERS[key]
+    value = text.strip()
+    if pattern.fullmatch(value):
+        parsed = kind(value)
+        if isinstance(parsed, int) or math.isfinite(parsed):
+            return parsed
+    raise UserError(key, f"{text[:40]!r} is not a number the runner reads", f"{example}, in ASCII digits")
+
+
+def size(text: str) -> tuple[int, int]:
+    """``Size: WxH`` as (width, height); :class:`UserError` otherwise."""
+    found = IMAGE_SIZE.fullmatch(text.strip())
+    if not found:
+        raise UserError("Size", f"{text[:40]!r} is not a size the runner reads", "WIDTHxHEIGHT in ASCII digits, e.g. 512x768")
+    return int(found.group(1)), int(found.group(2))
+
+
 def overrides(info: Infotext, model_options: tuple[str, ...], dtype_options: tuple[str, ...],
               has_init_image: bool) -> Translation:
     """The overrides that make ``info``'s image here, as far as the runner can: ``model_options`` and
-    ``dtype_options`` are the config groups' options (an infotext of ours names them)."""
+    ``dtype_options`` are the config groups' options (an infotext of ours names them). Every value reaches
+    the config as a literal (:func:`sdjax_runner.config.overrides.literal`) or a number parsed here: no text
+    of the infotext is read as Hydra's grammar or an interpolation. A setting the runner honours whose value
+    is malformed is :class:`UserError`, before anything runs."""
     out: list[str] = []
     honoured: list[str] = []
     skipped: list[str] = []
@@ -81,34 +110,32 @@ def overrides(info: Infotext, model_options: tuple[str, ...], dtype_options: tup
 
     def use(key: str, override: str) -> None:
         out.append(override)
-        honoured.append(f"{key}: {settings.pop(key)} -> {override}")
+        honoured.append(f"{key}: {one_line(settings.pop(key))} -> {one_line(override)}")
 
+    check_length("Prompt", info.prompt)  # before Hydra parses it (0.6 s a MB, twice)
+    check_length("Negative prompt", info.negative)
     if info.prompt:
-        out.append(f"prompts.texts=[{hydra_quoted(info.prompt)}]")
+        out.append(f"prompts.texts=[{literal(info.prompt)}]")
         out.append("prompts.file=null")
     if info.negative:
-        out.append(f"prompts.negative={hydra_quoted(info.negative)}")
+        out.append(f"prompts.negative={literal(info.negative)}")
     # An infotext's prompts are in A1111's syntax (ours escape the brackets of a plain prompt for it).
     out.append("prompts.syntax=a1111")
     honoured.append("Prompt: A1111's syntax -> prompts.syntax=a1111")
-    if settings.get("Steps", "").isdigit():
-        use("Steps", f"sampling.num_inference_steps={settings['Steps']}")
-    if "CFG scale" in settings and _number(settings["CFG scale"]) is not None:
-        use("CFG scale", f"sampling.guidance_scale={settings['CFG scale']}")
-    if settings.get("Seed", "").lstrip("-").isdigit():
-        use("Seed", f"seed={settings['Seed']}")
+    numbers = {key: number(key, settings[key]) for key in NUMBERS if key in settings}
+    if "Steps" in numbers:
+        use("Steps", f"sampling.num_inference_steps={numbers['Steps']}")
+    if "CFG scale" in numbers:
+        use("CFG scale", f"sampling.guidance_scale={numbers['CFG scale']!r}")
+    if "Seed" in numbers:
+        use("Seed", f"seed={numbers['Seed']}")
         honoured[-1] += " (JAX's random numbers from it, not torch's: an A1111 image is not remade pixel for pixel)"
-    size = IMAGE_SIZE.match(settings.get("Size", ""))
-    if size:
-        width, height = size.groups()
+    if "Size" in settings:
+        width, height = size(settings["Size"])
         out.extend([f"sampling.width={width}", f"sampling.height={height}"])
         honoured.append(f"Size: {settings.pop('Size')} -> sampling.width={width} sampling.height={height}")
     if "Sampler" in settings:
-        name = settings["Sampler"]
-        if name in SCHEDULERS:
-            use("Sampler", f"scheduler={name.lower()}")  # one of ours: a diffusers scheduler by its own name
-        else:
-            use("Sampler", f"sampler={hydra_quoted(name)}")
+        use("Sampler", sampler_override(settings["Sampler"]))
     schedule = settings.get("Schedule type")
     if schedule is not None:
         ours = {v.lower(): k for k, v in samplers.A1111_SCHEDULES.items()}.get(schedule.lower())
@@ -117,13 +144,13 @@ def overrides(info: Infotext, model_options: tuple[str, ...], dtype_options: tup
         elif schedule.lower() == "automatic":
             honoured.append(f"Schedule type: {settings.pop('Schedule type')} -> the sampler's default (normal)")
     for key in ("Eta", "Eta DDIM"):
-        if key in settings and _number(settings[key]) is not None:
-            use(key, f"sampling.eta={settings[key]}")
-    if settings.get("Clip skip", "").isdigit():
-        use("Clip skip", f"prompts.clip_skip={settings['Clip skip']}")
-    if "Denoising strength" in settings:
+        if key in numbers:
+            use(key, f"sampling.eta={numbers[key]!r}")
+    if "Clip skip" in numbers:
+        use("Clip skip", f"prompts.clip_skip={numbers['Clip skip']}")
+    if "Denoising strength" in numbers:
         if has_init_image:
-            use("Denoising strength", f"strength={settings['Denoising strength']}")
+            use("Denoising strength", f"strength={numbers['Denoising strength']!r}")
         else:
             skipped.append(f"Denoising strength: {settings.pop('Denoising strength')}: an img2img setting; give "
                            "mode=img2img init_image=PATH to use it")
@@ -133,14 +160,24 @@ def overrides(info: Infotext, model_options: tuple[str, ...], dtype_options: tup
         use("Dtype", f"dtype={settings['Dtype']}")
     for key, value in settings.items():
         if key == "Model hash":
-            skipped.append(f"Model hash: {value}: models are not found by hash here; pick one with model=NAME")
+            skipped.append(f"Model hash: {one_line(value)}: models are not found by hash here; pick one with model=NAME")
         elif key not in SILENT:
-            skipped.append(f"{key}: {value}: not honoured")
+            skipped.append(f"{key}: {one_line(value)}: not honoured")
     return Translation(out, honoured, skipped)
 
 
-def _number(text: str) -> Optional[float]:
+def sampler_override(name: str) -> str:
+    """``Sampler: NAME`` as an override: one of ours (a diffusers scheduler by its own name) or a sampler by
+    an A1111/ComfyUI name; an unknown name is :class:`UserError` here, before anything runs."""
+    if name in SCHEDULERS:
+        return f"scheduler={name.lower()}"
     try:
-        return float(text)
-    except ValueError:
-        return None
+        samplers.resolve(name, "pndm")
+    except UserError as error:
+        raise UserError("Sampler", error.problem, error.allowed) from None
+    return f"sampler={literal(name)}"
+
+
+def one_line(text: str) -> str:
+    """A value as one line of the console (the infotext's own text: its control characters shown escaped)."""
+    return shown(text)[:300]

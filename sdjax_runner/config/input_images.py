@@ -11,7 +11,9 @@ Fitting to ``height`` x ``width`` (:func:`fitted`), by ``resize_mode``:
 
 * ``stretch`` (the default): resized to exactly height x width, Lanczos, aspect ratio not kept -- what
   diffusers' ``VaeImageProcessor.resize`` does by default and A1111's "Just resize";
-* ``crop``: scaled (Lanczos) so it covers height x width, then the centre cut out -- A1111's "Crop and resize".
+* ``crop``: scaled (Lanczos) so it covers height x width, then the centre cut out -- A1111's "Crop and resize"
+  (a picture far longer than the run's shape has its centre cut out first, then resized: the scaled
+  picture stays within :data:`MAX_SCALED` run images, not gigapixels from a 1 x 200000 file).
 
 An image already of the run's size is used as it is (no resampling), which is how diffusers' Flax
 pipelines take an image of their size. A mask is binarised after resizing: >= 0.5 (128 of 255)
@@ -33,6 +35,9 @@ from sdjax_runner.files import not_a_file
 
 MAX_PIXELS = 64 * 2**20  # 64 megapixels: 8192 x 8192; a 512 x 512 image is 0.26
 MAX_FILE_BYTES = 256 * 2**20  # read whole: a sparse file of terabytes costs no disk, but all the memory
+# The crop fit's scaled picture, in run images: 4 keeps every ordinary picture (up to 4:1 against the run's
+# shape) on the two-step path A1111 takes, and at most 64 MP (the largest run, 4096 x 4096, times 4).
+MAX_SCALED = 4
 EXTENSIONS = (".png", ".jpg", ".jpeg", ".webp", ".bmp", ".tif", ".tiff")
 ALLOWED = "an image file (PNG, JPEG, WebP, ...), a folder of them, or a list of files paired with the prompts"
 
@@ -69,45 +74,73 @@ def _paths(key: str, value: Any) -> list[Path]:
     return [path]
 
 
-def read_image(key: str, path: Path, mask: bool = False) -> InputImage:
-    """One file, decoded whole and checked; a mask must be single-channel."""
-    from PIL import Image, UnidentifiedImageError
+class BadImage(ValueError):
+    """An image file refused: ``problem`` (what follows its path in a message) and what is ``allowed``."""
 
-    missing = not_a_file(path)
-    if missing:
-        raise UserError(key, f"{missing}: {path}", ALLOWED)
+    def __init__(self, problem: str, allowed: str):
+        super().__init__(f"{problem} (allowed: {allowed})")
+        self.problem, self.allowed = problem, allowed
+
+
+def _detail(exc: BaseException) -> str:
+    return " ".join(str(exc).split())[:120] or type(exc).__name__
+
+
+def image_file_bytes(path: Path) -> bytes:
+    """A regular file's bytes, at most :data:`MAX_FILE_BYTES` (:class:`BadImage` otherwise)."""
     size = path.stat().st_size
     if size > MAX_FILE_BYTES:
-        raise UserError(key, f"{path} has {size / 1e9:.1f} GB", f"an image file of at most {MAX_FILE_BYTES // 2**20} MB")
-    data = path.read_bytes()
+        raise BadImage(f"has {size / 1e9:.1f} GB", f"an image file of at most {MAX_FILE_BYTES // 2**20} MB")
+    return path.read_bytes()
+
+
+def decoded(data: bytes, max_pixels: int = MAX_PIXELS):
+    """``data`` decoded whole (a loaded PIL image), or :class:`BadImage`: more than ``max_pixels`` by its
+    header (refused before decoding: a decompression bomb), not an image, truncated or corrupt, or text
+    chunks past Pillow's limits."""
     import io
     import warnings
 
+    from PIL import Image, UnidentifiedImageError
+
+    limit = f"an image of at most {max_pixels // 2**20} MP"
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("error", Image.DecompressionBombWarning)
-            with Image.open(io.BytesIO(data)) as image:
-                width, height = image.size
-                if width * height > MAX_PIXELS:
-                    raise UserError(key, f"{path} is {width} x {height} pixels ({width * height / 1e6:.0f} MP)",
-                                    f"an image of at most {MAX_PIXELS // 2**20} MP")
-                image.load()
-                if mask and image.mode not in ("L", "1", "I;16", "I", "F"):
-                    raise UserError(key, f"{path} has {len(image.getbands())} channels ({image.mode}); a mask is "
-                                    "single-channel", "a grayscale (mode L) mask: white repaints, black keeps")
-                if mask:
-                    pixels = np.asarray(image.convert("L"))[..., None] if image.mode in ("1", "L") else \
-                        np.asarray(_to_8bit(image))[..., None]
-                else:
-                    pixels = np.asarray(image.convert("RGB"))
-    except UserError:
+            image = Image.open(io.BytesIO(data))
+            width, height = image.size
+            if width * height > max_pixels:
+                raise BadImage(f"is {width} x {height} pixels ({width * height / 1e6:.0f} MP)", limit)
+            image.load()
+            return image
+    except BadImage:
         raise
-    except (UnidentifiedImageError, Image.DecompressionBombError, Image.DecompressionBombWarning) as exc:
-        kind = "not an image Pillow can read" if isinstance(exc, UnidentifiedImageError) else \
-            "a decompression bomb (" + " ".join(str(exc).split())[:120] + ")"
-        raise UserError(key, f"{path} is {kind}", ALLOWED) from None
-    except (OSError, ValueError, SyntaxError) as exc:  # truncated or corrupt data
-        raise UserError(key, f"{path} cannot be decoded ({' '.join(str(exc).split())[:120]})", ALLOWED) from None
+    except UnidentifiedImageError:
+        raise BadImage("is not an image Pillow can read", ALLOWED) from None
+    except (Image.DecompressionBombError, Image.DecompressionBombWarning) as exc:
+        raise BadImage(f"is a decompression bomb ({_detail(exc)})", limit) from None
+    except Exception as exc:  # truncated or corrupt data, text chunks over Pillow's limits: whatever the decoder raises
+        raise BadImage(f"cannot be decoded ({_detail(exc)})", ALLOWED) from None
+
+
+def read_image(key: str, path: Path, mask: bool = False) -> InputImage:
+    """One file, decoded whole and checked; a mask must be single-channel."""
+    missing = not_a_file(path)
+    if missing:
+        raise UserError(key, f"{missing}: {path}", ALLOWED)
+    try:
+        data = image_file_bytes(path)
+        image = decoded(data)
+    except BadImage as bad:
+        raise UserError(key, f"{path} {bad.problem}", bad.allowed) from None
+    if mask and image.mode not in ("L", "1", "I;16", "I", "F"):
+        raise UserError(key, f"{path} has {len(image.getbands())} channels ({image.mode}); a mask is "
+                        "single-channel", "a grayscale (mode L) mask: white repaints, black keeps")
+    if mask:
+        pixels = np.asarray(image.convert("L"))[..., None] if image.mode in ("1", "L") else \
+            np.asarray(_to_8bit(image))[..., None]
+    else:
+        pixels = np.asarray(image.convert("RGB"))
     return InputImage(key, str(path), hashlib.sha256(data).hexdigest(), np.ascontiguousarray(pixels))
 
 
@@ -150,14 +183,25 @@ def fitted(image: InputImage, height: int, width: int, resize_mode: str) -> np.n
     picture = Image.fromarray(pixels[..., 0] if mask else pixels)
     resample = Image.Resampling.NEAREST if mask else Image.Resampling.LANCZOS
     if resize_mode == "crop":
-        scale = max(width / picture.width, height / picture.height)
-        w, h = max(width, round(picture.width * scale)), max(height, round(picture.height * scale))
-        left, top = (w - width) // 2, (h - height) // 2
-        picture = picture.resize((w, h), resample=resample).crop((left, top, left + width, top + height))
+        picture = covered_and_cropped(picture, height, width, resample)
     else:
         picture = picture.resize((width, height), resample=resample)
     out = np.asarray(picture)
     return out[..., None] if mask else out
+
+
+def covered_and_cropped(picture, height: int, width: int, resample):
+    """``picture`` scaled to cover height x width, its centre cut out (A1111's "Crop and resize"). The
+    scaled picture is at most :data:`MAX_SCALED` times the run's image: a longer, thinner one (1 x 200000
+    pixels would scale to 64 x 12,800,000) has the same centre cut out of it first, then resized."""
+    scale = max(width / picture.width, height / picture.height)
+    w, h = max(width, round(picture.width * scale)), max(height, round(picture.height * scale))
+    left, top = (w - width) // 2, (h - height) // 2
+    if w * h <= MAX_SCALED * width * height:
+        return picture.resize((w, h), resample=resample).crop((left, top, left + width, top + height))
+    across, down = picture.width / w, picture.height / h  # source pixels per scaled pixel
+    box = (left * across, top * down, (left + width) * across, (top + height) * down)
+    return picture.resize((width, height), resample=resample, box=box)
 
 
 @dataclass(frozen=True)

@@ -66,14 +66,6 @@ def slug(name: str) -> str:
     return re.sub(r"\.{2,}", ".", text)[:MAX_NAME_CHARS]
 
 
-def quoted(value: str) -> str:
-    """``value`` as a quoted Hydra override value: a path with ``=``, ``,`` or spaces (a run name made
-    of overrides has them) stays one string, not a parse error or a sweep. Hydra keeps a backslash
-    as it is except before a quote or at the end, where it must be doubled."""
-    text = re.sub(r"(\\+)(?='|$)", lambda m: m.group(1) * 2, str(value))
-    return "'" + text.replace("'", "\\'") + "'"
-
-
 def register_resolvers() -> None:
     """``${sdjax.run_name:${run_name},${hydra:overrides.task}}`` and ``${sdjax.slug:...}``."""
     if not OmegaConf.has_resolver("sdjax.run_name"):

@@ -23,9 +23,24 @@ def number(value: Any) -> Optional[float]:
     """``value`` as a float (a summary cell is a string or a number), or None: blank, not a number, NaN."""
     try:
         out = float(value)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):  # OverflowError: an integer past a float's range
         return None
     return None if math.isnan(out) else out
+
+
+# Every text in the figures is shown as written: a swept value, a label or a key of the sweep is text from
+# users, and ``$x^2$`` in it is neither mathtext (which draws it as math, and fails on ``$\\frac$``) nor LaTeX.
+PLAIN_TEXT = {"text.parse_math": False, "text.usetex": False, "axes.formatter.use_mathtext": False}
+SVG = {"svg.fonttype": "none", "svg.hashsalt": "sdjax-runner"}  # text as text; stable ids
+
+
+def drawing(settings: dict):
+    """matplotlib (Agg) with ``settings`` for what is drawn inside: a figure is made and saved in it (tick
+    labels are made when the figure is drawn)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    return matplotlib.rc_context(settings)
 
 
 def _values(rows: list[dict], metric: str) -> tuple[list[Optional[float]], Optional[float]]:
@@ -132,12 +147,13 @@ def svg_plots(rows: list[dict], keys: list[str]) -> list[tuple[str, str]]:
     """(caption, inline SVG) for report.html: per quality metric the sweep has, the metric against seconds
     per image with the Pareto front marked, then against each swept key whose values are all numbers, seed
     aside (one line per combination of the other swept keys). Points are numbered by job."""
-    import matplotlib
+    with drawing({**PLAIN_TEXT, **SVG}):
+        return _svg_plots(rows, keys)
 
-    matplotlib.use("Agg")
+
+def _svg_plots(rows: list[dict], keys: list[str]) -> list[tuple[str, str]]:
     import matplotlib.pyplot as plt
 
-    matplotlib.rcParams.update({"svg.fonttype": "none", "svg.hashsalt": "sdjax-runner"})  # text as text; stable ids
     out = []
     seconds = [seconds_per_image(r) for r in rows]
     for metric in (m for m in QUALITY if any(number(r.get(m)) is not None for r in rows)):
@@ -163,9 +179,12 @@ def write_report(path: Path, rows: list[dict], keys: list[str], reference_point:
     metrics = [m for m in QUALITY if any(number(r.get(m)) is not None for r in rows)]
     if not metrics:
         return None
-    import matplotlib
+    with drawing(PLAIN_TEXT):
+        _draw_report(path, rows, keys, metrics, reference_point)
+    return path
 
-    matplotlib.use("Agg")
+
+def _draw_report(path: Path, rows: list[dict], keys: list[str], metrics: list[str], reference_point: Optional[dict]):
     import matplotlib.pyplot as plt
 
     columns = 1 + len(keys)
@@ -186,4 +205,3 @@ def write_report(path: Path, rows: list[dict], keys: list[str], reference_point:
     figure.tight_layout(rect=(0, (0.3 + 0.16 * len(key_lines)) / figure.get_figheight(), 1, 0.97))
     figure.savefig(path, dpi=100)
     plt.close(figure)
-    return path

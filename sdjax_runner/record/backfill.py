@@ -8,7 +8,6 @@ import socket
 from pathlib import Path
 from typing import Optional
 
-from omegaconf import OmegaConf
 
 from sdjax_runner.record import rundir
 from sdjax_runner.record.tracking import MlflowTracker, numeric_metrics
@@ -69,7 +68,7 @@ def sync_run(run_dir: Path, uri: Optional[str], assume_gone: bool = False, by: s
         status["logged"] = False
     if status.get("logged") is not False:
         return "already logged" if status.get("logged") else "nothing to log (tracking=none)"
-    cfg = OmegaConf.load(run_dir / rundir.CONFIG)
+    cfg = rundir.recorded_config(run_dir)
     intended = rundir.read_json(run_dir / rundir.TRACKING)
     tracker = MlflowTracker(cfg.tracking, cfg.paths.output_root, uri=uri)
     uid = intended["tags"]["sdjax.run_uid"]

@@ -15,6 +15,8 @@ import yaml
 from omegaconf import OmegaConf
 
 from sdjax_runner.config.naming import SHORT_KEYS
+from sdjax_runner.config.overrides import recorded_resolver_calls
+from sdjax_runner.files import read_yaml
 from sdjax_runner.record import rundir
 
 # What a summary shows of a run's config and of its numbers.
@@ -39,8 +41,7 @@ CONFIG_ERRORS = (OSError, ValueError, yaml.YAMLError)
 def read_config(run_dir: Path) -> Any:
     """The run's recorded config as plain data; one of CONFIG_ERRORS if it is absent, unreadable,
     damaged or not a mapping."""
-    with open(run_dir / rundir.CONFIG, encoding="utf-8") as file:
-        data = yaml.load(file, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
+    data = read_yaml(run_dir / rundir.CONFIG)  # bounded: size, depth, no aliases (files.py)
     if not isinstance(data, dict):
         raise ValueError(f"a {type(data).__name__}, not a mapping of config keys")
     return data
@@ -61,8 +62,8 @@ def _flatten(data: dict, needed: Optional[Iterable[str]] = None) -> dict[str, st
     thousands of runs cannot afford for keys it does not show)."""
     flat = dict(_walk(data))
     pending = [value for key, value in flat.items() if needed is None or key in needed]
-    if not any("${" in value for value in pending):
-        return flat
+    if not any("${" in value for value in pending) or any(recorded_resolver_calls(data)):
+        return flat  # nothing to resolve, or a lookup the packaged config does not make: shown as written
     try:
         return dict(_walk(OmegaConf.to_container(OmegaConf.create(data), resolve=True, enum_to_str=True)))
     except Exception:  # an interpolation this environment cannot resolve: shown as written

@@ -18,7 +18,7 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf, read_write
 
-from sdjax_runner.config.naming import quoted
+from sdjax_runner.config.overrides import literal
 from sdjax_runner.errors import Refused, UserError
 from sdjax_runner.files import FOLDER_PATHS, cannot_make_folder
 from sdjax_runner.record import rundir
@@ -29,10 +29,20 @@ SWEEP_MARKS = (rundir.SWEEP, rundir.SUMMARY_CSV, "0")
 
 
 def refuse_reused(directory: Path, marks: tuple[str, ...], key: str) -> None:
+    """A directory the user named must be new or empty: one holding a run (``marks``) or anything else
+    (``hydra.run.dir=/etc``) is refused."""
     found = [name for name in marks if (directory / name).exists()]
     if found:
         raise Refused(f"{key}: {directory} already holds a run ({', '.join(found)}); a run directory holds "
                       "one run (allowed: a new or empty directory; leave it unset for a fresh one)")
+    try:
+        held = sorted(p.name for p in directory.iterdir())[:3] if directory.is_dir() else []
+    except OSError as exc:
+        raise Refused(f"{key}: {directory} cannot be read ({exc.strerror}) (allowed: a new or empty directory "
+                      "you may write to)") from None
+    if held:
+        raise Refused(f"{key}: {directory} is not empty (it holds {', '.join(held)}{', ...' if len(held) == 3 else ''}) "
+                      "(allowed: a new or empty directory; leave it unset for a fresh one)")
 
 
 # The directories this process created by claiming them, with the parents it created for them (a
@@ -65,6 +75,26 @@ def release(directory: Path) -> None:
             return
 
 
+# What a run refused before it started leaves in its directory: Hydra's record and log, our status.json.
+REFUSAL_LEAVES = (rundir.HYDRA_DIR, "run.log", rundir.STATUS)
+
+
+def remove_refused(directory: Path) -> bool:
+    """A single run refused for bad input before it started (no model loaded, no tracker run): what the
+    refusal left in ``directory`` removed, and the directory too where this process made it -- so a
+    refused command leaves no run behind, whichever check refused it (Hydra's while composing, ours
+    after). A directory holding anything else is left as it is. Whether it was removed."""
+    import shutil
+
+    if not directory.is_dir() or any(p.name not in REFUSAL_LEAVES for p in directory.iterdir()):
+        return False
+    for name in REFUSAL_LEAVES:
+        path = directory / name
+        shutil.rmtree(path) if path.is_dir() else path.unlink(missing_ok=True)
+    release(directory)
+    return True
+
+
 def fresh(config: DictConfig, key: str, marks: tuple[str, ...]) -> None:
     """Refuse a used directory the user named; claim a fresh one where the default was taken."""
     directory = Path(OmegaConf.select(config, key))
@@ -74,12 +104,14 @@ def fresh(config: DictConfig, key: str, marks: tuple[str, ...]) -> None:
         raise Refused(UserError(key if given else "paths.output_root", blocked, FOLDER_PATHS))
     if given:
         refuse_reused(directory, marks, key)
+        if not directory.exists():  # Hydra makes it: a refusal before the run starts may give it back
+            _claimed[directory] = [p for p in directory.parents if not p.exists()]
         return
     claimed = claim(directory)
     if claimed != directory:  # as if given on the command line: a sweep's jobs compose their dirs from it
         with read_write(config.hydra):  # HydraConfig.set_config made the node read-only
             OmegaConf.update(config, key, str(claimed))
-            config.hydra.overrides.hydra.append(f"{key}={quoted(str(claimed))}")
+            config.hydra.overrides.hydra.append(f"{key}={literal(str(claimed))}")
 
 
 class FreshDirectories(Callback):

@@ -21,15 +21,21 @@ import base64
 import html
 import io
 import json
+import logging
 import math
 import os
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
+from sdjax_runner import console
+from sdjax_runner.config.input_images import BadImage, decoded, image_file_bytes
 from sdjax_runner.config.report_axes import Axes
 from sdjax_runner.files import write_text
 from sdjax_runner.metrics.report import number, pareto_front, seconds_per_image, svg_plots
 from sdjax_runner.record import rundir
+
+log = logging.getLogger("sdjax_runner")
 
 PAGE = rundir.REPORT_PAGE
 THUMBNAIL = 192  # px, the longer side of a grid cell's image
@@ -97,30 +103,49 @@ def _axis_values(rows: list[dict], key: Optional[str]) -> list[str]:
     return values
 
 
-def thumbnail(job_dir: Path, image: int) -> Optional[str]:
-    """A data URI of a JPEG thumbnail of the point's image ``image`` (its index in the run), or of its
-    first image, or of its grid; None when it has none."""
-    from PIL import Image
+@dataclass
+class Thumbnail:
+    """A grid cell's picture: ``uri`` a data URI of a JPEG (None: nothing to show), ``unreadable`` what
+    could not be shown of the point's files (``file: problem``, one each)."""
 
+    uri: Optional[str] = None
+    unreadable: list[str] = field(default_factory=list)
+
+
+def thumbnail(job_dir: Path, image: int) -> Thumbnail:
+    """The point's image ``image`` (its index in the run), or its first image, or its grid, whichever is
+    the first that can be shown; a file that cannot (not an image, damaged, a decompression bomb, text
+    chunks past Pillow's limits) is named in ``unreadable`` and the next one tried."""
     try:
-        records = rundir.read_record(job_dir / rundir.IMAGES, list)
+        records = rundir.image_records(job_dir)
     except rundir.DamagedRecord:  # absent or damaged: the grid, if there is one
         records = []
     wanted = [r.get("file") for r in records if r.get("index") == image]
-    for name in [*wanted, *[r.get("file") for r in records[:1]], rundir.GRID]:
+    out = Thumbnail()
+    for name in dict.fromkeys([*wanted, *[r.get("file") for r in records[:1]], rundir.GRID]):
         path = job_dir / str(name)
         if not name or not path.is_file() or not path.resolve().is_relative_to(job_dir.resolve()):
             continue  # a record's file outside its run directory is not shown
         try:
-            with Image.open(path) as picture:
-                picture = picture.convert("RGB")
-                picture.thumbnail((THUMBNAIL, THUMBNAIL))
-                buffer = io.BytesIO()
-                picture.save(buffer, "JPEG", quality=85)
-        except OSError:
-            continue
-        return "data:image/jpeg;base64," + base64.b64encode(buffer.getvalue()).decode("ascii")
-    return None
+            out.uri = jpeg_data_uri(path)
+            return out
+        except BadImage as bad:
+            out.unreadable.append(f"{name}: {bad.problem}")
+    return out
+
+
+def jpeg_data_uri(path: Path) -> str:
+    """A data URI of a JPEG thumbnail of the image file ``path`` (:class:`BadImage` where it cannot be read:
+    input_images.decoded's bounds)."""
+    picture = decoded(image_file_bytes(path))
+    try:
+        picture = picture.convert("RGB")
+        picture.thumbnail((THUMBNAIL, THUMBNAIL))
+        buffer = io.BytesIO()
+        picture.save(buffer, "JPEG", quality=85)
+    except Exception as exc:  # a mode or palette Pillow decodes but cannot convert: a cell it cannot show
+        raise BadImage(f"cannot be shown ({' '.join(str(exc).split())[:120]})", "an RGB or grayscale image") from None
+    return "data:image/jpeg;base64," + base64.b64encode(buffer.getvalue()).decode("ascii")
 
 
 def _link(target: Path, page_dir: Path) -> str:
@@ -131,7 +156,8 @@ def _values_label(row: dict, keys) -> str:
     return " ".join(f"{k}={row.get(k, '')}" for k in keys)
 
 
-def _grid(rows: list[dict], axes: Axes, page_dir: Path, image: int) -> str:
+def _grid(rows: list[dict], axes: Axes, page_dir: Path, image: int, unreadable: list[str]) -> str:
+    """The X/Y/Z grids; what could not be shown of the points' files is added to ``unreadable``."""
     out = []
     pages = list(dict.fromkeys(_values_label(r, axes.z) for r in rows))
     xs, ys = _axis_values(rows, axes.x), _axis_values(rows, axes.y)
@@ -149,17 +175,19 @@ def _grid(rows: list[dict], axes: Axes, page_dir: Path, image: int) -> str:
             for x in xs:
                 point = next((r for r in in_page if (axes.x is None or str(r.get(axes.x, "")) == x)
                               and (axes.y is None or str(r.get(axes.y, "")) == y)), None)
-                out.append(_cell(point, page_dir, image))
+                out.append(_cell(point, page_dir, image, unreadable))
             out.append("</tr>")
         out.append("</tbody></table>")
     return "\n".join(out)
 
 
-def _cell(row: Optional[dict], page_dir: Path, image: int) -> str:
+def _cell(row: Optional[dict], page_dir: Path, image: int, unreadable: list[str]) -> str:
     if row is None:
         return '<td class="cell missing empty">no point</td>'
     job_dir = Path(row["dir"])
-    picture = thumbnail(job_dir, image) if row["status"] == "FINISHED" else None
+    thumb = thumbnail(job_dir, image) if row["status"] == "FINISHED" else Thumbnail()
+    unreadable.extend(f"job {row['job']}: {problem}" for problem in thumb.unreadable)
+    picture = thumb.uri
     caption = [f"#{row['job']}"]
     seconds = row.get("seconds_per_image")
     if seconds is not None:
@@ -168,8 +196,9 @@ def _cell(row: Optional[dict], page_dir: Path, image: int) -> str:
     if clip is not None:
         caption.append(f"CLIP {clip:.3g}")
     if picture is None:
-        why = row["status"] if row["status"] != "FINISHED" else "no image"
-        return (f'<td class="cell missing" data-job="{row["job"]}" title="{html.escape(row.get("error") or "", quote=True)}">'
+        why = row["status"] if row["status"] != "FINISHED" else "image unreadable" if thumb.unreadable else "no image"
+        title = "; ".join(thumb.unreadable) or row.get("error") or ""
+        return (f'<td class="cell missing" data-job="{row["job"]}" title="{html.escape(title, quote=True)}">'
                 f'{html.escape(why)}<div class="caption">{html.escape(" · ".join(caption))}</div></td>')
     target = job_dir / rundir.GRID if (job_dir / rundir.GRID).is_file() else job_dir
     return (f'<td class="cell" data-job="{row["job"]}"><a href="{_link(target, page_dir)}">'
@@ -218,8 +247,8 @@ def mlflow_ui_of(rows: list[dict]) -> Optional[str]:
     for row in rows:
         if not row.get("run_id"):
             continue
-        params = rundir.read_json_or_empty(Path(row["dir"]) / "tracking.json").get("params", {})
-        uri = str(params.get("tracking.uri", ""))
+        params = rundir.read_json_or_empty(Path(row["dir"]) / "tracking.json").get("params")
+        uri = str(params.get("tracking.uri", "")) if isinstance(params, dict) else ""
         return uri if uri.startswith(("http://", "https://")) else "http://127.0.0.1:5000"
     return None
 
@@ -237,7 +266,7 @@ def write_page(sweep_dir: Path, rows: list[dict], keys: list[str], axes: Axes, i
         front.update(finished[i]["job"] for i in pareto_front(points))
     plots = svg_plots(finished, keys)
     title = f"Sweep report: {sweep_dir.name}"
-    reference = " ".join(f"{k}={v}" for k, v in (reference_point or {}).items())
+    reference = " ".join(f"{k}={v}" for k, v in (reference_point if isinstance(reference_point, dict) else {}).items())
     meta = [f"<code>{html.escape(str(sweep_dir))}</code>",
             f"{len(rows)} point(s): {len(finished)} finished, {len(rows) - len(finished)} not",
             "swept: " + (", ".join(f"<code>{html.escape(k)}</code>" for k in keys) or "nothing")]
@@ -248,12 +277,13 @@ def write_page(sweep_dir: Path, rows: list[dict], keys: list[str], axes: Axes, i
     axes_line = (f"x: <code>{html.escape(axes.x or '-')}</code>, y: <code>{html.escape(axes.y or '-')}</code>"
                  + (", pages (z): " + ", ".join(f"<code>{html.escape(k)}</code>" for k in axes.z) if axes.z else "")
                  + " (set with <code>report.x=KEY report.y=KEY</code>)")
+    unreadable: list[str] = []
     body = [
         f"<h1>{html.escape(title)}</h1>", *(f'<p class="meta">{m}</p>' for m in meta),
         '<nav><a href="#grid-section">Grid</a><a href="#points-section">Points</a>'
         '<a href="#plots-section">Quality and cost</a></nav>',
         '<section id="grid-section"><h2>Grid</h2>', f'<p class="meta">{axes_line}</p>',
-        _grid(rows, axes, sweep_dir, image), "</section>",
+        _grid(rows, axes, sweep_dir, image, unreadable), "</section>",
         '<section id="points-section"><h2>Points</h2><p class="meta">Click a column to sort by it; bold: on a '
         "Pareto front (no point is both faster and better).</p>",
         _table(rows, keys, sweep_dir, mlflow_ui, front), "</section>",
@@ -266,16 +296,21 @@ def write_page(sweep_dir: Path, rows: list[dict], keys: list[str], axes: Axes, i
             + "\n".join(body) + f"\n<script>{SCRIPT}</script>\n"
             + f'<script type="application/json" id="points-data">{_json(rows)}</script>\n</body></html>\n')
     path = sweep_dir / PAGE
-    write_text(path, text)
+    write_text(path, text.encode("utf-8", "backslashreplace").decode("utf-8"))  # a lone surrogate in a record
+    if unreadable:
+        log.warning("report: %d image file(s) could not be shown, their cells are grey or show the point's grid: %s",
+                    len(unreadable), console.shown("; ".join(unreadable[:5]) + ("; ..." if len(unreadable) > 5 else "")))
     return path
 
 
 def _json(rows: list[dict]) -> str:
-    """The rows as strict JSON for scripts that read the page (no NaN/Infinity; ``</`` kept out of the
-    script element)."""
+    """The rows as strict JSON for scripts that read the page (no NaN/Infinity), safe inside its script
+    element: ``<``, ``>`` and ``&`` written as JSON escapes (``\\u003c``...), so no text in it -- ``</script>``,
+    ``<!--<script>`` -- can end the element or change how the browser reads the rest of the page."""
     def clean(value: Any) -> Any:
         if isinstance(value, float) and not math.isfinite(value):
             return None if math.isnan(value) else ("inf" if value > 0 else "-inf")
         return value
 
-    return json.dumps([{k: clean(v) for k, v in r.items()} for r in rows]).replace("</", "<\\/")
+    text = json.dumps([{k: clean(v) for k, v in r.items()} for r in rows])
+    return text.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")

@@ -54,7 +54,10 @@ def prepare(sweep_dir: Path, task_overrides: list[str]) -> None:
     if not record_file.is_file():
         raise Refused(f"{key}: {sweep_dir} holds no sweep to resume (no {rundir.SWEEP}) "
                       "(allowed: the directory of a multirun, outputs/multiruns/DATE/TIME_NAME)")
-    recorded = rundir.read_json(record_file).get("overrides")
+    try:
+        recorded = rundir.read_record(record_file).get("overrides")
+    except rundir.DamagedRecord as error:
+        raise Refused(f"{key}: {error}") from None
     if recorded != task_overrides:
         raise Refused(f"{key}: {sweep_dir} holds another sweep: it ran {' '.join(recorded or [])!r}, this is "
                       f"{' '.join(task_overrides)!r} (allowed: the sweep's own overrides; python -m "

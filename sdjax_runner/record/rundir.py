@@ -32,7 +32,7 @@ from PIL.PngImagePlugin import PngInfo
 
 from sdjax_runner.config.prompt_syntax import escape
 from sdjax_runner.errors import UserError
-from sdjax_runner.files import read_json, write_json  # noqa: F401 (part of the run-directory contract)
+from sdjax_runner.files import UnreadableRecord, read_config_record, read_json, write_json  # noqa: F401 (part of the run-directory contract)
 
 if TYPE_CHECKING:
     from sdjax_runner.config.plan import Plan
@@ -73,14 +73,41 @@ def job_overrides(job_dir: Path) -> Optional[list[str]]:
     from omegaconf import OmegaConf
 
     try:
-        return OmegaConf.to_container(OmegaConf.load(job_dir / OVERRIDES))
-    except Exception:
+        overrides = OmegaConf.to_container(read_config_record(job_dir / OVERRIDES))
+    except (OSError, ValueError):
         return None
+    return [str(o) for o in overrides] if isinstance(overrides, list) else None
+
+
+def recorded_config(run_dir: Path) -> Any:
+    """The run's ``.hydra/config.yaml`` as an OmegaConf config, read within the record bounds (files.py) and
+    checked to call no resolver the packaged config does not (config/overrides.py): a record handed over
+    repeats its values and makes no lookups here. OSError / ValueError (unreadable) or UserError."""
+    from omegaconf import OmegaConf
+
+    from sdjax_runner.config.overrides import check_recorded_config
+
+    path = run_dir / CONFIG
+    config = read_config_record(path)
+    check_recorded_config(OmegaConf.to_container(config, resolve=False), str(path))
+    return config
 
 
 def image_records(run_dir: Path) -> list[dict[str, Any]]:
-    """A finished run's image records (its images.json)."""
-    return read_json(run_dir / IMAGES)
+    """A run's image records (its images.json), each ``file`` checked to be a file name inside the run
+    directory: :class:`DamagedRecord` naming images.json otherwise (a record handed over may name
+    ``../../etc/passwd``; nothing outside a run directory is read for it)."""
+    records = read_record(run_dir / IMAGES, list)
+    top = run_dir.resolve()
+    for record in records:
+        name = record.get("file")
+        if name is None:
+            continue
+        if not isinstance(name, str) or not name or Path(name).is_absolute() \
+                or not (run_dir / name).resolve().is_relative_to(top):
+            raise DamagedRecord(run_dir / IMAGES, f"names the image file {str(name)[:120]!r}, outside its run directory",
+                                "files inside the run directory, e.g. images/0000_seed0.png")
+    return records
 
 
 def image_file(index: int, seed: int) -> str:
@@ -233,6 +260,8 @@ def read_record(path: Path, kind: type = dict) -> Any:
         value = read_json(path)
     except FileNotFoundError:
         raise DamagedRecord(path, "is missing", _KINDS[kind]) from None
+    except UnreadableRecord as exc:
+        raise DamagedRecord(path, str(exc), _KINDS[kind]) from None
     except (OSError, UnicodeDecodeError, ValueError) as exc:
         detail = " ".join(str(exc).split())[:120]
         raise DamagedRecord(path, f"cannot be read as JSON, damaged or cut short ({type(exc).__name__}: {detail})",

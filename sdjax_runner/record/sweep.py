@@ -14,8 +14,9 @@ from __future__ import annotations
 
 import csv
 import logging
+import re
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
@@ -29,6 +30,11 @@ SUMMARY_TIMINGS = ("compile_s", "trace_s", "first_batch_s", "generate_s", "image
 SUMMARY_QUALITY = ("clip_score_mean", "clip_score_std", "psnr", "psnr_min", "ssim_mean", "ssim_min",
                    "non_finite_images")
 CELL = 256  # contact sheet cell width in pixels
+MAX_CELL_HEIGHT = 4 * CELL  # a grid of 4 x 16 images; a 1 x 200000 grid.png does not make a sheet of gigapixels
+# status.json's texts in a row: a status is one word (FINISHED, FAILED, KILLED, ...), an error a message
+# (the page shows 200 characters), a run id MLflow's (32 hex digits) or a tracker's of the same form.
+MAX_STATUS_CHARS, MAX_ERROR_CHARS = 40, 2000
+RUN_ID = re.compile(r"[0-9A-Za-z_-]{1,64}")
 
 # What the last sweep in this process ended with; cli.main turns failures into exit code 1.
 last_result: dict[str, Any] = {}
@@ -64,8 +70,17 @@ def job_label(job_overrides: list[str], keys: list[str]) -> str:
 
 
 def read_sweep_file(sweep_dir: Path) -> dict[str, Any]:
+    """sweep.json ({} where there is none), its lists of keys and overrides checked to be lists of texts:
+    :class:`rundir.DamagedRecord` naming it otherwise."""
     path = sweep_dir / rundir.SWEEP
-    return rundir.read_json(path) if path.exists() else {}
+    if not path.exists():
+        return {}
+    record = rundir.read_record(path)
+    for key in ("swept_keys", "overrides"):
+        value = record.get(key, [])
+        if not isinstance(value, list) or not all(isinstance(item, str) for item in value):
+            raise rundir.DamagedRecord(path, f"has {key} that is not a list of texts", f'"{key}": ["seed", ...]')
+    return record
 
 
 def collect_jobs(sweep_dir: Path, keys: list[str]) -> list[dict[str, Any]]:
@@ -78,18 +93,45 @@ def collect_jobs(sweep_dir: Path, keys: list[str]) -> list[dict[str, Any]]:
         timings = rundir.read_json_or_empty(job_dir / rundir.TIMINGS)
         quality = rundir.read_json_or_empty(job_dir / rundir.QUALITY)
         values = override_values(overrides)
-        row = {"job": int(job_dir.name), "label": job_label(overrides, keys), "status": status.get("status", "UNKNOWN"),
-               "error": status.get("error", ""), "run_id": status.get("run_id", ""), "dir": str(job_dir)}
+        row = {"job": int(job_dir.name), "label": job_label(overrides, keys), **status_fields(status),
+               "dir": str(job_dir)}
         row.update({k: values.get(k, "") for k in keys})
-        row.update({k: timings.get(k, "") for k in SUMMARY_TIMINGS})
-        row.update({k: quality.get(k, "") for k in SUMMARY_QUALITY})
+        row.update({k: number_field(timings.get(k, "")) for k in SUMMARY_TIMINGS})
+        row.update({k: number_field(quality.get(k, "")) for k in SUMMARY_QUALITY})
         rows.append(row)
     return rows
 
 
+def status_fields(status: dict[str, Any]) -> dict[str, str]:
+    """A row's ``status``, ``error`` and ``run_id`` from status.json, each the text it must be: a field of
+    another type (a damaged or forged record: ``"status": 123``) is the status ``DAMAGED`` or a blank."""
+    state, error, run_id = status.get("status", "UNKNOWN"), status.get("error", ""), status.get("run_id", "")
+    return {"status": writable(state[:MAX_STATUS_CHARS]) if isinstance(state, str) and state else "DAMAGED",
+            "error": writable(error[:MAX_ERROR_CHARS]) if isinstance(error, str) else "",
+            "run_id": run_id if isinstance(run_id, str) and RUN_ID.fullmatch(run_id) else ""}
+
+
+def writable(text: str) -> str:
+    """``text`` that UTF-8 can encode: a lone surrogate (JSON's ``"\\ud800"``) written as its escape."""
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
+def number_field(value: Any) -> Any:
+    """A timings or quality value as a row holds it: a number, a boolean, None, or "" (blank) for anything
+    else -- a text, a list, an integer past a float's range."""
+    if value is None or isinstance(value, bool) or isinstance(value, float):
+        return value
+    if isinstance(value, int) and abs(value) < 2**1023:
+        return value
+    return ""
+
+
 def contact_sheet(rows: list[dict[str, Any]], keys: list[str]):
-    """Rows: the first swept key's values (or all but the last key's); columns: the last key's."""
+    """Rows: the first swept key's values (or all but the last key's); columns: the last key's. A job's
+    grid that cannot be read (damaged, a decompression bomb, ...) is a grey cell, and named in one warning."""
     from PIL import Image, ImageDraw, ImageFont
+
+    from sdjax_runner.config.input_images import BadImage
 
     def axis(row, names):
         return " ".join(f"{k}={row[k]}" for k in names)
@@ -99,14 +141,17 @@ def contact_sheet(rows: list[dict[str, Any]], keys: list[str]):
     col_values = list(dict.fromkeys(axis(r, col_keys) for r in rows))
     font = ImageFont.load_default()
     label_h = 16
-    cells = {}
+    cells, unreadable = {}, []
     for r in rows:
         grid = Path(r["dir"]) / rundir.GRID
-        if r["status"] == "FINISHED" and grid.exists():
-            with Image.open(grid) as image:
-                image = image.convert("RGB")
-                cells[(axis(r, row_keys), axis(r, col_keys))] = image.resize(
-                    (CELL, max(1, round(image.height * CELL / image.width))))
+        if r["status"] == "FINISHED" and grid.is_file():
+            try:
+                cells[(axis(r, row_keys), axis(r, col_keys))] = sheet_cell(grid)
+            except BadImage as bad:
+                unreadable.append(f"job {r['job']}: {bad.problem}")
+    if unreadable:
+        log.warning("sweep: %d grid.png file(s) could not be read, grey on the contact sheet: %s", len(unreadable),
+                    "; ".join(unreadable[:5]) + ("; ..." if len(unreadable) > 5 else ""))
     cell_h = max((c.height for c in cells.values()), default=CELL)
     sheet = Image.new("RGB", (CELL * len(col_values), (cell_h + label_h) * len(row_values)), "white")
     draw = ImageDraw.Draw(sheet)
@@ -123,6 +168,22 @@ def contact_sheet(rows: list[dict[str, Any]], keys: list[str]):
     return sheet
 
 
+def sheet_cell(grid: Path):
+    """A job's grid image at the contact sheet's cell width, :data:`CELL`, and at most :data:`MAX_CELL_HEIGHT`
+    tall (a taller, thinner one fitted inside that); :class:`BadImage` where it cannot be read (input_images'
+    bounds: a decompression bomb, a damaged file, text chunks past Pillow's limits)."""
+    from sdjax_runner.config.input_images import BadImage, decoded, image_file_bytes
+
+    picture = decoded(image_file_bytes(grid))
+    height = max(1, round(picture.height * CELL / picture.width))
+    size = (CELL, height) if height <= MAX_CELL_HEIGHT else \
+        (max(1, round(picture.width * MAX_CELL_HEIGHT / picture.height)), MAX_CELL_HEIGHT)
+    try:
+        return picture.convert("RGB").resize(size)
+    except Exception as exc:  # a mode Pillow decodes but cannot convert
+        raise BadImage(f"cannot be shown ({' '.join(str(exc).split())[:120]})", "an RGB or grayscale image") from None
+
+
 def write_summary(sweep_dir: Path, rows: list[dict[str, Any]], keys: list[str],
                   reference_point: Optional[dict[str, str]] = None, report: Optional[dict[str, Any]] = None,
                   overrides: Optional[list[str]] = None) -> None:
@@ -133,17 +194,28 @@ def write_summary(sweep_dir: Path, rows: list[dict[str, Any]], keys: list[str],
     from sdjax_runner.record.report_page import mlflow_ui_of, write_page
 
     columns = ["job", "label", *keys, "status", "error", *SUMMARY_TIMINGS, *SUMMARY_QUALITY, "run_id", "dir"]
-    with open(sweep_dir / rundir.SUMMARY_CSV, "w", newline="", encoding="utf-8") as f:
+    with open(sweep_dir / rundir.SUMMARY_CSV, "w", newline="", encoding="utf-8", errors="backslashreplace") as f:
         writer = csv.DictWriter(f, fieldnames=columns)
         writer.writeheader()
         writer.writerows(rows)
     rundir.write_json(sweep_dir / rundir.SUMMARY_JSON, rows)
     if rows:
-        contact_sheet(rows, keys).save(sweep_dir / rundir.CONTACT_SHEET)
-        write_report(sweep_dir / rundir.REPORT, [r for r in rows if r["status"] == "FINISHED"], keys, reference_point)
+        drawn(sweep_dir / rundir.CONTACT_SHEET, lambda path: contact_sheet(rows, keys).save(path))
+        drawn(sweep_dir / rundir.REPORT, lambda path: write_report(
+            path, [r for r in rows if r["status"] == "FINISHED"], keys, reference_point))
     report = report or {}
     write_page(sweep_dir, rows, keys, choose(keys, report.get("x"), report.get("y")), image_index(report.get("image")),
                reference_point, overrides, mlflow_ui_of(rows))
+
+
+def drawn(path: Path, draw: Callable[[Path], Any]) -> None:
+    """``draw(path)``; a failure (what the sweep's records hold that a picture cannot show) costs only that
+    picture: a warning naming it, and the summary and report.html are still written."""
+    try:
+        draw(path)
+    except Exception as exc:
+        path.unlink(missing_ok=True)  # nothing half-drawn left behind
+        log.warning("sweep: %s was not drawn (%s: %s)", path.name, type(exc).__name__, " ".join(str(exc).split())[:200])
 
 
 class SweepCallback(Callback):
@@ -261,7 +333,7 @@ def compare_with_reference_point(sweep_dir: Path, rows: list[dict[str, Any]], ke
                         reference["status"])
             continue
         job_dir, reference_dir = Path(row["dir"]), Path(reference["dir"])
-        records = rundir.read_json(job_dir / rundir.IMAGES)
+        records = rundir.image_records(job_dir)
         fields = with_reference(job_dir, records, reference_dir, rundir.image_records)
         fields["reference_label"] = reference["label"]
         quality_file = job_dir / rundir.QUALITY
