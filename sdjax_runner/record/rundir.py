@@ -64,7 +64,7 @@ MULTIRUN = "multirun.yaml"  # Hydra's: the sweep's composed config and overrides
 
 def job_dirs(sweep_dir: Path) -> list[Path]:
     """A sweep's job directories (``0/``, ``1/``, ...), in job order."""
-    return sorted((p for p in sweep_dir.iterdir() if p.is_dir() and p.name.isdigit()), key=lambda p: int(p.name))
+    return sorted((p for p in sweep_dir.iterdir() if p.is_dir() and p.name.isascii() and p.name.isdigit()), key=lambda p: int(p.name))
 
 
 def job_overrides(job_dir: Path) -> Optional[list[str]]:

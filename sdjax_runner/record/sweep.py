@@ -80,6 +80,8 @@ def read_sweep_file(sweep_dir: Path) -> dict[str, Any]:
         value = record.get(key, [])
         if not isinstance(value, list) or not all(isinstance(item, str) for item in value):
             raise rundir.DamagedRecord(path, f"has {key} that is not a list of texts", f'"{key}": ["seed", ...]')
+    if not isinstance(record.get("report", {}), (dict, type(None))):
+        raise rundir.DamagedRecord(path, "has a report setting that is not an object", '"report": {"x": "seed"}')
     return record
 
 
