@@ -114,7 +114,7 @@ def packaged_interpolations() -> frozenset[tuple[str, str]]:
     found = set()
     for path in _yaml_files(resources.files("sdjax_runner.conf")):
         data = yaml.safe_load(path.read_text(encoding="utf-8"))
-        found.update((name, value) for name, value in _leaves(data) if isinstance(value, str) and calls_a_resolver(value))
+        found.update((name, value) for _, name, value in _leaves(data) if isinstance(value, str) and calls_a_resolver(value))
     return frozenset(found)
 
 
@@ -126,31 +126,26 @@ def _yaml_files(folder: Any) -> Iterator[Any]:
             yield entry
 
 
-def _leaves(node: Any, name: str = "") -> Iterator[tuple[str, Any]]:
+def _leaves(node: Any, path: str = "", name: str = "") -> Iterator[tuple[str, str, Any]]:
+    """(full key, key name, value) of every leaf of a config as plain data; a list's items are named by the
+    list's key (``prompts.texts.0``'s name is ``texts``)."""
     if isinstance(node, dict):
         for key, value in node.items():
-            yield from _leaves(value, str(key))
+            yield from _leaves(value, f"{path}.{key}" if path else str(key), str(key))
     elif isinstance(node, list):
-        for item in node:
-            yield from _leaves(item, name)
+        for index, item in enumerate(node):
+            yield from _leaves(item, f"{path}.{index}", name)
     else:
-        yield name, node
+        yield path, name, node
 
 
-def recorded_resolver_calls(data: Any, path: str = "") -> Iterator[tuple[str, str]]:
+def recorded_resolver_calls(data: Any) -> Iterator[tuple[str, str]]:
     """(full key, value) of each value of a recorded config (plain data) that calls a resolver where the
     packaged config does not."""
     allowed = packaged_interpolations()
-    if isinstance(data, dict):
-        for key, value in data.items():
-            yield from recorded_resolver_calls(value, f"{path}.{key}" if path else str(key))
-    elif isinstance(data, list):
-        for index, item in enumerate(data):
-            yield from recorded_resolver_calls(item, f"{path}.{index}")
-    elif isinstance(data, str) and calls_a_resolver(data):
-        name = path.rsplit(".", 1)[-1]
-        if (name, data) not in allowed:
-            yield path, data
+    for path, name, value in _leaves(data):
+        if isinstance(value, str) and calls_a_resolver(value) and (name, value) not in allowed:
+            yield path, value
 
 
 def check_recorded_config(data: Any, source: str) -> None:

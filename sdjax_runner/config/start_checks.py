@@ -41,8 +41,12 @@ def run_folder(config: DictConfig, key: str) -> None:
         directory = Path(OmegaConf.select(config, key))
     except OmegaConfBaseException:  # an interpolation that fails: record/fresh_dirs.py's to report, as before
         return
-    given = any(o.startswith(f"{key}=") for o in config.hydra.overrides.hydra)
-    folder(key if given else "paths.output_root", directory)
+    folder(key if given(config, key) else "paths.output_root", directory)
+
+
+def given(config: DictConfig, key: str) -> bool:
+    """Whether the command line names ``key`` (a Hydra setting: hydra.run.dir, hydra.sweep.dir)."""
+    return any(o.startswith(f"{key}=") for o in config.hydra.overrides.hydra)
 
 
 def writes(config: DictConfig) -> bool:

@@ -19,8 +19,8 @@ from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf, read_write
 
 from sdjax_runner.config.overrides import literal
-from sdjax_runner.errors import Refused, UserError
-from sdjax_runner.files import FOLDER_PATHS, cannot_make_folder
+from sdjax_runner.config.start_checks import given
+from sdjax_runner.errors import Refused
 from sdjax_runner.record import rundir
 
 # What marks a directory as holding a run (or a sweep): any of these.
@@ -97,12 +97,8 @@ def remove_refused(directory: Path) -> bool:
 
 def fresh(config: DictConfig, key: str, marks: tuple[str, ...]) -> None:
     """Refuse a used directory the user named; claim a fresh one where the default was taken."""
-    directory = Path(OmegaConf.select(config, key))
-    given = any(o.startswith(f"{key}=") for o in config.hydra.overrides.hydra)
-    blocked = cannot_make_folder(directory)
-    if blocked:  # else mkdir's NotADirectoryError, a traceback, when Hydra makes the directory
-        raise Refused(UserError(key if given else "paths.output_root", blocked, FOLDER_PATHS))
-    if given:
+    directory = Path(OmegaConf.select(config, key))  # one that cannot be made: refused by StartChecks, called first
+    if given(config, key):
         refuse_reused(directory, marks, key)
         if not directory.exists():  # Hydra makes it: a refusal before the run starts may give it back
             _claimed[directory] = [p for p in directory.parents if not p.exists()]
