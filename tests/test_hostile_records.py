@@ -66,6 +66,26 @@ def test_a_png_prompt_reaches_the_run_as_text_never_as_an_interpolation(tmp_path
     assert files_holding(tmp_path, SECRET) == [] and SECRET not in result.stdout + result.stderr
 
 
+def test_a_prompt_given_as_literal_text_stays_text_and_a_broken_interpolation_is_one_line(tmp_path):
+    """On the command line, ``${...}`` is OmegaConf's: one that names no key is one line naming the prompt (not
+    two naming hydra.run.dir, whose name reads the overrides), before any folder is made. Escaped, it is the
+    prompt's text, and stays text: the plan's parameter list once resolved the resolved config again, which
+    turned the text back into a lookup (the environment's value into MLflow's params)."""
+    from sdjax_runner.config.overrides import literal
+
+    refused = run_cli("+experiment=smoke", "prompts.texts=[a ${nope} b]", cwd=tmp_path)
+    assert_one_line_error(refused, "error: prompts.texts[0]: Interpolation key 'nope' not found (allowed: a value "
+                                   "that resolves; for a literal '${', write '\\${')")
+    assert "hydra.run.dir" not in refused.stdout + refused.stderr and nothing_written(tmp_path)
+    result = run_cli("+experiment=smoke", f"prompts.texts=[{literal('a ' + LOOKUP)}]",
+                     f"prompts.negative={literal(LOOKUP)}", "parallelism.num_batches=1", "timing.repeats=1",
+                     "metrics.clip_score.enabled=false", f"hydra.run.dir={tmp_path / 'run'}", cwd=tmp_path, env=ENV)
+    assert result.returncode == 0, result.stderr
+    records = json.loads((tmp_path / "run" / "images.json").read_text())
+    assert {(r["prompt"], r["negative_prompt"]) for r in records} == {("a " + LOOKUP, LOOKUP)}
+    assert files_holding(tmp_path, SECRET) == [] and SECRET not in result.stdout + result.stderr
+
+
 @pytest.mark.parametrize("settings,expected", [
     ("Steps: ², Seed: 1, CFG scale: 7", "error: Steps: '²' is not a number the runner reads (allowed: a whole number"),
     ("Steps: 2, Seed: ١٢, CFG scale: 7", "error: Seed: '١٢' is not a number the runner reads"),

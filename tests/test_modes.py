@@ -37,12 +37,18 @@ def inputs(tmp_path_factory) -> dict[str, Path]:
     mask = np.zeros((SIZE, SIZE), np.uint8)
     mask[16:48, 8:40] = 255  # white repaints
     Image.fromarray(mask).save(folder / "mask.png")
+    # The same mask as A1111's inpaint sketch hands one over: painted (opaque) where it repaints, transparent
+    # elsewhere, the colour of no account (create_binary_mask reads the alpha).
+    painted = np.zeros((SIZE, SIZE, 4), np.uint8)
+    painted[..., :3] = (200, 30, 30)
+    painted[..., 3] = np.where(mask > 0, 255, 0)
+    Image.fromarray(painted, "RGBA").save(folder / "painted_mask.png")
     Image.fromarray(np.full((SIZE, SIZE), 255, np.uint8)).save(folder / "white.png")
     Image.fromarray(np.zeros((SIZE, SIZE), np.uint8)).save(folder / "black.png")
     edges = np.zeros((SIZE, SIZE, 3), np.uint8)
     edges[::8], edges[:, ::8] = 255, 255  # a canny-like line map
     Image.fromarray(edges).save(folder / "control.png")
-    return {name: folder / f"{name}.png" for name in ("init", "mask", "white", "black", "control")}
+    return {name: folder / f"{name}.png" for name in ("init", "mask", "painted_mask", "white", "black", "control")}
 
 
 def smoke_prompt() -> tuple[str, float, int]:
@@ -175,14 +181,16 @@ def test_inpainting_model_equals_diffusers_flax_inpaint_pipeline(tmp_path, input
                             jit=True).images
         assert_matches(images_of(job), as_uint8(expected), exact=False)
     # The same model laid out as the published SD 1.5 inpainting repository (runwayml's): its model index
-    # names StableDiffusionInpaintPipeline, PyTorch safetensors only, every published config key.
+    # names StableDiffusionInpaintPipeline, PyTorch safetensors only, every published config key; and the
+    # same mask as an RGBA sketch (its alpha is the mask, as in A1111), said on the console.
     published = write_published(model_dir, tmp_path / "stable-diffusion-inpainting", "sd15",
                                 {"_class_name": "StableDiffusionInpaintPipeline"})
     assert json.loads((published / "unet" / "config.json").read_text())["in_channels"] == 9
     run = run_cli("+experiment=smoke", "tracking=none", "model=local", f"model.pretrained_model_name_or_path={published}",
-                  "mode=inpaint", f"init_image={inputs['init']}", f"mask_image={inputs['mask']}",
+                  "mode=inpaint", f"init_image={inputs['init']}", f"mask_image={inputs['painted_mask']}",
                   f"hydra.run.dir={tmp_path / 'published'}", cwd=tmp_path)
     assert run.returncode == 0, run.stderr
+    assert f"mask_image: {inputs['painted_mask']} has transparency: its alpha is the mask" in run.stdout + run.stderr
     assert_matches(images_of(tmp_path / "published"), images_of(jobs[0]))
 
 
@@ -273,7 +281,6 @@ def test_controlnet_from_a_pytorch_folder_equals_diffusers_flax_controlnet_pipel
 def bad_files(tmp_path_factory, inputs) -> dict[str, Path]:
     folder = tmp_path_factory.mktemp("bad")
     (folder / "notes.png").write_text("not an image at all")
-    Image.fromarray(smooth_image(2)).save(folder / "rgb_mask.png")
     Image.fromarray(np.zeros((32, 32), np.uint8)).save(folder / "small_mask.png")
     whole = inputs["init"].read_bytes()
     (folder / "truncated.png").write_bytes(whole[: len(whole) // 2])
@@ -293,7 +300,6 @@ def bad_files(tmp_path_factory, inputs) -> dict[str, Path]:
     (["mode=img2img", "init_image={bad}/bomb.png"], "error: init_image: {bad}/bomb.png is a decompression bomb"),
     (["mode=img2img", "init_image={bad}/missing.png"], "error: init_image: no such file"),
     (["mode=img2img", "init_image={bad}/huge.png"], "error: init_image: {bad}/huge.png has 0.3 GB"),
-    (["mode=inpaint", "init_image={init}", "mask_image={bad}/rgb_mask.png"], "error: mask_image: {bad}/rgb_mask.png has 3 channels"),
     (["mode=inpaint", "init_image={init}", "mask_image={bad}/small_mask.png"], "error: mask_image: {bad}/small_mask.png is 32 x 32"),
     (["mode=img2img", "init_image=[{init},{init}]"], "error: init_image: has 2 images for 1 prompt(s)"),
     (["mode=img2img", "init_image={init}", "strength=1.5"], "error: strength: must be in (0, 1]"),
@@ -368,3 +374,46 @@ def test_a_rerun_names_an_input_image_that_changed(tmp_path, inputs):
     said = again.stdout + again.stderr
     assert "init_image.0.sha256" in said and "Traceback" not in said, said
     assert again.returncode != 0  # the images differ from the record
+
+
+def a1111_binary_mask(image: Image.Image) -> np.ndarray:
+    """A1111's create_binary_mask (modules/processing.py), transcribed: an RGBA image that is not wholly
+    opaque by its alpha (> 128 repaints), anything else by Pillow's luminance."""
+    if image.mode == "RGBA" and image.getextrema()[-1] != (255, 255):
+        return np.where(np.asarray(image.split()[-1]) > 128, 255, 0)
+    return np.asarray(image.convert("L"))
+
+
+@pytest.mark.parametrize("name", ["rgb", "rgb_colour", "palette", "rgba_sketch", "rgba_opaque", "la_sketch",
+                                  "palette_transparent"])
+def test_masks_as_users_have_them_are_read_as_a1111_reads_them(tmp_path, name):
+    from sdjax_runner.config.input_images import read_image
+
+    rng = np.random.default_rng(3)
+    repaint = np.zeros((16, 16), bool)
+    repaint[4:12, 2:9] = True
+    grey = np.where(repaint, 255, 0).astype(np.uint8)
+    alpha = np.where(repaint, rng.integers(129, 256, repaint.shape), rng.integers(0, 129, repaint.shape))
+    colour = rng.integers(0, 256, (16, 16, 3)).astype(np.uint8)
+    images = {
+        "rgb": Image.fromarray(np.repeat(grey[..., None], 3, axis=2)),
+        "rgb_colour": Image.fromarray(colour),  # its luminance, whatever it looks like
+        "palette": Image.fromarray(np.repeat(grey[..., None], 3, axis=2)).convert("P"),
+        "rgba_sketch": Image.fromarray(np.dstack([colour, alpha]).astype(np.uint8), "RGBA"),
+        "rgba_opaque": Image.fromarray(np.dstack([colour, np.full((16, 16), 255)]).astype(np.uint8), "RGBA"),
+        "la_sketch": Image.fromarray(np.dstack([grey, alpha]).astype(np.uint8), "LA"),
+    }
+    palette_transparent = images["palette"].copy()
+    palette_transparent.info["transparency"] = int(np.asarray(images["palette"])[0, 0])  # the black index
+    images["palette_transparent"] = palette_transparent
+    path = tmp_path / f"{name}.png"
+    images[name].save(path)
+    with Image.open(path) as saved:
+        as_rgba = saved.convert("RGBA") if saved.mode in ("LA", "P") and name.endswith(("sketch", "transparent")) \
+            else saved
+        expected = a1111_binary_mask(as_rgba)
+    read = read_image("mask_image", path, mask=True)
+    assert read.pixels.shape == (16, 16, 1)
+    np.testing.assert_array_equal(read.pixels[..., 0], expected)
+    if name not in ("rgb_colour", "rgba_opaque"):
+        np.testing.assert_array_equal(read.pixels[..., 0], grey)  # the mask that was drawn

@@ -222,6 +222,28 @@ def test_every_sampler_name_is_written_into_the_records_and_read_back_as_itself(
     text = a1111_parameters(dict(image_meta(plan, 64, 64), index=0, batch=0, device=0, prompt="a cat", seed=0))
     read = infotext.overrides(infotext.parse(text), ("tiny-random",), ("fp32",), False)
     assert _plan(*read.overrides).sampling == plan.sampling, text
+    if name == "uni_pc_bh2":  # A1111's own spelling: its UniPC with the variant setting it writes when not bh1
+        assert "Sampler: UniPC, Schedule type: " in text and "UniPC variant: bh2, " in text
+
+
+@pytest.mark.parametrize("settings, runs, said", [
+    ("Sampler: UniPC, UniPC variant: bh2", ("uni_pc_bh2", "normal"), None),
+    ("Sampler: UniPC Karras, UniPC variant: bh2", ("uni_pc_bh2", "karras"), None),
+    ("Sampler: UniPC, Schedule type: Exponential, UniPC variant: bh2", ("uni_pc_bh2", "exponential"), None),
+    ("Sampler: UniPC, UniPC variant: bh1", ("uni_pc", "normal"), None),
+    ("Sampler: UniPC, UniPC variant: vary_coeff", ("uni_pc", "normal"),
+     "UniPC variant: vary_coeff: not honoured, bh1 runs (allowed: bh1, bh2)"),
+    ("Sampler: Euler a, UniPC variant: bh2", ("euler_ancestral", "normal"), "UniPC variant: bh2: not honoured (a UniPC setting"),
+])
+def test_a1111s_unipc_variant_is_read_from_an_infotext(settings, runs, said):
+    from sdjax_runner.config import infotext
+
+    read = infotext.overrides(infotext.parse(f"a cat\nSteps: 4, {settings}, Seed: 1"), ("tiny-random",), ("fp32",),
+                              False)
+    sampling = _plan(*read.overrides).sampling
+    assert (sampling.sampler, sampling.sigmas) == runs
+    unipc_lines = [line for line in read.not_honoured if "UniPC" in line]
+    assert len(unipc_lines) == (0 if said is None else 1) and all(line.startswith(said) for line in unipc_lines)
 
 
 def test_bad_sampler_names_are_one_line(tmp_path):

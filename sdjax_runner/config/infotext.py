@@ -135,7 +135,7 @@ def overrides(info: Infotext, model_options: tuple[str, ...], dtype_options: tup
         out.extend([f"sampling.width={width}", f"sampling.height={height}"])
         honoured.append(f"Size: {settings.pop('Size')} -> sampling.width={width} sampling.height={height}")
     if "Sampler" in settings:
-        use("Sampler", sampler_override(settings["Sampler"]))
+        use("Sampler", sampler_override(settings["Sampler"], settings.pop("UniPC variant", None), skipped))
     schedule = settings.get("Schedule type")
     if schedule is not None:
         ours = {v.lower(): k for k, v in samplers.A1111_SCHEDULES.items()}.get(schedule.lower())
@@ -166,15 +166,27 @@ def overrides(info: Infotext, model_options: tuple[str, ...], dtype_options: tup
     return Translation(out, honoured, skipped)
 
 
-def sampler_override(name: str) -> str:
+def sampler_override(name: str, unipc_variant: str | None = None, skipped: list[str] | None = None) -> str:
     """``Sampler: NAME`` as an override: one of ours (a diffusers scheduler by its own name) or a sampler by
-    an A1111/ComfyUI name; an unknown name is :class:`UserError` here, before anything runs."""
+    an A1111/ComfyUI name; an unknown name is :class:`UserError` here, before anything runs. A1111's UniPC
+    runs the variant its ``UniPC variant`` setting names (bh1 when none is written); one not here is
+    said in ``skipped`` (the default bh1 runs)."""
     if name in SCHEDULERS:
         return f"scheduler={name.lower()}"
     try:
-        samplers.resolve(name, "pndm")
+        sampling = samplers.resolve(name, "pndm")
     except UserError as error:
         raise UserError("Sampler", error.problem, error.allowed) from None
+    if unipc_variant is not None and sampling.sampler == "uni_pc":
+        variant = samplers.UNIPC_VARIANTS.get(unipc_variant.strip().lower())
+        if variant is None:
+            skipped.append(f"UniPC variant: {one_line(unipc_variant)}: not honoured, bh1 runs (allowed: "
+                           f"{', '.join(samplers.UNIPC_VARIANTS)})")
+        elif variant == "uni_pc_bh2":
+            carried = samplers.lookup(name)[1]  # "UniPC Karras": the schedule the name carries, kept
+            return f"sampler={literal('uni_pc_bh2' + (f' {carried}' if carried else ''))}"
+    elif unipc_variant is not None:
+        skipped.append(f"UniPC variant: {one_line(unipc_variant)}: not honoured (a UniPC setting; Sampler: {one_line(name)})")
     return f"sampler={literal(name)}"
 
 

@@ -19,6 +19,14 @@ An image already of the run's size is used as it is (no resampling), which is ho
 pipelines take an image of their size. A mask is binarised after resizing: >= 0.5 (128 of 255)
 repaints, as diffusers' Flax inpaint pipeline does; it is resized with the same geometry as the init
 image (nearest neighbour, so its edge stays sharp before binarising).
+
+A mask is read as A1111 reads one (``create_binary_mask`` in its modules/processing.py), so the files users
+already have work: a grayscale mask as it is (white repaints, black keeps); an RGB or palette mask by its
+luminance (Pillow's ``convert("L")``); a mask with transparency (RGBA, LA, or a palette with a transparent
+colour) whose alpha is not fully opaque by its alpha, thresholded as A1111 does (alpha above 128 repaints:
+paint where you want it redrawn, leave the rest transparent); one fully opaque by its luminance. 16-bit and
+float grayscale masks are scaled to 0..255 by their type's range. The console says which reading a
+non-grayscale mask got.
 """
 
 from __future__ import annotations
@@ -27,6 +35,8 @@ import hashlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
+
+import logging
 
 import numpy as np
 
@@ -39,6 +49,7 @@ MAX_FILE_BYTES = 256 * 2**20  # read whole: a sparse file of terabytes costs no 
 # shape) on the two-step path A1111 takes, and at most 64 MP (the largest run, 4096 x 4096, times 4).
 MAX_SCALED = 4
 EXTENSIONS = (".png", ".jpg", ".jpeg", ".webp", ".bmp", ".tif", ".tiff")
+log = logging.getLogger("sdjax_runner")
 ALLOWED = "an image file (PNG, JPEG, WebP, ...), a folder of them, or a list of files paired with the prompts"
 
 
@@ -124,7 +135,7 @@ def decoded(data: bytes, max_pixels: int = MAX_PIXELS):
 
 
 def read_image(key: str, path: Path, mask: bool = False) -> InputImage:
-    """One file, decoded whole and checked; a mask must be single-channel."""
+    """One file, decoded whole and checked; a mask read as A1111 reads it (:func:`mask_pixels`)."""
     missing = not_a_file(path)
     if missing:
         raise UserError(key, f"{missing}: {path}", ALLOWED)
@@ -133,15 +144,27 @@ def read_image(key: str, path: Path, mask: bool = False) -> InputImage:
         image = decoded(data)
     except BadImage as bad:
         raise UserError(key, f"{path} {bad.problem}", bad.allowed) from None
-    if mask and image.mode not in ("L", "1", "I;16", "I", "F"):
-        raise UserError(key, f"{path} has {len(image.getbands())} channels ({image.mode}); a mask is "
-                        "single-channel", "a grayscale (mode L) mask: white repaints, black keeps")
     if mask:
-        pixels = np.asarray(image.convert("L"))[..., None] if image.mode in ("1", "L") else \
-            np.asarray(_to_8bit(image))[..., None]
+        pixels = mask_pixels(key, path, image)[..., None]
     else:
         pixels = np.asarray(image.convert("RGB"))
     return InputImage(key, str(path), hashlib.sha256(data).hexdigest(), np.ascontiguousarray(pixels))
+
+
+def mask_pixels(key: str, path: Path, image) -> np.ndarray:
+    """The mask in ``image`` as (H, W) uint8, white repaints, read as A1111 reads it (module docstring)."""
+    if image.mode in ("1", "L"):
+        return np.asarray(image.convert("L"))
+    if image.mode in ("I;16", "I", "F"):
+        return np.asarray(_to_8bit(image))
+    if image.mode in ("RGBA", "LA", "PA", "La", "RGBa") or (image.mode == "P" and "transparency" in image.info):
+        alpha = image.convert("RGBA").getchannel("A")
+        if alpha.getextrema() != (255, 255):
+            log.info("%s: %s has transparency: its alpha is the mask (opaque repaints, transparent keeps)",
+                     key, path)
+            return np.where(np.asarray(alpha) > 128, 255, 0).astype(np.uint8)
+    log.info("%s: %s is %s: its luminance is the mask (white repaints, black keeps)", key, path, image.mode)
+    return np.asarray(image.convert("RGBA").convert("L") if image.mode in ("LA", "PA", "La") else image.convert("L"))
 
 
 def _to_8bit(image):

@@ -117,7 +117,8 @@ def flatten_params(config: RunConfig, max_chars: int = 500) -> dict[str, str]:
             if len(text) <= max_chars:
                 out[prefix] = text
 
-    walk("", OmegaConf.to_container(OmegaConf.structured(config), resolve=True, enum_to_str=True))
+    # ``config`` is resolved already: a value reading "${...}" now is text (a prompt), never resolved again.
+    walk("", OmegaConf.to_container(OmegaConf.structured(config), resolve=False, enum_to_str=True))
     return out
 
 

@@ -26,6 +26,10 @@ A1111 = {"Euler": "euler", "Euler a": "euler_ancestral", "Heun": "heun", "DPM2":
          "DPM++ 2M SDE": "dpmpp_2m_sde", "DPM++ 3M SDE": "dpmpp_3m_sde", "LCM": "lcm", "UniPC": "uni_pc",
          "DDIM": "ddim", "PLMS": "pndm"}
 BY_K_NAME = {k: a for a, k in A1111.items()}  # a k sampler's A1111 name, where A1111 has one
+# A1111's UniPC runs the variant its "UniPC variant" setting says (bh1 by default) and writes the setting into
+# the infotext when it is not the default: ComfyUI's uni_pc is bh1, uni_pc_bh2 is A1111's UniPC at bh2.
+UNIPC_VARIANTS = {"bh1": "uni_pc", "bh2": "uni_pc_bh2"}
+BY_K_NAME["uni_pc_bh2"] = "UniPC"
 # The schedules' names in A1111's "Schedule type" (its sd_schedulers.py).
 A1111_SCHEDULES = {"normal": "Normal", "karras": "Karras", "exponential": "Exponential", "sgm_uniform": "SGM Uniform",
                    "simple": "Simple"}
@@ -50,19 +54,24 @@ class Sampling:
     def a1111(self) -> tuple[str, Optional[str]]:
         """(Sampler, Schedule type) as A1111 writes them in a PNG's ``parameters`` (``DPM++ 2M``, ``Karras``).
         A diffusers scheduler keeps its own name (``pndm``) and has no schedule type: it is not A1111's
-        sampler of a similar name. So does a k sampler A1111 has no name for: ``uni_pc_bh2`` is A1111's
-        ``UniPC`` only with its "UniPC variant" setting at bh2, which ``Sampler:`` cannot say (and A1111's
-        default is bh1); its own (ComfyUI's) name reads back here as the same sampler."""
+        sampler of a similar name. ``uni_pc_bh2`` is A1111's ``UniPC`` with the setting :attr:`a1111_settings`
+        says. A k sampler A1111 has no name for keeps its own (ComfyUI's), which reads back as itself."""
         if self.sampler == "scheduler":
             return self.scheduler, None
         return BY_K_NAME.get(self.sampler, self.sampler), A1111_SCHEDULES[self.sigmas]
+
+
+    @property
+    def a1111_settings(self) -> dict[str, str]:
+        """The further settings A1111 writes for this sampler: ``UniPC variant: bh2`` (not its default)."""
+        return {"UniPC variant": "bh2"} if self.sampler == "uni_pc_bh2" else {}
 
 
 def allowed() -> str:
     return ", ".join([*A1111, *K_SAMPLERS, "ddim", "pndm"]) + " (A1111 names may end in Karras or Exponential)"
 
 
-def _lookup(name: str) -> tuple[str, Optional[str]]:
+def lookup(name: str) -> tuple[str, Optional[str]]:
     """(k-diffusion name or diffusers scheduler, the schedule the name carries or None)."""
     text = " ".join(name.split()).lower()
     carried = None
@@ -99,7 +108,7 @@ def resolve(sampler: Optional[str], scheduler: str, steps: Optional[int] = None,
                             "with sampler=NAME too", f"sampler=dpmpp_2m scheduler={scheduler}, or scheduler="
                             + ", ".join(SCHEDULERS))
         return Sampling("scheduler", scheduler, None, _eta(eta, scheduler, f"scheduler={scheduler}"))
-    found, carried = _lookup(str(sampler))
+    found, carried = lookup(str(sampler))
     if found in SCHEDULERS:  # DDIM / PLMS: diffusers' own scheduler, with its own timesteps
         if carried or scheduler in SCHEDULES:
             raise UserError("sampler", f"{sampler} steps on its own timesteps and takes no sigma schedule",

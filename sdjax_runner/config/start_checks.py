@@ -16,7 +16,7 @@ from typing import Any
 from hydra.core.hydra_config import HydraConfig
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
-from omegaconf.errors import OmegaConfBaseException
+from omegaconf.errors import InterpolationKeyError, OmegaConfBaseException, UnsupportedInterpolationType
 
 from sdjax_runner.config.checks import folder
 from sdjax_runner.config.prompts import check_text
@@ -32,6 +32,21 @@ def prompts(config: DictConfig) -> None:
         check_text(f"prompts.texts[{number}]", str(text))
     if given.get("negative"):
         check_text("prompts.negative", str(given["negative"]))
+
+
+def interpolations(config: DictConfig) -> None:
+    """Every ``${...}`` of the run's own settings names a key or resolver that exists. Checked before the run
+    folder is named, since its name reads the command line's overrides (a prompt ``a ${nope}`` would fail
+    there, named hydra.run.dir). Values that need a job (``${hydra:job.num}`` in a sweep) are left to it."""
+    for key in config:
+        if key == "hydra":
+            continue
+        try:
+            OmegaConf.to_container(config[key], resolve=True) if OmegaConf.is_config(config[key]) else config[key]
+        except (InterpolationKeyError, UnsupportedInterpolationType) as error:
+            where = error.full_key or str(key)
+            message = (getattr(error, "msg", None) or str(error)).split("\n")[0]
+            raise UserError(where, message, "a value that resolves; for a literal '${', write '\\${'") from None
 
 
 def run_folder(config: DictConfig, key: str) -> None:
@@ -59,8 +74,9 @@ class StartChecks(Callback):
     def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
         try:
             prompts(config)
+            HydraConfig.instance().set_config(config)  # settings and hydra.run.dir may read ${hydra:...}
+            interpolations(config)
             if writes(config):
-                HydraConfig.instance().set_config(config)  # hydra.run.dir may read ${hydra:...}
                 run_folder(config, "hydra.run.dir")
         except UserError as error:
             raise Refused(error) from None  # (an Exception raised here would be a warning of Hydra's)
@@ -68,6 +84,7 @@ class StartChecks(Callback):
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
         try:
             prompts(config)
+            interpolations(config)
             if writes(config):
                 run_folder(config, "hydra.sweep.dir")
         except UserError as error:

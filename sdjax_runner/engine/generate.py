@@ -165,6 +165,8 @@ class Generator:
             self.timings.steady_s.append(self._timed(first)[1])
 
     def _to_uint8(self, images: np.ndarray) -> np.ndarray:
+        # Non-finite pixels were counted in images(); they are saved black (0), without NumPy's cast warning.
+        images = np.nan_to_num(images, nan=0.0, posinf=0.0, neginf=0.0)
         pixels = (images * 255).round().astype("uint8")  # as pipeline.numpy_to_pil does
         if getattr(self.pipeline, "safety_checker", None) is not None:  # SD 1.x/2.x only
             pixels, _ = self.pipeline._run_safety_checker(pixels, self.safety_weights, jit=False)

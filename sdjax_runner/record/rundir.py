@@ -142,6 +142,7 @@ def a1111_parameters(meta: dict[str, Any]) -> str:
     lines.append(
         f"Steps: {meta['steps']}, Sampler: {meta['sampler']}, "
         + (f"Schedule type: {meta['schedule_type']}, " if meta.get("schedule_type") else "")
+        + (f"UniPC variant: {meta['unipc_variant']}, " if meta.get("unipc_variant") else "")
         + f"CFG scale: {meta['guidance_scale']}, "
         f"Seed: {meta['seed']}, Size: {meta['width']}x{meta['height']}, Model: {meta['model']}, "
         f"Dtype: {meta['dtype']}, Batch: {meta['batch']}, Device: {meta['device']}"
@@ -293,6 +294,7 @@ def image_meta(plan: "Plan", height: int, width: int) -> dict[str, Any]:
         "scheduler": plan.scheduler.name if plan.sampling.sampler == "scheduler" else plan.sampling.sigmas,
         "sampler": plan.sampling.a1111[0],
         **({"schedule_type": plan.sampling.a1111[1]} if plan.sampling.a1111[1] else {}),
+        **({"unipc_variant": plan.sampling.a1111_settings["UniPC variant"]} if plan.sampling.a1111_settings else {}),
         **({"eta": plan.sampling.eta} if plan.sampling.eta is not None else {}),
         **({"clip_skip": plan.clip_skip} if plan.clip_skip > 1 else {}),
         **({"prompt_syntax": plan.syntax} if plan.syntax != "plain" else {}),
