@@ -45,6 +45,7 @@ def main() -> None:
     overrides = [f"model={args.model}", f"dtype={args.dtype}", f"sampling.height={args.size}",
                  f"sampling.width={args.size}", f"sampling.num_inference_steps={args.steps}", "tracking=none",
                  "output.save_images=false", "output.grid=false", f"timing.repeats={args.repeats}",
+                 "timing.max_extra_share=null",  # exactly `repeats` timed calls, whatever they cost
                  f"performance.attention={args.attention}", "parallelism=sharded",
                  "parallelism.per_device_batch_size=" + ",".join(map(str, args.batches))]
     if args.devices:

@@ -80,7 +80,8 @@ def runner(work: Path, args, env: dict[str, str], index: int) -> dict:
         [sys.executable, "-m", "sdjax_runner", f"model={args.model}", f"dtype={args.dtype}", "parallelism=pmap",
          f"parallelism.num_devices={args.devices}", f"sampling.num_inference_steps={args.steps}",
          f"sampling.height={args.size}", f"sampling.width={args.size}", "prompts=guide_single", f"prompts.texts=['{PROMPT}']", "seed=0", "tracking=none", "compilation_cache.enabled=false",
-         f"timing.repeats={args.repeats}", f"hydra.run.dir={run_dir}"] + args.runner_args,
+         f"timing.repeats={args.repeats}", "timing.max_extra_share=null",  # as many calls as the guide's side
+         f"hydra.run.dir={run_dir}"] + args.runner_args,
         cwd=work, env=env, capture_output=True, text=True)
     wall = time.time() - launched
     if result.returncode:

@@ -64,7 +64,8 @@ def _run(plan: Plan, job: Job, run_name: str, tags: dict[str, str], started: flo
     import jax
     from tqdm import tqdm
 
-    from sdjax_runner.config.prompts import check_chunks, named_prompts, warn_truncated
+    from sdjax_runner.config.prompts import check_chunks, hint_a1111_syntax, named_prompts, warn_truncated
+    from sdjax_runner.engine.generate import describe as describe_timings
     from sdjax_runner.engine.program import program_spec
     from sdjax_runner.engine.parallel import PARALLEL
     from sdjax_runner.engine.reuse import REUSE
@@ -72,8 +73,10 @@ def _run(plan: Plan, job: Job, run_name: str, tags: dict[str, str], started: flo
 
     log.info("plan: %d image(s) = %d batch(es) x %d device(s) x %d per device; %s %s, %s %d steps, seed %d",
              len(plan.kept_images), plan.num_batches, plan.num_devices, plan.per_device_batch_size,
-             plan.model.name, plan.dtype.name, plan.scheduler.name, plan.num_inference_steps, plan.seed)
+             plan.model.name, plan.dtype.name, plan.sampling.label, plan.num_inference_steps, plan.seed)
     checks.attention(plan.attention, jax.devices()[0].platform, plan.dtype.activations_dtype.name)
+    if plan.syntax == "plain":
+        hint_a1111_syntax(named_prompts(plan.prompts, plan.from_texts, plan.negative))
     if len(plan.kept_images) < len(plan.images):
         log.info("plan: %d padding image(s) will be generated and dropped (prompts.fill=pad)",
                  len(plan.images) - len(plan.kept_images))
@@ -95,6 +98,7 @@ def _run(plan: Plan, job: Job, run_name: str, tags: dict[str, str], started: flo
     log.info("load: %s %s%s", plan.model.name, "reused from an earlier job of this process" if model_reused else
              f"from {loaded.path} in {loaded.load_s:.1f} s",
              "" if model_reused else converted_note(loaded.formats, plan.model.variant, loaded.variant_components))
+    warn_slow_size(plan, loaded, height, width, jax.devices()[0].platform)
     if job.writes:
         rundir.write_json(job.run_dir / rundir.INPUTS, inputs.collect(plan, loaded.path))
     if plan.syntax == "plain":
@@ -114,6 +118,7 @@ def _run(plan: Plan, job: Job, run_name: str, tags: dict[str, str], started: flo
                  "ones padded with empty chunks)", spec.prompt_chunks)
     prepared = REUSE.prepare(plan, entry, model_reused, mode, devices, spec)
     generator = mode(prepared.pipeline, prepared.params, prepared.safety_weights, plan, spec, devices, tokens=tokens)
+    generator.started = started  # its timing re-runs are weighed against the job's cost so far
     compiled = compile_generator(generator, prepared, plan)
     interpreter.program_ready()
     job.progress.update(load_s=prepared.load_s, replicate_s=prepared.replicate_s, trace_s=compiled["trace_s"],
@@ -143,9 +148,7 @@ def _run(plan: Plan, job: Job, run_name: str, tags: dict[str, str], started: flo
                    compile_path=compiled["compile_path"],
                    executable_cache_hit=int(compiled["compile_path"] == "executable_cache"))
     summary.update(measure_efficiency(plan, prepared, generator, devices, height, width, summary["generate_s"]))
-    log.info("generate: %.3f s/batch median of %d (min %.3f, max %.3f), %.2f images/s%s",
-             summary["generate_s"], summary["steady_state_samples"], summary["generate_s_min"],
-             summary["generate_s_max"], summary["images_per_s"],
+    log.info("generate: %s%s", describe_timings(summary, plan.repeats, plan.max_extra_share),
              (f", {summary['tflops_per_s']:.3g} TFLOP/s" if summary["tflops_per_s"] else "")
              + (f", MFU {summary['mfu']:.1%}" if summary["mfu"] is not None else ""))
 
@@ -213,6 +216,23 @@ def image_size(plan: Plan, loaded) -> tuple[int, int]:
     height, width = plan.height or native, plan.width or native
     checks.image_size(height, width, loaded.size_multiple, plan.model.name)
     return height, width
+
+
+SLOW_SIZE_ON_CPU = 4  # past this many times the model's native pixel count, a CPU run is said to be slow
+
+
+def warn_slow_size(plan: Plan, loaded, height: int, width: int, platform: str) -> None:
+    """One line when a CPU is asked for far more pixels than the model's native size (an A1111 PNG's 512x768
+    for the tiny model, say): the run will be slow, and the sampling.width/height of about the native size."""
+    native = plan.model.resolution or loaded.native_size
+    if platform != "cpu" or height * width <= SLOW_SIZE_ON_CPU * native * native:
+        return
+    multiple, scale = loaded.size_multiple, native / (height * width) ** 0.5
+    fit_h, fit_w = (max(multiple, round(side * scale / multiple) * multiple) for side in (height, width))
+    log.warning("size: %dx%d is %.0fx the pixels of %s's native %dx%d, on a CPU: this run will be slow; "
+                "sampling.width=%d sampling.height=%d at the end of the command keeps its shape at about the "
+                "native size", width, height, height * width / native ** 2, plan.model.name, native, native,
+                fit_w, fit_h)
 
 
 def executables_dir(plan: Plan) -> Optional[str]:

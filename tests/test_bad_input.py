@@ -44,6 +44,9 @@ CASES = {
                              "error: parallelism.per_device_batch_size: must be a positive integer, got 0"),
     "too many devices": (["parallelism.num_devices=9"],
                          "error: parallelism.num_devices: 9 requested but only 8 available (allowed: 1..8 or null)"),
+    "negative timing share": (["timing.max_extra_share=-1"], "error: timing.max_extra_share: must be a share of the "
+                              "job's cost, 0 or more, got -1.0 (allowed: 0.5 (the default), 0 (no timing re-runs), "
+                              "2, ... or null (no bound))"),
     "empty prompt list": (["prompts.texts=[]"], "error: prompts.texts: no prompts given"),
     "missing prompt file": (["prompts.file=/no/such/prompts.txt"],
                             "error: prompts.file: no such file: /no/such/prompts.txt"),

@@ -394,6 +394,13 @@ def test_only_what_changes_the_images_names_a_run():
     assert run_name("mine", ["run_name=mine", "dtype=bf16"]) == "mine"
     assert run_name("smoke", ["metrics.reference=/runs/2026-11-22/17-08-10_smoke/"]) == \
         "smoke metrics.reference=17-08-10_smoke"
+    # Values as meant: no escapes or quotes of Hydra's grammar (a sweep job's overrides carry them), a LoRA
+    # by its file and scale, a number as spelt.
+    assert run_name("smoke", [r"sampler=DPM++\ 2M\ Karras", "sampling.guidance_scale=7.50"]) == \
+        "smoke sampler=DPM++ 2M Karras sampling.guidance_scale=7.50"
+    assert run_name("smoke", ["sampler='Euler a'", "lora=[{path: /x/style.safetensors, scale: 0.8}, "
+                              "{path: /x/detail.safetensors, scale: 1}]"]) == \
+        "smoke sampler=Euler a lora=style.safetensors@0.8,detail.safetensors@1"
 
 
 def test_a_prompt_file_replaces_the_prompt_sets_texts_unless_texts_are_given_too():
@@ -413,7 +420,8 @@ def test_the_mlflow_ui_opens_on_the_runs_view_in_a_real_browser(smoke_run, tmp_p
                              "--run", "smoke", "--screenshot", str(tmp_path / "view.png")],
                             capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "ok   the runs view rendered" in result.stdout and "ok   run 'smoke' listed" in result.stdout
+    assert "ok   the runs view rendered" in result.stdout
+    assert "ok   run 'smoke' listed on a row of its own as the page opens" in result.stdout
     with Image.open(tmp_path / "view.png") as shot:
         assert shot.size == (1600, 1000)
 

@@ -17,7 +17,7 @@ from sdjax_runner.config.messages import describe
 
 KEYS = ["sampling.height", "sampling.width", "sampling.num_inference_steps", "sampling.guidance_scale",
         "parallelism.per_device_batch_size", "parallelism.num_devices", "parallelism.num_batches", "seed",
-        "timing.repeats", "output.grid_rows", "output.grid_cols", "model.resolution", "dtype.weights_dtype",
+        "timing.repeats", "timing.max_extra_share", "output.grid_rows", "output.grid_cols", "model.resolution", "dtype.weights_dtype",
         "scheduler", "parallelism", "prompts.fill", "prompts.negative", "performance.attention",
         "model.prediction_type", "reuse.max_models", "scheduler.config_overrides.timestep_spacing",
         "sampling.num_inference_step", "prompts.texts", "compilation_cache.max_size_gb",

@@ -172,9 +172,10 @@ def test_prompts_with_dollars_and_script_tags_are_drawn_and_shown_as_text(hostil
         assert sorted(r["prompts.negative"].strip("'") for r in rows) == sorted([DOLLARS, SCRIPT] * 2)
         cells = page.locator("table.points tbody td:nth-child(3)").all_inner_texts()
         assert sorted(c.strip("'") for c in cells) == sorted([DOLLARS, SCRIPT] * 2)
-        # The plot of quality against steps: one line per negative prompt, its legend the prompt as written.
+        # The plot of quality against steps: one line per negative prompt, its legend the prompt as meant (the
+        # value, without Hydra's quotes).
         legend = legend_and_tick_texts(page)
-        assert f"prompts.negative='{DOLLARS}'" in legend and f"prompts.negative='{SCRIPT}'" in legend
+        assert f"prompts.negative={DOLLARS}" in legend and f"prompts.negative={SCRIPT}" in legend, legend
 
 
 @pytest.fixture

@@ -9,6 +9,7 @@ import re
 import numpy as np
 import pytest
 from PIL import Image
+from PIL.PngImagePlugin import PngInfo
 
 from helpers.cli import assert_one_line_error, run_cli
 from helpers.configs import compose_cfg
@@ -71,6 +72,30 @@ def test_from_png_remakes_the_runs_images(smoke_run, tmp_path):
     assert "from_png: Prompt: A1111's syntax -> prompts.syntax=a1111" in result.stderr
     for mine, theirs in zip(images_of(tmp_path / "again"), images_of(run_dir), strict=True):
         assert np.array_equal(mine, theirs)
+
+
+def test_from_png_of_a_size_far_past_the_models_says_once_it_is_slow_on_a_cpu_and_what_to_set(tmp_path,
+                                                                                              tiny_model_dir):
+    """An A1111 PNG's size far past the model's native one (here 6x the tiny model's 64x64 pixels; 512x768
+    is 96x) runs on a CPU, slowly: one line says so and which sampling.width/height keep its shape at about
+    the native size; given at the end of the command, they win and the line is gone."""
+    info = PngInfo()
+    info.add_text("parameters", "a red car\nSteps: 4, CFG scale: 7, Seed: 1, Size: 128x192")
+    Image.new("RGB", (128, 192)).save(tmp_path / "a1111.png", pnginfo=info)
+    result = run_cli(str(tmp_path / "a1111.png"), "+experiment=smoke", "tracking=none",
+                     f"hydra.run.dir={tmp_path / 'big'}", cwd=tmp_path, command="from_png")
+    assert result.returncode == 0, result.stderr
+    assert "from_png: Size: 128x192 -> sampling.width=128 sampling.height=192" in result.stderr
+    said = [line for line in result.stdout.splitlines() if "] size: " in line]
+    assert len(said) == 1 and said[0].endswith(
+        "] size: 128x192 is 6x the pixels of tiny-random's native 64x64, on a CPU: this run will be slow; "
+        "sampling.width=48 sampling.height=80 at the end of the command keeps its shape at about the native size")
+    assert images_of(tmp_path / "big")[0].shape == (192, 128, 3)
+    again = run_cli(str(tmp_path / "a1111.png"), "+experiment=smoke", "tracking=none",
+                    f"hydra.run.dir={tmp_path / 'fit'}", "sampling.width=48", "sampling.height=80", cwd=tmp_path,
+                    command="from_png")
+    assert again.returncode == 0, again.stderr
+    assert "] size: " not in again.stdout and images_of(tmp_path / "fit")[0].shape == (80, 48, 3)
 
 
 def test_from_png_of_a_file_without_infotext_is_one_line(tmp_path):

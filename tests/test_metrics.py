@@ -167,3 +167,17 @@ def test_the_report_draws_one_line_per_sampler_against_the_steps():
                         "sampler=DPM++ 2M Karras": [("30", 35.0), ("10", 25.0), ("20", 31.0)]}
     assert set(series_of(rows, values, "sampler", keys)) == {f"sampling.num_inference_steps={n}" for n in (30, 10, 20)}
     assert series_of(rows[:1], [None], "sampler", keys) == {}  # a job without the metric draws nothing
+
+
+def test_a_reference_point_names_a_dotted_swept_key_short_as_the_report_axes_do():
+    from sdjax_runner.config.checks import reference_point
+    from sdjax_runner.errors import UserError
+
+    swept = {"sampling.num_inference_steps": ["10", "50"], "lora.0.scale": ["0", "1"], "sampler": ["Euler"]}
+    assert reference_point({"steps": "50", "scale": "0"}, swept) == {"sampling.num_inference_steps": "50",
+                                                                     "lora.0.scale": "0"}
+    assert reference_point({"sampling.num_inference_steps": "10"}, swept) == {"sampling.num_inference_steps": "10"}
+    with pytest.raises(UserError, match="guidance is not swept by this multirun"):
+        reference_point({"guidance": "7"}, swept)
+    with pytest.raises(UserError, match="sampling.num_inference_steps=20 is not one of the sweep's points"):
+        reference_point({"steps": "20"}, swept)

@@ -340,15 +340,17 @@ def test_controlnet_for_another_unet_is_one_line(tmp_path, inputs, cache_dir):
 
 
 def test_readme_mode_examples_are_valid_runs(monkeypatch):
-    """Every mode example in the README (run from a checkout) is a run the runner accepts, on inputs that
-    ship in examples/ (each ran when it was written; the tests above run the same modes through the CLI)."""
+    """Every mode example in the README and the documentation pages (run from a checkout) is a run the runner
+    accepts, on inputs that ship in examples/ (each ran when it was written; the tests above run the same modes
+    through the CLI)."""
     import shlex
 
     from sdjax_runner.config.plan import admit, make_plan
 
     root = Path(__file__).resolve().parent.parent
     monkeypatch.chdir(root)
-    lines = [line for line in (root / "README.md").read_text().splitlines()
+    pages = [root / "README.md", *sorted((root / "docs").rglob("*.md"))]
+    lines = [line for page in pages for line in page.read_text().splitlines()
              if line.startswith("python -m sdjax_runner") and "mode=" in line]
     assert {next(w for w in shlex.split(line) if w.startswith("mode=")) for line in lines} == \
         {"mode=img2img", "mode=inpaint", "mode=controlnet"}

@@ -318,13 +318,15 @@ def test_a_weight_a1111_fails_on_is_one_line_naming_the_prompt(tmp_path):
 
 
 def test_readme_syntax_examples_are_valid_runs(monkeypatch):
-    """The README's prompt syntax examples compose to runs the runner accepts, with the prompts as written."""
+    """The prompt syntax examples of the README and the documentation pages compose to runs the runner accepts,
+    with the prompts as written."""
     from sdjax_runner.config.plan import admit, make_plan
 
     root = Path(__file__).resolve().parent.parent
     monkeypatch.chdir(root)
-    lines = [line for line in (root / "README.md").read_text().splitlines()
-             if line.startswith("python -m sdjax_runner") and "prompts.syntax=a1111" in line]
+    pages = [root / "README.md", *sorted((root / "docs").rglob("*.md"))]
+    lines = list(dict.fromkeys(line for page in pages for line in page.read_text().splitlines()
+                               if line.startswith("python -m sdjax_runner") and "prompts.syntax=a1111" in line))
     assert len(lines) == 3
     for line in lines:
         words = [w for w in shlex.split(line)[3:] if w != "-m"]

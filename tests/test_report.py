@@ -84,6 +84,11 @@ def test_the_page_opens_in_a_browser_with_its_grid_table_and_plots(sweep):
         psnr = headers.index("PSNR (dB)")
         table.locator("thead th").nth(psnr).click()
         assert column(psnr)[-4:] == [""] * 4  # the reference point's own jobs have no PSNR: blanks sort last
+        # ... and say so: "reference", not a blank, in their PSNR and SSIM cells (dtype=fp32 is the point).
+        for metric in (psnr, headers.index("SSIM")):
+            texts = table.locator(f"tbody tr td:nth-child({metric + 1})").all_inner_texts()
+            dtypes = table.locator("tbody tr td:nth-child(2)").all_inner_texts()
+            assert [t == "reference" for t in texts] == [d == "fp32" for d in dtypes]
 
         # Plots: quality against seconds per image with the Pareto front, and against the numeric key.
         captions = page.locator("figcaption").all_inner_texts()
@@ -93,6 +98,21 @@ def test_the_page_opens_in_a_browser_with_its_grid_table_and_plots(sweep):
         assert page.locator("figure svg").count() == len(captions)
         page.screenshot(path=str(sweep_dir / "screenshot.png"), full_page=True)
     assert (sweep_dir / "screenshot.png").stat().st_size > 10_000
+
+
+def test_a_click_on_a_thumbnail_opens_the_full_image(sweep):
+    _, sweep_dir = sweep
+    [record] = [r for r in json.loads((sweep_dir / "5" / "images.json").read_text()) if r["index"] == 0]
+    with open_page((sweep_dir / "report.html").as_uri()) as opened:
+        page = opened.page
+        cell = page.locator("td.cell[data-job='5']")
+        assert cell.locator("a.grid-link").get_attribute("href") == "5/grid.png"
+        shown = cell.locator("img").evaluate("i => [i.naturalWidth, i.naturalHeight]")
+        cell.locator("img").click()
+        page.wait_for_load_state("load")
+        assert page.url == (sweep_dir / "5" / record["file"]).as_uri()
+        full = page.evaluate("[document.images[0].naturalWidth, document.images[0].naturalHeight]")
+        assert full == [record["width"], record["height"]] and full[0] >= shown[0]
 
 
 def test_pareto_front_keeps_the_points_nothing_beats():

@@ -66,6 +66,9 @@ def test_seed_sweep_loads_and_compiles_once_under_one_parent_run(tmp_path, tiny_
 
     rows = summary(sweep_dir)
     assert [(r["label"], r["status"]) for r in rows] == [(f"seed={i}", "FINISHED") for i in range(4)]
+    # How many timed calls each point's generate_s rests on (its timing re-runs are bounded by
+    # timing.max_extra_share of the point's own cost; 0: the first call's figure).
+    assert all(r["steady_calls"] in {"0", "1", "2", "3"} for r in rows)
     with Image.open(sweep_dir / "contact_sheet.png") as sheet:
         assert sheet.size[0] == 4 * 256  # one row, a column per seed
 

@@ -2,19 +2,21 @@
 it carries (its ``parameters`` text: A1111's PNGs and ours), or from ``--infotext TEXT``.
 
 The infotext's prompt, negative prompt, steps, sampler and schedule type, CFG scale, seed, size, eta, clip
-skip and (with ``mode=img2img init_image=...``) denoising strength become overrides (config/infotext.py),
-each said on one line; what cannot be honoured (a model hash, extensions' settings) is one line each. The
+skip, model and dtype (one of ours by name; our PNGs' ``Dtype: float32`` is fp32) and (with ``mode=img2img
+init_image=...``) denoising strength become overrides (config/infotext.py), each said on one line; what
+cannot be honoured (a model hash, extensions' settings, the Batch and Device an image sat on) is one line
+each. The
 command line's own overrides come after them, so they win, and the run goes on as ``python -m
 sdjax_runner`` with all of them. Nothing runs from a file that carries no infotext."""
 
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 from typing import Optional
 
 from sdjax_runner import console
+from sdjax_runner.commands import command_parser
 from sdjax_runner.config import infotext
 from sdjax_runner.errors import UserError
 from sdjax_runner.files import not_a_file
@@ -48,7 +50,7 @@ def options(group: str) -> tuple[str, ...]:
 
 
 def main(argv: Optional[list[str]] = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m sdjax_runner from_png", description=__doc__.split("\n\n")[0])
+    parser = command_parser("from_png", __doc__)
     parser.add_argument("image", nargs="?", help="a PNG carrying A1111 infotext (its 'parameters' text)")
     parser.add_argument("--infotext", help="the infotext itself, instead of an image")
     parser.add_argument("overrides", nargs="*", help="more overrides, as for python -m sdjax_runner (they win)")

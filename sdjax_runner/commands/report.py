@@ -11,12 +11,12 @@ sweep's own; the page goes into the sweep directory (or ``--out``) and its path 
 
 from __future__ import annotations
 
-import argparse
 import tempfile
 from pathlib import Path
 from typing import Any, Optional
 
 from sdjax_runner import console
+from sdjax_runner.commands import command_parser
 from sdjax_runner.config.report_axes import choose, image_index
 from sdjax_runner.errors import UserError
 from sdjax_runner.record import rundir
@@ -113,8 +113,7 @@ def build(sweep_dir: Path, record: dict[str, Any], settings: dict[str, Any]) -> 
 
 
 def main(argv: Optional[list[str]] = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m sdjax_runner report", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = command_parser("report", __doc__)
     parser.add_argument("sweep", help="a sweep directory, or the MLflow run id of a sweep's parent run")
     parser.add_argument("settings", nargs="*", help="report.x=KEY report.y=KEY report.image=N")
     parser.add_argument("--uri", help="tracking URI to read a parent run from (default: MLFLOW_TRACKING_URI, "

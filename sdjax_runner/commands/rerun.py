@@ -20,7 +20,6 @@ is not, 2 when the record cannot be re-run.
 
 from __future__ import annotations
 
-import argparse
 import datetime
 import logging
 import tempfile
@@ -30,8 +29,9 @@ from typing import Any, Optional
 from omegaconf import DictConfig, OmegaConf
 
 from sdjax_runner import console
-from sdjax_runner.config.naming import slug
+from sdjax_runner.commands import command_parser
 from sdjax_runner.config.messages import describe, stop_reason
+from sdjax_runner.config.naming import slug
 from sdjax_runner.errors import Terminated, UserError, stop_exit_status, stop_on_sigterm
 from sdjax_runner.record import inputs, rundir
 from sdjax_runner.record.fresh_dirs import claim
@@ -226,8 +226,7 @@ def rerun_sweep(sweep: Path, tracking: bool) -> int:
 
 
 def main(argv: Optional[list[str]] = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m sdjax_runner rerun", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = command_parser("rerun", __doc__)
     parser.add_argument("run", help="a run directory, a sweep directory (each finished job), or an MLflow run id")
     parser.add_argument("--uri", help="tracking URI holding the MLflow run (default: MLFLOW_TRACKING_URI, "
                                       "else the embedded store outputs/mlflow.db)")

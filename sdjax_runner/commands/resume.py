@@ -12,7 +12,6 @@ It repeats the sweep's recorded command -- its overrides, Hydra overrides (a lau
 
 from __future__ import annotations
 
-import argparse
 import os
 import re
 import shlex
@@ -21,6 +20,7 @@ from pathlib import Path
 from typing import Optional
 
 from sdjax_runner import console
+from sdjax_runner.commands import command_parser
 from sdjax_runner.config.overrides import literal, replayable
 from sdjax_runner.config.schema import RunConfig, field_types
 from sdjax_runner.errors import UserError
@@ -82,8 +82,7 @@ def recorded_config_dir(runtime: dict, sweep_dir: Path) -> Optional[str]:
 
 
 def main(argv: Optional[list[str]] = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m sdjax_runner resume", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = command_parser("resume", __doc__)
     parser.add_argument("sweep_dir", type=Path, help="the directory of the sweep (outputs/multiruns/DATE/TIME_NAME)")
     args = parser.parse_args(argv)
     try:

@@ -19,11 +19,10 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig
 
-from sdjax_runner import console
-from sdjax_runner import interpreter
-from sdjax_runner.config import naming, schema
-from sdjax_runner.config.prompts import file_replaces_texts
+from sdjax_runner import console, interpreter
+from sdjax_runner.config import naming, schema, user_conf
 from sdjax_runner.config.messages import describe, stop_reason
+from sdjax_runner.config.prompts import file_replaces_texts
 from sdjax_runner.errors import Refused, Terminated, stop_exit_status, stop_on_sigterm
 from sdjax_runner.record.fresh_dirs import remove_refused
 from sdjax_runner.record.sweep import abort, failure_message, job_label, read_sweep_file
@@ -48,6 +47,9 @@ def _app(cfg: DictConfig) -> dict:
     hydra_cfg = HydraConfig.get()
     overrides = list(hydra_cfg.overrides.task)
     run_dir = Path(hydra_cfg.runtime.output_dir)
+    if hydra_cfg.mode != RunMode.MULTIRUN or hydra_cfg.job.num == 0:  # once a command
+        for name in user_conf.shadowed(hydra_cfg.runtime.choices):
+            log.info("config: conf/%s.yaml (yours) is used in place of the packaged %s", name, name)
     if hydra_cfg.mode != RunMode.MULTIRUN:
         try:
             return run(cfg, run_dir, overrides, run_name=naming.run_name(cfg.run_name, overrides))

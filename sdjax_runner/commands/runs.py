@@ -1,11 +1,14 @@
 """``python -m sdjax_runner runs``: look at runs without MLflow.
 
-    python -m sdjax_runner runs list [ROOT] [--limit N] [--since WHEN] [--dirs] [KEY=VALUE ...]
-        recent runs under ROOT (default: outputs), newest first: name, status, key params, headline
+    python -m sdjax_runner runs list [ROOT] [--limit N] [--since WHEN] [--dirs] [--refused] [KEY=VALUE ...]
+        recent runs under ROOT (default: outputs), newest first: name, status, key params (the sampler as
+        A1111 spells it: DPM++ 2M Karras, Euler a; a diffusers scheduler by its name: pndm), headline
         numbers, directory. KEY=VALUE keeps the runs whose config (or status, name, run_id) has that
         value (shell patterns: *, ?, [..]; a key given twice: either value; model, dtype, scheduler,
-        steps, guidance, parallelism are short for model.name, ...). --since 7d / 12h / 2026-11-15:
-        runs started since then. --dirs: only the directories, one a line (for scripts).
+        steps, guidance, parallelism are short for model.name, ...; sampler matches as given or as
+        shown). --since 7d / 12h / 2026-11-15: runs started since then. --dirs: only the directories,
+        one a line (for scripts). Runs refused for bad input (status REFUSED: stopped before making an
+        image) are left out and counted on stderr; --refused (or a status= filter) lists them.
     python -m sdjax_runner runs diff RUN_A RUN_B [--no-images] [--uri URI]
         the config keys and inputs (inputs.json: the prompts as read, the model's commit or weight
         files, LoRA and checkpoint hashes) that differ, the metrics side by side, and B's images
@@ -28,10 +31,11 @@ from pathlib import Path
 from typing import Any, Optional
 
 from sdjax_runner import console
+from sdjax_runner.commands import command_parser
 from sdjax_runner.record import catalog, inputs, rundir
 
 LIST_COLUMNS = (("started", "started"), ("status", "status"), ("name", "name"), ("model.name", "model"),
-                ("dtype.name", "dtype"), ("scheduler.name", "scheduler"), ("sampling.num_inference_steps", "steps"),
+                ("dtype.name", "dtype"), ("sampler", "sampler"), ("sampling.num_inference_steps", "steps"),
                 ("seed", "seed"), ("images_per_s", "images/s"), ("compile_s", "compile_s"),
                 ("clip_score_mean", "clip"), ("psnr", "psnr"), ("dir", "dir"))
 
@@ -149,6 +153,12 @@ def _short(text: str, width: int = 60) -> str:
     return text if len(text) <= width else text[:width - 3] + "..."
 
 
+def without_refused(summaries: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], int]:
+    """The summaries but the runs refused for bad input (catalog.REFUSED), and how many those were."""
+    kept = [s for s in summaries if s["status"] != catalog.REFUSED]
+    return kept, len(summaries) - len(kept)
+
+
 def list_command(args: argparse.Namespace) -> int:
     if "=" in str(args.root) and not args.root.is_dir():  # `list model=x`: the root was left out
         args.filters.insert(0, str(args.root))
@@ -163,6 +173,12 @@ def list_command(args: argparse.Namespace) -> int:
     except ValueError as error:
         console.error(error)
         return 2
+    refused = 0
+    if not args.refused and "status" not in filters:
+        summaries, refused = without_refused(summaries)
+    if refused:
+        print(f"({refused} run(s) refused for bad input not shown: nothing was generated; --refused lists them)",
+              file=sys.stderr)
     shown = summaries[:args.limit] if args.limit > 0 else summaries
     for s in shown:
         if s["damaged"]:
@@ -186,8 +202,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     import signal
 
     signal.signal(signal.SIGPIPE, signal.SIG_DFL)
-    parser = argparse.ArgumentParser(prog="python -m sdjax_runner runs", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = command_parser("runs", __doc__)
     commands = parser.add_subparsers(dest="command", required=True)
     listing = commands.add_parser("list", help="recent runs, newest first")
     listing.add_argument("root", nargs="?", type=Path, default=Path("outputs"), help="where to look (default: outputs)")
@@ -196,6 +211,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     listing.add_argument("--limit", type=int, default=20, help="at most this many runs (default 20; 0: all)")
     listing.add_argument("--since", help="runs started since: 7d, 12h, 30m ago, or 2026-11-15[T09:30]")
     listing.add_argument("--dirs", action="store_true", help="print only the run directories, one a line")
+    listing.add_argument("--refused", action="store_true",
+                         help="list the runs refused for bad input too (status REFUSED; left out by default)")
     diff = commands.add_parser("diff", help="what differs between two runs")
     diff.add_argument("a", help="a run directory or an MLflow run id")
     diff.add_argument("b", help="a run directory or an MLflow run id")

@@ -16,11 +16,11 @@ unless ``--assume-gone`` is given.
 
 from __future__ import annotations
 
-import argparse
 from pathlib import Path
 from typing import Optional
 
 from sdjax_runner import console
+from sdjax_runner.commands import command_parser
 from sdjax_runner.errors import UserError
 from sdjax_runner.record import rundir
 from sdjax_runner.record.backfill import run_dirs, sync_run
@@ -44,8 +44,7 @@ def sync_parent(sweep_dir: Path, uri: Optional[str]) -> Optional[str]:
 
 
 def main(argv: Optional[list[str]] = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m sdjax_runner sync", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = command_parser("sync", __doc__)
     parser.add_argument("paths", nargs="+", type=Path, help="run or multirun directories")
     parser.add_argument("--uri", help="tracking URI to log to (default: the run's own tracking config)")
     parser.add_argument("--assume-gone", action="store_true",

@@ -314,6 +314,10 @@ def run_values(cfg: Any) -> None:
     positive("parallelism.host_device_count", par.host_device_count)
     positive("timing.repeats", cfg.timing.repeats, optional=False)
     at_most("timing.repeats", cfg.timing.repeats, MAX_REPEATS)
+    share = cfg.timing.max_extra_share
+    if share is not None and not (math.isfinite(share) and share >= 0):
+        raise UserError("timing.max_extra_share", f"must be a share of the job's cost, 0 or more, got {share}",
+                        "0.5 (the default), 0 (no timing re-runs), 2, ... or null (no bound)")
     if not 0 <= cfg.seed <= MAX_SEED:
         raise UserError("seed", f"{cfg.seed} is not a 32-bit PRNG seed", f"0..{MAX_SEED}")
     for index, adapter in enumerate(cfg.lora):  # a sweep over lora.N.scale is refused here, before it starts
@@ -389,12 +393,20 @@ def metrics(metrics: Any) -> None:
                             "the directory of an earlier run, e.g. outputs/runs/<date>/<time>_<name>")
 def reference_point(point: dict[str, str], swept: dict[str, list[str]]) -> dict[str, str]:
     """The reference point of a sweep: each key must be swept (``swept``: key -> the sweep's values on the
-    command line) and each value one of its values."""
-    point = {str(key).lstrip("+~"): str(value) for key, value in point.items()}
-    for key, value in point.items():
-        if key not in swept:
+    command line) and each value one of its values. A key may be named short, as the report's axes are
+    (``steps`` for sampling.num_inference_steps: ``+metrics.reference_point.steps=50``, which the command line
+    can give where a dotted key cannot be one of a mapping's keys)."""
+    from sdjax_runner.config.report_axes import resolve
+
+    named = {str(key).lstrip("+~"): str(value) for key, value in point.items()}
+    point = {}
+    for key, value in named.items():
+        try:
+            point[resolve(key, list(swept), "metrics.reference_point")] = value
+        except UserError:
             raise UserError("metrics.reference_point", f"{key} is not swept by this multirun",
-                            ", ".join(swept) or "no swept keys")
+                            ", ".join(swept) or "no swept keys") from None
+    for key, value in point.items():
         if value not in swept[key]:
             raise UserError("metrics.reference_point", f"{key}={value} is not one of the sweep's points",
                             ", ".join(f"{key}={v}" for v in swept[key]))

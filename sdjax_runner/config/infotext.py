@@ -24,8 +24,13 @@ from sdjax_runner.errors import UserError
 # A1111's own patterns (infotext_utils.py).
 PARAM = re.compile(r'\s*(\w[\w \-/]+):\s*("(?:\\.|[^\\"])+"|[^,]*)(?:,|$)')
 IMAGE_SIZE = re.compile(r"([0-9]{1,6})x([0-9]{1,6})")  # ASCII digits (\d also takes "²")
-# Settings that describe the run's layout or provenance here, not how to make the image.
-SILENT = ("Batch", "Device", "Version", "Dtype")
+# Settings that describe provenance, not how to make the image: left unsaid.
+SILENT = ("Version",)
+# Where an image sat in the run that made it (our infotext's): said, never honoured -- a run lays out its own
+# images (its noise follows from the seed and the image's place: the same layout remakes it in the same place).
+LAYOUT = ("Batch", "Device")
+# Our infotext's Dtype is the weights' dtype: the dtype option that computes in it throughout.
+DTYPE_OPTIONS = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}
 
 
 @dataclass
@@ -156,14 +161,31 @@ def overrides(info: Infotext, model_options: tuple[str, ...], dtype_options: tup
                            "mode=img2img init_image=PATH to use it")
     if settings.get("Model") in model_options:
         use("Model", f"model={settings['Model']}")
-    if settings.get("Dtype") in dtype_options:
-        use("Dtype", f"dtype={settings['Dtype']}")
+    if "Dtype" in settings:
+        dtype_setting(settings, dtype_options, use, skipped)
+    for key in LAYOUT:
+        if key in settings:
+            place = one_line(settings.pop(key))
+            skipped.append(f"{key}: {place}: where this image sat in the run that made it; this run lays out "
+                           f"its images by parallelism.* (the same layout remakes it at {key.lower()} {place})")
     for key, value in settings.items():
         if key == "Model hash":
             skipped.append(f"Model hash: {one_line(value)}: models are not found by hash here; pick one with model=NAME")
         elif key not in SILENT:
             skipped.append(f"{key}: {one_line(value)}: not honoured")
     return Translation(out, honoured, skipped)
+
+
+def dtype_setting(settings: dict[str, str], options: tuple[str, ...], use, skipped: list[str]) -> None:
+    """``Dtype``: honoured (``use``) when it names one of ``options`` (``bf16``) or the weights' dtype our
+    infotext writes (``float32`` -> ``fp32``), said in ``skipped`` otherwise."""
+    value = settings["Dtype"].strip()
+    option = value if value in options else DTYPE_OPTIONS.get(value.lower())
+    if option in options:
+        use("Dtype", f"dtype={option}")
+    else:
+        skipped.append(f"Dtype: {one_line(settings.pop('Dtype'))}: no dtype option of that name, the "
+                       f"run's own dtype runs (allowed: {', '.join(options) or 'none'}; give dtype=NAME)")
 
 
 def sampler_override(name: str, unipc_variant: str | None = None, skipped: list[str] | None = None) -> str:

@@ -88,7 +88,7 @@ def describe(exc: BaseException) -> Optional[str]:
             install = OPTIONAL_LAUNCHERS.get(option) if group == "hydra/launcher" else None
             if install:
                 return f"{group}={option}: the launcher is not installed ({install}; allowed now: {allowed})"
-            return f"{group}={option}: no such option (allowed: {allowed})"
+            return f"{group}={option}: no such option (allowed: {allowed}{sampler_hint(group, option)})"
         return _one_line(exc)
     cause = exc.__cause__ if isinstance(exc, HydraException) else None
     omega = exc if isinstance(exc, OmegaConfBaseException) else cause
@@ -132,8 +132,23 @@ def _group_override(argv: list[str]) -> Optional[str]:
         group = conf / key
         if sep and key and ".." not in key and group.is_dir() and not (group / f"{value}.yaml").is_file():
             options = ", ".join(sorted(p.stem for p in group.glob("*.yaml")))
-            return f"{key}={value}: no such option (allowed: {options})"
+            return f"{key}={value}: no such option (allowed: {options}{sampler_hint(key, value)})"
     return None
+
+
+def sampler_hint(group: str, option: str) -> str:
+    """``; heun is a sampler: sampler=heun`` where ``scheduler=`` names a sampler (config/samplers.py reads
+    its A1111 and ComfyUI names), else ""."""
+    from sdjax_runner.config import samplers
+
+    if group != "scheduler":
+        return ""
+    try:
+        samplers.lookup(option)
+    except UserError:
+        return ""
+    value = option if re.fullmatch(r"[\w.+-]+", option) else f"'{option}'"
+    return f"; {option} is a sampler: sampler={value}"
 
 
 def _raised_in_hydra(exc: BaseException) -> bool:
@@ -143,6 +158,12 @@ def _raised_in_hydra(exc: BaseException) -> bool:
     while traceback is not None:
         last, traceback = traceback, traceback.tb_next
     return last is not None and "/hydra/" in last.tb_frame.f_code.co_filename.replace("\\", "/")
+
+
+def is_bad_input(exc: BaseException) -> bool:
+    """Whether ``exc`` is input the user can fix (a UserError, a config refused): not a bug, a full disk or
+    an interrupt."""
+    return isinstance(exc, Exception) and not isinstance(exc, OSError) and describe(exc) is not None
 
 
 def stop_reason(exc: BaseException) -> tuple[str, str]:

@@ -1,6 +1,7 @@
 """Run names: a single run is named after what its command line changes (``smoke dtype=bf16
-scheduler=euler``), so runs of one experiment can be told apart in the run directories, in MLflow
-and in ``python -m sdjax_runner runs list``; ``run_name=`` on the command line wins. Names become
+scheduler=euler``, ``smoke sampler=DPM++ 2M Karras``, ``smoke lora=style.safetensors@0.8``: values as meant,
+without Hydra's escapes, quotes or brackets), so runs of one experiment can be told apart in the run
+directories, in MLflow and in ``python -m sdjax_runner runs list``; ``run_name=`` on the command line wins. Names become
 directory names only through :func:`slug`, which keeps them inside ``paths.output_root``.
 
 Both are OmegaConf resolvers (registered with the schema) so that ``hydra.run.dir`` can use them.
@@ -9,7 +10,7 @@ Both are OmegaConf resolvers (registered with the schema) so that ``hydra.run.di
 from __future__ import annotations
 
 import re
-from typing import Iterable
+from typing import Any, Iterable
 
 from omegaconf import OmegaConf
 
@@ -23,6 +24,7 @@ SHORT_KEYS = {"model": "model.name", "dtype": "dtype.name", "scheduler": "schedu
               "steps": "sampling.num_inference_steps", "guidance": "sampling.guidance_scale",
               "parallelism": "parallelism.mode"}
 _UNSAFE = re.compile(r"[^A-Za-z0-9._=,+@-]+")
+_PLAIN = re.compile(r"[\w.+\-/:@%^]*")  # an override value in which Hydra's grammar has nothing to read
 
 
 def _key(override: str) -> str:
@@ -39,14 +41,49 @@ def _short_value(value: str) -> str:
     return value.rsplit("/", 1)[-1] if "/" in value else value
 
 
+def _shown(value: Any, short: bool) -> str:
+    """A parsed override value as a person reads it: text as it is, a list's items joined by commas, a
+    LoRA (a mapping with a path) as ``style.safetensors@0.8``, another mapping as ``key:value`` pairs;
+    ``short``: paths by their last part."""
+    if isinstance(value, dict):
+        if "path" in value:
+            scale = value.get("scale")
+            return _shown(value["path"], short) + ("" if scale is None else f"@{_shown(scale, short)}")
+        return ",".join(f"{key}:{_shown(item, short)}" for key, item in value.items())
+    if isinstance(value, (list, tuple)):
+        return ",".join(_shown(item, short) for item in value)
+    text = "null" if value is None else str(value).lower() if isinstance(value, bool) else str(value)
+    return _short_value(text) if short else text
+
+
+def override_value(override: str, short: bool = False) -> str:
+    """An override's value as the person meant it, without the grammar around it: Hydra's escapes
+    (``Euler\\ a`` -> ``Euler a``), quotes, and the brackets and braces of a list or mapping (a LoRA:
+    ``style.safetensors@0.8``). A number keeps its spelling; a value Hydra cannot parse is its text with
+    backslash escapes dropped. ``short``: paths by their last part."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    text = str(override).split("=", 1)[1] if "=" in str(override) else ""
+    if _PLAIN.fullmatch(text):  # no grammar to take off (most values): as it is, without parsing
+        return _shown(text, short)
+    try:
+        value = OverridesParser.create().parse_override(str(override)).value()
+    except Exception:  # not one override Hydra reads (it refuses such a command itself)
+        value = re.sub(r"\\(.)", r"\1", text)
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        value = text.strip()  # 7.50 stays 7.50, 1e-3 stays 1e-3
+    return _shown(value, short)
+
+
 def override_label(overrides: Iterable[str]) -> str:
-    """``dtype=bf16 scheduler=euler``: the overrides that change what a run computes, as given."""
+    """``dtype=bf16 sampler=DPM++ 2M Karras``: the overrides that change what a run computes, their values
+    as :func:`override_value` shows them."""
     parts = []
     for override in overrides:
         key = _key(str(override))
         if "=" not in str(override) or _is_housekeeping(key) or str(override) == "prompts.texts=[]":
             continue
-        parts.append(f"{key}={_short_value(str(override).split('=', 1)[1])}")
+        parts.append(f"{key}={override_value(str(override), short=True)}")
     return " ".join(parts)
 
 

@@ -63,6 +63,7 @@ class Plan:
     height: Optional[int]  # None: the model's native size, resolved once it is loaded
     width: Optional[int]
     repeats: int
+    max_extra_share: Optional[float]  # timing.max_extra_share: the bound on timing re-runs (engine/generate.py)
     # How the images are judged, where results go and what a process keeps.
     metrics: MetricsConfig
     run_name: str
@@ -245,6 +246,7 @@ def make_plan(config: RunConfig, available_devices: int, checked: Optional[Check
         height=config.sampling.height,
         width=config.sampling.width,
         repeats=config.timing.repeats,
+        max_extra_share=config.timing.max_extra_share,
         metrics=config.metrics,
         run_name=config.run_name,
         experiment=config.experiment,
@@ -256,7 +258,8 @@ def make_plan(config: RunConfig, available_devices: int, checked: Optional[Check
         profile=config.performance.profile,
         max_models=config.reuse.max_models,
         params=dict(flatten_params(config), **lora_params(adapters), **checkpoint_params(model, checkpoint),
-                    **({"strength": str(strength)} if strength is not None else {})),
+                    **({"strength": str(strength)} if strength is not None else {}),
+                    sampler=sampling.label),  # what ran, as A1111 spells it (the config's value is in its artifact)
         lora=adapters,
         checkpoint=checkpoint,
         generation=config.mode.name,

@@ -11,6 +11,8 @@
   start token + 75 + end token, padded, every token carrying its piece's weight (1.0 at the ends).
 * :func:`plain_text` is what a prompt says without its syntax (CLIP score reads that), :func:`escape` a
   plain prompt written so that A1111 reads it as the same plain text (our PNGs' infotext).
+* :func:`a1111_sign` finds what, in a prompt read as plain text, is surely meant as A1111's syntax: a
+  ``(text:1.3)`` weight, ``BREAK`` as a word, a ``[from:to:0.5]`` edit -- never a bare parenthesis.
 
 A weight that matches A1111's pattern but is no number (``(red:1.2.3)``, ``(red:.)``) fails A1111's
 generation; here it is a :class:`SyntaxProblem` (one line naming the prompt). A weight that is no number at
@@ -33,6 +35,13 @@ _ATTENTION = re.compile(r"""
 # end at BREAK (quadratic in the run's length); starting only where a run starts, it splits the same in a pass.
 _BREAK = re.compile(r"(?:(?<!\s)\s+|)\bBREAK\b\s*")
 _SPECIAL = re.compile(r"([\\()\[\]])")
+
+
+_NUMBER = r"\s*[+-]?(?:\d+(?:\.\d*)?|\.\d+)\s*"
+# Each alternative scans from a bracket to the next bracket or colon: linear in the prompt's length.
+_A1111_SIGN = re.compile(r"(?<!\\)\([^()\[\]\\:]*:" + _NUMBER + r"\)"
+                         r"|(?<!\\)\[[^()\[\]\\:]*:[^()\[\]\\:]*:" + _NUMBER + r"\]"
+                         r"|\bBREAK\b")
 
 
 class SyntaxProblem(ValueError):
@@ -172,6 +181,13 @@ def chunks(text: str, tokenize, start: int, end: int, pad: int, comma: int) -> l
 
 def is_break(piece: list) -> bool:
     return piece[0] == BREAK[0] and piece[1] == BREAK[1]
+
+
+def a1111_sign(text: str) -> str | None:
+    """The first piece of ``text`` that only A1111's syntax gives a meaning (``(red:1.3)``, ``BREAK``,
+    ``[cat:dog:0.5]``), or None."""
+    found = _A1111_SIGN.search(text)
+    return found.group(0) if found else None
 
 
 def plain_text(text: str) -> str:

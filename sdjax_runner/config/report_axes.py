@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import NamedTuple, Optional
 
 from sdjax_runner.config.naming import SHORT_KEYS
+from sdjax_runner.config.samplers import a1111_name
 from sdjax_runner.errors import UserError
 
 
@@ -31,6 +32,12 @@ def resolve(name: str, keys: list[str], config_key: str) -> str:
         return by_last[0]
     raise UserError(config_key, f"{name} is not a swept key of this sweep",
                     ", ".join(keys) if keys else "nothing: the sweep sweeps no key")
+
+
+def axis_value(key: str, value: str) -> str:
+    """A swept value as the report, summary.csv and the reference point read it: a sampler as A1111 spells
+    what it runs (``dpmpp_2m karras`` -> ``DPM++ 2M Karras``), any other value as it is."""
+    return a1111_name(value) if key.lstrip("+~") == "sampler" else value
 
 
 def image_index(value) -> int:

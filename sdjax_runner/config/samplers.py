@@ -60,6 +60,14 @@ class Sampling:
             return self.scheduler, None
         return BY_K_NAME.get(self.sampler, self.sampler), A1111_SCHEDULES[self.sigmas]
 
+    @property
+    def label(self) -> str:
+        """What runs, in one name as A1111 spells it (its names before 1.9 carried the schedule): ``DPM++ 2M
+        Karras``, ``Euler a`` (the normal schedule is left unsaid), ``UniPC (bh2)``; a diffusers scheduler by
+        its own name (``pndm``). The plan line, ``runs list`` and the tracker's ``sampler`` param show it."""
+        name, schedule = self.a1111
+        text = name if schedule in (None, "Normal") else f"{name} {schedule}"
+        return text + "".join(f" ({value})" for value in self.a1111_settings.values())
 
     @property
     def a1111_settings(self) -> dict[str, str]:
@@ -83,6 +91,22 @@ def lookup(name: str) -> tuple[str, Optional[str]]:
     if found is None:
         raise UserError("sampler", f"unknown sampler {name!r}", allowed())
     return found, carried
+
+
+def a1111_name(name: str) -> str:
+    """A ``sampler=`` value as :attr:`Sampling.label` spells what it runs, with the schedule the name carries
+    (``dpmpp_2m karras`` -> ``DPM++ 2M Karras``; ``PLMS`` -> ``pndm``, the diffusers scheduler it runs); a
+    name that is no sampler as it is."""
+    return label_of(name, "pndm")  # a diffusers scheduler's name says nothing of the schedule: none is added
+
+
+def label_of(sampler: Optional[str], scheduler: str) -> str:
+    """:attr:`Sampling.label` of a recorded config's ``sampler`` and ``scheduler.name``; where they do not
+    resolve (a refused run's), the sampler as given, or the scheduler."""
+    try:
+        return resolve(sampler, scheduler).label
+    except UserError:
+        return str(sampler if sampler is not None else scheduler)
 
 
 def _eta(eta: Optional[float], runs: str, named: str) -> Optional[float]:

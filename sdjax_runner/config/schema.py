@@ -111,7 +111,7 @@ class ModelConfig:
 
 @dataclass
 class DtypeConfig:
-    name: str = MISSING
+    name: str = MISSING  # the option's name (fp32, bf16, fp16): in run names and records
     weights_dtype: Dtype = Dtype.float32  # params of UNet, VAE and text encoder are cast to this
     activations_dtype: Dtype = Dtype.float32  # the modules compute in this dtype (from_pretrained's dtype=)
     # The scheduler state is always float32 (a bf16 state gives black images or NaNs).
@@ -130,7 +130,7 @@ class SchedulerConfig:
 
 @dataclass
 class PromptsConfig:
-    name: str = MISSING
+    name: str = MISSING  # the prompts option's name (guide_single, guide_eight, ...)
     # Each prompt (here, in the file or negative) is at most 10,000 characters (config/prompts.py).
     texts: List[str] = field(default_factory=list)
     # A UTF-8 text file, one prompt per line (blank lines skipped). Given on the command line, the
@@ -166,7 +166,7 @@ class SamplingConfig:
     num_inference_steps: int = 50  # denoising steps (>= 1); changing it recompiles
     guidance_scale: float = 7.5  # classifier-free guidance weight; a traced value, no recompile
     height: Optional[int] = None  # pixels, a multiple of 8 (null: the model's native size)
-    width: Optional[int] = None
+    width: Optional[int] = None  # pixels, a multiple of 8 (null: the model's native size)
     # The noise of DDIM and of the ancestral/SDE samplers (A1111's "Eta for DDIM" / "Eta for ancestral
     # samplers"): 0 none, 1 full. null: their defaults (DDIM 0; Euler a, DPM2 a, DPM++ 2S a, DPM++ SDE,
     # DPM++ 2M SDE, DPM++ 3M SDE 1). A sampler without noise refuses it. It shapes the program (recompiles).
@@ -192,7 +192,7 @@ class DistributedConfig:
     # give all three. Every process feeds only its local devices; process 0 alone writes and logs.
     enabled: bool = False
     coordinator_address: Optional[str] = None  # host:port of process 0, e.g. 10.0.0.1:1234
-    num_processes: Optional[int] = None
+    num_processes: Optional[int] = None  # how many processes (hosts) take part; null: JAX detects it
     process_id: Optional[int] = None  # this process's index, 0..num_processes-1
     # How long a process waits for the others to arrive (seconds). Past it, the run stops with one
     # line naming who is missing, instead of JAX's own wait ending in a C++ abort.
@@ -213,31 +213,42 @@ class ParallelismConfig:
 
 @dataclass
 class TrackingConfig:
-    backend: TrackingBackend = TrackingBackend.mlflow
+    backend: TrackingBackend = TrackingBackend.mlflow  # mlflow, or none: nothing but the run directory
     # e.g. http://127.0.0.1:5000 for a tracking server; null: MLFLOW_TRACKING_URI, else the embedded
     # store under paths.output_root (mlflow.db + mlartifacts/).
     uri: Optional[str] = None
-    experiment_name: str = "sdjax-runner"
+    experiment_name: str = "sdjax-runner"  # the MLflow experiment runs are logged under
     # A tracking server that is down or flaky: each request is retried max_retries times with
     # exponential backoff (backoff_factor s, doubling) and times out after timeout_s. If it still
     # fails, the run goes on, everything is written to the run directory, status.json says
     # "logged": false, and `python -m sdjax_runner sync RUN_DIR` logs it later.
     max_retries: int = 2
-    backoff_factor: int = 1
-    timeout_s: int = 10
+    backoff_factor: int = 1  # seconds before the first retry, doubling after each (see max_retries)
+    timeout_s: int = 10  # seconds one request to the tracking server may take (see max_retries)
 
 
 @dataclass
 class OutputConfig:
-    save_images: bool = True
-    grid: bool = True
-    grid_rows: Optional[int] = None
-    grid_cols: Optional[int] = None
+    save_images: bool = True  # write each image as a PNG under images/ (with its A1111 infotext)
+    grid: bool = True  # write grid.png, every image of the run in one picture
+    grid_rows: Optional[int] = None  # the grid's rows (null: as square as the image count allows)
+    grid_cols: Optional[int] = None  # the grid's columns (null: from grid_rows, or as square as it allows)
 
 
 @dataclass
 class TimingConfig:
+    # Steady-state calls wanted: timed calls after the first (which may include one-time costs). The
+    # run's batches after the first count; if there are fewer, batch 0 is re-run (outputs discarded)
+    # while max_extra_share allows. timings.json's steady_calls says how many the median rests on.
     repeats: int = 3
+    # Bound on those re-runs: a re-run is made only while the re-runs, this one included (expected to
+    # take as long as the latest call), stay within this share of what the job had cost before them
+    # (its load, compile, batches and writes): 0.5 adds at most about half again. A batch that is slow
+    # next to the rest of its job (90 s on a CPU) is not re-run: generate_s is then the first call's,
+    # said so in timings.json (steady_calls 0) and on the console. null: no bound, exactly `repeats`
+    # steady-state calls (timing.repeats=3 timing.max_extra_share=null: exact medians, as benchmarks
+    # take them). 0: never a re-run.
+    max_extra_share: Optional[float] = 0.5
 
 
 @dataclass
@@ -248,7 +259,7 @@ class ReuseConfig:
 @dataclass
 class CompilationCacheConfig:
     enabled: bool = True
-    dir: str = MISSING
+    dir: str = MISSING  # where XLA's persistent compilation cache lives (default: under paths.cache_dir)
     min_compile_time_s: float = 0.0
     # Also keep whole compiled executables (dir/executables/), so a warm start skips tracing and
     # lowering; keyed by everything that determines the program (see engine/executable_cache.py).
@@ -279,7 +290,7 @@ class ClipScoreConfig:
     # Hugging Face cache when offline), a local CLIP directory, or where a built-in CLIP is built.
     model: str = "openai/clip-vit-large-patch14"
     builtin: Optional[str] = None  # tiny-random-clip: a random CLIP built at `model` (tests, smoke: not a judge)
-    revision: Optional[str] = None
+    revision: Optional[str] = None  # a hub branch, tag or commit of the CLIP model
 
 
 @dataclass
@@ -301,7 +312,7 @@ class ReportConfig:
     # or a short one: steps, guidance, dtype, model, scheduler, or the last part of a dotted key). null:
     # chosen from the swept keys (x the last, y the one before it); every other swept key pages the grid (Z).
     x: Optional[str] = None
-    y: Optional[str] = None
+    y: Optional[str] = None  # the swept key down the grid's rows (null: the swept key before x's)
     # Of each point, which image the grid shows (its index in the run; the run's first by default).
     image: int = 0
 
@@ -340,7 +351,8 @@ class RunConfig:
     # img2img / inpaint: the starting image: a file, or a folder / list of files paired with the prompts
     # (prompt k gets file k; a folder's files in name order). Resized to height x width by resize_mode.
     init_image: Any = None
-    # inpaint: single-channel (grayscale) mask, white = repaint, black = keep; the init image's size.
+    # inpaint: the mask, white = repaint, black = keep; the init image's size. Read as A1111 reads masks: RGB by
+    # its luminance, RGBA with transparency by its alpha (config/input_images.py).
     mask_image: Any = None
     # img2img / inpaint: how much of the schedule runs, in (0, 1]: the last int(steps * strength) of the
     # steps run, from the image noised to that level (diffusers' rule). null: diffusers' defaults, 0.8 for

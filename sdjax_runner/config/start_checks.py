@@ -16,7 +16,11 @@ from typing import Any
 from hydra.core.hydra_config import HydraConfig
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
-from omegaconf.errors import InterpolationKeyError, OmegaConfBaseException, UnsupportedInterpolationType
+from omegaconf.errors import (
+    InterpolationKeyError,
+    OmegaConfBaseException,
+    UnsupportedInterpolationType,
+)
 
 from sdjax_runner.config.checks import folder
 from sdjax_runner.config.prompts import check_text

@@ -36,19 +36,53 @@ def batch_keys(seed: int, batch: int, num_devices: int) -> np.ndarray:
 @dataclass
 class Timings:
     first_batch_s: float = 0.0  # the first execution in this job, blocked
-    steady_s: list[float] = field(default_factory=list)  # later executions, each blocked
+    # Later executions, each blocked: the run's batches after the first, then re-runs of batch 0.
+    steady_s: list[float] = field(default_factory=list)
+    extra_s: list[float] = field(default_factory=list)  # the re-runs among them (timed only, outputs discarded)
+    # The job's seconds when its batches were done (load, compile, the batches and their writes): the re-runs'
+    # cost is weighed against it (timing.max_extra_share); the batches' own seconds when the start is unknown.
+    base_s: float = 0.0
 
-    def summary(self, images_per_batch: int, steps: int) -> dict[str, float]:
-        median = statistics.median(self.steady_s)
+    def summary(self, images_per_batch: int, steps: int) -> dict[str, Any]:
+        """The steady state: the median (min, max) of the timed calls after the first; with none, the first
+        call's own figure, said so (``steady_calls`` 0, ``generate_s_from`` "first_call"), never invented."""
+        calls = self.steady_s or [self.first_batch_s]
+        median = statistics.median(calls)
         return {
             "first_batch_s": self.first_batch_s,
             "generate_s": median,
-            "generate_s_min": min(self.steady_s),
-            "generate_s_max": max(self.steady_s),
-            "steady_state_samples": len(self.steady_s),
+            "generate_s_min": min(calls),
+            "generate_s_max": max(calls),
+            "steady_calls": len(self.steady_s),
+            "generate_s_from": "steady_median" if self.steady_s else "first_call",
+            "timing_base_s": self.base_s,
+            "timing_extra_calls": len(self.extra_s),
+            "timing_extra_s": sum(self.extra_s),
             "images_per_s": images_per_batch / median,
             "s_per_step": median / steps,
         }
+
+
+def extra_call_affordable(extra_s: float, next_s: float, base_s: float, share: Optional[float]) -> bool:
+    """Whether one more timing re-run of batch 0 fits: the re-runs so far and this one (expected to cost
+    ``next_s``, the latest call's time) stay within ``share`` of ``base_s``, what the job had cost before
+    them. ``share`` None: no bound (``timing.repeats`` calls whatever they cost)."""
+    return share is None or extra_s + next_s <= share * base_s
+
+
+def describe(summary: dict[str, Any], repeats: int, share: Optional[float]) -> str:
+    """The console's generate line (after ``generate: ``, before the efficiency figures): the figure, how many
+    timed calls it rests on, and why there are fewer than ``timing.repeats`` when the bound stopped them."""
+    calls = summary["steady_calls"]
+    bound = f"timing.max_extra_share={'null' if share is None else f'{share:g}'} of the job's " \
+            f"{summary['timing_base_s']:.3g} s so far"
+    if not calls:
+        return (f"{summary['generate_s']:.3f} s/batch from the first call alone (no steady-state call: one would "
+                f"cost over {bound}; timing.max_extra_share=null for a median of {repeats}), "
+                f"{summary['images_per_s']:.2f} images/s")
+    note = f"; call {calls + 1} would cost over {bound}" if calls < repeats else ""
+    return (f"{summary['generate_s']:.3f} s/batch median of {calls} (min {summary['generate_s_min']:.3f}, max "
+            f"{summary['generate_s_max']:.3f}{note}), {summary['images_per_s']:.2f} images/s")
 
 
 class Generator:
@@ -63,6 +97,7 @@ class Generator:
         self.plan, self.spec, self.devices = plan, spec, devices  # spec: what shapes the program (engine/program.py)
         self.height, self.width = spec.height, spec.width
         self.timings = Timings()
+        self.started: Optional[float] = None  # time.perf_counter() when the job began (the runner sets it)
         self.compiled: Optional[Callable] = None
         self.program_key: Optional[str] = None  # what determines the program (engine/executable_cache.py)
         # For a stored executable: traces the program instead, should it fail at its first call.
@@ -160,9 +195,26 @@ class Generator:
             self.non_finite.update(int(i) + batch * self.plan.images_per_batch for i in np.flatnonzero(~finite))
             yield self._to_uint8(images)
             on_batch()
-        first = self.inputs(0)
-        while len(self.timings.steady_s) < self.plan.repeats:
-            self.timings.steady_s.append(self._timed(first)[1])
+        self._time_steady_state()
+
+    def _time_steady_state(self) -> None:
+        """Re-run batch 0 (outputs discarded) until ``timing.repeats`` steady-state calls exist, while the
+        re-runs stay within ``timing.max_extra_share`` of what the job had cost before them
+        (extra_call_affordable). Every process of a cluster makes the same calls: they stop when any would."""
+        from sdjax_runner.engine.distributed import agree
+
+        timings, share = self.timings, self.plan.max_extra_share
+        batches_s = timings.first_batch_s + sum(timings.steady_s)
+        timings.base_s = batches_s if self.started is None else time.perf_counter() - self.started
+        first = None
+        while len(timings.steady_s) < self.plan.repeats:
+            latest = timings.steady_s[-1] if timings.steady_s else timings.first_batch_s
+            if agree(not extra_call_affordable(sum(timings.extra_s), latest, timings.base_s, share)):
+                break
+            first = first or self.inputs(0)
+            seconds = self._timed(first)[1]
+            timings.steady_s.append(seconds)
+            timings.extra_s.append(seconds)
 
     def _to_uint8(self, images: np.ndarray) -> np.ndarray:
         # Non-finite pixels were counted in images(); they are saved black (0), without NumPy's cast warning.

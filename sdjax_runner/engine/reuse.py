@@ -24,17 +24,22 @@ from __future__ import annotations
 import collections
 import contextlib
 import gc
+import logging
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Callable, Optional
 
 from sdjax_runner.config.plan import Plan
+from sdjax_runner.console import shown
 from sdjax_runner.engine import compile_cache
 from sdjax_runner.engine.generate import Generator
 from sdjax_runner.engine.program import Spec
 from sdjax_runner.engine.tokens import TOKENS
 from sdjax_runner.models.attention import tracing_with
 from sdjax_runner.models.loading import LoadedModel, load_model, with_scheduler
+
+log = logging.getLogger("sdjax_runner")
 
 
 @dataclass
@@ -176,7 +181,12 @@ class ReuseCache:
                 for (component, kernel_path), pair in adapter.factors.items():
                     entry.lora_factors[(component, kernel_path, index)] = mode.place_params(pair, devices)
             entry.lora_on = key
-        return lora.merged_params(params, entry.lora_factors, [scale for _, scale, _ in plan.lora], plan.mode)
+        merged = lora.merged_params(params, entry.lora_factors, [scale for _, scale, _ in plan.lora], plan.mode)
+        for index, (path, scale, _) in enumerate(plan.lora):
+            touched = collections.Counter(component for component, _, i in entry.lora_factors if i == index)
+            log.info("lora: %s at scale %g merged into %d layer(s) (%s)", shown(Path(path).name), scale,
+                     sum(touched.values()), ", ".join(f"{name} {count}" for name, count in sorted(touched.items())))
+        return merged
 
     def compile(self, prepared: Prepared, lower: Callable[[], Any], fresh: bool = False
                 ) -> tuple[Callable, float, float, bool]:

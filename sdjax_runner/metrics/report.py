@@ -67,7 +67,8 @@ def series_of(rows: list[dict], values: list[Optional[float]], key: str, keys: l
 
 
 def seconds_per_image(row: dict) -> Optional[float]:
-    """Steady-state seconds per image of a summary row (1 / images_per_s), or None."""
+    """Seconds per image of a summary row (1 / images_per_s: the steady state's, or the first call's where the
+    row's steady_calls is 0), or None."""
     speed = number(row.get("images_per_s"))
     return 1.0 / speed if speed else None
 
@@ -115,7 +116,7 @@ def _against_seconds(ax, rows: list[dict], seconds: list, values: list, cap: Opt
         ax.axhline(cap, color="grey", linestyle=":", linewidth=0.8)
         ax.annotate("inf: identical to the reference", (0.01, 0.97), xycoords="axes fraction", fontsize=7,
                     va="top", color="grey")
-    ax.set_xlabel("seconds per image (steady state)")
+    ax.set_xlabel("seconds per image (1 / images_per_s)")
     ax.set_ylabel(QUALITY[metric])
     ax.locator_params(axis="x", nbins=5)
     return front

@@ -20,7 +20,7 @@ from sdjax_runner.files import read_yaml
 from sdjax_runner.record import rundir
 
 # What a summary shows of a run's config and of its numbers.
-KEY_PARAMS = ("model.name", "dtype.name", "scheduler.name", "sampling.num_inference_steps",
+KEY_PARAMS = ("model.name", "dtype.name", "sampler", "scheduler.name", "sampling.num_inference_steps",
               "sampling.guidance_scale", "seed", "parallelism.mode")
 HEADLINE = ("images_per_s", "generate_s", "compile_s", "wall_s", "clip_score_mean", "psnr", "ssim_mean")
 
@@ -92,13 +92,34 @@ def summary(run_dir: Path, config: Optional[dict[str, str]] = None) -> dict[str,
     return {
         "dir": str(run_dir),
         "name": status.get("run_name") or config.get("run_name", run_dir.name),
-        "status": status.get("status", "UNKNOWN"),
+        "status": shown_status(status),
         "started": status.get("started_at") or "",
         "run_id": status.get("run_id") or "",
         **{key: config.get(key, "") for key in KEY_PARAMS},
+        "sampler": sampler_label(config),
         **{key: numbers.get(key, "") for key in HEADLINE},
         "damaged": damaged,
     }
+
+
+REFUSED = "REFUSED"  # a run bad input stopped before it made an image: status.json's FAILED with "refused"
+
+
+def shown_status(status: dict[str, Any]) -> str:
+    """status.json's status, or :data:`REFUSED` for a run refused for bad input (the tracker has it FAILED)."""
+    state = status.get("status", "UNKNOWN")
+    return REFUSED if state == "FAILED" and status.get("refused") is True else state
+
+
+def sampler_label(config: dict[str, str]) -> str:
+    """What the run sampled with, as A1111 spells it (``DPM++ 2M Karras``; a diffusers scheduler by its name,
+    ``pndm``), from its recorded ``sampler`` and ``scheduler.name``; blank where the config has neither."""
+    from sdjax_runner.config.samplers import label_of
+
+    sampler, scheduler = config.get("sampler", "null"), config.get("scheduler.name", "")
+    if sampler == "null" and not scheduler:
+        return ""
+    return label_of(None if sampler == "null" else sampler, scheduler)
 
 
 def _recorded_numbers(run_dir: Path) -> dict[str, Any]:
@@ -158,15 +179,23 @@ def parse_filters(terms: list[str]) -> dict[str, list[str]]:
     return filters
 
 
-def filterable(config: dict[str, str], summary_: dict[str, Any]) -> dict[str, str]:
-    """What filters match against: the run's flat config, plus its status, name and tracker run id."""
-    return dict(config, **{key: str(summary_[key]) for key in RECORD_KEYS})
+def filterable(config: dict[str, str], summary_: dict[str, Any]) -> dict[str, Any]:
+    """What filters match against: the run's flat config, plus its status, name and tracker run id; ``sampler``
+    matches the value as given or as the listing shows it (``sampler=DPM++*`` and ``sampler=dpmpp_2m*``)."""
+    values: dict[str, Any] = dict(config, **{key: str(summary_[key]) for key in RECORD_KEYS})
+    if summary_.get("sampler"):
+        values["sampler"] = (config.get("sampler", "null"), summary_["sampler"])
+    return values
 
 
-def matches(values: dict[str, str], filters: dict[str, list[str]]) -> bool:
-    """Every filtered key has a value matching one of its patterns (shell-style: ``*``, ``?``, ``[..]``)."""
-    return all(key in values and any(fnmatch.fnmatchcase(values[key], p) for p in patterns)
-               for key, patterns in filters.items())
+def matches(values: dict[str, Any], filters: dict[str, list[str]]) -> bool:
+    """Every filtered key has a value matching one of its patterns (shell-style: ``*``, ``?``, ``[..]``); a
+    key with several values (a tuple) matches when one of them does."""
+    def any_matches(value: Any, patterns: list[str]) -> bool:
+        return any(fnmatch.fnmatchcase(v, p) for v in (value if isinstance(value, tuple) else (value,))
+                   for p in patterns)
+
+    return all(key in values and any_matches(values[key], patterns) for key, patterns in filters.items())
 
 
 def parse_since(text: str, now: Optional[datetime.datetime] = None) -> datetime.datetime:

@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 from typing import Any, Callable, Iterator, Optional
 
-from sdjax_runner.config.messages import describe, stop_reason
+from sdjax_runner.config.messages import describe, is_bad_input, stop_reason
 from sdjax_runner.errors import DISK_ERRORS
 from sdjax_runner.record import rundir
 from sdjax_runner.record.tracking import NullTracker, numeric_metrics
@@ -24,7 +24,8 @@ class Job:
     """status.json and the tracker run of one job.
 
     The tracker starts only once the config has passed validation, so bad input leaves no
-    tracker run behind -- but status.json still says why the job stopped. What the tracker is
+    tracker run behind -- but status.json still says why the job stopped (FAILED, with ``"refused":
+    true`` where bad input stopped it before any image: runs list shows it as REFUSED). What the tracker is
     to receive is written to tracking.json first; if the tracker fails (a server down), the job
     goes on, status.json says ``"logged": false``, and ``python -m sdjax_runner sync`` logs it later.
     """
@@ -107,8 +108,11 @@ class Job:
                 exc.filename = str(self.run_dir)  # PIL and friends write through file objects: say where
             status, error = stop_reason(exc)
             full_disk = isinstance(exc, OSError) and exc.errno in DISK_ERRORS
+            # Bad input found before any image (a size the model cannot take, a LoRA for another model):
+            # FAILED for the tracker, and "refused" for runs list, which leaves such runs out by default.
+            refused = {"refused": True} if is_bad_input(exc) and not self.records else {}
             try:  # how it ended, first: a full disk may take nothing more
-                self.write_status(status=status, error=error)
+                self.write_status(status=status, error=error, **refused)
             except OSError as failure:
                 log.warning("could not write %s: %s", rundir.STATUS, failure)
             if not full_disk:

@@ -2,11 +2,12 @@
 
 * **Grid** -- A1111's X/Y/Z plot: one cell per point, x and y two swept keys (``report.x``/``report.y``,
   or chosen: config/report_axes.py), one grid per combination of the other swept keys' values (Z). A
-  cell is a thumbnail of one of the point's images (``report.image``), embedded, linking to the point's
-  full image grid; a point that did not finish is a grey cell saying its status.
+  cell is a thumbnail of one of the point's images (``report.image``), embedded; a click opens that image
+  at full size, and its caption links to the point's image grid. A point that did not finish is a grey
+  cell saying its status.
 * **Points** -- a table of every point: swept values, status, seconds per image, MFU, CLIP score,
-  PSNR/SSIM to the reference point, non-finite images, its run directory and MLflow run; a click on a
-  column's header sorts by it.
+  PSNR/SSIM to the reference point (``reference`` in the reference point's own rows), non-finite images,
+  its run directory and MLflow run; a click on a column's header sorts by it.
 * **Quality and cost** -- metrics/report.py's plots as inline SVG: each quality metric against seconds
   per image with the Pareto front marked, and against each numeric swept key.
 
@@ -30,7 +31,7 @@ from typing import Any, Optional
 
 from sdjax_runner import console
 from sdjax_runner.config.input_images import BadImage, decoded, image_file_bytes
-from sdjax_runner.config.report_axes import Axes
+from sdjax_runner.config.report_axes import Axes, axis_value
 from sdjax_runner.files import write_text
 from sdjax_runner.metrics.report import number, pareto_front, seconds_per_image, svg_plots
 from sdjax_runner.record import rundir
@@ -43,6 +44,7 @@ THUMBNAIL = 192  # px, the longer side of a grid cell's image
 NUMBERS = (("seconds_per_image", "s / image", "{:.4g}"), ("mfu", "MFU", "{:.1%}"),
            ("clip_score_mean", "CLIP score", "{:.4g}"), ("psnr", "PSNR (dB)", "{:.4g}"),
            ("ssim_mean", "SSIM", "{:.4f}"), ("non_finite_images", "non-finite images", "{:.0f}"))
+REFERENCE_METRICS = ("psnr", "ssim_mean")  # what the reference point's own rows say "reference" in
 
 STYLE = """
 body { font: 14px/1.4 system-ui, sans-serif; margin: 1.5em; color: #222; }
@@ -62,6 +64,7 @@ table.points th { background: #f0f0f0; cursor: pointer; user-select: none; posit
 table.points th[aria-sort=ascending]::after { content: " \\25B2"; }
 table.points th[aria-sort=descending]::after { content: " \\25BC"; }
 tr.failed td { color: #a00; } tr.pareto td:first-child { font-weight: bold; }
+td.reference { color: #555; font-style: italic; text-align: center; }
 figure { display: inline-block; margin: 0 1.5em 1.5em 0; vertical-align: top; }
 figure svg { max-width: 520px; height: auto; } figcaption { font-size: 12px; color: #444; max-width: 520px; }
 """
@@ -105,11 +108,13 @@ def _axis_values(rows: list[dict], key: Optional[str]) -> list[str]:
 
 @dataclass
 class Thumbnail:
-    """A grid cell's picture: ``uri`` a data URI of a JPEG (None: nothing to show), ``unreadable`` what
-    could not be shown of the point's files (``file: problem``, one each)."""
+    """A grid cell's picture: ``uri`` a data URI of a JPEG (None: nothing to show), ``file`` the image file it
+    shows (relative to the run directory: what a click opens), ``unreadable`` what could not be shown of the
+    point's files (``file: problem``, one each)."""
 
     uri: Optional[str] = None
     unreadable: list[str] = field(default_factory=list)
+    file: Optional[str] = None
 
 
 def thumbnail(job_dir: Path, image: int) -> Thumbnail:
@@ -127,7 +132,7 @@ def thumbnail(job_dir: Path, image: int) -> Thumbnail:
         if not name or not path.is_file() or not path.resolve().is_relative_to(job_dir.resolve()):
             continue  # a record's file outside its run directory is not shown
         try:
-            out.uri = jpeg_data_uri(path)
+            out.uri, out.file = jpeg_data_uri(path), str(name)
             return out
         except BadImage as bad:
             out.unreadable.append(f"{name}: {bad.problem}")
@@ -181,6 +186,14 @@ def _grid(rows: list[dict], axes: Axes, page_dir: Path, image: int, unreadable: 
     return "\n".join(out)
 
 
+def is_reference(row: dict, reference_point: Optional[dict]) -> bool:
+    """Whether ``row`` is a point of the reference point (its values of the point's keys; a sampler as
+    record/sweep.py writes it): its PSNR/SSIM are blank, being what the others are compared with."""
+    if not isinstance(reference_point, dict) or not reference_point:
+        return False
+    return all(str(row.get(k, "")) == axis_value(str(k), str(v)) for k, v in reference_point.items())
+
+
 def _cell(row: Optional[dict], page_dir: Path, image: int, unreadable: list[str]) -> str:
     if row is None:
         return '<td class="cell missing empty">no point</td>'
@@ -195,15 +208,20 @@ def _cell(row: Optional[dict], page_dir: Path, image: int, unreadable: list[str]
     clip = number(row.get("clip_score_mean"))
     if clip is not None:
         caption.append(f"CLIP {clip:.3g}")
+    if row.get("reference"):
+        caption.append("reference")
     if picture is None:
         why = row["status"] if row["status"] != "FINISHED" else "image unreadable" if thumb.unreadable else "no image"
         title = "; ".join(thumb.unreadable) or row.get("error") or ""
         return (f'<td class="cell missing" data-job="{row["job"]}" title="{html.escape(title, quote=True)}">'
                 f'{html.escape(why)}<div class="caption">{html.escape(" · ".join(caption))}</div></td>')
-    target = job_dir / rundir.GRID if (job_dir / rundir.GRID).is_file() else job_dir
-    return (f'<td class="cell" data-job="{row["job"]}"><a href="{_link(target, page_dir)}">'
+    full = _link(job_dir / str(thumb.file), page_dir)
+    grid = (f' · <a class="grid-link" href="{_link(job_dir / rundir.GRID, page_dir)}">grid</a>'
+            if (job_dir / rundir.GRID).is_file() and thumb.file != rundir.GRID else "")
+    return (f'<td class="cell" data-job="{row["job"]}"><a class="full-image" href="{full}" '
+            f'title="{html.escape(str(thumb.file), quote=True)} at full size">'
             f'<img src="{picture}" alt="{html.escape(row["label"], quote=True)}"></a>'
-            f'<div class="caption">{html.escape(" · ".join(caption))}</div></td>')
+            f'<div class="caption">{html.escape(" · ".join(caption))}{grid}</div></td>')
 
 
 def _table(rows: list[dict], keys: list[str], page_dir: Path, mlflow_ui: Optional[str], front: set[int]) -> str:
@@ -213,7 +231,8 @@ def _table(rows: list[dict], keys: list[str], page_dir: Path, mlflow_ui: Optiona
               '<th class="text">run directory</th>', '<th class="text">MLflow run</th>']
     out = ['<table class="points" id="points"><thead><tr>', *header, "</tr></thead><tbody>"]
     for row in rows:
-        classes = [c for c, on in (("failed", row["status"] != "FINISHED"), ("pareto", row["job"] in front)) if on]
+        classes = [c for c, on in (("failed", row["status"] != "FINISHED"), ("pareto", row["job"] in front),
+                                   ("reference", row.get("reference"))) if on]
         out.append(f'<tr class="{" ".join(classes)}" data-job="{row["job"]}"><td data-value="{row["job"]}">'
                    f'{row["job"]}</td>')
         out.extend(f'<td class="text">{html.escape(str(row.get(k, "")))}</td>' for k in keys)
@@ -221,7 +240,9 @@ def _table(rows: list[dict], keys: list[str], page_dir: Path, mlflow_ui: Optiona
         out.append(f'<td class="text">{status}</td>')
         for key, _, shown in NUMBERS:
             value = number(row.get(key))
-            if value is None:
+            if value is None and row.get("reference") and key in REFERENCE_METRICS:
+                out.append('<td class="reference" data-value="">reference</td>')  # sorts with the blanks
+            elif value is None:
                 out.append('<td data-value=""></td>')
             elif math.isinf(value):
                 out.append(f'<td data-value="{"Infinity" if value > 0 else "-Infinity"}">'
@@ -258,7 +279,7 @@ def write_page(sweep_dir: Path, rows: list[dict], keys: list[str], axes: Axes, i
                mlflow_ui: Optional[str] = None) -> Path:
     """Write ``report.html`` for the sweep's summary rows (record/sweep.py: collect_jobs) into
     the sweep directory (its links relative to it); returns its path."""
-    rows = [dict(r, seconds_per_image=seconds_per_image(r)) for r in rows]
+    rows = [dict(r, seconds_per_image=seconds_per_image(r), reference=is_reference(r, reference_point)) for r in rows]
     finished = [r for r in rows if r["status"] == "FINISHED"]
     front = set()
     for metric in ("clip_score_mean", "psnr", "ssim_mean"):

@@ -21,12 +21,15 @@ from typing import Any, Callable, Optional
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
+from sdjax_runner.config.naming import override_value
+from sdjax_runner.config.report_axes import axis_value
 from sdjax_runner.record import resume, rundir
 
 log = logging.getLogger("sdjax_runner")
 
-SUMMARY_TIMINGS = ("compile_s", "trace_s", "first_batch_s", "generate_s", "images_per_s", "mfu", "model_reused",
-                   "compile_reused", "compile_cache_hit", "wall_s")
+# steady_calls: how many timed calls a point's generate_s rests on (0: its first call's, timing.max_extra_share).
+SUMMARY_TIMINGS = ("compile_s", "trace_s", "first_batch_s", "generate_s", "steady_calls", "images_per_s", "mfu",
+                   "model_reused", "compile_reused", "compile_cache_hit", "wall_s")
 SUMMARY_QUALITY = ("clip_score_mean", "clip_score_std", "psnr", "psnr_min", "ssim_mean", "ssim_min",
                    "non_finite_images")
 CELL = 256  # contact sheet cell width in pixels
@@ -50,22 +53,35 @@ def swept_keys(task_overrides: list[str]) -> list[str]:
     return [o.get_key_element().lstrip("+~") for o in parsed if o.is_sweep_override()]
 
 
+def sweep_overrides(config: DictConfig) -> list[str]:
+    """What a multirun sweeps over, as Hydra's basic sweeper combines it: an experiment's
+    ``hydra.sweeper.params`` (``sampler: Euler,DPM++ 2M``), then the command line's overrides, which win."""
+    task = list(config.hydra.overrides.task)
+    given = {o.split("=", 1)[0].lstrip("+~") for o in task}
+    params = config.hydra.sweeper.get("params") or {}
+    return [f"{key}={value}" for key, value in params.items() if str(key).lstrip("+~") not in given] + task
+
+
 def swept_values(task_overrides: list[str]) -> dict[str, list[str]]:
-    """Each swept key's values as the command line gives them (``seed=0,1`` -> ``{"seed": ["0", "1"]}``)."""
+    """Each swept key's values as the command line means them (``seed=0,1`` -> ``{"seed": ["0", "1"]}``,
+    ``'sampler=Euler a,DPM++ 2M'`` -> ``["Euler a", "DPM++ 2M"]``: naming.override_value's reading)."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
     parsed = OverridesParser.create().parse_overrides(task_overrides)
-    return {o.get_key_element().lstrip("+~"): list(o.sweep_string_iterator()) for o in parsed if o.is_sweep_override()}
+    return {o.get_key_element().lstrip("+~"): [override_value(f"{o.get_key_element()}={value}")
+                                               for value in o.sweep_string_iterator()]
+            for o in parsed if o.is_sweep_override()}
 
 
-def override_values(job_overrides: list[str]) -> dict[str, str]:
-    """``["+experiment=smoke", "seed=1"]`` -> ``{"experiment": "smoke", "seed": "1"}``."""
-    return dict(o.lstrip("+~").split("=", 1) for o in job_overrides if "=" in o)
+def override_values(job_overrides: list[str], short: bool = False) -> dict[str, str]:
+    """``["+experiment=smoke", "sampler=Euler\\ a"]`` -> ``{"experiment": "smoke", "sampler": "Euler a"}``: each
+    value as naming.override_value reads it (``short``: paths by their last part)."""
+    return {o.split("=", 1)[0].lstrip("+~"): override_value(o, short) for o in job_overrides if "=" in o}
 
 
 def job_label(job_overrides: list[str], keys: list[str]) -> str:
-    """``seed=1 sampling.guidance_scale=3``: the job's values of the swept keys."""
-    values = override_values(job_overrides)
+    """``seed=1 sampler=DPM++ 2M Karras``: the job's values of the swept keys, as a run name shows them."""
+    values = override_values(job_overrides, short=True)
     return " ".join(f"{k}={values[k]}" for k in keys if k in values) or "job"
 
 
@@ -97,7 +113,7 @@ def collect_jobs(sweep_dir: Path, keys: list[str]) -> list[dict[str, Any]]:
         values = override_values(overrides)
         row = {"job": int(job_dir.name), "label": job_label(overrides, keys), **status_fields(status),
                "dir": str(job_dir)}
-        row.update({k: values.get(k, "") for k in keys})
+        row.update({k: axis_value(k, values[k]) if k in values else "" for k in keys})
         row.update({k: number_field(timings.get(k, "")) for k in SUMMARY_TIMINGS})
         row.update({k: number_field(quality.get(k, "")) for k in SUMMARY_QUALITY})
         rows.append(row)
@@ -233,7 +249,7 @@ class SweepCallback(Callback):
         from sdjax_runner.errors import Refused
 
         last_result.clear()
-        task = list(config.hydra.overrides.task)
+        task = sweep_overrides(config)
         keys = swept_keys(task)
         point = None
         try:  # bad input: refused before anything runs or is written
@@ -315,7 +331,7 @@ def report_choice(config: DictConfig, keys: list[str]) -> dict[str, Any]:
 def reference_of(row: dict[str, Any], rows: list[dict[str, Any]], keys: list[str],
                  point: dict[str, str]) -> Optional[dict[str, Any]]:
     """The job with ``row``'s values of the swept keys, but the reference point's where it names them."""
-    wanted = {k: str(point.get(k, row[k])) for k in keys}
+    wanted = {k: axis_value(k, str(point[k])) if k in point else str(row[k]) for k in keys}
     return next((r for r in rows if all(str(r[k]) == v for k, v in wanted.items())), None)
 
 

@@ -37,12 +37,20 @@ def headline_line(metrics: dict[str, float]) -> str:
     return ("**" + ", ".join(parts) + "**") if parts else ""
 
 
+# The experiment's runs table with every run on a row of its own, newest first: MLflow 3.17's UI nests a
+# sweep's points under their parent run, collapsed, only while the table is sorted by its default key
+# (attributes.start_time); which parents are expanded it keeps in the browser, never in the URL. Sorted by
+# attributes.`Created` -- the start time to the server, "Sort: Created" in the UI -- it nests nothing.
+# (tools/mlflow_view.py checks this in a browser.)
+RUNS_ORDER = "orderByKey=attributes.%60Created%60&orderByAsc=false"
+
+
 def ui_link(uri: str, experiment_id: Optional[str], run_id: Optional[str] = None) -> str:
-    """The MLflow UI page of a run (or of the experiment's runs) in the runs view: MLflow 3.17's UI
-    keeps a GenAI/model-training switch of its own and opens the GenAI overview unless the link says
-    ``workflowType=machine_learning``."""
-    page = f"#/experiments/{experiment_id}/runs" + (f"/{run_id}" if run_id else "")
-    return f"{uri.rstrip('/')}/{page}?workflowType=machine_learning"
+    """The MLflow UI page of a run, or the experiment's runs table listing every run, a sweep's points
+    too (RUNS_ORDER), in the runs view: MLflow 3.17's UI keeps a GenAI/model-training switch of its own
+    and opens the GenAI overview unless the link says ``workflowType=machine_learning``."""
+    page = f"#/experiments/{experiment_id}/runs" + (f"/{run_id}?" if run_id else f"?{RUNS_ORDER}&")
+    return f"{uri.rstrip('/')}/{page}workflowType=machine_learning"
 
 
 def numeric_metrics(data: dict[str, Any]) -> dict[str, float]:
