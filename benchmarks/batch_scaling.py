@@ -20,7 +20,7 @@ import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_common import machine_facts, run_sweep  # noqa: E402
+from bench_common import machine_facts, run_sweep
 
 FIELDS = ("per_device_batch_size", "images_per_batch", "generate_s", "images_per_s", "flops_per_batch",
           "tflops_per_s", "mfu", "compile_s", "program_memory_bytes", "device_memory_peak_bytes")

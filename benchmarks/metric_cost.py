@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_common import machine_facts, run_sweep, setup, write_report  # noqa: E402
+from bench_common import machine_facts, run_sweep, setup, write_report
 
 BASE = ["+experiment=smoke", "tracking=none"]
 OFF = ["metrics.clip_score.enabled=false"]

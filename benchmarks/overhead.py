@@ -18,6 +18,7 @@ The runner's ``write_s`` (PNGs, grid, JSON) is reported apart, as the issue allo
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import statistics
@@ -28,7 +29,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_common import machine_facts  # noqa: E402
+from bench_common import machine_facts
 
 PROMPT = "a photo of an astronaut riding a horse on mars"
 
@@ -117,8 +118,8 @@ def main() -> None:
     rounds = []
     with tempfile.TemporaryDirectory() as tmp:
         for index in range(args.rounds):
-            sides = [("guide", lambda: guide(model_dir, args, env)),
-                     ("runner", lambda: runner(Path(tmp), args, env, index))]
+            sides = [("guide", functools.partial(guide, model_dir, args, env)),
+                     ("runner", functools.partial(runner, Path(tmp), args, env, index))]
             if index % 2:
                 sides.reverse()  # alternate which goes first
             rounds.append({name: measure() for name, measure in sides})

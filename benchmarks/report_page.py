@@ -29,8 +29,8 @@ from PIL import Image
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
-from bench_common import machine_facts, write_report  # noqa: E402
-from helpers.browser import open_page  # noqa: E402
+from bench_common import machine_facts, write_report
+from helpers.browser import open_page
 
 SAMPLERS = ["Euler", "Euler a", "DPM++ 2M", "DPM++ 2M Karras", "DDIM", "LMS", "Heun", "UniPC"]
 

@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_common import baseline_env, machine_facts, setup, write_report  # noqa: E402
+from bench_common import baseline_env, machine_facts, setup, write_report
 
 BASELINE = "9f0fb7e"
 

@@ -21,7 +21,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_common import baseline_env, machine_facts, setup, write_report  # noqa: E402
+from bench_common import baseline_env, machine_facts, setup, write_report
 
 COMMON = ["+experiment=smoke", "tracking=none", "sampling.num_inference_steps=25", "sampling.height=128",
           "sampling.width=128", "timing.repeats=5", "metrics.clip_score.enabled=false"]

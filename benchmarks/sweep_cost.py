@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_common import machine_facts  # noqa: E402
+from bench_common import machine_facts
 
 SEEDS = list(range(8))
 BASE = ["+experiment=smoke", "tracking=none"]

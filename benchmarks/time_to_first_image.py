@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_common import baseline_env, machine_facts, setup, write_report  # noqa: E402
+from bench_common import baseline_env, machine_facts, setup, write_report
 
 BASE = ["+experiment=smoke", "tracking=none"]
 CONFIGS = {
@@ -50,7 +50,7 @@ def one(args: list[str], cache: Path, run_dir: Path, work: Path, env: dict) -> d
 
 def main() -> None:
     args, work, env = setup(__doc__, rounds=5, prefix="ttfi-", extra={"--baseline": "3bad419"})
-    envs = {name: env for name in CONFIGS}
+    envs = dict.fromkeys(CONFIGS, env)
     envs["baseline"] = baseline_env(env, work, args.baseline)
     warm = {name: work / f"warm-cache-{name}" for name in CONFIGS}  # the baseline's cache files differ
     for name, extra in CONFIGS.items():  # builds the models once, fills the warm caches (and stores executables)

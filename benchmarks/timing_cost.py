@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_common import machine_facts, run_sweep, setup, write_report  # noqa: E402
+from bench_common import machine_facts, run_sweep, setup, write_report
 
 SWEEP = ["+experiment=smoke", "tracking=none", "metrics.clip_score.enabled=false", "output.grid=false",
          "seed=0,1,2,3"]
@@ -76,7 +76,7 @@ def main() -> None:
                                              for p in range(4)],
             "generate_s_per_point_before": figure["before"],
             "generate_s_per_point_after": figure["after"],
-            "generate_s_after_over_before_per_point": [a / b for a, b in zip(figure["after"], figure["before"])],
+            "generate_s_after_over_before_per_point": [a / b for a, b in zip(figure["after"], figure["before"], strict=True)],
         }
     report = {
         "machine": machine_facts(with_devices=False),

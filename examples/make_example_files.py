@@ -24,11 +24,10 @@ sys.path.insert(0, str(ROOT / "tests"))
 
 def main(out: Path = ROOT / "examples") -> list[Path]:
     warnings.filterwarnings("ignore", message=".*(Flax|JAX) classes are deprecated")
-    from helpers.ldm_layout import write_single_file
-    from helpers.lora_files import factors, write_kohya
-
     from hydra import compose, initialize_config_module
 
+    from helpers.ldm_layout import write_single_file
+    from helpers.lora_files import factors, write_kohya
     from sdjax_runner.config import schema
     from sdjax_runner.models.builtin import build_builtin
 

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import errno
-from typing import Iterable, Optional
+from collections.abc import Iterable
+from typing import Optional
 
 
 class Terminated(BaseException):
@@ -35,7 +36,7 @@ class Refused(BaseException):
     raised in a callback into a warning and goes on; this passes through it to cli.main, which
     prints one line."""
 
-    def __init__(self, error: "UserError | str"):
+    def __init__(self, error: UserError | str):
         super().__init__(str(error))
 
 

@@ -66,8 +66,8 @@ def _run(plan: Plan, job: Job, run_name: str, tags: dict[str, str], started: flo
 
     from sdjax_runner.config.prompts import check_chunks, hint_a1111_syntax, named_prompts, warn_truncated
     from sdjax_runner.engine.generate import describe as describe_timings
-    from sdjax_runner.engine.program import program_spec
     from sdjax_runner.engine.parallel import PARALLEL
+    from sdjax_runner.engine.program import program_spec
     from sdjax_runner.engine.reuse import REUSE
     from sdjax_runner.engine.tokens import PromptTokens
 

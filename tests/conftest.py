@@ -6,13 +6,13 @@ import os
 os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8").strip()
 os.environ.pop("MLFLOW_TRACKING_URI", None)
 
-from pathlib import Path  # noqa: E402
+from pathlib import Path
 
-import pytest  # noqa: E402
+import pytest
 
-from helpers.cli import run_cli  # noqa: E402
-from helpers.mlflow_store import seed_store  # noqa: E402
-from sdjax_runner.engine.runtime import silence_libraries  # noqa: E402
+from helpers.cli import run_cli
+from helpers.mlflow_store import seed_store
+from sdjax_runner.engine.runtime import silence_libraries
 
 silence_libraries()  # the guide code run in-process logs Flax deprecation notices too
 

@@ -5,8 +5,8 @@ from hydra.errors import ConfigCompositionException
 from omegaconf import OmegaConf
 
 from helpers.configs import CONF, compose_cfg
-from sdjax_runner.config.plan import admit, make_plan
 from sdjax_runner.config.messages import describe
+from sdjax_runner.config.plan import admit, make_plan
 
 EXPERIMENTS = sorted(p.stem for p in (CONF / "experiment").glob("*.yaml"))
 GROUP_OPTIONS = sorted(
@@ -71,8 +71,8 @@ def test_guide_experiments_match_the_guide():
     plan = make_plan(admit(different), available_devices=8)
     assert [s.prompt for s in plan.images][:2] == ["Labrador in the style of Hokusai",
                                                   "Painting of a squirrel skating in New York"]
-    assert len(set(s.prompt for s in plan.images)) == 8
-    assert len(set(s.prompt for s in make_plan(admit(same), available_devices=8).images)) == 1
+    assert len({s.prompt for s in plan.images}) == 8
+    assert len({s.prompt for s in make_plan(admit(same), available_devices=8).images}) == 1
 
 
 def test_smoke_is_small():

@@ -16,8 +16,8 @@ from sdjax_runner.engine import efficiency
 
 def prepared_tiny(overrides):
     from sdjax_runner.config.plan import admit, make_plan
-    from sdjax_runner.engine.program import program_spec
     from sdjax_runner.engine.parallel import PARALLEL
+    from sdjax_runner.engine.program import program_spec
     from sdjax_runner.engine.reuse import ReuseCache
 
     cfg = compose_cfg(["+experiment=smoke"] + overrides)

@@ -164,7 +164,7 @@ def test_list_filters_match_whole_values_with_shell_patterns_and_times_in_any_zo
     assert matches({"seed": "5", "scheduler.name": "euler"}, filters)
     assert not matches({"seed": "15", "scheduler.name": "pndm"}, filters)  # whole values, not substrings
     assert not matches({"scheduler.name": "pndm"}, filters)  # a run without the key does not match
-    now = datetime.datetime(2026, 11, 22, 12, 0, tzinfo=datetime.timezone.utc)
+    now = datetime.datetime(2026, 11, 22, 12, 0, tzinfo=datetime.UTC)
     assert parse_since("7d", now) == now - datetime.timedelta(days=7)
     assert parse_since("90m", now) == now - datetime.timedelta(minutes=90)
     assert parse_since("2026-11-22T13:00+01:00") == now

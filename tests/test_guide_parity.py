@@ -34,4 +34,4 @@ def test_negative_prompt_equals_the_guide_and_changes_the_images(smoke_run, tmp_
     prompt = compose_cfg(["+experiment=smoke"]).prompts.texts[0]
     got = runner_images(run_dir)
     assert_same_pixels(got, guide_images(tiny_model_dir, [prompt] * 8, seed=0, negative="blurry, low quality"))
-    assert not any(np.array_equal(a, b) for a, b in zip(got, runner_images(plain_dir)))
+    assert not any(np.array_equal(a, b) for a, b in zip(got, runner_images(plain_dir), strict=True))

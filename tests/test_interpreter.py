@@ -97,7 +97,7 @@ def test_exit_codes_as_sys_exit_reads_them(tmp_path):
 
 
 def test_the_cli_run_ends_with_its_outputs_whole(smoke_run):
-    work, run_dir, result = smoke_run
+    _work, run_dir, result = smoke_run
     assert result.returncode == 0
     assert "write: 8 image(s) + grid" in result.stdout + result.stderr
     assert (run_dir / "run.log").read_text().rstrip().splitlines()[-1].split("] ", 1)[1].startswith("track: mlflow run")

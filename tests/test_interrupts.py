@@ -48,7 +48,7 @@ def test_a_signal_ends_the_run_killed_and_keeps_the_images(tmp_path, tiny_model_
     timings = json.loads((run_dir / "timings.json").read_text())
     assert timings["partial"] == 1 and timings["batches_done"] >= 2 and timings["compile_s"] > 0
     records = json.loads((run_dir / "images.json").read_text())
-    assert 16 <= len(records) and 8 * timings["batches_done"] <= len(records) <= 8 * (timings["batches_done"] + 1)
+    assert len(records) >= 16 and 8 * timings["batches_done"] <= len(records) <= 8 * (timings["batches_done"] + 1)
     with sqlite3.connect(tmp_path / "outputs" / "mlflow.db") as db:
         metrics = dict(db.execute("select key, value from latest_metrics").fetchall())
     assert metrics["batches_done"] == timings["batches_done"] and metrics["partial"] == 1

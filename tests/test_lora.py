@@ -131,7 +131,7 @@ def test_odd_lora_tensors_a_replaced_file_and_non_files_are_one_line_each(tmp_pa
             lora.read(str(file), params, "lora.0.path")
         assert expected in str(error.value), (case, str(error.value))
     good = write_kohya(tmp_path / "good.safetensors", factors(tiny_model_dir), alpha=ALPHA)
-    with pytest.raises(UserError, match="changed since the run was planned .* not run under the old file's hash"):
+    with pytest.raises(UserError, match=r"changed since the run was planned .* not run under the old file's hash"):
         lora.read(str(good), params, "lora.0.path", expected_sha256="0" * 64)
     assert lora.read(str(good), params, "lora.0.path", file_sha256(good)).factors
 

@@ -179,5 +179,5 @@ def test_a_reference_point_names_a_dotted_swept_key_short_as_the_report_axes_do(
     assert reference_point({"sampling.num_inference_steps": "10"}, swept) == {"sampling.num_inference_steps": "10"}
     with pytest.raises(UserError, match="guidance is not swept by this multirun"):
         reference_point({"guidance": "7"}, swept)
-    with pytest.raises(UserError, match="sampling.num_inference_steps=20 is not one of the sweep's points"):
+    with pytest.raises(UserError, match=r"sampling.num_inference_steps=20 is not one of the sweep's points"):
         reference_point({"steps": "20"}, swept)

@@ -9,8 +9,8 @@ import pytest
 
 from helpers.cli import assert_one_line_error, run_cli
 from helpers.configs import compose_cfg
-from helpers.params import assert_same_params
 from helpers.images import images_of as runner_images
+from helpers.params import assert_same_params
 from helpers.pt_layout import write_pytorch_only
 
 
@@ -47,8 +47,8 @@ def test_tiny_xl_runs_end_to_end_on_both_paths_and_takes_a_negative_prompt(tmp_p
         timings = json.loads((sweep / str(job) / "timings.json").read_text())
         assert timings["process_model_loads"] == 1
     for negative in (False, True):  # the sharded path gives the pmap path's images for SDXL too
-        assert all(np.array_equal(a, b) for a, b in zip(jobs["pmap", negative], jobs["sharded", negative]))
-    assert not any(np.array_equal(a, b) for a, b in zip(jobs["pmap", False], jobs["pmap", True]))
+        assert all(np.array_equal(a, b) for a, b in zip(jobs["pmap", negative], jobs["sharded", negative], strict=True))
+    assert not any(np.array_equal(a, b) for a, b in zip(jobs["pmap", False], jobs["pmap", True], strict=True))
 
 
 def load(path, **overrides):
@@ -83,7 +83,7 @@ def test_pytorch_only_pipeline_gives_the_flax_pipelines_images(smoke_run, tmp_pa
     assert result.returncode == 0, result.stderr
     assert "PyTorch safetensors converted: text_encoder, unet, vae" in result.stdout
     got, expected = runner_images(run_dir), runner_images(flax_run)
-    assert len(got) == 8 and all(np.array_equal(a, b) for a, b in zip(got, expected))
+    assert len(got) == 8 and all(np.array_equal(a, b) for a, b in zip(got, expected, strict=True))
 
 
 def test_pickle_weights_are_refused_with_one_line(tmp_path, tiny_model_dir):
@@ -92,7 +92,7 @@ def test_pickle_weights_are_refused_with_one_line(tmp_path, tiny_model_dir):
                      f"hydra.run.dir={tmp_path / 'run'}", cwd=tmp_path)
     assert result.returncode == 2
     assert "Traceback" not in result.stderr
-    line = [l for l in result.stderr.splitlines() if l.startswith("error:")]
+    line = [e for e in result.stderr.splitlines() if e.startswith("error:")]
     assert line == ["error: model.allow_pickle: unet/ has only pickle weights (diffusion_pytorch_model.bin); "
                     "unpickling can run code, so they are not loaded (allowed: true to load them anyway (needs torch))"]
     assert json.loads((tmp_path / "run" / "status.json").read_text())["status"] == "FAILED"
@@ -125,7 +125,7 @@ def test_hub_ids_load_from_the_local_cache_offline_and_a_missing_one_says_how_to
     result = run_cli("+experiment=smoke", "model=sd-v1-5", "model.pretrained_model_name_or_path=sdjax-test/tiny-pytorch",
                      "tracking=none", f"hydra.run.dir={run_dir}", cwd=tmp_path, env=env)
     assert result.returncode == 0, result.stderr
-    assert all(np.array_equal(a, b) for a, b in zip(runner_images(run_dir), runner_images(flax_run)))
+    assert all(np.array_equal(a, b) for a, b in zip(runner_images(run_dir), runner_images(flax_run), strict=True))
     # The record names the snapshot's commit, and a re-run loads that commit (offline, from the cache).
     commit = "0123456789abcdef0123456789abcdef01234567"
     assert json.loads((run_dir / "inputs.json").read_text())["model"]["revision"] == commit
@@ -137,7 +137,7 @@ def test_hub_ids_load_from_the_local_cache_offline_and_a_missing_one_says_how_to
     missing = run_cli("+experiment=smoke", "model=sd-2-1", "tracking=none", f"hydra.run.dir={tmp_path / 'missing'}",
                       cwd=tmp_path, env=env)
     assert missing.returncode == 2 and "Traceback" not in missing.stderr
-    (line,) = [l for l in missing.stderr.splitlines() if l.startswith("error:")]
+    (line,) = [e for e in missing.stderr.splitlines() if e.startswith("error:")]
     assert line.startswith("error: model.pretrained_model_name_or_path: stabilityai/stable-diffusion-2-1 is not in "
                            "the local Hugging Face cache (HF_HUB_OFFLINE=1)")
     assert "fetch it first with: hf download stabilityai/stable-diffusion-2-1" in line

@@ -79,7 +79,7 @@ def assert_matches(got: list[np.ndarray], expected: list[np.ndarray], exact: boo
     float rounding, where the programs differ in how XLA compiles them (a start step that is a traced number
     makes the denoising loop a while loop; diffusers' own is a fixed-count loop)."""
     assert len(got) == len(expected) == jax.device_count()
-    for index, (mine, theirs) in enumerate(zip(got, expected)):
+    for index, (mine, theirs) in enumerate(zip(got, expected, strict=True)):
         difference = np.abs(mine.astype(int) - theirs.astype(int))
         if exact:
             assert difference.max() == 0, f"image {index} differs by up to {difference.max()} levels"
@@ -175,7 +175,7 @@ def test_inpainting_model_equals_diffusers_flax_inpaint_pipeline(tmp_path, input
         prompt_ids, masked, masks = pipeline.prepare_inputs([prompt] * count, [init.convert("RGB")] * count,
                                                             [mask.copy()] * count)
     rng = jax.random.split(jax.random.PRNGKey(SEED), count)
-    for job, guidance in zip(jobs, (7.5, 3.0)):
+    for job, guidance in zip(jobs, (7.5, 3.0), strict=True):
         expected = pipeline(shard(prompt_ids), shard(masks), shard(masked), replicate(params), rng,
                             num_inference_steps=steps, height=SIZE, width=SIZE, guidance_scale=guidance,
                             jit=True).images
@@ -260,7 +260,7 @@ def test_controlnet_from_a_pytorch_folder_equals_diffusers_flax_controlnet_pipel
         image = pipeline.prepare_image_inputs([control.convert("RGB")] * count)
     prompt_ids = pipeline.prepare_text_inputs([prompt] * count)
     rng = jax.random.split(jax.random.PRNGKey(SEED), count)
-    for job, scale in zip(jobs, (1.0, 0.5)):
+    for job, scale in zip(jobs, (1.0, 0.5), strict=False):  # the third job (scale 0) is checked below
         expected = pipeline(shard(prompt_ids), shard(image), replicate(params), rng, num_inference_steps=steps,
                             guidance_scale=guidance, controlnet_conditioning_scale=scale, jit=True).images
         assert_matches(images_of(job), as_uint8(expected))

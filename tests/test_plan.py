@@ -3,12 +3,11 @@
 import pytest
 from hydra import compose, initialize_config_dir
 
+from helpers.configs import CONF
 from sdjax_runner.config import schema
 from sdjax_runner.config.plan import admit, make_plan
 from sdjax_runner.errors import UserError
 from sdjax_runner.record.rundir import grid_shape
-
-from helpers.configs import CONF
 
 
 def plan_for(*overrides, devices=8):
@@ -22,7 +21,7 @@ def test_one_prompt_fills_every_device_like_the_guide():
     plan = plan_for()
     assert plan.num_batches == 1 and len(plan.images) == 8
     assert [(s.device, s.slot) for s in plan.images] == [(d, 0) for d in range(8)]
-    assert len(set(s.prompt for s in plan.images)) == 1 and all(s.kept for s in plan.images)
+    assert len({s.prompt for s in plan.images}) == 1 and all(s.kept for s in plan.images)
 
 
 def test_more_prompts_than_a_batch_are_split_across_batches():
@@ -52,7 +51,7 @@ def test_too_few_batches_for_the_prompts_is_an_error():
 
 
 def test_grid_too_small_is_an_error():
-    with pytest.raises(UserError, match="output.grid_rows: a 2 x 2 grid cannot hold 8 images"):
+    with pytest.raises(UserError, match=r"output.grid_rows: a 2 x 2 grid cannot hold 8 images"):
         plan_for("output.grid_rows=2", "output.grid_cols=2")
 
 

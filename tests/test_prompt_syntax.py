@@ -182,7 +182,7 @@ def test_sd_prompt_is_its_chunks_encoded_one_by_one_with_a1111s_emphasis(tiny_mo
     encoder, norm = pipeline.text_encoder, params["text_encoder"]["text_model"]["final_layer_norm"]
     expected = []
     for rows, row_weights in ((negative_ids, negative_weights), (ids, weights)):
-        for row, w in zip(rows, row_weights):
+        for row, w in zip(rows, row_weights, strict=True):
             parts = []
             for chunk in range(count):
                 piece = row[chunk * 77:(chunk + 1) * 77]
@@ -258,7 +258,7 @@ def test_a1111_syntax_reads_emphasis_and_a_plain_prompt_as_the_guide_does(syntax
         difference = np.abs(mine.astype(int) - theirs.astype(int))
         assert difference.max() <= 1 and (difference == 0).mean() >= 0.99
     # Emphasis changes the image; read plainly, the brackets are text (another image again).
-    for a, b, c in zip(images["a1111", WEIGHTED], images["a1111", SHORT], images["plain", WEIGHTED]):
+    for a, b, c in zip(images["a1111", WEIGHTED], images["a1111", SHORT], images["plain", WEIGHTED], strict=True):
         assert not np.array_equal(a, b) and not np.array_equal(a, c)
     assert all(np.isfinite(i).all() and i.std() > 1 for i in images["a1111", LONG])
 

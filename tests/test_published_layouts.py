@@ -51,7 +51,7 @@ def test_sd15_as_published_gives_the_flax_models_images_fp16_variant_and_safety_
     run_dir, result = run(tmp_path, "fp32", "model=local", f"model.pretrained_model_name_or_path={model}")
     assert "(PyTorch safetensors converted: text_encoder, unet, vae)" in result.stdout
     got = images_of(run_dir)
-    assert len(got) == 8 and all(np.array_equal(a, b) for a, b in zip(got, images_of(flax_run)))
+    assert len(got) == 8 and all(np.array_equal(a, b) for a, b in zip(got, images_of(flax_run), strict=True))
 
     # model.variant=fp16 reads the *.fp16.safetensors files (rounded weights: close, not equal), and the
     # repository's safety checker (PyTorch layout, converted) runs on every image: with its thresholds at 1
@@ -61,8 +61,8 @@ def test_sd15_as_published_gives_the_flax_models_images_fp16_variant_and_safety_
     assert "PyTorch safetensors converted: safety_checker, text_encoder, unet, vae; fp16 variant: " \
            "safety_checker, text_encoder, unet, vae" in result.stdout
     fp16 = images_of(fp16_dir)
-    assert not all(np.array_equal(a, b) for a, b in zip(fp16, got))
-    mse = np.mean([(a.astype(float) - b) ** 2 for a, b in zip(fp16, got)])
+    assert not all(np.array_equal(a, b) for a, b in zip(fp16, got, strict=True))
+    mse = np.mean([(a.astype(float) - b) ** 2 for a, b in zip(fp16, got, strict=True)])
     assert 10 * np.log10(255 ** 2 / mse) > 30, mse
     assert json.loads((fp16_dir / "inputs.json").read_text())["model"]["weights"].keys() >= {
         "unet/diffusion_pytorch_model.fp16.safetensors", "unet/diffusion_pytorch_model.bin"}
@@ -72,7 +72,7 @@ def test_sd21_v_prediction_as_published_equals_diffusers_pipeline(published, tmp
     model = published["sd21"]
     index = json.loads((model / "model_index.json").read_text())
     assert index["requires_safety_checker"] is False and index["safety_checker"] == [None, None]
-    run_dir, result = run(tmp_path, "run", "model=local", f"model.pretrained_model_name_or_path={model}",
+    run_dir, _result = run(tmp_path, "run", "model=local", f"model.pretrained_model_name_or_path={model}",
                           "scheduler=ddim")
     # diffusers' FlaxStableDiffusionPipeline.from_pretrained on the same folder (its DDIM scheduler with
     # v_prediction, its tokenizer that pads with "!"), given the same weights as Flax files.
@@ -81,7 +81,7 @@ def test_sd21_v_prediction_as_published_equals_diffusers_pipeline(published, tmp
     assert type(pipeline.scheduler).__name__ == "FlaxDDIMScheduler"
     assert pipeline.scheduler.config.prediction_type == "v_prediction" and pipeline.tokenizer.pad_token == "!"
     got = images_of(run_dir)
-    assert len(got) == 8 and all(np.array_equal(a, b) for a, b in zip(got, expected))
+    assert len(got) == 8 and all(np.array_equal(a, b) for a, b in zip(got, expected, strict=True))
 
 
 def test_sdxl_as_published_equals_diffusers_pipeline_for_both_empty_negative_rules(published, tmp_path):
@@ -106,11 +106,11 @@ def test_sdxl_as_published_equals_diffusers_pipeline_for_both_empty_negative_rul
     zeroed, pipeline = diffusers_images(published["sdxl"], prompts, 0, "FlaxStableDiffusionXLPipeline")
     encoded, _ = diffusers_images(published["sdxl"], prompts, 0, "FlaxStableDiffusionXLPipeline", negative="")
     assert type(pipeline.scheduler).__name__ == "FlaxEulerDiscreteScheduler"
-    assert not any(np.array_equal(a, b) for a, b in zip(zeroed, encoded))
+    assert not any(np.array_equal(a, b) for a, b in zip(zeroed, encoded, strict=True))
     expected = {("published", False): zeroed, ("published", True): encoded,
                 ("encoded-index", False): encoded, ("encoded-index", True): encoded}
     for case, images in jobs.items():
-        assert all(np.array_equal(a, b) for a, b in zip(images, expected[case])), case
+        assert all(np.array_equal(a, b) for a, b in zip(images, expected[case], strict=True)), case
 
 
 def test_index_settings_are_allowed_by_name_and_newer_saves_load(published, tmp_path):

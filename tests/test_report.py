@@ -70,10 +70,10 @@ def test_the_page_opens_in_a_browser_with_its_grid_table_and_plots(sweep):
                 "cells => cells.map(c => c.dataset.value !== undefined ? c.dataset.value : c.textContent)")
 
         assert len(column(0)) == 8
-        by_job = dict(zip(column(0), column(clip)))
+        by_job = dict(zip(column(0), column(clip), strict=True))
         assert {job: float(v) for job, v in by_job.items()} == pytest.approx(
             {job: float(r["clip_score_mean"]) for job, r in rows.items()})
-        seconds = dict(zip(column(0), column(headers.index("s / image"))))
+        seconds = dict(zip(column(0), column(headers.index("s / image")), strict=True))
         assert {job: float(v) for job, v in seconds.items()} == pytest.approx(
             {job: 1 / float(r["images_per_s"]) for job, r in rows.items()})
         table.locator("thead th").nth(clip).click()

@@ -82,7 +82,7 @@ def test_lms_in_the_jitted_loop_matches_the_scipy_integrated_reference():
         derivatives = derivatives[-4:]
         order = min(i + 1, 4)
 
-        def coefficient(j):
+        def coefficient(j, i=i, order=order):
             def basis(tau):
                 return np.prod([(tau - sigmas[i - k]) / (sigmas[i - j] - sigmas[i - k]) for k in range(order) if k != j])
             return integrate.quad(basis, sigmas[i], sigmas[i + 1], epsrel=1e-6)[0]

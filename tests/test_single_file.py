@@ -86,8 +86,8 @@ def test_single_file_weights_are_the_diffusers_weights(tmp_path, request, fixtur
     assert {leaf.dtype.name for leaf in half.host_weights["unet"]["conv_in"].values()} == {"bfloat16"}
     if fixture == "tiny_model_dir" and not open_clip:  # a file replaced after the plan hashed it: not run
         from sdjax_runner.errors import UserError
-        from sdjax_runner.models.loading import load_model
         from sdjax_runner.files import file_sha256
+        from sdjax_runner.models.loading import load_model
 
         cfg = compose_cfg([f"model={model}", f"model.checkpoint={checkpoint}"])
         planned = file_sha256(checkpoint)

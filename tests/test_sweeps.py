@@ -245,7 +245,7 @@ def test_a_killed_sweep_resumes_only_its_unfinished_jobs_into_the_same_parent_ru
     assert not (elsewhere / "outputs").exists()
 
     # One parent, reopened and finished; one finished child per seed; the cut-short attempt KILLED.
-    client, parent, children = mlflow_runs(tmp_path)
+    _client, parent, children = mlflow_runs(tmp_path)
     assert parent.info.status == "FINISHED" and parent.info.run_id == record["parent_run_id"] == parent_id
     assert "error" not in parent.data.tags
     assert parent.data.metrics["jobs"] == 3 and parent.data.metrics["failed_jobs"] == 0

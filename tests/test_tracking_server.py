@@ -31,10 +31,10 @@ def start_server(tmp_path, port):
             with urllib.request.urlopen(f"{url}/health", timeout=2) as response:
                 if response.status == 200:
                     return server, url
-        except OSError:
+        except OSError as exc:
             if time.monotonic() > deadline or server.poll() is not None:
                 stop_server(server)
-                raise RuntimeError("mlflow server did not start")
+                raise RuntimeError("mlflow server did not start") from exc
             time.sleep(0.5)
 
 

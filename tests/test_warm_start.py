@@ -130,10 +130,10 @@ def test_the_cache_bound_is_checked_before_anything_runs():
     from sdjax_runner.errors import UserError
 
     for bad in ("0", "-1", "nan", "inf"):
-        with pytest.raises(UserError, match="compilation_cache.max_size_gb"):
+        with pytest.raises(UserError, match=r"compilation_cache.max_size_gb"):
             make_plan(admit(compose_cfg(["+experiment=smoke", f"compilation_cache.max_size_gb={bad}"])),
                       available_devices=8)
-    with pytest.raises(UserError, match="compilation_cache.min_compile_time_s"):
+    with pytest.raises(UserError, match=r"compilation_cache.min_compile_time_s"):
         make_plan(admit(compose_cfg(["+experiment=smoke", "compilation_cache.min_compile_time_s=-1"])), available_devices=8)
 
 

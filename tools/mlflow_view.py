@@ -84,7 +84,7 @@ def start_server(db: Path, port: int, log: Path) -> subprocess.Popen:
 
 def rows(page) -> dict[str, bool]:
     """The run names the table shows, each with whether it is cut."""
-    return {name: cut for name, cut in page.evaluate(NAMES_JS, NAME_COLUMN)}
+    return dict(page.evaluate(NAMES_JS, NAME_COLUMN))
 
 
 def wait_for_rows(page, names: set[str]) -> dict[str, bool]:

@@ -43,7 +43,7 @@ def missing_dependency() -> str | None:
     """One line for a Python that lacks the project's libraries (or is older than 3.12), else None."""
     import importlib.util
 
-    if sys.version_info < (3, 12):
+    if sys.version_info < (3, 12):  # noqa: UP036 -- this check is what an older Python runs into first
         found = f"Python {sys.version.split()[0]}"
     else:
         absent = [name for name in REQUIRED if importlib.util.find_spec(name) is None]

@@ -49,16 +49,17 @@ def _cell(value: Any) -> str:
 def table(rows: list[list[str]], header: list[str]) -> str:
     """Rows in aligned columns; a cell's control and bidi characters (a record's text) shown escaped."""
     rows = [[console.shown(cell) for cell in row] for row in rows]
-    widths = [max(len(str(x)) for x in column) for column in zip(header, *rows)]
-    lines = ["  ".join(h.ljust(w) for h, w in zip(header, widths))]
-    lines += ["  ".join(c.ljust(w) for c, w in zip(row, widths)) for row in rows]
+    widths = [max(len(str(x)) for x in column) for column in zip(header, *rows, strict=True)]
+    lines = ["  ".join(h.ljust(w) for h, w in zip(header, widths, strict=True))]
+    lines += ["  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)) for row in rows]
     return "\n".join(line.rstrip() for line in lines)
 
 
 def select_runs(root: Path, filters: dict[str, list[str]], since: Optional[datetime.datetime]) -> list[dict[str, Any]]:
     """Summaries of the runs under ``root`` that pass the filters, newest first. A filter key that no
     run has is an error (a misspelt key would otherwise quietly match nothing)."""
-    selected, known = [], set()
+    selected: list[dict[str, Any]] = []
+    known: set[str] = set()
     shown_keys = set(filters) | set(catalog.KEY_PARAMS) | {"run_name"}
     for run_dir in catalog.find_runs(root):
         config = catalog.flat_config(run_dir, needed=shown_keys)
@@ -134,7 +135,7 @@ def image_diff(a: Path, b: Path, shown: int = 10) -> str:
         return f"{title}\n{head}all identical (PSNR inf, SSIM 1)"
     head += (f"{fields['identical_images']} identical; PSNR {fields['psnr']:.2f} dB "
              f"(min {fields['psnr_min']:.2f}), SSIM {fields['ssim_mean']:.4f} (min {fields['ssim_min']:.4f})")
-    differing = sorted(((v, r) for v, r in zip(per_image, records) if v and not math.isinf(v["psnr"])),
+    differing = sorted(((v, r) for v, r in zip(per_image, records, strict=True) if v and not math.isinf(v["psnr"])),
                        key=lambda pair: pair[0]["psnr"])
     rows = [[str(r["index"]), str(r["seed"]), f"{v['psnr']:.2f}", f"{v['ssim']:.4f}", _short(r["prompt"])]
             for v, r in differing[:shown]]

@@ -258,11 +258,11 @@ def distributed(parallelism: Any) -> None:
     if parallelism.mode.name != "sharded":
         raise UserError("parallelism.distributed.enabled", "multi-host runs need the sharded path",
                         "parallelism=sharded")
-    given = [dist.coordinator_address is not None, dist.num_processes is not None, dist.process_id is not None]
-    if any(given) and not all(given):
+    present = [dist.coordinator_address is not None, dist.num_processes is not None, dist.process_id is not None]
+    if any(present) and not all(present):
         raise UserError("parallelism.distributed", "give coordinator_address, num_processes and process_id "
                         "together, or none of them (auto-detection on TPU pods and SLURM)")
-    if all(given):
+    if all(present):
         if dist.num_processes < 1:
             raise UserError("parallelism.distributed.num_processes", f"must be >= 1, got {dist.num_processes}")
         if not 0 <= dist.process_id < dist.num_processes:
@@ -283,7 +283,7 @@ def known_keys(node: Any, schema: Any, prefix: str = "") -> None:
     from sdjax_runner.config.schema import field_types, without_null
 
     fields = field_types(schema)
-    for key in node.keys():
+    for key in node:
         if not prefix and key == "hydra":  # Hydra's own node, present in a sweep's job configs
             continue
         if key not in fields:
@@ -291,7 +291,7 @@ def known_keys(node: Any, schema: Any, prefix: str = "") -> None:
         kind = without_null(fields[key])[0]
         if dataclasses.is_dataclass(kind) and node[key] is not None:  # (leaves are not read: no interpolation resolved)
             known_keys(node[key], kind, f"{prefix}{key}.")
-        elif typing.get_origin(kind) in (list, typing.List) and dataclasses.is_dataclass(typing.get_args(kind)[0]):
+        elif typing.get_origin(kind) is list and dataclasses.is_dataclass(typing.get_args(kind)[0]):
             for number, item in enumerate(node[key] or []):
                 known_keys(item, typing.get_args(kind)[0], f"{prefix}{key}.{number}.")
 

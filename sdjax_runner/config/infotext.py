@@ -46,7 +46,9 @@ def parse(text: str) -> Infotext:
     if len(PARAM.findall(last)) < 3:
         lines.append(last)
         last = ""
-    prompt, negative, in_negative = [], [], False
+    prompt: list[str] = []
+    negative: list[str] = []
+    in_negative = False
     for line in lines:
         line = line.strip()
         if line.startswith("Negative prompt:"):
@@ -193,6 +195,7 @@ def sampler_override(name: str, unipc_variant: str | None = None, skipped: list[
     an A1111/ComfyUI name; an unknown name is :class:`UserError` here, before anything runs. A1111's UniPC
     runs the variant its ``UniPC variant`` setting names (bh1 when none is written); one not here is
     said in ``skipped`` (the default bh1 runs)."""
+    skipped = [] if skipped is None else skipped
     if name in SCHEDULERS:
         return f"scheduler={name.lower()}"
     try:

@@ -32,11 +32,11 @@ non-grayscale mask got.
 from __future__ import annotations
 
 import hashlib
+import logging
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence
-
-import logging
+from typing import Any
 
 import numpy as np
 
@@ -144,10 +144,7 @@ def read_image(key: str, path: Path, mask: bool = False) -> InputImage:
         image = decoded(data)
     except BadImage as bad:
         raise UserError(key, f"{path} {bad.problem}", bad.allowed) from None
-    if mask:
-        pixels = mask_pixels(key, path, image)[..., None]
-    else:
-        pixels = np.asarray(image.convert("RGB"))
+    pixels = mask_pixels(key, path, image)[..., None] if mask else np.asarray(image.convert("RGB"))
     return InputImage(key, str(path), hashlib.sha256(data).hexdigest(), np.ascontiguousarray(pixels))
 
 

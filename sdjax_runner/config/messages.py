@@ -20,7 +20,7 @@ def _schema_node(parts: list[str]) -> typing.Any:
     """The schema's type at the dotted path ``parts`` (a dataclass or a field's type), or None."""
     node: typing.Any = RunConfig
     for part in parts:
-        if not dataclasses.is_dataclass(node) or part not in field_types(node):
+        if not (isinstance(node, type) and dataclasses.is_dataclass(node)) or part not in field_types(node):
             return None
         node = field_types(node)[part]
     return node
@@ -29,7 +29,7 @@ def _schema_node(parts: list[str]) -> typing.Any:
 def _schema_keys(full_key: str) -> Optional[list[str]]:
     """The keys the schema allows beside ``full_key`` (e.g. sampling.foo -> sampling's fields)."""
     node = _schema_node(full_key.split(".")[:-1])
-    if not dataclasses.is_dataclass(node):
+    if not (isinstance(node, type) and dataclasses.is_dataclass(node)):
         return None
     return list(field_types(node))
 
@@ -47,16 +47,13 @@ _KINDS = {int: "an integer", float: "a number", bool: "true or false", str: "a s
 def _schema_kind(full_key: str) -> Optional[str]:
     """What the schema's field ``full_key`` takes, in words (``a number or null``), or None."""
     node, optional = without_null(_schema_node(full_key.split(".")))
-    if typing.get_origin(node) in (list, typing.List):
-        kind = "a list, e.g. [a,b]"
-    else:
-        kind = _KINDS.get(node)
+    kind = "a list, e.g. [a,b]" if typing.get_origin(node) is list else _KINDS.get(node)
     if kind is None:
         return None
     return kind + (" or null" if optional else "")
 
 
-def _one_line(text: str) -> str:
+def _one_line(text: object) -> str:
     return " ".join(line.strip() for line in str(text).splitlines() if line.strip())
 
 
@@ -107,9 +104,9 @@ def describe(exc: BaseException) -> Optional[str]:
                     key = f"{given}.{key}"  # the item's own full key is relative to the item
 
                 return f"{key}: unknown key (allowed: {', '.join(field_types(within))})"
-            allowed = _schema_keys(key)
-            if allowed is not None:
-                return f"{key}: unknown key (allowed: {', '.join(allowed)})"
+            siblings = _schema_keys(key)
+            if siblings is not None:
+                return f"{key}: unknown key (allowed: {', '.join(siblings)})"
         if isinstance(omega, ValidationError) and key and "(allowed" not in message:
             kind = _schema_kind(key)  # a value of the wrong type: say which type the key takes
             if kind:

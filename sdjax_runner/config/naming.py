@@ -10,7 +10,8 @@ Both are OmegaConf resolvers (registered with the schema) so that ``hydra.run.di
 from __future__ import annotations
 
 import re
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 from omegaconf import OmegaConf
 

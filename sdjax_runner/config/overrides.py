@@ -16,8 +16,9 @@ from __future__ import annotations
 
 import functools
 import re
+from collections.abc import Iterable, Iterator
 from importlib import resources
-from typing import Any, Iterable, Iterator
+from typing import Any
 
 from sdjax_runner.errors import UserError
 
@@ -93,7 +94,7 @@ def _why_not_replayable(override: str, tops: set[str]) -> str:
     if calls_a_resolver(value):
         return "a resolver call (${...:...}) that would read this machine's state"
     if key.startswith("hydra/"):
-        allowed = key in HYDRA_GROUPS and _NAME.fullmatch(value)
+        allowed = key in HYDRA_GROUPS and _NAME.fullmatch(value) is not None
         return "" if allowed else "a Hydra config group this runner does not record"
     if key.startswith("hydra.") or key == "hydra":
         allowed = any(key == k or (k.endswith(".") and key.startswith(k)) for k in HYDRA_KEYS)
@@ -111,7 +112,7 @@ def packaged_interpolations() -> frozenset[tuple[str, str]]:
     (``("cache_dir", "${oc.env:SDJAX_RUNNER_CACHE_DIR,...}")``)."""
     import yaml
 
-    found = set()
+    found: set[tuple[str, str]] = set()
     for path in _yaml_files(resources.files("sdjax_runner.conf")):
         data = yaml.safe_load(path.read_text(encoding="utf-8"))
         found.update((name, value) for _, name, value in _leaves(data) if isinstance(value, str) and calls_a_resolver(value))

@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
 from omegaconf import DictConfig, OmegaConf
 
@@ -23,8 +23,17 @@ from sdjax_runner.config.input_images import ModeInputs, read_mode_inputs
 from sdjax_runner.config.modes import start_step
 from sdjax_runner.config.prompts import check_syntax, check_text, load_prompts
 from sdjax_runner.config.samplers import Sampling
-from sdjax_runner.config.schema import (CompilationCacheConfig, DtypeConfig, MetricsConfig, ModelConfig, OutputConfig,
-                                        RunConfig, SchedulerConfig, TrackingConfig, field_types)
+from sdjax_runner.config.schema import (
+    CompilationCacheConfig,
+    DtypeConfig,
+    MetricsConfig,
+    ModelConfig,
+    OutputConfig,
+    RunConfig,
+    SchedulerConfig,
+    TrackingConfig,
+    field_types,
+)
 from sdjax_runner.config.weight_files import BASES, lora_header, open_checkpoint
 from sdjax_runner.errors import UserError
 from sdjax_runner.files import file_sha256, not_a_file
@@ -82,7 +91,7 @@ class Plan:
     generation: str = "txt2img"
     strength: Optional[float] = None  # img2img / inpaint
     start_step: int = 0  # the step the sampler starts at (from strength)
-    inputs: ModeInputs = ModeInputs()  # the mode's images, read and checked
+    inputs: ModeInputs = field(default_factory=ModeInputs)  # the mode's images, read and checked
     resize_mode: str = "stretch"
     controlnet: Optional[str] = None  # controlnet.model
     conditioning_scale: float = 1.0  # controlnet.conditioning_scale
@@ -130,8 +139,9 @@ def admit(cfg: DictConfig) -> RunConfig:
     checks.known_keys(cfg, RunConfig)
     # Field by field: a sweep's job config also holds Hydra's own node, which is not the run's to read.
     values = {key: cfg[key] for key in field_types(RunConfig)}
-    return RunConfig(**{key: OmegaConf.to_object(value) if OmegaConf.is_config(value) else value
-                        for key, value in values.items()})
+    fields: dict[str, Any] = {key: OmegaConf.to_object(value) if OmegaConf.is_config(value) else value
+                              for key, value in values.items()}
+    return RunConfig(**fields)
 
 
 def lora_record(index: int, spec) -> tuple[str, float, str]:

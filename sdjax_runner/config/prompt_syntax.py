@@ -90,7 +90,7 @@ def parse_attention(text: str) -> list[list]:
     squares += [(start, len(texts), SQUARE) for start in square_open]
     if not texts:
         return [["", 1.0]]
-    weights = [base * r * s for base, r, s in zip(bases, _products(rounds, len(texts)), _products(squares, len(texts)))]
+    weights = [base * r * s for base, r, s in zip(bases, _products(rounds, len(texts)), _products(squares, len(texts)), strict=True)]
     return _merged(texts, weights)
 
 
@@ -127,7 +127,7 @@ def _products(ranges: list[tuple[int, int, float]], count: int) -> list[float]:
 def _merged(texts: list[str], weights: list[float]) -> list[list]:
     """Neighbouring pieces of equal weight as one (joined once: adding to a growing string is quadratic)."""
     runs: list[tuple[list[str], float]] = []
-    for piece, weight in zip(texts, weights):
+    for piece, weight in zip(texts, weights, strict=True):
         if runs and runs[-1][1] == weight:
             runs[-1][0].append(piece)
         else:
@@ -158,7 +158,7 @@ def chunks(text: str, tokenize, start: int, end: int, pad: int, comma: int) -> l
         out.append(Chunk(tuple([start] + tokens + [end] + [pad] * fill), tuple([1.0] + weights + [1.0] * (fill + 1))))
         tokens, weights, last_comma = [], [], -1
 
-    for ids, (piece, weight) in zip(tokenize([p for p, _ in pieces]), pieces):
+    for ids, (piece, weight) in zip(tokenize([p for p, _ in pieces]), pieces, strict=True):
         if is_break([piece, weight]):
             close()
             continue

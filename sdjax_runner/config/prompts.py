@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable, Optional
+from typing import Optional
 
 from sdjax_runner.config.prompt_syntax import CHUNK, SyntaxProblem, a1111_sign, is_break, parse_attention
 from sdjax_runner.console import shown

@@ -365,7 +365,7 @@ class RunConfig:
     experiment: Optional[str] = None
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def field_types(node: type) -> dict[str, Any]:
     """A schema dataclass's keys and their types, in declaration order (the type hints, which take
     milliseconds to evaluate, once per class)."""

@@ -14,9 +14,10 @@ import functools
 import io
 import tokenize
 import typing
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 from omegaconf import MISSING
 
@@ -35,7 +36,7 @@ class KeyDoc:
     text: str  # the schema's comments on the field, joined
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _field_comments() -> dict[tuple[str, str], str]:
     """(class name, field name) -> its comments in schema.py: the comment lines just above it, then the one
     beside it."""
@@ -51,7 +52,8 @@ def _field_comments() -> dict[tuple[str, str], str]:
             continue
         for item in node.body:
             if isinstance(item, ast.AnnAssign) and isinstance(item.target, ast.Name):
-                above, line = [], item.lineno - 1
+                above: list[str] = []
+                line = item.lineno - 1
                 while line >= 1 and lines[line - 1].strip().startswith("#"):
                     above.insert(0, comments.get(line, ""))
                     line -= 1
@@ -61,7 +63,7 @@ def _field_comments() -> dict[tuple[str, str], str]:
     return found
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _enum_comments(kind: type) -> dict[str, str]:
     """An enum's members -> the comment beside each in schema.py (what the value means)."""
     source = Path(schema.__file__).read_text(encoding="utf-8")
@@ -75,7 +77,7 @@ def _enum_comments(kind: type) -> dict[str, str]:
     return out
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _yaml_comments(path: Path = PACKAGE_CONF / "config.yaml") -> dict[str, str]:
     """Dotted key -> the comment lines just above it in a config YAML file (conf/config.yaml documents the
     keys it sets there, beside the schema)."""
@@ -107,11 +109,11 @@ def kind_in_words(kind: Any) -> str:
     origin = typing.get_origin(inner)
     if isinstance(inner, type) and issubclass(inner, enum.Enum):
         words = "one of: " + ", ".join(member.name for member in inner)
-    elif origin in (list, typing.List):
+    elif origin is list:
         (item,) = typing.get_args(inner) or (Any,)
         words = "a list of " + ("items with the keys below" if dataclasses.is_dataclass(item) else
                                 kind_in_words(item).removeprefix("a ").removeprefix("an ") + "s")
-    elif origin in (dict, typing.Dict):
+    elif origin is dict:
         words = "a mapping of keys to values"
     else:
         words = {str: "a string", int: "an integer", float: "a number", bool: "true or false"}.get(
@@ -148,12 +150,12 @@ def keys(node: type = schema.RunConfig, prefix: str = "") -> Iterator[KeyDoc]:
         kind = types[field.name]
         inner, _ = schema.without_null(kind)
         text = comments.get((node.__name__, field.name)) or _yaml_comments().get(key, "")
-        if dataclasses.is_dataclass(inner):
+        if isinstance(inner, type) and dataclasses.is_dataclass(inner):
             yield from keys(inner, f"{key}.")
             continue
         yield KeyDoc(key, kind_in_words(kind), _default(field), _with_values(text, inner))
-        item = typing.get_args(inner)[0] if typing.get_origin(inner) in (list, typing.List) else None
-        if item is not None and dataclasses.is_dataclass(item):
+        item = typing.get_args(inner)[0] if typing.get_origin(inner) is list else None
+        if isinstance(item, type) and dataclasses.is_dataclass(item):
             yield from keys(item, f"{key}[].")
 
 

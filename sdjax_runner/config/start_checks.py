@@ -11,7 +11,7 @@ permission) would be Hydra's mkdir traceback. This callback, the first Hydra cal
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from hydra.core.hydra_config import HydraConfig
 from hydra.experimental.callback import Callback
@@ -30,7 +30,7 @@ from sdjax_runner.errors import Refused, UserError
 def prompts(config: DictConfig) -> None:
     """The prompts given inline (prompts.texts, prompts.negative), as written (an interpolation is the door's to
     resolve and report): text within the bounds."""
-    given = OmegaConf.to_container(config.prompts, resolve=False)
+    given = cast(dict, OmegaConf.to_container(config.prompts, resolve=False))  # a section: a dict
     texts = given.get("texts")
     for number, text in enumerate(texts if isinstance(texts, list) else []):
         check_text(f"prompts.texts[{number}]", str(text))

@@ -6,8 +6,9 @@ folder."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Mapping, Optional
+from typing import Optional
 
 PACKAGED = "pkg://sdjax_runner.conf"
 PROVIDER = "sdjax-runner user conf/"

@@ -8,8 +8,9 @@ import collections
 import contextlib
 import logging
 import os
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator, Optional
+from typing import Optional
 
 from sdjax_runner.config.schema import CompilationCacheConfig
 from sdjax_runner.engine import executable_cache
@@ -80,7 +81,8 @@ def guard_entries() -> bool:
     def get_executable_and_time(cache_key, compile_options, backend, *args, **kwargs):
         entry = local_entry(jax_cache._get_cache(backend), cache_key) if cache_key else None
         why = untrusted(entry, entry.parent) if entry is not None and os.path.lexists(entry) else None
-        if why:  # an entry is machine code this process would run: never one someone else could plant
+        # An entry is machine code this process would run: never one someone else could plant.
+        if why and entry is not None:
             with contextlib.suppress(OSError):
                 entry.unlink()
             log.warning("compilation_cache: entry %s %s: not read, removed; compiling again", entry.name, why)
@@ -113,8 +115,8 @@ def guard_entries() -> bool:
         return None
 
     jax_cache.get_executable_and_time = get_executable_and_time
-    cls.put = put
-    cls._sdjax_guarded = True
+    cls.put = put  # type: ignore[method-assign]  # the guarded put replaces JAX's, on purpose
+    cls._sdjax_guarded = True  # type: ignore[attr-defined]  # a marker of our own on JAX's class
     return True
 
 
@@ -176,14 +178,14 @@ def trim(cache: CompilationCacheConfig) -> list[Path]:
     root = Path(cache.dir).expanduser()
     abandoned = _abandoned_writes(root)
     entries = []
-    for pattern, (suffix, *companions) in _ENTRIES:
+    for pattern, (suffix, *endings) in _ENTRIES:
         for path in root.glob(pattern):
             try:
                 stat = path.stat()
             except OSError:
                 continue
             entries.append((max(stat.st_atime_ns, stat.st_mtime_ns), path, stat.st_size,
-                            [path.with_name(path.name[:-len(suffix)] + c) for c in companions]))
+                            [path.with_name(path.name[:-len(suffix)] + c) for c in endings]))
     total, removed = sum(entry[2] for entry in entries), []
     for _, path, size, companions in sorted(entries, key=lambda entry: entry[:2]):
         if total <= bound_bytes:

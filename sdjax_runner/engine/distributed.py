@@ -13,6 +13,7 @@ import time
 from typing import Optional
 
 import numpy as np
+
 from sdjax_runner.config import checks
 from sdjax_runner.config.schema import ParallelismConfig
 from sdjax_runner.errors import UserError
@@ -38,6 +39,8 @@ def initialize(parallelism: ParallelismConfig) -> None:
     if dist.coordinator_address is None:  # TPU pods, SLURM, ... detect their own settings
         jax.distributed.initialize(initialization_timeout=dist.timeout_s)
     else:
+        # checks.distributed: the three are given together
+        assert dist.num_processes is not None and dist.process_id is not None
         rendezvous(dist.coordinator_address, dist.num_processes, dist.process_id, dist.timeout_s)
         jax.distributed.initialize(dist.coordinator_address, dist.num_processes, dist.process_id,
                                    initialization_timeout=dist.timeout_s)
@@ -68,7 +71,7 @@ def rendezvous(address: str, num_processes: int, process_id: int, timeout_s: flo
                 server.settimeout(remaining)
                 try:
                     conn, _ = server.accept()
-                except socket.timeout:
+                except TimeoutError:
                     continue
                 peer = _hello(conn)
                 if peer is None or peer in peers or not 0 < peer < num_processes:

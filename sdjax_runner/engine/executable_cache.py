@@ -203,7 +203,7 @@ def load(directory: str, key: str, devices: list, args: tuple) -> Optional[Any]:
         payload, why = _verified(directory, path)
     except OSError as exc:
         payload, why = None, f"cannot be read ({exc.strerror})"
-    if why:
+    if payload is None:  # then ``why`` says why
         log.warning("compile: stored executable %s not usable: it %s; removed, tracing instead", path.name, why)
         discard(directory, key)
         return None

@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import statistics
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator, Optional
+from typing import Any, Optional
 
 import numpy as np
 
@@ -131,7 +132,7 @@ class Generator:
     def place_keys(self, keys: np.ndarray):
         raise NotImplementedError
 
-    def place_number(self, value: np.ndarray):
+    def place_number(self, value: np.generic):
         """A number every device reads (a scalar of the program)."""
         raise NotImplementedError
 

@@ -26,7 +26,7 @@ def replicate_from_host(tree, devices):
     leaves, treedef = jax.tree_util.tree_flatten(tree)
     hosts = [np.asarray(leaf)[None] for leaf in leaves]
     copies = [jax.device_put(hosts, device) for device in devices]  # one batched transfer per device
-    return treedef.unflatten([
+    return jax.tree_util.tree_unflatten(treedef, [
         jax.make_array_from_single_device_arrays((len(devices),) + host.shape[1:], sharding,
                                                  [on_device[i] for on_device in copies])
         for i, host in enumerate(hosts)])
@@ -55,7 +55,7 @@ class PmapGenerator(Generator):
     def place_keys(self, keys: np.ndarray):
         return keys
 
-    def place_number(self, value: np.ndarray):
+    def place_number(self, value: np.generic):
         import jax.numpy as jnp
 
         return jnp.asarray(np.repeat(value[None], self.plan.num_devices))  # one per device, as the guidance
@@ -74,4 +74,5 @@ class PmapGenerator(Generator):
         return jax.pmap(functools.partial(generate, self.pipeline, self.spec)).lower(*self.program_args())
 
     def run(self, ids, keys, inputs):
+        assert self.compiled is not None  # runner.compile_generator set it
         return self.compiled(ids, self.params, keys, self.guidance, inputs, self.negative_ids)

@@ -16,8 +16,9 @@ import collections
 import gzip
 import json
 import re
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 # The Flax modules (as JAX's name stack records them) that make each part of a Stable Diffusion pipeline.
 COMPONENTS = {

@@ -26,9 +26,10 @@ import contextlib
 import gc
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any, Optional
 
 from sdjax_runner.config.plan import Plan
 from sdjax_runner.console import shown

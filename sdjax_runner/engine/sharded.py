@@ -57,7 +57,7 @@ class ShardedGenerator(Generator):
     def place_keys(self, keys: np.ndarray):
         return global_array(keys, self.data)
 
-    def place_number(self, value: np.ndarray):
+    def place_number(self, value: np.generic):
         return global_array(value, self.replicated)
 
     def _args(self, ids, keys, inputs) -> tuple:
@@ -89,6 +89,7 @@ class ShardedGenerator(Generator):
         return function.lower(*args)
 
     def run(self, ids, keys, inputs):
+        assert self.compiled is not None  # runner.compile_generator set it
         return self.compiled(*self._args(ids, keys, inputs))
 
     def fetch(self, out) -> np.ndarray:

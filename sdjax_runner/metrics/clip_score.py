@@ -19,9 +19,10 @@ from __future__ import annotations
 import json
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any, Optional
 
 import numpy as np
 
@@ -56,7 +57,7 @@ class ClipScorer:
         try:
             return np.asarray(program(self.params, *inputs))
         except JaxRuntimeError as exc:
-            if self.compile_path != "executable_cache":
+            if self.compile_path != "executable_cache" or self.executables is None:
                 raise
             from sdjax_runner.engine import executable_cache
 

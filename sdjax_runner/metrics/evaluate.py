@@ -7,8 +7,9 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any, Optional
 
 log = logging.getLogger("sdjax_runner")
 
@@ -24,7 +25,7 @@ def with_reference(run_dir: Path, records: list[dict], reference_dir: Path,
         error = f"{type(exc).__name__}: {' '.join(str(exc).split())[:300]}"
         log.warning("metrics: no comparison with %s: %s", reference_dir, error)
         return {"reference": str(reference_dir), "reference_error": error}
-    for record, values in zip(records, per_image):
+    for record, values in zip(records, per_image, strict=True):
         record.update(values)
     if fields["compared_images"] < len(records):
         log.warning("metrics: %d of %d image(s) have no image of the same slot (index, seed, prompt, size) in %s",
@@ -50,7 +51,7 @@ def evaluate(metrics: Any, run_dir: Path, images: list, records: list[dict], exe
         scores, fields = score_run(metrics.clip_score, images, [read[r["prompt"]] for r in records], executables)
         quality.update(fields, clip_model=str(metrics.clip_score.model))
         if scores is not None:
-            for record, score in zip(records, scores):
+            for record, score in zip(records, scores, strict=True):
                 record["clip_score"] = float(score)
     if metrics.reference and records:
         if all((run_dir / r["file"]).exists() for r in records):

@@ -68,15 +68,15 @@ def compare(run_dir: Path, records: list[dict], reference_dir: Path,
     """(per-image {psnr, ssim} aligned with ``records`` -- empty dicts where not compared, run-level
     fields). ``reference_records``: the image records of the run in ``reference_dir``."""
     by_slot = {_slot(r): r for r in reference_records}
-    pairs = [(i, by_slot.get(_slot(r))) for i, r in enumerate(records)]
-    pairs = [(i, ref) for i, ref in pairs if ref is not None and (ref.get("height"), ref.get("width"))
+    found = [(i, by_slot.get(_slot(r))) for i, r in enumerate(records)]
+    pairs = [(i, ref) for i, ref in found if ref is not None and (ref.get("height"), ref.get("width"))
              == (records[i].get("height"), records[i].get("width"))]
     per_image: list[dict] = [{} for _ in records]
     fields: dict[str, Any] = {"reference": str(reference_dir), "compared_images": len(pairs)}
     if not pairs:
         return per_image, fields
     psnr, ssim = _pairs_psnr_ssim([(run_dir, records[i], reference_dir, ref) for i, ref in pairs])
-    for (i, _), p, s in zip(pairs, psnr, ssim):
+    for (i, _), p, s in zip(pairs, psnr, ssim, strict=True):
         per_image[i] = {"psnr": float(p), "ssim": float(s)}
     # The run's PSNR is that of its mean squared error over all compared images (inf only if every
     # image is identical; a mean of per-image PSNRs would be inf as soon as one image is).

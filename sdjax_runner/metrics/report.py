@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Optional, cast
 
 QUALITY = {"clip_score_mean": "CLIP score (mean)", "psnr": "PSNR to reference (dB)", "ssim_mean": "SSIM to reference"}
 
@@ -60,7 +60,7 @@ def series_of(rows: list[dict], values: list[Optional[float]], key: str, keys: l
     which sampler reaches a quality in the fewest steps)."""
     others = [k for k in keys if k != key]
     series: dict[str, list[tuple[str, float]]] = {}
-    for r, y in zip(rows, values):
+    for r, y in zip(rows, values, strict=True):
         if y is not None:
             series.setdefault(" ".join(f"{k}={r.get(k, '')}" for k in others), []).append((str(r.get(key, "")), y))
     return series
@@ -78,7 +78,7 @@ def pareto_front(points: list[tuple[Optional[float], Optional[float]]]) -> list[
     least as good, better in one), fastest first: the settings worth choosing between."""
     known = [(x, y, i) for i, (x, y) in enumerate(points) if x is not None and y is not None]
     front, best = [], -math.inf
-    for x, y, i in sorted(known, key=lambda p: (p[0], -p[1])):
+    for _x, y, i in sorted(known, key=lambda p: (p[0], -p[1])):
         if y > best:
             front.append(i)
             best = y
@@ -101,11 +101,11 @@ def _against_seconds(ax, rows: list[dict], seconds: list, values: list, cap: Opt
                      fontsize: int) -> list[int]:
     """The metric against seconds per image on ``ax``: a numbered point per job, the Pareto front as a red
     staircase with its points ringed, inf drawn at ``cap``; returns the front (row indices, fastest first)."""
-    for r, x, y in zip(rows, seconds, values):
+    for r, x, y in zip(rows, seconds, values, strict=True):
         if x is not None and y is not None:
             ax.scatter(x, y, color="tab:blue", s=18)
             ax.annotate(f"#{r['job']}", (x, y), fontsize=fontsize, xytext=(3, 3), textcoords="offset points")
-    front = pareto_front(list(zip(seconds, values)))
+    front = pareto_front(list(zip(seconds, values, strict=True)))
     if front:
         ax.step([seconds[i] for i in front], [values[i] for i in front], where="post", color="tab:red",
                 linewidth=1, label="Pareto front")
@@ -133,7 +133,8 @@ def _against_key(ax, series: dict, key: str, metric: str) -> None:
     labels = _labels(series)
     numeric = all(number(x) is not None for x in labels)
     for name, points in series.items():
-        order = sorted(points, key=lambda point: number(point[0]) if numeric else labels.index(point[0]))
+        # numeric: every label is a number (none is None)
+        order = sorted(points, key=lambda point: cast(float, number(point[0])) if numeric else labels.index(point[0]))
         xs = [number(x) if numeric else labels.index(x) for x, _ in order]
         ax.plot(xs, [y for _, y in order], "o-" if len(order) > 1 else "o", label=name or None, markersize=4)
     if 1 < len(series) <= 12:

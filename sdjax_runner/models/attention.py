@@ -15,7 +15,8 @@ compiled program keeps it, and the attention choice is part of what decides reus
 from __future__ import annotations
 
 import contextlib
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 UNET_FLAGS = {"split_head_dim": {"split_head_dim": True}, "memory_efficient": {"use_memory_efficient_attention": True}}
 

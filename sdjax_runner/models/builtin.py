@@ -19,6 +19,7 @@ seeds: two builds produce identical files.
 from __future__ import annotations
 
 import collections
+import itertools
 import json
 import logging
 import os
@@ -27,6 +28,7 @@ import shutil
 import socket
 import tempfile
 from pathlib import Path
+from typing import Any
 
 from sdjax_runner.config.schema import BUILTIN_MODELS
 from sdjax_runner.errors import UserError
@@ -62,23 +64,23 @@ def _learn_merges(corpus: str, num_merges: int) -> list[tuple[str, str]]:
     """Greedy BPE over the corpus, CLIP-style (last symbol of a word ends in </w>)."""
     byte_encoder = _bytes_to_unicode()
     words = collections.Counter(_WORD_PATTERN.findall(corpus.lower()))
-    vocab = {}
+    vocab: dict[tuple[str, ...], int] = {}
     for word, count in words.items():
-        symbols = [byte_encoder[b] for b in word.encode("utf-8")]
-        symbols[-1] += "</w>"
-        vocab[tuple(symbols)] = count
+        letters = [byte_encoder[b] for b in word.encode("utf-8")]
+        letters[-1] += "</w>"
+        vocab[tuple(letters)] = count
     merges: list[tuple[str, str]] = []
     for _ in range(num_merges):
         pairs: collections.Counter = collections.Counter()
         for symbols, count in vocab.items():
-            for pair in zip(symbols, symbols[1:]):
+            for pair in itertools.pairwise(symbols):
                 pairs[pair] += count
         if not pairs:
             break
         # Most frequent pair; ties broken by the pair itself so the result is deterministic.
         best = min(pairs, key=lambda p: (-pairs[p], p))
         merges.append(best)
-        merged = {}
+        merged: dict[tuple[str, ...], int] = {}
         for symbols, count in vocab.items():
             out, i = [], 0
             while i < len(symbols):
@@ -164,7 +166,7 @@ CLIP_L = dict(hidden_size=768, intermediate_size=3072, num_hidden_layers=12, num
               hidden_act="quick_gelu", projection_dim=768)
 SD_VAE = dict(block_out_channels=(128, 256, 512, 512), layers_per_block=2, norm_num_groups=32)
 
-SPECS = {
+SPECS: dict[str, dict[str, Any]] = {
     "tiny-random": dict(
         xl=False,
         text=[dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4)],
@@ -220,7 +222,7 @@ SPECS = {
 # runwayml/stable-diffusion-inpainting's does, and its index names StableDiffusionInpaintPipeline.
 SPECS["tiny-random-inpaint"] = dict(SPECS["tiny-random"], inpaint=True)
 # A small CLIP (metrics/clip_score.py), with the SD models' tokenizer.
-CLIP_SPECS = {
+CLIP_SPECS: dict[str, dict[str, Any]] = {
     "tiny-random-clip": dict(
         text=dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4),
         vision=dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4, image_size=32,
@@ -230,7 +232,7 @@ CLIP_SPECS = {
 }
 # A ControlNet for a built-in model (controlnet.model=NAME): the down blocks and mid block of its UNet, and a
 # conditioning embedding that brings the control image down 8x to the latents' size.
-CONTROLNET_SPECS = {
+CONTROLNET_SPECS: dict[str, dict[str, Any]] = {
     "tiny-random-controlnet": dict(base="tiny-random", conditioning_embedding_out_channels=(16, 16, 32, 32)),
 }
 if tuple(SPECS) + tuple(CLIP_SPECS) + tuple(CONTROLNET_SPECS) != BUILTIN_MODELS:  # config/schema.py names them
@@ -298,7 +300,8 @@ def architecture(name: str):
 
     spec = SPECS[name]
     size = len(_vocabulary()[0])  # the tokenizer's ids end with <|startoftext|>, <|endoftext|>
-    modules, shapes = {}, {}
+    modules: dict[str, Any] = {}
+    shapes: dict[str, Any] = {}
     for number, text in enumerate(spec["text"]):
         config = CLIPTextConfig(**{"vocab_size": size, "max_position_embeddings": 77, **text},
                                 bos_token_id=size - 2, eos_token_id=size - 1, pad_token_id=size - 1)
@@ -320,8 +323,13 @@ def architecture(name: str):
 def _build_into(directory: Path, spec: dict) -> None:
     import ml_dtypes
     import numpy as np
-    from diffusers import (FlaxEulerDiscreteScheduler, FlaxPNDMScheduler, FlaxStableDiffusionInpaintPipeline,
-                           FlaxStableDiffusionPipeline, FlaxStableDiffusionXLPipeline)
+    from diffusers import (
+        FlaxEulerDiscreteScheduler,
+        FlaxPNDMScheduler,
+        FlaxStableDiffusionInpaintPipeline,
+        FlaxStableDiffusionPipeline,
+        FlaxStableDiffusionXLPipeline,
+    )
     from transformers import CLIPTokenizer
 
     name = next(n for n, s in SPECS.items() if s is spec)

@@ -12,11 +12,13 @@ dtype as they are read -- so converting a component needs about one copy of its 
 
 from __future__ import annotations
 
+import functools
 import json
 import os
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator, Optional
+from typing import Any, Optional
 
 import numpy as np
 
@@ -85,7 +87,7 @@ def param_shapes(module: Any, library: str) -> dict:
     import jax
 
     path = _shapes_path(module, library) if SHAPES_DIR is not None else None
-    if path is not None and os.path.lexists(path) and untrusted(path, SHAPES_DIR.parent):
+    if path is not None and SHAPES_DIR is not None and os.path.lexists(path) and untrusted(path, SHAPES_DIR.parent):
         path.unlink(missing_ok=True)  # another user could have written it: traced again and rewritten below
     if path is not None and path.is_file():
         try:
@@ -118,6 +120,8 @@ def config_dict(module: Any) -> Any:
 
 
 def _shapes_path(module: Any, library: str) -> Optional[Path]:
+    if SHAPES_DIR is None:
+        return None
     import hashlib
 
     from sdjax_runner.versions import package_versions
@@ -151,9 +155,10 @@ def _flax_key(pt_key: str, tensor: np.ndarray, reference: dict, library: str, pr
         from diffusers.models.modeling_flax_pytorch_utils import rename_key, rename_key_and_reshape_tensor
 
         return rename_key_and_reshape_tensor(tuple(rename_key(pt_key).split(".")), tensor, reference)
-    from transformers.modeling_flax_pytorch_utils import rename_key_and_reshape_tensor
+    from transformers.modeling_flax_pytorch_utils import rename_key_and_reshape_tensor as rename_transformers_key
 
-    return rename_key_and_reshape_tensor(tuple(pt_key.split(".")), tensor, reference, prefix)
+    # transformers annotates the key as tuple[str] (one element); it takes a key of any length.
+    return rename_transformers_key(tuple(pt_key.split(".")), tensor, reference, prefix)  # type: ignore[arg-type]
 
 
 class WeightsMismatch(ValueError):
@@ -193,7 +198,7 @@ def _against_shapes(module: Any, library: str, use: Callable[[dict], Any]) -> An
     try:
         return use(flatten_dict(param_shapes(module, library)))
     except ValueError:
-        if not from_record:
+        if not from_record or path is None:
             raise
         path.unlink(missing_ok=True)
         return use(flatten_dict(param_shapes(module, library)))
@@ -244,8 +249,8 @@ def _file_tensors(files: tuple[Path, ...]) -> Iterator[tuple[str, Callable[[], n
 
     for file in files:
         with safe_open(str(file), framework="numpy") as tensors:
-            for pt_key in tensors.keys():
-                yield pt_key, (lambda tensors=tensors, pt_key=pt_key: tensors.get_tensor(pt_key))
+            for pt_key in tensors.keys():  # noqa: SIM118 -- safetensors' safe_open is not iterable
+                yield pt_key, functools.partial(tensors.get_tensor, pt_key)
 
 
 def convert_safetensors(files: tuple[Path, ...], module: Any, library: str, dtype: np.dtype) -> dict:

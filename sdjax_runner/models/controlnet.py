@@ -10,7 +10,6 @@ import json
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 from sdjax_runner.config.modes import CONTROLNET_ALLOWED
@@ -76,7 +75,7 @@ def load(value: str, cache_dir: str, unet_config: Any, activations, weights) -> 
     """The ControlNet, its weights as host arrays (``weights`` dtype), computing in ``activations``."""
     from diffusers import FlaxControlNetModel
 
-    from sdjax_runner.models.loading import load_component
+    from sdjax_runner.models.loading import WeightChoice, load_component
 
     started = time.perf_counter()
     path = folder(value, cache_dir)
@@ -84,7 +83,7 @@ def load(value: str, cache_dir: str, unet_config: Any, activations, weights) -> 
     check_fits(config, unet_config, path)
     try:
         module, params, found = load_component(path, "diffusers", FlaxControlNetModel,
-                                               SimpleNamespace(variant=None, allow_pickle=False), activations, weights)
+                                               WeightChoice(variant=None, allow_pickle=False), activations, weights)
     except UserError as exc:  # said of the model's folder: here it is the ControlNet's
         raise UserError(KEY, exc.problem, exc.allowed or ALLOWED) from None
     except Exception as exc:  # the folder is input: whatever it holds is one line

@@ -19,15 +19,21 @@ import logging
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, NamedTuple, Optional, Union
 
 import numpy as np
 
 from sdjax_runner.config.schema import DtypeConfig, ModelConfig, SchedulerConfig
 from sdjax_runner.errors import UserError
 from sdjax_runner.models import model_index, sources
-from sdjax_runner.models.checkpoints import (ComponentWeights, WeightsMismatch, convert_safetensors, convert_tensors,
-                                             find_weights, read_flax)
+from sdjax_runner.models.checkpoints import (
+    ComponentWeights,
+    WeightsMismatch,
+    convert_safetensors,
+    convert_tensors,
+    find_weights,
+    read_flax,
+)
 from sdjax_runner.models.schedulers import build_scheduler
 
 log = logging.getLogger("sdjax_runner")
@@ -139,7 +145,16 @@ def component_dtype(directory: Path, name: str, activations):
     return jnp.float32 if isinstance(config, dict) and config.get("force_upcast") is True else activations
 
 
-def load_component(folder: Path, library: str, cls, model: ModelConfig, activations, weights: np.dtype):
+class WeightChoice(NamedTuple):
+    """What load_component reads of a ModelConfig (which weight files it may read), for a component that
+    is not one of the model's (a ControlNet)."""
+
+    variant: Optional[str] = None
+    allow_pickle: bool = False
+
+
+def load_component(folder: Path, library: str, cls, model: Union[ModelConfig, WeightChoice], activations,
+                   weights: np.dtype):
     """(module, host params or None, the weight files read) for one component folder."""
     from diffusers import FlaxModelMixin
     from transformers import FlaxPreTrainedModel

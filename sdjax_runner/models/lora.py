@@ -53,7 +53,7 @@ def _split(key: str) -> Optional[tuple[str, str, str]]:
     """(component, module name with underscores, factor) of an adapter key, or None."""
     prefix, component = next(((p, c) for p, c in PREFIXES if key.startswith(p)), (None, None))
     suffix, factor = next(((s, f) for s, f in SUFFIXES if key.endswith(s)), (None, None))
-    if component is None or factor is None:
+    if prefix is None or component is None or suffix is None or factor is None:
         return None
     module = key[len(prefix):len(key) - len(suffix)]
     module = re.sub(r"\.processor\.(to_[a-z]+)_lora$", r".\1", module)  # older diffusers attention processors
@@ -114,15 +114,15 @@ def read(path: str, params: dict, config_key: str, expected_sha256: Optional[str
     keys: dict[tuple[str, str, str], str] = {}
     unknown = []
     for key, value in tensors.items():
-        parts = _split(key)
-        if parts is None:
+        named = _split(key)
+        if named is None:
             unknown.append(key)
             continue
-        if parts in keys:  # kohya and PEFT names of one module, say: which one would count?
-            raise UserError(config_key, f"{file.name}: {keys[parts]} and {key} are both the {parts[2]} weight of "
-                            f"{parts[0]} {parts[1]}", "one key per module and factor")
-        keys[parts] = key
-        component, module, factor = parts
+        if named in keys:  # kohya and PEFT names of one module, say: which one would count?
+            raise UserError(config_key, f"{file.name}: {keys[named]} and {key} are both the {named[2]} weight of "
+                            f"{named[0]} {named[1]}", "one key per module and factor")
+        keys[named] = key
+        component, module, factor = named
         modules.setdefault((component, module), {})[factor] = np.asarray(value, dtype=np.float32)
     if unknown:
         raise UserError(config_key, f"{file.name}: {len(unknown)} key(s) in no known LoRA layout, e.g. {unknown[0]}",
@@ -143,16 +143,16 @@ def read(path: str, params: dict, config_key: str, expected_sha256: Optional[str
         rank = down.shape[0]
         if rank == 0:
             raise UserError(config_key, f"{name}: rank 0 (down {tuple(down.shape)})", "a rank of 1 or more")
-        alpha = parts.get("alpha", np.float32(rank))
-        if np.size(alpha) != 1 or not np.isfinite(alpha).all():
-            raise UserError(config_key, f"{name}: alpha is {np.size(alpha)} value(s) {np.ravel(alpha)[:4].tolist()}",
+        given = parts.get("alpha", np.float32(rank))
+        if np.size(given) != 1 or not np.isfinite(given).all():
+            raise UserError(config_key, f"{name}: alpha is {np.size(given)} value(s) {np.ravel(given)[:4].tolist()}",
                             "one finite number")
-        alpha = float(np.ravel(alpha)[0])
+        alpha = float(np.ravel(given)[0])
         path_ = targets[(component, module)]
         kernel = _leaf(params[component], path_)
         fan_in, fan_out = kernel.shape[-2], kernel.shape[-1]
-        if up.shape[1] != rank or down.shape[1] != fan_in or up.shape[0] != fan_out or kernel.ndim == 4 and \
-                kernel.shape[:2] != (1, 1):
+        if up.shape[1] != rank or down.shape[1] != fan_in or up.shape[0] != fan_out or \
+                (kernel.ndim == 4 and kernel.shape[:2] != (1, 1)):
             raise UserError(config_key, f"{name}: LoRA shapes {tuple(up.shape)} x "
                             f"{tuple(down.shape)} do not fit its kernel {tuple(kernel.shape)}")
         factors[(component, path_)] = ((down.T * (alpha / rank)).astype(np.float32), up.T.astype(np.float32))

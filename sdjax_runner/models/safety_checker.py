@@ -10,8 +10,10 @@ module is the same computation (same parameters, same thresholds, same rounding)
 from __future__ import annotations
 
 import jax.numpy as jnp
-from diffusers.pipelines.stable_diffusion.safety_checker_flax import (FlaxStableDiffusionSafetyChecker,
-                                                                      FlaxStableDiffusionSafetyCheckerModule)
+from diffusers.pipelines.stable_diffusion.safety_checker_flax import (
+    FlaxStableDiffusionSafetyChecker,
+    FlaxStableDiffusionSafetyCheckerModule,
+)
 
 
 def cosine_similarity(a, b, eps: float = 1e-12):

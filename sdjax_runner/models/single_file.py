@@ -22,8 +22,9 @@ the pipeline and are skipped; anything else the runner does not recognise is nam
 from __future__ import annotations
 
 import re
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Callable, Iterator, Optional
+from typing import Any, Optional
 
 import numpy as np
 
@@ -145,7 +146,9 @@ def vae_name(key: str, levels: int) -> Optional[tuple[str, Callable]]:
     if match := re.fullmatch(r"mid\.attn_1\.(.+)", rest):
         tail = match[1]
         new = next((n + tail[len(o):] for o, n in _VAE_ATTENTION.items() if tail.startswith(o)), None)
-        return new and (f"{coder}.mid_block.attentions.0.{new}", _same if tail.startswith("norm.") else _as_linear)
+        if new is None:
+            return None
+        return f"{coder}.mid_block.attentions.0.{new}", _same if tail.startswith("norm.") else _as_linear
     if match := re.fullmatch(r"(down|up)\.(\d+)\.(block\.(\d+)|downsample|upsample)\.(.+)", rest):
         direction, level, tail = match[1], int(match[2]), match[5]
         if direction == "up":
@@ -190,7 +193,7 @@ def open_clip_names(key: str) -> Optional[Renamed]:
         kind = "weight" if tail.endswith("weight") else "bias"
         return [(f"{layer}.self_attn.{name}_proj.{kind}", _third(i)) for i, name in enumerate("qkv")]
     new = next((n + tail[len(o):] for o, n in _OPEN_CLIP.items() if tail.startswith(o)), None)
-    return new and [(f"{layer}.{new}", _same)]
+    return None if new is None else [(f"{layer}.{new}", _same)]
 
 
 # --- the file ----------------------------------------------------------------------------------
@@ -218,14 +221,14 @@ def renamed(key: str, layers_per_block: int, vae_levels: int) -> Optional[tuple[
         rest = key[len(prefix):]
         if component == "unet":
             name = unet_name(rest, layers_per_block)
-            return name and (component, [(name, _same)])
+            return None if name is None else (component, [(name, _same)])
         if component == "vae":
             found = vae_name(rest, vae_levels)
-            return found and (component, [found])
+            return None if found is None else (component, [found])
         if layout == "clip":
             return component, [(clip_name(rest), _same)]
         names = open_clip_names(rest)
-        return names and (component, names)
+        return None if names is None else (component, names)
     return None
 
 
@@ -239,7 +242,12 @@ def component_tensors(checkpoint: Checkpoint, component: str) -> Iterator[tuple[
             if found is None or found[0] != component:
                 continue
             for name, transform in found[1]:
-                yield name, (lambda key=key, transform=transform: transform(tensors.get_tensor(key)))
+                yield name, _loader(tensors, key, transform)
+
+
+def _loader(tensors: Any, key: str, transform: Callable[[np.ndarray], np.ndarray]) -> Callable[[], np.ndarray]:
+    """Reads ``key`` from the open file and transforms it, when called."""
+    return lambda: transform(tensors.get_tensor(key))
 
 
 def unrecognised(checkpoint: Checkpoint) -> list[str]:

@@ -43,8 +43,12 @@ def fetch_command(repo: str, revision: str | None, configs_only: bool = False) -
 
 def _snapshot(model: ModelConfig, patterns: list[str]) -> Path:
     from huggingface_hub import snapshot_download
-    from huggingface_hub.errors import (GatedRepoError, LocalEntryNotFoundError, RepositoryNotFoundError,
-                                        RevisionNotFoundError)
+    from huggingface_hub.errors import (
+        GatedRepoError,
+        LocalEntryNotFoundError,
+        RepositoryNotFoundError,
+        RevisionNotFoundError,
+    )
 
     repo, revision = str(model.pretrained_model_name_or_path), model.revision
     try:

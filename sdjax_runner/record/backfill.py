@@ -8,7 +8,6 @@ import socket
 from pathlib import Path
 from typing import Optional
 
-
 from sdjax_runner.record import rundir
 from sdjax_runner.record.tracking import MlflowTracker, numeric_metrics
 

@@ -8,8 +8,9 @@ import fnmatch
 import json
 import math
 import re
+from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import Any, Iterable, Iterator, Optional
+from typing import Any, Optional
 
 import yaml
 from omegaconf import OmegaConf

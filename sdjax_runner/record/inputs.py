@@ -15,7 +15,6 @@ import re
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Optional
 
-
 if TYPE_CHECKING:
     from sdjax_runner.config.plan import Plan
 
@@ -25,7 +24,7 @@ PATH_KEYS = ("model.pretrained_model_name_or_path", "model.checkpoint", "metrics
 _COMMIT = re.compile(r"[0-9a-f]{40}")
 
 
-def collect(plan: "Plan", model_path: str) -> dict[str, Any]:
+def collect(plan: Plan, model_path: str) -> dict[str, Any]:
     model_dir = Path(model_path).expanduser().resolve()
     revision = hub_revision(model_dir)
     file = plan.params.get("prompts.file", "null")

@@ -9,8 +9,9 @@ import logging
 import os
 import socket
 import sys
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, Callable, Iterator, Optional
+from typing import Any, Optional
 
 from sdjax_runner.config.messages import describe, is_bad_input, stop_reason
 from sdjax_runner.errors import DISK_ERRORS
@@ -97,7 +98,7 @@ class Job:
         self.write_status(status=status, **({"error": error} if error else {}))
 
     @contextlib.contextmanager
-    def recorded(self) -> Iterator["Job"]:
+    def recorded(self) -> Iterator[Job]:
         from sdjax_runner.engine import distributed
 
         self.write_status()

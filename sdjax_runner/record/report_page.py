@@ -27,7 +27,7 @@ import math
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Optional, cast
 
 from sdjax_runner import console
 from sdjax_runner.config.input_images import BadImage, decoded, image_file_bytes
@@ -102,7 +102,7 @@ def _axis_values(rows: list[dict], key: Optional[str]) -> list[str]:
         return [""]
     values = list(dict.fromkeys(str(r.get(key, "")) for r in rows))
     if all(number(v) is not None for v in values):
-        values.sort(key=lambda v: number(v))
+        values.sort(key=lambda v: cast(float, number(v)))  # all numbers: none is None
     return values
 
 
@@ -281,7 +281,7 @@ def write_page(sweep_dir: Path, rows: list[dict], keys: list[str], axes: Axes, i
     the sweep directory (its links relative to it); returns its path."""
     rows = [dict(r, seconds_per_image=seconds_per_image(r), reference=is_reference(r, reference_point)) for r in rows]
     finished = [r for r in rows if r["status"] == "FINISHED"]
-    front = set()
+    front: set[Any] = set()
     for metric in ("clip_score_mean", "psnr", "ssim_mean"):
         points = [(r["seconds_per_image"], number(r.get(metric))) for r in finished]
         front.update(finished[i]["job"] for i in pareto_front(points))

@@ -21,8 +21,9 @@ from __future__ import annotations
 import datetime
 import logging
 import shutil
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Optional, Sequence
+from typing import Any, Optional
 
 from omegaconf import DictConfig, OmegaConf
 

@@ -24,15 +24,16 @@ from __future__ import annotations
 import hashlib
 import math
 import time
+from collections.abc import Collection, Iterator, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Collection, Iterator, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Optional
 
 from PIL import Image
 from PIL.PngImagePlugin import PngInfo
 
 from sdjax_runner.config.prompt_syntax import escape
 from sdjax_runner.errors import UserError
-from sdjax_runner.files import UnreadableRecord, read_config_record, read_json, write_json  # noqa: F401 (part of the run-directory contract)
+from sdjax_runner.files import UnreadableRecord, read_config_record, read_json, write_json
 
 if TYPE_CHECKING:
     from sdjax_runner.config.plan import Plan
@@ -185,7 +186,7 @@ _BOOL_CHUNKS = ("non_finite",)
 def read_png_record(path: Path, run_dir: Path) -> dict[str, Any]:
     """An image's images.json record, read back from its PNG text chunks (what save_png wrote)."""
     with Image.open(path) as image:
-        chunks = dict(image.text)
+        chunks = dict(image.text)  # type: ignore[attr-defined]  # a PNG: PIL types Image.open as ImageFile
     chunks.pop("parameters", None)
     record: dict[str, Any] = {}
     for key, value in chunks.items():
@@ -245,7 +246,7 @@ class DamagedRecord(UserError):
         super().__init__(str(path), problem, wanted)
 
 
-_KINDS = {dict: "a JSON object", list: "a list of image records (JSON objects)"}
+_KINDS: dict[type, str] = {dict: "a JSON object", list: "a list of image records (JSON objects)"}
 
 
 def _kind_of(value: Any) -> str:
@@ -267,7 +268,8 @@ def read_record(path: Path, kind: type = dict) -> Any:
         detail = " ".join(str(exc).split())[:120]
         raise DamagedRecord(path, f"cannot be read as JSON, damaged or cut short ({type(exc).__name__}: {detail})",
                             _KINDS[kind]) from None
-    if not isinstance(value, kind) or (kind is list and not all(isinstance(item, dict) for item in value)):
+    if not isinstance(value, kind) or (isinstance(value, list) and kind is list
+                                       and not all(isinstance(item, dict) for item in value)):
         what = _kind_of(value) if not isinstance(value, list) or kind is not list else "a list holding other things"
         raise DamagedRecord(path, f"is {what}", _KINDS[kind])
     return value
@@ -283,7 +285,7 @@ def read_json_or_empty(path: Path) -> dict[str, Any]:
         return {}
 
 
-def image_meta(plan: "Plan", height: int, width: int) -> dict[str, Any]:
+def image_meta(plan: Plan, height: int, width: int) -> dict[str, Any]:
     """What every image of the run shares, for its PNG text chunks and images.json."""
     return {
         "negative_prompt": plan.negative,
@@ -317,7 +319,7 @@ def lora_label(adapters: tuple) -> str:
     return "; ".join(f"{Path(path).name}:{scale:g}:sha256={sha[:12]}" for path, scale, sha in adapters)
 
 
-def write_images(run_dir: Path, plan: "Plan", batches: Iterator, meta: dict[str, Any],
+def write_images(run_dir: Path, plan: Plan, batches: Iterator, meta: dict[str, Any],
                  records: list[dict], non_finite: Collection[int] = ()) -> tuple[list, float]:
     """Each batch's kept images to images/ as it arrives, their records appended to ``records``
     (so an interruption keeps what was made, and says what it was); (images, seconds spent).
@@ -328,7 +330,7 @@ def write_images(run_dir: Path, plan: "Plan", batches: Iterator, meta: dict[str,
     for batch, pixels in enumerate(batches):
         started = time.perf_counter()
         slots = plan.images[batch * plan.images_per_batch:(batch + 1) * plan.images_per_batch]
-        for slot, array in zip(slots, pixels):
+        for slot, array in zip(slots, pixels, strict=True):
             if not slot.kept:
                 continue
             image = Image.fromarray(array)
@@ -343,7 +345,7 @@ def write_images(run_dir: Path, plan: "Plan", batches: Iterator, meta: dict[str,
     return images, write_s
 
 
-def input_files(plan: "Plan", prompt_index: int) -> dict[str, str]:
+def input_files(plan: Plan, prompt_index: int) -> dict[str, str]:
     """The mode's input images an image was made from (its prompt's pair): init_image, mask_image, control_image."""
     from sdjax_runner.config.input_images import paired
 
@@ -355,7 +357,7 @@ def input_files(plan: "Plan", prompt_index: int) -> dict[str, str]:
     return out
 
 
-def input_panels(plan: "Plan", height: int, width: int) -> list[Image.Image]:
+def input_panels(plan: Plan, height: int, width: int) -> list[Image.Image]:
     """The mode's distinct input images fitted to the output size, as the program reads them (init images,
     masks, control images), for the grid and the sweep's contact sheet."""
     from sdjax_runner.config.input_images import fitted
@@ -380,7 +382,7 @@ def with_inputs(grid: Image.Image, panels: list[Image.Image], rows: int) -> Imag
     return out
 
 
-def write_run_files(run_dir: Path, plan: "Plan", records: list[dict], images: list) -> float:
+def write_run_files(run_dir: Path, plan: Plan, records: list[dict], images: list) -> float:
     """images.json and grid.png (the mode's input images in its left columns); returns the seconds it took."""
     started = time.perf_counter()
     write_json(run_dir / IMAGES, records)

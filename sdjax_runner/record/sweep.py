@@ -15,8 +15,9 @@ from __future__ import annotations
 import csv
 import logging
 import re
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any, Optional
 
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
@@ -137,7 +138,7 @@ def writable(text: str) -> str:
 def number_field(value: Any) -> Any:
     """A timings or quality value as a row holds it: a number, a boolean, None, or "" (blank) for anything
     else -- a text, a list, an integer past a float's range."""
-    if value is None or isinstance(value, bool) or isinstance(value, float):
+    if value is None or isinstance(value, (bool, float)):
         return value
     if isinstance(value, int) and abs(value) < 2**1023:
         return value
@@ -241,12 +242,11 @@ class SweepCallback(Callback):
         self.tracker: Any = None
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        from sdjax_runner.config.messages import describe
+        from sdjax_runner.config.sweep_points import check_points
+        from sdjax_runner.errors import Refused
         from sdjax_runner.record.provenance import run_tags
         from sdjax_runner.record.tracking import make_tracker
-
-        from sdjax_runner.config.sweep_points import check_points
-        from sdjax_runner.config.messages import describe
-        from sdjax_runner.errors import Refused
 
         last_result.clear()
         task = sweep_overrides(config)

@@ -12,8 +12,9 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator, Optional
+from typing import Any, Optional
 
 from sdjax_runner.config.schema import TrackingConfig
 from sdjax_runner.record import rundir

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import contextlib
 import shutil
+from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any, Iterator
+from typing import Any
 
 BROWSERS = ("chromium", "chromium-browser", "google-chrome")
 # As the machine's own Chromium probe starts it: no sandbox as root, and none of its background traffic.

@@ -37,7 +37,7 @@ def guide_images(model_dir, prompts, seed, steps=4, height=64, width=64, guidanc
 
 def assert_same_pixels(got, expected):
     assert len(got) == len(expected) == jax.device_count()
-    for index, (mine, theirs) in enumerate(zip(got, expected)):
+    for index, (mine, theirs) in enumerate(zip(got, expected, strict=True)):
         assert np.array_equal(mine, theirs), f"image {index} differs from the guide's"
 
 

@@ -176,7 +176,7 @@ def _lms(model, x, s, noise, order=4):
             ds.pop(0)
         cur_order = min(i + 1, order)
         coeffs = [linear_multistep_coeff(cur_order, s, i, j) for j in range(cur_order)]
-        x = x + sum(c * d for c, d in zip(coeffs, reversed(ds)))
+        x = x + sum(c * d for c, d in zip(coeffs, reversed(ds), strict=True))
     return x
 
 
@@ -371,13 +371,13 @@ def _unipc_bh_update(model, x, model_prev_list, t_prev_list, t, order, variant, 
         rhos_c = np.array([0.5]) if order == 1 else np.linalg.solve(R, b)
 
     x_t_ = (t / t_prev_list[-1]) * x - h_phi_1 * model_prev_0
-    pred_res = sum(r * d for r, d in zip(rhos_p, D1s)) if D1s else 0.0
+    pred_res = sum(r * d for r, d in zip(rhos_p, D1s, strict=True)) if D1s else 0.0
     x_t = x_t_ - B_h * pred_res
 
     model_t = None
     if use_corrector:
         model_t = model(x_t, t)
-        corr_res = sum(r * d for r, d in zip(rhos_c[:-1], D1s)) if D1s else 0.0
+        corr_res = sum(r * d for r, d in zip(rhos_c[:-1], D1s, strict=True)) if D1s else 0.0
         D1_t = model_t - model_prev_0
         x_t = x_t_ - B_h * (corr_res + rhos_c[-1] * D1_t)
     return x_t, model_t

@@ -39,15 +39,15 @@ def ldm_unet(state: dict, layers_per_block: int) -> dict:
         kind, level, rest = re.fullmatch(r"(down_blocks|up_blocks|mid_block)\.?(\d*)\.(.+)", module).groups()
         if m := re.fullmatch(r"resnets\.(\d+)\.(\w+)", rest):
             layer, part = int(m[1]), RESNET[m[2]]
-            block = {"down_blocks": lambda: f"input_blocks.{1 + int(level) * per_level + layer}.0",
-                     "up_blocks": lambda: f"output_blocks.{int(level) * per_level + layer}.0",
-                     "mid_block": lambda: f"middle_block.{2 * layer}"}[kind]()
+            block = {"down_blocks": f"input_blocks.{1 + int(level or 0) * per_level + layer}.0",
+                     "up_blocks": f"output_blocks.{int(level or 0) * per_level + layer}.0",
+                     "mid_block": f"middle_block.{2 * layer}"}[kind]
             out[f"{block}.{part}.{leaf}"] = value
         elif m := re.fullmatch(r"attentions\.(\d+)\.(.+)", rest):
             layer, inner = int(m[1]), m[2]
-            block = {"down_blocks": lambda: f"input_blocks.{1 + int(level) * per_level + layer}.1",
-                     "up_blocks": lambda: f"output_blocks.{int(level) * per_level + layer}.1",
-                     "mid_block": lambda: "middle_block.1"}[kind]()
+            block = {"down_blocks": f"input_blocks.{1 + int(level or 0) * per_level + layer}.1",
+                     "up_blocks": f"output_blocks.{int(level or 0) * per_level + layer}.1",
+                     "mid_block": "middle_block.1"}[kind]
             out[f"{block}.{inner}.{leaf}"] = value
         elif rest == "downsamplers.0.conv":
             out[f"input_blocks.{(int(level) + 1) * per_level}.0.op.{leaf}"] = value

@@ -68,7 +68,7 @@ def write_pytorch_only(flax_dir: Path, target: Path, components=("unet", "vae", 
             continue
         save_file(pytorch_state_dict(params, library), str(folder / f"{stem}.safetensors"), metadata={"format": "pt"})
     index["_class_name"] = index["_class_name"].removeprefix("Flax")
-    for name, spec in index.items():
+    for spec in index.values():
         if isinstance(spec, list) and spec[1]:
             spec[1] = spec[1].removeprefix("Flax")
     (target / "model_index.json").write_text(json.dumps(index, indent=2))

@@ -111,11 +111,10 @@ def write_published(tiny_dir: Path, target: Path, kind: str, index_changes: dict
 def _write_safety_checker(folder: Path) -> None:
     """Random tiny weights for SD 1.5's safety checker, under PyTorch's names."""
     import jax
+    from flax.traverse_util import flatten_dict, unflatten_dict
     from transformers import CLIPConfig
 
     from sdjax_runner.models.safety_checker import SafetyChecker
-
-    from flax.traverse_util import flatten_dict, unflatten_dict
 
     config = CLIPConfig.from_pretrained(folder)
     module = SafetyChecker(config, _do_init=False)

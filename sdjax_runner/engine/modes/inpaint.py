@@ -14,8 +14,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from sdjax_runner.engine.modes.start import Start
 from sdjax_runner.engine.modes.img2img import encode_image
+from sdjax_runner.engine.modes.start import Start
 from sdjax_runner.engine.modes.txt2img import noise
 
 

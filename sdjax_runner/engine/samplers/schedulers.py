@@ -44,11 +44,11 @@ def denoise(pipeline: Any, params: dict, conditioning: Conditioning, start: Star
         unconditional, conditional = unet.halves(pipeline, params, conditioning,
                                                  scheduler.scale_model_input(state, latents, t), t)
         noise = unconditional + guidance * (conditional - unconditional)
-        if spec.eta:  # DDIM with eta (config/samplers.py allows it for DDIM alone)
+        if spec.eta and draws is not None:  # DDIM with eta (config/samplers.py allows it for DDIM alone)
             latents, state = ddim_step(scheduler, state, noise, t, latents, spec.eta, draws(index, 0))
         else:
             latents, state = scheduler.step(state, noise, t, latents).to_tuple()
-        if start.keep is not None:
+        if start.keep is not None and start.image is not None:  # (a kept area comes with its image)
             # Inpainting with an ordinary model, as diffusers' StableDiffusionInpaintPipeline does for a
             # 4-channel UNet: the kept area is the init image noised to the next step's level (clean after
             # the last step).

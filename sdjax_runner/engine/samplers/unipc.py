@@ -31,14 +31,14 @@ def _update(lambdas: np.ndarray, s0: int, t_lambda: float, order: int, variant: 
     h_phi_1 = math.expm1(hh)
     b_h = hh if variant == "bh1" else h_phi_1
     rks = [(lambdas[s0 - i] - lambdas[s0]) / h for i in range(1, order)] + [1.0]
-    rows, rhs = [], []
+    row_list, rhs_list = [], []
     h_phi_k, factorial = h_phi_1 / hh - 1, 1
     for i in range(1, order + 1):
-        rows.append(np.power(rks, i - 1))
-        rhs.append(h_phi_k * factorial / b_h)
+        row_list.append(np.power(rks, i - 1))
+        rhs_list.append(h_phi_k * factorial / b_h)
         factorial *= i + 1
         h_phi_k = h_phi_k / hh - 1 / factorial
-    rows, rhs = np.array(rows), np.array(rhs)
+    rows, rhs = np.array(row_list), np.array(rhs_list)
     if corrector:
         rhos = np.array([0.5]) if order == 1 else np.linalg.solve(rows, rhs)
     else:
@@ -85,8 +85,8 @@ def sampler(order: int, variant: str):
             raise ValueError("UniPC takes at least 2 steps")  # config/samplers.py refuses fewer first
         if sigmas[-1] == 0:
             sigmas = np.append(sigmas[:-1], FINAL_SIGMA)
-        predict, correct = (jnp.asarray(per_start(lambda s: coefficients(s, order, variant)[part], sigmas, start),
-                                        x.dtype) for part in (0, 1))
+        predict, correct = (jnp.asarray(per_start(lambda s, part=part: coefficients(s, order, variant)[part], sigmas,
+                                                  start), x.dtype) for part in (0, 1))
         constants = jnp.asarray(sigmas, x.dtype)
 
         def step(k, carry):
