@@ -21,6 +21,7 @@ from helpers.a1111_reference import parse_prompt_attention as published_parse
 from helpers.cli import assert_one_line_error, run_cli
 from sdjax_runner.config.prompt_syntax import SyntaxProblem, parse_attention, plain_text
 
+PARSE_BOUND_S = 20  # 200 KB of hostile prompt through the parser: A1111's quadratic one takes minutes
 FAST_S = 30  # a refusal's wall time, the interpreter's start included (a bad value is refused in ~3 s)
 LENGTH_BOUND = "(allowed: at most 10,000 characters per prompt)"
 CHUNK_BOUND = ("(allowed: at most 20 chunks of 75 tokens (1,500 tokens) per prompt with prompts.syntax=a1111, "
@@ -54,7 +55,9 @@ def per_character(pieces: list[list]) -> tuple[str, list[float]]:
 def test_the_parser_is_linear_and_reads_as_a1111(text):
     started = time.perf_counter()
     pieces = parse_attention(text)
-    assert time.perf_counter() - started < 1.0  # (A1111's: minutes)
+    # Not a timing claim (those live in benchmarks/): a bound no linear parser comes near on a loaded machine
+    # (about 0.1 s alone, 1.2 s beside a CI run here) and a quadratic one cannot meet (A1111's: minutes).
+    assert time.perf_counter() - started < PARSE_BOUND_S
     small = text[:2000]  # the same shape, small enough for the published (quadratic) parser
     ours, theirs = per_character(parse_attention(small)), per_character(published_parse(small))
     assert ours[0] == theirs[0] and ours[1] == pytest.approx(theirs[1], rel=1e-12)

@@ -76,12 +76,12 @@ def test_each_sampler_started_part_way_is_a_run_on_the_rest_of_the_schedule():
     with jax.enable_x64(True):
         draws = jnp.asarray(noises)
         for name in sorted(K_SAMPLERS):
-            program = jax.jit(lambda x, start: K_SAMPLERS[name](denoiser(jnp.asarray(MU), V), x, sigmas,
+            program = jax.jit(lambda x, start: K_SAMPLERS[name](denoiser(jnp.asarray(MU), V), x, sigmas,  # noqa: B023 -- traced and called in this iteration
                                                                 lambda i, j: draws[i, j], start=start))
             for start in (3, 7):
                 x_start = x * sigmas[start]
                 expected = k_reference.sample(name, denoiser(MU, V), x_start, sigmas[start:],
-                                              lambda i, j: noises[i + start, j])
+                                              lambda i, j, start=start: noises[i + start, j])
                 got = np.asarray(program(jnp.asarray(x_start), jnp.int32(start)))
                 np.testing.assert_allclose(got, expected, rtol=1e-10, atol=1e-10, err_msg=f"{name} from step {start}")
 
@@ -282,7 +282,7 @@ def test_samplers_through_the_unet_as_users_name_them(tmp_path, tiny_model_dir):
     jobs = [sweep / str(n) for n in range(4)]
     params = []
     for job, (sampler, schedule) in zip(jobs, [("Euler a", "Normal"), ("DPM++ 2M", "Karras"), ("DPM++ 2M", "Normal"),
-                                               ("UniPC", "Normal")]):
+                                               ("UniPC", "Normal")], strict=True):
         records, texts = _job_images(job)
         assert all(r["sampler"] == sampler and r["schedule_type"] == schedule for r in records)
         assert all(f"Sampler: {sampler}, Schedule type: {schedule}, CFG scale: 7.5" in t["parameters"] for t in texts)
@@ -314,3 +314,26 @@ def test_samplers_through_the_unet_as_users_name_them(tmp_path, tiny_model_dir):
     for job in ("0", "1"):
         records, _ = _job_images(tmp_path / "v" / job)
         assert all(r["non_finite"] is False for r in records) and len({r["pixels_sha256"] for r in records}) == 8
+
+
+def test_each_sampler_is_one_registry_entry_and_its_function_agrees_with_it():
+    """config/samplers.py's SAMPLERS holds everything about a k sampler; the engine holds only its function,
+    under the same name. What the entry says of eta is what the function takes (its own default included), and
+    the tables other modules read are the registry's, not lists of their own."""
+    import inspect
+
+    from sdjax_runner.engine.samplers import SAMPLERS as RUNS
+    from sdjax_runner.engine.samplers.k_samplers import K_SAMPLERS as FUNCTIONS
+
+    assert tuple(FUNCTIONS) == tuple(names.SAMPLERS) == names.K_SAMPLERS
+    assert set(RUNS) == {"scheduler", *names.SAMPLERS}
+    for name, entry in names.SAMPLERS.items():
+        parameters = inspect.signature(FUNCTIONS[name]).parameters
+        if entry.eta is None:
+            assert "eta" not in parameters, name
+        else:
+            assert parameters["eta"].default == entry.eta == names.ETA[name], name
+        assert names.MIN_STEPS.get(name, 1) == entry.min_steps
+        spelled = names.resolve(entry.a1111, "pndm").sampler if entry.a1111 and not entry.a1111_settings else name
+        assert spelled == name  # its A1111 name (where that alone picks it) resolves to it
+    assert names.UNIPC_VARIANTS == {"bh1": "uni_pc", "bh2": "uni_pc_bh2"}

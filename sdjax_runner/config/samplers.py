@@ -15,29 +15,65 @@ from typing import Optional
 from sdjax_runner.config.schema import SCHEDULERS
 from sdjax_runner.errors import UserError
 
-# k-diffusion's sampler names (ComfyUI's too); engine/samplers checks its registry against this list.
-K_SAMPLERS = ("euler", "euler_ancestral", "heun", "dpm_2", "dpm_2_ancestral", "lms", "dpmpp_2s_ancestral",
-              "dpmpp_sde", "dpmpp_2m", "dpmpp_2m_sde", "dpmpp_3m_sde", "lcm", "uni_pc", "uni_pc_bh2")
+
+@dataclass(frozen=True)
+class SamplerEntry:
+    """Everything the config knows of one k sampler: one entry here, and its function under the same name in
+    engine/samplers/k_samplers.py (that registry is checked against this one when it is imported)."""
+
+    name: str  # k-diffusion's and ComfyUI's name: sampler=NAME
+    a1111: Optional[str]  # A1111's name (its sampler list); None: A1111 has none, ComfyUI's name is written
+    eta: Optional[float] = None  # the default of sampling.eta for a sampler that adds noise; None: takes no eta
+    min_steps: int = 1  # fewer steps are refused (UniPC's predictor needs a step to warm up on)
+    # ComfyUI's KSampler makes one sigma more for it and drops the next-to-last (DISCARD_PENULTIMATE_SIGMA_SAMPLERS)
+    discard_penultimate: bool = False
+    # The further A1111 settings that pick it among samplers of the same A1111 name, as A1111 writes them into
+    # the infotext when they are not its defaults: ("UniPC variant", "bh2").
+    a1111_settings: tuple[tuple[str, str], ...] = ()
+
+
+def _registry(*entries: SamplerEntry) -> dict[str, SamplerEntry]:
+    return {entry.name: entry for entry in entries}
+
+
+SAMPLERS = _registry(
+    SamplerEntry("euler", "Euler"),
+    SamplerEntry("euler_ancestral", "Euler a", eta=1.0),
+    SamplerEntry("heun", "Heun"),
+    SamplerEntry("dpm_2", "DPM2"),
+    SamplerEntry("dpm_2_ancestral", "DPM2 a", eta=1.0),
+    SamplerEntry("lms", "LMS"),
+    SamplerEntry("dpmpp_2s_ancestral", "DPM++ 2S a", eta=1.0),
+    SamplerEntry("dpmpp_sde", "DPM++ SDE", eta=1.0),
+    SamplerEntry("dpmpp_2m", "DPM++ 2M"),
+    SamplerEntry("dpmpp_2m_sde", "DPM++ 2M SDE", eta=1.0),
+    SamplerEntry("dpmpp_3m_sde", "DPM++ 3M SDE", eta=1.0),
+    SamplerEntry("lcm", "LCM"),
+    # A1111's UniPC runs the variant its "UniPC variant" setting says (bh1 by default): ComfyUI's uni_pc is
+    # bh1, uni_pc_bh2 is A1111's UniPC at bh2.
+    SamplerEntry("uni_pc", "UniPC", min_steps=2, discard_penultimate=True),
+    SamplerEntry("uni_pc_bh2", "UniPC", min_steps=2, discard_penultimate=True,
+                 a1111_settings=(("UniPC variant", "bh2"),)),
+)
+# A1111's names for diffusers' own schedulers, which step on their own timesteps (sampler=DDIM runs scheduler=ddim),
+# and the eta of the one that takes it.
+A1111_SCHEDULERS = {"DDIM": "ddim", "PLMS": "pndm"}
+SCHEDULER_ETA = {"ddim": 0.0}
 SCHEDULES = ("normal", "karras", "exponential", "sgm_uniform", "simple")  # engine/samplers/sigmas.py
-# A1111's names (its sampler list, with its schedule in a separate field since 1.9; older versions wrote it
-# into the name: "DPM++ 2M Karras"). DDIM and PLMS are diffusers' DDIM and PNDM schedulers here.
-A1111 = {"Euler": "euler", "Euler a": "euler_ancestral", "Heun": "heun", "DPM2": "dpm_2", "DPM2 a": "dpm_2_ancestral",
-         "LMS": "lms", "DPM++ 2S a": "dpmpp_2s_ancestral", "DPM++ SDE": "dpmpp_sde", "DPM++ 2M": "dpmpp_2m",
-         "DPM++ 2M SDE": "dpmpp_2m_sde", "DPM++ 3M SDE": "dpmpp_3m_sde", "LCM": "lcm", "UniPC": "uni_pc",
-         "DDIM": "ddim", "PLMS": "pndm"}
-BY_K_NAME = {k: a for a, k in A1111.items()}  # a k sampler's A1111 name, where A1111 has one
-# A1111's UniPC runs the variant its "UniPC variant" setting says (bh1 by default) and writes the setting into
-# the infotext when it is not the default: ComfyUI's uni_pc is bh1, uni_pc_bh2 is A1111's UniPC at bh2.
-UNIPC_VARIANTS = {"bh1": "uni_pc", "bh2": "uni_pc_bh2"}
-BY_K_NAME["uni_pc_bh2"] = "UniPC"
-# The schedules' names in A1111's "Schedule type" (its sd_schedulers.py).
+# The schedules' names in A1111's "Schedule type" (its sd_schedulers.py); older versions wrote the schedule
+# into the sampler's name: "DPM++ 2M Karras".
 A1111_SCHEDULES = {"normal": "Normal", "karras": "Karras", "exponential": "Exponential", "sgm_uniform": "SGM Uniform",
                    "simple": "Simple"}
+
+# Read off the registry (the lookups below and other modules use these).
+K_SAMPLERS = tuple(SAMPLERS)
+A1111 = {**{e.a1111: e.name for e in SAMPLERS.values() if e.a1111 and not e.a1111_settings}, **A1111_SCHEDULERS}
+BY_K_NAME = {e.name: e.a1111 for e in SAMPLERS.values() if e.a1111}  # a k sampler's A1111 name, where it has one
+UNIPC_VARIANTS = {"bh1": "uni_pc", **{value: e.name for e in SAMPLERS.values()
+                                      for setting, value in e.a1111_settings if setting == "UniPC variant"}}
+MIN_STEPS = {e.name: e.min_steps for e in SAMPLERS.values() if e.min_steps > 1}
+ETA = {**{e.name: e.eta for e in SAMPLERS.values() if e.eta is not None}, **SCHEDULER_ETA}
 DIFFUSERS = {"ddim": "ddim", "pndm": "pndm", "plms": "pndm"}  # names that run a diffusers scheduler
-MIN_STEPS = {"uni_pc": 2, "uni_pc_bh2": 2}  # UniPC's predictor needs a step to warm up on
-# The samplers that take sampling.eta (k-diffusion's eta; DDIM's), and their default.
-ETA = {"euler_ancestral": 1.0, "dpm_2_ancestral": 1.0, "dpmpp_2s_ancestral": 1.0, "dpmpp_sde": 1.0,
-       "dpmpp_2m_sde": 1.0, "dpmpp_3m_sde": 1.0, "ddim": 0.0}
 
 
 @dataclass(frozen=True)
@@ -56,7 +92,7 @@ class Sampling:
         A diffusers scheduler keeps its own name (``pndm``) and has no schedule type: it is not A1111's
         sampler of a similar name. ``uni_pc_bh2`` is A1111's ``UniPC`` with the setting :attr:`a1111_settings`
         says. A k sampler A1111 has no name for keeps its own (ComfyUI's), which reads back as itself."""
-        if self.sampler == "scheduler":
+        if self.sampler == "scheduler" or self.sigmas is None:  # (a k sampler always has its schedule)
             return self.scheduler, None
         return BY_K_NAME.get(self.sampler, self.sampler), A1111_SCHEDULES[self.sigmas]
 
@@ -72,7 +108,8 @@ class Sampling:
     @property
     def a1111_settings(self) -> dict[str, str]:
         """The further settings A1111 writes for this sampler: ``UniPC variant: bh2`` (not its default)."""
-        return {"UniPC variant": "bh2"} if self.sampler == "uni_pc_bh2" else {}
+        entry = SAMPLERS.get(self.sampler)
+        return dict(entry.a1111_settings) if entry else {}
 
 
 def allowed() -> str:
@@ -133,7 +170,9 @@ def resolve(sampler: Optional[str], scheduler: str, steps: Optional[int] = None,
                             + ", ".join(SCHEDULERS))
         return Sampling("scheduler", scheduler, None, _eta(eta, scheduler, f"scheduler={scheduler}"))
     found, carried = lookup(str(sampler))
-    if found in SCHEDULERS:  # DDIM / PLMS: diffusers' own scheduler, with its own timesteps
+    # DDIM / PLMS: diffusers' own scheduler, with its own timesteps. (Euler and LMS are k samplers here, as A1111
+    # and ComfyUI run them, though diffusers has schedulers of those names: scheduler=euler runs diffusers'.)
+    if found not in SAMPLERS:
         if carried or scheduler in SCHEDULES:
             raise UserError("sampler", f"{sampler} steps on its own timesteps and takes no sigma schedule",
                             f"sampler={found} with scheduler={found} (or any diffusers scheduler)")

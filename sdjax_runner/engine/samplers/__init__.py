@@ -1,7 +1,8 @@
 """Stage 3, denoise: the samplers. Each maps (pipeline, params, conditioning, initial latents, guidance,
 spec, key) -> the final latents, inside the traced program (a ``lax.fori_loop``, no host loop per step);
-``key`` is the device's, for the samplers that add noise. A new sampler is a module here and an entry in
-:data:`SAMPLERS` (its name also in config/samplers.py's list, which this registry is checked against)."""
+``key`` is the device's, for the samplers that add noise. A new k sampler is its function in k_samplers.py's
+:data:`K_SAMPLERS` and its entry (names, eta, minimum steps, quirks) in config/samplers.py's ``SAMPLERS``, which
+this registry is checked against."""
 
 from __future__ import annotations
 

@@ -10,14 +10,16 @@ The sigmas the steps visit come from the model's scheduler config and the schedu
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
+from sdjax_runner.config.samplers import SAMPLERS as ENTRIES
 from sdjax_runner.engine.encode import Conditioning
 from sdjax_runner.engine.modes.start import Start, initial, kept
 from sdjax_runner.engine.samplers import unet
-from sdjax_runner.engine.samplers.k_samplers import DISCARD_PENULTIMATE, K_SAMPLERS, NOISE_STREAM, key_noise
+from sdjax_runner.engine.samplers.k_samplers import K_SAMPLERS, NOISE_STREAM, key_noise
 from sdjax_runner.engine.samplers.sigmas import schedule, training_sigmas
 
 
@@ -52,7 +54,7 @@ def sampler(name: str) -> Callable:
 
         config = pipeline.scheduler.config
         training = training_sigmas(config)
-        if name in DISCARD_PENULTIMATE:  # as ComfyUI's KSampler: one sigma more, the next-to-last dropped
+        if ENTRIES[name].discard_penultimate:  # as ComfyUI's KSampler: one sigma more, the next-to-last dropped
             sigmas = schedule(spec.sigmas, spec.steps + 1, training)
             sigmas = np.append(sigmas[:-2], sigmas[-1])
         else:

@@ -20,7 +20,8 @@ arrays. The algorithms follow crowsonkb/k-diffusion ``k_diffusion/sampling.py`` 
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
@@ -268,14 +269,13 @@ def lcm(model: Denoiser, x, sigmas, noise: Noise, start=0):
                   model(x, sigma) + _noise_if(sigma_next > 0, noise(i, 0), sigma_next), start=start)
 
 
-# k-diffusion's and ComfyUI's names; config/samplers.py maps A1111's spellings onto them.
+# The functions, by k-diffusion's and ComfyUI's names; all else about each sampler (A1111's name, eta, minimum
+# steps, schedule quirks) is its entry in config/samplers.py's SAMPLERS.
 K_SAMPLERS = {"euler": euler, "euler_ancestral": euler_ancestral, "heun": heun, "dpm_2": dpm_2,
               "dpm_2_ancestral": dpm_2_ancestral, "lms": lms, "dpmpp_2s_ancestral": dpmpp_2s_ancestral,
               "dpmpp_sde": dpmpp_sde, "dpmpp_2m": dpmpp_2m, "dpmpp_2m_sde": dpmpp_2m_sde,
               "dpmpp_3m_sde": dpmpp_3m_sde, "lcm": lcm, "uni_pc": unipc.sampler(3, "bh1"),
               "uni_pc_bh2": unipc.sampler(3, "bh2")}
-# ComfyUI's KSampler makes one more sigma for these and drops the next-to-last (DISCARD_PENULTIMATE_SIGMA_SAMPLERS).
-DISCARD_PENULTIMATE = ("uni_pc", "uni_pc_bh2")
 
 
 NOISE_STREAM = 1  # a sampler's noise key: the device key folded with this (the initial latents use the key itself)
