@@ -154,14 +154,16 @@ def mask_pixels(key: str, path: Path, image) -> np.ndarray:
         return np.asarray(image.convert("L"))
     if image.mode in ("I;16", "I", "F"):
         return np.asarray(_to_8bit(image))
-    if image.mode in ("RGBA", "LA", "PA", "La", "RGBa") or (image.mode == "P" and "transparency" in image.info):
-        alpha = image.convert("RGBA").getchannel("A")
+    mode = image.mode
+    if mode in ("RGBA", "LA", "PA", "La", "RGBa") or (mode == "P" and "transparency" in image.info):
+        image = image.convert("RGBA")  # its luminance too, should the alpha say nothing
+        alpha = image.getchannel("A")
         if alpha.getextrema() != (255, 255):
             log.info("%s: %s has transparency: its alpha is the mask (opaque repaints, transparent keeps)",
                      key, path)
             return np.where(np.asarray(alpha) > 128, 255, 0).astype(np.uint8)
-    log.info("%s: %s is %s: its luminance is the mask (white repaints, black keeps)", key, path, image.mode)
-    return np.asarray(image.convert("RGBA").convert("L") if image.mode in ("LA", "PA", "La") else image.convert("L"))
+    log.info("%s: %s is %s: its luminance is the mask (white repaints, black keeps)", key, path, mode)
+    return np.asarray(image.convert("L"))
 
 
 def _to_8bit(image):

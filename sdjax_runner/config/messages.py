@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Optional
 
 from sdjax_runner.config import schema
-from sdjax_runner.config.schema import RunConfig, field_types, without_null
+from sdjax_runner.config.schema import SCALAR_WORDS, RunConfig, field_types, without_null
 from sdjax_runner.errors import DISK_ERRORS, Terminated, UserError
 
 
@@ -41,13 +41,11 @@ def _schema_class(message: str) -> typing.Any:
     return found if dataclasses.is_dataclass(found) else None
 
 
-_KINDS = {int: "an integer", float: "a number", bool: "true or false", str: "a string"}
-
 
 def _schema_kind(full_key: str) -> Optional[str]:
     """What the schema's field ``full_key`` takes, in words (``a number or null``), or None."""
     node, optional = without_null(_schema_node(full_key.split(".")))
-    kind = "a list, e.g. [a,b]" if typing.get_origin(node) is list else _KINDS.get(node)
+    kind = "a list, e.g. [a,b]" if typing.get_origin(node) is list else SCALAR_WORDS.get(node)
     if kind is None:
         return None
     return kind + (" or null" if optional else "")
@@ -137,6 +135,7 @@ def sampler_hint(group: str, option: str) -> str:
     """``; heun is a sampler: sampler=heun`` where ``scheduler=`` names a sampler (config/samplers.py reads
     its A1111 and ComfyUI names), else ""."""
     from sdjax_runner.config import samplers
+    from sdjax_runner.config.overrides import literal
 
     if group != "scheduler":
         return ""
@@ -144,7 +143,7 @@ def sampler_hint(group: str, option: str) -> str:
         samplers.lookup(option)
     except UserError:
         return ""
-    value = option if re.fullmatch(r"[\w.+-]+", option) else f"'{option}'"
+    value = option if re.fullmatch(r"[\w.+-]+", option) else literal(option)
     return f"; {option} is a sampler: sampler={value}"
 
 

@@ -373,6 +373,10 @@ def field_types(node: type) -> dict[str, Any]:
     return {f.name: hints[f.name] for f in dataclasses.fields(node)}
 
 
+# A scalar field's type in words: the one-line errors (config/messages.py) and the reference (config/schema_docs.py).
+SCALAR_WORDS: dict[Any, str] = {int: "an integer", float: "a number", bool: "true or false", str: "a string"}
+
+
 def without_null(kind: Any) -> tuple[Any, bool]:
     """``Optional[X]`` -> ``(X, True)``; any other type -> ``(type, False)``."""
     if typing.get_origin(kind) is typing.Union and type(None) in typing.get_args(kind):

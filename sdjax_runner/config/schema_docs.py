@@ -37,17 +37,24 @@ class KeyDoc:
 
 
 @functools.cache
+def _schema_source() -> tuple[str, ast.Module]:
+    """schema.py's text and syntax tree, read once."""
+    source = Path(schema.__file__).read_text(encoding="utf-8")
+    return source, ast.parse(source)
+
+
+@functools.cache
 def _field_comments() -> dict[tuple[str, str], str]:
     """(class name, field name) -> its comments in schema.py: the comment lines just above it, then the one
     beside it."""
-    source = Path(schema.__file__).read_text(encoding="utf-8")
+    source, tree = _schema_source()
     comments: dict[int, str] = {}
     for token in tokenize.generate_tokens(io.StringIO(source).readline):
         if token.type == tokenize.COMMENT:
             comments[token.start[0]] = token.string.lstrip("#").strip()
     lines = source.splitlines()
     found: dict[tuple[str, str], str] = {}
-    for node in ast.parse(source).body:
+    for node in tree.body:
         if not isinstance(node, ast.ClassDef):
             continue
         for item in node.body:
@@ -66,13 +73,14 @@ def _field_comments() -> dict[tuple[str, str], str]:
 @functools.cache
 def _enum_comments(kind: type) -> dict[str, str]:
     """An enum's members -> the comment beside each in schema.py (what the value means)."""
-    source = Path(schema.__file__).read_text(encoding="utf-8")
+    source, tree = _schema_source()
+    lines = source.splitlines()
     out: dict[str, str] = {}
-    for node in ast.parse(source).body:
+    for node in tree.body:
         if isinstance(node, ast.ClassDef) and node.name == kind.__name__:
             for item in node.body:
                 if isinstance(item, ast.Assign) and isinstance(item.targets[0], ast.Name):
-                    text = source.splitlines()[item.lineno - 1]
+                    text = lines[item.lineno - 1]
                     out[item.targets[0].id] = text.split("#", 1)[1].strip() if "#" in text else ""
     return out
 
@@ -116,8 +124,7 @@ def kind_in_words(kind: Any) -> str:
     elif origin is dict:
         words = "a mapping of keys to values"
     else:
-        words = {str: "a string", int: "an integer", float: "a number", bool: "true or false"}.get(
-            inner, "a value (a path, or a list of paths)")
+        words = schema.SCALAR_WORDS.get(inner, "a value (a path, or a list of paths)")
     return f"{words}, or null" if nullable else words
 
 

@@ -46,7 +46,9 @@ def interpolations(config: DictConfig) -> None:
         if key == "hydra":
             continue
         try:
-            OmegaConf.to_container(config[key], resolve=True) if OmegaConf.is_config(config[key]) else config[key]
+            value = config[key]  # a scalar is resolved as it is read, a section below
+            if OmegaConf.is_config(value):
+                OmegaConf.to_container(value, resolve=True)
         except (InterpolationKeyError, UnsupportedInterpolationType) as error:
             where = error.full_key or str(key)
             message = (getattr(error, "msg", None) or str(error)).split("\n")[0]
