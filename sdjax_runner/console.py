@@ -7,6 +7,10 @@ from __future__ import annotations
 import logging
 import os
 import sys
+from typing import Optional
+
+# How much of an error's text one line of the console or a message keeps: the limit most messages use.
+DETAIL_LIMIT = 160
 
 
 class ConsoleHandler(logging.StreamHandler):
@@ -36,6 +40,21 @@ def shown(text: object, keep: str = "") -> str:
     if text.isprintable():
         return text
     return "".join(c if c.isprintable() or c in keep else c.encode("unicode_escape").decode("ascii") for c in text)
+
+
+def one_line(text: object, limit: Optional[int] = DETAIL_LIMIT) -> str:
+    """``text`` (``str()`` of it: an exception, a path, ...) as one line of at most ``limit`` characters:
+    each run of whitespace -- line breaks, tabs, repeated spaces -- becomes one space, none is left at either
+    end, and what is past ``limit`` is cut (``None``: nothing is). For a library's error text inside a log line
+    or a message, which may span lines (a traceback-like YAML or Hydra error). Control characters other than
+    whitespace stay as they are: :func:`shown` escapes those, where the line reaches a terminal."""
+    line = " ".join(str(text).split())
+    return line if limit is None else line[:limit]
+
+
+def error_line(exc: BaseException, limit: Optional[int] = DETAIL_LIMIT) -> str:
+    """An exception's text as :func:`one_line`, or its type's name where that is empty (``KeyError()``)."""
+    return one_line(exc, limit) or type(exc).__name__
 
 
 def error(message: object) -> None:

@@ -20,6 +20,8 @@ import stat
 from pathlib import Path
 from typing import Any, Optional
 
+from sdjax_runner.console import one_line
+
 
 def write_json(path: Path, data: Any, last_resort_in_place: bool = False) -> None:
     """``data`` as JSON, written as :func:`write_text` writes. ``last_resort_in_place``: on a disk too
@@ -112,7 +114,7 @@ def read_yaml_text(path: Path, limit: int = YAML_BYTES) -> str:
             if nodes > MAX_YAML_NODES:
                 raise UnreadableRecord(f"has over {MAX_YAML_NODES} YAML nodes")
     except yaml.YAMLError as exc:
-        raise UnreadableRecord(f"is not valid YAML ({' '.join(str(exc).split())[:160]})") from None
+        raise UnreadableRecord(f"is not valid YAML ({one_line(exc)})") from None
     return text
 
 
@@ -125,7 +127,7 @@ def read_yaml(path: Path, limit: int = YAML_BYTES) -> Any:
     try:
         return yaml.load(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
     except yaml.YAMLError as exc:
-        raise UnreadableRecord(f"cannot be read as YAML ({' '.join(str(exc).split())[:160]})") from None
+        raise UnreadableRecord(f"cannot be read as YAML ({one_line(exc)})") from None
 
 
 def read_config_record(path: Path, limit: int = YAML_BYTES) -> Any:
@@ -138,7 +140,7 @@ def read_config_record(path: Path, limit: int = YAML_BYTES) -> Any:
     try:
         return OmegaConf.create(text)
     except yaml.YAMLError as exc:
-        raise UnreadableRecord(f"cannot be read as YAML ({' '.join(str(exc).split())[:160]})") from None
+        raise UnreadableRecord(f"cannot be read as YAML ({one_line(exc)})") from None
 
 
 OTHERS_WRITE = stat.S_IWGRP | stat.S_IWOTH

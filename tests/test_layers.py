@@ -11,7 +11,8 @@ import sdjax_runner
 
 PACKAGE = Path(sdjax_runner.__file__).resolve().parent
 # Left to right. The bottom modules may be imported by anything; runner.py and commands/ sit on top.
-LAYERS = {"errors": 0, "files": 0, "versions": 0, "console": 0, "interpreter": 0, "config": 1, "models": 2,
+LAYERS = {"errors": 0, "files": 0, "versions": 0, "console": 0, "interpreter": 0, "process": 0, "tensor_files": 0, "internals": 0,
+          "records": 0, "config": 1, "models": 2,
           "engine": 3, "metrics": 4, "record": 5, "runner": 6, "commands": 7, "__main__": 8}
 
 
@@ -81,3 +82,34 @@ def test_no_import_circle():
         if module not in state:
             visit(module, [module])
     assert circles == []
+
+
+EMPTY_CONTAINERS = ("dict", "list", "set", "Counter", "OrderedDict", "defaultdict", "deque")
+STATE_HOMES = {"sdjax_runner.process", "sdjax_runner.interpreter"}  # interpreter.py mirrors gc's own state
+
+
+def _process_state_outside_its_home() -> list[str]:
+    """Module-level state outside process.py: a ``global`` statement, or a module-level name bound to an empty
+    container (a cache or a registry of what happened, filled at run time)."""
+    found = []
+    for name, path in _modules().items():
+        if name in STATE_HOMES:
+            continue
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        found += [f"{name}:{node.lineno} global {', '.join(node.names)}" for node in ast.walk(tree)
+                  if isinstance(node, ast.Global)]
+        for node in tree.body:
+            value = node.value if isinstance(node, (ast.Assign, ast.AnnAssign)) else None
+            empty_literal = isinstance(value, (ast.Dict, ast.List, ast.Set)) and not (
+                getattr(value, "keys", None) or getattr(value, "elts", None))
+            empty_call = (isinstance(value, ast.Call) and not value.args and not value.keywords
+                          and getattr(value.func, "attr", getattr(value.func, "id", "")) in EMPTY_CONTAINERS)
+            if empty_literal or empty_call:
+                found.append(f"{name}:{node.lineno} {ast.unparse(node).splitlines()[0]}")
+    return found
+
+
+def test_what_a_process_keeps_between_jobs_lives_in_process_py():
+    """The reuse cache, scorers, cache settings, claimed folders, a sweep's result ... are fields of
+    ``process.ProcessState``; no other module keeps state of its own."""
+    assert _process_state_outside_its_home() == []

@@ -8,8 +8,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from hydra._internal.core_plugins.basic_sweeper import BasicSweeper, BasicSweeperConf
 from hydra.core.config_store import ConfigStore
+
+from sdjax_runner.internals import hydra_basic_sweeper
+
+# Hydra's private module (sdjax_runner/internals.py): an ImportError there makes Hydra skip this plugin, with a warning.
+BasicSweeper, BasicSweeperConf = hydra_basic_sweeper()
 
 
 @dataclass

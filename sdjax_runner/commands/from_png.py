@@ -32,10 +32,10 @@ def read_infotext(path: Path) -> str:
         with Image.open(path) as image:
             text = dict(getattr(image, "text", {}) or {}).get("parameters") or image.info.get("parameters")
     except Image.DecompressionBombError as exc:
-        raise UserError("IMAGE", f"{path} is a decompression bomb ({' '.join(str(exc).split())[:160]})",
+        raise UserError("IMAGE", f"{path} is a decompression bomb ({console.one_line(exc)})",
                         "a PNG written by A1111 or by this runner") from None
     except (UnidentifiedImageError, OSError, ValueError, SyntaxError) as exc:
-        raise UserError("IMAGE", f"{path} cannot be read as an image ({' '.join(str(exc).split())[:120]})",
+        raise UserError("IMAGE", f"{path} cannot be read as an image ({console.one_line(exc, 120)})",
                         "a PNG written by A1111 or by this runner") from None
     if not text:
         raise UserError("IMAGE", f"{path} carries no A1111 'parameters' text", "a PNG written by A1111 or by this runner")

@@ -50,7 +50,7 @@ def swept(sweep_dir: Path) -> dict[str, Any]:
             record = dict(record, swept_keys=swept_keys(task), overrides=task)
         except OverrideParseException as exc:
             raise UserError(str(sweep_dir / rundir.MULTIRUN), f"holds an override Hydra cannot read "
-                            f"({' '.join(str(exc).split())[:160]})", "key=value overrides") from None
+                            f"({console.one_line(exc)})", "key=value overrides") from None
     return record
 
 

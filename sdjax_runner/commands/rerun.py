@@ -36,6 +36,7 @@ from sdjax_runner.errors import Terminated, UserError, stop_exit_status, stop_on
 from sdjax_runner.record import inputs, rundir
 from sdjax_runner.record.fresh_dirs import claim
 from sdjax_runner.record.tracking import download_record
+from sdjax_runner.records import required
 
 log = logging.getLogger("sdjax_runner")
 # The environment facts that can change pixels, compared between the record and this machine.
@@ -52,7 +53,7 @@ def recorded_config(record: Path):
     try:
         recorded = rundir.recorded_config(record)
     except (OSError, ValueError) as exc:
-        raise UserError(str(path), f"cannot be read ({' '.join(str(exc).split())[:160]})",
+        raise UserError(str(path), f"cannot be read ({console.one_line(exc)})",
                         "the config.yaml Hydra wrote for the run") from None
     try:
         return OmegaConf.merge(OmegaConf.structured(RunConfig), recorded)
@@ -113,7 +114,7 @@ def recorded_overrides(record: Path) -> list[str]:
     try:
         overrides = OmegaConf.to_container(rundir.read_config_record(path))
     except (OSError, ValueError) as exc:
-        raise UserError(str(path), f"cannot be read ({' '.join(str(exc).split())[:160]})",
+        raise UserError(str(path), f"cannot be read ({console.one_line(exc)})",
                         "the overrides.yaml Hydra wrote for the run") from None
     if not isinstance(overrides, list):
         raise UserError(str(path), f"is {type(overrides).__name__}", "a list of overrides")
@@ -127,11 +128,13 @@ def recorded_hashes(record: Path) -> dict[int, str]:
 
     hashes = {}
     for r in rundir.image_records(record) if (record / rundir.IMAGES).exists() else []:
-        if r.get("pixels_sha256"):
-            hashes[r["index"]] = r["pixels_sha256"]
-        elif (record / r["file"]).is_file():
-            with Image.open(record / r["file"]) as image:
-                hashes[r["index"]] = rundir.pixel_hash(np.asarray(image.convert("RGB")))
+        if r.pixels_sha256:
+            hashes[required(r.index, "index")] = r.pixels_sha256
+            continue
+        path = record / required(r.file, "file")
+        if path.is_file():
+            with Image.open(path) as image:
+                hashes[required(r.index, "index")] = rundir.pixel_hash(np.asarray(image.convert("RGB")))
     return hashes
 
 
@@ -171,8 +174,7 @@ def rerun(record: Path, source: str, tracking: bool) -> int:
         log.info("rerun: %s", note)
     run(cfg, run_dir, overrides, run_name=f"{name} rerun", extra_tags={"sdjax.rerun_of": source})
 
-    records = rundir.read_json(run_dir / rundir.IMAGES)
-    got = {r["index"]: r["pixels_sha256"] for r in records}
+    got = {r.index: r.pixels_sha256 for r in rundir.image_records(run_dir)}
     differing = sorted(i for i in expected if got.get(i) != expected[i])
     recorded_env = rundir.read_json(record / rundir.ENVIRONMENT) if (record / rundir.ENVIRONMENT).is_file() else {}
     environment = environment_differences(recorded_env, rundir.read_json(run_dir / rundir.ENVIRONMENT))

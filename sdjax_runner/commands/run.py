@@ -19,7 +19,7 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig
 
-from sdjax_runner import console, interpreter
+from sdjax_runner import console, interpreter, process
 from sdjax_runner.config import naming, schema, user_conf
 from sdjax_runner.config.messages import describe, stop_reason
 from sdjax_runner.config.prompts import file_replaces_texts
@@ -32,7 +32,6 @@ CONFIG_MODULE = "sdjax_runner.conf"
 BAD_INPUT_EXIT = 2
 SWEEP_FAILED_EXIT = 1
 log = logging.getLogger("sdjax_runner")
-_show_tracebacks = False
 
 
 def _fail(message: str) -> None:
@@ -55,7 +54,7 @@ def _app(cfg: DictConfig) -> dict:
             return run(cfg, run_dir, overrides, run_name=naming.run_name(cfg.run_name, overrides))
         except Exception as exc:
             message = describe(exc)
-            if message is None or _show_tracebacks:
+            if message is None or process.current().show_tracebacks:
                 raise
             remove_refused(run_dir)  # bad input found before the run started leaves no run behind
             _fail(message)
@@ -67,7 +66,7 @@ def _app(cfg: DictConfig) -> dict:
     try:
         return run(cfg, run_dir, overrides, run_name=name, parent_run_id=sweep.get("parent_run_id"))
     except Exception as exc:
-        if _show_tracebacks:
+        if process.current().show_tracebacks:
             raise
         log.error("error: %s", describe(exc) or f"{type(exc).__name__}: {exc}", exc_info=describe(exc) is None)
         return {"run_dir": str(run_dir), "error": str(exc)}
@@ -100,10 +99,9 @@ def main() -> None:
 
 
 def _main() -> None:
-    global _show_tracebacks
     schema.register()
     stop_on_sigterm()
-    _show_tracebacks = os.environ.get("HYDRA_FULL_ERROR") == "1"
+    show_tracebacks = os.environ.get("HYDRA_FULL_ERROR") == "1"
     # Let Hydra pass its composition errors up instead of printing them itself.
     os.environ["HYDRA_FULL_ERROR"] = "1"
     not_utf8 = next((arg for arg in sys.argv[1:] if not _is_utf8(arg)), None)
@@ -112,6 +110,7 @@ def _main() -> None:
         _fail(f"{key}: is not valid UTF-8: {not_utf8.encode('utf-8', 'backslashreplace').decode('ascii', 'replace')} "
               "(allowed: UTF-8 text)")
     sys.argv[1:] = file_replaces_texts(sys.argv[1:])
+    process.start(sys.argv[1:], show_tracebacks)
     try:
         _app()
     except Refused as exc:
@@ -124,7 +123,7 @@ def _main() -> None:
     except Exception as exc:
         message = describe(exc)
         abort(message or f"{type(exc).__name__}: {exc}", "FAILED")  # a sweep that broke off leaves no RUNNING run
-        if message is None or _show_tracebacks:
+        if message is None or process.current().show_tracebacks:
             raise
         _fail(message)
     failed_sweep = failure_message()

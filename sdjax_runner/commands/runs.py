@@ -33,6 +33,7 @@ from typing import Any, Optional
 from sdjax_runner import console
 from sdjax_runner.commands import command_parser
 from sdjax_runner.record import catalog, inputs, rundir
+from sdjax_runner.records import required
 
 LIST_COLUMNS = (("started", "started"), ("status", "status"), ("name", "name"), ("model.name", "model"),
                 ("dtype.name", "dtype"), ("sampler", "sampler"), ("sampling.num_inference_steps", "steps"),
@@ -111,7 +112,7 @@ def image_diff(a: Path, b: Path, shown: int = 10) -> str:
     for label, run in (("A", a), ("B", b)):
         try:
             kept[label] = rundir.image_records(run)
-            on_disk = bool(kept[label]) and all((run / r["file"]).is_file() for r in kept[label])
+            on_disk = bool(kept[label]) and all((run / required(r.file, "file")).is_file() for r in kept[label])
         except rundir.DamagedRecord as error:
             return f"images: not compared ({label}'s {rundir.IMAGES}: {error.problem})"
         except (OSError, ValueError, TypeError, KeyError) as error:
@@ -126,18 +127,18 @@ def image_diff(a: Path, b: Path, shown: int = 10) -> str:
         per_image, fields = compare(b, records, a, kept["A"])
     except (OSError, ValueError, TypeError, KeyError) as error:  # a damaged record or image
         return f"images: not compared ({_reason(error)})"
-    count = fields["compared_images"]
+    count = fields.compared_images
     if not count:
         return (f"images: none compared -- no image of B has its slot in A "
                 f"(B has {len(records)}; PSNR/SSIM need the same seeds, prompts and size)")
     head = f"{count} of {len(records)} compared: "
-    if fields["identical_images"] == count:
+    if fields.identical_images == count:
         return f"{title}\n{head}all identical (PSNR inf, SSIM 1)"
-    head += (f"{fields['identical_images']} identical; PSNR {fields['psnr']:.2f} dB "
-             f"(min {fields['psnr_min']:.2f}), SSIM {fields['ssim_mean']:.4f} (min {fields['ssim_min']:.4f})")
-    differing = sorted(((v, r) for v, r in zip(per_image, records, strict=True) if v and not math.isinf(v["psnr"])),
-                       key=lambda pair: pair[0]["psnr"])
-    rows = [[str(r["index"]), str(r["seed"]), f"{v['psnr']:.2f}", f"{v['ssim']:.4f}", _short(r["prompt"])]
+    head += (f"{fields.identical_images} identical; PSNR {fields.psnr:.2f} dB "
+             f"(min {fields.psnr_min:.2f}), SSIM {fields.ssim_mean:.4f} (min {fields.ssim_min:.4f})")
+    differing = sorted(((v, r) for v, r in zip(per_image, records, strict=True)
+                        if v is not None and not math.isinf(v.psnr)), key=lambda pair: pair[0].psnr)
+    rows = [[str(r.index), str(r.seed), f"{v.psnr:.2f}", f"{v.ssim:.4f}", _short(required(r.prompt, "prompt"))]
             for v, r in differing[:shown]]
     more = f"\n({len(differing) - shown} more differ)" if len(differing) > shown else ""
     return f"{title}\n{head}\n\n{table(rows, ['image', 'seed', 'psnr_db', 'ssim', 'prompt'])}{more}"
@@ -146,11 +147,11 @@ def image_diff(a: Path, b: Path, shown: int = 10) -> str:
 def _reason(error: Exception) -> str:
     if isinstance(error, KeyError):
         return f"a record has no {error}"
-    return " ".join(str(error).split())
+    return console.one_line(error, None)
 
 
 def _short(text: str, width: int = 60) -> str:
-    text = " ".join(text.split())
+    text = console.one_line(text, None)
     return text if len(text) <= width else text[:width - 3] + "..."
 
 

@@ -71,7 +71,7 @@ def main(argv: Optional[list[str]] = None) -> int:
                 console.error(exc)
                 failed += 1
             except Exception as exc:  # one bad run must not stop the others
-                console.error(f"{run_dir}: {type(exc).__name__}: {' '.join(str(exc).split())[:300]}")
+                console.error(f"{run_dir}: {type(exc).__name__}: {console.one_line(exc, 300)}")
                 failed += 1
         if not failed:
             try:
@@ -79,7 +79,7 @@ def main(argv: Optional[list[str]] = None) -> int:
                 if done:
                     print(f"{path}: {done}")
             except Exception as exc:
-                console.error(f"{path}: {type(exc).__name__}: {' '.join(str(exc).split())[:300]}")
+                console.error(f"{path}: {type(exc).__name__}: {console.one_line(exc, 300)}")
                 failed += 1
     return 1 if failed else 0
 

@@ -9,6 +9,7 @@ Hydra override; every other one is said in one line, never silently dropped.
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import re
@@ -29,8 +30,25 @@ SILENT = ("Version",)
 # Where an image sat in the run that made it (our infotext's): said, never honoured -- a run lays out its own
 # images (its noise follows from the seed and the image's place: the same layout remakes it in the same place).
 LAYOUT = ("Batch", "Device")
-# Our infotext's Dtype is the weights' dtype: the dtype option that computes in it throughout.
-DTYPE_OPTIONS = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}
+
+
+@functools.cache
+def dtype_options() -> dict[str, str]:
+    """Our infotext's Dtype is the weights' dtype: the packaged dtype option that runs it (conf/dtype/*.yaml,
+    ``weights_dtype`` -> ``name``: bfloat16 -> bf16), read from the option files themselves (an option that
+    leaves ``weights_dtype`` out runs the schema's default)."""
+    from importlib import resources
+
+    import yaml
+
+    from sdjax_runner.config.schema import DtypeConfig
+
+    found = {}
+    for path in sorted((resources.files("sdjax_runner.conf") / "dtype").iterdir(), key=lambda p: p.name):
+        if path.name.endswith(".yaml"):
+            option = yaml.safe_load(path.read_text(encoding="utf-8"))
+            found[str(option.get("weights_dtype", DtypeConfig.weights_dtype.name))] = str(option["name"])
+    return found
 
 
 @dataclass
@@ -117,7 +135,7 @@ def overrides(info: Infotext, model_options: tuple[str, ...], dtype_options: tup
 
     def use(key: str, override: str) -> None:
         out.append(override)
-        honoured.append(f"{key}: {one_line(settings.pop(key))} -> {one_line(override)}")
+        honoured.append(f"{key}: {shown_value(settings.pop(key))} -> {shown_value(override)}")
 
     check_length("Prompt", info.prompt)  # before Hydra parses it (0.6 s a MB, twice)
     check_length("Negative prompt", info.negative)
@@ -167,14 +185,14 @@ def overrides(info: Infotext, model_options: tuple[str, ...], dtype_options: tup
         dtype_setting(settings, dtype_options, use, skipped)
     for key in LAYOUT:
         if key in settings:
-            place = one_line(settings.pop(key))
+            place = shown_value(settings.pop(key))
             skipped.append(f"{key}: {place}: where this image sat in the run that made it; this run lays out "
                            f"its images by parallelism.* (the same layout remakes it at {key.lower()} {place})")
     for key, value in settings.items():
         if key == "Model hash":
-            skipped.append(f"Model hash: {one_line(value)}: models are not found by hash here; pick one with model=NAME")
+            skipped.append(f"Model hash: {shown_value(value)}: models are not found by hash here; pick one with model=NAME")
         elif key not in SILENT:
-            skipped.append(f"{key}: {one_line(value)}: not honoured")
+            skipped.append(f"{key}: {shown_value(value)}: not honoured")
     return Translation(out, honoured, skipped)
 
 
@@ -182,11 +200,11 @@ def dtype_setting(settings: dict[str, str], options: tuple[str, ...], use, skipp
     """``Dtype``: honoured (``use``) when it names one of ``options`` (``bf16``) or the weights' dtype our
     infotext writes (``float32`` -> ``fp32``), said in ``skipped`` otherwise."""
     value = settings["Dtype"].strip()
-    option = value if value in options else DTYPE_OPTIONS.get(value.lower())
+    option = value if value in options else dtype_options().get(value.lower())
     if option in options:
         use("Dtype", f"dtype={option}")
     else:
-        skipped.append(f"Dtype: {one_line(settings.pop('Dtype'))}: no dtype option of that name, the "
+        skipped.append(f"Dtype: {shown_value(settings.pop('Dtype'))}: no dtype option of that name, the "
                        f"run's own dtype runs (allowed: {', '.join(options) or 'none'}; give dtype=NAME)")
 
 
@@ -205,16 +223,18 @@ def sampler_override(name: str, unipc_variant: str | None = None, skipped: list[
     if unipc_variant is not None and sampling.sampler == "uni_pc":
         variant = samplers.UNIPC_VARIANTS.get(unipc_variant.strip().lower())
         if variant is None:
-            skipped.append(f"UniPC variant: {one_line(unipc_variant)}: not honoured, bh1 runs (allowed: "
+            skipped.append(f"UniPC variant: {shown_value(unipc_variant)}: not honoured, bh1 runs (allowed: "
                            f"{', '.join(samplers.UNIPC_VARIANTS)})")
         elif variant == "uni_pc_bh2":
             carried = samplers.lookup(name)[1]  # "UniPC Karras": the schedule the name carries, kept
             return f"sampler={literal('uni_pc_bh2' + (f' {carried}' if carried else ''))}"
     elif unipc_variant is not None:
-        skipped.append(f"UniPC variant: {one_line(unipc_variant)}: not honoured (a UniPC setting; Sampler: {one_line(name)})")
+        skipped.append(f"UniPC variant: {shown_value(unipc_variant)}: not honoured (a UniPC setting; Sampler: {shown_value(name)})")
     return f"sampler={literal(name)}"
 
 
-def one_line(text: str) -> str:
-    """A value as one line of the console (the infotext's own text: its control characters shown escaped)."""
+def shown_value(text: str) -> str:
+    """A value of the infotext as one line of the console: its control characters (line breaks too) shown
+    escaped and the rest as it is, cut at 300 characters. Not :func:`sdjax_runner.console.one_line`: a value
+    that is not honoured is named exactly as the file has it, its own spaces kept (``Euler  a``)."""
     return shown(text)[:300]

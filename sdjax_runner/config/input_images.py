@@ -40,6 +40,8 @@ from typing import Any
 
 import numpy as np
 
+from sdjax_runner.config.modes import MODES
+from sdjax_runner.console import error_line
 from sdjax_runner.errors import UserError
 from sdjax_runner.files import not_a_file
 
@@ -93,10 +95,6 @@ class BadImage(ValueError):
         self.problem, self.allowed = problem, allowed
 
 
-def _detail(exc: BaseException) -> str:
-    return " ".join(str(exc).split())[:120] or type(exc).__name__
-
-
 def image_file_bytes(path: Path) -> bytes:
     """A regular file's bytes, at most :data:`MAX_FILE_BYTES` (:class:`BadImage` otherwise)."""
     size = path.stat().st_size
@@ -129,9 +127,9 @@ def decoded(data: bytes, max_pixels: int = MAX_PIXELS):
     except UnidentifiedImageError:
         raise BadImage("is not an image Pillow can read", ALLOWED) from None
     except (Image.DecompressionBombError, Image.DecompressionBombWarning) as exc:
-        raise BadImage(f"is a decompression bomb ({_detail(exc)})", limit) from None
+        raise BadImage(f"is a decompression bomb ({error_line(exc, 120)})", limit) from None
     except Exception as exc:  # truncated or corrupt data, text chunks over Pillow's limits: whatever the decoder raises
-        raise BadImage(f"cannot be decoded ({_detail(exc)})", ALLOWED) from None
+        raise BadImage(f"cannot be decoded ({error_line(exc, 120)})", ALLOWED) from None
 
 
 def read_image(key: str, path: Path, mask: bool = False) -> InputImage:
@@ -256,14 +254,10 @@ class ModeInputs:
 
 
 def read_mode_inputs(mode: str, init: Any, mask: Any, control: Any, prompts: int) -> ModeInputs:
-    """Every image ``mode`` reads, checked (config/modes.py ``check`` made sure the keys it needs are set)."""
-    inputs = ModeInputs()
-    if mode in ("img2img", "inpaint"):
-        inputs = ModeInputs(init=read_images("init_image", init, prompts))
-    if mode == "inpaint":
-        masks = read_images("mask_image", mask, prompts, mask=True)
-        same_sizes("mask_image", masks, inputs.init)
-        inputs = ModeInputs(init=inputs.init, mask=masks)
-    if mode == "controlnet":
-        inputs = ModeInputs(control=read_images("controlnet.image", control, prompts))
-    return inputs
+    """Every image ``mode`` reads (its entry in config/modes.py), checked (config/modes.py ``check`` made sure
+    the keys it needs are set); a mask has its init image's size."""
+    values = {"init_image": init, "mask_image": mask, "controlnet.image": control}
+    read = {name: read_images(key, values[key], prompts, mask=name == "mask") for name, key in MODES[mode].images}
+    if "mask" in read:
+        same_sizes("mask_image", read["mask"], read["init"])
+    return ModeInputs(**read)

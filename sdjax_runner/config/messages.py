@@ -6,13 +6,14 @@ from __future__ import annotations
 
 import dataclasses
 import re
-import sys
 import typing
 from pathlib import Path
 from typing import Optional
 
+from sdjax_runner import process
 from sdjax_runner.config import schema
 from sdjax_runner.config.schema import SCALAR_WORDS, RunConfig, field_types, without_null
+from sdjax_runner.console import one_line
 from sdjax_runner.errors import DISK_ERRORS, Terminated, UserError
 
 
@@ -51,10 +52,6 @@ def _schema_kind(full_key: str) -> Optional[str]:
     return kind + (" or null" if optional else "")
 
 
-def _one_line(text: object) -> str:
-    return " ".join(line.strip() for line in str(text).splitlines() if line.strip())
-
-
 # Hydra launchers that come with an optional extra of this package, and how to install each.
 OPTIONAL_LAUNCHERS = {"joblib": "pip install 'sdjax-runner[joblib]'"}
 
@@ -84,13 +81,13 @@ def describe(exc: BaseException) -> Optional[str]:
             if install:
                 return f"{group}={option}: the launcher is not installed ({install}; allowed now: {allowed})"
             return f"{group}={option}: no such option (allowed: {allowed}{sampler_hint(group, option)})"
-        return _one_line(exc)
+        return one_line(exc, None)
     cause = exc.__cause__ if isinstance(exc, HydraException) else None
     omega = exc if isinstance(exc, OmegaConfBaseException) else cause
     if isinstance(omega, OmegaConfBaseException):
         key = getattr(omega, "full_key", None) or ""
         message = getattr(omega, "msg", None) or str(omega)
-        message = _one_line(message.split("\n")[0])
+        message = one_line(message.split("\n")[0], None)
         if isinstance(omega, MissingMandatoryValue):
             return f"{key}: a value is required (set it on the command line: {key}=...)"
         if isinstance(omega, (ConfigKeyError, ConfigAttributeError)) and key:
@@ -111,10 +108,10 @@ def describe(exc: BaseException) -> Optional[str]:
                 return f"{key}: {message} (allowed: {kind})"
         return f"{key}: {message}" if key else message
     if isinstance(exc, HydraException):
-        return _one_line(exc)
+        return one_line(exc, None)
     if isinstance(exc, (ValueError, TypeError)) and _raised_in_hydra(exc):
         # e.g. "scheduler=0": Hydra checks a group override's type with a ValueError that names no key
-        return _group_override(sys.argv[1:]) or _one_line(exc)
+        return _group_override(process.current().command_line) or one_line(exc, None)
     return None
 
 

@@ -1,26 +1,85 @@
 """The generation modes' settings (``mode``, ``init_image``, ``mask_image``, ``strength``, ``controlnet.*``):
-which keys each mode needs, its strength and where in the schedule it starts. The modes themselves run
-in engine/modes/."""
+which keys each mode needs, its strength and where in the schedule it starts, one :class:`ModeEntry` per mode in
+:data:`MODES`. The modes themselves run in engine/modes/: a new mode is an entry here, its name in the schema's
+``GenerationMode`` and its ``prepare`` module there."""
 
 from __future__ import annotations
 
 import logging
 import math
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
 from sdjax_runner.config.samplers import MIN_STEPS
+from sdjax_runner.config.schema import GenerationMode
 from sdjax_runner.errors import UserError
 
 log = logging.getLogger("sdjax_runner")
 
-MODES = ("txt2img", "img2img", "inpaint", "controlnet")
-# diffusers' default strength per mode: its img2img pipelines 0.8, its inpaint pipelines 1.0 (pure noise).
-DEFAULT_STRENGTH = {"img2img": 0.8, "inpaint": 1.0}
-IMAGE_KEYS = ("init_image", "mask_image", "controlnet.image")  # sweeping these reads images (config/sweep_points.py)
 BUILTIN_CONTROLNETS = ("tiny-random-controlnet",)  # models/builtin.py builds them
 CONTROLNET_ALLOWED = ("a diffusers ControlNet folder (config.json + Flax or PyTorch safetensors weights), or "
                       + ", ".join(BUILTIN_CONTROLNETS))
+
+
+def check_controlnet_folder(cfg: Any) -> None:
+    """controlnet mode: ``controlnet.model`` is a built-in or a folder with a config.json."""
+    net = cfg.controlnet.model
+    if net in BUILTIN_CONTROLNETS:
+        return
+    path = Path(str(net)).expanduser()
+    if not path.is_dir():
+        raise UserError("controlnet.model", f"no such directory: {path}", CONTROLNET_ALLOWED)
+    if not (path / "config.json").is_file():
+        raise UserError("controlnet.model", f"{path} has no config.json", CONTROLNET_ALLOWED)
+
+
+@dataclass(frozen=True)
+class ModeEntry:
+    """Everything the config knows of one mode: one entry here, and its ``prepare`` function under the same
+    name in engine/modes/ (that registry is checked against this one when it is imported)."""
+
+    name: str  # mode=NAME (the schema's GenerationMode lists the same names)
+    # The images it reads: (traced input name, config key), in reading order; each is a per-image array of the
+    # program (engine/generate.py places the prompt's row with each image), fitted by config/input_images.py.
+    images: tuple[tuple[str, str], ...] = ()
+    other_keys: tuple[str, ...] = ()  # further keys it needs set (besides its images')
+    numbers: tuple[str, ...] = ()  # its traced numbers: "start" (the start step, from strength), "control_scale"
+    default_strength: Optional[float] = None  # diffusers' default strength; None: the mode takes no strength
+    check: Optional[Callable[[Any], None]] = None  # its own check of the typed config, after the keys are set
+
+    @property
+    def needs(self) -> tuple[str, ...]:
+        """The config keys that must be set with this mode."""
+        return tuple(key for _, key in self.images) + self.other_keys
+
+    @property
+    def per_image(self) -> tuple[str, ...]:
+        """Its traced per-image inputs' names."""
+        return tuple(name for name, _ in self.images)
+
+
+def _registry(*entries: ModeEntry) -> dict[str, ModeEntry]:
+    return {entry.name: entry for entry in entries}
+
+
+MODES = _registry(
+    ModeEntry("txt2img"),
+    # diffusers' default strengths: its img2img pipelines 0.8, its inpaint pipelines 1.0 (pure noise).
+    ModeEntry("img2img", images=(("init", "init_image"),), numbers=("start",), default_strength=0.8),
+    ModeEntry("inpaint", images=(("init", "init_image"), ("mask", "mask_image")), numbers=("start",),
+              default_strength=1.0),
+    ModeEntry("controlnet", images=(("control", "controlnet.image"),), other_keys=("controlnet.model",),
+              numbers=("control_scale",), check=check_controlnet_folder),
+)
+if tuple(MODES) != tuple(GenerationMode.__members__):
+    raise RuntimeError(f"config/modes.py lists {tuple(MODES)}, the schema's GenerationMode "
+                       f"{tuple(GenerationMode.__members__)}")
+# Read off the registry.
+DEFAULT_STRENGTH = {e.name: e.default_strength for e in MODES.values() if e.default_strength is not None}
+# Keys whose sweep reads images (config/sweep_points.py).
+IMAGE_KEYS = tuple(dict.fromkeys(key for e in MODES.values() for _, key in e.images))
 
 
 def strength(mode: str, value: Optional[float]) -> Optional[float]:
@@ -42,41 +101,40 @@ def start_step(steps: int, strength: Optional[float]) -> int:
 def check(cfg: Any, sampler: str) -> None:
     """The mode's keys of the typed config ``cfg`` (plan.admit): present where needed, in range.
     ``sampler``: the resolved sampler's name (UniPC needs two steps to run)."""
-    mode = cfg.mode.name
-    needs = {"img2img": ["init_image"], "inpaint": ["init_image", "mask_image"],
-             "controlnet": ["controlnet.model", "controlnet.image"]}.get(mode, [])
+    entry = MODES[cfg.mode.name]
     values = {"init_image": cfg.init_image, "mask_image": cfg.mask_image, "controlnet.model": cfg.controlnet.model,
               "controlnet.image": cfg.controlnet.image}
-    for key in needs:
+    for key in entry.needs:
         if values[key] in (None, "", []):
-            raise UserError(key, f"a value is required with mode={mode}", f"{key}=PATH")
-    unused = [key for key, value in values.items() if value not in (None, "", []) and key not in needs]
-    if cfg.strength is not None and mode not in DEFAULT_STRENGTH:
+            raise UserError(key, f"a value is required with mode={entry.name}", f"{key}=PATH")
+    unused = [key for key, value in values.items() if value not in (None, "", []) and key not in entry.needs]
+    if cfg.strength is not None and entry.default_strength is None:
         unused.append("strength")
     if unused:
-        log.warning("%s: set, but mode=%s does not read %s", ", ".join(unused), mode,
+        log.warning("%s: set, but mode=%s does not read %s", ", ".join(unused), entry.name,
                     "it" if len(unused) == 1 else "them")
     if cfg.strength is not None:
-        if not (math.isfinite(cfg.strength) and 0 < cfg.strength <= 1):
-            raise UserError("strength", f"must be in (0, 1], got {cfg.strength}",
-                            "0.3 (little change) .. 1.0 (from pure noise)")
-        runs = cfg.sampling.num_inference_steps - start_step(cfg.sampling.num_inference_steps, cfg.strength)
-        least = MIN_STEPS.get(sampler, 1)
-        if mode in DEFAULT_STRENGTH and runs < least:
-            raise UserError("strength", f"{cfg.strength} of {cfg.sampling.num_inference_steps} steps runs {runs} "
-                            f"step(s) (int(steps * strength)); {sampler if least > 1 else 'a run'} needs {least}",
-                            f"at least {least / cfg.sampling.num_inference_steps:g}, or more steps")
-    net = cfg.controlnet.model
-    if mode == "controlnet" and net not in BUILTIN_CONTROLNETS:
-        path = Path(str(net)).expanduser()
-        if not path.is_dir():
-            raise UserError("controlnet.model", f"no such directory: {path}", CONTROLNET_ALLOWED)
-        if not (path / "config.json").is_file():
-            raise UserError("controlnet.model", f"{path} has no config.json", CONTROLNET_ALLOWED)
+        check_strength(cfg, entry, sampler)
+    if entry.check is not None:
+        entry.check(cfg)
     scale = cfg.controlnet.conditioning_scale
     if not math.isfinite(scale):
         raise UserError("controlnet.conditioning_scale", f"must be a finite number, got {scale}",
                         "0 (no control) .. 1 (full) .. 2")
+
+
+def check_strength(cfg: Any, entry: ModeEntry, sampler: str) -> None:
+    """``strength`` in (0, 1], and leaving ``sampler`` the steps it needs to run."""
+    if not (math.isfinite(cfg.strength) and 0 < cfg.strength <= 1):
+        raise UserError("strength", f"must be in (0, 1], got {cfg.strength}",
+                        "0.3 (little change) .. 1.0 (from pure noise)")
+    steps = cfg.sampling.num_inference_steps
+    runs = steps - start_step(steps, cfg.strength)
+    least = MIN_STEPS.get(sampler, 1)
+    if entry.default_strength is not None and runs < least:
+        raise UserError("strength", f"{cfg.strength} of {steps} steps runs {runs} step(s) (int(steps * strength)); "
+                        f"{sampler if least > 1 else 'a run'} needs {least}",
+                        f"at least {least / steps:g}, or more steps")
 
 
 def fits_model(mode: str, unet_in_channels: int, model_name: str) -> None:

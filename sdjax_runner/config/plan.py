@@ -14,7 +14,7 @@ import dataclasses
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, NamedTuple, Optional
 
 from omegaconf import DictConfig, OmegaConf
 
@@ -37,6 +37,22 @@ from sdjax_runner.config.schema import (
 from sdjax_runner.config.weight_files import BASES, lora_header, open_checkpoint
 from sdjax_runner.errors import UserError
 from sdjax_runner.files import file_sha256, not_a_file
+
+
+class LoraEntry(NamedTuple):
+    """A LoRA adapter of the run (``lora[N]``), as the plan read it."""
+
+    path: str  # the adapter's .safetensors file, its user part expanded
+    scale: float  # lora[N].scale: the factor its update is merged with
+    sha256: str  # the file's content hash when the run was planned (every record of the run names it)
+
+
+class CheckpointEntry(NamedTuple):
+    """``model.checkpoint``: a single-file checkpoint, as the plan read it."""
+
+    path: str  # the .safetensors file, its user part expanded
+    sha256: str  # the file's content hash when the run was planned (the weights loaded must still have it)
+    architecture: str  # what its tensor names say it is: "sd1", "sd2" or "sdxl" (config/weight_files.py)
 
 
 @dataclass(frozen=True)
@@ -85,8 +101,8 @@ class Plan:
     profile: bool  # one more batch under JAX's profiler (engine/profiling.py)
     max_models: int
     params: dict  # the resolved config, flattened, as the tracker logs it
-    lora: tuple = ()  # (path, scale, sha256) per adapter
-    checkpoint: Optional[tuple] = None  # (path, sha256, architecture) of model.checkpoint
+    lora: tuple[LoraEntry, ...] = ()  # the adapters, in the order given
+    checkpoint: Optional[CheckpointEntry] = None  # model.checkpoint, if one is given
     # What the sampler starts from and is steered by (config/modes.py, engine/modes/).
     generation: str = "txt2img"
     strength: Optional[float] = None  # img2img / inpaint
@@ -144,25 +160,26 @@ def admit(cfg: DictConfig) -> RunConfig:
     return RunConfig(**fields)
 
 
-def lora_record(index: int, spec) -> tuple[str, float, str]:
+def lora_record(index: int, spec) -> LoraEntry:
     """(path, scale, content hash) of adapter ``index``; the hash goes into every record of the run."""
     path = Path(str(spec.path)).expanduser()
     missing = not_a_file(path)
     if missing:
         raise UserError(f"lora.{index}.path", f"{missing}: {path}", "a LoRA .safetensors file")
     lora_header(path, f"lora.{index}.path")
-    return str(path), float(spec.scale), file_sha256(path)
+    return LoraEntry(str(path), float(spec.scale), file_sha256(path))
 
 
-def lora_params(adapters: tuple) -> dict[str, str]:
+def lora_params(adapters: tuple[LoraEntry, ...]) -> dict[str, str]:
     """The adapters as tracker params (lists are not flattened into params otherwise)."""
     out = {}
-    for index, (path, scale, sha256) in enumerate(adapters):
-        out.update({f"lora.{index}.path": path, f"lora.{index}.scale": str(scale), f"lora.{index}.sha256": sha256})
+    for index, adapter in enumerate(adapters):
+        out.update({f"lora.{index}.path": adapter.path, f"lora.{index}.scale": str(adapter.scale),
+                    f"lora.{index}.sha256": adapter.sha256})
     return out
 
 
-def checkpoint_record(model: ModelConfig) -> Optional[tuple[str, str, str]]:
+def checkpoint_record(model: ModelConfig) -> Optional[CheckpointEntry]:
     """(path, content hash, architecture) of ``model.checkpoint``; a null base becomes the standard
     base of that architecture, so the record names the configs the weights ran on."""
     if not model.checkpoint:
@@ -170,14 +187,14 @@ def checkpoint_record(model: ModelConfig) -> Optional[tuple[str, str, str]]:
     checkpoint = open_checkpoint(Path(model.checkpoint).expanduser())
     if model.pretrained_model_name_or_path is None:
         model.pretrained_model_name_or_path = BASES[checkpoint.architecture]
-    return str(checkpoint.path), file_sha256(checkpoint.path), checkpoint.architecture
+    return CheckpointEntry(str(checkpoint.path), file_sha256(checkpoint.path), checkpoint.architecture)
 
 
-def checkpoint_params(model: ModelConfig, checkpoint: Optional[tuple]) -> dict[str, str]:
+def checkpoint_params(model: ModelConfig, checkpoint: Optional[CheckpointEntry]) -> dict[str, str]:
     if checkpoint is None:
         return {}
     return {"model.pretrained_model_name_or_path": str(model.pretrained_model_name_or_path),
-            "model.checkpoint_sha256": checkpoint[1], "model.checkpoint_architecture": checkpoint[2]}
+            "model.checkpoint_sha256": checkpoint.sha256, "model.checkpoint_architecture": checkpoint.architecture}
 
 
 @dataclass(frozen=True)
@@ -277,7 +294,7 @@ def make_plan(config: RunConfig, available_devices: int, checked: Optional[Check
         start_step=start_step(config.sampling.num_inference_steps, strength),
         inputs=checked.inputs,
         resize_mode=config.resize_mode.name,
-        controlnet=config.controlnet.model if config.mode.name == "controlnet" else None,
+        controlnet=config.controlnet.model if "controlnet.model" in modes.MODES[config.mode.name].needs else None,
         conditioning_scale=float(config.controlnet.conditioning_scale),
         cache_dir=config.paths.cache_dir,
         clip_skip=config.prompts.clip_skip,

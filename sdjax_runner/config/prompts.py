@@ -7,6 +7,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Optional
 
+from sdjax_runner import process
 from sdjax_runner.config.prompt_syntax import CHUNK, SyntaxProblem, a1111_sign, is_break, parse_attention
 from sdjax_runner.console import shown
 from sdjax_runner.errors import UserError
@@ -137,7 +138,6 @@ def check_chunks(named: dict[str, str], count_chunks: Callable[[str], int]) -> N
             raise UserError(key, f"takes {count} chunks", CHUNKS_ALLOWED)
 
 
-_hinted: set[tuple] = set()  # the prompts hint_a1111_syntax spoke of in this process (a sweep's jobs: once)
 
 
 def hint_a1111_syntax(named: dict[str, str]) -> None:
@@ -145,9 +145,10 @@ def hint_a1111_syntax(named: dict[str, str]) -> None:
     only A1111's syntax gives a meaning (config/prompt_syntax.a1111_sign) -- read here as plain text. The
     jobs of a sweep in one process with the same prompts hear it once."""
     signs = [(key, sign) for key, sign in ((key, a1111_sign(text)) for text, key in named.items()) if sign]
-    if not signs or tuple(signs) in _hinted:
+    hinted = process.current().hinted_prompts  # a sweep's jobs: said once
+    if not signs or tuple(signs) in hinted:
         return
-    _hinted.add(tuple(signs))
+    hinted.add(tuple(signs))
     (key, sign), more = signs[0], len(signs) - 1
     log.warning("prompts: %s%s looks like A1111's prompt syntax (%r) but is read as plain text, brackets and "
                 "numbers included (prompts.syntax=plain); prompts.syntax=a1111 reads weights, BREAK and [from:to:when] "

@@ -18,15 +18,14 @@ from typing import Any
 from omegaconf import DictConfig
 
 from sdjax_runner.errors import UserError
+from sdjax_runner.internals import BASIC_SWEEPER_TARGET, apply_hydra_overrides
 
 # The sweepers that run every point of the command line (ours resumes a sweep with the basic one's points).
-LISTING_SWEEPERS = ("hydra._internal.core_plugins.basic_sweeper.BasicSweeper",
-                    "hydra_plugins.sdjax_runner_resume.resume_sweeper.ResumeSweeper")
+LISTING_SWEEPERS = (BASIC_SWEEPER_TARGET, "hydra_plugins.sdjax_runner_resume.resume_sweeper.ResumeSweeper")
 
 
 def check_points(config: DictConfig, task: list[str]) -> None:
     """Raise the first bad swept value's error (ConfigCompositionException, UserError, ...), else nothing."""
-    from hydra._internal.config_loader_impl import ConfigLoaderImpl
     from hydra.core.global_hydra import GlobalHydra
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
@@ -67,7 +66,7 @@ def check_points(config: DictConfig, task: list[str]) -> None:
         # read on their keys.
         check = check_values if key.startswith("prompts.") or key in IMAGE_KEYS else run_values
         for line in [*values, lines[i][0]]:
-            ConfigLoaderImpl._apply_overrides_to_config(parser.parse_overrides([key + line[line.index("="):]]), first)
+            apply_hydra_overrides(parser.parse_overrides([key + line[line.index("="):]]), first)
             check(admit(first))
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from sdjax_runner.console import one_line
 from sdjax_runner.errors import UserError
 from sdjax_runner.files import not_a_file
 
@@ -30,7 +31,7 @@ def safetensors_keys(path: Path, key: str, named: str, allowed: str) -> tuple[st
         with safe_open(str(path), framework="numpy") as tensors:
             return tuple(tensors.keys())
     except Exception as exc:  # a file is input: a bad one is one line
-        raise UserError(key, f"{named} not a readable safetensors file ({' '.join(str(exc).split())[:160]})",
+        raise UserError(key, f"{named} not a readable safetensors file ({one_line(exc)})",
                         allowed) from None
 
 

@@ -4,41 +4,38 @@ entries and the stored executables) under its size bound."""
 
 from __future__ import annotations
 
-import collections
 import contextlib
 import logging
-import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Optional
 
+from sdjax_runner import internals, process
 from sdjax_runner.config.schema import CompilationCacheConfig
 from sdjax_runner.engine import executable_cache
-from sdjax_runner.files import private_folder, untrusted, write_private
+from sdjax_runner.files import private_folder
 
 log = logging.getLogger("sdjax_runner")
 
 HIT = "/jax/compilation_cache/cache_hits"
-_events: collections.Counter = collections.Counter()
-_settings: Optional[tuple] = None  # what this process configured; JAX reads it at its first compile
 
 
 def _count(event: str, **_: object) -> None:
-    _events[event] += 1
+    process.current().compile_events[event] += 1
 
 
 def configure(cache: CompilationCacheConfig) -> None:
-    """Point JAX at the cache directory, once per process."""
-    global _settings
+    """Point JAX at the cache directory, once per process (JAX reads the settings at its first compile)."""
     import jax
     from jax import monitoring
 
     directory = str(Path(cache.dir).expanduser().resolve()) if cache.enabled else None
     wanted = (directory, float(cache.min_compile_time_s), max_bytes(cache))
-    if _settings is not None:
-        if _settings != wanted:
+    state = process.current()
+    if state.compile_cache is not None:
+        if state.compile_cache != wanted:
             log.warning("compilation_cache: this process keeps dir=%s, min_compile_time_s=%s, max bytes=%s",
-                        *_settings)
+                        *state.compile_cache)
         return
     monitoring.register_event_listener(_count)
     executable_cache.bound(wanted[2])
@@ -48,76 +45,18 @@ def configure(cache: CompilationCacheConfig) -> None:
         jax.config.update("jax_compilation_cache_dir", directory)
         jax.config.update("jax_persistent_cache_min_compile_time_secs", wanted[1])
         jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
-    _settings = wanted
+    state.compile_cache = wanted
 
 
 def guard_entries() -> bool:
-    """Make JAX's persistent cache survive a write cut short (returns whether it could). JAX (0.10)
-    writes an entry in place and never rewrites one that exists, so a process killed, or a disk
+    """Make JAX's persistent cache survive a write cut short (returns whether it could). JAX (0.10 to 0.12 at
+    least) writes an entry in place and never rewrites one that exists, so a process killed, or a disk
     filled, while writing one leaves a truncated entry that every later process fails to read: a
     two-line warning, and the program compiled again, for good. Here a local entry is written whole
     or not at all (a temporary file, renamed), a failed write is one log line, and an entry that
     cannot be read is removed, so the compile that follows stores a good one. Once per process;
     where JAX's internals are not what this expects, nothing changes (JAX behaves as shipped)."""
-    import jax
-    from jax._src import compilation_cache as jax_cache
-    from jax._src import lru_cache
-
-    cls = lru_cache.LRUCache
-    if getattr(cls, "_sdjax_guarded", False):
-        return True
-    needed = (hasattr(jax_cache, "get_executable_and_time") and hasattr(jax_cache, "_get_cache")
-              and hasattr(lru_cache, "_CACHE_SUFFIX") and hasattr(lru_cache, "_is_local_filesystem"))
-    if not needed:
-        return False
-    read, write = jax_cache.get_executable_and_time, cls.put
-
-    def local_entry(cache: object, key: str) -> Optional[Path]:
-        root = getattr(cache, "path", None)
-        if root is None or not lru_cache._is_local_filesystem(str(root)):
-            return None
-        return Path(os.fspath(root)) / f"{key}{lru_cache._CACHE_SUFFIX}"
-
-    def get_executable_and_time(cache_key, compile_options, backend, *args, **kwargs):
-        entry = local_entry(jax_cache._get_cache(backend), cache_key) if cache_key else None
-        why = untrusted(entry, entry.parent) if entry is not None and os.path.lexists(entry) else None
-        # An entry is machine code this process would run: never one someone else could plant.
-        if why and entry is not None:
-            with contextlib.suppress(OSError):
-                entry.unlink()
-            log.warning("compilation_cache: entry %s %s: not read, removed; compiling again", entry.name, why)
-            return None, None
-        try:
-            return read(cache_key, compile_options, backend, *args, **kwargs)
-        except Exception as exc:
-            entry = local_entry(jax_cache._get_cache(backend), cache_key)
-            if entry is None or getattr(jax.config, "jax_raise_persistent_cache_errors", False):
-                raise
-            with contextlib.suppress(OSError):
-                entry.unlink(missing_ok=True)
-            log.info("compilation_cache: entry %s could not be read (%s; cut short by a run killed or a disk "
-                     "that filled up while writing it?): removed, compiling again", entry.name,
-                     " ".join(f"{type(exc).__name__}: {exc}".split())[:120])
-            return None, None
-
-    def put(self, key: str, value: bytes) -> None:
-        entry = local_entry(self, key)
-        if entry is None or getattr(self, "eviction_enabled", True) or not key:
-            return write(self, key, value)  # a remote cache, JAX's own eviction on, or no key: JAX's put as shipped
-        if entry.exists():
-            return None
-        try:
-            write_private(entry, value)  # whole, by rename, and 0600 whatever the umask
-        except OSError as exc:
-            if getattr(jax.config, "jax_raise_persistent_cache_errors", False):
-                raise
-            log.info("compilation_cache: entry %s not written (%s)", entry.name, " ".join(str(exc).split())[:120])
-        return None
-
-    jax_cache.get_executable_and_time = get_executable_and_time
-    cls.put = put  # type: ignore[method-assign]  # the guarded put replaces JAX's, on purpose
-    cls._sdjax_guarded = True  # type: ignore[attr-defined]  # a marker of our own on JAX's class
-    return True
+    return internals.guard_jax_cache_entries()
 
 
 @contextlib.contextmanager
@@ -126,20 +65,9 @@ def bypassed() -> Iterator[bool]:
     For a program the executable cache is to keep: an executable the persistent cache served does
     not survive serialization (see executable_cache). JAX has no public switch for one compile, and
     it decides once per process whether the cache is used: this flips that decision for the
-    duration (jax 0.10's ``compilation_cache._cache_used``); where that is absent, it does nothing."""
-    from jax._src import compilation_cache as jax_cache
-
-    if not hasattr(jax_cache, "_cache_used") or not hasattr(jax_cache, "_cache_checked"):
-        yield False
-        return
-    with jax_cache._cache_initialized_mutex:
-        saved = (jax_cache._cache_checked, jax_cache._cache_used)
-        jax_cache._cache_checked, jax_cache._cache_used = True, False
-    try:
-        yield True
-    finally:
-        with jax_cache._cache_initialized_mutex:
-            jax_cache._cache_checked, jax_cache._cache_used = saved
+    duration (``compilation_cache._cache_used``: sdjax_runner/internals.py); where that is absent, it does nothing."""
+    with internals.jax_cache_bypassed() as bypassing:
+        yield bypassing
 
 
 def max_bytes(cache: CompilationCacheConfig) -> Optional[int]:
@@ -149,12 +77,12 @@ def max_bytes(cache: CompilationCacheConfig) -> Optional[int]:
 
 def configured() -> bool:
     """Whether this process has set JAX's cache up (a job got that far)."""
-    return _settings is not None
+    return process.current().compile_cache is not None
 
 
 def hits() -> int:
     """Compiles served from the persistent cache so far in this process."""
-    return _events[HIT]
+    return process.current().compile_events[HIT]
 
 
 # What trim() counts and removes: JAX's entries (``<key>-cache``, with the ``<key>-atime`` file JAX

@@ -14,25 +14,24 @@ from typing import Optional
 
 import numpy as np
 
+from sdjax_runner import process
 from sdjax_runner.config import checks
 from sdjax_runner.config.schema import ParallelismConfig
 from sdjax_runner.errors import UserError
 
-_initialized: Optional[tuple] = None  # the settings this process was initialised with
-
 
 def initialize(parallelism: ParallelismConfig) -> None:
     """``jax.distributed.initialize`` once per process, also across the jobs of a multirun."""
-    global _initialized
     checks.distributed(parallelism)
     dist = parallelism.distributed
     if not dist.enabled:
         return
     settings = (dist.coordinator_address, dist.num_processes, dist.process_id)
-    if _initialized is not None:
-        if _initialized != settings:
+    state = process.current()  # the settings this process was initialised with, if any
+    if state.distributed is not None:
+        if state.distributed != settings:
             raise UserError("parallelism.distributed", "this process is already part of a JAX cluster with "
-                            f"coordinator_address, num_processes, process_id = {_initialized}")
+                            f"coordinator_address, num_processes, process_id = {state.distributed}")
         return
     import jax
 
@@ -44,7 +43,7 @@ def initialize(parallelism: ParallelismConfig) -> None:
         rendezvous(dist.coordinator_address, dist.num_processes, dist.process_id, dist.timeout_s)
         jax.distributed.initialize(dist.coordinator_address, dist.num_processes, dist.process_id,
                                    initialization_timeout=dist.timeout_s)
-    _initialized = settings
+    state.distributed = settings
 
 
 def rendezvous(address: str, num_processes: int, process_id: int, timeout_s: float) -> None:
@@ -135,7 +134,7 @@ def _meet_coordinator(host: str, port: int, process_id: int, deadline: float, ad
 def is_writer() -> bool:
     """Whether this process writes the outputs: process 0 of a cluster, or a process in none (known
     without starting JAX, so bad input can still be refused before it starts)."""
-    if _initialized is None:
+    if process.current().distributed is None:
         return True
     import jax
 

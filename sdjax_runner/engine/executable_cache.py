@@ -37,6 +37,7 @@ What is kept, and why not more (measured with jaxlib 0.10.2 on CPU):
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import hmac
 import json
@@ -47,6 +48,8 @@ import platform
 from pathlib import Path
 from typing import Any, Optional
 
+from sdjax_runner import process
+from sdjax_runner.console import one_line
 from sdjax_runner.files import private_folder, untrusted, write_private
 
 log = logging.getLogger("sdjax_runner")
@@ -58,28 +61,22 @@ FORMAT = 2  # bump when what is stored changes (2: signed)
 # a file planted by someone without the key, or damaged (one flipped byte), is never loaded.
 MAGIC = b"sdjax-executable-2\n"
 KEY_FILE = ".signing-key"  # 32 random bytes, mode 0600, made by the first process that stores an executable
-_keys: dict[str, bytes] = {}
-_source_hash: Optional[str] = None
-_max_bytes: Optional[int] = None  # compilation_cache.max_size_gb: a larger executable is not stored
 
 
 def bound(max_bytes: Optional[int]) -> None:
     """Store no executable larger than ``max_bytes`` (the whole cache's bound, see compile_cache.trim)."""
-    global _max_bytes
-    _max_bytes = max_bytes
+    process.current().executable_max_bytes = max_bytes
 
 
+@functools.cache
 def source_hash() -> str:
-    """SHA-256 of this package's Python source: code changes make new keys."""
-    global _source_hash
-    if _source_hash is None:
-        digest = hashlib.sha256()
-        root = Path(__file__).resolve().parents[1]
-        for path in sorted(root.rglob("*.py")):
-            digest.update(path.relative_to(root).as_posix().encode())
-            digest.update(path.read_bytes())
-        _source_hash = digest.hexdigest()
-    return _source_hash
+    """SHA-256 of this package's Python source: code changes make new keys (read once per process)."""
+    digest = hashlib.sha256()
+    root = Path(__file__).resolve().parents[1]
+    for path in sorted(root.rglob("*.py")):
+        digest.update(path.relative_to(root).as_posix().encode())
+        digest.update(path.read_bytes())
+    return digest.hexdigest()
 
 
 def key(program: list, args: tuple, devices: list) -> str:
@@ -107,15 +104,9 @@ def program_key(generator: Any, args: tuple) -> str:
     (engine/program.py: every static setting), the model's structure and the arguments' layout."""
     import dataclasses
 
-    from sdjax_runner.models.checkpoints import config_dict
+    from sdjax_runner.engine.families import FAMILIES
 
-    pipeline = generator.pipeline
-    program = [dataclasses.astuple(generator.spec),
-               type(pipeline).__name__, str(pipeline.dtype), type(pipeline.scheduler).__name__,
-               config_dict(pipeline.scheduler), config_dict(pipeline.unet), config_dict(pipeline.vae),
-               str(pipeline.vae.dtype),  # float32 where an fp16 run upcasts the VAE (loading.component_dtype)
-               config_dict(getattr(pipeline, "text_encoder", None)),
-               config_dict(getattr(pipeline, "text_encoder_2", None))]
+    program = [dataclasses.astuple(generator.spec), *FAMILIES[generator.spec.family].structure(generator.pipeline)]
     return key(program, args, generator.devices)
 
 
@@ -129,8 +120,9 @@ def signing_key(directory: str) -> Optional[bytes]:
     root = Path(directory).expanduser()
     folder = root / SUBDIR
     path = folder / KEY_FILE
-    if _keys.get(str(path)):
-        return _keys[str(path)]
+    keys = process.current().signing_keys  # read once per process
+    if keys.get(str(path)):
+        return keys[str(path)]
     for _ in range(3):
         if os.path.lexists(path):
             why = untrusted(path, root)
@@ -138,7 +130,7 @@ def signing_key(directory: str) -> Optional[bytes]:
                 why = "can be read by other users"
             data = path.read_bytes() if why is None else b""
             if why is None and len(data) == 32:
-                _keys[str(path)] = data
+                keys[str(path)] = data
                 return data
             log.warning("compile: signing key %s %s: replaced; the executables it signed are traced again", path,
                         why or "is damaged")
@@ -213,7 +205,7 @@ def load(directory: str, key: str, devices: list, args: tuple) -> Optional[Any]:
                                         execution_devices=devices)
     except Exception as exc:  # a damaged or foreign file: trace instead, and overwrite it
         log.info("compile: stored executable %s not usable (%s: %s); tracing", path.name, type(exc).__name__,
-                 " ".join(str(exc).split())[:120])
+                 one_line(exc, 120))
         return None
     if not fits(compiled, args):  # another program under this key: it would fail at its first call
         log.warning("compile: stored executable %s not usable: it takes other arguments than this program; "
@@ -243,7 +235,8 @@ def save(directory: str, key: str, compiled: Any) -> bool:
     try:
         executable, in_tree, out_tree = serialize(compiled)
         data = pickle.dumps({"executable": executable, "in_tree": in_tree, "out_tree": out_tree})
-        if _max_bytes is not None and len(data) > _max_bytes:
+        largest = process.current().executable_max_bytes
+        if largest is not None and len(data) > largest:
             log.info("compile: executable not kept (%.1f MB is more than compilation_cache.max_size_gb)", len(data) / 1e6)
             return False
         signer = signing_key(directory)
@@ -251,7 +244,7 @@ def save(directory: str, key: str, compiled: Any) -> bool:
             return False
         write_private(path, MAGIC + _signature(signer, data) + data)
     except Exception as exc:
-        log.info("compile: executable not kept (%s: %s)", type(exc).__name__, " ".join(str(exc).split())[:120])
+        log.info("compile: executable not kept (%s: %s)", type(exc).__name__, one_line(exc, 120))
         return False
     return True
 

@@ -19,6 +19,7 @@ import numpy as np
 
 from sdjax_runner.config.plan import Plan
 from sdjax_runner.engine.encode import negative_text
+from sdjax_runner.engine.families import FAMILIES
 from sdjax_runner.engine.modes import NUMBERS, PER_IMAGE
 from sdjax_runner.engine.program import Spec
 from sdjax_runner.engine.tokens import PromptTokens
@@ -91,20 +92,20 @@ class Generator:
     how params and inputs are placed on devices, and how the generate function is lowered."""
 
     def __init__(self, pipeline: Any, params: dict, safety_weights: Any, plan: Plan, spec: Spec, devices: list,
-                 tokens: Optional[PromptTokens] = None):
+                 tokens: Optional[PromptTokens] = None, started: Optional[float] = None):
         """``tokens``: the prompts' tokens as :func:`.program.program_spec` read them (their chunks are kept),
-        else read again here."""
+        else read again here; ``started``: time.perf_counter() when the job began (its timing re-runs are
+        weighed against the job's cost so far)."""
         self.pipeline, self.params, self.safety_weights = pipeline, params, safety_weights
         self.plan, self.spec, self.devices = plan, spec, devices  # spec: what shapes the program (engine/program.py)
         self.height, self.width = spec.height, spec.width
         self.timings = Timings()
-        self.started: Optional[float] = None  # time.perf_counter() when the job began (the runner sets it)
-        self.compiled: Optional[Callable] = None
-        self.program_key: Optional[str] = None  # what determines the program (engine/executable_cache.py)
+        self.started = started
+        self.compiled: Optional[Callable] = None  # the program (install)
         # For a stored executable: traces the program instead, should it fail at its first call.
         self.retrace: Optional[Callable[[Exception], None]] = None
         self.non_finite: set[int] = set()  # indices of images with NaN or infinite pixels (overflow)
-        self.tokens = tokens or PromptTokens(pipeline, plan.syntax)
+        self.tokens = tokens or FAMILIES[spec.family].tokens(pipeline, plan.syntax)
         self.negative_ids = None
         self.weights = {}  # A1111's syntax: the negative prompt's token weights, placed once
         negative = negative_text(plan.negative, pipeline, spec.prompt_chunks)
@@ -120,6 +121,11 @@ class Generator:
                            if name in PER_IMAGE[spec.mode]}
         numbers = {"start": np.int32(plan.start_step), "control_scale": np.float32(plan.conditioning_scale)}
         self.numbers = {name: self.place_number(numbers[name]) for name in NUMBERS[spec.mode]}
+
+    def install(self, compiled: Callable, retrace: Optional[Callable[[Exception], None]] = None) -> None:
+        """Run batches with ``compiled`` (engine/engine.py compiles or finds it); ``retrace``, for a stored
+        executable: called with the error should it fail at its first call, and installs a traced one."""
+        self.compiled, self.retrace = compiled, retrace
 
     @staticmethod
     def place_params(tree, devices: list):

@@ -74,5 +74,5 @@ class PmapGenerator(Generator):
         return jax.pmap(functools.partial(generate, self.pipeline, self.spec)).lower(*self.program_args())
 
     def run(self, ids, keys, inputs):
-        assert self.compiled is not None  # runner.compile_generator set it
+        assert self.compiled is not None  # installed by engine/engine.py
         return self.compiled(ids, self.params, keys, self.guidance, inputs, self.negative_ids)

@@ -6,8 +6,10 @@
 :func:`generate` is one device's share of a batch; the parallel modes (:mod:`.parallel`) pmap it or run
 it under ``shard_map``. Everything in :class:`Spec` is static (it shapes the traced program); the prompt
 ids, params, keys, the guidance scale and the mode's inputs (images, start step, conditioning scale) are
-traced inputs, so new prompts, seeds, guidance, strengths or images never recompile. A mode is a function in :data:`.modes.MODES`, a sampler one in :data:`.samplers.SAMPLERS`:
-adding either is a new module and a registry entry.
+traced inputs, so new prompts, seeds, guidance, strengths or images never recompile. Each stage comes from
+the model's family (:data:`.families.FAMILIES`): its encoder, its modes (:data:`.modes.MODES`), its
+samplers (:data:`.samplers.SAMPLERS`) and its decoder; adding a mode, a sampler or a family is new modules
+and a registry entry.
 
 For the text-to-image mode with diffusers' schedulers the stages do exactly what diffusers 0.39's
 ``FlaxStableDiffusionPipeline._generate`` and ``FlaxStableDiffusionXLPipeline._generate`` do, op for op,
@@ -19,10 +21,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Optional
 
-from sdjax_runner.engine.decode import decode
-from sdjax_runner.engine.encode import encode, negative_text, with_time_ids
-from sdjax_runner.engine.modes import MODES
-from sdjax_runner.engine.samplers import SAMPLERS
+from sdjax_runner.engine.encode import negative_text
+from sdjax_runner.engine.families import FAMILIES
 from sdjax_runner.engine.tokens import TOKENS, PromptTokens
 
 
@@ -50,6 +50,7 @@ class Spec:
     controlnet: str = ""  # the ControlNet's structure (its config), in controlnet mode
     clip_skip: int = 1  # prompts.clip_skip (engine/encode.py)
     prompt_chunks: int = 0  # prompts.syntax: 0 plain (the guide's 77 tokens), else A1111's chunks (engine/tokens.py)
+    family: str = "sd"  # the model's family (engine/families.py): the program's stages
 
     @property
     def prompt_tokens(self) -> int:
@@ -58,13 +59,13 @@ class Spec:
 
 
 def program_spec(plan: Any, pipeline: Any, height: int, width: int, controlnet: str = "",
-                 tokens: Optional[PromptTokens] = None) -> Spec:
+                 tokens: Optional[PromptTokens] = None, family: str = "sd") -> Spec:
     """The one place the Plan's program-relevant fields are read (``plan``: config/plan.Plan);
     ``controlnet``: the loaded ControlNet's structure; ``tokens``: reads the prompts' chunk count (and keeps
-    what it read, for the generator)."""
+    what it read, for the generator); ``family``: the loaded model's."""
     prediction = plan.model.prediction_type
     stepping = plan.sampling.sampler == "scheduler"  # else the diffusers scheduler steps nothing: not in the key
-    tokens = tokens or PromptTokens(pipeline, plan.syntax)
+    tokens = tokens or FAMILIES[family].tokens(pipeline, plan.syntax)
     chunks = tokens.chunk_count(plan.prompts + (plan.negative or "",))
     return Spec(steps=plan.num_inference_steps, height=height, width=width, batch=plan.per_device_batch_size,
                 negative=negative_text(plan.negative, pipeline, chunks) is not None, parallel=plan.mode,
@@ -72,7 +73,8 @@ def program_spec(plan: Any, pipeline: Any, height: int, width: int, controlnet: 
                 scheduler_overrides=tuple(sorted((str(k), repr(v)) for k, v in plan.scheduler.config_overrides.items()))
                 if stepping else (), prediction_type=getattr(prediction, "name", prediction),
                 sampler=plan.sampling.sampler, sigmas=plan.sampling.sigmas, eta=plan.sampling.eta,
-                mode=plan.generation, controlnet=controlnet, clip_skip=plan.clip_skip, prompt_chunks=chunks)
+                mode=plan.generation, controlnet=controlnet, clip_skip=plan.clip_skip, prompt_chunks=chunks,
+                family=family)
 
 
 def generate(pipeline: Any, spec: Spec, ids, params: dict, key, guidance, inputs: dict,
@@ -84,11 +86,10 @@ def generate(pipeline: Any, spec: Spec, ids, params: dict, key, guidance, inputs
     step, the conditioning scale; empty for text to image) and, with A1111's syntax, the prompts' token
     weights (``prompt_weights``, ``negative_weights``); ``negative_ids``: like ``ids``, or None for the
     pipeline's own unconditional input."""
-    conditioning = encode(pipeline, params, ids, negative_ids, spec.clip_skip, spec.prompt_chunks,
-                          inputs.get("prompt_weights"), inputs.get("negative_weights"))
-    conditioning = with_time_ids(conditioning, spec.height, spec.width, conditioning.context.dtype)  # SDXL only
-    start = MODES[spec.mode](pipeline, params, key, spec, ids.shape[0], inputs)
+    family = FAMILIES[spec.family]
+    conditioning = family.encode(pipeline, params, ids, negative_ids, spec, inputs)
+    start = family.modes[spec.mode](pipeline, params, key, spec, ids.shape[0], inputs)
     if start.conditioning:
         conditioning = conditioning._replace(**start.conditioning)
-    latents = SAMPLERS[spec.sampler](pipeline, params, conditioning, start, guidance, spec, key)
-    return decode(pipeline, params, latents)
+    latents = family.samplers[spec.sampler](pipeline, params, conditioning, start, guidance, spec, key)
+    return family.decode(pipeline, params, latents)

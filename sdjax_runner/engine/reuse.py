@@ -34,11 +34,12 @@ from typing import Any, Optional
 from sdjax_runner.config.plan import Plan
 from sdjax_runner.console import shown
 from sdjax_runner.engine import compile_cache
+from sdjax_runner.engine.families import FAMILIES
 from sdjax_runner.engine.generate import Generator
 from sdjax_runner.engine.program import Spec
 from sdjax_runner.engine.tokens import TOKENS
 from sdjax_runner.models.attention import tracing_with
-from sdjax_runner.models.loading import LoadedModel, load_model, with_scheduler
+from sdjax_runner.models.loading import LoadedModel, load_model
 
 log = logging.getLogger("sdjax_runner")
 
@@ -108,7 +109,7 @@ class ReuseCache:
         while len(self.models) >= plan.max_models:
             self.models.popitem(last=False)
             gc.collect()  # release the old weights before the new ones arrive
-        entry = ModelEntry(load_model(plan.model, plan.dtype, plan.checkpoint[1] if plan.checkpoint else None),
+        entry = ModelEntry(load_model(plan.model, plan.dtype, plan.checkpoint.sha256 if plan.checkpoint else None),
                            structure)
         self.counters.model_loads += 1
         self.models[key] = entry
@@ -142,8 +143,8 @@ class ReuseCache:
 
         pipeline_key = (spec.scheduler, spec.scheduler_overrides, spec.prediction_type, spec.attention)
         if pipeline_key not in entry.pipelines:
-            entry.pipelines[pipeline_key] = with_scheduler(entry.loaded, plan.scheduler, plan.model.prediction_type,
-                                                           plan.attention)
+            entry.pipelines[pipeline_key] = FAMILIES[entry.loaded.family].with_scheduler(
+                entry.loaded, plan.scheduler, plan.model.prediction_type, plan.attention)
         pipeline, state = entry.pipelines[pipeline_key]
 
         started = time.perf_counter()
@@ -174,18 +175,18 @@ class ReuseCache:
         placed once per model and placement (a scale sweep only merges again)."""
         from sdjax_runner.models import lora
 
-        key = (tuple((path, sha) for path, _, sha in plan.lora), placement)
+        key = (tuple((adapter.path, adapter.sha256) for adapter in plan.lora), placement)
         if entry.lora_on != key:
             entry.lora_factors, entry.lora_on = {}, ()
-            for index, (path, _, sha256) in enumerate(plan.lora):
-                adapter = lora.read(path, entry.loaded.host_weights, f"lora.{index}.path", sha256)
+            for index, given in enumerate(plan.lora):
+                adapter = lora.read(given.path, entry.loaded.host_weights, f"lora.{index}.path", given.sha256)
                 for (component, kernel_path), pair in adapter.factors.items():
                     entry.lora_factors[(component, kernel_path, index)] = mode.place_params(pair, devices)
             entry.lora_on = key
-        merged = lora.merged_params(params, entry.lora_factors, [scale for _, scale, _ in plan.lora], plan.mode)
-        for index, (path, scale, _) in enumerate(plan.lora):
+        merged = lora.merged_params(params, entry.lora_factors, [given.scale for given in plan.lora], plan.mode)
+        for index, given in enumerate(plan.lora):
             touched = collections.Counter(component for component, _, i in entry.lora_factors if i == index)
-            log.info("lora: %s at scale %g merged into %d layer(s) (%s)", shown(Path(path).name), scale,
+            log.info("lora: %s at scale %g merged into %d layer(s) (%s)", shown(Path(given.path).name), given.scale,
                      sum(touched.values()), ", ".join(f"{name} {count}" for name, count in sorted(touched.items())))
         return merged
 
@@ -227,10 +228,8 @@ class ReuseCache:
 
         if prepared.compile_key not in self.flops_of:
             with tracing_with(prepared.attention):
-                unet = efficiency.unet_step_flops(prepared.pipeline, prepared.entry.loaded.host_weights,
-                                                  per_device_images, height, width, tokens)
+                unet = FAMILIES[prepared.entry.loaded.family].step_flops(
+                    prepared.pipeline, prepared.entry.loaded.host_weights, per_device_images, height, width, tokens)
             self.flops_of[prepared.compile_key] = efficiency.batch_flops(compiled, unet, steps, num_devices)
         return self.flops_of[prepared.compile_key]
 
-
-REUSE = ReuseCache()  # this process's

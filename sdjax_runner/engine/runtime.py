@@ -16,6 +16,7 @@ import sys
 import warnings
 from typing import Optional
 
+from sdjax_runner import internals
 from sdjax_runner.config import checks
 from sdjax_runner.config.schema import ParallelismConfig, PerformanceConfig
 
@@ -26,9 +27,7 @@ def jax_started() -> bool:
     """Whether JAX has created its backends (after which XLA_FLAGS are not read again)."""
     if "jax" not in sys.modules:
         return False
-    from jax._src import xla_bridge
-
-    return xla_bridge.backends_are_initialized()
+    return internals.jax_backends_started()
 
 
 def use_host_devices(count: Optional[int]) -> None:
@@ -92,7 +91,7 @@ def silence_libraries() -> None:
     diffusers_logging.disable_progress_bar()
     transformers_logging.set_verbosity_error()
     transformers_logging.disable_progress_bar()
-    for name in ("absl", "jax._src.xla_bridge", "huggingface_hub"):
+    for name in ("absl", internals.JAX_BACKEND_LOGGER, "huggingface_hub"):
         logging.getLogger(name).setLevel(logging.ERROR)
     for module in ("diffusers", "transformers", "flax", "jax"):
         warnings.filterwarnings("ignore", category=FutureWarning, module=module)

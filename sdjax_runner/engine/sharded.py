@@ -89,7 +89,7 @@ class ShardedGenerator(Generator):
         return function.lower(*args)
 
     def run(self, ids, keys, inputs):
-        assert self.compiled is not None  # runner.compile_generator set it
+        assert self.compiled is not None  # installed by engine/engine.py
         return self.compiled(*self._args(ids, keys, inputs))
 
     def fetch(self, out) -> np.ndarray:

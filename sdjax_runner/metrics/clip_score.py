@@ -26,6 +26,10 @@ from typing import Any, Optional
 
 import numpy as np
 
+from sdjax_runner import process
+from sdjax_runner.console import one_line
+from sdjax_runner.records import Quality
+
 log = logging.getLogger("sdjax_runner")
 
 
@@ -62,7 +66,7 @@ class ClipScorer:
             from sdjax_runner.engine import executable_cache
 
             log.warning("metrics: the stored CLIP score program failed at its first call (%s); removed, tracing "
-                        "instead", " ".join(str(exc).split())[:160])
+                        "instead", one_line(exc))
             executable_cache.discard(self.executables, self._key(inputs))
             program = self.programs[tuple(x.shape for x in inputs)] = self._compiled(inputs)
             return np.asarray(program(self.params, *inputs))
@@ -121,7 +125,6 @@ class ClipScorer:
         return compiled
 
 
-_scorers: dict[tuple, ClipScorer] = {}  # (source, device ids) -> loaded and placed once per process
 
 
 def clip_directory(clip: Any) -> Path:
@@ -178,8 +181,9 @@ def load_scorer(clip: Any, devices: list, executables: Optional[str] = None) -> 
     compilation_cache.dir), scoring programs are kept there, and a single Flax weights file is first
     read as it is: a stored program that takes it needs neither transformers' model nor tracing."""
     key = (str(clip.model), clip.builtin, clip.revision, tuple(d.id for d in devices), executables)
-    if key in _scorers:
-        return _scorers[key]
+    scorers = process.current().clip_scorers  # loaded and placed once per process
+    if key in scorers:
+        return scorers[key]
     from transformers import CLIPImageProcessor, CLIPTokenizer
 
     started = time.perf_counter()
@@ -195,7 +199,7 @@ def load_scorer(clip: Any, devices: list, executables: Optional[str] = None) -> 
         module, params = load_model(directory, devices)
     scorer = ClipScorer(directory, params, module, CLIPImageProcessor.from_pretrained(directory),
                         CLIPTokenizer.from_pretrained(directory), devices, executables, time.perf_counter() - started)
-    _scorers[key] = scorer
+    scorers[key] = scorer
     return scorer
 
 
@@ -226,8 +230,8 @@ def clip_scores(scorer: ClipScorer, images: list, prompts: list[str]) -> np.ndar
 
 
 def score_run(clip: Any, images: list, prompts: list[str], executables: Optional[str] = None
-              ) -> tuple[Optional[np.ndarray], dict[str, Any]]:
-    """(per-image scores or None, run-level fields for quality.json). Never raises: a CLIP model that
+              ) -> tuple[Optional[np.ndarray], Quality]:
+    """(per-image scores or None, the run-level quality fields). Never raises: a CLIP model that
     cannot be loaded or run gives one warning and ``clip_score_error``. ``executables``: see load_scorer."""
     import jax
 
@@ -238,8 +242,8 @@ def score_run(clip: Any, images: list, prompts: list[str], executables: Optional
         scorer = load_scorer(clip, jax.local_devices(), executables)
         scores = clip_scores(scorer, images, prompts)
     except Exception as exc:
-        error = describe(exc) or f"{type(exc).__name__}: {' '.join(str(exc).split())[:300]}"
+        error = describe(exc) or f"{type(exc).__name__}: {one_line(exc, 300)}"
         log.warning("metrics: no CLIP score for this run: %s", error)
-        return None, {"clip_score_error": error, "clip_score_s": time.perf_counter() - started}
-    return scores, {"clip_score_mean": float(scores.mean()), "clip_score_std": float(scores.std()),
-                    "clip_score_s": time.perf_counter() - started, "clip_score_compile_path": scorer.compile_path}
+        return None, Quality(clip_score_error=error, clip_score_s=time.perf_counter() - started)
+    return scores, Quality(clip_score_mean=float(scores.mean()), clip_score_std=float(scores.std()),
+                           clip_score_s=time.perf_counter() - started, clip_score_compile_path=scorer.compile_path)

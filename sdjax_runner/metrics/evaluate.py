@@ -11,30 +11,36 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Optional
 
+from sdjax_runner.console import one_line
+from sdjax_runner.records import ImageRecord, Quality, required
+
 log = logging.getLogger("sdjax_runner")
 
 
-def with_reference(run_dir: Path, records: list[dict], reference_dir: Path,
-                   read_records: Callable[[Path], list[dict]]) -> dict[str, Any]:
-    """PSNR/SSIM of each record's image against ``reference_dir``; records gain ``psnr``/``ssim``."""
+def with_reference(run_dir: Path, records: list[ImageRecord], reference_dir: Path,
+                   read_records: Callable[[Path], list[ImageRecord]]) -> Quality:
+    """PSNR/SSIM of each record's image against ``reference_dir`` (the quality fields of the comparison);
+    records gain ``psnr``/``ssim``."""
     from sdjax_runner.metrics.fidelity import compare
 
     try:
         per_image, fields = compare(run_dir, records, reference_dir, read_records(reference_dir))
     except Exception as exc:
-        error = f"{type(exc).__name__}: {' '.join(str(exc).split())[:300]}"
+        error = f"{type(exc).__name__}: {one_line(exc, 300)}"
         log.warning("metrics: no comparison with %s: %s", reference_dir, error)
-        return {"reference": str(reference_dir), "reference_error": error}
+        return Quality(reference=str(reference_dir), reference_error=error)
     for record, values in zip(records, per_image, strict=True):
-        record.update(values)
-    if fields["compared_images"] < len(records):
+        if values is not None:
+            record.psnr, record.ssim = values.psnr, values.ssim
+    compared = fields.compared_images or 0
+    if compared < len(records):
         log.warning("metrics: %d of %d image(s) have no image of the same slot (index, seed, prompt, size) in %s",
-                    len(records) - fields["compared_images"], len(records), reference_dir)
+                    len(records) - compared, len(records), reference_dir)
     return fields
 
 
-def evaluate(metrics: Any, run_dir: Path, images: list, records: list[dict], executables: Optional[str],
-             read_records: Callable[[Path], list[dict]], syntax: str = "plain") -> dict[str, Any]:
+def evaluate(metrics: Any, run_dir: Path, images: list, records: list[ImageRecord], executables: Optional[str],
+             read_records: Callable[[Path], list[ImageRecord]], syntax: str = "plain") -> Quality:
     """The run-level quality fields (and ``metrics_s``); ``records`` gain the per-image values.
     ``executables``: where compiled scoring programs are kept (a compilation_cache.dir), or None;
     ``read_records``: reads the image records of a run directory (the reference's); ``syntax``:
@@ -44,26 +50,28 @@ def evaluate(metrics: Any, run_dir: Path, images: list, records: list[dict], exe
     from sdjax_runner.metrics.clip_score import score_run
 
     started = time.perf_counter()
-    quality: dict[str, Any] = {}
+    quality = Quality()
     if metrics.clip_score.enabled and records:
         text = plain_text if syntax == "a1111" else str
-        read = {prompt: text(prompt) for prompt in dict.fromkeys(r["prompt"] for r in records)}  # once per prompt
-        scores, fields = score_run(metrics.clip_score, images, [read[r["prompt"]] for r in records], executables)
-        quality.update(fields, clip_model=str(metrics.clip_score.model))
+        prompts = [required(r.prompt, "prompt") for r in records]
+        read = {prompt: text(prompt) for prompt in dict.fromkeys(prompts)}  # once per prompt
+        scores, quality = score_run(metrics.clip_score, images, [read[prompt] for prompt in prompts], executables)
+        quality.clip_model = str(metrics.clip_score.model)
         if scores is not None:
             for record, score in zip(records, scores, strict=True):
-                record["clip_score"] = float(score)
+                record.clip_score = float(score)
     if metrics.reference and records:
-        if all((run_dir / r["file"]).exists() for r in records):
-            quality.update(with_reference(run_dir, records, Path(metrics.reference).expanduser(), read_records))
+        if all((run_dir / required(r.file, "file")).exists() for r in records):
+            quality = quality.updated(with_reference(run_dir, records, Path(metrics.reference).expanduser(),
+                                                     read_records))
         else:
             log.warning("metrics: no comparison with %s: output.save_images=false left no images to compare",
                         metrics.reference)
-            quality.update(reference=str(metrics.reference), reference_error="output.save_images=false")
-    quality["metrics_s"] = time.perf_counter() - started
-    if "clip_score_mean" in quality or "psnr" in quality:
+            quality.reference, quality.reference_error = str(metrics.reference), "output.save_images=false"
+    quality.metrics_s = time.perf_counter() - started
+    if quality.clip_score_mean is not None or quality.psnr is not None:
         log.info("metrics: %s (%.2f s)", ", ".join(
-            f"{label} {quality[key]:.4g}" for key, label in
-            (("clip_score_mean", "CLIP score"), ("psnr", "PSNR"), ("ssim_mean", "SSIM")) if key in quality),
-            quality["metrics_s"])
+            f"{label} {value:.4g}" for value, label in
+            ((quality.clip_score_mean, "CLIP score"), (quality.psnr, "PSNR"), (quality.ssim_mean, "SSIM"))
+            if value is not None), quality.metrics_s)
     return quality

@@ -11,19 +11,29 @@ from __future__ import annotations
 import functools
 import math
 from pathlib import Path
-from typing import Any
+from typing import NamedTuple, Optional
 
 import numpy as np
 
-
-def _slot(record: dict) -> tuple:
-    return record["index"], str(record["seed"]), record["prompt"], record.get("negative_prompt")
+from sdjax_runner.records import ImageRecord, Quality, required
 
 
-def _pixels(run_dir: Path, record: dict) -> np.ndarray:
+class Fidelity(NamedTuple):
+    """One image against the reference's image of its slot."""
+
+    psnr: float  # dB; inf: identical
+    ssim: float  # at most 1
+
+
+def _slot(record: ImageRecord) -> tuple:
+    return (required(record.index, "index"), str(required(record.seed, "seed")), required(record.prompt, "prompt"),
+            record.negative_prompt)
+
+
+def _pixels(run_dir: Path, record: ImageRecord) -> np.ndarray:
     from PIL import Image
 
-    with Image.open(run_dir / record["file"]) as image:
+    with Image.open(run_dir / required(record.file, "file")) as image:
         return np.asarray(image.convert("RGB"), dtype=np.float32) / 255.0
 
 
@@ -49,7 +59,7 @@ def psnr_ssim(images: np.ndarray, references: np.ndarray) -> tuple[np.ndarray, n
     return np.asarray(psnr), np.asarray(ssim)
 
 
-def _pairs_psnr_ssim(pairs: list[tuple[Path, dict, Path, dict]]) -> tuple[np.ndarray, np.ndarray]:
+def _pairs_psnr_ssim(pairs: list[tuple[Path, ImageRecord, Path, ImageRecord]]) -> tuple[np.ndarray, np.ndarray]:
     """PSNR and SSIM of each (run, record, reference run, reference record) pair's images, read from
     disk CHUNK pairs at a time (the last chunk padded with its own first pair, then dropped)."""
     psnr, ssim = [], []
@@ -63,25 +73,25 @@ def _pairs_psnr_ssim(pairs: list[tuple[Path, dict, Path, dict]]) -> tuple[np.nda
     return np.concatenate(psnr), np.concatenate(ssim)
 
 
-def compare(run_dir: Path, records: list[dict], reference_dir: Path,
-            reference_records: list[dict]) -> tuple[list[dict], dict[str, Any]]:
-    """(per-image {psnr, ssim} aligned with ``records`` -- empty dicts where not compared, run-level
+def compare(run_dir: Path, records: list[ImageRecord], reference_dir: Path,
+            reference_records: list[ImageRecord]) -> tuple[list[Optional[Fidelity]], Quality]:
+    """(per-image PSNR and SSIM aligned with ``records`` -- None where not compared, the run-level quality
     fields). ``reference_records``: the image records of the run in ``reference_dir``."""
     by_slot = {_slot(r): r for r in reference_records}
     found = [(i, by_slot.get(_slot(r))) for i, r in enumerate(records)]
-    pairs = [(i, ref) for i, ref in found if ref is not None and (ref.get("height"), ref.get("width"))
-             == (records[i].get("height"), records[i].get("width"))]
-    per_image: list[dict] = [{} for _ in records]
-    fields: dict[str, Any] = {"reference": str(reference_dir), "compared_images": len(pairs)}
+    pairs = [(i, ref) for i, ref in found if ref is not None and (ref.height, ref.width)
+             == (records[i].height, records[i].width)]
+    per_image: list[Optional[Fidelity]] = [None for _ in records]
+    fields = Quality(reference=str(reference_dir), compared_images=len(pairs))
     if not pairs:
         return per_image, fields
     psnr, ssim = _pairs_psnr_ssim([(run_dir, records[i], reference_dir, ref) for i, ref in pairs])
     for (i, _), p, s in zip(pairs, psnr, ssim, strict=True):
-        per_image[i] = {"psnr": float(p), "ssim": float(s)}
+        per_image[i] = Fidelity(float(p), float(s))
     # The run's PSNR is that of its mean squared error over all compared images (inf only if every
     # image is identical; a mean of per-image PSNRs would be inf as soon as one image is).
     mse = float(np.mean(10.0 ** (-psnr / 10.0)))
-    fields.update(psnr=math.inf if mse == 0 else -10.0 * math.log10(mse), psnr_min=float(np.min(psnr)),
-                  ssim_mean=float(np.mean(ssim)), ssim_min=float(np.min(ssim)),
-                  identical_images=int(np.sum(np.isinf(psnr))))
+    fields.psnr = math.inf if mse == 0 else -10.0 * math.log10(mse)
+    fields.psnr_min, fields.ssim_mean, fields.ssim_min = float(np.min(psnr)), float(np.mean(ssim)), float(np.min(ssim))
+    fields.identical_images = int(np.sum(np.isinf(psnr)))
     return per_image, fields

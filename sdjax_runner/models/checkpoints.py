@@ -23,6 +23,7 @@ from typing import Any, Optional
 import numpy as np
 
 from sdjax_runner.files import untrusted
+from sdjax_runner.tensor_files import read_safetensors
 
 # Flax and PyTorch file stems, by the library that defines the component.
 FLAX_FILES = {"diffusers": "diffusion_flax_model.msgpack", "transformers": "flax_model.msgpack"}
@@ -76,18 +77,23 @@ def find_weights(folder: Path, library: str, variant: Optional[str]) -> Componen
     return ComponentWeights("missing")
 
 
-# Where parameter shapes are kept across processes (set from compilation_cache.dir; None: not kept).
-SHAPES_DIR: Optional[Path] = None
+def shapes_dir() -> Optional[Path]:
+    """Where parameter shapes are kept across processes (the process's, from compilation_cache.dir: the
+    engine sets it per job; None: not kept)."""
+    from sdjax_runner import process
+
+    return process.current().shapes_dir
 
 
 def param_shapes(module: Any, library: str) -> dict:
     """The module's parameter tree as shapes (jax.eval_shape: no memory, no compute). Tracing a UNet's
-    initialisation takes a few hundred ms, so the result is kept in ``SHAPES_DIR`` under a hash of
+    initialisation takes a few hundred ms, so the result is kept in :func:`shapes_dir` under a hash of
     the module's class, config and the library versions."""
     import jax
 
-    path = _shapes_path(module, library) if SHAPES_DIR is not None else None
-    if path is not None and SHAPES_DIR is not None and os.path.lexists(path) and untrusted(path, SHAPES_DIR.parent):
+    folder = shapes_dir()
+    path = _shapes_path(module, library)
+    if path is not None and folder is not None and os.path.lexists(path) and untrusted(path, folder.parent):
         path.unlink(missing_ok=True)  # another user could have written it: traced again and rewritten below
     if path is not None and path.is_file():
         try:
@@ -120,7 +126,8 @@ def config_dict(module: Any) -> Any:
 
 
 def _shapes_path(module: Any, library: str) -> Optional[Path]:
-    if SHAPES_DIR is None:
+    folder = shapes_dir()
+    if folder is None:
         return None
     import hashlib
 
@@ -132,7 +139,7 @@ def _shapes_path(module: Any, library: str) -> Optional[Path]:
         digest = hashlib.sha256(json.dumps(facts, sort_keys=True, default=str).encode()).hexdigest()
     except (TypeError, ValueError):
         return None
-    return SHAPES_DIR / f"{digest}.json"
+    return folder / f"{digest}.json"
 
 
 def _keep_shapes(path: Path, shapes: dict) -> None:
@@ -193,7 +200,7 @@ def _against_shapes(module: Any, library: str, use: Callable[[dict], Any]) -> An
     that is valid but wrong is the cache's fault, and must not be blamed on the model."""
     from flax.traverse_util import flatten_dict
 
-    path = _shapes_path(module, library) if SHAPES_DIR is not None else None
+    path = _shapes_path(module, library)
     from_record = path is not None and path.is_file()
     try:
         return use(flatten_dict(param_shapes(module, library)))
@@ -245,12 +252,11 @@ def read_flax(file: Path, module: Any, library: str) -> dict:
 
 
 def _file_tensors(files: tuple[Path, ...]) -> Iterator[tuple[str, Callable[[], np.ndarray]]]:
-    from safetensors import safe_open
-
+    """(PyTorch name, loader) of every tensor of ``files``, memory-mapped: a tensor is read (copied into memory)
+    when its loader is called; bfloat16 files too (sdjax_runner/tensor_files.py)."""
     for file in files:
-        with safe_open(str(file), framework="numpy") as tensors:
-            for pt_key in tensors.keys():  # noqa: SIM118 -- safetensors' safe_open is not iterable
-                yield pt_key, functools.partial(tensors.get_tensor, pt_key)
+        for pt_key, view in read_safetensors(file).items():
+            yield pt_key, functools.partial(np.array, view)
 
 
 def convert_safetensors(files: tuple[Path, ...], module: Any, library: str, dtype: np.dtype) -> dict:

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from sdjax_runner.config.modes import CONTROLNET_ALLOWED
+from sdjax_runner.console import one_line
 from sdjax_runner.errors import UserError
 
 KEY = "controlnet.model"
@@ -50,7 +51,7 @@ def read_config(path: Path) -> dict:
     except FileNotFoundError:
         raise UserError(KEY, f"{path} has no config.json", ALLOWED) from None
     except (OSError, UnicodeDecodeError, ValueError) as exc:
-        raise UserError(KEY, f"{config_file} is not a JSON config ({' '.join(str(exc).split())[:120]})",
+        raise UserError(KEY, f"{config_file} is not a JSON config ({one_line(exc, 120)})",
                         ALLOWED) from None
     name = config.get("_class_name") if isinstance(config, dict) else None
     if not isinstance(name, str) or name.removeprefix("Flax") != "ControlNetModel":
@@ -87,7 +88,7 @@ def load(value: str, cache_dir: str, unet_config: Any, activations, weights) -> 
     except UserError as exc:  # said of the model's folder: here it is the ControlNet's
         raise UserError(KEY, exc.problem, exc.allowed or ALLOWED) from None
     except Exception as exc:  # the folder is input: whatever it holds is one line
-        raise UserError(KEY, f"{path} cannot be loaded ({type(exc).__name__}: {' '.join(str(exc).split())[:160]})",
+        raise UserError(KEY, f"{path} cannot be loaded ({type(exc).__name__}: {one_line(exc)})",
                         ALLOWED) from exc
     structure = json.dumps({k: v for k, v in dict(module.config).items() if not k.startswith("_")}, sort_keys=True,
                            default=str)

@@ -23,7 +23,9 @@ from typing import Any, NamedTuple, Optional, Union
 
 import numpy as np
 
+from sdjax_runner.config import families
 from sdjax_runner.config.schema import DtypeConfig, ModelConfig, SchedulerConfig
+from sdjax_runner.console import error_line
 from sdjax_runner.errors import UserError
 from sdjax_runner.models import model_index, sources
 from sdjax_runner.models.checkpoints import (
@@ -42,9 +44,9 @@ ANNOUNCE_BYTES = 200_000_000
 
 # The components a single-file checkpoint (model.checkpoint) holds the weights of.
 CHECKPOINT_COMPONENTS = ("unet", "vae", "text_encoder", "text_encoder_2")
-# model_index.json's pipeline class (with or without "Flax") -> the Flax pipeline that runs it.
-# An inpainting model's pipeline (runwayml/stable-diffusion-inpainting) holds the same components: the runner
-# reads its modules and runs its own program (engine/modes/inpaint.py).
+# model_index.json's pipeline class (with or without "Flax") -> the Flax pipeline that runs it, for the SD
+# family (config/families.py). An inpainting model's pipeline (runwayml/stable-diffusion-inpainting) holds the
+# same components: the runner reads its modules and runs its own program (engine/modes/inpaint.py).
 PIPELINES = {"StableDiffusionPipeline": "FlaxStableDiffusionPipeline",
              "StableDiffusionInpaintPipeline": "FlaxStableDiffusionPipeline",
              "StableDiffusionXLPipeline": "FlaxStableDiffusionXLPipeline",
@@ -64,6 +66,7 @@ class LoadedModel:
     path: str
     formats: dict[str, str] = field(default_factory=dict)  # component -> "flax", "safetensors", "pickle", "single_file"
     variant_components: tuple[str, ...] = ()  # components whose weights came from model.variant's files
+    family: str = "sd"  # its family (config/families.py): how the engine runs it (engine/families.py)
 
     @property
     def native_size(self) -> int:
@@ -98,13 +101,10 @@ def to_host(tree, dtype: np.dtype):
 
 
 def pipeline_class(directory: Path, index: dict):
+    """The Flax pipeline class that runs an SD-family folder (config/families.py checked the name)."""
     import diffusers
 
-    name = index["_class_name"].removeprefix("Flax")
-    if name not in PIPELINES:
-        raise UserError(sources.KEY, f"{directory} holds a {name}, which this runner does not run",
-                        ", ".join(PIPELINES))
-    return getattr(diffusers, PIPELINES[name])
+    return getattr(diffusers, PIPELINES[index["_class_name"].removeprefix("Flax")])
 
 
 def component_kinds() -> tuple[type, ...]:
@@ -229,7 +229,7 @@ def load_from_checkpoint(folder: Path, name: str, library: str, cls, checkpoint,
 def unloadable(directory: Path, name: str, exc: BaseException) -> UserError:
     """One line for a component folder that cannot be loaded: truncated weights, a config that is
     not JSON, a missing file."""
-    detail = " ".join(str(exc).split())[:200] or type(exc).__name__
+    detail = error_line(exc, 200)
     return UserError(sources.KEY, f"{directory / name}/: cannot be loaded ({type(exc).__name__}: {detail})",
                      "a complete diffusers-format component folder")
 
@@ -247,11 +247,10 @@ def load_component_or_say_why(directory: Path, name: str, library: str, cls, mod
 
 
 def load_model(model: ModelConfig, dtype: DtypeConfig, checkpoint_sha256: Optional[str] = None) -> LoadedModel:
-    """The pipeline (with the model's own scheduler) and its weights as host arrays. ``checkpoint_sha256``:
-    the plan's hash of ``model.checkpoint``; a file replaced since then is refused once its weights are read,
-    so a run is never recorded under the hash of a file it did not read."""
-    import jax.numpy as jnp
-
+    """The pipeline (with the model's own scheduler) and its weights as host arrays, read by its family's
+    loader (:data:`LOADERS`). ``checkpoint_sha256``: the plan's hash of ``model.checkpoint``; a file replaced
+    since then is refused once its weights are read, so a run is never recorded under the hash of a file it
+    did not read."""
     started = time.perf_counter()
     checkpoint = None
     if model.checkpoint:
@@ -263,6 +262,18 @@ def load_model(model: ModelConfig, dtype: DtypeConfig, checkpoint_sha256: Option
                  model.pretrained_model_name_or_path)
     directory = sources.resolve(model, model.allow_pickle)
     index = model_index.read(directory)  # untrusted: checked before anything is imported or loaded
+    family = families.family_of(str(index["_class_name"]), directory)
+    loaded = LOADERS[family.name](directory, index, model, dtype, checkpoint, checkpoint_sha256)
+    loaded.load_s = time.perf_counter() - started
+    return loaded
+
+
+def load_sd(directory: Path, index: dict, model: ModelConfig, dtype: DtypeConfig, checkpoint: Any,
+            checkpoint_sha256: Optional[str]) -> LoadedModel:
+    """An SD 1.x/2.x/XL pipeline folder read component by component; ``checkpoint``: the opened single-file
+    checkpoint whose weights replace the folder's (model.checkpoint), or None."""
+    import jax.numpy as jnp
+
     if checkpoint is not None:
         from sdjax_runner.models import single_file
 
@@ -327,8 +338,14 @@ def load_model(model: ModelConfig, dtype: DtypeConfig, checkpoint_sha256: Option
         pipeline.register_to_config(force_zeros_for_empty_prompt=bool(
             model_index.setting(index, "force_zeros_for_empty_prompt", True)))
     safety = params.pop("safety_checker", None)
-    return LoadedModel(pipeline, params, safety, time.perf_counter() - started, str(directory), formats,
-                       tuple(variant_components))
+    return LoadedModel(pipeline, params, safety, 0.0, str(directory), formats, tuple(variant_components), "sd")
+
+
+# Each family's loader (config/families.py): (folder, its model_index.json, model config, dtype, opened
+# single-file checkpoint or None, its planned hash) -> LoadedModel.
+LOADERS = {"sd": load_sd}
+if tuple(LOADERS) != tuple(families.FAMILIES):
+    raise RuntimeError(f"models/loading loads {tuple(LOADERS)}, config/families.py lists {tuple(families.FAMILIES)}")
 
 
 def _keep_config_readable(unet) -> None:

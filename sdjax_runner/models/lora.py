@@ -19,6 +19,7 @@ how many and which module -- never silently ignored.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import re
 from dataclasses import dataclass
@@ -92,8 +93,7 @@ def read(path: str, params: dict, config_key: str, expected_sha256: Optional[str
     """The adapter at ``path`` matched to ``params`` (host weights); one-line errors for what does not
     fit. The file is read once and hashed from those bytes; ``expected_sha256`` (the plan's) that
     differs means it was replaced since the plan, and what was read is not run under the old hash."""
-    from safetensors import SafetensorError
-    from safetensors.numpy import load
+    from sdjax_runner.tensor_files import UnreadableTensors, tensors_from_bytes
 
     file = Path(path).expanduser()
     missing = not_a_file(file)
@@ -101,8 +101,8 @@ def read(path: str, params: dict, config_key: str, expected_sha256: Optional[str
         raise UserError(config_key, f"{missing}: {file}", "a LoRA .safetensors file")
     try:
         data = file.read_bytes()
-        tensors = load(data)
-    except (SafetensorError, OSError, ValueError) as exc:
+        tensors = tensors_from_bytes(data, file.name)  # bfloat16 adapters too
+    except (UnreadableTensors, OSError, ValueError) as exc:
         raise UserError(config_key, f"{file} is not a readable safetensors file ({exc})") from None
     sha256 = hashlib.sha256(data).hexdigest()
     if expected_sha256 is not None and sha256 != expected_sha256:
@@ -208,23 +208,17 @@ def _merge_tree(kernels_: dict, factors: dict, scales: dict):
     return {key: merge(kernels_[key], factors[key], scales[key]) for key in kernels_}
 
 
-_jitted: Any = None
-_pmapped: Any = None
+@functools.cache
+def _merge_program(pmapped: bool) -> Any:
+    """The merge as one program, made once per process: jitted, or pmapped over placed (device-axis) weights."""
+    import jax
+
+    return jax.pmap(_merge_tree, in_axes=(0, 0, None)) if pmapped else jax.jit(_merge_tree)
 
 
 def _merge_jitted(kernels_, factors, scales):
-    global _jitted
-    import jax
-
-    if _jitted is None:
-        _jitted = jax.jit(_merge_tree)
-    return _jitted(kernels_, factors, scales)
+    return _merge_program(False)(kernels_, factors, scales)
 
 
 def _merge_pmapped(kernels_, factors, scales):
-    global _pmapped
-    import jax
-
-    if _pmapped is None:
-        _pmapped = jax.pmap(_merge_tree, in_axes=(0, 0, None))
-    return _pmapped(kernels_, factors, scales)
+    return _merge_program(True)(kernels_, factors, scales)

@@ -234,20 +234,20 @@ def renamed(key: str, layers_per_block: int, vae_levels: int) -> Optional[tuple[
 
 def component_tensors(checkpoint: Checkpoint, component: str) -> Iterator[tuple[str, Callable[[], np.ndarray]]]:
     """(diffusers PyTorch name, loader) of every tensor of ``component``, read lazily from the file."""
-    from safetensors import safe_open
+    from sdjax_runner.tensor_files import read_safetensors
 
-    with safe_open(str(checkpoint.path), framework="numpy") as tensors:
-        for key in checkpoint.keys:
-            found = renamed(key, checkpoint.layers_per_block, checkpoint.vae_levels)
-            if found is None or found[0] != component:
-                continue
-            for name, transform in found[1]:
-                yield name, _loader(tensors, key, transform)
+    tensors = read_safetensors(checkpoint.path)  # memory-mapped; bfloat16 checkpoints too
+    for key in checkpoint.keys:
+        found = renamed(key, checkpoint.layers_per_block, checkpoint.vae_levels)
+        if found is None or found[0] != component:
+            continue
+        for name, transform in found[1]:
+            yield name, _loader(tensors, key, transform)
 
 
 def _loader(tensors: Any, key: str, transform: Callable[[np.ndarray], np.ndarray]) -> Callable[[], np.ndarray]:
-    """Reads ``key`` from the open file and transforms it, when called."""
-    return lambda: transform(tensors.get_tensor(key))
+    """Reads ``key`` from the mapped file (a copy in memory) and transforms it, when called."""
+    return lambda: transform(np.array(tensors[key]))
 
 
 def unrecognised(checkpoint: Checkpoint) -> list[str]:

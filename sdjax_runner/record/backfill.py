@@ -10,6 +10,7 @@ from typing import Optional
 
 from sdjax_runner.record import rundir
 from sdjax_runner.record.tracking import MlflowTracker, numeric_metrics
+from sdjax_runner.records import RunTimings
 
 
 def run_dirs(path: Path) -> list[Path]:
@@ -40,7 +41,7 @@ def finish_dead_run(run_dir: Path, status: dict, by: str = "python -m sdjax_runn
     """A run left RUNNING by a process that died (SIGKILL, out of memory, power): images.json rebuilt
     from its PNGs, status.json KILLED. Returns what was kept."""
     records, unreadable = rundir.records_from_pngs(run_dir)
-    rundir.write_json(run_dir / rundir.IMAGES, records)
+    rundir.write_image_records(run_dir, records)
     error = (f"the process ({status.get('host')}, pid {status.get('pid')}) ended without finishing the run "
              f"(killed, out of memory or power lost); finished by {by}")
     status.update(status="KILLED", error=error)
@@ -77,7 +78,8 @@ def sync_run(run_dir: Path, uri: Optional[str], assume_gone: bool = False, by: s
     else:
         tracker.start(intended["run_name"], intended["params"], intended["tags"])
     timings_file = run_dir / rundir.TIMINGS
-    metrics = numeric_metrics(rundir.read_json(timings_file)) if timings_file.exists() else {}
+    timings = RunTimings.from_json(rundir.read_json(timings_file)) if timings_file.exists() else RunTimings()
+    metrics = numeric_metrics(timings.to_json())
     tracker.log_outputs(run_dir, metrics)
     tracker.end(status["status"], status.get("error"))
     status.update(logged=True, run_id=tracker.run_id, tracking=tracker.description)

@@ -17,6 +17,7 @@ from omegaconf import OmegaConf
 
 from sdjax_runner.config.naming import SHORT_KEYS
 from sdjax_runner.config.overrides import recorded_resolver_calls
+from sdjax_runner.console import one_line
 from sdjax_runner.files import read_yaml
 from sdjax_runner.record import rundir
 
@@ -96,8 +97,8 @@ def summary(run_dir: Path, config: Optional[dict[str, str]] = None) -> dict[str,
         "status": shown_status(status),
         "started": status.get("started_at") or "",
         "run_id": status.get("run_id") or "",
-        **{key: config.get(key, "") for key in KEY_PARAMS},
-        "sampler": sampler_label(config),
+        # the sampler as the listing shows it: what ran, as A1111 spells it
+        **{key: sampler_label(config) if key == "sampler" else config.get(key, "") for key in KEY_PARAMS},
         **{key: numbers.get(key, "") for key in HEADLINE},
         "damaged": damaged,
     }
@@ -124,7 +125,7 @@ def sampler_label(config: dict[str, str]) -> str:
 
 
 def _recorded_numbers(run_dir: Path) -> dict[str, Any]:
-    return {**rundir.read_json_or_empty(run_dir / rundir.TIMINGS), **rundir.read_json_or_empty(run_dir / rundir.QUALITY)}
+    return {**rundir.read_timings(run_dir).to_json(), **rundir.read_quality(run_dir).to_json()}
 
 
 def numbers(run_dir: Path) -> dict[str, float]:
@@ -142,7 +143,7 @@ def config_diff(a: Path, b: Path) -> tuple[list[tuple[str, str, str]], list[str]
         try:
             flats.append(_flatten(read_config(run)))
         except CONFIG_ERRORS as exc:
-            reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else " ".join(str(exc).split())[:120]
+            reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else one_line(exc, 120)
             problems.append(f"{label}'s {rundir.CONFIG} cannot be read ({type(exc).__name__}: {reason})")
     if problems:
         return [], problems

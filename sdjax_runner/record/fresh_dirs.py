@@ -18,8 +18,10 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf, read_write
 
+from sdjax_runner import process
 from sdjax_runner.config.overrides import literal
 from sdjax_runner.config.start_checks import given
+from sdjax_runner.console import one_line
 from sdjax_runner.errors import Refused
 from sdjax_runner.record import rundir
 
@@ -45,11 +47,6 @@ def refuse_reused(directory: Path, marks: tuple[str, ...], key: str) -> None:
                       "(allowed: a new or empty directory; leave it unset for a fresh one)")
 
 
-# The directories this process created by claiming them, with the parents it created for them (a
-# sweep refused later gives them back).
-_claimed: dict[Path, list[Path]] = {}
-
-
 def claim(directory: Path) -> Path:
     """``directory``, or ``directory_2``, ``_3``, ...: the first that this process creates itself."""
     candidate, number = directory, 1
@@ -57,7 +54,7 @@ def claim(directory: Path) -> Path:
     while True:
         try:
             candidate.mkdir(parents=True)
-            _claimed[candidate] = new_parents
+            process.current().claimed_dirs[candidate] = new_parents  # a command refused later gives them back
             return candidate
         except FileExistsError:
             number += 1
@@ -66,9 +63,10 @@ def claim(directory: Path) -> Path:
 
 def release(directory: Path) -> None:
     """A claimed directory left empty by a command refused after the claim: removed again."""
-    if directory not in _claimed:
+    claimed = process.current().claimed_dirs
+    if directory not in claimed:
         return
-    for path in [directory, *_claimed.pop(directory)]:  # nearest first
+    for path in [directory, *claimed.pop(directory)]:  # nearest first
         try:
             path.rmdir()  # only if empty
         except OSError:
@@ -101,7 +99,7 @@ def fresh(config: DictConfig, key: str, marks: tuple[str, ...]) -> None:
     if given(config, key):
         refuse_reused(directory, marks, key)
         if not directory.exists():  # Hydra makes it: a refusal before the run starts may give it back
-            _claimed[directory] = [p for p in directory.parents if not p.exists()]
+            process.current().claimed_dirs[directory] = [p for p in directory.parents if not p.exists()]
         return
     claimed = claim(directory)
     if claimed != directory:  # as if given on the command line: a sweep's jobs compose their dirs from it
@@ -130,6 +128,6 @@ class FreshDirectories(Callback):
                     resume.prepare(sweep_dir, list(config.hydra.overrides.task))
                 except Exception as exc:  # Hydra would make it a warning and launch into an unprepared directory
                     raise Refused(f"hydra.sweep.dir: {sweep_dir} cannot be resumed: {type(exc).__name__}: "
-                                  f"{' '.join(str(exc).split())[:300]}") from None
+                                  f"{one_line(exc, 300)}") from None
             return
         fresh(config, "hydra.sweep.dir", SWEEP_MARKS)

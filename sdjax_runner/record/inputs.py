@@ -35,8 +35,8 @@ def collect(plan: Plan, model_path: str) -> dict[str, Any]:
         "prompts": list(plan.prompts),
         "model": {"path": str(model_dir), "revision": revision,
                   "weights": {} if revision else weight_files(model_dir)},
-        "lora": [{"path": path, "scale": scale, "sha256": sha256} for path, scale, sha256 in plan.lora],
-        "checkpoint": {"path": plan.checkpoint[0], "sha256": plan.checkpoint[1]} if plan.checkpoint else None,
+        "lora": [{"path": a.path, "scale": a.scale, "sha256": a.sha256} for a in plan.lora],
+        "checkpoint": {"path": plan.checkpoint.path, "sha256": plan.checkpoint.sha256} if plan.checkpoint else None,
         # The mode's images (init_image, mask_image, controlnet.image): path and content hash of each.
         "images": [{"key": image.key, "path": image.path, "sha256": image.sha256} for image in plan.inputs.all()],
     }

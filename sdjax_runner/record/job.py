@@ -14,9 +14,11 @@ from pathlib import Path
 from typing import Any, Optional
 
 from sdjax_runner.config.messages import describe, is_bad_input, stop_reason
+from sdjax_runner.console import one_line
 from sdjax_runner.errors import DISK_ERRORS
 from sdjax_runner.record import rundir
 from sdjax_runner.record.tracking import NullTracker, numeric_metrics
+from sdjax_runner.records import ImageRecord, Quality, RunTimings
 
 log = logging.getLogger("sdjax_runner")
 
@@ -41,8 +43,10 @@ class Job:
                                        "started_at": datetime.datetime.now().astimezone().isoformat(timespec="seconds")}
         if run_name:  # known before the config is checked: a job refused for bad input is listed by its name
             self.status["run_name"] = run_name
-        self.progress: dict[str, Any] = {}  # timings so far, kept if the job stops early
-        self.records: list[dict] = []  # the images written so far
+        self.progress: dict[str, Any] = {}  # timings so far (timings.json's keys), kept if the job stops early
+        # The images written so far: ImageRecords (typed ``list`` until runner.py's warn_non_finite, which still
+        # annotates them list[dict] and reads record["non_finite"], reads them as ImageRecords).
+        self.records: list[ImageRecord] = []
 
     def write_status(self, **fields: Any) -> None:
         self.status.update(fields, tracking=self.tracker.description, run_id=self.tracker.run_id)
@@ -65,7 +69,7 @@ class Job:
             self.tracker_error = describe(exc) or f"{type(exc).__name__}: {exc}"
             log.warning("tracking failed, the run goes on and keeps everything in %s (log it later: "
                         "python -m sdjax_runner sync %s): %s", self.run_dir, self.run_dir,
-                        " ".join(self.tracker_error.split())[:800])
+                        one_line(self.tracker_error, 800))
 
     def start_tracker(self, tracker, run_name: str, params: dict[str, str], tags: dict[str, str]) -> None:
         self.tracker = tracker
@@ -75,12 +79,12 @@ class Job:
         self.tracked(lambda: tracker.start(run_name, params, tags))
         self.write_status()
 
-    def finish(self, timings: dict[str, Any], quality: dict[str, Any]) -> None:
+    def finish(self, timings: RunTimings, quality: Quality) -> None:
         """The complete timings and quality metrics to disk, then the run's outputs to the tracker."""
-        rundir.write_json(self.run_dir / rundir.QUALITY, quality)
-        rundir.write_json(self.run_dir / rundir.TIMINGS, timings)
+        rundir.write_json(self.run_dir / rundir.QUALITY, quality.to_json())
+        rundir.write_json(self.run_dir / rundir.TIMINGS, timings.to_json())
         self.progress.clear()  # complete: nothing partial to keep any more
-        metrics = numeric_metrics(dict(timings, **quality))
+        metrics = numeric_metrics({**timings.to_json(), **quality.to_json()})
         self.tracked(lambda: self.tracker.log_outputs(self.run_dir, metrics))
 
     def keep_partial(self) -> None:
@@ -88,10 +92,11 @@ class Job:
         records of the images it wrote, on disk and then to the tracker."""
         if not self.writes or not self.progress:
             return
-        partial = dict(self.progress, partial=1)
-        rundir.write_json(self.run_dir / rundir.TIMINGS, partial)
-        rundir.write_json(self.run_dir / rundir.IMAGES, self.records)
-        self.tracked(lambda: self.tracker.log_outputs(self.run_dir, numeric_metrics(partial)))
+        timings = RunTimings.from_json(self.progress)
+        timings.partial = 1
+        rundir.write_json(self.run_dir / rundir.TIMINGS, timings.to_json())
+        rundir.write_image_records(self.run_dir, self.records)
+        self.tracked(lambda: self.tracker.log_outputs(self.run_dir, numeric_metrics(timings.to_json())))
 
     def end_tracker(self, status: str, error: Optional[str] = None) -> None:
         self.tracked(lambda: self.tracker.end(status, error))

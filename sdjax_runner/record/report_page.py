@@ -125,9 +125,9 @@ def thumbnail(job_dir: Path, image: int) -> Thumbnail:
         records = rundir.image_records(job_dir)
     except rundir.DamagedRecord:  # absent or damaged: the grid, if there is one
         records = []
-    wanted = [r.get("file") for r in records if r.get("index") == image]
+    wanted = [r.file for r in records if r.index == image]
     out = Thumbnail()
-    for name in dict.fromkeys([*wanted, *[r.get("file") for r in records[:1]], rundir.GRID]):
+    for name in dict.fromkeys([*wanted, *[r.file for r in records[:1]], rundir.GRID]):
         path = job_dir / str(name)
         if not name or not path.is_file() or not path.resolve().is_relative_to(job_dir.resolve()):
             continue  # a record's file outside its run directory is not shown
@@ -149,7 +149,7 @@ def jpeg_data_uri(path: Path) -> str:
         buffer = io.BytesIO()
         picture.save(buffer, "JPEG", quality=85)
     except Exception as exc:  # a mode or palette Pillow decodes but cannot convert: a cell it cannot show
-        raise BadImage(f"cannot be shown ({' '.join(str(exc).split())[:120]})", "an RGB or grayscale image") from None
+        raise BadImage(f"cannot be shown ({console.one_line(exc, 120)})", "an RGB or grayscale image") from None
     return "data:image/jpeg;base64," + base64.b64encode(buffer.getvalue()).decode("ascii")
 
 

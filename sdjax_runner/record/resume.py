@@ -27,6 +27,7 @@ from typing import Any, Optional
 
 from omegaconf import DictConfig, OmegaConf
 
+from sdjax_runner.console import one_line
 from sdjax_runner.errors import Refused
 from sdjax_runner.record import rundir
 
@@ -95,7 +96,7 @@ def finish_and_log(job_dir: Path) -> None:
         sync_run(job_dir, None, by="python -m sdjax_runner resume")
     except Exception as exc:
         log.warning("resume: job %s could not be synced to the tracker (%s); it stays on disk", job_dir.name,
-                    " ".join(str(exc).split())[:200])
+                    one_line(exc, 200))
 
 
 def aside(sweep_dir: Path, job_dir: Path) -> Path:

@@ -15,12 +15,16 @@
     rerun.json              (a re-run only) whether its images match the recorded run's, bit for bit
     .hydra/                 the resolved config and the overrides (Hydra writes it)
 
+images.json, timings.json and quality.json are written and read as the typed records of
+:mod:`sdjax_runner.records` (ImageRecord, RunTimings, Quality), whose fields are their keys.
+
 A sweep directory holds one run directory per job (``0/``, ``1/``, ...) and sweep.json,
 summary.csv, summary.json, contact_sheet.png, report.html and (with quality metrics) report.png.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import math
 import time
@@ -32,11 +36,13 @@ from PIL import Image
 from PIL.PngImagePlugin import PngInfo
 
 from sdjax_runner.config.prompt_syntax import escape
+from sdjax_runner.console import one_line
 from sdjax_runner.errors import UserError
 from sdjax_runner.files import UnreadableRecord, read_config_record, read_json, write_json
+from sdjax_runner.records import ImageRecord, Quality, RunTimings
 
 if TYPE_CHECKING:
-    from sdjax_runner.config.plan import Plan
+    from sdjax_runner.config.plan import LoraEntry, Plan
 
 IMAGES_DIR = "images"
 GRID = "grid.png"
@@ -94,14 +100,14 @@ def recorded_config(run_dir: Path) -> Any:
     return config
 
 
-def image_records(run_dir: Path) -> list[dict[str, Any]]:
+def image_records(run_dir: Path) -> list[ImageRecord]:
     """A run's image records (its images.json), each ``file`` checked to be a file name inside the run
     directory: :class:`DamagedRecord` naming images.json otherwise (a record handed over may name
     ``../../etc/passwd``; nothing outside a run directory is read for it)."""
-    records = read_record(run_dir / IMAGES, list)
+    records = [ImageRecord.from_json(record) for record in read_record(run_dir / IMAGES, list)]
     top = run_dir.resolve()
     for record in records:
-        name = record.get("file")
+        name = record.file
         if name is None:
             continue
         if not isinstance(name, str) or not name or Path(name).is_absolute() \
@@ -124,47 +130,48 @@ def pixel_hash(array) -> str:
     return hashlib.sha256(np.ascontiguousarray(array, dtype=np.uint8).tobytes()).hexdigest()
 
 
-def one_line(text: str) -> str:
+def _flat(text: str) -> str:
+    """``text`` with each line break a space and all else kept: unlike :func:`sdjax_runner.console.one_line`
+    a prompt's own spaces stay as they are and nothing is cut -- the parameters carry the prompt itself."""
     return " ".join(str(text).splitlines())
 
 
-def a1111_parameters(meta: dict[str, Any]) -> str:
+def a1111_parameters(meta: ImageRecord) -> str:
     """The ``parameters`` text AUTOMATIC1111's web UI writes, which many image tools parse: the
     prompt, a ``Negative prompt:`` line, and a last line of settings. Line breaks inside the
     prompts become spaces here (the ``prompt`` chunk keeps them), so a prompt cannot add lines
     that a reader would take for a negative prompt or settings. A prompt read as plain text here
     (prompts.syntax=plain) has its brackets escaped, so that A1111 reads the same text, not emphasis."""
     def text(prompt: str) -> str:
-        return one_line(prompt) if meta.get("prompt_syntax") == "a1111" else escape(one_line(prompt))
+        return _flat(prompt) if meta.prompt_syntax == "a1111" else escape(_flat(prompt))
 
-    lines = [text(meta["prompt"])]
-    if meta.get("negative_prompt"):
-        lines.append(f"Negative prompt: {text(meta['negative_prompt'])}")
+    lines = [text(str(meta.prompt))]
+    if meta.negative_prompt:
+        lines.append(f"Negative prompt: {text(meta.negative_prompt)}")
     lines.append(
-        f"Steps: {meta['steps']}, Sampler: {meta['sampler']}, "
-        + (f"Schedule type: {meta['schedule_type']}, " if meta.get("schedule_type") else "")
-        + (f"UniPC variant: {meta['unipc_variant']}, " if meta.get("unipc_variant") else "")
-        + f"CFG scale: {meta['guidance_scale']}, "
-        f"Seed: {meta['seed']}, Size: {meta['width']}x{meta['height']}, Model: {meta['model']}, "
-        f"Dtype: {meta['dtype']}, Batch: {meta['batch']}, Device: {meta['device']}"
-        + (f", {'Eta DDIM' if meta['sampler'] == 'ddim' else 'Eta'}: {meta['eta']}" if meta.get("eta") is not None
-           else "")
-        + (f", Clip skip: {meta['clip_skip']}" if meta.get("clip_skip") else "")
-        + (f", Denoising strength: {meta['strength']}" if meta.get("strength") is not None else "")
-        + (f", Mask: {meta['mask_image']}" if meta.get("mask_image") else "")
-        + (f", ControlNet: {meta['controlnet']}, Control weight: {meta['conditioning_scale']}"
-           if meta.get("controlnet") else "")
-        + (f", Lora: {meta['lora']}" if meta.get("lora") else "")
-        + (f", Checkpoint: {meta['checkpoint']}" if meta.get("checkpoint") else "")
+        f"Steps: {meta.steps}, Sampler: {meta.sampler}, "
+        + (f"Schedule type: {meta.schedule_type}, " if meta.schedule_type else "")
+        + (f"UniPC variant: {meta.unipc_variant}, " if meta.unipc_variant else "")
+        + f"CFG scale: {meta.guidance_scale}, "
+        f"Seed: {meta.seed}, Size: {meta.width}x{meta.height}, Model: {meta.model}, "
+        f"Dtype: {meta.dtype}, Batch: {meta.batch}, Device: {meta.device}"
+        + (f", {'Eta DDIM' if meta.sampler == 'ddim' else 'Eta'}: {meta.eta}" if meta.eta is not None else "")
+        + (f", Clip skip: {meta.clip_skip}" if meta.clip_skip else "")
+        + (f", Denoising strength: {meta.strength}" if meta.strength is not None else "")
+        + (f", Mask: {meta.mask_image}" if meta.mask_image else "")
+        + (f", ControlNet: {meta.controlnet}, Control weight: {meta.conditioning_scale}" if meta.controlnet else "")
+        + (f", Lora: {meta.lora}" if meta.lora else "")
+        + (f", Checkpoint: {meta.checkpoint}" if meta.checkpoint else "")
     )
     return "\n".join(lines)
 
 
-def save_png(image: Image.Image, path: Path, meta: dict[str, Any]) -> None:
+def save_png(image: Image.Image, path: Path, record: ImageRecord) -> None:
+    """``image`` as a PNG whose text chunks are its record (and A1111's ``parameters``)."""
     info = PngInfo()
-    for key, value in meta.items():
+    for key, value in record.to_json().items():
         info.add_itxt(key, "" if value is None else str(value))
-    info.add_itxt("parameters", a1111_parameters(meta))
+    info.add_itxt("parameters", a1111_parameters(record))
     save_whole(image, path, pnginfo=info)
 
 
@@ -177,32 +184,17 @@ def save_whole(image: Image.Image, path: Path, **options: Any) -> None:
         raise
 
 
-# PNG text chunks that are numbers in images.json (everything else is text; "" is None for these).
-_INT_CHUNKS = ("index", "batch", "device", "seed", "steps", "height", "width", "clip_skip")
-_FLOAT_CHUNKS = ("guidance_scale", "eta", "strength", "conditioning_scale")
-_BOOL_CHUNKS = ("non_finite",)
-
-
-def read_png_record(path: Path, run_dir: Path) -> dict[str, Any]:
+def read_png_record(path: Path, run_dir: Path) -> ImageRecord:
     """An image's images.json record, read back from its PNG text chunks (what save_png wrote)."""
     with Image.open(path) as image:
         chunks = dict(image.text)  # type: ignore[attr-defined]  # a PNG: PIL types Image.open as ImageFile
     chunks.pop("parameters", None)
-    record: dict[str, Any] = {}
-    for key, value in chunks.items():
-        if key in _INT_CHUNKS:
-            record[key] = int(value)
-        elif key in _FLOAT_CHUNKS:
-            record[key] = float(value)
-        elif key in _BOOL_CHUNKS:
-            record[key] = value == "True"
-        else:
-            record[key] = value if value != "" or key != "negative_prompt" else None
-    record["file"] = path.relative_to(run_dir).as_posix()
+    record = ImageRecord.from_text(chunks)
+    record.file = path.relative_to(run_dir).as_posix()
     return record
 
 
-def records_from_pngs(run_dir: Path) -> tuple[list[dict[str, Any]], list[str]]:
+def records_from_pngs(run_dir: Path) -> tuple[list[ImageRecord], list[str]]:
     """images.json rebuilt from the PNGs a run wrote (a run whose process died before writing it),
     and the PNGs that could not be read (one cut short by the kill)."""
     records, unreadable = [], []
@@ -212,7 +204,7 @@ def records_from_pngs(run_dir: Path) -> tuple[list[dict[str, Any]], list[str]]:
             records.append(read_png_record(png, run_dir))
         except (OSError, ValueError, SyntaxError):
             unreadable.append(png.relative_to(run_dir).as_posix())
-    return sorted(records, key=lambda r: r.get("index", 0)), unreadable
+    return sorted(records, key=lambda r: 0 if r.index is None else r.index), unreadable
 
 
 def grid_shape(count: int, rows: Optional[int] = None, cols: Optional[int] = None) -> tuple[int, int]:
@@ -265,7 +257,7 @@ def read_record(path: Path, kind: type = dict) -> Any:
     except UnreadableRecord as exc:
         raise DamagedRecord(path, str(exc), _KINDS[kind]) from None
     except (OSError, UnicodeDecodeError, ValueError) as exc:
-        detail = " ".join(str(exc).split())[:120]
+        detail = one_line(exc, 120)
         raise DamagedRecord(path, f"cannot be read as JSON, damaged or cut short ({type(exc).__name__}: {detail})",
                             _KINDS[kind]) from None
     if not isinstance(value, kind) or (isinstance(value, list) and kind is list
@@ -285,42 +277,60 @@ def read_json_or_empty(path: Path) -> dict[str, Any]:
         return {}
 
 
-def image_meta(plan: Plan, height: int, width: int) -> dict[str, Any]:
-    """What every image of the run shares, for its PNG text chunks and images.json."""
-    return {
-        "negative_prompt": plan.negative,
-        "seed": plan.seed,
-        "steps": plan.num_inference_steps,
-        "guidance_scale": plan.guidance_scale,
+def write_image_records(run_dir: Path, records: list[ImageRecord]) -> None:
+    """A run's images.json."""
+    write_json(run_dir / IMAGES, [record.to_json() for record in records])
+
+
+def read_timings(run_dir: Path) -> RunTimings:
+    """A run's timings.json; empty where it is absent or damaged (as :func:`read_json_or_empty`)."""
+    return RunTimings.from_json(read_json_or_empty(run_dir / TIMINGS))
+
+
+def read_quality(run_dir: Path) -> Quality:
+    """A run's quality.json; empty where it is absent or damaged (as :func:`read_json_or_empty`)."""
+    return Quality.from_json(read_json_or_empty(run_dir / QUALITY))
+
+
+def image_meta(plan: Plan, height: int, width: int) -> ImageRecord:
+    """What every image of the run shares, for its PNG text chunks and images.json: a record without the
+    image's own fields (write_images adds them). A field that does not apply is None, and left out."""
+    a1111_name, schedule_type = plan.sampling.a1111
+    return ImageRecord(
+        negative_prompt=plan.negative,
+        seed=plan.seed,
+        steps=plan.num_inference_steps,
+        guidance_scale=plan.guidance_scale,
         # A diffusers scheduler's name; with a k sampler its sigma schedule (ComfyUI's "scheduler")
-        "scheduler": plan.scheduler.name if plan.sampling.sampler == "scheduler" else plan.sampling.sigmas,
-        "sampler": plan.sampling.a1111[0],
-        **({"schedule_type": plan.sampling.a1111[1]} if plan.sampling.a1111[1] else {}),
-        **({"unipc_variant": plan.sampling.a1111_settings["UniPC variant"]} if plan.sampling.a1111_settings else {}),
-        **({"eta": plan.sampling.eta} if plan.sampling.eta is not None else {}),
-        **({"clip_skip": plan.clip_skip} if plan.clip_skip > 1 else {}),
-        **({"prompt_syntax": plan.syntax} if plan.syntax != "plain" else {}),
-        "mode": plan.generation,
-        **({"strength": plan.strength} if plan.strength is not None else {}),
-        **({"controlnet": plan.controlnet, "conditioning_scale": plan.conditioning_scale} if plan.controlnet else {}),
-        "model": plan.model.name,
-        "model_path": str(plan.model.pretrained_model_name_or_path),
-        "dtype": plan.dtype.weights_dtype.name,
-        "height": height,
-        "width": width,
-        **({"lora": lora_label(plan.lora)} if plan.lora else {}),
-        **({"checkpoint": f"{Path(plan.checkpoint[0]).name}:sha256={plan.checkpoint[1][:12]}"}
-           if plan.checkpoint else {}),
-    }
+        scheduler=plan.scheduler.name if plan.sampling.sampler == "scheduler" else plan.sampling.sigmas,
+        sampler=a1111_name,
+        schedule_type=schedule_type or None,
+        unipc_variant=plan.sampling.a1111_settings["UniPC variant"] if plan.sampling.a1111_settings else None,
+        eta=plan.sampling.eta,
+        clip_skip=plan.clip_skip if plan.clip_skip > 1 else None,
+        prompt_syntax=plan.syntax if plan.syntax != "plain" else None,
+        mode=plan.generation,
+        strength=plan.strength,
+        controlnet=plan.controlnet or None,
+        conditioning_scale=plan.conditioning_scale if plan.controlnet else None,
+        model=plan.model.name,
+        model_path=str(plan.model.pretrained_model_name_or_path),
+        dtype=plan.dtype.weights_dtype.name,
+        height=height,
+        width=width,
+        lora=lora_label(plan.lora) if plan.lora else None,
+        checkpoint=(f"{Path(plan.checkpoint.path).name}:sha256={plan.checkpoint.sha256[:12]}"
+                    if plan.checkpoint else None),
+    )
 
 
-def lora_label(adapters: tuple) -> str:
+def lora_label(adapters: tuple[LoraEntry, ...]) -> str:
     """``style.safetensors:0.8:sha256=ab12cd34ef56; ...``: each adapter, its scale and content hash."""
-    return "; ".join(f"{Path(path).name}:{scale:g}:sha256={sha[:12]}" for path, scale, sha in adapters)
+    return "; ".join(f"{Path(a.path).name}:{a.scale:g}:sha256={a.sha256[:12]}" for a in adapters)
 
 
-def write_images(run_dir: Path, plan: Plan, batches: Iterator, meta: dict[str, Any],
-                 records: list[dict], non_finite: Collection[int] = ()) -> tuple[list, float]:
+def write_images(run_dir: Path, plan: Plan, batches: Iterator, meta: ImageRecord,
+                 records: list[ImageRecord], non_finite: Collection[int] = ()) -> tuple[list, float]:
     """Each batch's kept images to images/ as it arrives, their records appended to ``records``
     (so an interruption keeps what was made, and says what it was); (images, seconds spent).
     ``non_finite``: the indices of images with NaN or infinite pixels, known when their batch arrives."""
@@ -334,27 +344,29 @@ def write_images(run_dir: Path, plan: Plan, batches: Iterator, meta: dict[str, A
             if not slot.kept:
                 continue
             image = Image.fromarray(array)
-            record = dict(meta, index=slot.index, batch=slot.batch, device=slot.device, prompt=slot.prompt,
-                          **input_files(plan, slot.prompt_index), file=image_file(slot.index, plan.seed),
-                          pixels_sha256=pixel_hash(array), non_finite=slot.index in non_finite)
+            init, mask, control = input_files(plan, slot.prompt_index)
+            file = image_file(slot.index, plan.seed)
+            record = dataclasses.replace(
+                meta, index=slot.index, batch=slot.batch, device=slot.device, prompt=slot.prompt, init_image=init,
+                mask_image=mask, control_image=control, file=file, pixels_sha256=pixel_hash(array),
+                non_finite=slot.index in non_finite, extra=dict(meta.extra))
             if plan.output.save_images:
-                save_png(image, run_dir / record["file"], record)
+                save_png(image, run_dir / file, record)
             records.append(record)
             images.append(image)
         write_s += time.perf_counter() - started
     return images, write_s
 
 
-def input_files(plan: Plan, prompt_index: int) -> dict[str, str]:
-    """The mode's input images an image was made from (its prompt's pair): init_image, mask_image, control_image."""
+def input_files(plan: Plan, prompt_index: int) -> tuple[Optional[str], Optional[str], Optional[str]]:
+    """The file names of the mode's input images an image was made from (its prompt's pair): its init image,
+    mask and control image, each None where the mode has none."""
     from sdjax_runner.config.input_images import paired
 
-    out = {}
-    for key, images in (("init_image", plan.inputs.init), ("mask_image", plan.inputs.mask),
-                        ("control_image", plan.inputs.control)):
-        if images:
-            out[key] = Path(paired(images, prompt_index).path).name
-    return out
+    def name(images) -> Optional[str]:
+        return Path(paired(images, prompt_index).path).name if images else None
+
+    return name(plan.inputs.init), name(plan.inputs.mask), name(plan.inputs.control)
 
 
 def input_panels(plan: Plan, height: int, width: int) -> list[Image.Image]:
@@ -382,10 +394,10 @@ def with_inputs(grid: Image.Image, panels: list[Image.Image], rows: int) -> Imag
     return out
 
 
-def write_run_files(run_dir: Path, plan: Plan, records: list[dict], images: list) -> float:
+def write_run_files(run_dir: Path, plan: Plan, records: list[ImageRecord], images: list) -> float:
     """images.json and grid.png (the mode's input images in its left columns); returns the seconds it took."""
     started = time.perf_counter()
-    write_json(run_dir / IMAGES, records)
+    write_image_records(run_dir, records)
     if plan.output.grid:
         rows, cols = grid_shape(len(images), plan.output.grid_rows, plan.output.grid_cols)
         panels = input_panels(plan, images[0].height, images[0].width) if images else []

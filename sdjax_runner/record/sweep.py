@@ -22,9 +22,12 @@ from typing import Any, Optional
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
+from sdjax_runner import process
 from sdjax_runner.config.naming import override_value
 from sdjax_runner.config.report_axes import axis_value
+from sdjax_runner.console import one_line
 from sdjax_runner.record import resume, rundir
+from sdjax_runner.records import Quality
 
 log = logging.getLogger("sdjax_runner")
 
@@ -40,10 +43,6 @@ MAX_CELL_HEIGHT = 4 * CELL  # a grid of 4 x 16 images; a 1 x 200000 grid.png doe
 MAX_STATUS_CHARS, MAX_ERROR_CHARS = 40, 2000
 RUN_ID = re.compile(r"[0-9A-Za-z_-]{1,64}")
 
-# What the last sweep in this process ended with; cli.main turns failures into exit code 1.
-last_result: dict[str, Any] = {}
-# The parent run of a sweep under way, so an interrupt can end it (Hydra skips on_multirun_end).
-_open_parent: list[Any] = []
 
 
 def swept_keys(task_overrides: list[str]) -> list[str]:
@@ -109,8 +108,7 @@ def collect_jobs(sweep_dir: Path, keys: list[str]) -> list[dict[str, Any]]:
         overrides = rundir.job_overrides(job_dir) or []  # its .hydra/ removed or damaged: listed without its values
         # A record that is absent or damaged (a job killed early, a disk that filled up) is left blank.
         status = rundir.read_json_or_empty(job_dir / rundir.STATUS)
-        timings = rundir.read_json_or_empty(job_dir / rundir.TIMINGS)
-        quality = rundir.read_json_or_empty(job_dir / rundir.QUALITY)
+        timings, quality = rundir.read_timings(job_dir).to_json(), rundir.read_quality(job_dir).to_json()
         values = override_values(overrides)
         row = {"job": int(job_dir.name), "label": job_label(overrides, keys), **status_fields(status),
                "dir": str(job_dir)}
@@ -200,7 +198,7 @@ def sheet_cell(grid: Path):
     try:
         return picture.convert("RGB").resize(size)
     except Exception as exc:  # a mode Pillow decodes but cannot convert
-        raise BadImage(f"cannot be shown ({' '.join(str(exc).split())[:120]})", "an RGB or grayscale image") from None
+        raise BadImage(f"cannot be shown ({one_line(exc, 120)})", "an RGB or grayscale image") from None
 
 
 def write_summary(sweep_dir: Path, rows: list[dict[str, Any]], keys: list[str],
@@ -234,7 +232,7 @@ def drawn(path: Path, draw: Callable[[Path], Any]) -> None:
         draw(path)
     except Exception as exc:
         path.unlink(missing_ok=True)  # nothing half-drawn left behind
-        log.warning("sweep: %s was not drawn (%s: %s)", path.name, type(exc).__name__, " ".join(str(exc).split())[:200])
+        log.warning("sweep: %s was not drawn (%s: %s)", path.name, type(exc).__name__, one_line(exc, 200))
 
 
 class SweepCallback(Callback):
@@ -248,7 +246,7 @@ class SweepCallback(Callback):
         from sdjax_runner.record.provenance import run_tags
         from sdjax_runner.record.tracking import make_tracker
 
-        last_result.clear()
+        process.current().sweep_result.clear()  # what it ends with: failures make the exit status 1
         task = sweep_overrides(config)
         keys = swept_keys(task)
         point = None
@@ -268,7 +266,7 @@ class SweepCallback(Callback):
                 raise Refused(message) from None
             # Not bad input but a failure of the check itself: the sweep starts, each job checks its own values.
             log.warning("sweep: the points were not checked before the start (%s: %s)", type(exc).__name__,
-                        " ".join(str(exc).split())[:200])
+                        one_line(exc, 200))
         sweep_dir = Path(config.hydra.sweep.dir)
         sweep_dir.mkdir(parents=True, exist_ok=True)
         earlier = read_sweep_file(sweep_dir) if resume.resuming(config) else {}
@@ -281,9 +279,9 @@ class SweepCallback(Callback):
                                                               "sweep.keys": " ".join(keys)},
                                    run_tags(task, config.experiment, with_devices=False))
         except Exception as exc:  # the jobs still run and keep everything on disk
-            log.warning("sweep: tracking failed, no parent run (%s)", " ".join(str(exc).split())[:200])
+            log.warning("sweep: tracking failed, no parent run (%s)", one_line(exc, 200))
             self.tracker = None
-        _open_parent[:] = [self.tracker] if self.tracker else []
+        process.current().open_sweep_parent[:] = [self.tracker] if self.tracker else []  # ended on an interrupt
         # Without a tracker now, a resumed sweep keeps its parent's id for sync to finish later.
         parent = self.tracker.run_id if self.tracker else earlier.get("parent_run_id")
         if earlier:
@@ -305,15 +303,15 @@ class SweepCallback(Callback):
         write_summary(sweep_dir, rows, keys, record.get("reference_point"), record.get("report"),
                       record.get("overrides"))  # disk first
         failed = [r for r in rows if r["status"] != "FINISHED"]
-        last_result.update(jobs=len(rows), failed=failed, sweep_dir=str(sweep_dir))
-        _open_parent.clear()
+        process.current().sweep_result.update(jobs=len(rows), failed=failed, sweep_dir=str(sweep_dir))
+        process.current().open_sweep_parent.clear()
         if self.tracker is not None:
             try:
                 log_parent(self.tracker, sweep_dir, rows)
             except Exception as exc:  # everything is on disk; sync logs it later
                 log.warning("sweep: tracking failed for the parent run, the sweep keeps everything in %s (log it "
                             "later: python -m sdjax_runner sync %s): %s", sweep_dir, sweep_dir,
-                            " ".join(str(exc).split())[:200])
+                            one_line(exc, 200))
         log.info("sweep: %d job(s), %d failed; report.html, summary.csv and contact_sheet.png in %s", len(rows),
                  len(failed), sweep_dir)
 
@@ -353,19 +351,19 @@ def compare_with_reference_point(sweep_dir: Path, rows: list[dict[str, Any]], ke
         job_dir, reference_dir = Path(row["dir"]), Path(reference["dir"])
         records = rundir.image_records(job_dir)
         fields = with_reference(job_dir, records, reference_dir, rundir.image_records)
-        fields["reference_label"] = reference["label"]
+        fields.reference_label = reference["label"]
         quality_file = job_dir / rundir.QUALITY
-        quality = dict(rundir.read_json(quality_file) if quality_file.exists() else {}, **fields)
-        rundir.write_json(job_dir / rundir.IMAGES, records)
-        rundir.write_json(quality_file, quality)
+        quality = Quality.from_json(rundir.read_json(quality_file)) if quality_file.exists() else Quality()
+        rundir.write_image_records(job_dir, records)
+        rundir.write_json(quality_file, quality.updated(fields).to_json())
         tracker = make_tracker(config.tracking, config.paths.output_root)
         if row["run_id"] and not isinstance(tracker, NullTracker):
             try:
                 tracker.resume(row["run_id"])
-                tracker.log_quality(job_dir, numeric_metrics(fields))
+                tracker.log_quality(job_dir, numeric_metrics(fields.to_json()))
             except Exception as exc:  # on disk already; the summary and report still have it
                 log.warning("sweep: tracking failed for job %s's comparison: %s", row["label"],
-                            " ".join(str(exc).split())[:200])
+                            one_line(exc, 200))
 
 
 def log_parent(tracker: Any, sweep_dir: Path, rows: list[dict[str, Any]]) -> None:
@@ -379,11 +377,13 @@ def log_parent(tracker: Any, sweep_dir: Path, rows: list[dict[str, Any]]) -> Non
 
 def abort(reason: str, status: str = "KILLED") -> None:
     """End the parent run of a sweep cut short: KILLED when interrupted, FAILED when it broke off."""
-    while _open_parent:
-        _open_parent.pop().end(status, reason)
+    parents = process.current().open_sweep_parent
+    while parents:
+        parents.pop().end(status, reason)
 
 
 def failure_message() -> Optional[str]:
+    last_result = process.current().sweep_result
     if not last_result.get("failed"):
         return None
     failed = last_result["failed"]

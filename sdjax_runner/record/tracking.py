@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from sdjax_runner.config.schema import TrackingConfig
+from sdjax_runner.console import one_line
 from sdjax_runner.record import rundir
 
 # The experiment's kind for MLflow 3's UI (model training, not GenAI): the UI redirects an experiment
@@ -152,7 +153,7 @@ class MlflowTracker:
                     raise RuntimeError(
                         f"the embedded MLflow store {self.db} cannot be opened -- half-created (a first run killed "
                         f"while making it) or damaged; move it aside (mv {self.db} {self.db}.broken) and a new one "
-                        f"is made on the next run ({type(exc).__name__}: {' '.join(str(exc).split())[:160]})") from exc
+                        f"is made on the next run ({type(exc).__name__}: {one_line(exc)})") from exc
                 raise
             self.client = client
 

@@ -9,17 +9,18 @@ inputs, not part of the program, so sweeping strength or the conditioning scale 
 How a sampler uses a Start (engine/samplers): from pure noise it scales ``noise`` to its first noise level;
 given ``image`` it noises the image to the level of step ``step`` and runs from there; given ``keep`` it
 puts the init image back, noised to the current level, wherever ``keep`` is 1 (inpainting with an ordinary
-model). A new mode is a module here and an entry in :data:`MODES`."""
+model). A new mode is a module here, a line in :data:`MODES` and its entry in config/modes.py's ``MODES`` (the
+images and numbers it takes, its checks), which this registry is checked against."""
 
 from __future__ import annotations
 
-from sdjax_runner.config.modes import MODES as NAMES
+from sdjax_runner.config.modes import MODES as ENTRIES
 from sdjax_runner.engine.modes import controlnet, img2img, inpaint, txt2img
 
 MODES = {"txt2img": txt2img.prepare, "img2img": img2img.prepare, "inpaint": inpaint.prepare,
          "controlnet": controlnet.prepare}
+if tuple(MODES) != tuple(ENTRIES):
+    raise RuntimeError(f"engine/modes runs {tuple(MODES)}, config/modes.py lists {tuple(ENTRIES)}")
 # The traced inputs each mode takes: per-image arrays (sharded with the batch) and numbers (replicated).
-PER_IMAGE = {"txt2img": (), "img2img": ("init",), "inpaint": ("init", "mask"), "controlnet": ("control",)}
-NUMBERS = {"txt2img": (), "img2img": ("start",), "inpaint": ("start",), "controlnet": ("control_scale",)}
-if tuple(MODES) != NAMES:
-    raise RuntimeError(f"engine/modes runs {tuple(MODES)}, config/modes.py lists {NAMES}")
+PER_IMAGE = {name: entry.per_image for name, entry in ENTRIES.items()}
+NUMBERS = {name: entry.numbers for name, entry in ENTRIES.items()}

@@ -1,0 +1,76 @@
+"""How the engine runs each model family (config/families.py names them), one :class:`Family` entry each:
+what it checks once a model is loaded, how it reads prompts, the stages of its program -- encode, prepare
+(its modes), denoise (its samplers), decode; engine/program.py assembles them -- and what the engine
+measures of it (the configs a compiled program depends on, the FLOPs of one denoiser call).
+
+A new family (FLUX.1, SD 3.5) is its loader in models/ (``loading.LOADERS``), its stage modules here and one
+entry in :data:`FAMILIES`: the runner and the engine take everything family-specific from the entry
+(docs/architecture.md, "Where a new model family goes")."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from sdjax_runner.config import checks, families, modes
+from sdjax_runner.engine import efficiency
+from sdjax_runner.engine.decode import decode
+from sdjax_runner.engine.encode import Conditioning, encode, with_time_ids
+from sdjax_runner.engine.modes import MODES
+from sdjax_runner.engine.samplers import SAMPLERS
+from sdjax_runner.engine.tokens import PromptTokens
+from sdjax_runner.models.checkpoints import config_dict
+from sdjax_runner.models.loading import LoadedModel, with_scheduler
+
+
+@dataclass(frozen=True)
+class Family:
+    """One model family as the engine runs it."""
+
+    name: str  # as in config/families.py
+    # (plan, loaded model) -> None: what only the loaded model tells (the mode fits it, prompts.clip_skip ...)
+    check_loaded: Callable[[Any, LoadedModel], None]
+    # (loaded, scheduler config, prediction type, attention) -> (pipeline sharing its modules, scheduler state)
+    with_scheduler: Callable[..., tuple[Any, Any]]
+    tokens: Callable[[Any, str], PromptTokens]  # (pipeline, prompts.syntax) -> its prompts' token reader
+    # Stage 1: (pipeline, params, ids, negative ids, spec, inputs) -> the conditioning
+    encode: Callable[..., Conditioning]
+    modes: Mapping[str, Callable]  # stage 2 per mode (engine/modes): -> modes.start.Start
+    samplers: Mapping[str, Callable]  # stage 3 per sampler (engine/samplers): -> the final latents
+    decode: Callable[[Any, dict, Any], Any]  # stage 4: (pipeline, params, latents) -> pixels in [0, 1]
+    structure: Callable[[Any], list]  # the pipeline's configs its compiled programs depend on
+    # (pipeline, host weights, images per device, height, width, tokens) -> FLOPs of one guided denoiser call
+    step_flops: Callable[..., Any]
+
+
+def sd_check_loaded(plan: Any, loaded: LoadedModel) -> None:
+    pipeline = loaded.pipeline
+    families.runs_mode(families.FAMILIES["sd"], plan.generation, plan.model.name)
+    modes.fits_model(plan.generation, pipeline.unet.config.in_channels, plan.model.name)
+    checks.clip_skip(plan.clip_skip, pipeline.text_encoder.config.num_hidden_layers,
+                     hasattr(pipeline, "text_encoder_2"), plan.model.name)
+
+
+def sd_encode(pipeline: Any, params: dict, ids, negative_ids, spec: Any, inputs: dict) -> Conditioning:
+    """CLIP encoder(s) (engine/encode.py); SDXL's size conditioning added."""
+    conditioning = encode(pipeline, params, ids, negative_ids, spec.clip_skip, spec.prompt_chunks,
+                          inputs.get("prompt_weights"), inputs.get("negative_weights"))
+    return with_time_ids(conditioning, spec.height, spec.width, conditioning.context.dtype)  # SDXL only
+
+
+def sd_structure(pipeline: Any) -> list:
+    return [type(pipeline).__name__, str(pipeline.dtype), type(pipeline.scheduler).__name__,
+            config_dict(pipeline.scheduler), config_dict(pipeline.unet), config_dict(pipeline.vae),
+            str(pipeline.vae.dtype),  # float32 where an fp16 run upcasts the VAE (loading.component_dtype)
+            config_dict(getattr(pipeline, "text_encoder", None)),
+            config_dict(getattr(pipeline, "text_encoder_2", None))]
+
+
+FAMILIES: dict[str, Family] = {
+    "sd": Family("sd", check_loaded=sd_check_loaded, with_scheduler=with_scheduler, tokens=PromptTokens,
+                 encode=sd_encode, modes=MODES, samplers=SAMPLERS, decode=decode, structure=sd_structure,
+                 step_flops=efficiency.unet_step_flops),
+}
+if tuple(FAMILIES) != tuple(families.FAMILIES):
+    raise RuntimeError(f"engine/families runs {tuple(FAMILIES)}, config/families.py lists {tuple(families.FAMILIES)}")

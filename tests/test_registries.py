@@ -1,0 +1,107 @@
+"""One entry per mode and per model family (issue #45): the config's registry, the engine's (and, for a
+family, the loader's) agree name for name, everything other modules read about a mode is its entry, and
+each family runs end to end from the command line on its tiny model. (The samplers' registry is walked in
+test_samplers.py.)"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from helpers.cli import run_cli
+from sdjax_runner.config import families, modes
+from sdjax_runner.config.schema import GenerationMode
+
+
+def test_each_mode_is_one_entry_that_the_schema_and_the_engine_agree_with():
+    from sdjax_runner.engine.modes import MODES as PREPARE
+    from sdjax_runner.engine.modes import NUMBERS, PER_IMAGE
+
+    assert tuple(modes.MODES) == tuple(GenerationMode.__members__) == tuple(PREPARE)
+    for name, entry in modes.MODES.items():
+        assert callable(PREPARE[name])
+        assert PER_IMAGE[name] == entry.per_image and NUMBERS[name] == entry.numbers
+        assert set(entry.numbers) <= {"start", "control_scale"}, name  # what engine/generate.py places
+        assert ("start" in entry.numbers) == (entry.default_strength is not None), name  # strength -> start step
+        assert modes.strength(name, None) == entry.default_strength
+    assert modes.IMAGE_KEYS == ("init_image", "mask_image", "controlnet.image")
+
+
+def _config(mode: str, **values):
+    """What config/modes.check reads of the typed config: ``mode`` with the given keys set, the rest unset."""
+    from types import SimpleNamespace
+
+    return SimpleNamespace(mode=GenerationMode[mode], init_image=values.get("init_image"),
+                           mask_image=values.get("mask_image"), strength=None,
+                           sampling=SimpleNamespace(num_inference_steps=20),
+                           controlnet=SimpleNamespace(model=values.get("controlnet.model"),
+                                                      image=values.get("controlnet.image"), conditioning_scale=1.0))
+
+
+@pytest.mark.parametrize("mode", [name for name, entry in modes.MODES.items() if entry.needs])
+def test_each_key_a_mode_needs_is_refused_in_one_line_when_missing(mode):
+    from sdjax_runner.errors import UserError
+
+    entry = modes.MODES[mode]
+    for missing in entry.needs:
+        given = {key: "given" for key in entry.needs if key != missing}
+        with pytest.raises(UserError) as caught:
+            modes.check(_config(mode, **given), "euler")
+        assert caught.value.key == missing
+        assert f"a value is required with mode={mode}" in str(caught.value)
+
+
+@pytest.mark.parametrize("mode", list(modes.MODES))
+def test_a_modes_images_are_read_under_its_entrys_names(mode, tmp_path):
+    """config/input_images reads exactly the images the entry lists, and they become the per-image inputs
+    the engine places (their names)."""
+    from sdjax_runner.config.input_images import read_mode_inputs
+
+    path = tmp_path / "in.png"
+    Image.fromarray(np.full((16, 16, 3), 200, np.uint8)).save(path)
+    inputs = read_mode_inputs(mode, str(path), str(path), str(path), prompts=1)
+    arrays = inputs.arrays(1, 16, 16, "stretch")
+    assert tuple(arrays) == modes.MODES[mode].per_image
+
+
+def test_each_family_is_one_entry_in_config_models_and_engine():
+    from sdjax_runner.engine.families import FAMILIES as ENGINE
+    from sdjax_runner.models.loading import LOADERS
+
+    assert tuple(families.FAMILIES) == tuple(LOADERS) == tuple(ENGINE)
+    for name, entry in families.FAMILIES.items():
+        for pipeline in entry.pipelines:
+            assert families.family_of(pipeline, "x") is entry
+            assert families.family_of(f"Flax{pipeline}", "x") is entry
+        assert set(entry.modes) <= set(modes.MODES), name
+        assert ENGINE[name].name == name and set(ENGINE[name].modes) >= set(entry.modes), name
+
+
+def test_a_pipeline_no_family_runs_is_one_line_naming_the_pipelines_that_run():
+    from sdjax_runner.errors import UserError
+
+    with pytest.raises(UserError) as caught:
+        families.family_of("FluxPipelineOfTheFuture", "/models/x")
+    message = str(caught.value)
+    assert caught.value.key == "model.pretrained_model_name_or_path"
+    assert "FluxPipelineOfTheFuture, which this runner does not run" in message
+    assert all(pipeline in message for pipeline in families.PIPELINES)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("family", list(families.FAMILIES))
+def test_each_family_runs_from_the_command_line_on_its_tiny_model(family, tmp_path, cache_dir):
+    entry = families.FAMILIES[family]
+    result = run_cli(f"model={entry.tiny}", "dtype=fp32", "sampling.num_inference_steps=2", "sampling.height=64",
+                     "sampling.width=64", "parallelism.host_device_count=2", "prompts.texts=[a red cube]",
+                     "tracking=none", "metrics.clip_score.enabled=false", f"paths.output_root={tmp_path}",
+                     f"paths.cache_dir={cache_dir}", "hydra.run.dir=run", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-2000:]
+    records = json.loads((tmp_path / "run" / "images.json").read_text())
+    assert len(records) == 2 and all(r["model"] == entry.tiny for r in records)
+    for record in records:
+        with Image.open(tmp_path / "run" / record["file"]) as image:
+            assert image.size == (64, 64) and np.asarray(image).std() > 0  # a picture, not a flat field
