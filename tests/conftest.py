@@ -16,6 +16,18 @@ from sdjax_runner.engine.runtime import silence_libraries
 
 silence_libraries()  # the guide code run in-process logs Flax deprecation notices too
 
+# The tiers (pyproject.toml's markers; docs/getting-started.md, "Test tiers"): the fast tier is
+# pytest -m "not slow and not browser and not server". Tests are marked where they are written; as a safety
+# net, a test that asks for a fixture which builds a model or runs the CLI on one (directly or through a
+# fixture of its own) is marked slow here too, so a new test of that kind never lands in the fast tier.
+MODEL_FIXTURES = {"tiny_model_dir", "tiny_xl_dir", "smoke_run"}
+
+
+def pytest_collection_modifyitems(items):
+    for item in items:
+        if MODEL_FIXTURES & set(getattr(item, "fixturenames", ())) and not item.get_closest_marker("slow"):
+            item.add_marker(pytest.mark.slow)
+
 @pytest.fixture(scope="session")
 def cache_dir(tmp_path_factory) -> Path:
     """One cache for the whole session, shared by the xdist workers: each tiny model is built, and

@@ -10,7 +10,11 @@ import stat
 import subprocess
 import sys
 
+import pytest
+
 from helpers.cli import run_cli
+
+pytestmark = pytest.mark.slow
 
 SMOKE = ["+experiment=smoke", "tracking=none"]
 

@@ -6,9 +6,11 @@ import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
 
+import pytest
 from mlflow.tracking import MlflowClient
 
 
+@pytest.mark.slow
 def test_concurrent_runs_on_a_new_embedded_store_all_land(tmp_path, smoke_run):
     # smoke_run has stored the program: what races here is the store and the run directories, not
     # two compiles of the same program on a 2-core machine.
@@ -81,6 +83,7 @@ for round in range(3):
 """
 
 
+@pytest.mark.slow
 def test_runs_logging_the_same_prompts_at_once_both_get_their_dataset(tmp_path):
     # MLflow looks a dataset up, then inserts it: before, the later of two simultaneous inserts broke the
     # datasets table's unique key and that run's outputs went unlogged ("tracking failed").

@@ -1,9 +1,12 @@
 """Same seed, same pixels; another seed, other images; later batches get their own keys."""
 
 import numpy as np
+import pytest
 
 from helpers.cli import run_cli
 from helpers.images import images_of
+
+pytestmark = pytest.mark.slow
 
 
 def test_same_seed_same_pixels_other_seed_other_images(smoke_run, tmp_path):

@@ -57,6 +57,8 @@ def served(folder: Path) -> Iterator[str]:
         server.server_close()
 
 
+@pytest.mark.browser
+@pytest.mark.server
 def test_the_site_builds_strict_and_its_start_page_renders_with_the_sections(site, tmp_path):
     """The start page in headless Chromium: a title, the navigation's sections, no console error, nothing asked
     of another host; its screenshot a rendered page (SDJAX_DOCS_SCREENSHOT=PATH keeps it: docs/site_start_page.png
@@ -147,6 +149,7 @@ def without_flags(words: list[str]) -> list[str]:
     return kept
 
 
+@pytest.mark.slow
 def test_every_command_line_in_the_readme_and_the_pages_is_one_the_runner_accepts(monkeypatch, tmp_path):
     """A run's overrides compose and pass the schema (a sweep's first point); a transcript's command gives the
     error the page shows (up to its list of allowed values), run as the reader would."""

@@ -34,6 +34,7 @@ def prepared_tiny(overrides):
 
 
 @pytest.mark.parametrize("mode", ["pmap", "sharded"])
+@pytest.mark.slow
 def test_flops_per_batch_is_xlas_count_of_the_whole_unrolled_sampling_loop(tiny_model_dir, mode):
     session, prepared, generator, plan = prepared_tiny([f"parallelism={mode}", "parallelism.per_device_batch_size=2"])
     flops = session.flops(prepared, generator.compiled, plan.num_inference_steps, 2, 64, 64, plan.num_devices)
@@ -65,6 +66,7 @@ def test_efficiency_arithmetic_and_the_peak_table():
     assert efficiency.summary(8e12, 2.0, 2, None)["mfu"] is None
 
 
+@pytest.mark.slow
 def test_every_run_records_flops_throughput_and_memory(smoke_run):
     from mlflow.tracking import MlflowClient
 
@@ -80,6 +82,7 @@ def test_every_run_records_flops_throughput_and_memory(smoke_run):
 
 
 @pytest.mark.parametrize("attention", ["split_head_dim", "memory_efficient", "dot_product"])
+@pytest.mark.slow
 def test_attention_implementations_match_the_default_on_cpu(tiny_model_dir, attention):
     from sdjax_runner.models.attention import configure_unet, tracing_with
     from sdjax_runner.models.loading import load_model
@@ -101,6 +104,7 @@ def test_attention_implementations_match_the_default_on_cpu(tiny_model_dir, atte
     np.testing.assert_allclose(np.asarray(got), np.asarray(expected), rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.slow
 def test_a_profiled_run_says_which_model_took_the_device_time(tmp_path):
     run_dir = tmp_path / "run"
     result = run_cli("+experiment=smoke", "tracking=none", "performance.profile=true", f"hydra.run.dir={run_dir}",

@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 from PIL import Image
 
 from helpers.browser import chromium
-from helpers.cli import assert_one_line_error, run_cli
+from helpers.cli import assert_one_line_error, call_cli, run_cli
 
 REPO = Path(__file__).resolve().parents[1]
 PROMPTS = ["a red car in the rain", "a painting of a cat"]
@@ -37,6 +37,7 @@ def _mlflow(work: Path):
     return client, experiment, {r.info.run_name: r for r in client.search_runs([experiment.experiment_id])}
 
 
+@pytest.mark.slow
 def test_single_runs_name_themselves_and_record_what_a_rerun_needs(tmp_path, cache_dir):
     (tmp_path / "prompts.txt").write_text("\n".join(PROMPTS) + "\n")
     result = run_cli("+experiment=smoke", "seed=5", "prompts.file=prompts.txt", cwd=tmp_path)
@@ -173,6 +174,7 @@ def test_list_filters_match_whole_values_with_shell_patterns_and_times_in_any_zo
         parse_filters(["=5"])
 
 
+@pytest.mark.slow
 def test_a_rerun_from_an_mlflow_run_id_alone_gives_bit_identical_images(smoke_run, tmp_path):
     work, record, _ = smoke_run
     shutil.copyfile(work / "outputs" / "mlflow.db", tmp_path / "outputs" / "mlflow.db")  # artifacts stay put
@@ -203,6 +205,7 @@ def test_a_rerun_from_an_mlflow_run_id_alone_gives_bit_identical_images(smoke_ru
     assert_one_line_error(missing, "error: RUN: 0123abcd is neither a run directory nor a run in sqlite:///")
 
 
+@pytest.mark.slow
 def test_a_rerun_reports_changed_images_and_the_environment_facts_that_differ(smoke_run, tmp_path):
     _, original, _ = smoke_run
     record = tmp_path / "record"
@@ -229,6 +232,7 @@ def test_a_rerun_reports_changed_images_and_the_environment_facts_that_differ(sm
     assert [line.startswith(changed) for line in report["input_differences"]] == [True]
 
 
+@pytest.mark.slow
 def test_diff_compares_the_images_slot_by_slot_and_names_those_that_differ(smoke_run, tmp_path):
     _, original, _ = smoke_run
     changed = tmp_path / "changed"
@@ -323,11 +327,11 @@ def test_a_rerun_of_something_that_is_no_record_is_one_line(tmp_path):
     # no empty store created on the way.
     run_id, elsewhere = "3d70384158934982ac2cf50c80a37ebd", tmp_path / "elsewhere"
     elsewhere.mkdir()
-    result = run_cli(run_id, cwd=elsewhere, command="rerun")
+    result = call_cli(run_id, cwd=elsewhere, command="rerun")
     assert_one_line_error(result, f"error: RUN: {run_id} is not a run directory, and there is no MLflow store at "
                                   f"{elsewhere / 'outputs' / 'mlflow.db'} to look it up in")
     for command, args in (("rerun", [run_id]), ("runs", ["diff", run_id, run_id]), ("sync", [str(elsewhere)])):
-        result = run_cli(*args, "--uri", "localhost:5000", cwd=elsewhere, command=command)
+        result = call_cli(*args, "--uri", "localhost:5000", cwd=elsewhere, command=command)
         assert_one_line_error(result, "error: --uri: localhost:5000 is no URI MLflow can log to (a server's "
                                       "address needs its scheme: http://localhost:5000)")
     assert list(elsewhere.iterdir()) == []
@@ -412,6 +416,9 @@ def test_a_prompt_file_replaces_the_prompt_sets_texts_unless_texts_are_given_too
     assert file_replaces_texts(["prompts.file=null"]) == ["prompts.file=null"]
 
 
+@pytest.mark.slow
+@pytest.mark.browser
+@pytest.mark.server
 def test_the_mlflow_ui_opens_on_the_runs_view_in_a_real_browser(smoke_run, tmp_path):
     chromium()  # the README's test setup installs it: apt-get install chromium
     work, _, _ = smoke_run
@@ -430,6 +437,7 @@ DAMAGE = {"truncated": lambda text: text[:20], "null": lambda text: "null", "a l
           "a number": lambda text: "5"}
 
 
+@pytest.mark.slow
 def test_damaged_status_and_images_records_are_one_line_each_and_the_others_still_listed(smoke_run, tmp_path):
     """status.json / images.json cut short, null, a list or another type (before: tracebacks from rerun,
     runs list and sync; rerun's exit 1 said 'images differ')."""

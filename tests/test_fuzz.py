@@ -8,12 +8,15 @@ does not know (which the CLI would show as a traceback).
 
 import math
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from helpers.configs import compose_cfg
 from sdjax_runner.config.messages import describe
 from sdjax_runner.config.plan import Plan, admit, make_plan
+
+pytestmark = pytest.mark.slow
 
 KEYS = ["sampling.height", "sampling.width", "sampling.num_inference_steps", "sampling.guidance_scale",
         "parallelism.per_device_batch_size", "parallelism.num_devices", "parallelism.num_batches", "seed",

@@ -2,11 +2,14 @@
 
 import jax
 import numpy as np
+import pytest
 
 from helpers.cli import run_cli
 from helpers.configs import compose_cfg
 from helpers.guide import assert_same_pixels, guide_images
 from helpers.images import images_of as runner_images
+
+pytestmark = pytest.mark.slow
 
 
 def test_same_prompt_run_equals_the_guide(smoke_run, tiny_model_dir):

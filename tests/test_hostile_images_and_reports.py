@@ -19,7 +19,7 @@ import pytest
 from PIL import Image
 
 from helpers.browser import open_page
-from helpers.cli import assert_one_line_error, run_cli
+from helpers.cli import assert_one_line_error, call_cli, run_cli
 
 # Swept as negative prompts: invalid mathtext (a figure that parses it fails to draw), an HTML comment and
 # script tags (the page's embedded JSON must not end or change how the rest of the page is read).
@@ -107,6 +107,7 @@ def test_a_long_thin_image_is_cropped_to_the_run_without_a_gigapixel_detour(thin
     assert (green > 0.9).all() and (red < -0.9).all() and (blue < -0.9).all()
 
 
+@pytest.mark.slow
 def test_an_inpaint_run_from_a_long_thin_image_with_crop_finishes(tmp_path, thin, tiny_model_dir):
     result = run_cli("+experiment=smoke", "tracking=none", "mode=inpaint", f"init_image={thin['init']}",
                      f"mask_image={thin['mask']}", "resize_mode=crop", f"hydra.run.dir={tmp_path / 'run'}", cwd=tmp_path)
@@ -124,7 +125,7 @@ def test_an_inpaint_run_from_a_long_thin_image_with_crop_finishes(tmp_path, thin
      "error: controlnet.image: {bomb} is a decompression bomb"),
 ])
 def test_an_input_image_too_large_to_decode_is_one_line_naming_its_key_and_limit(tmp_path, thin, overrides, expected):
-    result = run_cli("+experiment=smoke", "tracking=none", *[o.format(**thin) for o in overrides], cwd=tmp_path)
+    result = call_cli("+experiment=smoke", "tracking=none", *[o.format(**thin) for o in overrides], cwd=tmp_path)
     assert_one_line_error(result, expected.format(**thin))
     assert result.stderr.rstrip().endswith("(allowed: an image of at most 64 MP)")
     assert [p for p in tmp_path.rglob("*") if p.is_file() and p.name != "mlflow.db"] == []  # nothing written
@@ -154,6 +155,8 @@ def legend_and_tick_texts(page) -> list[str]:
     return page.locator("figure svg text").all_text_contents()
 
 
+@pytest.mark.slow
+@pytest.mark.browser
 def test_prompts_with_dollars_and_script_tags_are_drawn_and_shown_as_text(hostile_sweep):
     sweep_dir, output = hostile_sweep
     assert "was not drawn" not in output and "Traceback" not in output
@@ -207,6 +210,8 @@ def forged(hostile_sweep, tmp_path) -> Path:
     return sweep_dir
 
 
+@pytest.mark.slow
+@pytest.mark.browser
 def test_the_report_of_a_sweep_with_forged_records_and_bomb_images_is_written(forged, tmp_path):
     start = time.perf_counter()
     result = run_cli(str(forged), cwd=tmp_path, command="report")
@@ -239,6 +244,7 @@ def test_the_report_of_a_sweep_with_forged_records_and_bomb_images_is_written(fo
         assert table.nth(3).locator("td").nth(3).inner_text() == "FINISHED (a lone surrogate \\ud800 in a record)"
 
 
+@pytest.mark.slow
 def test_a_resumed_sweep_with_bomb_grids_still_writes_its_contact_sheet_and_reports(forged, tmp_path):
     for job in (0, 1):  # finished, so nothing runs again: the sweep's end reads every job's images
         path = forged / str(job) / "status.json"

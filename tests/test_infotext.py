@@ -47,6 +47,7 @@ def test_prompts_pass_through_hydra_unchanged(prompt):
     assert list(cfg.prompts.texts) == [prompt] and cfg.prompts.negative == prompt
 
 
+@pytest.mark.slow
 def test_our_pngs_infotext_reads_back_with_a1111s_rules(smoke_run):
     _, run_dir, _ = smoke_run
     png = sorted((run_dir / "images").glob("*.png"))[0]
@@ -61,6 +62,7 @@ def test_our_pngs_infotext_reads_back_with_a1111s_rules(smoke_run):
     assert settings["Size"] == f"{chunks['width']}x{chunks['height']}"
 
 
+@pytest.mark.slow
 def test_from_png_remakes_the_runs_images(smoke_run, tmp_path):
     _, run_dir, _ = smoke_run
     png = sorted((run_dir / "images").glob("*.png"))[0]
@@ -74,6 +76,7 @@ def test_from_png_remakes_the_runs_images(smoke_run, tmp_path):
         assert np.array_equal(mine, theirs)
 
 
+@pytest.mark.slow
 def test_from_png_of_a_size_far_past_the_models_says_once_it_is_slow_on_a_cpu_and_what_to_set(tmp_path,
                                                                                               tiny_model_dir):
     """An A1111 PNG's size far past the model's native one (here 6x the tiny model's 64x64 pixels; 512x768
@@ -118,6 +121,7 @@ def test_denoising_strength_is_used_with_an_init_image_and_said_otherwise():
     assert unused.not_honoured[0].startswith("Denoising strength: 0.45: an img2img setting")
 
 
+@pytest.mark.slow
 def test_clip_skip_is_a1111s_and_round_trips_through_the_png(smoke_run, tmp_path, tiny_model_dir):
     """prompts.clip_skip=2: the text encoder's penultimate layer through its final layer norm (A1111's
     encode_with_transformers), checked against transformers' hidden states normalised in NumPy; written as
@@ -157,6 +161,7 @@ def test_clip_skip_is_a1111s_and_round_trips_through_the_png(smoke_run, tmp_path
     assert all(np.array_equal(a, b) for a, b in zip(images_of(tmp_path / "again"), skipped, strict=True))
 
 
+@pytest.mark.slow
 def test_clip_skip_past_the_text_encoders_layers_is_one_line(tmp_path):
     result = run_cli("+experiment=smoke", "tracking=none", "prompts.clip_skip=3", cwd=tmp_path)
     assert result.returncode == 2 and "Traceback" not in result.stderr + result.stdout

@@ -8,6 +8,8 @@ import sys
 import textwrap
 import weakref
 
+import pytest
+
 from sdjax_runner import interpreter
 
 
@@ -96,6 +98,7 @@ def test_exit_codes_as_sys_exit_reads_them(tmp_path):
         assert (result.returncode, result.stderr) == (expected_rc, expected_err)
 
 
+@pytest.mark.slow
 def test_the_cli_run_ends_with_its_outputs_whole(smoke_run):
     _work, run_dir, result = smoke_run
     assert result.returncode == 0

@@ -14,6 +14,8 @@ import pytest
 
 from helpers.images import wait_for_images
 
+pytestmark = pytest.mark.slow
+
 ENV_DROP = ("HYDRA_FULL_ERROR", "MLFLOW_TRACKING_URI")
 
 

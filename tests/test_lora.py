@@ -12,6 +12,8 @@ from helpers.cli import assert_one_line_error, run_cli
 from helpers.images import images_of
 from helpers.lora_files import factors, merged_by_hand, write_kohya, write_peft
 
+pytestmark = pytest.mark.slow
+
 RANK, ALPHA = 2, 1.0
 
 

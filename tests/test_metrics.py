@@ -14,6 +14,7 @@ from helpers.cli import run_cli
 from helpers.mlflow_store import sweep_runs
 
 
+@pytest.mark.slow
 def test_clip_score_is_transformers_own_clip_similarity_sharded_over_every_device(cache_dir):
     from transformers import CLIPImageProcessor, CLIPTokenizer, FlaxCLIPModel
 
@@ -39,6 +40,7 @@ def test_clip_score_is_transformers_own_clip_similarity_sharded_over_every_devic
     assert len(set(np.round(got, 3))) == 5  # each image scored against its own prompt
 
 
+@pytest.mark.slow
 def test_identical_images_give_psnr_inf_ssim_one_and_the_same_clip_scores(smoke_run, tmp_path):
     from mlflow.tracking import MlflowClient
 
@@ -65,10 +67,12 @@ def test_identical_images_give_psnr_inf_ssim_one_and_the_same_clip_scores(smoke_
     assert "quality.json" in {a.path for a in client.list_artifacts(run.info.run_id)}
 
 
+@pytest.mark.slow
 def test_fidelity_reads_images_a_chunk_at_a_time_and_gets_the_same_numbers(smoke_run, tmp_path, monkeypatch):
     import shutil
 
     from sdjax_runner.metrics import fidelity
+    from sdjax_runner.record import rundir
 
     _, reference, _ = smoke_run
     run_dir = tmp_path / "noisy"
@@ -80,19 +84,23 @@ def test_fidelity_reads_images_a_chunk_at_a_time_and_gets_the_same_numbers(smoke
             pixels = np.asarray(image.convert("RGB")).astype(int)
         noisy = np.clip(pixels + rng.integers(-i, i + 1, pixels.shape), 0, 255).astype(np.uint8)
         Image.fromarray(noisy).save(run_dir / record["file"])
+    typed = rundir.image_records(run_dir)
 
-    reference_records = json.loads((reference / "images.json").read_text())
-    whole, whole_fields = fidelity.compare(run_dir, records, reference, reference_records)  # 8 images: one chunk
+    reference_records = rundir.image_records(reference)
+    whole, whole_quality = fidelity.compare(run_dir, typed, reference, reference_records)  # 8 images: one chunk
     monkeypatch.setattr(fidelity, "CHUNK", 3)  # 3 + 3 + 2 (padded to 3, the padding dropped)
-    chunked, chunked_fields = fidelity.compare(run_dir, records, reference, reference_records)
-    assert math.isinf(chunked[0]["psnr"]) and chunked_fields["identical_images"] == 1
-    assert [r["psnr"] for r in chunked[1:]] == sorted((r["psnr"] for r in chunked[1:]), reverse=True)  # more noise
+    chunked, chunked_quality = fidelity.compare(run_dir, typed, reference, reference_records)
+    assert None not in chunked and None not in whole
+    assert math.isinf(chunked[0].psnr) and chunked_quality.identical_images == 1
+    assert [r.psnr for r in chunked[1:]] == sorted((r.psnr for r in chunked[1:]), reverse=True)  # more noise
     for got, expected in zip(chunked, whole, strict=True):
         assert got == pytest.approx(expected, rel=1e-6)
+    chunked_fields, whole_fields = chunked_quality.to_json(), whole_quality.to_json()
     assert chunked_fields.pop("reference") == whole_fields.pop("reference") == str(reference)
     assert chunked_fields == pytest.approx(whole_fields, rel=1e-6)
 
 
+@pytest.mark.slow
 def test_a_dtype_sweep_is_compared_with_its_fp32_reference_point_and_reported(tmp_path, tiny_model_dir):
     sweep = tmp_path / "sweep"
     result = run_cli("-m", "+experiment=smoke", "dtype=fp32,bf16,fp16", "seed=0,1", "+metrics.reference_point.dtype=fp32",
@@ -121,6 +129,7 @@ def test_a_dtype_sweep_is_compared_with_its_fp32_reference_point_and_reported(tm
     assert bf16_run.data.metrics["psnr"] == pytest.approx(bf16_quality["psnr"])
 
 
+@pytest.mark.slow
 def test_a_clip_model_that_cannot_be_had_is_one_warning_and_the_run_goes_on(tmp_path, tiny_model_dir):
     run_dir = tmp_path / "run"
     # The default CLIP model (openai/clip-vit-large-patch14), with the hub out of reach.
@@ -136,6 +145,7 @@ def test_a_clip_model_that_cannot_be_had_is_one_warning_and_the_run_goes_on(tmp_
     assert json.loads((run_dir / "status.json").read_text())["status"] == "FINISHED"
 
 
+@pytest.mark.slow
 def test_images_that_overflowed_are_named_not_passed_off_as_black_pictures(tmp_path, tiny_model_dir):
     # A guidance scale of 1e38 overflows float32 in the first step: NaN latents, NaN pixels, which the
     # uint8 conversion would turn into black images without a word.
@@ -152,7 +162,7 @@ def test_images_that_overflowed_are_named_not_passed_off_as_black_pictures(tmp_p
     # The PNGs say so too, so a record rebuilt from them (sync, after a kill) keeps it.
     from sdjax_runner.record.rundir import records_from_pngs
 
-    assert [r["non_finite"] for r in records_from_pngs(run_dir)[0]] == [True] * 8
+    assert [r.non_finite for r in records_from_pngs(run_dir)[0]] == [True] * 8
     assert np.asarray(Image.open(run_dir / "grid.png")).max() == 0  # what the PNGs hold: black
 
 

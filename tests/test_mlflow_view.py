@@ -10,12 +10,15 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from PIL import Image
 
 from helpers.browser import chromium
 from helpers.cli import run_cli
 from helpers.mlflow_store import sweep_runs
 from sdjax_runner.record.tracking import ui_link
+
+pytestmark = [pytest.mark.slow, pytest.mark.browser, pytest.mark.server]
 
 REPO = Path(__file__).resolve().parent.parent
 NAMES = ["smoke sampler=DPM++ 2M Karras", "smoke sampler=DPM++ 2M SDE Karras"]  # past the 190 px MLflow opens with

@@ -13,6 +13,8 @@ from helpers.images import images_of as runner_images
 from helpers.params import assert_same_params
 from helpers.pt_layout import write_pytorch_only
 
+pytestmark = pytest.mark.slow
+
 
 def param_count(tree) -> int:
     from flax.traverse_util import flatten_dict

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from helpers.cli import assert_one_line_error, run_cli
+from helpers.cli import assert_one_line_error, call_cli, run_cli
 from helpers.configs import compose_cfg
 from helpers.images import images_of
 from helpers.published import write_published
@@ -99,6 +99,7 @@ def img2img_sweep(tmp_path_factory, inputs):
                  "strength=0.5,0.75")
 
 
+@pytest.mark.slow
 def test_img2img_equals_diffusers_flax_img2img_pipeline_and_a_strength_sweep_compiles_once(img2img_sweep, inputs,
                                                                                              tiny_model_dir):
     """PNDM, DDIM and DPM-Solver++ (the schedulers diffusers' Flax img2img pipeline runs right), two strengths
@@ -132,6 +133,7 @@ def test_img2img_equals_diffusers_flax_img2img_pipeline_and_a_strength_sweep_com
     assert not np.array_equal(images_of(img2img_sweep[0])[0], images_of(img2img_sweep[1])[0])
 
 
+@pytest.mark.slow
 def test_img2img_records_its_input_and_shows_it_in_the_grid(img2img_sweep, inputs):
     import hashlib
 
@@ -154,6 +156,7 @@ def test_img2img_records_its_input_and_shows_it_in_the_grid(img2img_sweep, input
 # --- inpainting --------------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_inpainting_model_equals_diffusers_flax_inpaint_pipeline(tmp_path, inputs, cache_dir):
     from diffusers import FlaxStableDiffusionInpaintPipeline
     from flax.jax_utils import replicate
@@ -194,6 +197,7 @@ def test_inpainting_model_equals_diffusers_flax_inpaint_pipeline(tmp_path, input
     assert_matches(images_of(tmp_path / "published"), images_of(jobs[0]))
 
 
+@pytest.mark.slow
 def test_inpainting_with_an_ordinary_model_blends_the_kept_area(tmp_path, inputs, smoke_run, tiny_model_dir):
     """diffusers' Flax code has no inpainting for a 4-channel UNet; blending has two ends to check against
     references that are not this code: a white mask (repaint all) at strength 1 is text to image -- the
@@ -236,6 +240,7 @@ def write_pytorch_controlnet(flax_dir: Path, target: Path) -> Path:
     return target
 
 
+@pytest.mark.slow
 def test_controlnet_from_a_pytorch_folder_equals_diffusers_flax_controlnet_pipeline(tmp_path, inputs, cache_dir,
                                                                                      tiny_model_dir):
     from diffusers import FlaxControlNetModel, FlaxStableDiffusionControlNetPipeline, FlaxStableDiffusionPipeline
@@ -311,17 +316,19 @@ def bad_files(tmp_path_factory, inputs) -> dict[str, Path]:
 def test_bad_mode_input_is_one_line(tmp_path, inputs, bad_files, overrides, expected):
     bad = bad_files["notes"].parent
     values = {"init": inputs["init"], "control": inputs["control"], "bad": bad}
-    result = run_cli("+experiment=smoke", "tracking=none", *[o.format(**values) for o in overrides], cwd=tmp_path)
+    result = call_cli("+experiment=smoke", "tracking=none", *[o.format(**values) for o in overrides], cwd=tmp_path)
     assert_one_line_error(result, expected.format(**values))
     assert not [p for p in tmp_path.rglob("*.png") if p.is_file()]  # no image written
 
 
+@pytest.mark.slow
 def test_an_inpainting_model_outside_inpaint_mode_is_one_line(tmp_path):
     result = run_cli("+experiment=smoke", "tracking=none", "model=tiny-random-inpaint", cwd=tmp_path)
     assert result.returncode != 0 and "Traceback" not in result.stderr + result.stdout
     assert "mode: txt2img, but tiny-random-inpaint is an inpainting model" in result.stderr
 
 
+@pytest.mark.slow
 def test_controlnet_for_another_unet_is_one_line(tmp_path, inputs, cache_dir):
     """A ControlNet must fit its UNet (SD 1.x vs 2.x widths); said when the model is loaded, with no traceback."""
     from sdjax_runner.models.builtin import build_builtin
@@ -363,6 +370,7 @@ def test_readme_mode_examples_are_valid_runs(monkeypatch):
             assert Path(image.path).is_file() and Path(image.path).parent.name == "examples"
 
 
+@pytest.mark.slow
 def test_a_rerun_names_an_input_image_that_changed(tmp_path, inputs):
     import shutil
 

@@ -12,7 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from helpers.cli import assert_one_line_error, free_port, run_cli
+from helpers.cli import assert_one_line_error, call_cli, free_port, run_cli
 from helpers.images import images_of as runner_images
 
 
@@ -23,6 +23,7 @@ def run_ok(tmp_path, name, *overrides):
     return run_dir, result
 
 
+@pytest.mark.slow
 def test_sharded_path_gives_the_pmap_images_exactly_in_fp32_and_bf16(tmp_path):
     # One process, four jobs: (fp32, pmap), (fp32, sharded), (bf16, pmap), (bf16, sharded). Each
     # device runs the same per-device program under both (shard_map), so even bf16 rounds alike.
@@ -40,6 +41,7 @@ def test_sharded_path_gives_the_pmap_images_exactly_in_fp32_and_bf16(tmp_path):
     assert timings["num_devices"] == 8 and timings["param_bytes_per_device"] > 0
 
 
+@pytest.mark.slow
 def test_two_per_device_on_four_devices_is_the_guide_flow_with_that_layout(tmp_path, tiny_model_dir):
     """The mapping that holds: with D devices and B images each, device d draws its B latents
     from split(PRNGKey(seed), D)[d] -- so a 4 x 2 run equals the guide's code on 4 devices with
@@ -65,6 +67,7 @@ def test_two_per_device_on_four_devices_is_the_guide_flow_with_that_layout(tmp_p
         assert all(np.array_equal(a, b) for a, b in zip(got, expected, strict=True)), f"job {job}"
 
 
+@pytest.mark.slow
 def test_padding_is_generated_but_dropped(tmp_path):
     run_dir, result = run_ok(tmp_path, "pad", "parallelism=sharded", "parallelism.num_devices=4",
                              "prompts.texts=[a,b,c]", "prompts.fill=pad")
@@ -87,10 +90,12 @@ def test_padding_is_generated_but_dropped(tmp_path):
      "error: parallelism.distributed.process_id: 2 is out of range (allowed: 0..1)"),
 ])
 def test_bad_distributed_settings(tmp_path, overrides, expected):
-    assert_one_line_error(run_cli("+experiment=smoke", *overrides, cwd=tmp_path), expected)
+    assert_one_line_error(call_cli("+experiment=smoke", *overrides, cwd=tmp_path), expected)
 
 
 @pytest.mark.timeout(400)
+@pytest.mark.slow
+@pytest.mark.server
 def test_two_processes_make_the_images_of_one_eight_device_process(tmp_path, tiny_model_dir):
     single_dir, _ = run_ok(tmp_path, "single", "parallelism=sharded")
     port = free_port()
@@ -129,6 +134,8 @@ def test_two_processes_make_the_images_of_one_eight_device_process(tmp_path, tin
     (0, "error: parallelism.distributed.timeout_s: 0 of 1 other process(es) reached 127.0.0.1:{port} within 3 s; "
         "missing process_id 1 (allowed: start every process, or a larger timeout_s)"),
 ])
+@pytest.mark.slow
+@pytest.mark.server
 def test_a_peer_that_never_comes_is_one_line_after_the_timeout(tmp_path, process_id, expected):
     port = free_port()
     started = time.monotonic()

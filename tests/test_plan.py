@@ -79,6 +79,7 @@ def test_prompt_file_that_is_not_utf8_is_an_error(tmp_path):
         plan_for(f"prompts.file={file}")
 
 
+@pytest.mark.slow  # builds the tiny model for its tokenizer
 def test_prompts_longer_than_clip_reads_are_named_with_what_is_dropped(tiny_model_dir, caplog):
     from transformers import CLIPTokenizer
 

@@ -18,7 +18,7 @@ from PIL import Image
 from PIL.PngImagePlugin import PngInfo
 
 from helpers.a1111_reference import parse_prompt_attention as published_parse
-from helpers.cli import assert_one_line_error, run_cli
+from helpers.cli import assert_one_line_error, call_cli, run_cli
 from sdjax_runner.config.prompt_syntax import SyntaxProblem, parse_attention, plain_text
 
 PARSE_BOUND_S = 20  # 200 KB of hostile prompt through the parser: A1111's quadratic one takes minutes
@@ -28,9 +28,9 @@ CHUNK_BOUND = ("(allowed: at most 20 chunks of 75 tokens (1,500 tokens) per prom
                "each BREAK ending one)")
 
 
-def timed_cli(*args, cwd, command=None):
+def timed_cli(*args, cwd, command=None, cli=run_cli):
     started = time.perf_counter()
-    result = run_cli(*args, cwd=cwd, command=command)
+    result = cli(*args, cwd=cwd, command=command)
     return result, time.perf_counter() - started
 
 
@@ -89,13 +89,14 @@ def test_the_clip_score_reads_each_distinct_prompt_once(monkeypatch, tmp_path):
     from sdjax_runner.config import prompt_syntax
     from sdjax_runner.metrics import clip_score
     from sdjax_runner.metrics.evaluate import evaluate
+    from sdjax_runner.records import ImageRecord, Quality
 
     read, scored = [], []
     monkeypatch.setattr(prompt_syntax, "plain_text", lambda text: read.append(text) or text.strip("()"))
     monkeypatch.setattr(clip_score, "score_run", lambda clip, images, prompts, executables: scored.extend(prompts)
-                        or (None, {}))
+                        or (None, Quality()))
     metrics = type("Metrics", (), {"clip_score": type("Clip", (), {"enabled": True, "model": "m"}), "reference": None})
-    records = [{"prompt": "(a red car)" if i % 2 else "(a cat)"} for i in range(1000)]
+    records = [ImageRecord(prompt="(a red car)" if i % 2 else "(a cat)") for i in range(1000)]
     evaluate(metrics, tmp_path, [None] * 1000, records, None, lambda path: [], syntax="a1111")
     assert sorted(read) == ["(a cat)", "(a red car)"]
     assert scored == ["a red car" if i % 2 else "a cat" for i in range(1000)]
@@ -147,6 +148,7 @@ def test_more_breaks_than_chunks_is_one_line_before_anything_loads(tmp_path):
     assert seconds < FAST_S and "load:" not in result.stdout
 
 
+@pytest.mark.slow
 def test_more_chunks_than_the_bound_is_one_line_before_compiling_and_the_run_fails(tmp_path, tiny_model_dir):
     run_dir = tmp_path / "run"
     result, seconds = timed_cli("+experiment=smoke", "tracking=none", "prompts.syntax=a1111",
@@ -185,11 +187,12 @@ def test_prompts_at_the_bounds_are_planned(tmp_path):
      "(allowed: a number from 0 up to (not including) 1)"),
 ])
 def test_scheduler_settings_that_break_the_scheduler_are_one_line_before_it_loads(tmp_path, args, expected):
-    result, seconds = timed_cli("+experiment=smoke", "tracking=none", *args, cwd=tmp_path)
+    result, seconds = timed_cli("+experiment=smoke", "tracking=none", *args, cwd=tmp_path, cli=call_cli)
     assert_one_line_error(result, expected)
     assert seconds < FAST_S and "load:" not in result.stdout
 
 
+@pytest.mark.slow
 def test_a_beta_start_above_the_models_beta_end_is_one_line_once_its_config_is_read(tmp_path, tiny_model_dir):
     run_dir = tmp_path / "run"
     result = run_cli("+experiment=smoke", "tracking=none", "+scheduler.config_overrides.beta_start=0.5",

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from helpers.cli import assert_one_line_error, run_cli
+from helpers.cli import assert_one_line_error, call_cli, run_cli
 from helpers.configs import compose_cfg
 from helpers.images import images_of
 from sdjax_runner.config.overrides import literal as hydra_quoted
@@ -155,6 +155,7 @@ def sd21_published(tmp_path_factory, tiny_model_dir) -> Path:
 
 @pytest.mark.parametrize("clip_skip", [1, 2])
 @pytest.mark.parametrize("layout", ["built-in", "sd21 as published"])
+@pytest.mark.slow
 def test_sd_prompt_is_its_chunks_encoded_one_by_one_with_a1111s_emphasis(tiny_model_dir, sd21_published, layout,
                                                                          clip_skip):
     import jax.numpy as jnp
@@ -197,6 +198,7 @@ def test_sd_prompt_is_its_chunks_encoded_one_by_one_with_a1111s_emphasis(tiny_mo
     assert list(ids[1, 77:154]) == list(empty)
 
 
+@pytest.mark.slow
 def test_sdxl_prompt_reads_both_encoders_chunk_by_chunk_and_pools_the_first(tiny_xl_dir):
     import jax.numpy as jnp
 
@@ -250,6 +252,7 @@ def syntax_sweep(tmp_path_factory) -> dict[tuple[str, str], Path]:
     return jobs
 
 
+@pytest.mark.slow
 def test_a1111_syntax_reads_emphasis_and_a_plain_prompt_as_the_guide_does(syntax_sweep):
     images = {key: images_of(job) for key, job in syntax_sweep.items()}
     assert all(len(i) == 8 for i in images.values())
@@ -263,6 +266,7 @@ def test_a1111_syntax_reads_emphasis_and_a_plain_prompt_as_the_guide_does(syntax
     assert all(np.isfinite(i).all() and i.std() > 1 for i in images["a1111", LONG])
 
 
+@pytest.mark.slow
 def test_a_sweep_compiles_once_per_chunk_count(syntax_sweep):
     # Each job's program: "reused" from an earlier job of the process, else traced (or a stored executable).
     path = {key: json.loads((job / "timings.json").read_text())["compile_path"] for key, job in syntax_sweep.items()}
@@ -273,6 +277,7 @@ def test_a_sweep_compiles_once_per_chunk_count(syntax_sweep):
     assert chunks and int(chunks.group(1)) >= 3
 
 
+@pytest.mark.slow
 def test_the_png_infotext_is_the_prompt_as_a1111_reads_it(syntax_sweep):
     def parameters(key):
         with Image.open(sorted((syntax_sweep[key] / "images").glob("*.png"))[0]) as image:
@@ -284,6 +289,7 @@ def test_the_png_infotext_is_the_prompt_as_a1111_reads_it(syntax_sweep):
     assert parameters(("plain", WEIGHTED))[1] == "Negative prompt: ugly"
 
 
+@pytest.mark.slow
 def test_clip_score_reads_the_prompt_without_its_syntax(syntax_sweep):
     from sdjax_runner.metrics.clip_score import score_run
 
@@ -294,6 +300,7 @@ def test_clip_score_reads_the_prompt_without_its_syntax(syntax_sweep):
     assert [r["clip_score"] for r in records] == pytest.approx(list(scores), abs=1e-4)
 
 
+@pytest.mark.slow
 def test_sdxl_long_weighted_prompts_give_the_same_images_on_both_parallel_paths(tmp_path, tiny_xl_dir):
     result = run_cli("-m", "+experiment=smoke", "model=tiny-random-xl", "scheduler=euler", "tracking=none",
                      "parallelism=pmap,sharded", "prompts.syntax=a1111", f"prompts.texts=[{hydra_quoted(LONG)}]",
@@ -311,8 +318,8 @@ def test_a_weight_a1111_fails_on_is_one_line_naming_the_prompt(tmp_path):
     assert_one_line_error(result, "error: prompts.texts[1]: the weight '1.2.3' in ':1.2.3)' is not a number "
                                   "(allowed: a number after the colon")
     (tmp_path / "prompts.txt").write_text("fine\n\n(ok:2) but [(bad:.)]\n")
-    result = run_cli("+experiment=smoke", "prompts.syntax=a1111", f"prompts.file={tmp_path / 'prompts.txt'}",
-                     cwd=tmp_path)
+    result = call_cli("+experiment=smoke", "prompts.syntax=a1111", f"prompts.file={tmp_path / 'prompts.txt'}",
+                      cwd=tmp_path)
     assert_one_line_error(result, "error: prompts.file (prompt 2): the weight '.'")
     assert not any((tmp_path / "outputs").rglob("*.png")) and not any((tmp_path / "outputs").rglob("images.json"))
 

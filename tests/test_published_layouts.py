@@ -19,6 +19,8 @@ from helpers.guide import diffusers_images
 from helpers.images import images_of
 from helpers.published import with_flax_weights, write_published
 
+pytestmark = pytest.mark.slow
+
 PROMPT = compose_cfg(["+experiment=smoke"]).prompts.texts[0]
 
 

@@ -36,6 +36,8 @@ def summary(sweep_dir: Path) -> dict[str, dict]:
         return {row["job"]: row for row in csv.DictReader(f)}
 
 
+@pytest.mark.slow
+@pytest.mark.browser
 def test_the_page_opens_in_a_browser_with_its_grid_table_and_plots(sweep):
     _, sweep_dir = sweep
     rows = summary(sweep_dir)
@@ -100,6 +102,8 @@ def test_the_page_opens_in_a_browser_with_its_grid_table_and_plots(sweep):
     assert (sweep_dir / "screenshot.png").stat().st_size > 10_000
 
 
+@pytest.mark.slow
+@pytest.mark.browser
 def test_a_click_on_a_thumbnail_opens_the_full_image(sweep):
     _, sweep_dir = sweep
     [record] = [r for r in json.loads((sweep_dir / "5" / "images.json").read_text()) if r["index"] == 0]
@@ -120,6 +124,8 @@ def test_pareto_front_keeps_the_points_nothing_beats():
     assert pareto_front(points) == [4, 0, 1, 5]  # fastest first; (2, 11), (3, 11.5) are beaten; no time: left out
 
 
+@pytest.mark.slow
+@pytest.mark.browser
 def test_the_report_command_rebuilds_a_sweep_cut_short_with_other_axes(sweep, tmp_path):
     _, sweep_dir = sweep
     copy = tmp_path / "cut"
@@ -142,6 +148,7 @@ def test_the_report_command_rebuilds_a_sweep_cut_short_with_other_axes(sweep, tm
         assert page.locator("table.points tbody tr.failed").count() == 1
 
 
+@pytest.mark.slow
 def test_a_report_axis_that_is_not_swept_is_one_line(sweep, tmp_path):
     _, sweep_dir = sweep
     result = run_cli("-m", "+experiment=smoke", "tracking=none", "seed=0,1", "report.x=steps",
@@ -158,6 +165,8 @@ def test_a_report_axis_that_is_not_swept_is_one_line(sweep, tmp_path):
                           "error: SWEEP: no-such-sweep is neither a directory nor a run in sqlite:///")
 
 
+@pytest.mark.slow
+@pytest.mark.browser
 def test_the_report_of_a_sweep_pulled_from_mlflow(sweep, tmp_path):
     work, sweep_dir = sweep
     client, parent, children = sweep_runs(work)

@@ -10,6 +10,7 @@ samplers through the UNet as users name them.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 
@@ -17,7 +18,7 @@ import numpy as np
 import pytest
 
 from helpers import k_reference
-from helpers.cli import assert_one_line_error, run_cli
+from helpers.cli import assert_one_line_error, call_cli, run_cli
 from sdjax_runner.config import samplers as names
 from sdjax_runner.engine.samplers import sigmas as schedules
 from sdjax_runner.engine.samplers.k_samplers import K_SAMPLERS, key_noise
@@ -146,6 +147,7 @@ def test_deterministic_samplers_converge_at_their_order(name, order):
 
 
 @pytest.mark.parametrize("name", sorted(set(K_SAMPLERS) - set(DETERMINISTIC)))
+@pytest.mark.slow
 def test_stochastic_samplers_end_with_the_datas_distribution(name):
     import jax
     import jax.numpy as jnp
@@ -219,7 +221,8 @@ def test_every_sampler_name_is_written_into_the_records_and_read_back_as_itself(
     takes_schedule = names.resolve(name, "pndm").sigmas is not None
     schedule = names.SCHEDULES[number % len(names.SCHEDULES)] if takes_schedule else "pndm"
     plan = _plan(f"sampler='{name}'", f"scheduler={schedule}")
-    text = a1111_parameters(dict(image_meta(plan, 64, 64), index=0, batch=0, device=0, prompt="a cat", seed=0))
+    text = a1111_parameters(dataclasses.replace(image_meta(plan, 64, 64), index=0, batch=0, device=0, prompt="a cat",
+                                                seed=0))
     read = infotext.overrides(infotext.parse(text), ("tiny-random",), ("fp32",), False)
     assert _plan(*read.overrides).sampling == plan.sampling, text
     if name == "uni_pc_bh2":  # A1111's own spelling: its UniPC with the variant setting it writes when not bh1
@@ -259,7 +262,7 @@ def test_bad_sampler_names_are_one_line(tmp_path):
                                                 "(allowed: null, or one of the samplers that take it: Euler a, DPM2 a,"),
         (["sampler=Euler a", "sampling.eta=2"], "error: sampling.eta: must be between 0 and 1, got 2.0"),
     ]:
-        assert_one_line_error(run_cli("+experiment=smoke", *args, cwd=tmp_path), expected)
+        assert_one_line_error(call_cli("+experiment=smoke", *args, cwd=tmp_path), expected)
     assert not (tmp_path / "outputs" / "runs").exists() or not any((tmp_path / "outputs" / "runs").rglob("*.png"))
 
 
@@ -274,6 +277,7 @@ def _job_images(job_dir):
     return records, texts
 
 
+@pytest.mark.slow
 def test_samplers_through_the_unet_as_users_name_them(tmp_path, tiny_model_dir):
     sweep = tmp_path / "sweep"
     result = run_cli("-m", "+experiment=smoke", "sampler=Euler a,DPM++ 2M Karras,dpmpp_2m,uni_pc", "tracking=none", "compilation_cache.executables=false",

@@ -4,6 +4,7 @@
 import json
 
 import numpy as np
+import pytest
 from PIL import Image
 
 from helpers.cli import run_cli
@@ -15,6 +16,7 @@ SCHEDULERS = [name for name in options("scheduler") if name not in SCHEDULES]
 assert sorted(SCHEDULERS) == sorted(DIFFUSERS) and set(options("scheduler")) == set(SCHEDULERS) | set(SCHEDULES)
 
 
+@pytest.mark.slow
 def test_every_scheduler_gives_its_own_images_from_one_model_load(tmp_path, tiny_model_dir):
     sweep_dir = tmp_path / "sweep"
     result = run_cli("-m", "+experiment=smoke", f"scheduler={','.join(SCHEDULERS)}", "tracking=none",
@@ -91,6 +93,7 @@ def test_lms_in_the_jitted_loop_matches_the_scipy_integrated_reference():
     np.testing.assert_allclose(np.asarray(got), sample, rtol=2e-4, atol=2e-4)
 
 
+@pytest.mark.slow
 def test_ddpm_steps_between_inference_timesteps_and_noises_each_image_by_its_own_latents():
     import jax
     import jax.numpy as jnp

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from helpers.browser import open_page
-from helpers.cli import assert_one_line_error, run_cli
+from helpers.cli import assert_one_line_error, call_cli, run_cli
 from helpers.lora_files import factors, write_kohya
 from helpers.mlflow_store import seed_store
 
@@ -49,6 +49,7 @@ def _run_dirs(work: Path) -> dict[str, Path]:
     return found
 
 
+@pytest.mark.slow
 def test_the_plan_line_names_the_sampler_and_a1111_syntax_in_a_plain_prompt_is_said_once(runs):
     _, _, results = runs
     said = results["sampler"].stdout + results["sampler"].stderr
@@ -62,6 +63,7 @@ def test_the_plan_line_names_the_sampler_and_a1111_syntax_in_a_plain_prompt_is_s
     assert HINT not in lora_said  # the guide's prompt: plain text, nothing to say
 
 
+@pytest.mark.slow
 def test_run_names_directories_and_mlflow_show_what_ran(runs):
     from mlflow.tracking import MlflowClient
 
@@ -82,6 +84,7 @@ def test_run_names_directories_and_mlflow_show_what_ran(runs):
     assert [r.info.run_id for r in found] == [run.info.run_id]
 
 
+@pytest.mark.slow
 def test_a_merged_lora_is_one_line_per_file(runs):
     _, updates, results = runs
     touched = collections.Counter(component for component, _ in updates)
@@ -90,6 +93,7 @@ def test_a_merged_lora_is_one_line_per_file(runs):
         in results["lora"].stdout
 
 
+@pytest.mark.slow
 def test_runs_list_shows_the_sampler_and_leaves_runs_refused_for_bad_input_out(runs):
     work, _, results = runs
     assert_one_line_error(results["refused"], "error: sampling.height: 72 does not fit tiny-random's down-sampling")
@@ -126,13 +130,13 @@ def test_runs_list_shows_the_sampler_and_leaves_runs_refused_for_bad_input_out(r
 
 def test_a_sampler_given_to_scheduler_points_at_sampler(tmp_path):
     allowed = "ddim, ddpm, dpm_solver_pp, euler, exponential, karras, lms, normal, pndm, sgm_uniform, simple"
-    assert_one_line_error(run_cli("+experiment=smoke", "scheduler=heun", cwd=tmp_path),
+    assert_one_line_error(call_cli("+experiment=smoke", "scheduler=heun", cwd=tmp_path),
                           f"error: scheduler=heun: no such option (allowed: {allowed}; heun is a sampler: "
                           "sampler=heun)")
-    assert_one_line_error(run_cli("+experiment=smoke", "scheduler=DPM++ 2M Karras", cwd=tmp_path),
+    assert_one_line_error(call_cli("+experiment=smoke", "scheduler=DPM++ 2M Karras", cwd=tmp_path),
                           f"error: scheduler=DPM++ 2M Karras: no such option (allowed: {allowed}; DPM++ 2M Karras is "
                           "a sampler: sampler='DPM++ 2M Karras')")
-    assert_one_line_error(run_cli("+experiment=smoke", "scheduler=bogus", cwd=tmp_path),
+    assert_one_line_error(call_cli("+experiment=smoke", "scheduler=bogus", cwd=tmp_path),
                           f"error: scheduler=bogus: no such option (allowed: {allowed})")
     assert not (tmp_path / "outputs" / "runs").exists()  # refused before a run directory was made
 
@@ -147,7 +151,8 @@ def test_from_png_says_its_dtype_batch_and_device(tmp_path, dtype, said):
     text = ("a cat\nSteps: 4, Sampler: Euler a, CFG scale: 7, Seed: 1, Size: 64x64, Model: tiny-random, "
             f"Dtype: {dtype}, Batch: 1, Device: 3")
     # A height the runner refuses: the run stops before anything loads, after from_png has said its lines.
-    result = run_cli("--infotext", text, "+experiment=smoke", "sampling.height=65", cwd=tmp_path, command="from_png")
+    cli = run_cli if dtype == "float32" else call_cli  # one in a process of its own
+    result = cli("--infotext", text, "+experiment=smoke", "sampling.height=65", cwd=tmp_path, command="from_png")
     assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
     lines = result.stderr.splitlines()
     assert said in lines
@@ -169,12 +174,15 @@ def sampler_sweep(tmp_path_factory, tiny_model_dir):
     return sweep, result
 
 
+@pytest.mark.slow
 def test_a1111_syntax_in_a_plain_prompt_is_said_once_in_a_sweep(sampler_sweep):
     _, result = sampler_sweep
     [hint] = [line for line in (result.stdout + result.stderr).splitlines() if HINT in line]
     assert "prompts.negative looks like A1111's prompt syntax ('(blurry:1.2)')" in hint
 
 
+@pytest.mark.slow
+@pytest.mark.browser
 def test_a_sweeps_names_summary_and_report_show_the_samplers_as_a1111_spells_them(sampler_sweep):
     sampler_sweep, _ = sampler_sweep
     names = [json.loads((sampler_sweep / job / "status.json").read_text())["run_name"] for job in ("0", "1")]

@@ -17,6 +17,8 @@ from helpers.images import images_of
 from helpers.ldm_layout import PUBLISHED_SD15, PUBLISHED_SDXL, ldm_state, write_single_file
 from helpers.params import assert_same_params
 
+pytestmark = pytest.mark.slow
+
 KEY = "error: model.checkpoint:"
 
 

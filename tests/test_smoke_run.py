@@ -8,6 +8,8 @@ import numpy as np
 import pytest
 from PIL import Image
 
+pytestmark = pytest.mark.slow
+
 REPO = Path(__file__).resolve().parent.parent
 
 TIMING_KEYS = {"compile_s", "generate_s", "generate_s_min", "generate_s_max", "images_per_s", "s_per_step",

@@ -47,6 +47,7 @@ def test_a_job_whose_records_are_damaged_is_a_blank_row_not_a_failed_summary(tmp
         ("seed=0", "FINISHED", "0.5", "abc"), ("seed=1", "UNKNOWN", "", "")]
 
 
+@pytest.mark.slow
 def test_seed_sweep_loads_and_compiles_once_under_one_parent_run(tmp_path, tiny_model_dir):
     sweep_dir = tmp_path / "sweep"
     result = run_cli("-m", "+experiment=smoke", "seed=0,1,2,3", f"hydra.sweep.dir={sweep_dir}",
@@ -104,6 +105,7 @@ def test_seed_sweep_loads_and_compiles_once_under_one_parent_run(tmp_path, tiny_
     assert f"rerun: sweep {partial}: 1 of 1 job(s) identical; could not re-run: job(s) 2" in rerun.stdout
 
 
+@pytest.mark.slow
 def test_guidance_sweep_does_not_recompile_and_a_dtype_change_releases_the_old_model(tmp_path, tiny_model_dir):
     # Hydra runs (fp32, 1.0), (fp32, 7.5), (bf16, 1.0), (bf16, 7.5) in that order.
     sweep_dir = tmp_path / "sweep"
@@ -122,6 +124,7 @@ def test_guidance_sweep_does_not_recompile_and_a_dtype_change_releases_the_old_m
     assert not np.array_equal(a, b)  # the guidance value really changed the images
 
 
+@pytest.mark.slow
 def test_a_failed_point_does_not_sink_the_sweep(tmp_path, tiny_model_dir):
     sweep_dir = tmp_path / "sweep"
     result = run_cli("-m", "+experiment=smoke", "sampling.height=64,72,48", f"hydra.sweep.dir={sweep_dir}",
@@ -141,6 +144,7 @@ def test_a_failed_point_does_not_sink_the_sweep(tmp_path, tiny_model_dir):
     assert "multiples of 16" in children[2].data.tags["error"]
 
 
+@pytest.mark.slow
 def test_persistent_compilation_cache_serves_a_new_process(tmp_path, tiny_model_dir):
     # JAX's own cache alone: with stored executables (on by default) a warm start would not compile at all.
     cache = [f"compilation_cache.dir={tmp_path / 'xla'}", "compilation_cache.executables=false"]
@@ -174,15 +178,17 @@ def test_compilation_cache_disabled_leaves_jax_without_one(monkeypatch):
     import jax
     from omegaconf import OmegaConf
 
+    from sdjax_runner import process
     from sdjax_runner.engine import compile_cache
 
-    monkeypatch.setattr(compile_cache, "_settings", None)
+    monkeypatch.setattr(process.current(), "compile_cache", None)  # a process that has configured nothing yet
     compile_cache.configure(OmegaConf.create({"enabled": False, "dir": "/unused", "min_compile_time_s": 0.0,
                                              "max_size_gb": None}))
     assert jax.config.jax_compilation_cache_dir is None
 
 
 @pytest.mark.timeout(400)
+@pytest.mark.slow
 def test_joblib_launcher_keeps_the_parent_child_linkage(tmp_path, tiny_model_dir):
     sweep_dir = tmp_path / "sweep"
     result = run_cli("-m", "+experiment=smoke", "seed=0,1", "hydra/launcher=joblib", "hydra.launcher.n_jobs=2",
@@ -196,6 +202,7 @@ def test_joblib_launcher_keeps_the_parent_child_linkage(tmp_path, tiny_model_dir
     assert [r["status"] for r in summary(sweep_dir)] == ["FINISHED", "FINISHED"]
 
 
+@pytest.mark.slow
 def test_a_killed_sweep_resumes_only_its_unfinished_jobs_into_the_same_parent_run(tmp_path, tiny_model_dir):
     import os
     import signal

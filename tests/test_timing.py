@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from helpers.cli import run_cli
 from sdjax_runner.engine.generate import extra_call_affordable
 
@@ -22,6 +24,7 @@ def run(tmp_path, *overrides: str) -> tuple[dict, str]:
     return json.loads((tmp_path / "run" / "timings.json").read_text()), generate_line(result.stdout)
 
 
+@pytest.mark.slow
 def test_exact_medians_on_request_rerun_batch_0_as_before(tmp_path, tiny_model_dir):
     timings, line = run(tmp_path, "timing.repeats=3", "timing.max_extra_share=null")
     assert (timings["steady_calls"], timings["timing_extra_calls"]) == (3, 3)
@@ -32,6 +35,7 @@ def test_exact_medians_on_request_rerun_batch_0_as_before(tmp_path, tiny_model_d
            f"{timings['generate_s_max']:.3f}), " in line
 
 
+@pytest.mark.slow
 def test_a_run_of_four_batches_times_its_own_and_reruns_nothing(tmp_path, tiny_model_dir):
     timings, line = run(tmp_path, "parallelism.num_batches=4", "output.save_images=false")
     assert (timings["num_batches"], timings["steady_calls"], timings["timing_extra_calls"]) == (4, 3, 0)
@@ -39,6 +43,7 @@ def test_a_run_of_four_batches_times_its_own_and_reruns_nothing(tmp_path, tiny_m
     assert " s/batch median of 3 (min " in line and "max_extra_share" not in line
 
 
+@pytest.mark.slow
 def test_no_rerun_allowed_leaves_the_first_calls_figure_said_as_such(tmp_path, tiny_model_dir):
     timings, line = run(tmp_path, "timing.max_extra_share=0")
     assert (timings["steady_calls"], timings["timing_extra_calls"], timings["timing_extra_s"]) == (0, 0, 0)

@@ -14,6 +14,8 @@ import pytest
 from helpers.cli import free_port, run_cli
 from helpers.mlflow_store import mlflow_statuses
 
+pytestmark = [pytest.mark.slow, pytest.mark.server]
+
 
 def start_server(tmp_path, port):
     """``mlflow server`` on 127.0.0.1 (SQLite store, proxied artifacts, one worker); (process, url) once healthy."""

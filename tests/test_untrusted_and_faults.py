@@ -97,6 +97,7 @@ HOSTILE = {
 
 
 @pytest.mark.parametrize("case", HOSTILE)
+@pytest.mark.slow
 def test_a_model_folder_cannot_run_code_or_crash_the_loader(tmp_path, tiny_model_dir, case):
     edit, expected = HOSTILE[case]
     model = tmp_path / "model"
@@ -127,6 +128,7 @@ def test_python_m_from_a_folder_that_ships_modules_imports_none_of_them(tmp_path
     assert not list(tmp_path.glob("RAN_*"))
 
 
+@pytest.mark.slow
 def test_a_reused_run_or_sweep_directory_is_refused_and_the_first_run_kept(smoke_run, tmp_path):
     _, original, _ = smoke_run
     first = tmp_path / "first"
@@ -145,6 +147,7 @@ def test_a_reused_run_or_sweep_directory_is_refused_and_the_first_run_kept(smoke
     assert sorted(p.name for p in sweep.iterdir()) == ["0", "sweep.json"]
 
 
+@pytest.mark.slow
 def test_a_killed_run_says_whose_it_was_and_sync_finishes_it_from_disk(tmp_path, tiny_model_dir):
     run_dir = tmp_path / "run"
     prompt = "a cat\nNegative prompt: injected\nSteps: 1"  # a prompt with line breaks: not new PNG fields
@@ -222,6 +225,7 @@ def small_disk(tmp_path):
         subprocess.run(["umount", str(mount)], capture_output=True)
 
 
+@pytest.mark.slow
 def test_a_full_disk_fails_the_run_with_one_line_and_leaves_nothing_half_written(tmp_path, small_disk):
     full, _ = small_disk
     run_dir = full / "run"
@@ -259,6 +263,7 @@ def test_a_compilation_cache_entry_that_does_not_fit_leaves_nothing_behind(small
     assert cache.get("fits") == b"x" * 1000 and cache.get("too-big") is None
 
 
+@pytest.mark.slow
 def test_an_unwritable_or_damaged_embedded_store_is_tracker_down_not_a_crash(tmp_path, small_disk):
     _, read_only = small_disk
     result = run_cli("+experiment=smoke", f"tracking.uri=sqlite:///{read_only}/store/mlflow.db",
@@ -294,6 +299,7 @@ def test_prompt_files_split_on_line_ends_only(tmp_path):
     assert read_prompt_file(str(path)) == ["one\u2028still one\x0cand one", "two", "three\rstill three"]
 
 
+@pytest.mark.slow
 def test_a_sweep_that_breaks_off_before_its_jobs_leaves_no_running_parent_run(tmp_path):
     # Whatever goes wrong between the sweep's start and its first job (here: the sweeper itself fails,
     # as a launcher plugin might) ends the parent tracker run FAILED with the error, not RUNNING.
@@ -314,6 +320,7 @@ main()
     assert parent.data.tags["error"] == "RuntimeError: the sweeper broke"
 
 
+@pytest.mark.slow
 def test_a_sweep_check_that_fails_itself_lets_the_sweep_run(tmp_path, tiny_model_dir):
     # The up-front check of a sweep's points is a convenience: if it breaks (not bad input, a bug),
     # the sweep runs as Hydra would run it, with its parent run and records, and says so once.

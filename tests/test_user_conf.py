@@ -20,6 +20,7 @@ def finished_jobs(sweep: Path) -> list[dict]:
     return [dict(record=record, status=s, dir=sweep / str(n)) for n, s in enumerate(statuses)]
 
 
+@pytest.mark.slow
 def test_an_experiment_in_your_own_conf_is_found_with_no_flag_and_one_shadowing_a_packaged_one_is_said(tmp_path):
     experiments = tmp_path / "conf" / "experiment"
     experiments.mkdir(parents=True)
@@ -52,6 +53,7 @@ def test_an_experiment_in_your_own_conf_is_found_with_no_flag_and_one_shadowing_
     ("img2img_strength", 3, ["strength"]),
     ("lora_scale", 3, ["lora.0.scale"]),
 ])
+@pytest.mark.slow
 def test_the_example_experiments_the_repository_ships_run_as_their_comments_say(tmp_path, name, points, swept):
     """Run as its comment says, from a copy of the repository's conf/ and examples/ (python
     examples/make_example_files.py first where it says so, then python -m sdjax_runner -m +experiment=NAME):

@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from helpers.cli import run_cli
 
 SMOKE = ["+experiment=smoke", "tracking=none"]
@@ -28,6 +30,7 @@ def _generate_programs(cache: Path) -> list[Path]:
     return [p for p in (cache / "executables").glob("*.pkl") if p.with_suffix(".flops.json").is_file()]
 
 
+@pytest.mark.slow
 def test_a_warm_start_loads_the_stored_executable_and_makes_the_same_images(tmp_path):
     # The default parallel mode: the guide's pmap.
     cache = tmp_path / "xla"
@@ -67,6 +70,7 @@ def _cache_bytes(cache: Path) -> int:
     return sum(p.stat().st_size for p in [*cache.glob("*-cache"), *(cache / "executables").glob("*.pkl")])
 
 
+@pytest.mark.slow
 def test_the_sharded_path_keeps_its_executable_too_and_the_cache_stays_within_its_bound(tmp_path):
     cache = tmp_path / "xla"
     first = _run(tmp_path, cache, "first", "parallelism=sharded")
@@ -137,6 +141,7 @@ def test_the_cache_bound_is_checked_before_anything_runs():
         make_plan(admit(compose_cfg(["+experiment=smoke", "compilation_cache.min_compile_time_s=-1"])), available_devices=8)
 
 
+@pytest.mark.slow
 def test_a_stored_executable_that_fails_when_run_is_removed_and_traced_instead(tmp_path):
     cache = tmp_path / "xla"
     first = _run(tmp_path, cache, "first", "compilation_cache.executables=false")  # JAX's persistent cache only
