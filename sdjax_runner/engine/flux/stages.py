@@ -1,0 +1,148 @@
+"""FLUX.1's program stages, each what diffusers 0.39's ``FluxPipeline`` does (its ``encode_prompt``,
+``prepare_latents`` / ``_pack_latents`` / ``_prepare_latent_image_ids``, the denoising loop with
+``FlowMatchEulerDiscreteScheduler`` and ``calculate_shift``, ``_unpack_latents`` and the VAE decode), written
+for one device's share of a batch inside the traced program. ``pipeline`` is models/flux/pipeline.FluxPipeline,
+``params`` its placed weights by component.
+
+Prompt ids are one array per image: CLIP's 77 ids, then T5's ``max_sequence_length`` ids (:class:`FluxTokens`).
+There is no classifier-free guidance: [dev] is guidance-distilled (``guidance`` is the embedded guidance value,
+diffusers' ``guidance_scale``), [schnell] takes none; the conditioning holds one half, not two."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from sdjax_runner.engine.encode import Conditioning
+from sdjax_runner.engine.modes.start import Start
+
+CLIP_TOKENS = 77
+
+
+def image_seq_len(height: int, width: int, vae_scale_factor: int) -> int:
+    """How many image tokens a ``height`` x ``width`` image is: its latents packed 2x2."""
+    return (latent_side(height, vae_scale_factor) // 2) * (latent_side(width, vae_scale_factor) // 2)
+
+
+def latent_side(pixels: int, vae_scale_factor: int) -> int:
+    """diffusers' ``2 * (int(pixels) // (vae_scale_factor * 2))``: the latent side, even for the 2x2 packing."""
+    return 2 * (pixels // (vae_scale_factor * 2))
+
+
+def shift_mu(seq_len: int, config: dict) -> float:
+    """diffusers' ``calculate_shift``: the resolution-dependent shift, linear in the image's token count."""
+    base_len, max_len = config.get("base_image_seq_len", 256), config.get("max_image_seq_len", 4096)
+    base_shift, max_shift = config.get("base_shift", 0.5), config.get("max_shift", 1.15)
+    slope = (max_shift - base_shift) / (max_len - base_len)
+    return seq_len * slope + (base_shift - slope * base_len)
+
+
+def flow_sigmas(steps: int, seq_len: int, config: dict) -> np.ndarray:
+    """The schedule's ``steps + 1`` sigmas (the last 0), float32, as ``FluxPipeline`` sets them: ``linspace(1,
+    1/steps, steps)`` shifted -- by ``exp(mu) / (exp(mu) + 1/s - 1)`` with dynamic shifting ([dev]), else by
+    ``shift * s / (1 + (shift - 1) * s)`` ([schnell]: shift 1, unchanged). Host constants of the program."""
+    import math
+
+    base = np.linspace(1.0, 1 / steps, steps).astype(np.float32)
+    if config.get("use_dynamic_shifting", False):
+        mu = math.exp(shift_mu(seq_len, config))
+        shifted = mu / (mu + (1 / base - 1))
+    else:
+        shift = float(config.get("shift", 1.0))
+        shifted = shift * base / (1 + (shift - 1) * base)
+    return np.append(shifted.astype(np.float32), np.float32(0.0))
+
+
+def pack(latents):
+    """(batch, C, h, w) -> (batch, h/2 * w/2, 4C): 2x2 patches as tokens (diffusers' ``_pack_latents``)."""
+    batch, channels, height, width = latents.shape
+    patches = latents.reshape(batch, channels, height // 2, 2, width // 2, 2).transpose(0, 2, 4, 1, 3, 5)
+    return patches.reshape(batch, (height // 2) * (width // 2), channels * 4)
+
+
+def unpack(tokens, height: int, width: int):
+    """The inverse of :func:`pack` for latents ``height`` x ``width`` (diffusers' ``_unpack_latents``)."""
+    batch, _, features = tokens.shape
+    channels = features // 4
+    patches = tokens.reshape(batch, height // 2, width // 2, channels, 2, 2).transpose(0, 3, 1, 4, 2, 5)
+    return patches.reshape(batch, channels, height, width)
+
+
+def image_ids(height: int, width: int) -> np.ndarray:
+    """(h/2 * w/2, 3) float32 positions of the packed tokens: (0, row, column) (``_prepare_latent_image_ids``)."""
+    ids = np.zeros((height // 2, width // 2, 3), np.float32)
+    ids[..., 1] = np.arange(height // 2)[:, None]
+    ids[..., 2] = np.arange(width // 2)[None, :]
+    return ids.reshape(-1, 3)
+
+
+def encode(pipeline: Any, params: dict, ids, negative_ids, spec: Any, inputs: dict) -> Conditioning:
+    """``ids`` (batch, 77 + T): CLIP's pooled embedding of the first 77 (diffusers' ``pooled_prompt_embeds``)
+    and T5's last hidden states of the rest (``prompt_embeds``). No negative prompt (module docstring)."""
+    clip, t5 = ids[:, :CLIP_TOKENS], ids[:, CLIP_TOKENS:]
+    pooled = pipeline.text_encoder(clip, params=params["text_encoder"]).pooler_output
+    states = pipeline.text_encoder_2(t5, params=params["text_encoder_2"])[0]
+    return Conditioning(states.astype(pipeline.dtype), {"pooled": pooled.astype(pipeline.dtype)})
+
+
+def txt2img(pipeline: Any, params: dict, key, spec: Any, batch: int, inputs: dict) -> Start:
+    """The device's noise, (batch, 16, h, w) float32 standard normal: the SD family's convention with the
+    VAE's 16 latent channels (packed by the sampler)."""
+    import jax
+    import jax.numpy as jnp
+
+    factor = pipeline.vae_scale_factor
+    shape = (batch, pipeline.vae.latent_channels, latent_side(spec.height, factor), latent_side(spec.width, factor))
+    return Start(jax.random.normal(key, shape=shape, dtype=jnp.float32))
+
+
+def euler(pipeline: Any, params: dict, conditioning: Conditioning, start: Start, guidance, spec: Any, key=None):
+    """The flow-matching Euler sampler (``FlowMatchEulerDiscreteScheduler.step``: ``x + (sigma_next - sigma) *
+    v``, in float32) over the model's schedule (:func:`flow_sigmas`), in a ``lax.fori_loop``; the transformer
+    sees each step's timestep ``sigma * 1000 / 1000`` (as the pipeline passes it) and, for [dev], ``guidance``.
+    Returns the final latents unpacked, (batch, 16, h, w)."""
+    import jax
+    import jax.numpy as jnp
+
+    factor = pipeline.vae_scale_factor
+    height, width = latent_side(spec.height, factor), latent_side(spec.width, factor)
+    sigmas = flow_sigmas(spec.steps, (height // 2) * (width // 2), pipeline.scheduler_config)
+    timesteps = jnp.asarray(sigmas[:-1] * np.float32(1000))  # the scheduler's, float32
+    steps_dt = jnp.asarray(sigmas[1:] - sigmas[:-1])
+    latents = pack(start.noise)
+    batch = latents.shape[0]
+    img_ids, txt_ids = jnp.asarray(image_ids(height, width)), jnp.zeros((conditioning.context.shape[1], 3))
+    assert conditioning.added is not None  # encode's: the pooled embedding
+    pooled = conditioning.added["pooled"]
+    embedded = (jnp.full((batch,), guidance, dtype=jnp.float32).astype(pipeline.dtype)
+                if pipeline.guidance_embeds else None)
+
+    def step(index, x):
+        timestep = jnp.broadcast_to(timesteps[index], (batch,)).astype(pipeline.dtype) / 1000
+        velocity = pipeline.transformer.apply(
+            {"params": params["transformer"]}, x.astype(pipeline.dtype), conditioning.context,
+            pooled, timestep, img_ids, txt_ids, guidance=embedded)
+        return (x.astype(jnp.float32) + steps_dt[index] * velocity.astype(jnp.float32)).astype(x.dtype)
+
+    latents = jax.lax.fori_loop(0, spec.steps, step, latents)
+    return unpack(latents, height, width)
+
+
+def decode(pipeline: Any, params: dict, latents):
+    """Latents -> pixels in [0, 1], (batch, H, W, 3): ``latents / scaling_factor + shift_factor`` through the
+    VAE's decoder, ``x / 2 + 0.5`` clipped (the pipeline's image processor)."""
+    latents = latents / pipeline.scaling_factor + pipeline.shift_factor
+    image = pipeline.vae.apply({"params": params["vae"]}, latents.astype(pipeline.vae.dtype),
+                               method=pipeline.vae.decode)
+    return (image.astype("float32") / 2 + 0.5).clip(0, 1).transpose(0, 2, 3, 1)
+
+
+def prompt_ids(pipeline: Any, texts: list[str], max_sequence_length: int) -> np.ndarray:
+    """(len(texts), 77 + max_sequence_length) int32 on the host: CLIP's ids padded to 77, then T5's padded (and
+    cut) to ``max_sequence_length`` -- what ``FluxPipeline.encode_prompt`` tokenizes."""
+    clip = pipeline.tokenizer(texts, padding="max_length", max_length=CLIP_TOKENS, truncation=True,
+                              return_tensors="np").input_ids
+    t5 = pipeline.tokenizer_2(texts, padding="max_length", max_length=max_sequence_length, truncation=True,
+                              return_tensors="np").input_ids
+    return np.concatenate([clip, t5], axis=1).astype(np.int32)

@@ -1,0 +1,416 @@
+"""A FLUX.1 pipeline folder in diffusers' published layout (``FluxPipeline.save_pretrained``, the hub's
+black-forest-labs/FLUX.1-dev and -schnell) -> its Flax modules and their weights as host arrays, without torch.
+
+The folder's ``model_index.json`` names seven components, each read as follows:
+
+* ``transformer/`` (``FluxTransformer2DModel``) and ``vae/`` (``AutoencoderKL``): diffusers has them only in
+  PyTorch; the modules are the runner's own (:class:`~.transformer.FlaxFluxTransformer`,
+  :class:`~.autoencoder.FlaxFluxAutoencoderKL`) built from the folder's ``config.json``, their PyTorch
+  safetensors -- one file or shards through their ``.index.json``, model.variant's first -- converted by
+  :mod:`.convert`, which refuses any name, shape or missing parameter that does not fit.
+* ``text_encoder/`` (``CLIPTextModel``) and ``text_encoder_2/`` (``T5EncoderModel``): transformers' Flax classes,
+  loaded as the SD family loads its CLIP text encoders (:func:`sdjax_runner.models.loading.load_component`: Flax
+  weights with transformers' loader, PyTorch safetensors -- sharded T5 included -- converted with transformers'
+  renaming by :mod:`sdjax_runner.models.checkpoints`). They compute in float32 whatever the activations
+  dtype, as the SD family's text encoders do (their weights are cast to the weights dtype).
+* ``tokenizer/`` (``CLIPTokenizer``) and ``tokenizer_2/`` (``T5TokenizerFast``, read from ``tokenizer.json``,
+  offline and without sentencepiece: :func:`t5_tokenizer`).
+* ``scheduler/``: only ``FlowMatchEulerDiscreteScheduler``, whose config the engine's flow-matching sampler reads
+  (:func:`scheduler_config`); no diffusers scheduler object is built.
+
+The index may carry ``image_encoder`` / ``feature_extractor`` as ``[null, null]`` (diffusers 0.39 writes them) or
+not at all (the hub's); neither is loaded. A single-file checkpoint (``model.checkpoint``) is not read for FLUX
+yet. Whatever is wrong with the folder is one line naming ``model.pretrained_model_name_or_path``.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import logging
+import mmap
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Optional
+
+import numpy as np
+
+from sdjax_runner.config.schema import DtypeConfig, ModelConfig
+from sdjax_runner.console import error_line
+from sdjax_runner.errors import UserError
+from sdjax_runner.models import loading, model_index, sources
+from sdjax_runner.models.checkpoints import WeightsMismatch, safetensors_files, safetensors_names
+
+log = logging.getLogger("sdjax_runner")
+
+KEY = sources.KEY
+FAMILY = "flux"
+# A FLUX.1 pipeline's components: name -> (library, the classes model_index.json may name, without "Flax").
+COMPONENTS: dict[str, tuple[str, tuple[str, ...]]] = {
+    "transformer": ("diffusers", ("FluxTransformer2DModel",)),
+    "vae": ("diffusers", ("AutoencoderKL",)),
+    "text_encoder": ("transformers", ("CLIPTextModel",)),
+    "text_encoder_2": ("transformers", ("T5EncoderModel",)),
+    "tokenizer": ("transformers", ("CLIPTokenizer", "CLIPTokenizerFast")),
+    # T5Tokenizer (slow) needs sentencepiece; its folder's tokenizer.json is read as T5TokenizerFast, the same ids.
+    "tokenizer_2": ("transformers", ("T5TokenizerFast", "T5Tokenizer")),
+    "scheduler": ("diffusers", ("FlowMatchEulerDiscreteScheduler",)),
+}
+WEIGHTED = ("transformer", "vae", "text_encoder", "text_encoder_2")
+SCHEDULER = "FlowMatchEulerDiscreteScheduler"
+# The scheduler config keys the engine's flow-matching sampler reads, with diffusers 0.39's defaults
+# (FlowMatchEulerDiscreteScheduler.__init__) for a config that leaves one out, and the types each may have.
+SCHEDULER_KEYS: dict[str, tuple[Any, tuple[type, ...]]] = {
+    "num_train_timesteps": (1000, (int,)),
+    "shift": (1.0, (int, float)),
+    "use_dynamic_shifting": (False, (bool,)),
+    "base_shift": (0.5, (int, float)),
+    "max_shift": (1.15, (int, float)),
+    "base_image_seq_len": (256, (int,)),
+    "max_image_seq_len": (4096, (int,)),
+}
+# Options of the scheduler that change its sigmas; the sampler runs their defaults (every published FLUX.1
+# config's values), so a config that sets another value is refused rather than run on a different schedule.
+SCHEDULER_DEFAULTS_ONLY: dict[str, Any] = {
+    "use_karras_sigmas": False,
+    "use_exponential_sigmas": False,
+    "use_beta_sigmas": False,
+    "invert_sigmas": False,
+    "shift_terminal": None,
+    "stochastic_sampling": False,
+    "time_shift_type": "exponential",
+}
+# diffusers' FluxPipeline.default_sample_size: its default height/width is this times vae_scale_factor (1024).
+DEFAULT_SAMPLE_SIZE = 128
+CHECKPOINT_REFUSAL = ("not yet for FLUX: {directory} is a FLUX.1 pipeline, and single-file checkpoints load onto "
+                      "SD 1.x/2.x/XL bases only")
+
+
+@dataclass
+class FluxPipeline:
+    """A loaded FLUX.1 pipeline: its modules (no weights: those are ``LoadedModel.host_weights``, by component)
+    and what the engine's stages (engine/flux/stages.py) read of its configs. Every module is called with its
+    params passed in, so a jitted function can take them as arguments:
+
+    * ``transformer``: :class:`~.transformer.FlaxFluxTransformer` (activations dtype ``dtype``):
+      ``transformer.apply({"params": p}, hidden_states, encoder_hidden_states, pooled_projections, timestep,
+      img_ids, txt_ids, guidance)``.
+    * ``vae``: :class:`~.autoencoder.FlaxFluxAutoencoderKL` (``vae.dtype``: float32 where the activations are
+      float16 and its config says ``force_upcast``, else ``dtype``): ``vae.apply({"params": p}, latents,
+      method=vae.decode)``.
+    * ``text_encoder``: transformers' ``FlaxCLIPTextModel`` built without weights (``_do_init=False``):
+      ``text_encoder(input_ids, params=p).pooler_output`` is diffusers' ``pooled_prompt_embeds``.
+    * ``text_encoder_2``: transformers' ``FlaxT5EncoderModel`` likewise: ``text_encoder_2(input_ids, params=p)[0]``
+      is ``prompt_embeds`` (no attention mask, as FluxPipeline calls it).
+    * ``tokenizer``: the ``CLIPTokenizer`` (77 tokens); ``tokenizer_2``: the ``T5TokenizerFast``.
+    * ``scheduler_config``: the ``FlowMatchEulerDiscreteScheduler`` config's ``num_train_timesteps``, ``shift``,
+      ``use_dynamic_shifting``, ``base_shift``, ``max_shift``, ``base_image_seq_len``, ``max_image_seq_len``
+      (diffusers' defaults where the file leaves one out).
+    * ``vae_scale_factor``: ``2 ** (len(vae.block_out_channels) - 1)`` (8), as diffusers' FluxPipeline.
+    * ``scaling_factor``, ``shift_factor``: the VAE config's; the VAE decodes ``latents / scaling_factor +
+      shift_factor``.
+    * ``guidance_embeds``: the transformer config's: True for FLUX.1 [dev] (guidance-distilled: it takes the
+      guidance value), False for [schnell].
+    * ``dtype``: the activations dtype (a ``jax.numpy`` dtype) the transformer computes in.
+    """
+
+    transformer: Any
+    vae: Any
+    text_encoder: Any
+    text_encoder_2: Any
+    tokenizer: Any
+    tokenizer_2: Any
+    scheduler_config: dict[str, Any]
+    vae_scale_factor: int
+    scaling_factor: float
+    shift_factor: float
+    guidance_embeds: bool
+    dtype: Any
+
+    @property
+    def native_size(self) -> int:
+        """diffusers' default height and width: ``default_sample_size * vae_scale_factor`` (1024)."""
+        return DEFAULT_SAMPLE_SIZE * self.vae_scale_factor
+
+    @property
+    def size_multiple(self) -> int:
+        """Height and width must be multiples of this: the VAE's factor times the 2x2 packing (16)."""
+        return self.vae_scale_factor * 2
+
+
+def load_flux(directory: Path, index: dict, model: ModelConfig, dtype: DtypeConfig, checkpoint: Any,
+              checkpoint_sha256: Optional[str]) -> loading.LoadedModel:
+    """A FLUX.1 pipeline folder read component by component (the module docstring), as
+    :data:`sdjax_runner.models.loading.LOADERS` calls a family's loader: ``index`` is the folder's checked
+    ``model_index.json``; ``checkpoint`` (a single-file checkpoint) is refused. Host weights by component, in
+    the weights dtype -- the VAE's float32 where it computes in float32 (:func:`loading.component_dtype`)."""
+    import jax.numpy as jnp
+
+    if checkpoint is not None or model.checkpoint:
+        raise UserError("model.checkpoint", CHECKPOINT_REFUSAL.format(directory=directory),
+                        "null (the folder's own weights)")
+    if model.safety_checker:
+        raise UserError("model.safety_checker", f"{directory} is a FLUX.1 pipeline, which has no safety checker",
+                        "false")
+    classes = {name: _component(directory, index, name) for name in COMPONENTS}
+    activations = getattr(jnp, dtype.activations_dtype.name)
+    weights = loading.numpy_dtype(dtype.weights_dtype.name)
+    for name in WEIGHTED:
+        _check_weight_files(directory, name, COMPONENTS[name][0], model.variant)
+    schedule = scheduler_config(directory)
+
+    transformer, transformer_params, transformer_files = _load_own(directory, "transformer", model.variant,
+                                                                   activations, weights)
+    vae_dtype = loading.component_dtype(directory, "vae", activations)
+    vae_weights = np.dtype(np.float32) if vae_dtype != activations else weights  # upcast: float32 throughout
+    vae, vae_params, vae_files = _load_own(directory, "vae", model.variant, vae_dtype, vae_weights)
+
+    _compatible_flax_t5()
+    kinds = loading.component_kinds()
+    modules: dict[str, Any] = {}
+    params: dict[str, Any] = {"transformer": transformer_params, "vae": vae_params}
+    files: dict[str, tuple[Path, ...]] = {"transformer": transformer_files, "vae": vae_files}
+    formats = {"transformer": "safetensors", "vae": "safetensors"}
+    for name in ("text_encoder", "text_encoder_2", "tokenizer"):
+        cls = model_index.component_class(directory, name, "transformers", classes[name], kinds)
+        module, module_params, found = loading.load_component_or_say_why(directory, name, "transformers", cls, model,
+                                                                         activations, weights)
+        modules[name] = module
+        if module_params is not None:
+            params[name], files[name], formats[name] = module_params, found.files, found.format
+    try:
+        modules["tokenizer_2"] = t5_tokenizer(directory / "tokenizer_2")
+    except Exception as exc:  # the folder is input: one line, never a traceback
+        raise loading.unloadable(directory, "tokenizer_2", exc) from exc
+
+    variant = model.variant
+    variant_components = tuple(name for name in WEIGHTED
+                               if variant and any(f".{variant}." in f.name or f".{variant}-" in f.name
+                                                  for f in files[name]))
+    pipeline = FluxPipeline(
+        transformer=transformer, vae=vae, text_encoder=modules["text_encoder"],
+        text_encoder_2=modules["text_encoder_2"], tokenizer=modules["tokenizer"], tokenizer_2=modules["tokenizer_2"],
+        scheduler_config=schedule, vae_scale_factor=2 ** (len(vae.block_out_channels) - 1),
+        scaling_factor=float(vae.scaling_factor),
+        shift_factor=float(vae.shift_factor) if vae.shift_factor is not None else 0.0,
+        guidance_embeds=bool(transformer.guidance_embeds), dtype=activations)
+    return loading.LoadedModel(pipeline, params, None, 0.0, str(directory), formats, variant_components, FAMILY)
+
+
+def _component(directory: Path, index: dict, name: str) -> str:
+    """The class model_index.json names for FLUX component ``name`` (without "Flax"), checked against
+    :data:`COMPONENTS`, whose folder must be there."""
+    library, allowed = COMPONENTS[name]
+    spec = model_index.entry(directory, index, name)
+    if spec is None:
+        raise UserError(KEY, f"{directory / model_index.FILE} names no {name!r} component; a FLUX.1 pipeline has "
+                        f"{', '.join(COMPONENTS)}", "a complete FLUX.1 pipeline folder (diffusers' layout)")
+    class_name = spec[1].removeprefix("Flax")
+    if spec[0] != library or class_name not in allowed:
+        raise UserError(KEY, f"{directory / model_index.FILE}: component {name!r} is {spec[1]} ({spec[0]}), not a "
+                        "FLUX.1 pipeline's", f"{' or '.join(allowed)} ({library})")
+    if not (directory / name).is_dir():
+        raise UserError(KEY, f"{directory / name}/ is missing ({model_index.FILE} names a {class_name} there)",
+                        "a complete FLUX.1 pipeline folder (diffusers' layout)")
+    return class_name
+
+
+def _config(directory: Path, name: str, file: str = "config.json") -> dict:
+    """A component's JSON config as a dict (one line where it is not one)."""
+    path = directory / name / file
+    try:
+        config = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        raise loading.unloadable(directory, name, exc) from exc
+    if not isinstance(config, dict):
+        raise UserError(KEY, f"{path} is not a JSON object", "a diffusers-format config")
+    return config
+
+
+def _check_weight_files(directory: Path, name: str, library: str, variant: Optional[str]) -> None:
+    """Refuse, before anything is read, a component whose weights are not all there: a shard its index lists
+    that is missing, or no safetensors at all (a Flax text encoder passes: transformers' own loader reads it)."""
+    folder = directory / name
+    for single, index in safetensors_names(library, variant):
+        if (folder / index).is_file():
+            try:
+                files = safetensors_files(folder, library, variant)
+            except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError, AttributeError) as exc:
+                raise UserError(KEY, f"{folder / index}: not a shard index ({type(exc).__name__})",
+                                "the index.json diffusers/transformers write beside the shards") from None
+            missing = [f.name for f in files if not f.is_file()]
+            if missing:
+                raise UserError(KEY, f"{folder / index} lists {missing[0]}, which is missing"
+                                f"{f' (and {len(missing) - 1} more)' if len(missing) > 1 else ''}",
+                                "every shard its index lists")
+            return
+        if (folder / single).is_file():
+            return
+    if library == "transformers" and (folder / "flax_model.msgpack").is_file():
+        return
+    stem = safetensors_names(library, None)[0][0].removesuffix(".safetensors")
+    raise UserError(KEY, f"{folder}/ has no {stem}{f'.{variant}' if variant else ''}.safetensors weights "
+                    "(nor shards with their index)", "PyTorch safetensors as diffusers' FluxPipeline saves them")
+
+
+def _load_own(directory: Path, name: str, variant: Optional[str], activations: Any,
+              weights: np.dtype) -> tuple[Any, dict, tuple[Path, ...]]:
+    """(module, host params, the files read) for ``transformer/`` or ``vae/``: the runner's own module from its
+    config.json, the PyTorch safetensors converted by :mod:`.convert`."""
+    from sdjax_runner.models.flux.autoencoder import FlaxFluxAutoencoderKL
+    from sdjax_runner.models.flux.convert import convert_transformer, convert_vae, read_safetensors
+    from sdjax_runner.models.flux.transformer import FlaxFluxTransformer
+
+    build, convert, expected = {
+        "transformer": (FlaxFluxTransformer.from_config, convert_transformer, "FluxTransformer2DModel"),
+        "vae": (FlaxFluxAutoencoderKL.from_config, convert_vae, "AutoencoderKL"),
+    }[name]
+    folder = directory / name
+    config = _config(directory, name)
+    class_name = config.get("_class_name", expected)
+    if class_name != expected:
+        raise UserError(KEY, f"{folder / 'config.json'} is a {str(class_name)[:80]}'s config, not a FLUX.1 {name}'s "
+                        f"({expected})", f"a FLUX.1 {name} folder")
+    files = tuple(safetensors_files(folder, "diffusers", variant))
+    size = sum(f.stat().st_size for f in files)
+    if size >= loading.ANNOUNCE_BYTES:  # seconds or more: say so before it starts
+        log.info("load: %s/ (%.1f GB of safetensors weights, converting to Flax) ...", name, size / 1e9)
+    try:
+        try:
+            module = build(config, dtype=activations)
+        except (ValueError, TypeError) as exc:
+            raise UserError(KEY, f"{folder / 'config.json'} is not a FLUX.1 {name} config: {exc}",
+                            f"a FLUX.1 {name} folder") from None
+        try:
+            state_dict = read_safetensors(folder, variant)
+        except (WeightsMismatch, OSError) as exc:  # not safetensors, or shards that are not what their index says
+            raise UserError(KEY, f"{folder}/: its weights cannot be read: {error_line(exc, 200)}",
+                            "safetensors files as diffusers saves them") from None
+        try:
+            params = convert(state_dict, module, weights)
+        except WeightsMismatch as exc:
+            raise UserError(KEY, f"{folder}/ does not match its config.json: {exc}",
+                            "weights saved with that config") from None
+    except UserError:
+        raise
+    except Exception as exc:  # the folder is input: one line, never a traceback
+        raise loading.unloadable(directory, name, exc) from exc
+    return module, _in_memory(params), files
+
+
+def _in_memory(tree: Any) -> Any:
+    """``tree`` with every array that still views a memory-mapped weights file copied into memory: the
+    converter casts in place where the dtype already fits, and a host weight must not change (or fault) when the
+    file does."""
+    import jax
+
+    def mapped(array: np.ndarray) -> bool:
+        base: Any = array
+        while base is not None:
+            if isinstance(base, (np.memmap, mmap.mmap)):
+                return True
+            base = getattr(base, "base", None)
+        return False
+
+    return jax.tree_util.tree_map(lambda a: np.array(a) if mapped(a) else a, tree)
+
+
+def scheduler_config(directory: Path) -> dict[str, Any]:
+    """``scheduler/scheduler_config.json``'s values the flow-matching sampler reads (:data:`SCHEDULER_KEYS`),
+    checked: the class must be FlowMatchEulerDiscreteScheduler, each value of its type (a count a positive
+    integer), and the options that would change the sigmas (:data:`SCHEDULER_DEFAULTS_ONLY`) their defaults."""
+    path = directory / "scheduler" / "scheduler_config.json"
+    config = _config(directory, "scheduler", "scheduler_config.json")
+    class_name = config.get("_class_name")
+    if class_name != SCHEDULER:
+        raise UserError(KEY, f"{path}: the scheduler is {str(class_name)[:80]}; FLUX.1 runs {SCHEDULER} only",
+                        SCHEDULER)
+    values: dict[str, Any] = {}
+    for key, (default, types) in SCHEDULER_KEYS.items():
+        value = config.get(key, default)
+        if (isinstance(value, bool) and bool not in types) or not isinstance(value, types):
+            raise UserError(KEY, f"{path}: {key} is {json.dumps(value)[:80]}, not a "
+                            f"{' or '.join(t.__name__ for t in types)}", f"the scheduler's {key}")
+        values[key] = value
+    for key, default in SCHEDULER_DEFAULTS_ONLY.items():
+        if config.get(key, default) != default:
+            raise UserError(KEY, f"{path}: {key} is {json.dumps(config[key])[:80]}; the FLUX sampler runs "
+                            f"{json.dumps(default)} only", json.dumps(default))
+    counts = ("num_train_timesteps", "base_image_seq_len", "max_image_seq_len")
+    if any(values[key] < 1 for key in counts) or values["max_image_seq_len"] <= values["base_image_seq_len"]:
+        raise UserError(KEY, f"{path}: num_train_timesteps {values['num_train_timesteps']}, base_image_seq_len "
+                        f"{values['base_image_seq_len']}, max_image_seq_len {values['max_image_seq_len']}",
+                        "positive counts, max_image_seq_len above base_image_seq_len")
+    if not values["shift"] > 0:
+        raise UserError(KEY, f"{path}: shift is {values['shift']}", "a positive shift")
+    return values
+
+
+def _metaspace_scheme(tokenizer_json: Path) -> Optional[str]:
+    """The ``prepend_scheme`` of the Metaspace pre-tokenizer in a ``tokenizer.json`` (None: none found)."""
+    def find(node: Any) -> Optional[str]:
+        if isinstance(node, dict):
+            if node.get("type") == "Metaspace":
+                scheme = node.get("prepend_scheme")
+                if scheme is None and "add_prefix_space" in node:  # tokenizers < 0.14 wrote a bool
+                    scheme = "always" if node["add_prefix_space"] else "never"
+                return scheme if isinstance(scheme, str) else None
+            return next((s for s in map(find, node.get("pretokenizers", [])) if s is not None), None)
+        return None
+
+    return find(json.loads(tokenizer_json.read_text(encoding="utf-8")).get("pre_tokenizer"))
+
+
+def t5_tokenizer(folder: Path):
+    """``tokenizer_2/`` as transformers' ``T5TokenizerFast``, from its ``tokenizer.json``: offline, with neither
+    sentencepiece nor the ``spiece.model`` (the hub download fetches the JSON files only). A
+    ``tokenizer_config.json`` that sets ``add_prefix_space`` (the hub's FLUX.1 does) makes transformers rebuild
+    the tokenizer from the slow one, which needs both; where ``tokenizer.json``'s Metaspace pre-tokenizer already
+    does what that setting asks (``prepend_scheme`` "always" for true with legacy on -- what the conversion
+    writes), the setting is left out and the file read as it is: the same ids."""
+    from transformers import T5TokenizerFast
+
+    kwargs: dict[str, Any] = {}
+    config_file, tokenizer_json = folder / "tokenizer_config.json", folder / "tokenizer.json"
+    if config_file.is_file() and tokenizer_json.is_file():
+        config = json.loads(config_file.read_text(encoding="utf-8"))
+        prefix = config.get("add_prefix_space") if isinstance(config, dict) else None
+        if prefix is not None:
+            # transformers' convert_slow_tokenizer._get_prepend_scheme
+            wanted = ("always" if config.get("legacy", True) is not False else "first") if prefix else "never"
+            if _metaspace_scheme(tokenizer_json) == wanted:
+                kwargs["add_prefix_space"] = None
+    return T5TokenizerFast.from_pretrained(folder, **kwargs)
+
+
+def _compatible_flax_t5() -> None:
+    """transformers 4.57's ``FlaxT5EncoderModel`` calls ``jnp.clip(x, a_max=...)``, a keyword JAX removed in 0.10:
+    every T5 call fails (``clip() got an unexpected keyword argument 'a_max'``), and upstream's Flax classes are
+    frozen. Where the installed JAX lacks the keyword, ``FlaxT5Attention._relative_position_bucket`` (a
+    staticmethod) is replaced by the same computation with ``jnp.minimum`` -- the same buckets, bit for bit.
+    Idempotent; nothing else of transformers is touched."""
+    import jax.numpy as jnp
+    from transformers.models.t5 import modeling_flax_t5
+
+    attention = modeling_flax_t5.FlaxT5Attention
+    if "a_max" in inspect.signature(jnp.clip).parameters or getattr(attention, "_sdjax_compatible", False):
+        return
+
+    def relative_position_bucket(relative_position, bidirectional=True, num_buckets=32, max_distance=128):
+        relative_buckets: Any = 0
+        if bidirectional:
+            num_buckets //= 2
+            relative_buckets += (relative_position > 0) * num_buckets
+            relative_position = jnp.abs(relative_position)
+        else:
+            relative_position = -jnp.minimum(relative_position, 0)
+        max_exact = num_buckets // 2
+        is_small = relative_position < max_exact
+        if_large = max_exact + (jnp.log(relative_position / max_exact) / jnp.log(max_distance / max_exact)
+                                * (num_buckets - max_exact))
+        if_large = jnp.minimum(if_large, num_buckets - 1)
+        relative_buckets += jnp.where(is_small, relative_position, if_large)
+        return relative_buckets.astype("i4")
+
+    setattr(attention, "_relative_position_bucket", staticmethod(relative_position_bucket))  # noqa: B010
+    setattr(attention, "_sdjax_compatible", True)  # noqa: B010
