@@ -22,6 +22,8 @@ import jax
 import jax.numpy as jnp
 from diffusers.models.vae_flax import FlaxDecoder, FlaxDiagonalGaussianDistribution, FlaxEncoder
 
+from sdjax_runner.models.flux import config_fields
+
 # The keys of diffusers' AutoencoderKL config.json; the values are FLUX.1's (black-forest-labs/FLUX.1-dev vae/).
 CONFIG_DEFAULTS: dict[str, Any] = {
     "in_channels": 3,
@@ -44,6 +46,7 @@ CONFIG_DEFAULTS: dict[str, Any] = {
     "mid_block_add_attention": True,
 }
 _TUPLES = ("down_block_types", "up_block_types", "block_out_channels", "latents_mean", "latents_std")
+
 
 
 def to_vae_latents(latents: jax.Array, scaling_factor: float, shift_factor: float) -> jax.Array:
@@ -99,14 +102,7 @@ class FlaxFluxAutoencoderKL(nn.Module):
     def from_config(cls, config: Mapping[str, Any], **kwargs: Any) -> FlaxFluxAutoencoderKL:
         """The module for diffusers' VAE ``config.json`` (a dict): its keys as fields (``_``-prefixed keys are
         ignored, other unknown keys refused); ``kwargs`` set ``dtype``. ValueError for a config it cannot run."""
-        unknown = sorted(k for k in config if not k.startswith("_") and k not in CONFIG_DEFAULTS)
-        if unknown:
-            raise ValueError(f"FLUX VAE config has unknown key(s) {', '.join(unknown)}")
-        values = {k: config[k] for k in CONFIG_DEFAULTS if k in config}
-        for key in _TUPLES:
-            if values.get(key) is not None:
-                values[key] = tuple(values[key])
-        module = cls(**values, **kwargs)
+        module = cls(**config_fields(config, CONFIG_DEFAULTS, "FLUX VAE", _TUPLES), **kwargs)
         module.check()
         return module
 

@@ -37,6 +37,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from sdjax_runner.models.flux import config_fields
+
 # The keys of diffusers' FluxTransformer2DModel config.json (its __init__ arguments) and their defaults there.
 CONFIG_DEFAULTS: dict[str, Any] = {
     "patch_size": 1,
@@ -417,13 +419,7 @@ class FlaxFluxTransformer(nn.Module):
         """The module for diffusers' transformer ``config.json`` (a dict): its keys as fields (``_``-prefixed
         keys, diffusers' bookkeeping, are ignored; any other unknown key is refused: it could change the
         model); ``kwargs`` set ``dtype``, ``param_dtype``, ``attention_implementation``."""
-        unknown = sorted(k for k in config if not k.startswith("_") and k not in CONFIG_DEFAULTS)
-        if unknown:
-            raise ValueError(f"FLUX transformer config has unknown key(s) {', '.join(unknown)}")
-        values = {k: config[k] for k in CONFIG_DEFAULTS if k in config}
-        if "axes_dims_rope" in values:
-            values["axes_dims_rope"] = tuple(values["axes_dims_rope"])
-        module = cls(**values, **kwargs)
+        module = cls(**config_fields(config, CONFIG_DEFAULTS, "FLUX transformer", ("axes_dims_rope",)), **kwargs)
         module.check()
         return module
 
