@@ -172,7 +172,7 @@ class RunTimings(_Record):
     timing_extra_s: Optional[float] = None  # s: those re-runs
     images_per_s: Optional[float] = None  # images per second at generate_s
     s_per_step: Optional[float] = None  # s per sampling step at generate_s
-    # The program (runner.py: compile_generator).
+    # The program (engine/engine.py: CompileFacts).
     trace_s: Optional[float] = None  # s: tracing and lowering (0 when reused or loaded)
     compile_s: Optional[float] = None  # s: XLA compilation, or loading a stored executable
     compile_path: Optional[str] = None  # "traced", "executable_cache" or "reused"

@@ -1,5 +1,6 @@
-"""One job: config -> plan -> model and host weights -> placed params -> compiled program -> sharded batches
--> images and timings -> run directory -> tracker. Disk is written before the tracker is told anything,
+"""One job's lifecycle: config -> plan -> the engine (engine/engine.py: the model loaded and checked, its
+weights placed, the program compiled) -> sharded batches, each written as it arrives -> timings and quality
+-> run directory -> tracker. Disk is written before the tracker is told anything,
 and the tracker run is always ended (FINISHED, FAILED or KILLED; see :mod:`.record.job`)."""
 
 from __future__ import annotations
@@ -56,7 +57,6 @@ def _run(plan: Plan, job: Job, run_name: str, tags: dict[str, str], started: flo
 
     from sdjax_runner.engine.efficiency import param_bytes_per_device
     from sdjax_runner.engine.engine import current as current_engine
-    from sdjax_runner.engine.generate import describe as describe_timings
 
     announce(plan)
     if job.writes:
@@ -70,18 +70,14 @@ def _run(plan: Plan, job: Job, run_name: str, tags: dict[str, str], started: flo
         rundir.write_json(job.run_dir / rundir.INPUTS, inputs.collect(plan, model.loaded.path))
     program = engine.program(plan, model, jax.devices()[: plan.num_devices], started)
     interpreter.program_ready()
-    prepared, facts = program.prepared, program.facts
-    job.progress.update(load_s=prepared.load_s, replicate_s=prepared.replicate_s, trace_s=facts.trace_s,
-                        compile_s=facts.compile_s, batches_done=0, num_batches=plan.num_batches)
+    prepared = program.prepared
+    job.progress.update(load_s=prepared.load_s, replicate_s=prepared.replicate_s, trace_s=program.facts.trace_s,
+                        compile_s=program.facts.compile_s, batches_done=0, num_batches=plan.num_batches)
     images, write_s = generate_images(plan, job, program.generator, started)
     if images is None:
         return {"run_dir": None}
-    summary = program.generator.timings.summary(plan.images_per_batch, plan.num_inference_steps)
-    summary.update(program.facts.record())  # after the first call: a failed stored executable was traced then
-    summary.update(engine.efficiency(plan, program, summary["generate_s"]))
-    log.info("generate: %s%s", describe_timings(summary, plan.repeats, plan.max_extra_share),
-             (f", {summary['tflops_per_s']:.3g} TFLOP/s" if summary["tflops_per_s"] else "")
-             + (f", MFU {summary['mfu']:.1%}" if summary["mfu"] is not None else ""))
+    facts = program.facts  # read after the first call: a stored executable that failed in it was traced then
+    summary = measured(plan, engine, program)
     if plan.profile:
         profile(job, program.generator)
     quality = judge(plan, job, images)
@@ -89,7 +85,7 @@ def _run(plan: Plan, job: Job, run_name: str, tags: dict[str, str], started: flo
     timings = RunTimings(
         **summary, load_s=prepared.load_s, replicate_s=prepared.replicate_s, write_s=write_s,
         model_reused=int(model.reused), compile_reused=int(prepared.compiled is not None),
-        compile_cache_hit=int(program.facts.cache_hit), **process_facts(engine), num_images=len(job.records),
+        compile_cache_hit=int(facts.cache_hit), **process_facts(engine), num_images=len(job.records),
         images_per_batch=plan.images_per_batch, num_batches=plan.num_batches, num_devices=plan.num_devices,
         per_device_batch_size=plan.per_device_batch_size,
         param_bytes_per_device=param_bytes_per_device(model.loaded.host_weights),
@@ -100,6 +96,20 @@ def _run(plan: Plan, job: Job, run_name: str, tags: dict[str, str], started: flo
     if job.tracker_error is None:
         log.info("track: %s", job.tracker.description)
     return {"run_dir": str(job.run_dir), "timings": timings.to_json(), "quality": quality.to_json()}
+
+
+def measured(plan: Plan, engine: Engine, program: Any) -> dict[str, Any]:
+    """The steady-state timings, how the program was got and the efficiency figures (``program``: the
+    engine's Program, its batches run); said on the console in one line."""
+    from sdjax_runner.engine.generate import describe
+
+    summary = program.generator.timings.summary(plan.images_per_batch, plan.num_inference_steps)
+    summary.update(program.facts.record())
+    summary.update(engine.efficiency(plan, program, summary["generate_s"]))
+    log.info("generate: %s%s", describe(summary, plan.repeats, plan.max_extra_share),
+             (f", {summary['tflops_per_s']:.3g} TFLOP/s" if summary["tflops_per_s"] else "")
+             + (f", MFU {summary['mfu']:.1%}" if summary["mfu"] is not None else ""))
+    return summary
 
 
 def announce(plan: Plan) -> None:

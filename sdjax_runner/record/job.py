@@ -44,9 +44,7 @@ class Job:
         if run_name:  # known before the config is checked: a job refused for bad input is listed by its name
             self.status["run_name"] = run_name
         self.progress: dict[str, Any] = {}  # timings so far (timings.json's keys), kept if the job stops early
-        # The images written so far: ImageRecords (typed ``list`` until runner.py's warn_non_finite, which still
-        # annotates them list[dict] and reads record["non_finite"], reads them as ImageRecords).
-        self.records: list[ImageRecord] = []
+        self.records: list[ImageRecord] = []  # the images written so far
 
     def write_status(self, **fields: Any) -> None:
         self.status.update(fields, tracking=self.tracker.description, run_id=self.tracker.run_id)
