@@ -58,7 +58,6 @@ BASIC_SWEEPER_TARGET = "hydra._internal.core_plugins.basic_sweeper.BasicSweeper"
 JAX_BACKEND_LOGGER = "jax._src.xla_bridge"
 
 
-
 class MissingInternal(RuntimeError):
     """A private API this package uses is not in the installed release (one line, naming it)."""
 

@@ -51,7 +51,8 @@ def run(request):
 
     keys = batch_keys(int(ref["seed"]), 0, int(ref["num_devices"]))
     outs = [one_device(ids, params, key, np.float32(ref["guidance_scale"])) for key in keys]
-    return SimpleNamespace(ref=ref, pipeline=pipeline, ids=ids, outs=outs, seq_len=(height // 16) * (width // 16))
+    return SimpleNamespace(ref=ref, pipeline=pipeline, ids=ids, outs=outs,
+                           seq_len=stages.image_seq_len(height, width, pipeline.vae_scale_factor))
 
 
 def test_the_schedule_is_the_schedulers(run):

@@ -16,6 +16,8 @@ from typing import Any, Optional
 
 from sdjax_runner import process
 from sdjax_runner.config import checks
+from sdjax_runner.config.families import FAMILIES as FAMILY_ENTRIES
+from sdjax_runner.config.families import runs_mode
 from sdjax_runner.config.plan import Plan
 from sdjax_runner.console import one_line, shown
 from sdjax_runner.engine import compile_cache, efficiency, executable_cache
@@ -95,6 +97,7 @@ class Engine:
         entry, reused = self.reuse.model(plan)
         loaded = entry.loaded
         height, width = image_size(plan, loaded)
+        runs_mode(FAMILY_ENTRIES[loaded.family], plan.generation, plan.model.name)  # every family's modes
         FAMILIES[loaded.family].check_loaded(plan, loaded)
         log.info("load: %s %s%s", plan.model.name, "reused from an earlier job of this process" if reused else
                  f"from {loaded.path} in {loaded.load_s:.1f} s",

@@ -29,7 +29,8 @@ class Family:
     """One model family as the engine runs it."""
 
     name: str  # as in config/families.py
-    # (plan, loaded model) -> None: what only the loaded model tells (the mode fits it, prompts.clip_skip ...)
+    # (plan, loaded model) -> None: what only the loaded model tells, beyond the family's modes (which the engine
+    # checks for every family): the UNet's channels fit the mode, prompts.clip_skip ...
     check_loaded: Callable[[Any, LoadedModel], None]
     # (loaded, scheduler config, prediction type, attention) -> (pipeline sharing its modules, scheduler state)
     with_scheduler: Callable[..., tuple[Any, Any]]
@@ -46,7 +47,6 @@ class Family:
 
 def sd_check_loaded(plan: Any, loaded: LoadedModel) -> None:
     pipeline = loaded.pipeline
-    families.runs_mode(families.FAMILIES["sd"], plan.generation, plan.model.name)
     modes.fits_model(plan.generation, pipeline.unet.config.in_channels, plan.model.name)
     checks.clip_skip(plan.clip_skip, pipeline.text_encoder.config.num_hidden_layers,
                      hasattr(pipeline, "text_encoder_2"), plan.model.name)

@@ -107,7 +107,7 @@ def euler(pipeline: Any, params: dict, conditioning: Conditioning, start: Start,
 
     factor = pipeline.vae_scale_factor
     height, width = latent_side(spec.height, factor), latent_side(spec.width, factor)
-    sigmas = flow_sigmas(spec.steps, (height // 2) * (width // 2), pipeline.scheduler_config)
+    sigmas = flow_sigmas(spec.steps, image_seq_len(spec.height, spec.width, factor), pipeline.scheduler_config)
     timesteps = jnp.asarray(sigmas[:-1] * np.float32(1000))  # the scheduler's, float32
     steps_dt = jnp.asarray(sigmas[1:] - sigmas[:-1])
     latents = pack(start.noise)
