@@ -92,7 +92,9 @@ class ImageRecord(_Record):
     negative_prompt: Optional[str] = None  # the negative prompt; null: none
     seed: Optional[int] = None  # the run's seed
     steps: Optional[int] = None  # sampling.num_inference_steps
-    guidance_scale: Optional[float] = None  # classifier-free guidance scale
+    guidance_scale: Optional[float] = None  # classifier-free guidance scale (null: none ran -- FLUX.1)
+    # optional: FLUX.1 [dev]'s distilled guidance, the value its transformer embeds (Forge's "Distilled CFG Scale")
+    distilled_guidance: Optional[float] = None
     scheduler: Optional[str] = None  # the diffusers scheduler; with a k sampler, its sigma schedule (ComfyUI's "scheduler")
     sampler: Optional[str] = None  # what sampled, as A1111 spells it ("Euler a", "DPM++ 2M", "pndm")
     schedule_type: Optional[str] = None  # optional: A1111's "Schedule type" of a k sampler ("Karras")
@@ -105,6 +107,7 @@ class ImageRecord(_Record):
     controlnet: Optional[str] = None  # optional: controlnet.model
     conditioning_scale: Optional[float] = None  # optional, with controlnet: controlnet.conditioning_scale
     model: Optional[str] = None  # model.name
+    family: Optional[str] = None  # optional: the model family where it is not Stable Diffusion ("flux")
     model_path: Optional[str] = None  # the model directory or hub id it loaded from
     dtype: Optional[str] = None  # the weights' dtype ("float32", "bfloat16", "float16")
     height: Optional[int] = None  # pixels
@@ -130,7 +133,8 @@ class ImageRecord(_Record):
     # PNG text chunks that are numbers or booleans (every chunk is text; "" is None for the numbers).
     INT_CHUNKS: ClassVar[tuple[str, ...]] = ("index", "batch", "device", "seed", "steps", "height", "width",
                                             "clip_skip")
-    FLOAT_CHUNKS: ClassVar[tuple[str, ...]] = ("guidance_scale", "eta", "strength", "conditioning_scale")
+    FLOAT_CHUNKS: ClassVar[tuple[str, ...]] = ("guidance_scale", "distilled_guidance", "eta", "strength",
+                                              "conditioning_scale")
     BOOL_CHUNKS: ClassVar[tuple[str, ...]] = ("non_finite",)
 
     @classmethod

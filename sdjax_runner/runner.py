@@ -145,9 +145,11 @@ def generate_images(plan: Plan, job: Job, generator: Any, started: float) -> tup
               leave=False) as bar:
         batches = generator.generate(on_batch=on_batch)
         if job.writes:
-            return rundir.write_images(job.run_dir, plan, batches, rundir.image_meta(plan, generator.height,
-                                                                                    generator.width),
-                                       job.records, generator.non_finite)
+            from sdjax_runner.engine.families import FAMILIES
+
+            guidance = FAMILIES[generator.spec.family].guidance(generator.pipeline)
+            meta = rundir.image_meta(plan, generator.height, generator.width, guidance)
+            return rundir.write_images(job.run_dir, plan, batches, meta, job.records, generator.non_finite)
         for _ in batches:
             pass
     if plan.profile:  # so is the profiled batch

@@ -13,9 +13,9 @@ from helpers.cli import assert_one_line_error, call_cli, run_cli
 from helpers.mlflow_store import mlflow_statuses
 
 CASES = {
-    "unknown option": (["scheduler=nope"], "error: scheduler=nope: no such option (allowed: ddim, ddpm, dpm_solver_pp, "
-                                           "euler, exponential, karras, lms, normal, pndm, sgm_uniform, simple)"),
-    "unknown experiment": (["+experiment=nope"], "error: experiment=nope: no such option (allowed: guide_different_prompts, guide_same_prompt, smoke)"),
+    "unknown option": (["scheduler=nope"], "error: scheduler=nope: no such option (allowed: beta, ddim, ddpm, dpm_solver_pp, "
+                                           "euler, exponential, flow_match_euler, karras, lms, normal, pndm, sgm_uniform, simple)"),
+    "unknown experiment": (["+experiment=nope"], "error: experiment=nope: no such option (allowed: flux_schnell, flux_smoke, guide_different_prompts, guide_same_prompt, smoke)"),
     "misspelled key": (["sampling.num_inference_step=3"],
                        "error: sampling.num_inference_step: unknown key (allowed: num_inference_steps, guidance_scale, height, width, eta)"),
     "wrong type": (["seed=abc"], "error: seed: Value 'abc' of type 'str' could not be converted to Integer "
@@ -27,8 +27,8 @@ CASES = {
     "height not multiple of 8": (["sampling.height=65"], "error: sampling.height: must be a positive multiple of 8 up "
                                  "to 4096, got 65 (allowed: 8, 16, ..., 512, ..., 4096 or null)"),
     "zero width": (["sampling.width=0"], "error: sampling.width: must be a positive multiple of 8 up to 4096, got 0"),
-    "group given a number": (["scheduler=0"], "error: scheduler=0: no such option (allowed: ddim, ddpm, "
-                             "dpm_solver_pp, euler, exponential, karras, lms, normal, pndm, sgm_uniform, simple)"),
+    "group given a number": (["scheduler=0"], "error: scheduler=0: no such option (allowed: beta, ddim, ddpm, "
+                             "dpm_solver_pp, euler, exponential, flow_match_euler, karras, lms, normal, pndm, sgm_uniform, simple)"),
     "unknown XLA flag": (['performance.xla_flags=["--nonsense_flag=1"]'],
                          "error: performance.xla_flags: XLA rejects them: Unknown flag in XLA_FLAGS: --nonsense_flag=1"),
     "autotune level": (["performance.gpu_autotune_level=9"],
@@ -107,7 +107,7 @@ def test_bad_input_fails_fast_with_one_line(tmp_path, case):
     ("dtype=fp32,bogus", "error: dtype=bogus: no such option (allowed: bf16, fp16, fp32)"),
     ("sampling.height=64,65", "error: sampling.height: must be a positive multiple of 8 up to 4096, got 65"),
     ("sampling.num_inference_steps=2,abc", "error: sampling.num_inference_steps: Value 'abc' of type 'str' could "
-                                           "not be converted to Integer (allowed: an integer)"),
+                                           "not be converted to Integer (allowed: an integer or null)"),
     ("+sampling.num_inference_step=2,3", "error: sampling.num_inference_step: unknown key (allowed: "
                                          "num_inference_steps, guidance_scale, height, width, eta)"),
     ("model=tiny-random,local", "error: model.pretrained_model_name_or_path: a value is required"),

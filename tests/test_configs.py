@@ -18,15 +18,16 @@ GROUP_OPTIONS = sorted(
 
 
 def test_the_config_tree_is_what_the_tests_cover():
-    assert EXPERIMENTS == ["guide_different_prompts", "guide_same_prompt", "smoke"]
+    assert EXPERIMENTS == ["flux_schnell", "flux_smoke", "guide_different_prompts", "guide_same_prompt", "smoke"]
     assert ("model", "sd-v1-4") in GROUP_OPTIONS and ("tracking", "none") in GROUP_OPTIONS
     models = {option for group, option in GROUP_OPTIONS if group == "model"}
     assert models == {"local", "tiny-random", "tiny-random-inpaint", "tiny-random-xl", "sd-v1-arch", "sdxl-arch",
                       "sd-v1-4", "sd-v1-5", "sd-v1-5-inpainting", "sd-2-1-base", "sd-2-1", "sdxl-base-1.0",
-                      "single_file"}
+                      "single_file", "tiny-random-flux", "flux-dev", "flux-schnell"}
     schedulers = {o for g, o in GROUP_OPTIONS if g == "scheduler"}
     assert schedulers == {"pndm", "ddim", "lms", "dpm_solver_pp", "euler", "ddpm",  # diffusers'
-                          "normal", "karras", "exponential", "sgm_uniform", "simple"}  # the k samplers' sigma schedules
+                          "normal", "karras", "exponential", "sgm_uniform", "simple",  # the k samplers' sigma schedules
+                          "flow_match_euler", "beta"}  # FLUX.1's own scheduler, ComfyUI's beta for its k samplers  # the k samplers' sigma schedules
 
 
 @pytest.mark.parametrize("model,resolution,prediction", [
@@ -85,7 +86,7 @@ def test_smoke_is_small():
     ("sampling.num_inference_step=3", "sampling.num_inference_step: unknown key (allowed: num_inference_steps,"),
     ("seed=abc", "seed: Value 'abc'"),
     ("dtype.weights_dtype=int8", "expected one of [float32, bfloat16, float16]"),
-    ("scheduler=nope", "scheduler=nope: no such option (allowed: ddim, ddpm, dpm_solver_pp, euler, exponential, karras, "
+    ("scheduler=nope", "scheduler=nope: no such option (allowed: beta, ddim, ddpm, dpm_solver_pp, euler, exponential, flow_match_euler, karras, "
                        "lms, normal, pndm, sgm_uniform, simple)"),
     ("model.prediction_type=x0", "model.prediction_type: Invalid value 'x0', expected one of [epsilon, v_prediction, sample]"),
 ])

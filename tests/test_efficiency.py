@@ -14,19 +14,19 @@ from helpers.configs import compose_cfg
 from sdjax_runner.engine import efficiency
 
 
-def prepared_tiny(overrides):
+def prepared_tiny(overrides, experiment="smoke", size=64):
     from sdjax_runner.config.plan import admit, make_plan
     from sdjax_runner.engine.parallel import PARALLEL
     from sdjax_runner.engine.program import program_spec
     from sdjax_runner.engine.reuse import ReuseCache
 
-    cfg = compose_cfg(["+experiment=smoke"] + overrides)
+    cfg = compose_cfg([f"+experiment={experiment}"] + overrides)
     plan = make_plan(admit(cfg), jax.device_count())
     cache = ReuseCache()
     entry, _ = cache.model(plan)
     devices = jax.devices()[: plan.num_devices]
     mode = PARALLEL[plan.mode]
-    spec = program_spec(plan, entry.loaded.pipeline, 64, 64)
+    spec = program_spec(plan, entry.loaded.pipeline, size, size, family=entry.loaded.family)
     prepared = cache.prepare(plan, entry, False, mode, devices, spec)
     generator = mode(prepared.pipeline, prepared.params, None, plan, spec, devices)
     generator.compiled = cache.compile(prepared, generator.lower)[0]
@@ -53,6 +53,32 @@ def test_flops_per_batch_is_xlas_count_of_the_whole_unrolled_sampling_loop(tiny_
         module.DEBUG = False
     unrolled = lowered.cost_analysis()["flops"]
     assert flops == pytest.approx(unrolled, rel=0.02)
+
+
+@pytest.mark.parametrize("mode", ["pmap", "sharded"])
+@pytest.mark.slow
+def test_flux_flops_per_batch_is_xlas_count_of_the_whole_unrolled_sampling_loop(mode, monkeypatch):
+    from sdjax_runner.engine.program import generate
+
+    session, prepared, generator, plan = prepared_tiny([f"parallelism={mode}", "parallelism.per_device_batch_size=2",
+                                                        "parallelism.num_devices=2"], "flux_smoke", 32)
+    flops = session.flops(prepared, generator.compiled, plan.num_inference_steps, 2, 32, 32, plan.num_devices,
+                          generator.spec.prompt_tokens)
+
+    # The reference: one device's generation program with the sampling loop unrolled (a Python loop in place of
+    # lax.fori_loop), counted by XLA, times the devices.
+    def python_loop(lower, upper, body, value):
+        for index in range(lower, upper):
+            value = body(index, value)
+        return value
+
+    monkeypatch.setattr(jax.lax, "fori_loop", python_loop)
+    weights = dict(prepared.entry.loaded.host_weights, scheduler={})
+    shapes = jax.tree_util.tree_map(lambda x: jax.ShapeDtypeStruct(np.shape(x), np.asarray(x).dtype), weights)
+    ids = jnp.asarray(generator.tokens(plan.batch_prompts(0)[:2], 0)[0])
+    lowered = jax.jit(lambda i, p, k, g: generate(prepared.pipeline, generator.spec, i, p, k, g, {})).lower(
+        ids, shapes, jax.random.PRNGKey(0), jnp.float32(3.5))
+    assert flops == pytest.approx(plan.num_devices * lowered.cost_analysis()["flops"], rel=0.02)
 
 
 def test_efficiency_arithmetic_and_the_peak_table():
@@ -85,7 +111,7 @@ def test_every_run_records_flops_throughput_and_memory(smoke_run):
 @pytest.mark.slow
 def test_attention_implementations_match_the_default_on_cpu(tiny_model_dir, attention):
     from sdjax_runner.models.attention import configure_unet, tracing_with
-    from sdjax_runner.models.loading import load_model
+    from sdjax_runner.models.loaders import load_model
 
     cfg = compose_cfg(["+experiment=smoke"])
     loaded = load_model(cfg.model, cfg.dtype)

@@ -193,7 +193,7 @@ def test_tokenizers_give_the_reference_ids_offline(monkeypatch):
 def test_t5_tokenizer_with_the_hubs_add_prefix_space_loads_without_sentencepiece(tmp_path):
     """The hub's FLUX.1 tokenizer_2/tokenizer_config.json sets add_prefix_space, which makes transformers rebuild
     the tokenizer from sentencepiece; tokenizer.json already prepends the space, so it is read as it is."""
-    from sdjax_runner.models.flux.pipeline import t5_tokenizer
+    from sdjax_runner.models.flux.t5 import t5_tokenizer
 
     tokenizer_2 = shutil.copytree(folder("dev") / "tokenizer_2", tmp_path / "tokenizer_2")
     (tokenizer_2 / "spiece.model").unlink()  # the hub download fetches the JSON files only

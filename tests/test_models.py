@@ -54,7 +54,7 @@ def test_tiny_xl_runs_end_to_end_on_both_paths_and_takes_a_negative_prompt(tmp_p
 
 
 def load(path, **overrides):
-    from sdjax_runner.models.loading import load_model
+    from sdjax_runner.models.loaders import load_model
 
     cfg = compose_cfg(["model=local", f"model.pretrained_model_name_or_path={path}"]
                       + [f"{k}={v}" for k, v in overrides.items()])

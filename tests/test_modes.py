@@ -52,8 +52,13 @@ def inputs(tmp_path_factory) -> dict[str, Path]:
 
 
 def smoke_prompt() -> tuple[str, float, int]:
-    cfg = compose_cfg(["+experiment=smoke"])
-    return cfg.prompts.texts[0], float(cfg.sampling.guidance_scale), int(cfg.sampling.num_inference_steps)
+    """The smoke experiment's prompt, guidance and steps, as the runner reads them (the family's default guidance
+    where the config leaves it null)."""
+    from sdjax_runner.config.families import guidance
+    from sdjax_runner.config.plan import admit
+
+    config = admit(compose_cfg(["+experiment=smoke"]))
+    return config.prompts.texts[0], guidance(config), int(config.sampling.num_inference_steps)
 
 
 def sweep(tmp_path: Path, *overrides: str) -> list[Path]:

@@ -124,7 +124,7 @@ LONG = ", ".join(f"(word{i}:1.{i % 5}) thing" for i in range(30)) + ", [blurry] 
 
 
 def _pipeline(path):
-    from sdjax_runner.models.loading import load_model
+    from sdjax_runner.models.loaders import load_model
 
     cfg = compose_cfg(["model=local", f"model.pretrained_model_name_or_path={path}"])
     loaded = load_model(cfg.model, cfg.dtype)

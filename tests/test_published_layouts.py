@@ -121,7 +121,7 @@ def test_index_settings_are_allowed_by_name_and_newer_saves_load(published, tmp_
     stop it; an fp16 run upcasts SDXL's VAE (force_upcast) as diffusers' PyTorch pipelines do."""
     import jax.numpy as jnp
 
-    from sdjax_runner.models.loading import load_model
+    from sdjax_runner.models.loaders import load_model
 
     source = tmp_path / "saved"
     shutil.copytree(published["sd15"], source)

@@ -69,7 +69,7 @@ def test_a_modes_images_are_read_under_its_entrys_names(mode, tmp_path):
 
 def test_each_family_is_one_entry_in_config_models_and_engine():
     from sdjax_runner.engine.families import FAMILIES as ENGINE
-    from sdjax_runner.models.loading import LOADERS
+    from sdjax_runner.models.loaders import LOADERS
 
     assert tuple(families.FAMILIES) == tuple(LOADERS) == tuple(ENGINE)
     for name, entry in families.FAMILIES.items():

@@ -9,11 +9,14 @@ from PIL import Image
 
 from helpers.cli import run_cli
 from helpers.configs import options
-from sdjax_runner.config.samplers import SCHEDULES
+from sdjax_runner.config.samplers import FLOW_ONLY_SCHEDULES, FLOW_SCHEDULER, SCHEDULES
 from sdjax_runner.config.schema import SCHEDULERS as DIFFUSERS
 
-SCHEDULERS = [name for name in options("scheduler") if name not in SCHEDULES]
-assert sorted(SCHEDULERS) == sorted(DIFFUSERS) and set(options("scheduler")) == set(SCHEDULERS) | set(SCHEDULES)
+# The SD family's diffusers schedulers (FLUX.1's own flow_match_euler: tests/test_flux_runs.py).
+FLOW = {FLOW_SCHEDULER, *FLOW_ONLY_SCHEDULES}
+SCHEDULERS = [name for name in options("scheduler") if name not in SCHEDULES and name not in FLOW]
+assert sorted(SCHEDULERS) == sorted(DIFFUSERS)
+assert set(options("scheduler")) == set(SCHEDULERS) | set(SCHEDULES) | FLOW
 
 
 @pytest.mark.slow

@@ -62,7 +62,7 @@ def test_every_parameter_of_the_full_size_architecture_comes_from_exactly_one_ch
 
 
 def _load(overrides):
-    from sdjax_runner.models.loading import load_model
+    from sdjax_runner.models.loaders import load_model
 
     cfg = compose_cfg(overrides)
     return load_model(cfg.model, cfg.dtype)
@@ -89,7 +89,7 @@ def test_single_file_weights_are_the_diffusers_weights(tmp_path, request, fixtur
     if fixture == "tiny_model_dir" and not open_clip:  # a file replaced after the plan hashed it: not run
         from sdjax_runner.errors import UserError
         from sdjax_runner.files import file_sha256
-        from sdjax_runner.models.loading import load_model
+        from sdjax_runner.models.loaders import load_model
 
         cfg = compose_cfg([f"model={model}", f"model.checkpoint={checkpoint}"])
         planned = file_sha256(checkpoint)

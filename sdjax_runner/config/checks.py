@@ -19,7 +19,7 @@ import tempfile
 from pathlib import Path
 from typing import Any, Optional
 
-from sdjax_runner.config import modes, samplers
+from sdjax_runner.config import families, modes
 from sdjax_runner.config.schema import BUILTIN_MODELS, SCHEDULERS
 from sdjax_runner.errors import UserError
 from sdjax_runner.files import FOLDER_PATHS, cannot_make_folder
@@ -303,7 +303,7 @@ def run_values(cfg: Any) -> None:
     size("sampling.width", sampling.width)
     positive("sampling.num_inference_steps", sampling.num_inference_steps, optional=False)
     at_most("sampling.num_inference_steps", sampling.num_inference_steps, MAX_STEPS)
-    if not math.isfinite(sampling.guidance_scale):
+    if sampling.guidance_scale is not None and not math.isfinite(sampling.guidance_scale):
         raise UserError("sampling.guidance_scale", f"must be a finite number, got {sampling.guidance_scale}",
                         "any finite float, e.g. 7.5")
     positive("prompts.clip_skip", cfg.prompts.clip_skip, optional=False)
@@ -338,7 +338,8 @@ def run_values(cfg: Any) -> None:
     if cfg.compilation_cache.min_compile_time_s < 0:
         raise UserError("compilation_cache.min_compile_time_s",
                         f"must be >= 0, got {cfg.compilation_cache.min_compile_time_s}", "0 (cache everything), 1.5, ...")
-    chosen = samplers.resolve(cfg.sampler, cfg.scheduler.name, sampling.num_inference_steps, sampling.eta)
+    chosen = families.planned(cfg.model).sampling(cfg.sampler, cfg.scheduler.name, sampling.num_inference_steps,
+                                                  sampling.eta)
     if chosen.sampler == "scheduler" and chosen.scheduler == cfg.scheduler.name:
         scheduler_overrides(cfg.scheduler.name, dict(cfg.scheduler.config_overrides))
     modes.check(cfg, chosen.sampler)

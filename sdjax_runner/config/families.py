@@ -1,29 +1,64 @@
 """The model families the runner runs, one :class:`FamilyEntry` each: which published pipelines (the
-``_class_name`` of a model folder's ``model_index.json``) belong to it and which modes it runs. How a family
-is loaded is models/'s (``loading.LOADERS``), how it runs engine/'s (``families.FAMILIES``); both registries
-are checked against this one when they are imported. A new family (FLUX.1, SD 3.5) is an entry here, its
-loader in models/ and its stages in engine/ -- docs/architecture.md, "Where a new model family goes"."""
+``_class_name`` of a model folder's ``model_index.json``) belong to it, which modes it runs, its defaults and
+what it refuses before anything loads. How a family is loaded is models/'s (``loaders.LOADERS``), how it runs
+engine/'s (``families.FAMILIES``); both registries are checked against this one when they are imported. A new
+family (SD 3.5) is an entry here, its loader in models/ and its stages in engine/ -- docs/architecture.md,
+"Where a new model family goes".
+
+A run's family is known before its model loads (:func:`planned`): ``model.family`` when given, else the
+folder's ``model_index.json`` when it is on disk (a local folder; a built-in model's own entry), else ``sd``.
+The engine refuses a loaded model of another family in one line."""
 
 from __future__ import annotations
 
+import dataclasses
+import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, Optional
 
+from sdjax_runner.config import samplers
 from sdjax_runner.config.modes import MODES
 from sdjax_runner.errors import UserError
 
 MODEL_KEY = "model.pretrained_model_name_or_path"
+MAX_INDEX_BYTES = 1 << 20  # a model_index.json is a few hundred bytes; a larger one is left to the loader's checks
 
 
 @dataclass(frozen=True)
 class FamilyEntry:
     """Everything the config knows of one model family."""
 
-    name: str  # the family's name in records and messages
+    name: str  # the family's name in records and messages (model.family)
     title: str  # what it is, for people
     pipelines: tuple[str, ...]  # model_index.json's pipeline class names it runs (without diffusers' "Flax")
     tiny: str  # its tiny built-in model (model=NAME, random weights): what its CPU runs in the tests use
     modes: tuple[str, ...] = tuple(MODES)  # the modes (config/modes.py) it runs
+    builtins: tuple[str, ...] = ()  # the built-in models (models/builtin.py) of the family
+    steps: int = 50  # sampling.num_inference_steps when null: its diffusers pipeline's default
+    guidance: float = 7.5  # sampling.guidance_scale when null: likewise
+    # (RunConfig) -> None: what the family refuses before anything loads (settings it has no use for)
+    check: Optional[Callable[[Any], None]] = None
+    # (sampler, scheduler.name, steps, sampling.eta) -> config/samplers.Sampling: what steps
+    sampling: Callable[..., samplers.Sampling] = samplers.resolve
+
+
+def _flux_values(config: Any) -> None:
+    """Settings FLUX.1 has no use for, each refused in one line rather than ignored."""
+    prompts = config.prompts
+    if prompts.negative is not None:
+        raise UserError("prompts.negative", f"{config.model.name} is FLUX.1, which is guidance-distilled and reads "
+                        "no negative prompt (true classifier-free guidance is not run)", "null")
+    if prompts.syntax.name != "plain":
+        raise UserError("prompts.syntax", f"{prompts.syntax.name}: A1111's emphasis and BREAK weigh the SD family's "
+                        f"CLIP tokens; {config.model.name} (FLUX.1) reads prompts as written", "plain")
+    if prompts.clip_skip != 1:
+        raise UserError("prompts.clip_skip", f"{prompts.clip_skip}: FLUX.1 reads CLIP's pooled output, which has "
+                        "no layer to skip to", "1")
+    if config.model.checkpoint:
+        raise UserError("model.checkpoint", f"single-file FLUX.1 checkpoints are not loaded yet "
+                        f"({config.model.checkpoint})", "null (the folder's own weights)")
 
 
 def _registry(*entries: FamilyEntry) -> dict[str, FamilyEntry]:
@@ -35,9 +70,18 @@ FAMILIES = _registry(
     # reads 9 channels (engine/modes/inpaint.py).
     FamilyEntry("sd", "Stable Diffusion 1.x, 2.x and XL: CLIP text encoder(s), UNet, VAE",
                 ("StableDiffusionPipeline", "StableDiffusionInpaintPipeline", "StableDiffusionXLPipeline",
-                 "StableDiffusionXLInpaintPipeline"), tiny="tiny-random"),
+                 "StableDiffusionXLInpaintPipeline"), tiny="tiny-random",
+                builtins=("tiny-random", "tiny-random-xl", "sd-v1-arch", "sdxl-arch", "tiny-random-inpaint")),
+    # diffusers' FluxPipeline defaults: 28 steps, guidance 3.5 ([schnell] reads none: its check is the engine's,
+    # once the transformer's config says which it is).
+    FamilyEntry("flux", "FLUX.1: CLIP-L and T5 text encoders, a flow-matching transformer, a 16-channel VAE",
+                ("FluxPipeline",), tiny="tiny-random-flux", modes=("txt2img",), builtins=("tiny-random-flux",),
+                steps=28, guidance=3.5, check=_flux_values, sampling=samplers.resolve_flow),
 )
 PIPELINES = {pipeline: entry.name for entry in FAMILIES.values() for pipeline in entry.pipelines}
+BUILTINS = {builtin: entry.name for entry in FAMILIES.values() for builtin in entry.builtins}
+# The T5 sequence length of FLUX.1 (prompts.max_sequence_length): diffusers' default and bound.
+MAX_SEQUENCE_LENGTH = 512
 
 
 def family_of(pipeline: str, directory: Path) -> FamilyEntry:
@@ -49,7 +93,68 @@ def family_of(pipeline: str, directory: Path) -> FamilyEntry:
 
 
 def runs_mode(family: FamilyEntry, mode: str, model_name: str) -> None:
-    """Once the model is loaded: ``mode`` is one its family runs."""
+    """``mode`` is one the family runs (before the model loads, and again once it is)."""
     if mode not in family.modes:
         raise UserError("mode", f"{mode}, but {model_name} is a {family.title} model, which runs "
                         f"{', '.join(family.modes)}", ", ".join(family.modes))
+
+
+def _folder_family(path: Optional[str]) -> Optional[str]:
+    """The family a local folder's ``model_index.json`` names, or None where it cannot tell (no such folder yet,
+    a hub id, a file the loader will refuse with its own line)."""
+    if not path or "://" in path:
+        return None
+    index = Path(path).expanduser() / "model_index.json"
+    try:
+        if not index.is_file() or index.stat().st_size > MAX_INDEX_BYTES:
+            return None
+        name = json.loads(index.read_text(encoding="utf-8")).get("_class_name")
+    except (OSError, UnicodeDecodeError, ValueError, AttributeError):
+        return None
+    return PIPELINES.get(name.removeprefix("Flax")) if isinstance(name, str) else None
+
+
+def planned(model: Any) -> FamilyEntry:
+    """The family of ``model`` (a ModelConfig) before it loads: ``model.family``, a built-in's own, the folder's
+    index, else sd (the module docstring)."""
+    if model.family is not None:
+        if model.family not in FAMILIES:
+            raise UserError("model.family", f"unknown model family {model.family!r}", ", ".join(FAMILIES))
+        return FAMILIES[model.family]
+    if model.builtin is not None and model.builtin in BUILTINS:
+        return FAMILIES[BUILTINS[model.builtin]]
+    return FAMILIES[_folder_family(model.pretrained_model_name_or_path) or "sd"]
+
+
+def with_defaults(config: Any) -> Any:
+    """``config`` (a RunConfig) with its family named (``model.family``) and the family's defaults where the
+    config leaves them null: the step count and FLUX's T5 sequence length; the family's own refusals made.
+    Idempotent: records hold the values that ran. ``sampling.guidance_scale`` stays as given -- whether it was
+    given matters to FLUX.1 [schnell], which reads none -- and the plan takes the family's where it is null
+    (:func:`guidance`)."""
+    family = planned(config.model)
+    sampling, prompts = config.sampling, config.prompts
+    length = prompts.max_sequence_length
+    if family.name != "flux" and length is not None:
+        raise UserError("prompts.max_sequence_length", f"{length}: {config.model.name} has no T5 encoder (it is "
+                        f"{family.title})", "null (FLUX.1 only)")
+    if family.name == "flux":
+        if length is None:
+            length = MAX_SEQUENCE_LENGTH
+        elif not 1 <= length <= MAX_SEQUENCE_LENGTH:
+            raise UserError("prompts.max_sequence_length", f"{length}: FLUX.1's T5 reads at most "
+                            f"{MAX_SEQUENCE_LENGTH} tokens", f"1..{MAX_SEQUENCE_LENGTH} (null: {MAX_SEQUENCE_LENGTH})")
+    runs_mode(family, config.mode.name, config.model.name)
+    if family.check is not None:
+        family.check(config)
+    return dataclasses.replace(
+        config, model=dataclasses.replace(config.model, family=family.name),
+        sampling=dataclasses.replace(sampling, num_inference_steps=family.steps
+                                     if sampling.num_inference_steps is None else sampling.num_inference_steps),
+        prompts=dataclasses.replace(prompts, max_sequence_length=length))
+
+
+def guidance(config: Any) -> float:
+    """The guidance value that runs: ``sampling.guidance_scale``, or the family's default where it is null."""
+    given = config.sampling.guidance_scale
+    return float(planned(config.model).guidance if given is None else given)

@@ -51,6 +51,23 @@ def dtype_options() -> dict[str, str]:
     return found
 
 
+@functools.cache
+def flux_models() -> frozenset[str]:
+    """The packaged model options of the FLUX.1 family (conf/model/*.yaml with ``family: flux``): an infotext
+    naming one is read as FLUX.1's (:func:`overrides`)."""
+    from importlib import resources
+
+    import yaml
+
+    found = set()
+    for path in (resources.files("sdjax_runner.conf") / "model").iterdir():
+        if path.name.endswith(".yaml"):
+            option = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+            if option.get("family") == "flux":
+                found.add(str(option["name"]))
+    return frozenset(found)
+
+
 @dataclass
 class Infotext:
     prompt: str
@@ -99,7 +116,8 @@ DECIMAL = re.compile(r"[+-]?(?:[0-9]{1,12}(?:\.[0-9]{0,12})?|\.[0-9]{1,12})(?:[e
 NUMBERS = {"Steps": (WHOLE, int, "a whole number, e.g. 20"), "Clip skip": (WHOLE, int, "a whole number, e.g. 2"),
            "Seed": (SIGNED, int, "a whole number, e.g. 1234"), "CFG scale": (DECIMAL, float, "a number, e.g. 7.5"),
            "Eta": (DECIMAL, float, "a number, e.g. 0.5"), "Eta DDIM": (DECIMAL, float, "a number, e.g. 0.5"),
-           "Denoising strength": (DECIMAL, float, "a number, e.g. 0.75")}
+           "Denoising strength": (DECIMAL, float, "a number, e.g. 0.75"),
+           "Distilled CFG Scale": (DECIMAL, float, "a number, e.g. 3.5")}
 
 
 def number(key: str, text: str) -> int | float:
@@ -142,16 +160,27 @@ def overrides(info: Infotext, model_options: tuple[str, ...], dtype_options: tup
     if info.prompt:
         out.append(f"prompts.texts=[{literal(info.prompt)}]")
         out.append("prompts.file=null")
-    if info.negative:
+    # FLUX.1's (Forge's "Distilled CFG Scale", or one of our FLUX.1 models): no negative prompt, no CFG, prompts
+    # read as written; its guidance is the distilled value.
+    flux = "Distilled CFG Scale" in settings or settings.get("Model") in flux_models()
+    if info.negative and flux:
+        skipped.append(f"Negative prompt: {shown_value(info.negative)}: FLUX.1 reads no negative prompt")
+    elif info.negative:
         out.append(f"prompts.negative={literal(info.negative)}")
-    # An infotext's prompts are in A1111's syntax (ours escape the brackets of a plain prompt for it).
-    out.append("prompts.syntax=a1111")
-    honoured.append("Prompt: A1111's syntax -> prompts.syntax=a1111")
+    if flux:
+        honoured.append("Prompt: read as written (FLUX.1 reads no A1111 emphasis)")
+    else:  # An infotext's prompts are in A1111's syntax (ours escape the brackets of a plain prompt for it).
+        out.append("prompts.syntax=a1111")
+        honoured.append("Prompt: A1111's syntax -> prompts.syntax=a1111")
     numbers = {key: number(key, settings[key]) for key in NUMBERS if key in settings}
     if "Steps" in numbers:
         use("Steps", f"sampling.num_inference_steps={numbers['Steps']}")
-    if "CFG scale" in numbers:
+    if "CFG scale" in numbers and flux:
+        skipped.append(f"CFG scale: {settings.pop('CFG scale')}: FLUX.1 runs no classifier-free guidance")
+    elif "CFG scale" in numbers:
         use("CFG scale", f"sampling.guidance_scale={numbers['CFG scale']!r}")
+    if "Distilled CFG Scale" in numbers:
+        use("Distilled CFG Scale", f"sampling.guidance_scale={numbers['Distilled CFG Scale']!r}")
     if "Seed" in numbers:
         use("Seed", f"seed={numbers['Seed']}")
         honoured[-1] += " (JAX's random numbers from it, not torch's: an A1111 image is not remade pixel for pixel)"

@@ -18,7 +18,7 @@ from typing import Any, NamedTuple, Optional
 
 from omegaconf import DictConfig, OmegaConf
 
-from sdjax_runner.config import checks, modes, samplers
+from sdjax_runner.config import checks, families, modes, samplers
 from sdjax_runner.config.input_images import ModeInputs, read_mode_inputs
 from sdjax_runner.config.modes import start_step
 from sdjax_runner.config.prompts import check_syntax, check_text, load_prompts
@@ -114,6 +114,9 @@ class Plan:
     cache_dir: str = ""  # paths.cache_dir: where built-in models are
     clip_skip: int = 1  # prompts.clip_skip
     syntax: str = "plain"  # prompts.syntax (engine/tokens.py)
+    family: str = "sd"  # the model's family, as planned (config/families.py); the engine refuses another
+    max_sequence_length: int = 0  # FLUX.1: T5 tokens per prompt (prompts.max_sequence_length); 0 for SD
+    guidance_given: bool = True  # sampling.guidance_scale was given (FLUX.1 [schnell] reads none: refused)
     from_texts: int = 0  # how many of the prompts are prompts.texts (the rest: prompts.file's), to name them
 
     @property
@@ -157,7 +160,7 @@ def admit(cfg: DictConfig) -> RunConfig:
     values = {key: cfg[key] for key in field_types(RunConfig)}
     fields: dict[str, Any] = {key: OmegaConf.to_object(value) if OmegaConf.is_config(value) else value
                               for key, value in values.items()}
-    return RunConfig(**fields)
+    return families.with_defaults(RunConfig(**fields))
 
 
 def lora_record(index: int, spec) -> LoraEntry:
@@ -209,6 +212,7 @@ def check_values(config: RunConfig) -> Checked:
     """Every check of ``config`` that needs neither devices nor a model (so the runner makes them before
     JAX and the model libraries start: bad input is refused in well under a second); the prompts and
     the mode's images, read."""
+    config = families.with_defaults(config)
     checks.run_values(config)
     prompts = load_prompts(list(config.prompts.texts), config.prompts.file)
     if config.prompts.negative:
@@ -224,6 +228,11 @@ def make_plan(config: RunConfig, available_devices: int, checked: Optional[Check
     """Validate ``config`` (what :func:`admit` returned) and lay out its images; raises UserError naming
     the first bad key. ``checked``: what :func:`check_values` returned, if the caller has made those
     checks already."""
+    given_guidance = config.sampling.guidance_scale is not None
+    config = families.with_defaults(config)
+    family = families.FAMILIES[str(config.model.family)]
+    steps = config.sampling.num_inference_steps
+    assert steps is not None  # with_defaults filled it in
     if checked is None:
         checked = check_values(config)
     prompts = checked.prompts
@@ -242,10 +251,13 @@ def make_plan(config: RunConfig, available_devices: int, checked: Optional[Check
         device, slot = divmod(within, par.per_device_batch_size)
         slots.append(ImageSlot(i, batch, device, slot, prompts[i % len(prompts)], i < kept, i % len(prompts)))
     checks.grid(config.output.grid_rows, config.output.grid_cols, kept)
-    sampling = samplers.resolve(config.sampler, config.scheduler.name, config.sampling.num_inference_steps,
-                                config.sampling.eta)
+    sampling = family.sampling(config.sampler, config.scheduler.name, config.sampling.num_inference_steps,
+                               config.sampling.eta)
     scheduler = config.scheduler
-    if scheduler.name != sampling.scheduler or scheduler.name in samplers.SCHEDULES:
+    guidance = families.guidance(config)
+    if family.name == "flux":  # its own scheduler's config, whatever the schedule (engine/flux/)
+        scheduler = SchedulerConfig(name=sampling.scheduler, config_overrides={})
+    elif scheduler.name != sampling.scheduler or scheduler.name in samplers.SCHEDULES:
         # DDIM / PLMS named by sampler=; a k sampler's sigma schedule: the model's own training schedule is read
         # through diffusers' Euler scheduler, which steps nothing here.
         name = sampling.scheduler if sampling.scheduler not in samplers.SCHEDULES else "euler"
@@ -268,8 +280,8 @@ def make_plan(config: RunConfig, available_devices: int, checked: Optional[Check
         num_batches=num_batches,
         images=tuple(slots),
         seed=config.seed,
-        num_inference_steps=config.sampling.num_inference_steps,
-        guidance_scale=float(config.sampling.guidance_scale),
+        num_inference_steps=steps,
+        guidance_scale=guidance,
         height=config.sampling.height,
         width=config.sampling.width,
         repeats=config.timing.repeats,
@@ -286,12 +298,16 @@ def make_plan(config: RunConfig, available_devices: int, checked: Optional[Check
         max_models=config.reuse.max_models,
         params=dict(flatten_params(config), **lora_params(adapters), **checkpoint_params(model, checkpoint),
                     **({"strength": str(strength)} if strength is not None else {}),
+                    **{"sampling.guidance_scale": str(guidance)},  # the family's default where null
+                    # FLUX.1 steps with its own scheduler whatever the (default) scheduler group says
+                    **({"scheduler.name": sampling.scheduler} if family.name == "flux" and sampling.sigmas is None
+                       else {}),
                     sampler=sampling.label),  # what ran, as A1111 spells it (the config's value is in its artifact)
         lora=adapters,
         checkpoint=checkpoint,
         generation=config.mode.name,
         strength=strength,
-        start_step=start_step(config.sampling.num_inference_steps, strength),
+        start_step=start_step(steps, strength),
         inputs=checked.inputs,
         resize_mode=config.resize_mode.name,
         controlnet=config.controlnet.model if "controlnet.model" in modes.MODES[config.mode.name].needs else None,
@@ -299,5 +315,8 @@ def make_plan(config: RunConfig, available_devices: int, checked: Optional[Check
         cache_dir=config.paths.cache_dir,
         clip_skip=config.prompts.clip_skip,
         syntax=config.prompts.syntax.name,
+        family=family.name,
+        max_sequence_length=config.prompts.max_sequence_length or 0,
+        guidance_given=given_guidance,
         from_texts=len(config.prompts.texts),
     )

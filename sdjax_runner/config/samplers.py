@@ -9,6 +9,7 @@ scheduler, as before samplers existed.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Optional
 
@@ -63,7 +64,7 @@ SCHEDULES = ("normal", "karras", "exponential", "sgm_uniform", "simple")  # engi
 # The schedules' names in A1111's "Schedule type" (its sd_schedulers.py); older versions wrote the schedule
 # into the sampler's name: "DPM++ 2M Karras".
 A1111_SCHEDULES = {"normal": "Normal", "karras": "Karras", "exponential": "Exponential", "sgm_uniform": "SGM Uniform",
-                   "simple": "Simple"}
+                   "simple": "Simple", "beta": "Beta"}
 
 # Read off the registry (the lookups below and other modules use these).
 K_SAMPLERS = tuple(SAMPLERS)
@@ -92,8 +93,10 @@ class Sampling:
         A diffusers scheduler keeps its own name (``pndm``) and has no schedule type: it is not A1111's
         sampler of a similar name. ``uni_pc_bh2`` is A1111's ``UniPC`` with the setting :attr:`a1111_settings`
         says. A k sampler A1111 has no name for keeps its own (ComfyUI's), which reads back as itself."""
-        if self.sampler == "scheduler" or self.sigmas is None:  # (a k sampler always has its schedule)
+        if self.sampler == "scheduler":
             return self.scheduler, None
+        if self.sigmas is None:  # FLUX.1's Euler on the model's own flow schedule (resolve_flow): no schedule type
+            return BY_K_NAME.get(self.sampler, self.sampler), None
         return BY_K_NAME.get(self.sampler, self.sampler), A1111_SCHEDULES[self.sigmas]
 
     @property
@@ -137,11 +140,12 @@ def a1111_name(name: str) -> str:
     return label_of(name, "pndm")  # a diffusers scheduler's name says nothing of the schedule: none is added
 
 
-def label_of(sampler: Optional[str], scheduler: str) -> str:
-    """:attr:`Sampling.label` of a recorded config's ``sampler`` and ``scheduler.name``; where they do not
+def label_of(sampler: Optional[str], scheduler: str, resolver: Optional[Callable[..., Sampling]] = None) -> str:
+    """:attr:`Sampling.label` of a recorded config's ``sampler`` and ``scheduler.name``, as ``resolver`` (the model
+    family's: config/families.py; default the SD family's :func:`resolve`) reads them; where they do not
     resolve (a refused run's), the sampler as given, or the scheduler."""
     try:
-        return resolve(sampler, scheduler).label
+        return (resolver or resolve)(sampler, scheduler).label
     except UserError:
         return str(sampler if sampler is not None else scheduler)
 
@@ -161,8 +165,14 @@ def _eta(eta: Optional[float], runs: str, named: str) -> Optional[float]:
 
 def resolve(sampler: Optional[str], scheduler: str, steps: Optional[int] = None,
             eta: Optional[float] = None) -> Sampling:
-    """``sampler``, ``scheduler.name``, the step count and ``sampling.eta`` as given -> what runs; a UserError
-    for what does not fit."""
+    """``sampler``, ``scheduler.name``, the step count and ``sampling.eta`` as given -> what runs, for the SD
+    family; a UserError for what does not fit."""
+    if scheduler == FLOW_SCHEDULER:
+        raise UserError("scheduler", f"{FLOW_SCHEDULER} is FLUX.1's scheduler; Stable Diffusion runs diffusers' "
+                        "noise schedulers", ", ".join(SCHEDULERS))
+    if scheduler in FLOW_ONLY_SCHEDULES:
+        raise UserError("scheduler", f"{scheduler}: ComfyUI's {scheduler} schedule runs for FLUX.1's k samplers so "
+                        "far", ", ".join(SCHEDULES))
     if sampler is None:
         if scheduler in SCHEDULES:
             raise UserError("scheduler", f"{scheduler} is a sigma schedule of the k-diffusion samplers: pick one "
@@ -186,3 +196,42 @@ def resolve(sampler: Optional[str], scheduler: str, steps: Optional[int] = None,
     # A diffusers scheduler name (the experiment's default) says nothing about sigmas: normal.
     return Sampling(found, scheduler, carried or (scheduler if scheduler in SCHEDULES else "normal"),
                     _eta(eta, found, str(sampler)))
+
+
+# FLUX.1's own scheduler (diffusers' FlowMatchEulerDiscreteScheduler; engine/flux/stages.py steps it).
+FLOW_SCHEDULER = "flow_match_euler"
+# The scheduler names that leave FLUX.1 on its own schedule: its own, or the root config's default (pndm), which
+# names the SD family's scheduler and is read as "the model's own" for FLUX.1.
+FLOW_SCHEDULER_NAMES = (FLOW_SCHEDULER, "pndm")
+# The k samplers FLUX.1 runs as ComfyUI runs them on flow models (engine/flux/sigmas.py): the deterministic ones
+# (ComfyUI gives the ancestral and SDE samplers their own rectified-flow variants, not run here), on ComfyUI's
+# schedules over the model's flow sigmas; without a schedule named, simple (ComfyUI's FLUX workflows', Forge's).
+FLOW_K_SAMPLERS = ("euler", "heun", "dpmpp_2m", "lms")
+FLOW_SCHEDULES = ("simple", "normal", "sgm_uniform", "karras", "exponential", "beta")
+FLOW_ONLY_SCHEDULES = tuple(name for name in FLOW_SCHEDULES if name not in SCHEDULES)
+FLOW_DEFAULT_SCHEDULE = "simple"
+
+
+def resolve_flow(sampler: Optional[str], scheduler: str, steps: Optional[int] = None,
+                 eta: Optional[float] = None) -> Sampling:
+    """What runs for FLUX.1: with ``sampler`` null, or euler and no schedule, the flow-matching Euler on the model's
+    own schedule (diffusers' FluxPipeline); a k sampler of :data:`FLOW_K_SAMPLERS` on a ComfyUI schedule (from
+    ``scheduler``, the name's suffix, else simple); anything else refused in one line."""
+    if eta is not None:
+        raise UserError("sampling.eta", "FLUX.1's samplers add no noise: eta would change nothing", "null")
+    if scheduler not in FLOW_SCHEDULER_NAMES + FLOW_SCHEDULES:
+        raise UserError("scheduler", f"{scheduler}: FLUX.1 steps with its own {FLOW_SCHEDULER} (diffusers' "
+                        "FlowMatchEulerDiscreteScheduler, as its folder's scheduler/ says) or a k sampler on one of "
+                        "ComfyUI's schedules", ", ".join((FLOW_SCHEDULER, *FLOW_SCHEDULES)))
+    schedule = scheduler if scheduler in FLOW_SCHEDULES else None
+    found, carried = lookup(str(sampler)) if sampler is not None else ("euler", None)
+    if found not in FLOW_K_SAMPLERS:
+        raise UserError("sampler", f"{sampler}: FLUX.1 runs {', '.join(FLOW_K_SAMPLERS)} (ComfyUI's flow-model "
+                        "sampling)", ", ".join(FLOW_K_SAMPLERS) + ", or null")
+    if carried and schedule and carried != schedule:
+        raise UserError("scheduler", f"{scheduler}, but sampler={sampler} names the {carried} schedule",
+                        f"{carried}, or a sampler name without a schedule")
+    schedule = carried or schedule
+    if found == "euler" and schedule is None:
+        return Sampling("euler", FLOW_SCHEDULER, None)  # diffusers' FlowMatchEulerDiscreteScheduler
+    return Sampling(found, FLOW_SCHEDULER, schedule or FLOW_DEFAULT_SCHEDULE)

@@ -74,7 +74,7 @@ class TrackingBackend(Enum):
 # Names a run may pick whose implementations live in a lower layer; each of those registries is
 # checked against these lists when it is imported, so the two cannot drift apart.
 BUILTIN_MODELS = ("tiny-random", "tiny-random-xl", "sd-v1-arch", "sdxl-arch", "tiny-random-inpaint", "tiny-random-clip",
-                  "tiny-random-controlnet")  # models/builtin.py
+                  "tiny-random-controlnet", "tiny-random-flux")  # models/builtin.py
 # scheduler.name -> the diffusers Flax class whose settings it takes (scheduler.config_overrides); the
 # classes that run are in models/schedulers.py (LMS and DDPM are the project's own subclasses).
 SCHEDULERS = {"pndm": "FlaxPNDMScheduler", "ddim": "FlaxDDIMScheduler", "lms": "FlaxLMSDiscreteScheduler",
@@ -107,6 +107,10 @@ class ModelConfig:
     prediction_type: Optional[PredictionType] = None
     # Load .bin/.ckpt pickles (needs torch). Unpickling can run code, so it is off.
     allow_pickle: bool = False
+    # The model family (config/families.py): sd (SD 1.x/2.x/XL) or flux (FLUX.1). null: read from the folder's
+    # model_index.json when it is on disk (a local folder, a built-in model), else sd. Set it for a hub id
+    # that is not in the catalogue; a loaded model of another family is refused in one line.
+    family: Optional[str] = None
 
 
 @dataclass
@@ -149,6 +153,9 @@ class PromptsConfig:
     # /1.1, "\(" a literal bracket, BREAK, and prompts longer than 77 tokens encoded in 75-token chunks, at
     # most 20 per prompt). The negative prompt is read the same way.
     syntax: PromptSyntax = PromptSyntax.plain
+    # FLUX.1: how many T5 tokens a prompt is read as (padded and cut; diffusers' max_sequence_length), 1..512.
+    # null: 512, diffusers' default. Shapes the program. SD models have no T5 encoder: refused there.
+    max_sequence_length: Optional[int] = None
 
 
 @dataclass
@@ -162,9 +169,13 @@ class LoraConfig:
 
 @dataclass
 class SamplingConfig:
-    # Diffusers' defaults for Stable Diffusion.
-    num_inference_steps: int = 50  # denoising steps (>= 1); changing it recompiles
-    guidance_scale: float = 7.5  # classifier-free guidance weight; a traced value, no recompile
+    # null: the model family's default (config/families.py): diffusers' pipelines' own -- 50 steps and
+    # guidance 7.5 for Stable Diffusion (the guide's), 28 and 3.5 for FLUX.1.
+    num_inference_steps: Optional[int] = None  # denoising steps (>= 1); changing it recompiles
+    # Stable Diffusion: the classifier-free guidance weight. FLUX.1 [dev]: its distilled guidance (the value
+    # the transformer embeds, diffusers' guidance_scale, Forge's "Distilled CFG Scale"); [schnell] takes none
+    # (refused unless null). A traced value: a sweep over it does not recompile.
+    guidance_scale: Optional[float] = None
     height: Optional[int] = None  # pixels, a multiple of 8 (null: the model's native size)
     width: Optional[int] = None  # pixels, a multiple of 8 (null: the model's native size)
     # The noise of DDIM and of the ancestral/SDE samplers (A1111's "Eta for DDIM" / "Eta for ancestral

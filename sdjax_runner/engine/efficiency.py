@@ -49,6 +49,11 @@ def _flops(analysis: Any) -> Optional[float]:
     return float(analysis["flops"]) if analysis and "flops" in analysis else None
 
 
+def cost_flops(lowered: Any) -> Optional[float]:
+    """XLA's FLOP count of a lowered function (None where the backend has none before compiling)."""
+    return _flops(lowered.cost_analysis())
+
+
 def unet_step_flops(pipeline: Any, params: dict, per_device_images: int, height: int, width: int,
                     tokens: int = TOKENS) -> Optional[float]:
     """XLA's count for one guided UNet application (the batch doubled for classifier-free guidance);
@@ -74,7 +79,7 @@ def unet_step_flops(pipeline: Any, params: dict, per_device_images: int, height:
     # None on GPUs (jaxlib 0.11.2, H100): there only the compiled program has a cost analysis, and it
     # leaves out the cuDNN/cuBLAS custom calls that do most of the work (measured: 1.9 TFLOP counted
     # for a ~640 TFLOP batch), so no FLOPs and no MFU are reported rather than wrong ones.
-    return _flops(jax.jit(apply).lower(shapes, latents, steps, context, added).cost_analysis())
+    return cost_flops(jax.jit(apply).lower(shapes, latents, steps, context, added))
 
 
 def batch_flops(compiled: Any, unet_step: Optional[float], steps: int, num_devices: int) -> Optional[float]:

@@ -26,6 +26,7 @@ from sdjax_runner.engine.generate import Generator
 from sdjax_runner.engine.parallel import PARALLEL
 from sdjax_runner.engine.program import Spec, program_spec
 from sdjax_runner.engine.reuse import ModelEntry, Prepared, ReuseCache
+from sdjax_runner.errors import UserError
 from sdjax_runner.models.loading import LoadedModel
 
 log = logging.getLogger("sdjax_runner")
@@ -96,6 +97,10 @@ class Engine:
         """The plan's model (and ControlNet), loaded or reused, checked against the plan, at its size."""
         entry, reused = self.reuse.model(plan)
         loaded = entry.loaded
+        if loaded.family != plan.family:
+            raise UserError("model.family", f"{loaded.path} holds a {FAMILY_ENTRIES[loaded.family].title} model, but "
+                            f"the run was planned for {plan.family} (model.family; where null, the folder's index "
+                            f"if it was on disk when the run was planned, else sd)", loaded.family)
         height, width = image_size(plan, loaded)
         runs_mode(FAMILY_ENTRIES[loaded.family], plan.generation, plan.model.name)  # every family's modes
         FAMILIES[loaded.family].check_loaded(plan, loaded)
@@ -114,7 +119,7 @@ class Engine:
         from sdjax_runner.config.prompts import check_chunks, named_prompts
 
         pipeline = model.loaded.pipeline
-        tokens = model.family.tokens(pipeline, plan.syntax)  # read once: for the chunk count, then the batches
+        tokens = model.family.tokens(pipeline, plan)  # read once: for the chunk count, then the batches
         if plan.syntax == "a1111":  # before the program is made: its shape grows with the chunks
             check_chunks(named_prompts(plan.prompts, plan.from_texts, plan.negative), tokens.chunks_of)
         spec = program_spec(plan, pipeline, model.height, model.width,

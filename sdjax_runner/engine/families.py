@@ -3,7 +3,7 @@ what it checks once a model is loaded, how it reads prompts, the stages of its p
 (its modes), denoise (its samplers), decode; engine/program.py assembles them -- and what the engine
 measures of it (the configs a compiled program depends on, the FLOPs of one denoiser call).
 
-A new family (FLUX.1, SD 3.5) is its loader in models/ (``loading.LOADERS``), its stage modules here and one
+A new family (SD 3.5) is its loader in models/ (``loaders.LOADERS``), its stage modules here and one
 entry in :data:`FAMILIES`: the runner and the engine take everything family-specific from the entry
 (docs/architecture.md, "Where a new model family goes")."""
 
@@ -11,12 +11,15 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Optional
 
 from sdjax_runner.config import checks, families, modes
 from sdjax_runner.engine import efficiency
 from sdjax_runner.engine.decode import decode
-from sdjax_runner.engine.encode import Conditioning, encode, with_time_ids
+from sdjax_runner.engine.encode import Conditioning, encode, negative_text, with_time_ids
+from sdjax_runner.engine.flux import family as flux
+from sdjax_runner.engine.flux import samplers as flux_samplers
+from sdjax_runner.engine.flux import stages as flux_stages
 from sdjax_runner.engine.modes import MODES
 from sdjax_runner.engine.samplers import SAMPLERS
 from sdjax_runner.engine.tokens import PromptTokens
@@ -34,7 +37,9 @@ class Family:
     check_loaded: Callable[[Any, LoadedModel], None]
     # (loaded, scheduler config, prediction type, attention) -> (pipeline sharing its modules, scheduler state)
     with_scheduler: Callable[..., tuple[Any, Any]]
-    tokens: Callable[[Any, str], PromptTokens]  # (pipeline, prompts.syntax) -> its prompts' token reader
+    tokens: Callable[[Any, Any], Any]  # (pipeline, plan) -> its prompts' token reader (engine/tokens.py's interface)
+    # (prompts.negative, pipeline, chunks) -> the negative prompt encoded for every image, or None (engine/encode.py)
+    negative: Callable[[Optional[str], Any, int], Optional[str]]
     # Stage 1: (pipeline, params, ids, negative ids, spec, inputs) -> the conditioning
     encode: Callable[..., Conditioning]
     modes: Mapping[str, Callable]  # stage 2 per mode (engine/modes): -> modes.start.Start
@@ -43,6 +48,9 @@ class Family:
     structure: Callable[[Any], list]  # the pipeline's configs its compiled programs depend on
     # (pipeline, host weights, images per device, height, width, tokens) -> FLOPs of one guided denoiser call
     step_flops: Callable[..., Any]
+    # (pipeline) -> how it reads sampling.guidance_scale: "cfg" (classifier-free guidance), "distilled" (embedded
+    # in the denoiser: FLUX.1 [dev]) or "none" ([schnell]); the records say it so (record/rundir.py)
+    guidance: Callable[[Any], str] = lambda pipeline: "cfg"
 
 
 def sd_check_loaded(plan: Any, loaded: LoadedModel) -> None:
@@ -50,6 +58,10 @@ def sd_check_loaded(plan: Any, loaded: LoadedModel) -> None:
     modes.fits_model(plan.generation, pipeline.unet.config.in_channels, plan.model.name)
     checks.clip_skip(plan.clip_skip, pipeline.text_encoder.config.num_hidden_layers,
                      hasattr(pipeline, "text_encoder_2"), plan.model.name)
+
+
+def sd_tokens(pipeline: Any, plan: Any) -> PromptTokens:
+    return PromptTokens(pipeline, plan.syntax)
 
 
 def sd_encode(pipeline: Any, params: dict, ids, negative_ids, spec: Any, inputs: dict) -> Conditioning:
@@ -68,9 +80,15 @@ def sd_structure(pipeline: Any) -> list:
 
 
 FAMILIES: dict[str, Family] = {
-    "sd": Family("sd", check_loaded=sd_check_loaded, with_scheduler=with_scheduler, tokens=PromptTokens,
-                 encode=sd_encode, modes=MODES, samplers=SAMPLERS, decode=decode, structure=sd_structure,
-                 step_flops=efficiency.unet_step_flops),
+    "sd": Family("sd", check_loaded=sd_check_loaded, with_scheduler=with_scheduler, tokens=sd_tokens,
+                 negative=negative_text, encode=sd_encode, modes=MODES, samplers=SAMPLERS, decode=decode,
+                 structure=sd_structure, step_flops=efficiency.unet_step_flops),
+    # FLUX.1 (engine/flux/): guidance-distilled, no negative prompt; text to image with the flow-matching Euler.
+    "flux": Family("flux", check_loaded=flux.check_loaded, with_scheduler=flux.with_scheduler,
+                   tokens=flux.FluxTokens, negative=flux.negative, encode=flux_stages.encode,
+                   modes={"txt2img": flux_stages.txt2img}, samplers=flux_samplers.SAMPLERS,
+                   decode=flux_stages.decode, structure=flux.structure, step_flops=flux.step_flops,
+                   guidance=flux.guidance),
 }
 if tuple(FAMILIES) != tuple(families.FAMILIES):
     raise RuntimeError(f"engine/families runs {tuple(FAMILIES)}, config/families.py lists {tuple(families.FAMILIES)}")

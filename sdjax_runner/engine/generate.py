@@ -18,7 +18,6 @@ from typing import Any, Optional
 import numpy as np
 
 from sdjax_runner.config.plan import Plan
-from sdjax_runner.engine.encode import negative_text
 from sdjax_runner.engine.families import FAMILIES
 from sdjax_runner.engine.modes import NUMBERS, PER_IMAGE
 from sdjax_runner.engine.program import Spec
@@ -105,10 +104,10 @@ class Generator:
         # For a stored executable: traces the program instead, should it fail at its first call.
         self.retrace: Optional[Callable[[Exception], None]] = None
         self.non_finite: set[int] = set()  # indices of images with NaN or infinite pixels (overflow)
-        self.tokens = tokens or FAMILIES[spec.family].tokens(pipeline, plan.syntax)
+        self.tokens = tokens or FAMILIES[spec.family].tokens(pipeline, plan)
         self.negative_ids = None
         self.weights = {}  # A1111's syntax: the negative prompt's token weights, placed once
-        negative = negative_text(plan.negative, pipeline, spec.prompt_chunks)
+        negative = FAMILIES[spec.family].negative(plan.negative, pipeline, spec.prompt_chunks)
         if negative is not None:
             ids, weights = self.tokens([negative] * plan.images_per_batch, spec.prompt_chunks)
             self.negative_ids = self.place_ids(ids)

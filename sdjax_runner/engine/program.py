@@ -21,9 +21,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Optional
 
-from sdjax_runner.engine.encode import negative_text
 from sdjax_runner.engine.families import FAMILIES
-from sdjax_runner.engine.tokens import TOKENS, PromptTokens
+from sdjax_runner.engine.tokens import TOKENS
 
 
 @dataclass(frozen=True)
@@ -51,30 +50,32 @@ class Spec:
     clip_skip: int = 1  # prompts.clip_skip (engine/encode.py)
     prompt_chunks: int = 0  # prompts.syntax: 0 plain (the guide's 77 tokens), else A1111's chunks (engine/tokens.py)
     family: str = "sd"  # the model's family (engine/families.py): the program's stages
+    text_tokens: int = 0  # FLUX.1: T5's sequence length (prompts.max_sequence_length); 0 for SD
 
     @property
     def prompt_tokens(self) -> int:
-        """How many tokens of conditioning the UNet reads: 77, or 77 per chunk with A1111's syntax."""
-        return TOKENS * max(1, self.prompt_chunks)
+        """How many tokens of conditioning the denoiser reads: 77, or 77 per chunk with A1111's syntax; FLUX.1's
+        T5 length."""
+        return self.text_tokens or TOKENS * max(1, self.prompt_chunks)
 
 
 def program_spec(plan: Any, pipeline: Any, height: int, width: int, controlnet: str = "",
-                 tokens: Optional[PromptTokens] = None, family: str = "sd") -> Spec:
+                 tokens: Optional[Any] = None, family: str = "sd") -> Spec:
     """The one place the Plan's program-relevant fields are read (``plan``: config/plan.Plan);
     ``controlnet``: the loaded ControlNet's structure; ``tokens``: reads the prompts' chunk count (and keeps
     what it read, for the generator); ``family``: the loaded model's."""
     prediction = plan.model.prediction_type
     stepping = plan.sampling.sampler == "scheduler"  # else the diffusers scheduler steps nothing: not in the key
-    tokens = tokens or FAMILIES[family].tokens(pipeline, plan.syntax)
+    tokens = tokens or FAMILIES[family].tokens(pipeline, plan)
     chunks = tokens.chunk_count(plan.prompts + (plan.negative or "",))
     return Spec(steps=plan.num_inference_steps, height=height, width=width, batch=plan.per_device_batch_size,
-                negative=negative_text(plan.negative, pipeline, chunks) is not None, parallel=plan.mode,
+                negative=FAMILIES[family].negative(plan.negative, pipeline, chunks) is not None, parallel=plan.mode,
                 attention=plan.attention, scheduler=plan.scheduler.name if stepping else "",
                 scheduler_overrides=tuple(sorted((str(k), repr(v)) for k, v in plan.scheduler.config_overrides.items()))
                 if stepping else (), prediction_type=getattr(prediction, "name", prediction),
                 sampler=plan.sampling.sampler, sigmas=plan.sampling.sigmas, eta=plan.sampling.eta,
                 mode=plan.generation, controlnet=controlnet, clip_skip=plan.clip_skip, prompt_chunks=chunks,
-                family=family)
+                family=family, text_tokens=plan.max_sequence_length)
 
 
 def generate(pipeline: Any, spec: Spec, ids, params: dict, key, guidance, inputs: dict,

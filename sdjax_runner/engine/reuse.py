@@ -39,7 +39,8 @@ from sdjax_runner.engine.generate import Generator
 from sdjax_runner.engine.program import Spec
 from sdjax_runner.engine.tokens import TOKENS
 from sdjax_runner.models.attention import tracing_with
-from sdjax_runner.models.loading import LoadedModel, load_model
+from sdjax_runner.models.loaders import load_model
+from sdjax_runner.models.loading import LoadedModel
 
 log = logging.getLogger("sdjax_runner")
 

@@ -8,6 +8,11 @@ full-size ones for benchmarks.
   parameters) with random weights, so performance can be measured with no hub access.
 * ``tiny-random-inpaint``: ``tiny-random`` as an inpainting model (a 9-channel UNet, the index of
   ``StableDiffusionInpaintPipeline``); ``tiny-random-controlnet``: a ControlNet for ``tiny-random``.
+* ``tiny-random-flux``: a structurally complete FLUX.1 [dev] pipeline in diffusers' layout (CLIP tokenizer and
+  text encoder, a T5 tokenizer and encoder, the flow-matching transformer with a guidance embedder, the
+  16-channel VAE, FLUX.1-dev's scheduler config): the transformer and VAE as Flax weights of the runner's own
+  modules (models/flux/), the text encoders as transformers' Flax weights, the T5 tokenizer a small unigram
+  model built with the ``tokenizers`` library (no sentencepiece, no hub).
 * ``tiny-random-clip``: a small random CLIP (text and vision towers, the CLIP tokenizer and image
   processor) for the CLIP score metric in tests and the smoke run.
 
@@ -22,6 +27,7 @@ import collections
 import itertools
 import json
 import logging
+import math
 import os
 import re
 import shutil
@@ -143,7 +149,7 @@ def _random_params(shape_tree, seed: int, dtype=None, draw_dtype: str = "float64
             value = 0.02 * rng.standard_normal(shape, dtype=draw_dtype)
         elif name == "logit_scale":
             value = np.full(shape, np.log(1 / 0.07))  # CLIP's initial temperature
-        elif name == "scale":
+        elif name in ("scale", "weight"):  # "weight": T5's layer norms
             value = np.ones(shape)
         elif name == "bias":
             value = np.zeros(shape)
@@ -235,9 +241,29 @@ CLIP_SPECS: dict[str, dict[str, Any]] = {
 CONTROLNET_SPECS: dict[str, dict[str, Any]] = {
     "tiny-random-controlnet": dict(base="tiny-random", conditioning_embedding_out_channels=(16, 16, 32, 32)),
 }
-if tuple(SPECS) + tuple(CLIP_SPECS) + tuple(CONTROLNET_SPECS) != BUILTIN_MODELS:  # config/schema.py names them
-    raise RuntimeError(f"models/builtin.py builds {tuple(SPECS) + tuple(CLIP_SPECS) + tuple(CONTROLNET_SPECS)}, "
-                       f"config/schema.py lists {BUILTIN_MODELS}")
+# FLUX.1 pipelines (models/flux/): each component's config.json, as diffusers writes them (the sizes of
+# tests/fixtures/flux/tiny-flux-dev, the PyTorch reference's).
+FLUX_SPECS: dict[str, dict[str, Any]] = {
+    "tiny-random-flux": dict(
+        transformer=dict(patch_size=1, in_channels=64, out_channels=None, num_layers=1, num_single_layers=2,
+                         attention_head_dim=16, num_attention_heads=2, joint_attention_dim=32,
+                         pooled_projection_dim=32, guidance_embeds=True, axes_dims_rope=[4, 6, 6]),
+        vae=dict(in_channels=3, out_channels=3, down_block_types=["DownEncoderBlock2D"] * 4,
+                 up_block_types=["UpDecoderBlock2D"] * 4, block_out_channels=[4, 8, 8, 8], layers_per_block=1,
+                 act_fn="silu", latent_channels=16, norm_num_groups=2, sample_size=32, scaling_factor=0.3611,
+                 shift_factor=0.1159, latents_mean=None, latents_std=None, force_upcast=True,
+                 use_quant_conv=False, use_post_quant_conv=False, mid_block_add_attention=True),
+        clip=dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4),
+        t5=dict(d_model=32, d_kv=8, d_ff=64, num_layers=2, num_heads=4, feed_forward_proj="gated-gelu",
+                relative_attention_num_buckets=32, relative_attention_max_distance=128),
+        # FLUX.1-dev's scheduler config (black-forest-labs/FLUX.1-dev, scheduler/scheduler_config.json)
+        scheduler=dict(num_train_timesteps=1000, shift=3.0, use_dynamic_shifting=True, base_shift=0.5,
+                       max_shift=1.15, base_image_seq_len=256, max_image_seq_len=4096),
+    ),
+}
+_BUILT = tuple(SPECS) + tuple(CLIP_SPECS) + tuple(CONTROLNET_SPECS) + tuple(FLUX_SPECS)
+if _BUILT != BUILTIN_MODELS:  # config/schema.py names them
+    raise RuntimeError(f"models/builtin.py builds {_BUILT}, config/schema.py lists {BUILTIN_MODELS}")
 
 
 def build_builtin(name: str, target: Path) -> Path:
@@ -261,6 +287,8 @@ def build_builtin(name: str, target: Path) -> Path:
             _build_clip_into(staging, CLIP_SPECS[name])
         elif name in CONTROLNET_SPECS:
             _build_controlnet_into(staging, CONTROLNET_SPECS[name])
+        elif name in FLUX_SPECS:
+            _build_flux_into(staging, FLUX_SPECS[name])
         else:
             _build_into(staging, SPECS[name])
         try:
@@ -403,3 +431,95 @@ def _build_controlnet_into(directory: Path, spec: dict) -> None:
     name = next(n for n, s in CONTROLNET_SPECS.items() if s is spec)
     module, shapes = controlnet_architecture(name)
     module.save_pretrained(directory, params=_random_params(shapes, SEED + 20))
+
+
+# --- FLUX.1 --------------------------------------------------------------------------------------
+
+_T5_SPECIALS = ("<pad>", "</s>", "<unk>")  # ids 0, 1, 2: T5's pad, end and unknown tokens
+
+
+def _t5_pieces() -> list[tuple[str, float]]:
+    """A unigram vocabulary in sentencepiece's form: the specials, "▁" + every word of the tokenizer corpus
+    (as written and lowercased; more frequent words score higher), then single characters, which spell
+    anything else."""
+    words = collections.Counter(re.findall(r"[A-Za-z0-9]+|[^\sA-Za-z0-9]", _CORPUS))
+    for word, count in list(words.items()):
+        words[word.lower()] += 0 if word.islower() else count
+    pieces: dict[str, float] = {}
+    total = sum(words.values())
+    for word, count in sorted(words.items(), key=lambda item: (-item[1], item[0])):
+        pieces.setdefault("\u2581" + word, math.log(count / total))
+    characters = sorted(set("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789.,:;!?'\"()[]-_/&+=*#@%"))
+    for char in ["\u2581", *characters]:
+        pieces.setdefault(char, -20.0)
+    return [(special, 0.0) for special in _T5_SPECIALS] + list(pieces.items())
+
+
+def _write_t5_tokenizer(directory: Path) -> int:
+    """A T5TokenizerFast laid out as the hub's FLUX.1 tokenizer_2/ (tokenizer.json, tokenizer_config.json,
+    special_tokens_map.json): sentencepiece's normalizer, Metaspace pre-tokenizer and an appended ``</s>``."""
+    from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
+    from transformers import T5TokenizerFast
+
+    pieces = _t5_pieces()
+    tokenizer = Tokenizer(models.Unigram(pieces, unk_id=2, byte_fallback=False))
+    tokenizer.normalizer = normalizers.Sequence([normalizers.Strip(left=False, right=True),
+                                                 normalizers.Replace(Regex(" {2,}"), "\u2581")])
+    tokenizer.pre_tokenizer = pre_tokenizers.Metaspace(replacement="\u2581", prepend_scheme="always")
+    tokenizer.decoder = decoders.Metaspace(replacement="\u2581", prepend_scheme="always")
+    tokenizer.post_processor = processors.TemplateProcessing(single="$A </s>", pair="$A </s> $B </s>",
+                                                            special_tokens=[("</s>", 1)])
+    fast = T5TokenizerFast(tokenizer_object=tokenizer, eos_token="</s>", unk_token="<unk>", pad_token="<pad>",
+                           extra_ids=0, model_max_length=512)
+    fast.save_pretrained(directory)
+    return len(pieces)
+
+
+def _flux_module_weights(module: Any, seed: int) -> dict:
+    from sdjax_runner.models.checkpoints import param_shapes
+
+    return _random_params(param_shapes(module, "diffusers"), seed)
+
+
+def _build_flux_into(directory: Path, spec: dict) -> None:
+    """A FLUX.1 folder in diffusers' layout: model_index.json, each component's config and weights."""
+    from flax.serialization import to_bytes
+    from transformers import CLIPTextConfig, CLIPTokenizer, FlaxCLIPTextModel, FlaxT5EncoderModel, T5Config
+
+    from sdjax_runner.models.checkpoints import param_shapes
+    from sdjax_runner.models.flux.autoencoder import FlaxFluxAutoencoderKL
+    from sdjax_runner.models.flux.t5 import compatible_flax_t5
+    from sdjax_runner.models.flux.transformer import FlaxFluxTransformer
+
+    compatible_flax_t5()  # T5's shapes are traced through its init
+    _write_tokenizer(directory / "tokenizer")
+    clip_size = len(_vocabulary()[0])
+    t5_size = _write_t5_tokenizer(directory / "tokenizer_2")
+    clip = FlaxCLIPTextModel(CLIPTextConfig(**{"vocab_size": clip_size, "max_position_embeddings": 77, **spec["clip"]},
+                                            bos_token_id=clip_size - 2, eos_token_id=clip_size - 1,
+                                            pad_token_id=clip_size - 1), _do_init=False)
+    clip.save_pretrained(directory / "text_encoder",
+                         params=_random_params(param_shapes(clip, "transformers"), SEED + 40))
+    t5 = FlaxT5EncoderModel(T5Config(**spec["t5"], vocab_size=t5_size, pad_token_id=0, eos_token_id=1,
+                                     decoder_start_token_id=0, is_encoder_decoder=False, use_cache=False),
+                            _do_init=False)
+    t5.save_pretrained(directory / "text_encoder_2", params=_random_params(param_shapes(t5, "transformers"), SEED + 41))
+    own: tuple[tuple[str, Any, str], ...] = (("transformer", FlaxFluxTransformer, "FluxTransformer2DModel"),
+                                             ("vae", FlaxFluxAutoencoderKL, "AutoencoderKL"))
+    for number, (name, cls, class_name) in enumerate(own):
+        module = cls.from_config(spec[name])
+        (directory / name).mkdir()
+        config = {"_class_name": class_name, "_diffusers_version": "0.39.0", **spec[name]}
+        (directory / name / "config.json").write_text(json.dumps(config, indent=2), encoding="utf-8")
+        (directory / name / "diffusion_flax_model.msgpack").write_bytes(
+            to_bytes(_flux_module_weights(module, SEED + 42 + number)))
+    (directory / "scheduler").mkdir()
+    scheduler = {"_class_name": "FlowMatchEulerDiscreteScheduler", "_diffusers_version": "0.39.0", **spec["scheduler"]}
+    (directory / "scheduler" / "scheduler_config.json").write_text(json.dumps(scheduler, indent=2), encoding="utf-8")
+    index = {"_class_name": "FluxPipeline", "_diffusers_version": "0.39.0",
+             "scheduler": ["diffusers", "FlowMatchEulerDiscreteScheduler"],
+             "text_encoder": ["transformers", "CLIPTextModel"], "text_encoder_2": ["transformers", "T5EncoderModel"],
+             "tokenizer": ["transformers", "CLIPTokenizer"], "tokenizer_2": ["transformers", "T5TokenizerFast"],
+             "transformer": ["diffusers", "FluxTransformer2DModel"], "vae": ["diffusers", "AutoencoderKL"]}
+    (directory / "model_index.json").write_text(json.dumps(index, indent=2), encoding="utf-8")
+    CLIPTokenizer.from_pretrained(directory / "tokenizer")  # the tokenizer reads back

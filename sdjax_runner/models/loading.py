@@ -16,14 +16,12 @@ import importlib.util
 import inspect
 import json
 import logging
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple, Optional, Union
 
 import numpy as np
 
-from sdjax_runner.config import families
 from sdjax_runner.config.schema import DtypeConfig, ModelConfig, SchedulerConfig
 from sdjax_runner.console import error_line
 from sdjax_runner.errors import UserError
@@ -70,11 +68,18 @@ class LoadedModel:
 
     @property
     def native_size(self) -> int:
+        """The height and width the model was made for: an SD UNet's sample_size x the VAE's factor; a
+        pipeline of the runner's own (FLUX.1's) says its own."""
+        if self.family != "sd":
+            return int(self.pipeline.native_size)
         return self.pipeline.unet.config.sample_size * self.pipeline.vae_scale_factor
 
     @property
     def size_multiple(self) -> int:
-        """Height/width must be multiples of this: VAE factor x the UNet's down-sampling."""
+        """Height/width must be multiples of this: VAE factor x the UNet's down-sampling (FLUX.1: x its 2x2
+        packing)."""
+        if self.family != "sd":
+            return int(self.pipeline.size_multiple)
         levels = len(self.pipeline.unet.config.block_out_channels)
         return self.pipeline.vae_scale_factor * 2 ** (levels - 1)
 
@@ -246,28 +251,6 @@ def load_component_or_say_why(directory: Path, name: str, library: str, cls, mod
         raise unloadable(directory, name, exc) from exc
 
 
-def load_model(model: ModelConfig, dtype: DtypeConfig, checkpoint_sha256: Optional[str] = None) -> LoadedModel:
-    """The pipeline (with the model's own scheduler) and its weights as host arrays, read by its family's
-    loader (:data:`LOADERS`). ``checkpoint_sha256``: the plan's hash of ``model.checkpoint``; a file replaced
-    since then is refused once its weights are read, so a run is never recorded under the hash of a file it
-    did not read."""
-    started = time.perf_counter()
-    checkpoint = None
-    if model.checkpoint:
-        from sdjax_runner.config.weight_files import ARCHITECTURES, open_checkpoint
-
-        checkpoint = open_checkpoint(Path(model.checkpoint).expanduser())
-        log.info("load: %s (%s single-file checkpoint, %.1f GB) on the configs of %s", checkpoint.path.name,
-                 ARCHITECTURES[checkpoint.architecture], checkpoint.path.stat().st_size / 1e9,
-                 model.pretrained_model_name_or_path)
-    directory = sources.resolve(model, model.allow_pickle)
-    index = model_index.read(directory)  # untrusted: checked before anything is imported or loaded
-    family = families.family_of(str(index["_class_name"]), directory)
-    loaded = LOADERS[family.name](directory, index, model, dtype, checkpoint, checkpoint_sha256)
-    loaded.load_s = time.perf_counter() - started
-    return loaded
-
-
 def load_sd(directory: Path, index: dict, model: ModelConfig, dtype: DtypeConfig, checkpoint: Any,
             checkpoint_sha256: Optional[str]) -> LoadedModel:
     """An SD 1.x/2.x/XL pipeline folder read component by component; ``checkpoint``: the opened single-file
@@ -339,13 +322,6 @@ def load_sd(directory: Path, index: dict, model: ModelConfig, dtype: DtypeConfig
             model_index.setting(index, "force_zeros_for_empty_prompt", True)))
     safety = params.pop("safety_checker", None)
     return LoadedModel(pipeline, params, safety, 0.0, str(directory), formats, tuple(variant_components), "sd")
-
-
-# Each family's loader (config/families.py): (folder, its model_index.json, model config, dtype, opened
-# single-file checkpoint or None, its planned hash) -> LoadedModel.
-LOADERS = {"sd": load_sd}
-if tuple(LOADERS) != tuple(families.FAMILIES):
-    raise RuntimeError(f"models/loading loads {tuple(LOADERS)}, config/families.py lists {tuple(families.FAMILIES)}")
 
 
 def _keep_config_readable(unet) -> None:

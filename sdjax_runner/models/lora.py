@@ -9,6 +9,11 @@ Layouts read (``A`` = down, ``B`` = up; a module's update is ``alpha / rank * B 
                       lora_te_<path> (text encoder), lora_te1_ / lora_te2_ (SDXL's two)
     PEFT / diffusers  unet.<path>.lora_A.weight, .lora_B.weight   (text_encoder., text_encoder_2.)
                       unet.<path>.lora.down.weight, .lora.up.weight (older diffusers)
+    FLUX.1            transformer.<path>.lora_A.weight, .lora_B.weight (diffusers' and PEFT's FLUX LoRAs: the
+                      transformer's module paths, which the runner's FLUX modules keep), text_encoder.<path>
+
+kohya's FLUX LoRAs (``lora_unet_double_blocks_N_img_attn_qkv``: Black Forest Labs' module names, fused
+q/k/v) are refused in one line, not read yet.
 
 ``<path>`` is the PyTorch module path (``down_blocks.0.attentions.0.transformer_blocks.0.attn1.to_q``)
 or kohya's underscore spelling of it; both become the Flax path joined with underscores
@@ -34,7 +39,11 @@ from sdjax_runner.files import not_a_file
 # Key prefix -> pipeline component.
 PREFIXES = (("lora_unet_", "unet"), ("lora_te1_", "text_encoder"), ("lora_te2_", "text_encoder_2"),
             ("lora_te_", "text_encoder"), ("unet.", "unet"), ("text_encoder_2.", "text_encoder_2"),
-            ("text_encoder.", "text_encoder"))
+            ("text_encoder.", "text_encoder"), ("transformer.", "transformer"))
+# The components LoRA adapts (those the loaded model has).
+COMPONENTS = ("unet", "text_encoder", "text_encoder_2", "transformer")
+# kohya's FLUX layout: Black Forest Labs' block names after lora_unet_.
+KOHYA_FLUX = re.compile(r"^lora_unet_(double_blocks|single_blocks)_")
 # Key suffix -> which factor it is.
 SUFFIXES = ((".lora_down.weight", "down"), (".lora_up.weight", "up"), (".lora_A.weight", "down"),
             (".lora_B.weight", "up"), (".lora.down.weight", "down"), (".lora.up.weight", "up"), (".alpha", "alpha"))
@@ -68,7 +77,7 @@ def kernels(params: dict) -> dict[tuple[str, str], tuple]:
     from flax.traverse_util import flatten_dict
 
     found = {}
-    for component in ("unet", "text_encoder", "text_encoder_2"):
+    for component in COMPONENTS:
         if component not in params:
             continue
         for path, leaf in flatten_dict(dict(params[component])).items():
@@ -126,7 +135,11 @@ def read(path: str, params: dict, config_key: str, expected_sha256: Optional[str
         modules.setdefault((component, module), {})[factor] = np.asarray(value, dtype=np.float32)
     if unknown:
         raise UserError(config_key, f"{file.name}: {len(unknown)} key(s) in no known LoRA layout, e.g. {unknown[0]}",
-                        "kohya lora_unet_/lora_te_ or PEFT/diffusers unet./text_encoder. keys")
+                        "kohya lora_unet_/lora_te_ or PEFT/diffusers unet./text_encoder./transformer. keys")
+    kohya_flux = next((keys[name] for name in keys if KOHYA_FLUX.match(keys[name])), None)
+    if kohya_flux is not None:
+        raise UserError(config_key, f"{file.name}: kohya's FLUX.1 layout ({kohya_flux}: Black Forest Labs' module "
+                        "names) is not read yet", "a diffusers / PEFT FLUX.1 LoRA (transformer.* keys)")
     targets = kernels(params)
     unmatched = sorted(m for m in modules if m not in targets)
     if unmatched:

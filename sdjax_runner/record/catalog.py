@@ -115,13 +115,28 @@ def shown_status(status: dict[str, Any]) -> str:
 
 def sampler_label(config: dict[str, str]) -> str:
     """What the run sampled with, as A1111 spells it (``DPM++ 2M Karras``; a diffusers scheduler by its name,
-    ``pndm``), from its recorded ``sampler`` and ``scheduler.name``; blank where the config has neither."""
+    ``pndm``), from its recorded ``sampler`` and ``scheduler.name``, for its model's family (FLUX.1's Euler on its
+    own schedule: ``Euler``); blank where the config has neither."""
+    from types import SimpleNamespace
+
+    from sdjax_runner.config.families import planned
     from sdjax_runner.config.samplers import label_of
+    from sdjax_runner.errors import UserError
 
     sampler, scheduler = config.get("sampler", "null"), config.get("scheduler.name", "")
     if sampler == "null" and not scheduler:
         return ""
-    return label_of(None if sampler == "null" else sampler, scheduler)
+
+    def value(key: str) -> Optional[str]:
+        return None if config.get(key, "null") == "null" else config[key]
+
+    model = SimpleNamespace(family=value("model.family"), builtin=value("model.builtin"),
+                            pretrained_model_name_or_path=value("model.pretrained_model_name_or_path"))
+    try:
+        family = planned(model)
+    except UserError:  # a recorded family this version does not know: the SD family's reading
+        return label_of(None if sampler == "null" else sampler, scheduler)
+    return label_of(None if sampler == "null" else sampler, scheduler, family.sampling)
 
 
 def _recorded_numbers(run_dir: Path) -> dict[str, Any]:

@@ -141,9 +141,10 @@ def a1111_parameters(meta: ImageRecord) -> str:
     prompt, a ``Negative prompt:`` line, and a last line of settings. Line breaks inside the
     prompts become spaces here (the ``prompt`` chunk keeps them), so a prompt cannot add lines
     that a reader would take for a negative prompt or settings. A prompt read as plain text here
-    (prompts.syntax=plain) has its brackets escaped, so that A1111 reads the same text, not emphasis."""
+    (prompts.syntax=plain) has its brackets escaped, so that A1111 reads the same text, not emphasis -- but a
+    FLUX.1 prompt, which Forge and this runner read as written, is written as it is."""
     def text(prompt: str) -> str:
-        return _flat(prompt) if meta.prompt_syntax == "a1111" else escape(_flat(prompt))
+        return _flat(prompt) if meta.prompt_syntax == "a1111" or meta.family == "flux" else escape(_flat(prompt))
 
     lines = [text(str(meta.prompt))]
     if meta.negative_prompt:
@@ -152,8 +153,10 @@ def a1111_parameters(meta: ImageRecord) -> str:
         f"Steps: {meta.steps}, Sampler: {meta.sampler}, "
         + (f"Schedule type: {meta.schedule_type}, " if meta.schedule_type else "")
         + (f"UniPC variant: {meta.unipc_variant}, " if meta.unipc_variant else "")
-        + f"CFG scale: {meta.guidance_scale}, "
-        f"Seed: {meta.seed}, Size: {meta.width}x{meta.height}, Model: {meta.model}, "
+        # No classifier-free guidance (FLUX.1) is A1111's and Forge's "CFG scale: 1".
+        + f"CFG scale: {meta.guidance_scale if meta.guidance_scale is not None else 1}, "
+        + (f"Distilled CFG Scale: {meta.distilled_guidance}, " if meta.distilled_guidance is not None else "")
+        + f"Seed: {meta.seed}, Size: {meta.width}x{meta.height}, Model: {meta.model}, "
         f"Dtype: {meta.dtype}, Batch: {meta.batch}, Device: {meta.device}"
         + (f", {'Eta DDIM' if meta.sampler == 'ddim' else 'Eta'}: {meta.eta}" if meta.eta is not None else "")
         + (f", Clip skip: {meta.clip_skip}" if meta.clip_skip else "")
@@ -292,17 +295,20 @@ def read_quality(run_dir: Path) -> Quality:
     return Quality.from_json(read_json_or_empty(run_dir / QUALITY))
 
 
-def image_meta(plan: Plan, height: int, width: int) -> ImageRecord:
+def image_meta(plan: Plan, height: int, width: int, guidance: str = "cfg") -> ImageRecord:
     """What every image of the run shares, for its PNG text chunks and images.json: a record without the
-    image's own fields (write_images adds them). A field that does not apply is None, and left out."""
+    image's own fields (write_images adds them). A field that does not apply is None, and left out.
+    ``guidance``: how the model reads the guidance value (engine/families.py): "cfg" (classifier-free guidance,
+    ``guidance_scale``), "distilled" (FLUX.1 [dev], ``distilled_guidance``) or "none" ([schnell])."""
     a1111_name, schedule_type = plan.sampling.a1111
     return ImageRecord(
         negative_prompt=plan.negative,
         seed=plan.seed,
         steps=plan.num_inference_steps,
-        guidance_scale=plan.guidance_scale,
+        guidance_scale=plan.guidance_scale if guidance == "cfg" else None,
+        distilled_guidance=plan.guidance_scale if guidance == "distilled" else None,
         # A diffusers scheduler's name; with a k sampler its sigma schedule (ComfyUI's "scheduler")
-        scheduler=plan.scheduler.name if plan.sampling.sampler == "scheduler" else plan.sampling.sigmas,
+        scheduler=plan.sampling.sigmas or plan.scheduler.name,
         sampler=a1111_name,
         schedule_type=schedule_type or None,
         unipc_variant=plan.sampling.a1111_settings["UniPC variant"] if plan.sampling.a1111_settings else None,
@@ -314,6 +320,7 @@ def image_meta(plan: Plan, height: int, width: int) -> ImageRecord:
         controlnet=plan.controlnet or None,
         conditioning_scale=plan.conditioning_scale if plan.controlnet else None,
         model=plan.model.name,
+        family=plan.family if plan.family != "sd" else None,
         model_path=str(plan.model.pretrained_model_name_or_path),
         dtype=plan.dtype.weights_dtype.name,
         height=height,

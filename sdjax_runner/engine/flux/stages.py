@@ -97,6 +97,27 @@ def txt2img(pipeline: Any, params: dict, key, spec: Any, batch: int, inputs: dic
     return Start(jax.random.normal(key, shape=shape, dtype=jnp.float32))
 
 
+def velocity_model(pipeline: Any, params: dict, conditioning: Conditioning, guidance, spec: Any, batch: int):
+    """``velocity(tokens, timestep)``: the transformer's prediction for packed latents at ``timestep`` (a scalar in
+    [0, 1], diffusers' ``t / 1000``), conditioned on the prompt and, for [dev], the embedded ``guidance``."""
+    import jax.numpy as jnp
+
+    factor = pipeline.vae_scale_factor
+    height, width = latent_side(spec.height, factor), latent_side(spec.width, factor)
+    img_ids, txt_ids = jnp.asarray(image_ids(height, width)), jnp.zeros((conditioning.context.shape[1], 3))
+    assert conditioning.added is not None  # encode's: the pooled embedding
+    pooled = conditioning.added["pooled"]
+    embedded = (jnp.full((batch,), guidance, dtype=jnp.float32).astype(pipeline.dtype)
+                if pipeline.guidance_embeds else None)
+
+    def velocity(x, timestep):
+        timestep = jnp.broadcast_to(timestep, (batch,)).astype(pipeline.dtype)
+        return pipeline.transformer.apply({"params": params["transformer"]}, x.astype(pipeline.dtype),
+                                          conditioning.context, pooled, timestep, img_ids, txt_ids, guidance=embedded)
+
+    return velocity
+
+
 def euler(pipeline: Any, params: dict, conditioning: Conditioning, start: Start, guidance, spec: Any, key=None):
     """The flow-matching Euler sampler (``FlowMatchEulerDiscreteScheduler.step``: ``x + (sigma_next - sigma) *
     v``, in float32) over the model's schedule (:func:`flow_sigmas`), in a ``lax.fori_loop``; the transformer
@@ -111,19 +132,11 @@ def euler(pipeline: Any, params: dict, conditioning: Conditioning, start: Start,
     timesteps = jnp.asarray(sigmas[:-1] * np.float32(1000))  # the scheduler's, float32
     steps_dt = jnp.asarray(sigmas[1:] - sigmas[:-1])
     latents = pack(start.noise)
-    batch = latents.shape[0]
-    img_ids, txt_ids = jnp.asarray(image_ids(height, width)), jnp.zeros((conditioning.context.shape[1], 3))
-    assert conditioning.added is not None  # encode's: the pooled embedding
-    pooled = conditioning.added["pooled"]
-    embedded = (jnp.full((batch,), guidance, dtype=jnp.float32).astype(pipeline.dtype)
-                if pipeline.guidance_embeds else None)
+    velocity = velocity_model(pipeline, params, conditioning, guidance, spec, latents.shape[0])
 
     def step(index, x):
-        timestep = jnp.broadcast_to(timesteps[index], (batch,)).astype(pipeline.dtype) / 1000
-        velocity = pipeline.transformer.apply(
-            {"params": params["transformer"]}, x.astype(pipeline.dtype), conditioning.context,
-            pooled, timestep, img_ids, txt_ids, guidance=embedded)
-        return (x.astype(jnp.float32) + steps_dt[index] * velocity.astype(jnp.float32)).astype(x.dtype)
+        v = velocity(x, timesteps[index].astype(pipeline.dtype) / 1000)
+        return (x.astype(jnp.float32) + steps_dt[index] * v.astype(jnp.float32)).astype(x.dtype)
 
     latents = jax.lax.fori_loop(0, spec.steps, step, latents)
     return unpack(latents, height, width)

@@ -7,7 +7,9 @@ The folder's ``model_index.json`` names seven components, each read as follows:
   PyTorch; the modules are the runner's own (:class:`~.transformer.FlaxFluxTransformer`,
   :class:`~.autoencoder.FlaxFluxAutoencoderKL`) built from the folder's ``config.json``, their PyTorch
   safetensors -- one file or shards through their ``.index.json``, model.variant's first -- converted by
-  :mod:`.convert`, which refuses any name, shape or missing parameter that does not fit.
+  :mod:`.convert`, which refuses any name, shape or missing parameter that does not fit. A folder whose
+  component holds Flax weights of these modules instead (``diffusion_flax_model.msgpack``, diffusers' Flax
+  file name: the built-in ``tiny-random-flux`` is written so) has them read and checked against the shapes.
 * ``text_encoder/`` (``CLIPTextModel``) and ``text_encoder_2/`` (``T5EncoderModel``): transformers' Flax classes,
   loaded as the SD family loads its CLIP text encoders (:func:`sdjax_runner.models.loading.load_component`: Flax
   weights with transformers' loader, PyTorch safetensors -- sharded T5 included -- converted with transformers'
@@ -25,7 +27,6 @@ yet. Whatever is wrong with the folder is one line naming ``model.pretrained_mod
 
 from __future__ import annotations
 
-import inspect
 import json
 import logging
 import mmap
@@ -39,7 +40,8 @@ from sdjax_runner.config.schema import DtypeConfig, ModelConfig
 from sdjax_runner.console import error_line
 from sdjax_runner.errors import UserError
 from sdjax_runner.models import loading, model_index, sources
-from sdjax_runner.models.checkpoints import WeightsMismatch, safetensors_files, safetensors_names
+from sdjax_runner.models.checkpoints import WeightsMismatch, read_flax, safetensors_files, safetensors_names
+from sdjax_runner.models.flux.t5 import compatible_flax_t5, t5_tokenizer
 
 log = logging.getLogger("sdjax_runner")
 
@@ -82,6 +84,7 @@ SCHEDULER_DEFAULTS_ONLY: dict[str, Any] = {
 }
 # diffusers' FluxPipeline.default_sample_size: its default height/width is this times vae_scale_factor (1024).
 DEFAULT_SAMPLE_SIZE = 128
+FLAX_WEIGHTS = "diffusion_flax_model.msgpack"  # diffusers' Flax weights file name
 CHECKPOINT_REFUSAL = ("not yet for FLUX: {directory} is a FLUX.1 pipeline, and single-file checkpoints load onto "
                       "SD 1.x/2.x/XL bases only")
 
@@ -141,7 +144,7 @@ class FluxPipeline:
 def load_flux(directory: Path, index: dict, model: ModelConfig, dtype: DtypeConfig, checkpoint: Any,
               checkpoint_sha256: Optional[str]) -> loading.LoadedModel:
     """A FLUX.1 pipeline folder read component by component (the module docstring), as
-    :data:`sdjax_runner.models.loading.LOADERS` calls a family's loader: ``index`` is the folder's checked
+    :data:`sdjax_runner.models.loaders.LOADERS` calls a family's loader: ``index`` is the folder's checked
     ``model_index.json``; ``checkpoint`` (a single-file checkpoint) is refused. Host weights by component, in
     the weights dtype -- the VAE's float32 where it computes in float32 (:func:`loading.component_dtype`)."""
     import jax.numpy as jnp
@@ -165,12 +168,12 @@ def load_flux(directory: Path, index: dict, model: ModelConfig, dtype: DtypeConf
     vae_weights = np.dtype(np.float32) if vae_dtype != activations else weights  # upcast: float32 throughout
     vae, vae_params, vae_files = _load_own(directory, "vae", model.variant, vae_dtype, vae_weights)
 
-    _compatible_flax_t5()
+    compatible_flax_t5()
     kinds = loading.component_kinds()
     modules: dict[str, Any] = {}
     params: dict[str, Any] = {"transformer": transformer_params, "vae": vae_params}
     files: dict[str, tuple[Path, ...]] = {"transformer": transformer_files, "vae": vae_files}
-    formats = {"transformer": "safetensors", "vae": "safetensors"}
+    formats = {name: "flax" if found[0].name == FLAX_WEIGHTS else "safetensors" for name, found in files.items()}
     for name in ("text_encoder", "text_encoder_2", "tokenizer"):
         cls = model_index.component_class(directory, name, "transformers", classes[name], kinds)
         module, module_params, found = loading.load_component_or_say_why(directory, name, "transformers", cls, model,
@@ -231,6 +234,8 @@ def _check_weight_files(directory: Path, name: str, library: str, variant: Optio
     """Refuse, before anything is read, a component whose weights are not all there: a shard its index lists
     that is missing, or no safetensors at all (a Flax text encoder passes: transformers' own loader reads it)."""
     folder = directory / name
+    if library == "diffusers" and (folder / FLAX_WEIGHTS).is_file():
+        return
     for single, index in safetensors_names(library, variant):
         if (folder / index).is_file():
             try:
@@ -271,7 +276,8 @@ def _load_own(directory: Path, name: str, variant: Optional[str], activations: A
     if class_name != expected:
         raise UserError(KEY, f"{folder / 'config.json'} is a {str(class_name)[:80]}'s config, not a FLUX.1 {name}'s "
                         f"({expected})", f"a FLUX.1 {name} folder")
-    files = tuple(safetensors_files(folder, "diffusers", variant))
+    flax_file = folder / FLAX_WEIGHTS
+    files = (flax_file,) if flax_file.is_file() else tuple(safetensors_files(folder, "diffusers", variant))
     size = sum(f.stat().st_size for f in files)
     if size >= loading.ANNOUNCE_BYTES:  # seconds or more: say so before it starts
         log.info("load: %s/ (%.1f GB of safetensors weights, converting to Flax) ...", name, size / 1e9)
@@ -281,6 +287,8 @@ def _load_own(directory: Path, name: str, variant: Optional[str], activations: A
         except (ValueError, TypeError) as exc:
             raise UserError(KEY, f"{folder / 'config.json'} is not a FLUX.1 {name} config: {exc}",
                             f"a FLUX.1 {name} folder") from None
+        if flax_file.is_file():
+            return module, _flax_weights(flax_file, module, weights), files
         try:
             state_dict = read_safetensors(folder, variant)
         except (WeightsMismatch, OSError) as exc:  # not safetensors, or shards that are not what their index says
@@ -296,6 +304,16 @@ def _load_own(directory: Path, name: str, variant: Optional[str], activations: A
     except Exception as exc:  # the folder is input: one line, never a traceback
         raise loading.unloadable(directory, name, exc) from exc
     return module, _in_memory(params), files
+
+
+def _flax_weights(file: Path, module: Any, weights: np.dtype) -> dict:
+    """A component's Flax weights file as host arrays of ``weights`` (checked against the module's shapes)."""
+    try:
+        params = read_flax(file, module, "diffusers")
+    except WeightsMismatch as exc:
+        raise UserError(KEY, f"{file.parent}/ does not match its config.json: {exc}",
+                        "weights saved with that config") from None
+    return loading.to_host(params, weights)
 
 
 def _in_memory(tree: Any) -> Any:
@@ -344,73 +362,3 @@ def scheduler_config(directory: Path) -> dict[str, Any]:
     if not values["shift"] > 0:
         raise UserError(KEY, f"{path}: shift is {values['shift']}", "a positive shift")
     return values
-
-
-def _metaspace_scheme(tokenizer_json: Path) -> Optional[str]:
-    """The ``prepend_scheme`` of the Metaspace pre-tokenizer in a ``tokenizer.json`` (None: none found)."""
-    def find(node: Any) -> Optional[str]:
-        if isinstance(node, dict):
-            if node.get("type") == "Metaspace":
-                scheme = node.get("prepend_scheme")
-                if scheme is None and "add_prefix_space" in node:  # tokenizers < 0.14 wrote a bool
-                    scheme = "always" if node["add_prefix_space"] else "never"
-                return scheme if isinstance(scheme, str) else None
-            return next((s for s in map(find, node.get("pretokenizers", [])) if s is not None), None)
-        return None
-
-    return find(json.loads(tokenizer_json.read_text(encoding="utf-8")).get("pre_tokenizer"))
-
-
-def t5_tokenizer(folder: Path):
-    """``tokenizer_2/`` as transformers' ``T5TokenizerFast``, from its ``tokenizer.json``: offline, with neither
-    sentencepiece nor the ``spiece.model`` (the hub download fetches the JSON files only). A
-    ``tokenizer_config.json`` that sets ``add_prefix_space`` (the hub's FLUX.1 does) makes transformers rebuild
-    the tokenizer from the slow one, which needs both; where ``tokenizer.json``'s Metaspace pre-tokenizer already
-    does what that setting asks (``prepend_scheme`` "always" for true with legacy on -- what the conversion
-    writes), the setting is left out and the file read as it is: the same ids."""
-    from transformers import T5TokenizerFast
-
-    kwargs: dict[str, Any] = {}
-    config_file, tokenizer_json = folder / "tokenizer_config.json", folder / "tokenizer.json"
-    if config_file.is_file() and tokenizer_json.is_file():
-        config = json.loads(config_file.read_text(encoding="utf-8"))
-        prefix = config.get("add_prefix_space") if isinstance(config, dict) else None
-        if prefix is not None:
-            # transformers' convert_slow_tokenizer._get_prepend_scheme
-            wanted = ("always" if config.get("legacy", True) is not False else "first") if prefix else "never"
-            if _metaspace_scheme(tokenizer_json) == wanted:
-                kwargs["add_prefix_space"] = None
-    return T5TokenizerFast.from_pretrained(folder, **kwargs)
-
-
-def _compatible_flax_t5() -> None:
-    """transformers 4.57's ``FlaxT5EncoderModel`` calls ``jnp.clip(x, a_max=...)``, a keyword JAX removed in 0.10:
-    every T5 call fails (``clip() got an unexpected keyword argument 'a_max'``), and upstream's Flax classes are
-    frozen. Where the installed JAX lacks the keyword, ``FlaxT5Attention._relative_position_bucket`` (a
-    staticmethod) is replaced by the same computation with ``jnp.minimum`` -- the same buckets, bit for bit.
-    Idempotent; nothing else of transformers is touched."""
-    import jax.numpy as jnp
-    from transformers.models.t5 import modeling_flax_t5
-
-    attention = modeling_flax_t5.FlaxT5Attention
-    if "a_max" in inspect.signature(jnp.clip).parameters or getattr(attention, "_sdjax_compatible", False):
-        return
-
-    def relative_position_bucket(relative_position, bidirectional=True, num_buckets=32, max_distance=128):
-        relative_buckets: Any = 0
-        if bidirectional:
-            num_buckets //= 2
-            relative_buckets += (relative_position > 0) * num_buckets
-            relative_position = jnp.abs(relative_position)
-        else:
-            relative_position = -jnp.minimum(relative_position, 0)
-        max_exact = num_buckets // 2
-        is_small = relative_position < max_exact
-        if_large = max_exact + (jnp.log(relative_position / max_exact) / jnp.log(max_distance / max_exact)
-                                * (num_buckets - max_exact))
-        if_large = jnp.minimum(if_large, num_buckets - 1)
-        relative_buckets += jnp.where(is_small, relative_position, if_large)
-        return relative_buckets.astype("i4")
-
-    setattr(attention, "_relative_position_bucket", staticmethod(relative_position_bucket))  # noqa: B010
-    setattr(attention, "_sdjax_compatible", True)  # noqa: B010

@@ -1,0 +1,47 @@
+"""Model config -> a loaded model, whatever its family: the folder is resolved (a built-in model, a local path or
+a hub snapshot: :mod:`.sources`), its ``model_index.json`` read as untrusted input (:mod:`.model_index`) and the
+pipeline class it names routed to its family's loader (:data:`LOADERS`; config/families.py names the families):
+the SD family's in :mod:`.loading`, FLUX.1's in :mod:`.flux.pipeline`."""
+
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+from typing import Optional
+
+from sdjax_runner.config import families
+from sdjax_runner.config.schema import DtypeConfig, ModelConfig
+from sdjax_runner.models import model_index, sources
+from sdjax_runner.models.flux.pipeline import load_flux
+from sdjax_runner.models.loading import LoadedModel, load_sd
+
+log = logging.getLogger("sdjax_runner")
+
+# Each family's loader (config/families.py): (folder, its model_index.json, model config, dtype, opened
+# single-file checkpoint or None, its planned hash) -> LoadedModel.
+LOADERS = {"sd": load_sd, "flux": load_flux}
+if tuple(LOADERS) != tuple(families.FAMILIES):
+    raise RuntimeError(f"models/loaders loads {tuple(LOADERS)}, config/families.py lists {tuple(families.FAMILIES)}")
+
+
+def load_model(model: ModelConfig, dtype: DtypeConfig, checkpoint_sha256: Optional[str] = None) -> LoadedModel:
+    """The pipeline (with the model's own scheduler) and its weights as host arrays, read by its family's
+    loader (:data:`LOADERS`). ``checkpoint_sha256``: the plan's hash of ``model.checkpoint``; a file replaced
+    since then is refused once its weights are read, so a run is never recorded under the hash of a file it
+    did not read."""
+    started = time.perf_counter()
+    checkpoint = None
+    if model.checkpoint:
+        from sdjax_runner.config.weight_files import ARCHITECTURES, open_checkpoint
+
+        checkpoint = open_checkpoint(Path(model.checkpoint).expanduser())
+        log.info("load: %s (%s single-file checkpoint, %.1f GB) on the configs of %s", checkpoint.path.name,
+                 ARCHITECTURES[checkpoint.architecture], checkpoint.path.stat().st_size / 1e9,
+                 model.pretrained_model_name_or_path)
+    directory = sources.resolve(model, model.allow_pickle)
+    index = model_index.read(directory)  # untrusted: checked before anything is imported or loaded
+    family = families.family_of(str(index["_class_name"]), directory)
+    loaded = LOADERS[family.name](directory, index, model, dtype, checkpoint, checkpoint_sha256)
+    loaded.load_s = time.perf_counter() - started
+    return loaded

@@ -1,0 +1,252 @@
+"""FLUX.1 through the command line, as a user runs it: a published-layout folder (diffusers' PyTorch FluxPipeline
+saved it: tests/fixtures/flux/) gives, through ``python -m sdjax_runner model=local``, the PNGs of diffusers'
+PyTorch pipeline called with the runner's noise, for [dev] and [schnell]; the built-in tiny FLUX model's
+experiment writes its images, Forge's infotext and an MLflow run; a guidance sweep loads and compiles once;
+the sharded mode gives the pmap mode's images; and what FLUX.1 cannot honour is one line before anything
+loads."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from helpers.cli import assert_one_line_error, call_cli, run_cli
+
+FIXTURES = Path(__file__).resolve().parent / "fixtures" / "flux"
+QUIET = ("tracking=none", "metrics.clip_score.enabled=false")
+
+
+def _records(run_dir: Path) -> list[dict]:
+    return json.loads((run_dir / "images.json").read_text())
+
+
+def _pixels(run_dir: Path, record: dict) -> np.ndarray:
+    with Image.open(run_dir / record["file"]) as image:
+        return np.asarray(image, dtype=np.float32) / 255
+
+
+def _reference_run(variant: str, tmp_path: Path, cache_dir: Path, *extra: str) -> tuple[Path, dict]:
+    """The reference's settings (tests/fixtures/flux/README.md) as command-line overrides, on its folder."""
+    ref = dict(np.load(FIXTURES / f"pipeline_{variant}.npz"))
+    run_dir = tmp_path / f"run-{variant}{len(extra)}"
+    guidance = [f"sampling.guidance_scale={float(ref['guidance_scale'])}"] if variant == "dev" else []
+    result = run_cli("model=local", f"model.pretrained_model_name_or_path={FIXTURES / f'tiny-flux-{variant}'}",
+                     "dtype=fp32", f"prompts.texts=[{ref['prompt']}]", f"seed={int(ref['seed'])}",
+                     f"sampling.num_inference_steps={int(ref['steps'])}", *guidance,
+                     f"sampling.height={int(ref['height'])}", f"sampling.width={int(ref['width'])}",
+                     f"prompts.max_sequence_length={int(ref['max_sequence_length'])}",
+                     f"parallelism.host_device_count={int(ref['num_devices'])}", *QUIET, *extra,
+                     f"paths.output_root={tmp_path}", f"paths.cache_dir={cache_dir}", f"hydra.run.dir={run_dir}",
+                     cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return run_dir, ref
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("variant", ["dev", "schnell"])
+def test_a_published_flux_folder_gives_diffusers_pytorch_images_from_the_command_line(variant, tmp_path, cache_dir):
+    run_dir, ref = _reference_run(variant, tmp_path, cache_dir)
+    records = _records(run_dir)
+    assert [r["device"] for r in records] == list(range(int(ref["num_devices"])))
+    for record in records:
+        difference = np.abs(_pixels(run_dir, record) - ref["images"][record["device"]]).max()
+        assert difference <= 2 / 255, difference  # issue #46's bound, through the PNG's 8 bits
+        assert record["family"] == "flux" and record["sampler"] == "Euler" and "guidance_scale" not in record
+        assert record.get("distilled_guidance") == (3.5 if variant == "dev" else None)
+    if variant == "dev":  # the sharded mode (jit over a mesh) gives the pmap mode's images
+        sharded_dir, _ = _reference_run(variant, tmp_path, cache_dir, "parallelism=sharded")
+        assert [r["pixels_sha256"] for r in _records(sharded_dir)] == [r["pixels_sha256"] for r in records]
+
+
+@pytest.fixture(scope="module")
+def smoke(tmp_path_factory, cache_dir):
+    """``+experiment=flux_smoke`` with MLflow and its CLIP score, as the docs run it."""
+    work = tmp_path_factory.mktemp("flux-smoke")
+    result = run_cli("+experiment=flux_smoke", f"paths.cache_dir={cache_dir}", "hydra.run.dir=run", cwd=work)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return work, result
+
+
+@pytest.mark.slow
+def test_the_flux_experiment_writes_images_forges_infotext_and_an_mlflow_run(smoke):
+    work, result = smoke
+    run_dir = work / "run"
+    records = _records(run_dir)
+    assert len(records) == 8 and len({r["pixels_sha256"] for r in records}) == 8  # 8 devices, 8 noises
+    assert all(r["clip_score"] >= 0 for r in records)  # judged as every run is (the experiment's tiny CLIP)
+    for record in records:
+        pixels = _pixels(run_dir, record)
+        assert pixels.shape == (32, 32, 3) and pixels.std() > 0
+    with Image.open(run_dir / records[0]["file"]) as image:
+        parameters = image.info["parameters"]
+    assert "Steps: 4, Sampler: Euler, CFG scale: 1, Distilled CFG Scale: 3.5, Seed: 0, Size: 32x32, " \
+           "Model: tiny-random-flux" in parameters
+    said = result.stdout + result.stderr
+    assert "plan: 8 image(s)" in said and "tiny-random-flux fp32, Euler 4 steps" in said
+
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(f"sqlite:///{work / 'outputs' / 'mlflow.db'}")
+    (run,) = client.search_runs([client.get_experiment_by_name("sdjax-runner").experiment_id])
+    params = run.data.params
+    assert params["model.family"] == "flux" and params["sampler"] == "Euler"
+    assert params["scheduler.name"] == "flow_match_euler"  # what ran, though the root config's default is pndm
+    assert params["sampling.guidance_scale"] == "3.5" and params["prompts.max_sequence_length"] == "16"
+    assert run.data.metrics["flops_per_batch"] > 0
+    timings = json.loads((run_dir / "timings.json").read_text())
+    assert timings["flops_per_batch"] == run.data.metrics["flops_per_batch"]
+
+
+@pytest.mark.slow
+def test_a_flux_run_is_remade_bit_for_bit_from_its_stored_executable_and_its_png_is_read_as_flux(smoke, cache_dir):
+    work, _ = smoke
+    result = run_cli(str(work / "run"), command="rerun", cwd=work)  # its recorded config names the cache
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "rerun: identical -- all 8 image(s) match" in result.stdout + result.stderr
+    (rerun_dir,) = (work / "outputs" / "reruns").glob("*/*")
+    assert json.loads((rerun_dir / "timings.json").read_text())["compile_path"] == "executable_cache"  # stored
+    png = work / "run" / _records(work / "run")[0]["file"]
+    result = run_cli(str(png), *QUIET, "parallelism.host_device_count=8", "prompts.max_sequence_length=16",
+                     f"paths.cache_dir={cache_dir}", "hydra.run.dir=from_png", command="from_png", cwd=work)
+    said = result.stdout + result.stderr
+    assert result.returncode == 0, said[-3000:]
+    assert "Distilled CFG Scale: 3.5 -> sampling.guidance_scale=3.5" in said, said
+    assert "not honoured: CFG scale: 1: FLUX.1 runs no classifier-free guidance" in said
+    assert "prompts.syntax=a1111" not in said
+    # The PNG's settings remake device 0's image when the run is laid out as the PNG's was (8 devices); the T5
+    # length is not in an infotext (Forge writes none): the experiment's 16 is given again.
+    remade = _records(work / "from_png")[0]
+    assert remade["pixels_sha256"] == _records(work / "run")[0]["pixels_sha256"]
+
+
+@pytest.mark.slow
+def test_a_guidance_sweep_loads_and_compiles_once(tmp_path, cache_dir):
+    sweep = tmp_path / "sweep"
+    result = run_cli("-m", "+experiment=flux_smoke", "sampling.guidance_scale=1.5,5", *QUIET,
+                     "compilation_cache.executables=false", "parallelism.host_device_count=2",
+                     f"paths.cache_dir={cache_dir}", f"hydra.sweep.dir={sweep}", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    timings = [json.loads((sweep / str(job) / "timings.json").read_text()) for job in (0, 1)]
+    assert [t["process_model_loads"] for t in timings] == [1, 1]
+    assert [t["process_compiles"] for t in timings] == [1, 1]  # the guidance is an input: one program
+    images = [[r["pixels_sha256"] for r in _records(sweep / str(job))] for job in (0, 1)]
+    assert images[0] != images[1]  # the embedded guidance changes the images
+
+
+# Each refused before anything loads (a FLUX.1 model planned from its catalogue entry or its folder's index).
+REFUSED = {
+    "negative prompt": (["prompts.negative=blurry"], "error: prompts.negative: tiny-random-flux is FLUX.1, which is "
+                        "guidance-distilled and reads no negative prompt"),
+    "A1111 syntax": (["prompts.syntax=a1111"], "error: prompts.syntax: a1111: A1111's emphasis and BREAK weigh"),
+    "T5 too long": (["prompts.max_sequence_length=513"], "error: prompts.max_sequence_length: 513: FLUX.1's T5 "
+                    "reads at most 512 tokens (allowed: 1..512"),
+    "img2img": (["mode=img2img", "init_image=x.png"], "error: mode: img2img, but tiny-random-flux is a FLUX.1"),
+    "an SDE sampler": (["sampler=dpmpp_2m_sde"], "error: sampler: dpmpp_2m_sde: FLUX.1 runs euler, heun, dpmpp_2m"),
+    "an SD scheduler": (["scheduler=ddim"], "error: scheduler: ddim: FLUX.1 steps with its own flow_match_euler"),
+    "clip skip": (["prompts.clip_skip=2"], "error: prompts.clip_skip: 2: FLUX.1 reads CLIP's pooled output"),
+    "eta": (["sampling.eta=0.5"], "error: sampling.eta: FLUX.1's samplers add no noise"),
+    "unknown family": (["model.family=sd3"], "error: model.family: unknown model family 'sd3' (allowed: sd, flux)"),
+}
+
+
+@pytest.mark.parametrize("case", list(REFUSED))
+def test_what_flux_cannot_honour_is_one_line_before_anything_loads(case, tmp_path):
+    overrides, expected = REFUSED[case]
+    assert_one_line_error(call_cli("+experiment=flux_smoke", *QUIET, *overrides, cwd=tmp_path), expected)
+    assert not [path for path in tmp_path.rglob("*.png") if path.is_file()]  # no image made
+
+
+def test_sd_models_refuse_flux_settings_in_one_line(tmp_path):
+    assert_one_line_error(call_cli("+experiment=smoke", *QUIET, "prompts.max_sequence_length=256", cwd=tmp_path),
+                          "error: prompts.max_sequence_length: 256: tiny-random has no T5 encoder")
+    assert_one_line_error(call_cli("+experiment=smoke", *QUIET, "scheduler=flow_match_euler", cwd=tmp_path),
+                          "error: scheduler: flow_match_euler is FLUX.1's scheduler")
+
+
+@pytest.mark.slow
+def test_schnell_refuses_a_guidance_value_and_a_family_mismatch_is_one_line(tmp_path, cache_dir):
+    schnell = FIXTURES / "tiny-flux-schnell"
+    common = ("model=local", f"model.pretrained_model_name_or_path={schnell}", "sampling.height=32",
+              "sampling.width=32", "sampling.num_inference_steps=1", "prompts.max_sequence_length=8", *QUIET,
+              f"paths.cache_dir={cache_dir}")
+    assert_one_line_error(call_cli(*common, "sampling.guidance_scale=3.5", cwd=tmp_path),
+                          "error: sampling.guidance_scale: 3.5, but local is FLUX.1 [schnell] (its transformer has no "
+                          "guidance embedder): it reads no guidance (allowed: null)")
+    tiny_sd = cache_dir / "models" / "tiny-random-v2"
+    from sdjax_runner.models.builtin import build_builtin
+
+    build_builtin("tiny-random", tiny_sd)
+    assert_one_line_error(call_cli("model=local", f"model.pretrained_model_name_or_path={tiny_sd}", "model.family=flux",
+                                   "sampling.num_inference_steps=1", *QUIET, f"paths.cache_dir={cache_dir}",
+                                   cwd=tmp_path),
+                          f"error: model.family: {tiny_sd} holds a Stable Diffusion 1.x, 2.x and XL")
+
+
+# A FLUX.1 LoRA in diffusers' / PEFT's layout for the tiny model: PyTorch module paths of its transformer (and CLIP).
+LORA_MODULES = {"transformer.transformer_blocks.0.attn.to_q": (32, 32),
+                "transformer.single_transformer_blocks.0.proj_out": (160, 32),
+                "transformer.transformer_blocks.0.ff.net.2": (128, 32),
+                "text_encoder.text_model.encoder.layers.0.self_attn.q_proj": (32, 32)}
+
+
+def _write_flux_lora(path: Path, rank: int = 4, layout: str = "peft") -> Path:
+    from safetensors.numpy import save_file
+
+    rng = np.random.default_rng(7)
+    tensors = {}
+    for module, (fan_in, fan_out) in LORA_MODULES.items():
+        if layout == "kohya":  # kohya's FLUX names: Black Forest Labs' blocks
+            module = "lora_unet_double_blocks_0_img_attn_qkv"
+        down, up = ((".lora_down.weight", ".lora_up.weight") if layout == "kohya" else
+                    (".lora_A.weight", ".lora_B.weight"))
+        tensors[module + down] = (0.5 * rng.standard_normal((rank, fan_in))).astype(np.float32)
+        tensors[module + up] = (0.5 * rng.standard_normal((fan_out, rank))).astype(np.float32)
+    save_file(tensors, str(path))
+    return path
+
+
+def test_a_flux_lora_is_matched_to_the_transformers_kernels(tmp_path, cache_dir):
+    from sdjax_runner.config.schema import DtypeConfig, ModelConfig
+    from sdjax_runner.errors import UserError
+    from sdjax_runner.models import lora
+    from sdjax_runner.models.builtin import build_builtin
+    from sdjax_runner.models.loaders import load_model
+
+    folder = build_builtin("tiny-random-flux", cache_dir / "models" / "tiny-random-flux-v1")
+    weights = load_model(ModelConfig(name="tiny", pretrained_model_name_or_path=str(folder)),
+                         DtypeConfig(name="fp32")).host_weights
+    adapter = lora.read(str(_write_flux_lora(tmp_path / "flux.safetensors")), weights, "lora.0.path")
+    assert set(adapter.factors) == {
+        ("transformer", ("transformer_blocks_0", "attn", "to_q", "kernel")),
+        ("transformer", ("single_transformer_blocks_0", "proj_out", "kernel")),
+        ("transformer", ("transformer_blocks_0", "ff", "net_2", "kernel")),
+        ("text_encoder", ("text_model", "encoder", "layers", "0", "self_attn", "q_proj", "kernel"))}
+    down, up = adapter.factors[("transformer", ("single_transformer_blocks_0", "proj_out", "kernel"))]
+    assert down.shape == (160, 4) and up.shape == (4, 32)  # alpha = rank: the update is A.T @ B.T
+    with pytest.raises(UserError, match=re.escape("kohya's FLUX.1 layout (lora_unet_double_blocks_0_img_attn_qkv")):
+        lora.read(str(_write_flux_lora(tmp_path / "kohya.safetensors", layout="kohya")), weights, "lora.0.path")
+
+
+@pytest.mark.slow
+def test_a_flux_lora_scale_sweep_compiles_once_and_scale_zero_is_the_model(tmp_path, cache_dir):
+    adapter = _write_flux_lora(tmp_path / "flux.safetensors")
+    sweep = tmp_path / "sweep"
+    common = ("+experiment=flux_smoke", *QUIET, "compilation_cache.executables=false",
+              "parallelism.host_device_count=2", f"paths.cache_dir={cache_dir}")
+    result = run_cli("-m", *common, f"lora=[{{path: {adapter}}}]", "lora.0.scale=0,1",
+                     f"hydra.sweep.dir={sweep}", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    plain = run_cli(*common, "hydra.run.dir=plain", cwd=tmp_path)
+    assert plain.returncode == 0, plain.stderr[-3000:]
+    timings = [json.loads((sweep / str(job) / "timings.json").read_text()) for job in (0, 1)]
+    assert [t["process_compiles"] for t in timings] == [1, 1]  # the scale is an input: one program
+    images = [[r["pixels_sha256"] for r in _records(sweep / str(job))] for job in (0, 1)]
+    assert images[0] == [r["pixels_sha256"] for r in _records(tmp_path / "plain")]  # scale 0: the model itself
+    assert images[1] != images[0]
+    assert "lora: flux.safetensors at scale 1 merged into 4 layer(s) (text_encoder 1, transformer 3)" \
+        in result.stdout + result.stderr
