@@ -271,10 +271,3 @@ def test_a_damaged_folder_is_one_line_naming_the_key(tmp_path, case):
     assert raised.value.key == KEY and message.startswith(f"{KEY}: ")
     assert "\n" not in message and expected in message, message
     assert "torch" not in sys.modules
-
-
-def test_a_single_file_checkpoint_is_refused_for_now():
-    with pytest.raises(UserError) as raised:
-        load(folder("dev"), checkpoint="/models/flux1-dev.safetensors")
-    assert raised.value.key == "model.checkpoint" and "not yet for FLUX" in str(raised.value)
-    assert "\n" not in str(raised.value)

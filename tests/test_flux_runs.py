@@ -250,3 +250,49 @@ def test_a_flux_lora_scale_sweep_compiles_once_and_scale_zero_is_the_model(tmp_p
     assert images[1] != images[0]
     assert "lora: flux.safetensors at scale 1 merged into 4 layer(s) (text_encoder 1, transformer 3)" \
         in result.stdout + result.stderr
+
+
+def _bfl_file(path: Path, variant: str = "dev", prefix: str = "") -> tuple[Path, dict]:
+    """The fixture's transformer saved as a single file in Black Forest Labs' layout (tests/helpers/bfl_layout.py)."""
+    from safetensors.numpy import save_file
+
+    from helpers.bfl_layout import to_bfl
+    from sdjax_runner.models.flux.convert import read_safetensors
+
+    folder = FIXTURES / f"tiny-flux-{variant}" / "transformer"
+    state = {name: np.array(array) for name, array in read_safetensors(folder).items()}
+    config = json.loads((folder / "config.json").read_text())
+    save_file(to_bfl(state, config["num_layers"], config["num_single_layers"], prefix), str(path))
+    return path, state
+
+
+def test_a_bfl_single_file_transformer_is_renamed_to_the_folders_tensors(tmp_path):
+    from sdjax_runner.config.weight_files import open_checkpoint
+    from sdjax_runner.models.flux.convert import load_safetensors
+    from sdjax_runner.models.flux.single_file import diffusers_state_dict
+
+    for variant, prefix in (("dev", ""), ("schnell", "model.diffusion_model.")):
+        path, state = _bfl_file(tmp_path / f"{variant}.safetensors", variant, prefix)
+        assert open_checkpoint(path).architecture == f"flux-{variant}"
+        renamed = diffusers_state_dict(load_safetensors(path), 2 * 16, path.name)
+        assert set(renamed) == set(state)
+        for name, array in state.items():
+            assert np.array_equal(np.asarray(renamed[name]), array), name
+
+
+@pytest.mark.slow
+def test_a_bfl_single_file_checkpoint_runs_on_its_base_folder_with_the_folders_images(tmp_path, cache_dir):
+    checkpoint, _ = _bfl_file(tmp_path / "flux1-dev.safetensors", "dev", "model.diffusion_model.")
+    run_dir, ref = _reference_run("dev", tmp_path, cache_dir, f"model.checkpoint={checkpoint}")
+    records = _records(run_dir)
+    for record in records:  # the PyTorch pipeline's images, as from the folder's own transformer
+        assert np.abs(_pixels(run_dir, record) - ref["images"][record["device"]]).max() <= 2 / 255
+        assert record["checkpoint"].startswith("flux1-dev.safetensors:sha256=")
+    inputs = json.loads((run_dir / "inputs.json").read_text())
+    assert "flux1-dev.safetensors" in json.dumps(inputs)
+    # A [dev] checkpoint on the [schnell] folder does not fit its config (no guidance embedder): one line.
+    result = call_cli("model=local", f"model.pretrained_model_name_or_path={FIXTURES / 'tiny-flux-schnell'}",
+                      f"model.checkpoint={checkpoint}", "sampling.height=32", "sampling.width=32",
+                      "sampling.num_inference_steps=1", *QUIET, f"paths.cache_dir={cache_dir}", cwd=tmp_path)
+    assert_one_line_error(result, f"error: model.checkpoint: does not fit the base model {FIXTURES / 'tiny-flux-schnell'} "
+                          "(FLUX.1 [dev] checkpoint)")

@@ -56,9 +56,6 @@ def _flux_values(config: Any) -> None:
     if prompts.clip_skip != 1:
         raise UserError("prompts.clip_skip", f"{prompts.clip_skip}: FLUX.1 reads CLIP's pooled output, which has "
                         "no layer to skip to", "1")
-    if config.model.checkpoint:
-        raise UserError("model.checkpoint", f"single-file FLUX.1 checkpoints are not loaded yet "
-                        f"({config.model.checkpoint})", "null (the folder's own weights)")
 
 
 def _registry(*entries: FamilyEntry) -> dict[str, FamilyEntry]:
@@ -123,7 +120,13 @@ def planned(model: Any) -> FamilyEntry:
         return FAMILIES[model.family]
     if model.builtin is not None and model.builtin in BUILTINS:
         return FAMILIES[BUILTINS[model.builtin]]
-    return FAMILIES[_folder_family(model.pretrained_model_name_or_path) or "sd"]
+    found = _folder_family(model.pretrained_model_name_or_path)
+    checkpoint = getattr(model, "checkpoint", None)
+    if found is None and checkpoint:  # no base on disk: the single-file checkpoint's architecture says it
+        from sdjax_runner.config.weight_files import FAMILY_OF, open_checkpoint
+
+        found = FAMILY_OF[open_checkpoint(Path(checkpoint).expanduser()).architecture]
+    return FAMILIES[found or "sd"]
 
 
 def with_defaults(config: Any) -> Any:

@@ -34,7 +34,7 @@ from sdjax_runner.config.schema import (
     TrackingConfig,
     field_types,
 )
-from sdjax_runner.config.weight_files import BASES, lora_header, open_checkpoint
+from sdjax_runner.config.weight_files import ARCHITECTURES, BASES, FAMILY_OF, lora_header, open_checkpoint
 from sdjax_runner.errors import UserError
 from sdjax_runner.files import file_sha256, not_a_file
 
@@ -266,6 +266,10 @@ def make_plan(config: RunConfig, available_devices: int, checked: Optional[Check
     strength = modes.strength(config.mode.name, config.strength)
     model = dataclasses.replace(config.model)  # the checkpoint's base may be filled in: the caller's stays as given
     checkpoint = checkpoint_record(model)
+    if checkpoint is not None and FAMILY_OF[checkpoint.architecture] != family.name:
+        raise UserError("model.checkpoint", f"{Path(checkpoint.path).name} is a {ARCHITECTURES[checkpoint.architecture]} "
+                        f"checkpoint, but its base {model.pretrained_model_name_or_path} is {family.title}",
+                        f"a base of its family (model.pretrained_model_name_or_path=null: {BASES[checkpoint.architecture]})")
     return Plan(
         model=model,
         dtype=config.dtype,

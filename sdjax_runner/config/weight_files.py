@@ -16,8 +16,15 @@ from sdjax_runner.files import not_a_file
 KEY = "model.checkpoint"
 # The base model for each architecture when none is given: configs, tokenizers and scheduler only.
 BASES = {"sd1": "stable-diffusion-v1-5/stable-diffusion-v1-5", "sd2": "stabilityai/stable-diffusion-2-1",
-         "sdxl": "stabilityai/stable-diffusion-xl-base-1.0"}
-ARCHITECTURES = {"sd1": "SD 1.x", "sd2": "SD 2.x", "sdxl": "SDXL"}
+         "sdxl": "stabilityai/stable-diffusion-xl-base-1.0", "flux-dev": "black-forest-labs/FLUX.1-dev",
+         "flux-schnell": "black-forest-labs/FLUX.1-schnell"}
+ARCHITECTURES = {"sd1": "SD 1.x", "sd2": "SD 2.x", "sdxl": "SDXL", "flux-dev": "FLUX.1 [dev]",
+                 "flux-schnell": "FLUX.1 [schnell]"}
+# The model family (config/families.py) of each architecture.
+FAMILY_OF = {"sd1": "sd", "sd2": "sd", "sdxl": "sd", "flux-dev": "flux", "flux-schnell": "flux"}
+# A FLUX.1 transformer in Black Forest Labs' own layout (flux1-dev.safetensors; ComfyUI's saves add
+# model.diffusion_model.): its double- and single-stream blocks by their original names.
+FLUX_PREFIXES = ("", "model.diffusion_model.")
 
 
 
@@ -62,9 +69,22 @@ def open_checkpoint(path: Path) -> Checkpoint:
     return Checkpoint(path, detect_architecture(path, keys), keys)
 
 
+def flux_architecture(keys) -> str | None:
+    """"flux-dev" / "flux-schnell" for a FLUX.1 transformer in Black Forest Labs' layout (with or without
+    ComfyUI's model.diffusion_model. prefix; [dev] has the guidance embedder guidance_in.*), else None."""
+    for prefix in FLUX_PREFIXES:
+        inner = {k[len(prefix):] for k in keys if k.startswith(prefix)}
+        if any(k.startswith("double_blocks.") for k in inner) and any(k.startswith("single_blocks.") for k in inner):
+            return "flux-dev" if any(k.startswith("guidance_in.") for k in inner) else "flux-schnell"
+    return None
+
+
 def detect_architecture(path: Path, keys) -> str:
     names = set(keys)
     has = lambda prefix: any(k.startswith(prefix) for k in names)  # noqa: E731
+    flux = flux_architecture(names)
+    if flux is not None:
+        return flux
     if not has("model.diffusion_model."):
         raise UserError(KEY, f"{path.name} has no model.diffusion_model.* tensors: not a Stable Diffusion checkpoint "
                         "in the original (LDM) layout", "an SD 1.x, 2.x or SDXL single-file checkpoint")

@@ -17,6 +17,8 @@ from sdjax_runner.errors import UserError
 from sdjax_runner.models.checkpoints import FLAX_FILES, PT_STEMS, find_weights, safetensors_names
 
 KEY = "model.pretrained_model_name_or_path"
+# What a single-file checkpoint holds the weights of, by model family (the base gives the rest).
+CHECKPOINT_COMPONENTS = {"flux": ("transformer",)}
 # Everything but weights (what a single-file checkpoint's base model gives), and the Flax weights.
 CONFIG_PATTERNS = ["model_index.json", "*/*.json", "*/*.txt"]
 FIRST_PATTERNS = CONFIG_PATTERNS + [f"*/{name}" for name in FLAX_FILES.values()]
@@ -81,11 +83,13 @@ def resolve(model: ModelConfig, allow_pickle: bool = False) -> Path:
     if not (directory / "model_index.json").is_file():
         raise UserError(KEY, f"{name} has no model_index.json: not a diffusers-format pipeline",
                         "a diffusers pipeline repository")
-    if model.checkpoint:  # the weights come from the checkpoint
+    if model.checkpoint and model.family != "flux":  # the weights come from the checkpoint
         return directory
     # No Flax weights: fall back to the PyTorch ones, as safetensors -- the variant's where the repository
-    # has them (model.variant=fp16: half the download, the fp32 files not fetched), else the plain ones.
-    with_weights = weight_components(directory)
+    # has them (model.variant=fp16: half the download, the fp32 files not fetched), else the plain ones. A FLUX.1
+    # single-file checkpoint holds the transformer only: the other components' weights come from the base.
+    with_weights = {name: library for name, library in weight_components(directory).items()
+                    if not (model.checkpoint and name in CHECKPOINT_COMPONENTS.get(model.family or "sd", ()))}
     for variant in ([model.variant] if model.variant else []) + [None]:
         lacking = [(component, library) for component, library in with_weights.items()
                    if find_weights(directory / component, library, model.variant).format == "missing"]

@@ -21,8 +21,9 @@ The folder's ``model_index.json`` names seven components, each read as follows:
   (:func:`scheduler_config`); no diffusers scheduler object is built.
 
 The index may carry ``image_encoder`` / ``feature_extractor`` as ``[null, null]`` (diffusers 0.39 writes them) or
-not at all (the hub's); neither is loaded. A single-file checkpoint (``model.checkpoint``) is not read for FLUX
-yet. Whatever is wrong with the folder is one line naming ``model.pretrained_model_name_or_path``.
+not at all (the hub's); neither is loaded. With a single-file checkpoint (``model.checkpoint``, flux1-dev.safetensors)
+the transformer's weights come from it (Black Forest Labs' layout, :mod:`.single_file`) and the rest from the folder.
+Whatever is wrong with the folder is one line naming ``model.pretrained_model_name_or_path``.
 """
 
 from __future__ import annotations
@@ -85,8 +86,6 @@ SCHEDULER_DEFAULTS_ONLY: dict[str, Any] = {
 # diffusers' FluxPipeline.default_sample_size: its default height/width is this times vae_scale_factor (1024).
 DEFAULT_SAMPLE_SIZE = 128
 FLAX_WEIGHTS = "diffusion_flax_model.msgpack"  # diffusers' Flax weights file name
-CHECKPOINT_REFUSAL = ("not yet for FLUX: {directory} is a FLUX.1 pipeline, and single-file checkpoints load onto "
-                      "SD 1.x/2.x/XL bases only")
 
 
 @dataclass
@@ -149,9 +148,6 @@ def load_flux(directory: Path, index: dict, model: ModelConfig, dtype: DtypeConf
     the weights dtype -- the VAE's float32 where it computes in float32 (:func:`loading.component_dtype`)."""
     import jax.numpy as jnp
 
-    if checkpoint is not None or model.checkpoint:
-        raise UserError("model.checkpoint", CHECKPOINT_REFUSAL.format(directory=directory),
-                        "null (the folder's own weights)")
     if model.safety_checker:
         raise UserError("model.safety_checker", f"{directory} is a FLUX.1 pipeline, which has no safety checker",
                         "false")
@@ -159,11 +155,16 @@ def load_flux(directory: Path, index: dict, model: ModelConfig, dtype: DtypeConf
     activations = getattr(jnp, dtype.activations_dtype.name)
     weights = loading.numpy_dtype(dtype.weights_dtype.name)
     for name in WEIGHTED:
-        _check_weight_files(directory, name, COMPONENTS[name][0], model.variant)
+        if not (checkpoint is not None and name == "transformer"):
+            _check_weight_files(directory, name, COMPONENTS[name][0], model.variant)
     schedule = scheduler_config(directory)
 
-    transformer, transformer_params, transformer_files = _load_own(directory, "transformer", model.variant,
-                                                                   activations, weights)
+    if checkpoint is not None:
+        transformer, transformer_params, transformer_files = _transformer_from_checkpoint(
+            directory, checkpoint, checkpoint_sha256, activations, weights)
+    else:
+        transformer, transformer_params, transformer_files = _load_own(directory, "transformer", model.variant,
+                                                                       activations, weights)
     vae_dtype = loading.component_dtype(directory, "vae", activations)
     vae_weights = np.dtype(np.float32) if vae_dtype != activations else weights  # upcast: float32 throughout
     vae, vae_params, vae_files = _load_own(directory, "vae", model.variant, vae_dtype, vae_weights)
@@ -174,6 +175,8 @@ def load_flux(directory: Path, index: dict, model: ModelConfig, dtype: DtypeConf
     params: dict[str, Any] = {"transformer": transformer_params, "vae": vae_params}
     files: dict[str, tuple[Path, ...]] = {"transformer": transformer_files, "vae": vae_files}
     formats = {name: "flax" if found[0].name == FLAX_WEIGHTS else "safetensors" for name, found in files.items()}
+    if checkpoint is not None:
+        formats["transformer"] = "single_file"
     for name in ("text_encoder", "text_encoder_2", "tokenizer"):
         cls = model_index.component_class(directory, name, "transformers", classes[name], kinds)
         module, module_params, found = loading.load_component_or_say_why(directory, name, "transformers", cls, model,
@@ -304,6 +307,38 @@ def _load_own(directory: Path, name: str, variant: Optional[str], activations: A
     except Exception as exc:  # the folder is input: one line, never a traceback
         raise loading.unloadable(directory, name, exc) from exc
     return module, _in_memory(params), files
+
+
+def _transformer_from_checkpoint(directory: Path, checkpoint: Any, checkpoint_sha256: Optional[str], activations: Any,
+                                 weights: np.dtype) -> tuple[Any, dict, tuple[Path, ...]]:
+    """(module, host params, the file) for the transformer of a single-file FLUX.1 checkpoint in Black Forest Labs'
+    layout (``model.checkpoint``; models/flux/single_file.py), on the base folder's ``transformer/config.json``.
+    A file replaced since the run was planned (``checkpoint_sha256``) is refused once read."""
+    from sdjax_runner.config import weight_files
+    from sdjax_runner.files import file_sha256
+    from sdjax_runner.models.flux.convert import convert_transformer, load_safetensors
+    from sdjax_runner.models.flux.single_file import diffusers_state_dict
+    from sdjax_runner.models.flux.transformer import FlaxFluxTransformer
+
+    path = checkpoint.path
+    config = _config(directory, "transformer")
+    try:
+        module = FlaxFluxTransformer.from_config(config, dtype=activations)
+    except (ValueError, TypeError) as exc:
+        raise UserError(KEY, f"{directory / 'transformer' / 'config.json'} is not a FLUX.1 transformer config: {exc}",
+                        "a FLUX.1 transformer folder") from None
+    width = module.num_attention_heads * module.attention_head_dim
+    try:
+        params = convert_transformer(diffusers_state_dict(load_safetensors(path), width, path.name), module, weights)
+    except WeightsMismatch as exc:
+        raise UserError(weight_files.KEY, f"does not fit the base model {directory} "
+                        f"({weight_files.ARCHITECTURES[checkpoint.architecture]} checkpoint): {exc}",
+                        "a checkpoint of the base model's variant (set model.pretrained_model_name_or_path to a "
+                        "matching base)") from None
+    if checkpoint_sha256 is not None and file_sha256(path) != checkpoint_sha256:
+        raise UserError(weight_files.KEY, f"{path} changed since the run was planned; it is not run under the old "
+                        "file's hash", "run again")
+    return module, _in_memory(params), (path,)
 
 
 def _flax_weights(file: Path, module: Any, weights: np.dtype) -> dict:

@@ -1,0 +1,99 @@
+"""A FLUX.1 transformer in Black Forest Labs' own layout (``flux1-dev.safetensors``, ``flux1-schnell.safetensors``;
+ComfyUI's saves prefix ``model.diffusion_model.``) -> diffusers' ``FluxTransformer2DModel`` names, which the runner's
+module keeps (:mod:`.convert` then converts them as it converts a diffusers folder's).
+
+The renaming is diffusers 0.39's ``convert_flux_transformer_checkpoint_to_diffusers``
+(``loaders/single_file_utils.py``), written here as a table: each BFL name maps to one diffusers name, except the
+fused projections, which are split along their output rows -- a double block's ``img_attn.qkv`` / ``txt_attn.qkv``
+into q, k, v (``to_q`` ... / ``add_q_proj`` ...), a single block's ``linear1`` into q, k, v and the MLP's input
+(``proj_mlp``) -- and the final layer's modulation, whose shift and scale halves are swapped (BFL's
+AdaLayerNormContinuous splits shift, scale; diffusers' scale, shift). The file's arrays are memory-mapped views and
+the splits are views of them: nothing is read until the converter reads it, one tensor at a time."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from sdjax_runner.models.checkpoints import WeightsMismatch
+
+# BFL name (after the block prefix) -> diffusers name, for a double block (transformer_blocks.N).
+DOUBLE = {
+    "img_mod.lin": "norm1.linear", "txt_mod.lin": "norm1_context.linear",
+    "img_attn.norm.query_norm.scale": "attn.norm_q.weight", "img_attn.norm.key_norm.scale": "attn.norm_k.weight",
+    "txt_attn.norm.query_norm.scale": "attn.norm_added_q.weight",
+    "txt_attn.norm.key_norm.scale": "attn.norm_added_k.weight",
+    "img_mlp.0": "ff.net.0.proj", "img_mlp.2": "ff.net.2", "txt_mlp.0": "ff_context.net.0.proj",
+    "txt_mlp.2": "ff_context.net.2", "img_attn.proj": "attn.to_out.0", "txt_attn.proj": "attn.to_add_out",
+}
+# Fused projections of a double block, split along the output rows into equal parts.
+DOUBLE_FUSED = {"img_attn.qkv": ("attn.to_q", "attn.to_k", "attn.to_v"),
+                "txt_attn.qkv": ("attn.add_q_proj", "attn.add_k_proj", "attn.add_v_proj")}
+# A single block (single_transformer_blocks.N).
+SINGLE = {"modulation.lin": "norm.linear", "norm.query_norm.scale": "attn.norm_q.weight",
+          "norm.key_norm.scale": "attn.norm_k.weight", "linear2": "proj_out"}
+SINGLE_FUSED = ("attn.to_q", "attn.to_k", "attn.to_v", "proj_mlp")  # linear1: inner, inner, inner, mlp rows
+# Outside the blocks.
+TOP = {"time_in.in_layer": "time_text_embed.timestep_embedder.linear_1",
+       "time_in.out_layer": "time_text_embed.timestep_embedder.linear_2",
+       "vector_in.in_layer": "time_text_embed.text_embedder.linear_1",
+       "vector_in.out_layer": "time_text_embed.text_embedder.linear_2",
+       "guidance_in.in_layer": "time_text_embed.guidance_embedder.linear_1",
+       "guidance_in.out_layer": "time_text_embed.guidance_embedder.linear_2",
+       "txt_in": "context_embedder", "img_in": "x_embedder", "final_layer.linear": "proj_out"}
+SWAPPED = {"final_layer.adaLN_modulation.1": "norm_out.linear"}  # shift, scale -> scale, shift
+
+def _strip(names) -> dict[str, str]:
+    """{name without the prefix the transformer's names carry: the file's name}."""
+    prefix = "model.diffusion_model."
+    if any(name.startswith(prefix + "double_blocks.") for name in names):
+        return {name[len(prefix):]: name for name in names if name.startswith(prefix)}
+    return {name: name for name in names}
+
+
+def diffusers_state_dict(tensors: Mapping[str, np.ndarray], width: int, source: str) -> dict[str, np.ndarray]:
+    """The transformer's tensors of a BFL-layout file (``tensors``: name -> array) under diffusers' names;
+    ``width``: the transformer's heads x head dim, which sizes the fused projections' parts. WeightsMismatch naming
+    the first BFL name the table does not know (the converter then checks every diffusers name and shape against
+    the module)."""
+    out: dict[str, np.ndarray] = {}
+    for name, key in _strip(tensors).items():
+        array = tensors[key]
+        block, _, rest = name.partition(".")
+        if block in ("double_blocks", "single_blocks"):
+            number, _, inside = rest.partition(".")
+            out.update(_block(block, number, inside, array, width, source, name))
+            continue
+        stem, _, kind = name.rpartition(".")
+        if stem in TOP:
+            out[f"{TOP[stem]}.{kind}"] = array
+        elif stem in SWAPPED:
+            shift, scale = np.split(np.asarray(array), 2, axis=0)
+            out[f"{SWAPPED[stem]}.{kind}"] = np.concatenate([scale, shift], axis=0)
+        else:
+            raise WeightsMismatch(f"{source}: {name} is no tensor of a FLUX.1 transformer in Black Forest Labs' layout")
+    return out
+
+
+def _block(block: str, number: str, inside: str, array: np.ndarray, width: int, source: str,
+           name: str) -> dict[str, np.ndarray]:
+    prefix = f"{'transformer_blocks' if block == 'double_blocks' else 'single_transformer_blocks'}.{number}."
+    table, fused = (DOUBLE, DOUBLE_FUSED) if block == "double_blocks" else (SINGLE, {"linear1": SINGLE_FUSED})
+    if inside in table:  # a norm's scale, named whole
+        return {prefix + table[inside]: array}
+    stem, _, kind = inside.rpartition(".")
+    if stem in table:
+        return {f"{prefix}{table[stem]}.{kind}": array}
+    if stem not in fused:
+        raise WeightsMismatch(f"{source}: {name} is no tensor of a FLUX.1 transformer in Black Forest Labs' layout")
+    parts = fused[stem]
+    # q, k, v (width rows each), then a single block's MLP input: the rest of the rows
+    bounds = [width * i for i in range(len(parts))] + [int(np.shape(array)[0])]
+    return {f"{prefix}{part}.{kind}": array[bounds[i]:bounds[i + 1]] for i, part in enumerate(parts)}
+
+
+def inner_dim(module: Any) -> int:
+    """The transformer's width: heads x head dim (3072 for FLUX.1)."""
+    return int(module.num_attention_heads) * int(module.attention_head_dim)
