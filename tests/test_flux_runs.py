@@ -194,19 +194,36 @@ LORA_MODULES = {"transformer.transformer_blocks.0.attn.to_q": (32, 32),
                 "text_encoder.text_model.encoder.layers.0.self_attn.q_proj": (32, 32)}
 
 
-def _write_flux_lora(path: Path, rank: int = 4, layout: str = "peft") -> Path:
+def _write_flux_lora(path: Path, rank: int = 4) -> Path:
     from safetensors.numpy import save_file
 
     rng = np.random.default_rng(7)
     tensors = {}
     for module, (fan_in, fan_out) in LORA_MODULES.items():
-        if layout == "kohya":  # kohya's FLUX names: Black Forest Labs' blocks
-            module = "lora_unet_double_blocks_0_img_attn_qkv"
-        down, up = ((".lora_down.weight", ".lora_up.weight") if layout == "kohya" else
-                    (".lora_A.weight", ".lora_B.weight"))
-        tensors[module + down] = (0.5 * rng.standard_normal((rank, fan_in))).astype(np.float32)
-        tensors[module + up] = (0.5 * rng.standard_normal((fan_out, rank))).astype(np.float32)
+        tensors[module + ".lora_A.weight"] = (0.5 * rng.standard_normal((rank, fan_in))).astype(np.float32)
+        tensors[module + ".lora_B.weight"] = (0.5 * rng.standard_normal((fan_out, rank))).astype(np.float32)
     save_file(tensors, str(path))
+    return path
+
+
+_KOHYA_RNG = np.random.default_rng(11)
+# kohya's FLUX.1 LoRA names (Black Forest Labs' modules, fused q/k/v and linear1), rank 4, alpha 8.
+KOHYA_TENSORS = {
+    **{f"lora_unet_{module}.lora_down.weight": _KOHYA_RNG.standard_normal((4, fan_in)).astype(np.float32)
+       for module, (fan_in, _) in {"double_blocks_0_img_attn_qkv": (32, 96), "single_blocks_0_linear1": (32, 224),
+                                   "single_blocks_0_linear2": (160, 32)}.items()},
+    **{f"lora_unet_{module}.lora_up.weight": _KOHYA_RNG.standard_normal((fan_out, 4)).astype(np.float32)
+       for module, (_, fan_out) in {"double_blocks_0_img_attn_qkv": (32, 96), "single_blocks_0_linear1": (32, 224),
+                                    "single_blocks_0_linear2": (160, 32)}.items()},
+    **{f"lora_unet_{module}.alpha": np.float32(8.0) for module in ("double_blocks_0_img_attn_qkv",
+                                                                  "single_blocks_0_linear1", "single_blocks_0_linear2")},
+}
+
+
+def _write_kohya_flux_lora(path: Path) -> Path:
+    from safetensors.numpy import save_file
+
+    save_file({key: np.asarray(value) for key, value in KOHYA_TENSORS.items()}, str(path))
     return path
 
 
@@ -228,8 +245,28 @@ def test_a_flux_lora_is_matched_to_the_transformers_kernels(tmp_path, cache_dir)
         ("text_encoder", ("text_model", "encoder", "layers", "0", "self_attn", "q_proj", "kernel"))}
     down, up = adapter.factors[("transformer", ("single_transformer_blocks_0", "proj_out", "kernel"))]
     assert down.shape == (160, 4) and up.shape == (4, 32)  # alpha = rank: the update is A.T @ B.T
-    with pytest.raises(UserError, match=re.escape("kohya's FLUX.1 layout (lora_unet_double_blocks_0_img_attn_qkv")):
-        lora.read(str(_write_flux_lora(tmp_path / "kohya.safetensors", layout="kohya")), weights, "lora.0.path")
+    # kohya's FLUX layout: BFL names; a fused q/k/v's up factor is cut into the three projections' rows
+    kohya = lora.read(str(_write_kohya_flux_lora(tmp_path / "kohya.safetensors")), weights, "lora.0.path")
+    assert set(kohya.factors) == {("transformer", ("transformer_blocks_0", "attn", name, "kernel"))
+                                  for name in ("to_q", "to_k", "to_v")} | {
+        ("transformer", ("single_transformer_blocks_0", "attn", name, "kernel")) for name in ("to_q", "to_k", "to_v")
+    } | {("transformer", ("single_transformer_blocks_0", "proj_mlp", "kernel")),
+         ("transformer", ("single_transformer_blocks_0", "proj_out", "kernel"))}
+    tensors = KOHYA_TENSORS
+    for i, name in enumerate(("to_q", "to_k", "to_v")):  # alpha 8, rank 4: the update is 2 A.T @ B.T
+        down, up = kohya.factors[("transformer", ("transformer_blocks_0", "attn", name, "kernel"))]
+        qkv_up = tensors["lora_unet_double_blocks_0_img_attn_qkv.lora_up.weight"][32 * i: 32 * (i + 1)]
+        np.testing.assert_allclose(down @ up, 2 * tensors["lora_unet_double_blocks_0_img_attn_qkv.lora_down.weight"].T
+                                   @ qkv_up.T, rtol=1e-6)
+    down, up = kohya.factors[("transformer", ("single_transformer_blocks_0", "proj_mlp", "kernel"))]
+    assert up.shape == (4, 128)  # linear1's last 128 rows: the MLP's input
+    with pytest.raises(UserError, match=re.escape("lora_unet_double_blocks_0_img_nonsense is no module of a FLUX.1")):
+        bad = tmp_path / "bad.safetensors"
+        from safetensors.numpy import save_file
+
+        save_file({"lora_unet_double_blocks_0_img_nonsense.lora_down.weight": np.zeros((4, 32), np.float32),
+                   "lora_unet_double_blocks_0_img_nonsense.lora_up.weight": np.zeros((32, 4), np.float32)}, str(bad))
+        lora.read(str(bad), weights, "lora.0.path")
 
 
 @pytest.mark.slow

@@ -12,8 +12,10 @@ Layouts read (``A`` = down, ``B`` = up; a module's update is ``alpha / rank * B 
     FLUX.1            transformer.<path>.lora_A.weight, .lora_B.weight (diffusers' and PEFT's FLUX LoRAs: the
                       transformer's module paths, which the runner's FLUX modules keep), text_encoder.<path>
 
-kohya's FLUX LoRAs (``lora_unet_double_blocks_N_img_attn_qkv``: Black Forest Labs' module names, fused
-q/k/v) are refused in one line, not read yet.
+    kohya FLUX.1      lora_unet_double_blocks_N_img_attn_qkv..., lora_unet_single_blocks_N_linear1...: Black Forest
+                      Labs' module names (models/flux/single_file.py's table, underscored), lora_te1_ for CLIP. A
+                      fused projection's update is split as its weight is: the down factor shared, the up factor's
+                      rows cut into q, k, v (and a single block's MLP input), as diffusers' kohya FLUX conversion does.
 
 ``<path>`` is the PyTorch module path (``down_blocks.0.attentions.0.transformer_blocks.0.attn1.to_q``)
 or kohya's underscore spelling of it; both become the Flax path joined with underscores
@@ -136,10 +138,8 @@ def read(path: str, params: dict, config_key: str, expected_sha256: Optional[str
     if unknown:
         raise UserError(config_key, f"{file.name}: {len(unknown)} key(s) in no known LoRA layout, e.g. {unknown[0]}",
                         "kohya lora_unet_/lora_te_ or PEFT/diffusers unet./text_encoder./transformer. keys")
-    kohya_flux = next((keys[name] for name in keys if KOHYA_FLUX.match(keys[name])), None)
-    if kohya_flux is not None:
-        raise UserError(config_key, f"{file.name}: kohya's FLUX.1 layout ({kohya_flux}: Black Forest Labs' module "
-                        "names) is not read yet", "a diffusers / PEFT FLUX.1 LoRA (transformer.* keys)")
+    if "transformer" in params and any(KOHYA_FLUX.match(key) for key in keys.values()):
+        modules = _kohya_flux(modules, params["transformer"], file.name, config_key)
     targets = kernels(params)
     unmatched = sorted(m for m in modules if m not in targets)
     if unmatched:
@@ -170,6 +170,33 @@ def read(path: str, params: dict, config_key: str, expected_sha256: Optional[str
                             f"{tuple(down.shape)} do not fit its kernel {tuple(kernel.shape)}")
         factors[(component, path_)] = ((down.T * (alpha / rank)).astype(np.float32), up.T.astype(np.float32))
     return Adapter(str(file), sha256, factors)
+
+
+def _kohya_flux(modules: dict, transformer: dict, name: str, config_key: str) -> dict:
+    """``modules`` with kohya's FLUX.1 transformer modules (``unet`` ``double_blocks_0_img_attn_qkv``...) renamed to
+    the transformer's own (diffusers' paths, underscored), a fused projection's factors split into its parts: the
+    down factor (and alpha) shared, the up factor's rows cut as the weight's are (models/flux/single_file.py)."""
+    from sdjax_runner.models.flux import single_file as bfl
+
+    width = int(np.shape(transformer["transformer_blocks_0"]["attn"]["to_q"]["kernel"])[-1])
+    out = {}
+    for (component, module), parts in modules.items():
+        if component != "unet":
+            out[(component, module)] = parts
+            continue
+        renamed = bfl.underscored(module)
+        if renamed is None:
+            raise UserError(config_key, f"{name}: lora_unet_{module} is no module of a FLUX.1 transformer in kohya's "
+                            "layout", "a LoRA made for FLUX.1")
+        targets, fused = renamed
+        up = parts.get("up")
+        bounds = bfl.part_rows(len(targets), width, None if up is None else int(np.shape(up)[0])) if fused else None
+        for i, target in enumerate(targets):
+            piece = dict(parts)
+            if bounds is not None and up is not None:
+                piece["up"] = np.asarray(up)[bounds[i]:bounds[i + 1]]
+            out[("transformer", target.replace(".", "_"))] = piece
+    return out
 
 
 def _leaf(tree: Any, path: tuple) -> Any:

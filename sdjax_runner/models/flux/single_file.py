@@ -12,8 +12,9 @@ the splits are views of them: nothing is read until the converter reads it, one 
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Optional
 
 import numpy as np
 
@@ -89,9 +90,34 @@ def _block(block: str, number: str, inside: str, array: np.ndarray, width: int, 
     if stem not in fused:
         raise WeightsMismatch(f"{source}: {name} is no tensor of a FLUX.1 transformer in Black Forest Labs' layout")
     parts = fused[stem]
-    # q, k, v (width rows each), then a single block's MLP input: the rest of the rows
-    bounds = [width * i for i in range(len(parts))] + [int(np.shape(array)[0])]
+    bounds = part_rows(len(parts), width, int(np.shape(array)[0]))
     return {f"{prefix}{part}.{kind}": array[bounds[i]:bounds[i + 1]] for i, part in enumerate(parts)}
+
+
+def part_rows(parts: int, width: int, rows: Optional[int]) -> list[int]:
+    """Where a fused projection's output rows are cut: q, k, v (``width`` rows each), then a single block's MLP
+    input (the rest of its ``rows``)."""
+    return [width * i for i in range(parts)] + [rows if rows is not None else width * parts]
+
+
+def underscored(module: str) -> Optional[tuple[tuple[str, ...], bool]]:
+    """kohya's underscored BFL module name (``double_blocks_0_img_attn_qkv``, ``single_blocks_3_linear1``,
+    ``final_layer_linear``) -> (the diffusers module paths it is, whether they are a fused projection's parts);
+    None for a name the table does not know."""
+    found = re.fullmatch(r"(double_blocks|single_blocks)_(\d+)_(.+)", module)
+    if found:
+        block, number, inside = found.groups()
+        prefix = f"{'transformer_blocks' if block == 'double_blocks' else 'single_transformer_blocks'}.{number}."
+        table, fused = (DOUBLE, DOUBLE_FUSED) if block == "double_blocks" else (SINGLE, {"linear1": SINGLE_FUSED})
+        plain = {key.replace(".", "_"): value for key, value in table.items()}
+        joined = {key.replace(".", "_"): value for key, value in fused.items()}
+        if inside in plain:
+            return (prefix + plain[inside],), False
+        if inside in joined:
+            return tuple(prefix + part for part in joined[inside]), True
+        return None
+    top = {key.replace(".", "_"): value for key, value in TOP.items()}  # (not the swapped modulation: refused)
+    return ((top[module],), False) if module in top else None
 
 
 def inner_dim(module: Any) -> int:
