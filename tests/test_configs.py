@@ -23,7 +23,7 @@ def test_the_config_tree_is_what_the_tests_cover():
     models = {option for group, option in GROUP_OPTIONS if group == "model"}
     assert models == {"local", "tiny-random", "tiny-random-inpaint", "tiny-random-xl", "sd-v1-arch", "sdxl-arch",
                       "sd-v1-4", "sd-v1-5", "sd-v1-5-inpainting", "sd-2-1-base", "sd-2-1", "sdxl-base-1.0",
-                      "single_file", "tiny-random-flux", "flux-dev", "flux-schnell"}
+                      "single_file", "tiny-random-flux", "flux-dev", "flux-schnell", "flux-dev-arch"}
     schedulers = {o for g, o in GROUP_OPTIONS if g == "scheduler"}
     assert schedulers == {"pndm", "ddim", "lms", "dpm_solver_pp", "euler", "ddpm",  # diffusers'
                           "normal", "karras", "exponential", "sgm_uniform", "simple",  # the k samplers' sigma schedules

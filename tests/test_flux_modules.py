@@ -294,3 +294,29 @@ def test_safetensors_are_read_with_bfloat16(tmp_path):
     (tmp_path / "short.safetensors").write_bytes(len(encoded).to_bytes(8, "little") + encoded + data[:-4])
     with pytest.raises(WeightsMismatch, match="does not fit its bytes"):
         load_safetensors(tmp_path / "short.safetensors")
+
+
+def test_the_full_size_architecture_has_flux1_devs_published_parameter_counts():
+    """model=flux-dev-arch (benchmarks' FLUX.1 with random weights) is FLUX.1 [dev]'s shape: the parameter counts
+    of black-forest-labs/FLUX.1-dev's components as diffusers / transformers count them (num_parameters()):
+    transformer 11,901,408,320; T5-XXL encoder 4,762,310,656; CLIP-L text model 123,060,480; VAE 83,819,683."""
+    import jax
+    from transformers import CLIPTextConfig, FlaxCLIPTextModel, FlaxT5EncoderModel, T5Config
+
+    from sdjax_runner.models.builtin import FLUX_SPECS
+    from sdjax_runner.models.checkpoints import param_shapes
+    from sdjax_runner.models.flux.autoencoder import FlaxFluxAutoencoderKL
+    from sdjax_runner.models.flux.t5 import compatible_flax_t5
+    from sdjax_runner.models.flux.transformer import FlaxFluxTransformer
+
+    def count(tree) -> int:
+        return sum(int(np.prod(leaf.shape)) for leaf in jax.tree_util.tree_leaves(tree))
+
+    compatible_flax_t5()
+    spec = FLUX_SPECS["flux-dev-arch"]
+    t5 = FlaxT5EncoderModel(T5Config(**spec["t5"], is_encoder_decoder=False, use_cache=False), _do_init=False)
+    clip = FlaxCLIPTextModel(CLIPTextConfig(max_position_embeddings=77, **spec["clip"]), _do_init=False)
+    assert count(param_shapes(FlaxFluxTransformer.from_config(spec["transformer"]), "diffusers")) == 11_901_408_320
+    assert count(param_shapes(t5, "transformers")) == 4_762_310_656
+    assert count(param_shapes(clip, "transformers")) == 123_060_480
+    assert count(param_shapes(FlaxFluxAutoencoderKL.from_config(spec["vae"]), "diffusers")) == 83_819_683

@@ -259,8 +259,24 @@ FLUX_SPECS: dict[str, dict[str, Any]] = {
         # FLUX.1-dev's scheduler config (black-forest-labs/FLUX.1-dev, scheduler/scheduler_config.json)
         scheduler=dict(num_train_timesteps=1000, shift=3.0, use_dynamic_shifting=True, base_shift=0.5,
                        max_shift=1.15, base_image_seq_len=256, max_image_seq_len=4096),
+        save_dtype="float32",
     ),
 }
+# FLUX.1 [dev]'s exact shapes (black-forest-labs/FLUX.1-dev's configs: an 11.9B-parameter transformer, CLIP-L,
+# T5-XXL's 4.8B-parameter encoder, the 16-channel VAE), random weights in bfloat16 (about 34 GB written once):
+# speed and memory on an accelerator with no hub.
+FLUX_SPECS["flux-dev-arch"] = dict(
+    FLUX_SPECS["tiny-random-flux"],
+    transformer=dict(patch_size=1, in_channels=64, out_channels=None, num_layers=19, num_single_layers=38,
+                     attention_head_dim=128, num_attention_heads=24, joint_attention_dim=4096,
+                     pooled_projection_dim=768, guidance_embeds=True, axes_dims_rope=[16, 56, 56]),
+    vae=dict(FLUX_SPECS["tiny-random-flux"]["vae"], block_out_channels=[128, 256, 512, 512], layers_per_block=2,
+             norm_num_groups=32, sample_size=1024),
+    clip=dict(CLIP_L, vocab_size=49408),
+    t5=dict(d_model=4096, d_kv=64, d_ff=10240, num_layers=24, num_heads=64, feed_forward_proj="gated-gelu",
+            relative_attention_num_buckets=32, relative_attention_max_distance=128, vocab_size=32128),
+    save_dtype="bfloat16",
+)
 _BUILT = tuple(SPECS) + tuple(CLIP_SPECS) + tuple(CONTROLNET_SPECS) + tuple(FLUX_SPECS)
 if _BUILT != BUILTIN_MODELS:  # config/schema.py names them
     raise RuntimeError(f"models/builtin.py builds {_BUILT}, config/schema.py lists {BUILTIN_MODELS}")
@@ -475,14 +491,10 @@ def _write_t5_tokenizer(directory: Path) -> int:
     return len(pieces)
 
 
-def _flux_module_weights(module: Any, seed: int) -> dict:
-    from sdjax_runner.models.checkpoints import param_shapes
-
-    return _random_params(param_shapes(module, "diffusers"), seed)
-
-
 def _build_flux_into(directory: Path, spec: dict) -> None:
     """A FLUX.1 folder in diffusers' layout: model_index.json, each component's config and weights."""
+    import ml_dtypes
+    import numpy as np
     from flax.serialization import to_bytes
     from transformers import CLIPTextConfig, CLIPTokenizer, FlaxCLIPTextModel, FlaxT5EncoderModel, T5Config
 
@@ -495,15 +507,19 @@ def _build_flux_into(directory: Path, spec: dict) -> None:
     _write_tokenizer(directory / "tokenizer")
     clip_size = len(_vocabulary()[0])
     t5_size = _write_t5_tokenizer(directory / "tokenizer_2")
-    clip = FlaxCLIPTextModel(CLIPTextConfig(**{"vocab_size": clip_size, "max_position_embeddings": 77, **spec["clip"]},
-                                            bos_token_id=clip_size - 2, eos_token_id=clip_size - 1,
+    # Full-size builds are bfloat16, drawn in float32 (a float64 draw of 17B numbers would take twice the memory).
+    dtype = np.dtype(ml_dtypes.bfloat16) if spec["save_dtype"] == "bfloat16" else np.dtype(np.float32)
+    draw = "float64" if spec["save_dtype"] == "float32" else "float32"
+    clip_config = {"vocab_size": clip_size, "max_position_embeddings": 77, **spec["clip"]}
+    clip = FlaxCLIPTextModel(CLIPTextConfig(**clip_config, bos_token_id=clip_size - 2, eos_token_id=clip_size - 1,
                                             pad_token_id=clip_size - 1), _do_init=False)
     clip.save_pretrained(directory / "text_encoder",
-                         params=_random_params(param_shapes(clip, "transformers"), SEED + 40))
-    t5 = FlaxT5EncoderModel(T5Config(**spec["t5"], vocab_size=t5_size, pad_token_id=0, eos_token_id=1,
-                                     decoder_start_token_id=0, is_encoder_decoder=False, use_cache=False),
-                            _do_init=False)
-    t5.save_pretrained(directory / "text_encoder_2", params=_random_params(param_shapes(t5, "transformers"), SEED + 41))
+                         params=_random_params(param_shapes(clip, "transformers"), SEED + 40, dtype, draw))
+    t5_config = {"vocab_size": t5_size, **spec["t5"]}
+    t5 = FlaxT5EncoderModel(T5Config(**t5_config, pad_token_id=0, eos_token_id=1, decoder_start_token_id=0,
+                                     is_encoder_decoder=False, use_cache=False), _do_init=False)
+    t5.save_pretrained(directory / "text_encoder_2",
+                       params=_random_params(param_shapes(t5, "transformers"), SEED + 41, dtype, draw))
     own: tuple[tuple[str, Any, str], ...] = (("transformer", FlaxFluxTransformer, "FluxTransformer2DModel"),
                                              ("vae", FlaxFluxAutoencoderKL, "AutoencoderKL"))
     for number, (name, cls, class_name) in enumerate(own):
@@ -512,7 +528,7 @@ def _build_flux_into(directory: Path, spec: dict) -> None:
         config = {"_class_name": class_name, "_diffusers_version": "0.39.0", **spec[name]}
         (directory / name / "config.json").write_text(json.dumps(config, indent=2), encoding="utf-8")
         (directory / name / "diffusion_flax_model.msgpack").write_bytes(
-            to_bytes(_flux_module_weights(module, SEED + 42 + number)))
+            to_bytes(_random_params(param_shapes(module, "diffusers"), SEED + 42 + number, dtype, draw)))
     (directory / "scheduler").mkdir()
     scheduler = {"_class_name": "FlowMatchEulerDiscreteScheduler", "_diffusers_version": "0.39.0", **spec["scheduler"]}
     (directory / "scheduler" / "scheduler_config.json").write_text(json.dumps(scheduler, indent=2), encoding="utf-8")
