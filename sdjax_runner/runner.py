@@ -88,7 +88,7 @@ def _run(plan: Plan, job: Job, run_name: str, tags: dict[str, str], started: flo
         compile_cache_hit=int(facts.cache_hit), **process_facts(engine), num_images=len(job.records),
         images_per_batch=plan.images_per_batch, num_batches=plan.num_batches, num_devices=plan.num_devices,
         per_device_batch_size=plan.per_device_batch_size,
-        param_bytes_per_device=param_bytes_per_device(model.loaded.host_weights),
+        param_bytes_per_device=param_bytes_per_device(prepared.entry.placed_weights),
         wall_s=time.perf_counter() - started)
     log.info("write: %d image(s)%s to %s in %.2f s", len(job.records), " + grid" if plan.output.grid else "",
              job.run_dir, write_s)

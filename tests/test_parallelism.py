@@ -145,3 +145,39 @@ def test_a_peer_that_never_comes_is_one_line_after_the_timeout(tmp_path, process
                      "parallelism.distributed.timeout_s=3", cwd=tmp_path)
     assert_one_line_error(result, expected.format(port=port))
     assert time.monotonic() - started < 60  # not JAX's minutes of waiting, no C++ abort
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("experiment,model", [("smoke", "tiny-random-v2"), ("flux_smoke", "tiny-random-flux-v1")])
+def test_split_weights_give_the_replicated_images_and_each_device_holds_an_nth_of_them(experiment, model, tmp_path,
+                                                                                        cache_dir):
+    """parallelism.params=sharded (FSDP-style): the images of the replicated weights, bit for bit; each device
+    holds 1/8 of every weight the split rule splits (engine/split.py) and all of the rest; the program's arguments
+    shrink by as much (FLUX.1's transformer blocks are gathered one at a time, so its program needs less memory
+    in all; SD's components are gathered whole as the program starts)."""
+    from sdjax_runner.config.schema import DtypeConfig, ModelConfig
+    from sdjax_runner.engine.split import split_spec
+    from sdjax_runner.models.loaders import load_model
+
+    sweep = tmp_path / "sweep"
+    result = run_cli("-m", f"+experiment={experiment}", "tracking=none", "metrics.clip_score.enabled=false",
+                     "parallelism=sharded", "parallelism.params=replicated,sharded", f"paths.cache_dir={cache_dir}",
+                     f"hydra.sweep.dir={sweep}", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    replicated, split = (json.loads((sweep / str(job) / "images.json").read_text()) for job in (0, 1))
+    assert [r["pixels_sha256"] for r in split] == [r["pixels_sha256"] for r in replicated] and len(split) == 8
+    timings = [json.loads((sweep / str(job) / "timings.json").read_text()) for job in (0, 1)]
+    weights = load_model(ModelConfig(name="m", pretrained_model_name_or_path=str(cache_dir / "models" / model)),
+                         DtypeConfig(name="fp32")).host_weights
+    leaves = jax.tree_util.tree_leaves(weights)
+    whole = sum(np.asarray(leaf).nbytes for leaf in leaves)
+    held = sum(np.asarray(leaf).nbytes // (8 if split_spec(np.shape(leaf), 8) != jax.P() else 1) for leaf in leaves)
+    assert timings[0]["param_bytes_per_device"] == whole and timings[1]["param_bytes_per_device"] == held
+    assert held < 0.6 * whole  # the tiny models' many small leaves stay whole; a full-size model's are ~1/N
+    if experiment == "flux_smoke":
+        assert timings[1]["program_memory_bytes"] < timings[0]["program_memory_bytes"]
+
+
+def test_split_weights_need_the_sharded_mode(tmp_path):
+    assert_one_line_error(call_cli("+experiment=smoke", "tracking=none", "parallelism.params=sharded", cwd=tmp_path),
+                          "error: parallelism.params: sharded needs parallelism=sharded")

@@ -307,6 +307,12 @@ def run_values(cfg: Any) -> None:
         raise UserError("sampling.guidance_scale", f"must be a finite number, got {sampling.guidance_scale}",
                         "any finite float, e.g. 7.5")
     positive("prompts.clip_skip", cfg.prompts.clip_skip, optional=False)
+    if par.params.name == "sharded" and par.mode.name != "sharded":
+        raise UserError("parallelism.params", "sharded needs parallelism=sharded (pmap gives every device a whole copy "
+                        "of the weights)", "replicated, or parallelism=sharded")
+    if par.params.name == "sharded" and cfg.lora:
+        raise UserError("parallelism.params", f"sharded weights with LoRA adapters ({len(cfg.lora)} given) are not "
+                        "merged yet", "replicated")
     positive("parallelism.per_device_batch_size", par.per_device_batch_size, optional=False)
     at_most("parallelism.per_device_batch_size", par.per_device_batch_size, MAX_PER_DEVICE_BATCH)
     positive("parallelism.num_devices", par.num_devices)

@@ -30,6 +30,11 @@ class ParallelMode(Enum):
     sharded = "sharded"  # one jax.jit over a Mesh("data"), NamedSharding params and batch
 
 
+class ParamsPlacement(Enum):
+    replicated = "replicated"  # every device holds the whole weights (the guide's)
+    sharded = "sharded"  # each device holds 1/N of every large weight, gathered where it is used (engine/sharded.py)
+
+
 class GenerationMode(Enum):
     txt2img = 0  # from noise
     img2img = 1  # from init_image, noised to `strength`
@@ -219,6 +224,11 @@ class ParallelismConfig:
     # CPU only: split the host into this many XLA devices (sets XLA_FLAGS before JAX starts), so
     # multi-device code runs on a laptop. Ignored once JAX is already initialised.
     host_device_count: Optional[int] = None
+    # How the weights are placed, with parallelism=sharded: replicated (each device a whole copy) or sharded
+    # (FSDP-style: each large weight split across the devices along one axis, gathered where it is used -- FLUX.1's
+    # transformer block by block, everything else per component -- so a model too large for one device fits
+    # across several; the same images). Shapes the program.
+    params: ParamsPlacement = ParamsPlacement.replicated
     distributed: DistributedConfig = field(default_factory=DistributedConfig)
 
 

@@ -133,8 +133,17 @@ def summary(flops: Optional[float], seconds: float, num_devices: int, peak: Opti
 
 
 def param_bytes_per_device(tree) -> int:
-    """Bytes of one device's copy of ``tree`` (every mode replicates the weights whole)."""
+    """Bytes of the weights one device holds: ``tree`` placed (jax.Array leaves: their first device's shards --
+    a whole copy where replicated, about 1/N where split, parallelism.params=sharded), or host arrays (a whole
+    copy)."""
     import jax
     import numpy as np
 
-    return int(sum(np.asarray(leaf).nbytes for leaf in jax.tree_util.tree_leaves(tree)))
+    def on_one_device(leaf) -> int:
+        shards = getattr(leaf, "addressable_shards", None)
+        if not shards:
+            return int(np.asarray(leaf).nbytes)
+        first = shards[0].device
+        return int(sum(shard.data.nbytes for shard in shards if shard.device == first))
+
+    return int(sum(on_one_device(leaf) for leaf in jax.tree_util.tree_leaves(tree)))

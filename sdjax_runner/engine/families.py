@@ -51,6 +51,11 @@ class Family:
     # (pipeline) -> how it reads sampling.guidance_scale: "cfg" (classifier-free guidance), "distilled" (embedded
     # in the denoiser: FLUX.1 [dev]) or "none" ([schnell]); the records say it so (record/rundir.py)
     guidance: Callable[[Any], str] = lambda pipeline: "cfg"
+    # (pipeline, the weights' PartitionSpecs) -> (the pipeline set to gather some of its split weights itself,
+    # (component, top-level key) -> whether it does) -- parallelism.params=sharded (engine/sharded.py); the
+    # default gathers nothing itself: every component is gathered whole as the program starts
+    split_weights: Callable[[Any, Any], tuple[Any, Callable[[str, str], bool]]] = \
+        lambda pipeline, specs: (pipeline, lambda component, key: False)
 
 
 def sd_check_loaded(plan: Any, loaded: LoadedModel) -> None:
@@ -88,7 +93,7 @@ FAMILIES: dict[str, Family] = {
                    tokens=flux.FluxTokens, negative=flux.negative, encode=flux_stages.encode,
                    modes={"txt2img": flux_stages.txt2img}, samplers=flux_samplers.SAMPLERS,
                    decode=flux_stages.decode, structure=flux.structure, step_flops=flux.step_flops,
-                   guidance=flux.guidance),
+                   guidance=flux.guidance, split_weights=flux.split_weights),
 }
 if tuple(FAMILIES) != tuple(families.FAMILIES):
     raise RuntimeError(f"engine/families runs {tuple(FAMILIES)}, config/families.py lists {tuple(families.FAMILIES)}")

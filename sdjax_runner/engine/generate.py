@@ -131,6 +131,14 @@ class Generator:
         """Host arrays -> this mode's placed copy on ``devices``."""
         raise NotImplementedError
 
+    @classmethod
+    def place_weights(cls, tree, devices: list, placement: str):
+        """The model's weights on ``devices`` (parallelism.params): a whole copy on each (``replicated``), or split
+        (``sharded``: engine/sharded.py only; the config refuses it with pmap)."""
+        if placement != "replicated":
+            raise ValueError(f"{cls.__name__} places weights replicated only, not {placement}")
+        return cls.place_params(tree, devices)
+
     def place_ids(self, ids: np.ndarray):
         raise NotImplementedError
 

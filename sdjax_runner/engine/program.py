@@ -51,6 +51,7 @@ class Spec:
     prompt_chunks: int = 0  # prompts.syntax: 0 plain (the guide's 77 tokens), else A1111's chunks (engine/tokens.py)
     family: str = "sd"  # the model's family (engine/families.py): the program's stages
     text_tokens: int = 0  # FLUX.1: T5's sequence length (prompts.max_sequence_length); 0 for SD
+    params: str = "replicated"  # parallelism.params: weights whole on every device, or split (engine/sharded.py)
 
     @property
     def prompt_tokens(self) -> int:
@@ -75,7 +76,7 @@ def program_spec(plan: Any, pipeline: Any, height: int, width: int, controlnet: 
                 if stepping else (), prediction_type=getattr(prediction, "name", prediction),
                 sampler=plan.sampling.sampler, sigmas=plan.sampling.sigmas, eta=plan.sampling.eta,
                 mode=plan.generation, controlnet=controlnet, clip_skip=plan.clip_skip, prompt_chunks=chunks,
-                family=family, text_tokens=plan.max_sequence_length)
+                family=family, text_tokens=plan.max_sequence_length, params=plan.params_placement)
 
 
 def generate(pipeline: Any, spec: Spec, ids, params: dict, key, guidance, inputs: dict,

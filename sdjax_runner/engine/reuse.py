@@ -150,10 +150,11 @@ class ReuseCache:
 
         started = time.perf_counter()
         placement = (plan.mode, tuple(d.id for d in devices))
-        if entry.placed_on != placement:
+        weights_on = placement + (plan.params_placement,)
+        if entry.placed_on != weights_on:
             entry.placed_weights = None  # one placed copy per model at a time
-            entry.placed_weights = mode.place_params(entry.loaded.host_weights, devices)
-            entry.placed_on = placement
+            entry.placed_weights = mode.place_weights(entry.loaded.host_weights, devices, plan.params_placement)
+            entry.placed_on = weights_on
         params = dict(entry.placed_weights, scheduler=mode.place_params(state, devices))
         if plan.lora:  # merged on the devices; the scales are inputs, so no new program
             params = self.with_lora(plan, entry, mode, devices, placement, params)
@@ -166,7 +167,7 @@ class ReuseCache:
         jax.block_until_ready(params)
         replicate_s = time.perf_counter() - started
 
-        compile_key = (entry.structure, placement, spec)
+        compile_key = (entry.structure, weights_on, spec)
         return Prepared(pipeline, params, plan.attention, entry.loaded.safety_weights, self.programs.get(compile_key),
                         entry, compile_key, 0.0 if reused else entry.loaded.load_s, replicate_s)
 

@@ -5,7 +5,15 @@ device's slice: its latents drawn from its own key with the per-device shape, ex
 and classifier-free guidance's concatenate/split of the batch kept on the device. (Under a global
 ``jit`` view XLA moved half of every device's batch to another device at each step -- the
 all-to-all and collective-permute that ``performance.profile=true`` showed -- and bf16 rounded
-differently from pmap.) Global arrays are built shard by shard, so the same code runs across hosts."""
+differently from pmap.) Global arrays are built shard by shard, so the same code runs across hosts.
+
+``parallelism.params=sharded`` splits the weights instead (FSDP-style): every weight of at least
+:data:`MIN_SPLIT` elements is placed with ``NamedSharding(mesh, P(..., "data", ...))`` along its largest axis the
+device count divides (the rest stay replicated), so each device holds about 1/N of them. Inside the program a
+device gathers them (``all_gather`` over ``data``) where they are used: a family that can do so block by block says
+which weights it gathers itself (FLUX.1's transformer blocks, engine/flux/family.py: one block's weights whole at a
+time); everything else is gathered per component as the program starts. The per-device program is otherwise the
+replicated one: the same numbers, the same images."""
 
 from __future__ import annotations
 
@@ -13,7 +21,9 @@ from typing import Any
 
 import numpy as np
 
+from sdjax_runner.engine.families import FAMILIES
 from sdjax_runner.engine.generate import Generator
+from sdjax_runner.engine.split import gather_tree, spec_of, split_spec
 
 
 def global_array(host, sharding):
@@ -23,6 +33,15 @@ def global_array(host, sharding):
 
     host = np.asarray(host)
     return jax.make_array_from_callback(host.shape, sharding, lambda index: host[index])
+
+
+def split_sharded(tree, devices):
+    """Every leaf placed over ``Mesh(devices, ("data",))`` by :func:`split_spec`, from host memory shard by shard."""
+    import jax
+
+    mesh = jax.sharding.Mesh(np.array(devices), ("data",))
+    return jax.tree_util.tree_map(
+        lambda leaf: global_array(leaf, jax.NamedSharding(mesh, split_spec(np.shape(leaf), len(devices)))), tree)
 
 
 def replicate_sharded(tree, devices):
@@ -48,6 +67,10 @@ class ShardedGenerator(Generator):
 
     place_params = staticmethod(replicate_sharded)
 
+    @classmethod
+    def place_weights(cls, tree, devices: list, placement: str):
+        return split_sharded(tree, devices) if placement == "sharded" else replicate_sharded(tree, devices)
+
     def program_args(self) -> tuple:
         return self._args(*self.inputs(0))
 
@@ -70,15 +93,25 @@ class ShardedGenerator(Generator):
         from sdjax_runner.engine.program import generate
 
         pipeline, spec = self.pipeline, self.spec
+        args = self.program_args()
+        weights = jax.tree_util.tree_map(spec_of, args[1])  # each weight's placement: replicated, or split
+        if spec.params == "sharded":
+            pipeline, gathers_itself = FAMILIES[spec.family].split_weights(pipeline, weights)
+        else:
+            gathers_itself = None
 
         def per_device(ids, params, keys, guidance, inputs, negative_ids=None):
+            if gathers_itself is not None:  # split weights: whole per component, but those the family gathers itself
+                params = {component: {key: value if gathers_itself(component, key) else
+                                      gather_tree(value, weights[component][key]) for key, value in tree.items()}
+                          if isinstance(tree, dict) else gather_tree(tree, weights[component])
+                          for component, tree in params.items()}
             # One device's share, as under pmap: its latents drawn from its own key, (per_device_batch, C, h, w).
             return generate(pipeline, spec, ids, params, keys[0], guidance, inputs, negative_ids)
 
-        args = self.program_args()
         data, replicated = jax.P("data"), jax.P()
         inputs = {name: replicated if name in self.numbers else data for name in args[4]}
-        partitions = (data, replicated, data, replicated, inputs) + ((data,) if self.negative_ids is not None else ())
+        partitions = (data, weights, data, replicated, inputs) + ((data,) if self.negative_ids is not None else ())
         # shard_map: each device runs the program on its own slice, so classifier-free guidance's
         # concatenate/split of the batch stays on the device (a global jit view would move halves
         # of the batch between devices at every step).

@@ -55,6 +55,22 @@ def with_scheduler(loaded: Any, scheduler: Any, prediction_type: Any = None, att
     return dataclasses.replace(pipeline, transformer=transformer), {}
 
 
+BLOCKS = ("transformer_blocks", "single_transformer_blocks")
+
+
+def split_weights(pipeline: Any, specs: dict) -> tuple[Any, Any]:
+    """parallelism.params=sharded: the transformer gathers each block's split weights as the block runs
+    (``gather_blocks``: one block whole at a time); the rest of the weights are gathered per component."""
+    from sdjax_runner.engine.split import gather_tree
+
+    def gather_block(kind: str, block: Any) -> Any:
+        return gather_tree(block, specs["transformer"][f"{kind}_0"])  # every block of a kind: the same placement
+
+    transformer = pipeline.transformer.clone(gather_blocks=gather_block)
+    return dataclasses.replace(pipeline, transformer=transformer), \
+        lambda component, key: component == "transformer" and key.rsplit("_", 1)[0] in BLOCKS
+
+
 def negative(negative_prompt: Optional[str], pipeline: Any, chunks: int) -> Optional[str]:
     """FLUX.1 encodes no negative prompt (config/families.py refuses one)."""
     return None

@@ -29,7 +29,7 @@ computes them in float32 here (float64 is off in JAX by default): the tables dif
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, Optional
 
 import flax.linen as nn
@@ -413,6 +413,12 @@ class FlaxFluxTransformer(nn.Module):
     dtype: Any = jnp.float32
     param_dtype: Any = jnp.float32
     attention_implementation: Optional[str] = None
+    # Weights split across devices (parallelism.params=sharded, engine/sharded.py): (block list name, a block's
+    # params as this device holds them) -> the block's whole params. None: the weights arrive whole. Either way
+    # each block's params pass an optimization barrier with the previous block's output before use, so a
+    # block's shards are gathered only once the block before it has run -- one block's weights are whole at a
+    # time -- and both placements compute the same numbers.
+    gather_blocks: Optional[Callable[[str, Any], Any]] = None
 
     @classmethod
     def from_config(cls, config: Mapping[str, Any], **kwargs: Any) -> FlaxFluxTransformer:
@@ -468,11 +474,31 @@ class FlaxFluxTransformer(nn.Module):
         temb = self.time_text_embed(timestep, pooled_projections, guidance)
         context = self.context_embedder(encoder_hidden_states)
         rope = rope_tables(jnp.concatenate([txt_ids, img_ids], axis=0), tuple(self.axes_dims_rope))
-        for block in self.transformer_blocks:
-            context, x = block(x, context, temb, rope)
-        for single in self.single_transformer_blocks:
-            context, x = single(x, context, temb, rope)
+        if self.is_initializing():  # the blocks' params are made here
+            for block in self.transformer_blocks:
+                context, x = block(x, context, temb, rope)
+            for single in self.single_transformer_blocks:
+                context, x = single(x, context, temb, rope)
+        else:
+            context, x = self._blocks(x, context, temb, rope)
         return self.proj_out(self.norm_out(x, temb))
+
+    def _blocks(self, x: jax.Array, context: jax.Array, temb: jax.Array, rope: Any) -> tuple[Any, Any]:
+        """The blocks in order, each a pure function of its params: block i's params pass an optimization barrier
+        with block i - 1's output, then ``gather_blocks`` (weights split across devices) makes them whole -- so
+        XLA cannot gather every block's weights at once."""
+        params = self.variables["params"]
+        gather = self.gather_blocks or (lambda kind, block: block)
+        kw = dict(dtype=self.dtype, param_dtype=self.param_dtype, implementation=self.attention_implementation)
+        dim, heads, head_dim = self.inner_dim, self.num_attention_heads, self.attention_head_dim
+        for kind, count, cls in (("transformer_blocks", self.num_layers, FluxTransformerBlock),
+                                 ("single_transformer_blocks", self.num_single_layers, FluxSingleTransformerBlock)):
+            for i in range(count):
+                shards, x, context = jax.lax.optimization_barrier((params[f"{kind}_{i}"], x, context))
+                block = cls(dim, heads, head_dim, **kw, parent=None)  # detached: a pure function of its params
+                out: Any = block.apply({"params": gather(kind, shards)}, x, context, temb, rope)
+                context, x = out
+        return context, x
 
     def dummy_inputs(self) -> dict[str, Any]:
         """The smallest inputs of the right widths (one image token, one text token): for initialisation."""
