@@ -30,9 +30,10 @@ def _pixels(run_dir: Path, record: dict) -> np.ndarray:
         return np.asarray(image, dtype=np.float32) / 255
 
 
-def _reference_run(variant: str, tmp_path: Path, cache_dir: Path, *extra: str) -> tuple[Path, dict]:
+def _reference_run(variant: str, tmp_path: Path, cache_dir: Path, *extra: str,
+                   reference: str = "") -> tuple[Path, dict]:
     """The reference's settings (tests/fixtures/flux/README.md) as command-line overrides, on its folder."""
-    ref = dict(np.load(FIXTURES / f"pipeline_{variant}.npz"))
+    ref = dict(np.load(FIXTURES / f"{reference or f'pipeline_{variant}'}.npz"))
     run_dir = tmp_path / f"run-{variant}{len(extra)}"
     guidance = [f"sampling.guidance_scale={float(ref['guidance_scale'])}"] if variant == "dev" else []
     result = run_cli("model=local", f"model.pretrained_model_name_or_path={FIXTURES / f'tiny-flux-{variant}'}",
@@ -141,7 +142,11 @@ def test_a_guidance_sweep_loads_and_compiles_once(tmp_path, cache_dir):
 # Each refused before anything loads (a FLUX.1 model planned from its catalogue entry or its folder's index).
 REFUSED = {
     "negative prompt": (["prompts.negative=blurry"], "error: prompts.negative: tiny-random-flux is FLUX.1, which is "
-                        "guidance-distilled and reads no negative prompt"),
+                        "guidance-distilled: it reads a negative prompt only with true classifier-free guidance"),
+    "true CFG, no negative": (["sampling.true_cfg_scale=4"], "error: sampling.true_cfg_scale: 4.0: true "
+                              "classifier-free guidance needs a negative prompt"),
+    "true CFG of 1": (["sampling.true_cfg_scale=1", "prompts.negative=x"], "error: sampling.true_cfg_scale: 1.0: "
+                      "true classifier-free guidance runs above 1"),
     "A1111 syntax": (["prompts.syntax=a1111"], "error: prompts.syntax: a1111: A1111's emphasis and BREAK weigh"),
     "T5 too long": (["prompts.max_sequence_length=513"], "error: prompts.max_sequence_length: 513: FLUX.1's T5 "
                     "reads at most 512 tokens (allowed: 1..512"),
@@ -161,11 +166,34 @@ def test_what_flux_cannot_honour_is_one_line_before_anything_loads(case, tmp_pat
     assert not [path for path in tmp_path.rglob("*.png") if path.is_file()]  # no image made
 
 
+@pytest.mark.slow
+def test_true_cfg_with_a_negative_prompt_gives_diffusers_pytorch_images(tmp_path, cache_dir):
+    """FluxPipeline(negative_prompt=..., true_cfg_scale=...) on [dev]: two transformer calls a step, mixed as
+    neg + scale * (pos - neg); the PNGs within 2/255 of PyTorch's; the records say Forge's CFG scale."""
+    ref = dict(np.load(FIXTURES / "pipeline_dev_true_cfg.npz"))
+    run_dir, _ = _reference_run("dev", tmp_path, cache_dir, f"prompts.negative={ref['negative_prompt']}",
+                                f"sampling.true_cfg_scale={float(ref['true_cfg_scale'])}",
+                                reference="pipeline_dev_true_cfg")
+    plain = dict(np.load(FIXTURES / "pipeline_dev.npz"))["images"]
+    for record in _records(run_dir):
+        pixels = _pixels(run_dir, record)
+        assert np.abs(pixels - ref["images"][record["device"]]).max() <= 2 / 255
+        assert np.abs(pixels - plain[record["device"]]).max() > 10 / 255  # true CFG changed the image
+        assert record["guidance_scale"] == 4.0 and record["distilled_guidance"] == 3.5
+        assert record["negative_prompt"] == "blurry"
+    with Image.open(run_dir / _records(run_dir)[0]["file"]) as image:
+        parameters = image.info["parameters"]
+    assert "\nNegative prompt: blurry\n" in parameters and "CFG scale: 4.0, Distilled CFG Scale: 3.5" in parameters
+
+
 def test_sd_models_refuse_flux_settings_in_one_line(tmp_path):
     assert_one_line_error(call_cli("+experiment=smoke", *QUIET, "prompts.max_sequence_length=256", cwd=tmp_path),
                           "error: prompts.max_sequence_length: 256: tiny-random has no T5 encoder")
     assert_one_line_error(call_cli("+experiment=smoke", *QUIET, "scheduler=flow_match_euler", cwd=tmp_path),
                           "error: scheduler: flow_match_euler is FLUX.1's scheduler")
+    assert_one_line_error(call_cli("+experiment=smoke", *QUIET, "sampling.true_cfg_scale=4", cwd=tmp_path),
+                          "error: sampling.true_cfg_scale: 4.0: tiny-random's classifier-free guidance is "
+                          "sampling.guidance_scale")
 
 
 @pytest.mark.slow

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -46,10 +47,17 @@ class FamilyEntry:
 
 def _flux_values(config: Any) -> None:
     """Settings FLUX.1 has no use for, each refused in one line rather than ignored."""
-    prompts = config.prompts
-    if prompts.negative is not None:
-        raise UserError("prompts.negative", f"{config.model.name} is FLUX.1, which is guidance-distilled and reads "
-                        "no negative prompt (true classifier-free guidance is not run)", "null")
+    prompts, true_cfg = config.prompts, config.sampling.true_cfg_scale
+    if true_cfg is not None and not (math.isfinite(true_cfg) and true_cfg > 1):
+        raise UserError("sampling.true_cfg_scale", f"{true_cfg}: true classifier-free guidance runs above 1",
+                        "a number over 1 (with prompts.negative), or null")
+    if prompts.negative is not None and true_cfg is None:
+        raise UserError("prompts.negative", f"{config.model.name} is FLUX.1, which is guidance-distilled: it reads a "
+                        "negative prompt only with true classifier-free guidance", "null, or with "
+                        "sampling.true_cfg_scale=4 (say)")
+    if true_cfg is not None and prompts.negative is None:
+        raise UserError("sampling.true_cfg_scale", f"{true_cfg}: true classifier-free guidance needs a negative prompt",
+                        "null, or with prompts.negative=TEXT")
     if prompts.syntax.name != "plain":
         raise UserError("prompts.syntax", f"{prompts.syntax.name}: A1111's emphasis and BREAK weigh the SD family's "
                         f"CLIP tokens; {config.model.name} (FLUX.1) reads prompts as written", "plain")
@@ -138,6 +146,9 @@ def with_defaults(config: Any) -> Any:
     family = planned(config.model)
     sampling, prompts = config.sampling, config.prompts
     length = prompts.max_sequence_length
+    if family.name != "flux" and config.sampling.true_cfg_scale is not None:
+        raise UserError("sampling.true_cfg_scale", f"{config.sampling.true_cfg_scale}: {config.model.name}'s "
+                        "classifier-free guidance is sampling.guidance_scale", "null")
     if family.name != "flux" and length is not None:
         raise UserError("prompts.max_sequence_length", f"{length}: {config.model.name} has no T5 encoder (it is "
                         f"{family.title})", "null (FLUX.1 only)")

@@ -163,8 +163,12 @@ def overrides(info: Infotext, model_options: tuple[str, ...], dtype_options: tup
     # FLUX.1's (Forge's "Distilled CFG Scale", or one of our FLUX.1 models): no negative prompt, no CFG, prompts
     # read as written; its guidance is the distilled value.
     flux = "Distilled CFG Scale" in settings or settings.get("Model") in flux_models()
-    if info.negative and flux:
-        skipped.append(f"Negative prompt: {shown_value(info.negative)}: FLUX.1 reads no negative prompt")
+    numbers = {key: number(key, settings[key]) for key in NUMBERS if key in settings}
+    # FLUX.1 runs a negative prompt only with true CFG: Forge's "CFG scale" over 1 on FLUX.
+    true_cfg = flux and numbers.get("CFG scale", 1) > 1
+    if info.negative and flux and not true_cfg:
+        skipped.append(f"Negative prompt: {shown_value(info.negative)}: FLUX.1 reads no negative prompt without "
+                       "true CFG (a CFG scale over 1)")
     elif info.negative:
         out.append(f"prompts.negative={literal(info.negative)}")
     if flux:
@@ -172,11 +176,13 @@ def overrides(info: Infotext, model_options: tuple[str, ...], dtype_options: tup
     else:  # An infotext's prompts are in A1111's syntax (ours escape the brackets of a plain prompt for it).
         out.append("prompts.syntax=a1111")
         honoured.append("Prompt: A1111's syntax -> prompts.syntax=a1111")
-    numbers = {key: number(key, settings[key]) for key in NUMBERS if key in settings}
     if "Steps" in numbers:
         use("Steps", f"sampling.num_inference_steps={numbers['Steps']}")
-    if "CFG scale" in numbers and flux:
-        skipped.append(f"CFG scale: {settings.pop('CFG scale')}: FLUX.1 runs no classifier-free guidance")
+    if "CFG scale" in numbers and true_cfg and info.negative:
+        use("CFG scale", f"sampling.true_cfg_scale={numbers['CFG scale']!r}")
+    elif "CFG scale" in numbers and flux:
+        skipped.append(f"CFG scale: {settings.pop('CFG scale')}: FLUX.1 runs no classifier-free guidance "
+                       "without a negative prompt")
     elif "CFG scale" in numbers:
         use("CFG scale", f"sampling.guidance_scale={numbers['CFG scale']!r}")
     if "Distilled CFG Scale" in numbers:

@@ -118,6 +118,7 @@ class Plan:
     max_sequence_length: int = 0  # FLUX.1: T5 tokens per prompt (prompts.max_sequence_length); 0 for SD
     guidance_given: bool = True  # sampling.guidance_scale was given (FLUX.1 [schnell] reads none: refused)
     params_placement: str = "replicated"  # parallelism.params (engine/sharded.py)
+    true_cfg_scale: Optional[float] = None  # FLUX.1's true classifier-free guidance (sampling.true_cfg_scale)
     from_texts: int = 0  # how many of the prompts are prompts.texts (the rest: prompts.file's), to name them
 
     @property
@@ -324,5 +325,6 @@ def make_plan(config: RunConfig, available_devices: int, checked: Optional[Check
         max_sequence_length=config.prompts.max_sequence_length or 0,
         guidance_given=given_guidance,
         params_placement=par.params.name,
+        true_cfg_scale=config.sampling.true_cfg_scale,
         from_texts=len(config.prompts.texts),
     )

@@ -181,6 +181,10 @@ class SamplingConfig:
     # the transformer embeds, diffusers' guidance_scale, Forge's "Distilled CFG Scale"); [schnell] takes none
     # (refused unless null). A traced value: a sweep over it does not recompile.
     guidance_scale: Optional[float] = None
+    # FLUX.1 [dev]: true classifier-free guidance (diffusers' true_cfg_scale, Forge's "CFG scale" on FLUX): with
+    # prompts.negative and a value over 1 the transformer also runs on the negative prompt, mixed as neg + scale *
+    # (pos - neg) -- two transformer calls a step. null: none (1). Shapes the program. SD: refused (guidance_scale).
+    true_cfg_scale: Optional[float] = None
     height: Optional[int] = None  # pixels, a multiple of 8 (null: the model's native size)
     width: Optional[int] = None  # pixels, a multiple of 8 (null: the model's native size)
     # The noise of DDIM and of the ancestral/SDE samplers (A1111's "Eta for DDIM" / "Eta for ancestral

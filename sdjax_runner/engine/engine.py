@@ -183,8 +183,8 @@ class Engine:
         """flops_per_batch, tflops_per_s, mfu and memory (see engine/efficiency.py); None where not measurable."""
         generator, spec = program.generator, program.spec
         flops = self.reuse.flops(program.prepared, generator.compiled, plan.num_inference_steps,
-                                 plan.per_device_batch_size, spec.height, spec.width, plan.num_devices,
-                                 spec.prompt_tokens)
+                                 plan.per_device_batch_size * spec.calls_per_step, spec.height, spec.width,
+                                 plan.num_devices, spec.prompt_tokens)
         if program.key and flops is not None:  # a warm start needs no FLOPs lowering
             executable_cache.save_flops(plan.compilation_cache.dir, program.key, flops)
         devices = generator.devices

@@ -52,6 +52,13 @@ class Spec:
     family: str = "sd"  # the model's family (engine/families.py): the program's stages
     text_tokens: int = 0  # FLUX.1: T5's sequence length (prompts.max_sequence_length); 0 for SD
     params: str = "replicated"  # parallelism.params: weights whole on every device, or split (engine/sharded.py)
+    true_cfg: Optional[float] = None  # FLUX.1: true classifier-free guidance's scale (two denoiser calls a step)
+
+    @property
+    def calls_per_step(self) -> int:
+        """Denoiser calls a step makes on a device's images beyond what the family's step_flops counts: two with
+        FLUX.1's true CFG (the SD family's step FLOPs count its guided batch already)."""
+        return 2 if self.true_cfg else 1
 
     @property
     def prompt_tokens(self) -> int:
@@ -76,7 +83,8 @@ def program_spec(plan: Any, pipeline: Any, height: int, width: int, controlnet: 
                 if stepping else (), prediction_type=getattr(prediction, "name", prediction),
                 sampler=plan.sampling.sampler, sigmas=plan.sampling.sigmas, eta=plan.sampling.eta,
                 mode=plan.generation, controlnet=controlnet, clip_skip=plan.clip_skip, prompt_chunks=chunks,
-                family=family, text_tokens=plan.max_sequence_length, params=plan.params_placement)
+                family=family, text_tokens=plan.max_sequence_length, params=plan.params_placement,
+                true_cfg=plan.true_cfg_scale)
 
 
 def generate(pipeline: Any, spec: Spec, ids, params: dict, key, guidance, inputs: dict,

@@ -299,13 +299,14 @@ def image_meta(plan: Plan, height: int, width: int, guidance: str = "cfg") -> Im
     """What every image of the run shares, for its PNG text chunks and images.json: a record without the
     image's own fields (write_images adds them). A field that does not apply is None, and left out.
     ``guidance``: how the model reads the guidance value (engine/families.py): "cfg" (classifier-free guidance,
-    ``guidance_scale``), "distilled" (FLUX.1 [dev], ``distilled_guidance``) or "none" ([schnell])."""
+    ``guidance_scale``), "distilled" (FLUX.1 [dev], ``distilled_guidance``; ``guidance_scale`` is then true CFG's
+    scale where it ran) or "none" ([schnell])."""
     a1111_name, schedule_type = plan.sampling.a1111
     return ImageRecord(
         negative_prompt=plan.negative,
         seed=plan.seed,
         steps=plan.num_inference_steps,
-        guidance_scale=plan.guidance_scale if guidance == "cfg" else None,
+        guidance_scale=plan.guidance_scale if guidance == "cfg" else plan.true_cfg_scale,  # FLUX.1: true CFG's
         distilled_guidance=plan.guidance_scale if guidance == "distilled" else None,
         # A diffusers scheduler's name; with a k sampler its sigma schedule (ComfyUI's "scheduler")
         scheduler=plan.sampling.sigmas or plan.scheduler.name,

@@ -65,6 +65,9 @@ PROMPT = "a red cube on a table"
 HEIGHT = WIDTH = 32
 NUM_DEVICES = 2
 MAX_SEQUENCE_LENGTH = 32
+# FluxPipeline's true classifier-free guidance ([dev] with a negative prompt and true_cfg_scale > 1).
+NEGATIVE_PROMPT = "blurry"
+TRUE_CFG_SCALE = 4.0
 MODULE_TIMESTEP = 0.7  # as passed to the transformer's forward (the pipeline passes t / 1000)
 MODULE_GUIDANCE = 3.5  # as passed to forward (the pipeline passes guidance_scale unscaled)
 MODULE_TEXT_TOKENS = 8
@@ -487,6 +490,31 @@ def _pipeline_references(pipeline, variant: str) -> dict[str, np.ndarray]:
     return out
 
 
+def _true_cfg_reference(pipeline) -> dict[str, np.ndarray]:
+    """[dev] with true classifier-free guidance: FluxPipeline called with a negative prompt and true_cfg_scale,
+    from the runner's noise (its transformer runs on the prompt and on the negative prompt, mixed as
+    ``neg + true_cfg_scale * (pos - neg)``)."""
+    import torch
+
+    spec = VARIANTS["dev"]
+    latents_unpacked = runner_noise()
+    batch, channels, h, w = latents_unpacked.shape
+    packed = pipeline._pack_latents(torch.from_numpy(latents_unpacked), batch, channels, h, w)
+    with torch.no_grad():
+        images = pipeline(prompt=[PROMPT] * batch, negative_prompt=[NEGATIVE_PROMPT] * batch,
+                          true_cfg_scale=TRUE_CFG_SCALE, height=HEIGHT, width=WIDTH,
+                          num_inference_steps=spec["steps"], guidance_scale=spec["guidance_scale"],
+                          max_sequence_length=MAX_SEQUENCE_LENGTH, latents=packed, output_type="np").images
+    return {"latents_unpacked": latents_unpacked, "images": np.asarray(images, dtype=np.float32),
+            "prompt": np.asarray(PROMPT), "negative_prompt": np.asarray(NEGATIVE_PROMPT),
+            "true_cfg_scale": np.asarray(TRUE_CFG_SCALE, dtype=np.float64),
+            "steps": np.asarray(spec["steps"], dtype=np.int64),
+            "guidance_scale": np.asarray(spec["guidance_scale"], dtype=np.float64),
+            "height": np.asarray(HEIGHT, dtype=np.int64), "width": np.asarray(WIDTH, dtype=np.int64),
+            "max_sequence_length": np.asarray(MAX_SEQUENCE_LENGTH, dtype=np.int64),
+            "seed": np.asarray(SEED, dtype=np.int64), "num_devices": np.asarray(NUM_DEVICES, dtype=np.int64)}
+
+
 # --- the README ------------------------------------------------------------------------------------------
 
 KEY_NOTES = {
@@ -514,6 +542,8 @@ KEY_NOTES = {
     "latents_unpacked": "the runner's noise: device i: jax.random.normal(split(PRNGKey(seed), num_devices)[i], (1,16,H/8,W/8))",
     "images": "FluxPipeline(...).images with output_type='np': (decoded / 2 + 0.5) clipped to [0, 1], NHWC",
     "prompt": "the prompt of both images",
+    "negative_prompt": "the negative prompt of both images (true CFG)",
+    "true_cfg_scale": "true_cfg_scale passed to FluxPipeline (true CFG: neg + scale * (pos - neg))",
     "steps": "num_inference_steps",
     "guidance_scale": "guidance_scale passed to FluxPipeline",
     "height": "image height", "width": "image width",
@@ -613,6 +643,8 @@ def _readme(folder: Path, versions: dict, schedules: dict) -> str:
         "The VAE, CLIP and T5 entries are equal in the two files (shared weights); the transformer's differ.",
         "* `pipeline_dev.npz`, `pipeline_schnell.npz`: a whole `FluxPipeline` call from the runner's noise "
         f"(seed {SEED}, {NUM_DEVICES} devices, one image each, {HEIGHT}x{WIDTH}) and every intermediate value.",
+        "* `pipeline_dev_true_cfg.npz`: [dev] called with true classifier-free guidance (`negative_prompt="
+        f"{NEGATIVE_PROMPT!r}`, `true_cfg_scale={TRUE_CFG_SCALE}`) from the same noise: its `images` and settings.",
         "* `VERSIONS.json`: the versions above.",
         "",
         "```",
@@ -714,6 +746,8 @@ def main(argv: list[str] | None = None) -> int:
             references = _pipeline_references(pipeline, variant)
             _save_npz(result / f"pipeline_{variant}.npz", references)
             images[variant] = references["images"]
+            if variant == "dev":
+                _save_npz(result / "pipeline_dev_true_cfg.npz", _true_cfg_reference(pipeline))
             schedules[variant] = {"mu": float(references["mu"]), "sigmas": references["sigmas"].tolist(),
                                   "timesteps": references["timesteps"].tolist()}
         for variant, spec in VARIANTS.items():

@@ -72,8 +72,9 @@ def split_weights(pipeline: Any, specs: dict) -> tuple[Any, Any]:
 
 
 def negative(negative_prompt: Optional[str], pipeline: Any, chunks: int) -> Optional[str]:
-    """FLUX.1 encodes no negative prompt (config/families.py refuses one)."""
-    return None
+    """The negative prompt, encoded for true classifier-free guidance (config/families.py lets one through only
+    with sampling.true_cfg_scale), or None."""
+    return negative_prompt
 
 
 def structure(pipeline: Any) -> list:

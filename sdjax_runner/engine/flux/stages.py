@@ -77,13 +77,22 @@ def image_ids(height: int, width: int) -> np.ndarray:
     return ids.reshape(-1, 3)
 
 
-def encode(pipeline: Any, params: dict, ids, negative_ids, spec: Any, inputs: dict) -> Conditioning:
-    """``ids`` (batch, 77 + T): CLIP's pooled embedding of the first 77 (diffusers' ``pooled_prompt_embeds``)
-    and T5's last hidden states of the rest (``prompt_embeds``). No negative prompt (module docstring)."""
+def _embeddings(pipeline: Any, params: dict, ids) -> tuple[Any, Any]:
     clip, t5 = ids[:, :CLIP_TOKENS], ids[:, CLIP_TOKENS:]
     pooled = pipeline.text_encoder(clip, params=params["text_encoder"]).pooler_output
     states = pipeline.text_encoder_2(t5, params=params["text_encoder_2"])[0]
-    return Conditioning(states.astype(pipeline.dtype), {"pooled": pooled.astype(pipeline.dtype)})
+    return states.astype(pipeline.dtype), pooled.astype(pipeline.dtype)
+
+
+def encode(pipeline: Any, params: dict, ids, negative_ids, spec: Any, inputs: dict) -> Conditioning:
+    """``ids`` (batch, 77 + T): CLIP's pooled embedding of the first 77 (diffusers' ``pooled_prompt_embeds``)
+    and T5's last hidden states of the rest (``prompt_embeds``); with true classifier-free guidance the negative
+    prompt's alike (``negative_context``, ``negative_pooled``)."""
+    states, pooled = _embeddings(pipeline, params, ids)
+    added = {"pooled": pooled}
+    if negative_ids is not None:
+        added["negative_context"], added["negative_pooled"] = _embeddings(pipeline, params, negative_ids)
+    return Conditioning(states, added)
 
 
 def txt2img(pipeline: Any, params: dict, key, spec: Any, batch: int, inputs: dict) -> Start:
@@ -105,15 +114,24 @@ def velocity_model(pipeline: Any, params: dict, conditioning: Conditioning, guid
     factor = pipeline.vae_scale_factor
     height, width = latent_side(spec.height, factor), latent_side(spec.width, factor)
     img_ids, txt_ids = jnp.asarray(image_ids(height, width)), jnp.zeros((conditioning.context.shape[1], 3))
-    assert conditioning.added is not None  # encode's: the pooled embedding
-    pooled = conditioning.added["pooled"]
+    assert conditioning.added is not None  # encode's: the pooled embedding (and the negative prompt's)
+    added = conditioning.added
+    pooled = added["pooled"]
     embedded = (jnp.full((batch,), guidance, dtype=jnp.float32).astype(pipeline.dtype)
                 if pipeline.guidance_embeds else None)
 
+    def call(x, timestep, context, pooled):
+        return pipeline.transformer.apply({"params": params["transformer"]}, x.astype(pipeline.dtype), context,
+                                          pooled, timestep, img_ids, txt_ids, guidance=embedded)
+
     def velocity(x, timestep):
         timestep = jnp.broadcast_to(timestep, (batch,)).astype(pipeline.dtype)
-        return pipeline.transformer.apply({"params": params["transformer"]}, x.astype(pipeline.dtype),
-                                          conditioning.context, pooled, timestep, img_ids, txt_ids, guidance=embedded)
+        positive = call(x, timestep, conditioning.context, pooled)
+        if not getattr(spec, "true_cfg", None):
+            return positive
+        # FluxPipeline's true CFG: neg_noise_pred + true_cfg_scale * (noise_pred - neg_noise_pred)
+        negative = call(x, timestep, added["negative_context"], added["negative_pooled"])
+        return negative + spec.true_cfg * (positive - negative)
 
     return velocity
 
