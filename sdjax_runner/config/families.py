@@ -133,7 +133,10 @@ def planned(model: Any) -> FamilyEntry:
     if found is None and checkpoint:  # no base on disk: the single-file checkpoint's architecture says it
         from sdjax_runner.config.weight_files import FAMILY_OF, open_checkpoint
 
-        found = FAMILY_OF[open_checkpoint(Path(checkpoint).expanduser()).architecture]
+        try:
+            found = FAMILY_OF[open_checkpoint(Path(checkpoint).expanduser()).architecture]
+        except UserError:  # not there, or no checkpoint: the plan says so in its own line (plan.checkpoint_record)
+            found = None
     return FAMILIES[found or "sd"]
 
 
