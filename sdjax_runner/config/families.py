@@ -12,7 +12,6 @@ The engine refuses a loaded model of another family in one line."""
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -22,6 +21,7 @@ from typing import Any, Optional
 from sdjax_runner.config import samplers
 from sdjax_runner.config.modes import MODES
 from sdjax_runner.errors import UserError
+from sdjax_runner.files import read_json
 
 MODEL_KEY = "model.pretrained_model_name_or_path"
 MAX_INDEX_BYTES = 1 << 20  # a model_index.json is a few hundred bytes; a larger one is left to the loader's checks
@@ -109,12 +109,9 @@ def _folder_family(path: Optional[str]) -> Optional[str]:
     a hub id, a file the loader will refuse with its own line)."""
     if not path or "://" in path:
         return None
-    index = Path(path).expanduser() / "model_index.json"
     try:
-        if not index.is_file() or index.stat().st_size > MAX_INDEX_BYTES:
-            return None
-        name = json.loads(index.read_text(encoding="utf-8")).get("_class_name")
-    except (OSError, UnicodeDecodeError, ValueError, AttributeError):
+        name = read_json(Path(path).expanduser() / "model_index.json", MAX_INDEX_BYTES).get("_class_name")
+    except (OSError, ValueError, AttributeError):  # absent, too large, not JSON, not an object
         return None
     return PIPELINES.get(name.removeprefix("Flax")) if isinstance(name, str) else None
 

@@ -32,40 +32,32 @@ SILENT = ("Version",)
 LAYOUT = ("Batch", "Device")
 
 
+def packaged_options(group: str) -> list[dict]:
+    """The packaged options of config group ``group`` (sdjax_runner/conf/GROUP/*.yaml), parsed, in name order."""
+    from importlib import resources
+
+    import yaml
+
+    paths = sorted((resources.files("sdjax_runner.conf") / group).iterdir(), key=lambda p: p.name)
+    return [yaml.safe_load(path.read_text(encoding="utf-8")) or {} for path in paths if path.name.endswith(".yaml")]
+
+
 @functools.cache
 def dtype_options() -> dict[str, str]:
     """Our infotext's Dtype is the weights' dtype: the packaged dtype option that runs it (conf/dtype/*.yaml,
     ``weights_dtype`` -> ``name``: bfloat16 -> bf16), read from the option files themselves (an option that
     leaves ``weights_dtype`` out runs the schema's default)."""
-    from importlib import resources
-
-    import yaml
-
     from sdjax_runner.config.schema import DtypeConfig
 
-    found = {}
-    for path in sorted((resources.files("sdjax_runner.conf") / "dtype").iterdir(), key=lambda p: p.name):
-        if path.name.endswith(".yaml"):
-            option = yaml.safe_load(path.read_text(encoding="utf-8"))
-            found[str(option.get("weights_dtype", DtypeConfig.weights_dtype.name))] = str(option["name"])
-    return found
+    return {str(option.get("weights_dtype", DtypeConfig.weights_dtype.name)): str(option["name"])
+            for option in packaged_options("dtype")}
 
 
 @functools.cache
 def flux_models() -> frozenset[str]:
     """The packaged model options of the FLUX.1 family (conf/model/*.yaml with ``family: flux``): an infotext
     naming one is read as FLUX.1's (:func:`overrides`)."""
-    from importlib import resources
-
-    import yaml
-
-    found = set()
-    for path in (resources.files("sdjax_runner.conf") / "model").iterdir():
-        if path.name.endswith(".yaml"):
-            option = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
-            if option.get("family") == "flux":
-                found.add(str(option["name"]))
-    return frozenset(found)
+    return frozenset(str(option["name"]) for option in packaged_options("model") if option.get("family") == "flux")
 
 
 @dataclass

@@ -44,8 +44,6 @@ PREFIXES = (("lora_unet_", "unet"), ("lora_te1_", "text_encoder"), ("lora_te2_",
             ("text_encoder.", "text_encoder"), ("transformer.", "transformer"))
 # The components LoRA adapts (those the loaded model has).
 COMPONENTS = ("unet", "text_encoder", "text_encoder_2", "transformer")
-# kohya's FLUX layout: Black Forest Labs' block names after lora_unet_.
-KOHYA_FLUX = re.compile(r"^lora_unet_(double_blocks|single_blocks)_")
 # Key suffix -> which factor it is.
 SUFFIXES = ((".lora_down.weight", "down"), (".lora_up.weight", "up"), (".lora_A.weight", "down"),
             (".lora_B.weight", "up"), (".lora.down.weight", "down"), (".lora.up.weight", "up"), (".alpha", "alpha"))
@@ -138,7 +136,7 @@ def read(path: str, params: dict, config_key: str, expected_sha256: Optional[str
     if unknown:
         raise UserError(config_key, f"{file.name}: {len(unknown)} key(s) in no known LoRA layout, e.g. {unknown[0]}",
                         "kohya lora_unet_/lora_te_ or PEFT/diffusers unet./text_encoder./transformer. keys")
-    if "transformer" in params and any(KOHYA_FLUX.match(key) for key in keys.values()):
+    if "transformer" in params:  # FLUX.1: its lora_unet_ modules are kohya's names of the transformer's
         modules = _kohya_flux(modules, params["transformer"], file.name, config_key)
     targets = kernels(params)
     unmatched = sorted(m for m in modules if m not in targets)
