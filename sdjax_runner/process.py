@@ -10,6 +10,7 @@ imports none of them). The interpreter's garbage-collection state is the one exc
 from __future__ import annotations
 
 import collections
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Optional
@@ -48,6 +49,12 @@ class ProcessState:
     sweep_result: dict[str, Any] = field(default_factory=dict)
     open_sweep_parent: list[Any] = field(default_factory=list)
     said_once: set[str] = field(default_factory=set)  # internals.py: version and missing-API lines already said
+    # launchers/: this process as a sweep worker (a Ray actor, an array task): its name ("ray worker 2"), which
+    # each job records; None: the command's own process.
+    worker: Optional[str] = None
+    # launchers/: what must be stopped when the command ends (a launcher's workers, its Ray connection);
+    # the run command calls each once, last first.
+    closers: list[Callable[[], None]] = field(default_factory=list)
 
 
 _state = ProcessState()
@@ -55,6 +62,16 @@ _state = ProcessState()
 
 def current() -> ProcessState:
     return _state
+
+
+def close() -> None:
+    """Call the closers (last registered first), each once; one that fails does not stop the others."""
+    while _state.closers:
+        closer = _state.closers.pop()
+        try:
+            closer()
+        except Exception:  # a worker already gone, a connection already closed
+            pass
 
 
 def start(command_line: list[str], show_tracebacks: bool) -> ProcessState:

@@ -202,6 +202,13 @@ class RunTimings(_Record):
     device_kind: Optional[str] = None  # JAX's device kind ("cpu", "NVIDIA H100 80GB HBM3", ...)
     backend: Optional[str] = None  # JAX's backend ("cpu", "gpu", "tpu")
     process_count: Optional[int] = None  # processes of the run (multi-host: more than 1)
+    # Where it ran: a sweep worker's name ("ray worker 2", "array task 0"; null: the command's own process), the
+    # host, the process id and the devices JAX gave it ("cpu 0-3", with CUDA_VISIBLE_DEVICES or TPU_VISIBLE_CHIPS
+    # where set).
+    worker: Optional[str] = None
+    host: Optional[str] = None
+    pid: Optional[int] = None
+    devices: Optional[str] = None
     num_images: Optional[int] = None  # images written
     images_per_batch: Optional[int] = None  # images one batch makes (devices x per device)
     num_batches: Optional[int] = None  # batches of the run

@@ -6,6 +6,8 @@ and the tracker run is always ended (FINISHED, FAILED or KILLED; see :mod:`.reco
 from __future__ import annotations
 
 import logging
+import os
+import socket
 import time
 import uuid
 from pathlib import Path
@@ -13,7 +15,7 @@ from typing import TYPE_CHECKING, Any, Optional
 
 from omegaconf import DictConfig
 
-from sdjax_runner import interpreter
+from sdjax_runner import interpreter, process
 from sdjax_runner.config import checks
 from sdjax_runner.config.plan import Plan, admit, check_values, make_plan
 from sdjax_runner.engine import compile_cache, distributed, runtime
@@ -202,6 +204,8 @@ def tracker_tags(plan: Plan, overrides: list[str], parent_run_id: Optional[str],
                                   f"{plan.per_device_batch_size} per device over {jax.process_count()} process(es)")
     if parent_run_id:
         tags["mlflow.parentRunId"] = parent_run_id
+    if process.current().worker:
+        tags["sdjax.worker"] = f"{process.current().worker} on {socket.gethostname()} (pid {os.getpid()})"
     return tags
 
 
@@ -211,4 +215,16 @@ def process_facts(engine: Engine) -> dict[str, Any]:
 
     facts = device_facts()
     return {**engine.counters(), "device_kind": facts["device_kind"], "backend": facts["backend"],
-            "process_count": facts["process_count"]}
+            "process_count": facts["process_count"], **worker_facts()}
+
+
+def worker_facts() -> dict[str, Any]:
+    """Where this job ran: the sweep worker's name (launchers/; None in the command's own process), host,
+    process id and local devices."""
+    import jax
+
+    ids = sorted(device.id for device in jax.local_devices())
+    span = f"{ids[0]}-{ids[-1]}" if ids == list(range(ids[0], ids[-1] + 1)) and len(ids) > 1 else ",".join(map(str, ids))
+    visible = [f"{key}={os.environ[key]}" for key in ("CUDA_VISIBLE_DEVICES", "TPU_VISIBLE_CHIPS") if os.environ.get(key)]
+    return {"worker": process.current().worker, "host": socket.gethostname(), "pid": os.getpid(),
+            "devices": f"{jax.default_backend()} {span}" + (f" ({', '.join(visible)})" if visible else "")}

@@ -57,6 +57,19 @@ def tiny_xl_dir(cache_dir) -> Path:
 
 
 @pytest.fixture(scope="session")
+def basic_seed_sweep(tmp_path_factory, tiny_model_dir) -> Path:
+    """``+experiment=smoke seed=0,...,7`` on 4 CPU devices by Hydra's basic launcher in one process: the images
+    every other launcher's sweep must give (tests/test_ray_sweeps.py, tests/test_submitit_sweeps.py)."""
+    from helpers.cli import run_cli
+
+    work = tmp_path_factory.mktemp("basic-sweep")
+    result = run_cli("-m", "+experiment=smoke", "seed=0,1,2,3,4,5,6,7", "parallelism.host_device_count=4",
+                     f"hydra.sweep.dir={work / 'sweep'}", "tracking=none", cwd=work)
+    assert result.returncode == 0, result.stderr
+    return work / "sweep"
+
+
+@pytest.fixture(scope="session")
 def mlflow_template(tmp_path_factory) -> Path:
     """An empty embedded MLflow store, migrated once: creating one costs ~5 s of schema migrations."""
     from mlflow.tracking import MlflowClient

@@ -359,7 +359,8 @@ def test_a_missing_launcher_extra_names_its_install_command(tmp_path):
     result = run_cli("-m", "+experiment=smoke", "hydra/launcher=joblib", "seed=0,1", cwd=tmp_path,
                      env={"PYTHONPATH": str(hide)})
     assert_one_line_error(result, "error: hydra/launcher=joblib: the launcher is not installed "
-                                  "(pip install 'sdjax-runner[joblib]'; allowed now: basic)")
+                                  "(pip install 'sdjax-runner[joblib]'; allowed now: basic, local_workers, ray, "
+                                  "slurm_workers, submitit_local, submitit_slurm)")
     assert not (tmp_path / "outputs" / "multiruns").exists()
 
 

@@ -13,7 +13,7 @@ PACKAGE = Path(sdjax_runner.__file__).resolve().parent
 # Left to right. The bottom modules may be imported by anything; runner.py and commands/ sit on top.
 LAYERS = {"errors": 0, "files": 0, "versions": 0, "console": 0, "interpreter": 0, "process": 0, "tensor_files": 0, "internals": 0,
           "records": 0, "config": 1, "models": 2,
-          "engine": 3, "metrics": 4, "record": 5, "runner": 6, "commands": 7, "__main__": 8}
+          "engine": 3, "metrics": 4, "record": 5, "runner": 6, "commands": 7, "launchers": 7, "__main__": 8}
 
 
 def _modules() -> dict[str, Path]:

@@ -20,12 +20,13 @@ SMOKE_IMAGE_KEYS = ["batch", "clip_score", "device", "dtype", "file", "guidance_
                     "scheduler", "seed", "steps", "width"]
 SMOKE_TIMINGS_KEYS = [
     "backend", "compile_cache_hit", "compile_path", "compile_reused", "compile_s", "device_kind",
-    "device_memory_peak_bytes", "executable_cache_hit", "first_batch_s", "flops_per_batch", "generate_s",
-    "generate_s_from", "generate_s_max", "generate_s_min", "host_peak_rss_bytes", "images_per_batch", "images_per_s",
-    "load_s", "mfu", "model_reused", "num_batches", "num_devices", "num_images", "param_bytes_per_device",
-    "peak_tflops_per_device", "per_device_batch_size", "process_compiles", "process_count", "process_model_loads",
-    "process_models_held", "program_memory_bytes", "replicate_s", "s_per_step", "steady_calls", "tflops_per_s",
-    "timing_base_s", "timing_extra_calls", "timing_extra_s", "trace_s", "wall_s", "write_s"]
+    "device_memory_peak_bytes", "devices", "executable_cache_hit", "first_batch_s", "flops_per_batch", "generate_s",
+    "generate_s_from", "generate_s_max", "generate_s_min", "host", "host_peak_rss_bytes", "images_per_batch",
+    "images_per_s", "load_s", "mfu", "model_reused", "num_batches", "num_devices", "num_images",
+    "param_bytes_per_device", "peak_tflops_per_device", "per_device_batch_size", "pid", "process_compiles",
+    "process_count", "process_model_loads", "process_models_held", "program_memory_bytes", "replicate_s", "s_per_step",
+    "steady_calls", "tflops_per_s", "timing_base_s", "timing_extra_calls", "timing_extra_s", "trace_s", "wall_s",
+    "worker", "write_s"]
 SMOKE_QUALITY_KEYS = ["clip_model", "clip_score_compile_path", "clip_score_mean", "clip_score_s", "clip_score_std",
                       "metrics_s", "non_finite_images"]
 # What the image's PNG text chunks hold, in the order written (the record but its quality; then A1111's text).

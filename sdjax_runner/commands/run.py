@@ -95,6 +95,7 @@ def main() -> None:
     try:
         _main()
     finally:
+        process.close()  # a launcher's workers and connections (sdjax_runner/launchers/)
         interpreter.job_ended()
 
 
@@ -114,6 +115,7 @@ def _main() -> None:
     try:
         _app()
     except Refused as exc:
+        abort(str(exc), "FAILED")  # refused once a sweep had started (its workers cannot see its directory)
         _fail(str(exc))
     except (KeyboardInterrupt, Terminated) as exc:
         reason = stop_reason(exc)[1]

@@ -53,7 +53,11 @@ def _schema_kind(full_key: str) -> Optional[str]:
 
 
 # Hydra launchers that come with an optional extra of this package, and how to install each.
-OPTIONAL_LAUNCHERS = {"joblib": "pip install 'sdjax-runner[joblib]'"}
+OPTIONAL_LAUNCHERS = {"joblib": "pip install 'sdjax-runner[joblib]'", "ray": "pip install 'sdjax-runner[ray]'",
+                      "submitit_slurm": "pip install 'sdjax-runner[slurm]'",
+                      "submitit_local": "pip install 'sdjax-runner[slurm]'",
+                      "slurm_workers": "pip install 'sdjax-runner[slurm]'",
+                      "local_workers": "pip install 'sdjax-runner[slurm]'"}
 
 
 def describe(exc: BaseException) -> Optional[str]:

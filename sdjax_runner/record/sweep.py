@@ -240,6 +240,7 @@ class SweepCallback(Callback):
         self.tracker: Any = None
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        from sdjax_runner.config.launchers import check_launcher
         from sdjax_runner.config.messages import describe
         from sdjax_runner.config.sweep_points import check_points
         from sdjax_runner.errors import Refused
@@ -251,6 +252,7 @@ class SweepCallback(Callback):
         keys = swept_keys(task)
         point = None
         try:  # bad input: refused before anything runs or is written
+            check_launcher(config)  # this package's launchers: their settings, a Ray address that does not answer
             check_points(config, task)
             report_choice(config, keys)
             if config.metrics.reference_point:
