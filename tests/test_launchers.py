@@ -100,3 +100,17 @@ def test_a_launcher_whose_library_is_missing_names_its_extra(tmp_path):
                      env={"PYTHONPATH": str(hide)})
     assert_one_line_error(result, "error: hydra/launcher=ray: the launcher is not installed "
                                   "(pip install 'sdjax-runner[ray]'; allowed now: basic, joblib, local_workers,")
+
+
+def test_a_worker_that_does_not_read_the_commands_probe_says_why(tmp_path):
+    from sdjax_runner.launchers.workers import SweepWorker, remove_probe, write_probe
+
+    worker = SweepWorker.__new__(SweepWorker)  # its checks only: no Hydra state or process set up
+    worker.cannot_see = None
+    token = write_probe(tmp_path)
+    assert worker.check_sees(str(tmp_path), token) is None
+    assert worker.check_sees(str(tmp_path), "another") == f"reads another {tmp_path / '.workers_probe'} (not the same folder)"
+    remove_probe(tmp_path)
+    assert "is missing" in worker.check_sees(str(tmp_path), token)
+    worker.cannot_see = "cannot enter the command's working directory /nowhere (No such file or directory)"
+    assert worker.check_sees(str(tmp_path), token) == worker.cannot_see

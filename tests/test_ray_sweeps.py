@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from helpers.cli import free_port, run_cli
+from helpers.cli import assert_one_line_error, free_port, run_cli
 from helpers.mlflow_store import sweep_runs
 
 pytestmark = [pytest.mark.slow, pytest.mark.server]
@@ -139,6 +139,10 @@ def test_eight_points_on_two_ray_workers_each_load_and_compile_once(tmp_path, ra
     listed = run_cli("list", str(sweep_dir), command="runs", cwd=tmp_path)
     assert listed.returncode == 0, listed.stderr
     assert sum("FINISHED" in line for line in listed.stdout.splitlines()) == 8
+    # a point re-run on its own (no launcher): its images bit for bit
+    rerun = run_cli(str(sweep_dir / "5"), command="rerun", cwd=tmp_path, timeout=300)
+    assert rerun.returncode == 0, rerun.stderr[-2000:]
+    assert "identical" in (rerun.stdout + rerun.stderr).lower()
     # resume of a finished sweep runs nothing again, on the recorded launcher
     resumed = run_cli(str(sweep_dir), command="resume", cwd=tmp_path, env=RAY_ENV, timeout=300)
     assert resumed.returncode == 0, resumed.stderr[-2000:]
@@ -220,3 +224,13 @@ def test_ctrl_c_stops_the_workers_and_leaves_no_point_running(tmp_path, ray_addr
     assert states and "RUNNING" not in states, stderr[-3000:]
     _, parent, children = sweep_runs(tmp_path)
     assert parent.info.status == "KILLED" and all(c.info.status != "RUNNING" for c in children)
+
+
+def test_workers_the_cluster_cannot_start_are_one_line_and_the_sweep_runs_no_point(tmp_path, ray_address):
+    result = ray_cli("seed=0,1", f"hydra.sweep.dir={tmp_path / 'sweep'}", "hydra.launcher.resources={GPU:1}",
+                     "hydra.launcher.start_timeout_s=5", cwd=tmp_path, address=ray_address, timeout=120)
+    assert_one_line_error(result, "error: hydra.launcher.resources: GPU: 1 per worker: the cluster did not start 2 "
+                                  "such worker(s) within 5 s (allowed: what the cluster has, ")
+    assert not list((tmp_path / "sweep").glob("[0-9]*"))  # no point started
+    _, parent, children = sweep_runs(tmp_path)
+    assert parent.info.status == "FAILED" and not children

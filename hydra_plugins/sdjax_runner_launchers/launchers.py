@@ -22,9 +22,10 @@ class RayLauncherConf:
     _target_: str = f"{TARGETS}.RayLauncher"
     # Workers: long-lived processes (Ray actors), each loading each model and compiling each program once.
     num_workers: int = 2
-    # What one worker takes from the cluster: {CPU: 1}, {GPU: 1} (one GPU each; Ray sets CUDA_VISIBLE_DEVICES),
-    # {TPU: 4} (a TPU VM host's chips), or a custom resource a node was started with.
-    resources: dict[str, Any] = field(default_factory=lambda: {"CPU": 1})
+    # What one worker takes from the cluster: {GPU: 1} (one GPU each; Ray sets CUDA_VISIBLE_DEVICES), {TPU: 4} (a
+    # TPU VM host's chips), {CPU: 4, GPU: 1}, or a custom resource a node was started with; null: {CPU: 1}. A worker
+    # takes 1 CPU unless CPU is given.
+    resources: Any = None
     # A running cluster's head (host:port from `ray start --head`, ray://host:10001, auto); null: RAY_ADDRESS if
     # set, else a local cluster on this host (loopback only, no dashboard), stopped when the command ends.
     address: Optional[str] = None

@@ -53,7 +53,7 @@ def _positive_seconds(key: str, value: Any) -> float:
 def ray_settings(launcher: DictConfig) -> RayLauncherSettings:
     """``hydra.launcher`` of ``hydra/launcher=ray``, typed and checked (:class:`UserError` naming the key)."""
     key = "hydra.launcher"
-    resources = OmegaConf.to_container(launcher.resources) if launcher.get("resources") is not None else {}
+    resources = OmegaConf.to_container(launcher.resources) if launcher.get("resources") is not None else {"CPU": 1}
     if not isinstance(resources, dict) or not resources or not all(
             isinstance(k, str) and isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0
             for k, v in resources.items()):
