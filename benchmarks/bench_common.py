@@ -80,3 +80,28 @@ def baseline_env(env: dict, work, revision: str) -> dict:
     if not found.startswith(str(target)):
         raise SystemExit(f"the baseline is not what runs: {found}")
     return env
+
+
+def cli(args: list[str], cwd, env: dict[str, str]) -> float:
+    """``python -m sdjax_runner ARGS`` in a subprocess: its wall seconds (the script stops, naming it, if it fails)."""
+    import subprocess
+    import sys
+    import time
+
+    started = time.perf_counter()
+    result = subprocess.run([sys.executable, "-m", "sdjax_runner", *args], cwd=cwd, env=env, capture_output=True,
+                            text=True)
+    if result.returncode != 0:
+        raise SystemExit(f"failed: {' '.join(args)}\n{result.stderr[-3000:]}")
+    return time.perf_counter() - started
+
+
+def rounds_arguments(doc: str, rounds: int):
+    """``--rounds`` and ``--out``, the arguments of the benchmarks that interleave rounds."""
+    import argparse
+    from pathlib import Path
+
+    parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rounds", type=int, default=rounds)
+    parser.add_argument("--out", type=Path, default=None, help="write the raw results as JSON here")
+    return parser.parse_args()

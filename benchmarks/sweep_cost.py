@@ -13,30 +13,18 @@ Rounds interleave a, b, c; the report gives medians over rounds.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_common import machine_facts
+from bench_common import cli, machine_facts, rounds_arguments
 
 SEEDS = list(range(8))
 BASE = ["+experiment=smoke", "tracking=none"]
-
-
-def cli(args: list[str], cwd: Path, env: dict[str, str]) -> float:
-    started = time.perf_counter()
-    result = subprocess.run([sys.executable, "-m", "sdjax_runner", *args], cwd=cwd, env=env,
-                            capture_output=True, text=True)
-    if result.returncode != 0:
-        raise SystemExit(f"failed: {' '.join(args)}\n{result.stderr}")
-    return time.perf_counter() - started
 
 
 def timings(run_dir: Path) -> dict:
@@ -75,10 +63,7 @@ def one_round(work: Path, env: dict[str, str], index: int) -> dict:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--out", type=Path, default=None, help="write the raw results as JSON here")
-    args = parser.parse_args()
+    args = rounds_arguments(__doc__, 3)
 
     with tempfile.TemporaryDirectory(prefix="sdjax-bench-") as tmp:
         work = Path(tmp)

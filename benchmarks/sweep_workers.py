@@ -15,33 +15,21 @@ loads its program the same way; rounds interleave a-d and the report gives media
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_common import machine_facts
+from bench_common import cli, machine_facts, rounds_arguments
 
 SEEDS = list(range(8))
 POINT = ["+experiment=smoke", "tracking=none", "parallelism.host_device_count=4", "sampling.height=128",
          "sampling.width=128", "sampling.num_inference_steps=20", "compilation_cache.executables=false"]
 CONFIGS = {"a_basic": [], "b_ray": ["hydra/launcher=ray", "hydra.launcher.num_workers=2"],
            "c_array": ["hydra/launcher=local_workers", "hydra.launcher.num_workers=2"]}
-
-
-def cli(args: list[str], cwd: Path, env: dict[str, str]) -> float:
-    started = time.perf_counter()
-    result = subprocess.run([sys.executable, "-m", "sdjax_runner", *args], cwd=cwd, env=env, capture_output=True,
-                            text=True)
-    if result.returncode != 0:
-        raise SystemExit(f"failed: {' '.join(args)}\n{result.stderr[-3000:]}")
-    return time.perf_counter() - started
 
 
 def job_timings(sweep: Path) -> list[dict]:
@@ -66,10 +54,7 @@ def one_round(work: Path, env: dict[str, str], index: int) -> dict:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--rounds", type=int, default=2)
-    parser.add_argument("--out", type=Path, default=None, help="write the raw results as JSON here")
-    args = parser.parse_args()
+    args = rounds_arguments(__doc__, 2)
 
     with tempfile.TemporaryDirectory(prefix="sdjax-bench-") as tmp:
         work = Path(tmp)
