@@ -105,3 +105,13 @@ def rounds_arguments(doc: str, rounds: int):
     parser.add_argument("--rounds", type=int, default=rounds)
     parser.add_argument("--out", type=Path, default=None, help="write the raw results as JSON here")
     return parser.parse_args()
+
+
+def report_rounds(summary: dict, rounds: list[dict], out) -> None:
+    """The summary and the machine on stdout; with the raw rounds into ``out`` (a path, or None)."""
+    import json
+
+    machine = machine_facts()
+    print(json.dumps({"summary": summary, "machine": machine}, indent=2))
+    if out:
+        out.write_text(json.dumps({"summary": summary, "machine": machine, "rounds": rounds}, indent=2))

@@ -21,7 +21,7 @@ import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_common import cli, machine_facts, rounds_arguments
+from bench_common import cli, report_rounds, rounds_arguments
 
 SEEDS = list(range(8))
 BASE = ["+experiment=smoke", "tracking=none"]
@@ -93,10 +93,7 @@ def main() -> None:
         "trace_s_warm_median": statistics.median(t for r in rounds for t in r["c_trace_s"]),
         "warm_cache_hits": f"{sum(r['c_cache_hits'] for r in rounds)}/{len(SEEDS) * len(rounds)}",
     }
-    machine = machine_facts()
-    print(json.dumps({"summary": summary, "machine": machine}, indent=2))
-    if args.out:
-        args.out.write_text(json.dumps({"summary": summary, "machine": machine, "rounds": rounds}, indent=2))
+    report_rounds(summary, rounds, args.out)
 
 
 if __name__ == "__main__":

@@ -23,7 +23,7 @@ import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_common import cli, machine_facts, rounds_arguments
+from bench_common import cli, report_rounds, rounds_arguments
 
 SEEDS = list(range(8))
 POINT = ["+experiment=smoke", "tracking=none", "parallelism.host_device_count=4", "sampling.height=128",
@@ -74,10 +74,7 @@ def main() -> None:
                **{f"{k.removesuffix('_wall_s')}_over_basic": med[k] / med["a_basic_wall_s"] for k in keys},
                **{k: rounds[0][k] for k in rounds[0] if k.endswith(("_processes", "_loads"))},
                **{f"{k}_median": statistics.median(r[k] for r in rounds) for k in rounds[0] if k.endswith("_generate_s")}}
-    machine = machine_facts()
-    print(json.dumps({"summary": summary, "machine": machine}, indent=2))
-    if args.out:
-        args.out.write_text(json.dumps({"summary": summary, "machine": machine, "rounds": rounds}, indent=2))
+    report_rounds(summary, rounds, args.out)
 
 
 if __name__ == "__main__":
