@@ -151,7 +151,7 @@ class TimeTextEmbedding(nn.Module):
 # -- norms (diffusers/models/normalization.py) -------------------------------------------------------------------
 
 
-def _layer_norm(x: jax.Array, eps: float = 1e-6) -> jax.Array:
+def layer_norm(x: jax.Array, eps: float = 1e-6) -> jax.Array:
     """``torch.nn.LayerNorm(dim, elementwise_affine=False, eps)``: over the last axis, in float32 (two-pass
     variance, as torch), cast back."""
     x32 = x.astype(jnp.float32)
@@ -191,7 +191,7 @@ class AdaLayerNormZero(nn.Module):
     def __call__(self, x: jax.Array, temb: jax.Array) -> tuple[jax.Array, ...]:
         emb = nn.Dense(6 * self.dim, dtype=self.dtype, param_dtype=self.param_dtype, name="linear")(nn.silu(temb))
         shift_msa, scale_msa, gate_msa, shift_mlp, scale_mlp, gate_mlp = jnp.split(emb, 6, axis=-1)
-        x = _layer_norm(x) * (1 + scale_msa[:, None]) + shift_msa[:, None]
+        x = layer_norm(x) * (1 + scale_msa[:, None]) + shift_msa[:, None]
         return x, gate_msa, shift_mlp, scale_mlp, gate_mlp
 
 
@@ -207,7 +207,7 @@ class AdaLayerNormZeroSingle(nn.Module):
     def __call__(self, x: jax.Array, temb: jax.Array) -> tuple[jax.Array, jax.Array]:
         emb = nn.Dense(3 * self.dim, dtype=self.dtype, param_dtype=self.param_dtype, name="linear")(nn.silu(temb))
         shift, scale, gate = jnp.split(emb, 3, axis=-1)
-        return _layer_norm(x) * (1 + scale[:, None]) + shift[:, None], gate
+        return layer_norm(x) * (1 + scale[:, None]) + shift[:, None], gate
 
 
 class AdaLayerNormContinuous(nn.Module):
@@ -223,7 +223,7 @@ class AdaLayerNormContinuous(nn.Module):
     def __call__(self, x: jax.Array, temb: jax.Array) -> jax.Array:
         emb = nn.Dense(2 * self.dim, dtype=self.dtype, param_dtype=self.param_dtype, name="linear")(nn.silu(temb))
         scale, shift = jnp.split(emb, 2, axis=-1)
-        return _layer_norm(x) * (1 + scale[:, None]) + shift[:, None]
+        return layer_norm(x) * (1 + scale[:, None]) + shift[:, None]
 
 
 # -- attention and feed-forward -----------------------------------------------------------------------------------
@@ -341,11 +341,11 @@ class FluxTransformerBlock(nn.Module):
                                        name="attn", **kw)(norm_x, rope, norm_c)
 
         x = x + gate_msa[:, None] * attn_x
-        norm_x = _layer_norm(x) * (1 + scale_mlp[:, None]) + shift_mlp[:, None]
+        norm_x = layer_norm(x) * (1 + scale_mlp[:, None]) + shift_mlp[:, None]
         x = x + gate_mlp[:, None] * FeedForward(self.dim, name="ff", **kw)(norm_x)
 
         context = context + c_gate_msa[:, None] * attn_c
-        norm_c = _layer_norm(context) * (1 + c_scale_mlp[:, None]) + c_shift_mlp[:, None]
+        norm_c = layer_norm(context) * (1 + c_scale_mlp[:, None]) + c_shift_mlp[:, None]
         context = context + c_gate_mlp[:, None] * FeedForward(self.dim, name="ff_context", **kw)(norm_c)
         if context.dtype == jnp.float16:
             context = jnp.clip(context, -65504, 65504)
