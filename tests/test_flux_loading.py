@@ -234,7 +234,7 @@ DAMAGE = {
         "component 'scheduler' is DDIMScheduler (diffusers), not a FLUX.1 pipeline's"),
     "scheduler with Karras sigmas": (
         lambda d: _edit_json(d / "scheduler" / "scheduler_config.json", lambda c: c.update(use_karras_sigmas=True)),
-        "use_karras_sigmas is true; the FLUX sampler runs false only"),
+        "use_karras_sigmas is true; the FLUX.1 sampler runs false only"),
     "VAE with pickles only": (
         lambda d: (d / "vae" / "diffusion_pytorch_model.safetensors").rename(d / "vae" / "diffusion_pytorch_model.bin"),
         "vae/ has no diffusion_pytorch_model.safetensors weights"),

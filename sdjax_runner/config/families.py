@@ -43,6 +43,9 @@ class FamilyEntry:
     check: Optional[Callable[[Any], None]] = None
     # (sampler, scheduler.name, steps, sampling.eta) -> config/samplers.Sampling: what steps
     sampling: Callable[..., samplers.Sampling] = samplers.resolve
+    # prompts.max_sequence_length when null, for a family with a T5 encoder (None: it has none, and the key is
+    # refused): its diffusers pipeline's default
+    t5_tokens: Optional[int] = None
 
 
 def _flux_values(config: Any) -> None:
@@ -66,6 +69,17 @@ def _flux_values(config: Any) -> None:
                         "no layer to skip to", "1")
 
 
+def _sd3_values(config: Any) -> None:
+    """Settings SD 3 has no use for (yet), each refused in one line rather than ignored."""
+    prompts = config.prompts
+    if prompts.syntax.name != "plain":
+        raise UserError("prompts.syntax", f"{prompts.syntax.name}: A1111's emphasis and BREAK weigh the SD family's "
+                        f"CLIP tokens; {config.model.name} (SD 3) reads prompts as written", "plain")
+    if prompts.clip_skip != 1:
+        raise UserError("prompts.clip_skip", f"{prompts.clip_skip}: SD 3 reads its CLIP encoders' penultimate layer, "
+                        "as diffusers does", "1")
+
+
 def _registry(*entries: FamilyEntry) -> dict[str, FamilyEntry]:
     return {entry.name: entry for entry in entries}
 
@@ -81,11 +95,16 @@ FAMILIES = _registry(
     # once the transformer's config says which it is).
     FamilyEntry("flux", "FLUX.1: CLIP-L and T5 text encoders, a flow-matching transformer, a 16-channel VAE",
                 ("FluxPipeline",), tiny="tiny-random-flux", modes=("txt2img",), builtins=("tiny-random-flux", "flux-dev-arch"),
-                steps=28, guidance=3.5, check=_flux_values, sampling=samplers.resolve_flow),
+                steps=28, guidance=3.5, check=_flux_values, sampling=samplers.resolve_flow, t5_tokens=512),
+    # diffusers' StableDiffusion3Pipeline defaults: 28 steps, guidance 7.0, 256 T5 tokens.
+    FamilyEntry("sd3", "Stable Diffusion 3 / 3.5: CLIP-L, CLIP-G and T5 text encoders, an MMDiT, a 16-channel VAE",
+                ("StableDiffusion3Pipeline",), tiny="tiny-random-sd3", modes=("txt2img",),
+                builtins=("tiny-random-sd3",), steps=28, guidance=7.0, check=_sd3_values,
+                sampling=samplers.resolve_flow, t5_tokens=256),
 )
 PIPELINES = {pipeline: entry.name for entry in FAMILIES.values() for pipeline in entry.pipelines}
 BUILTINS = {builtin: entry.name for entry in FAMILIES.values() for builtin in entry.builtins}
-# The T5 sequence length of FLUX.1 (prompts.max_sequence_length): diffusers' default and bound.
+# The most T5 tokens a prompt may take (prompts.max_sequence_length): diffusers' bound for FLUX.1 and SD 3.
 MAX_SEQUENCE_LENGTH = 512
 
 
@@ -139,7 +158,7 @@ def planned(model: Any) -> FamilyEntry:
 
 def with_defaults(config: Any) -> Any:
     """``config`` (a RunConfig) with its family named (``model.family``) and the family's defaults where the
-    config leaves them null: the step count and FLUX's T5 sequence length; the family's own refusals made.
+    config leaves them null: the step count and the T5 sequence length (FLUX.1, SD 3); the family's own refusals made.
     Idempotent: records hold the values that ran. ``sampling.guidance_scale`` stays as given -- whether it was
     given matters to FLUX.1 [schnell], which reads none -- and the plan takes the family's where it is null
     (:func:`guidance`)."""
@@ -149,15 +168,15 @@ def with_defaults(config: Any) -> Any:
     if family.name != "flux" and config.sampling.true_cfg_scale is not None:
         raise UserError("sampling.true_cfg_scale", f"{config.sampling.true_cfg_scale}: {config.model.name}'s "
                         "classifier-free guidance is sampling.guidance_scale", "null")
-    if family.name != "flux" and length is not None:
+    if family.t5_tokens is None and length is not None:
         raise UserError("prompts.max_sequence_length", f"{length}: {config.model.name} has no T5 encoder (it is "
-                        f"{family.title})", "null (FLUX.1 only)")
-    if family.name == "flux":
+                        f"{family.title})", "null (FLUX.1 and SD 3 only)")
+    if family.t5_tokens is not None:
         if length is None:
-            length = MAX_SEQUENCE_LENGTH
+            length = family.t5_tokens
         elif not 1 <= length <= MAX_SEQUENCE_LENGTH:
-            raise UserError("prompts.max_sequence_length", f"{length}: FLUX.1's T5 reads at most "
-                            f"{MAX_SEQUENCE_LENGTH} tokens", f"1..{MAX_SEQUENCE_LENGTH} (null: {MAX_SEQUENCE_LENGTH})")
+            raise UserError("prompts.max_sequence_length", f"{length}: {family.title.split(':')[0]}'s T5 reads at "
+                            f"most {MAX_SEQUENCE_LENGTH} tokens", f"1..{MAX_SEQUENCE_LENGTH} (null: {family.t5_tokens})")
     runs_mode(family, config.mode.name, config.model.name)
     if family.check is not None:
         family.check(config)

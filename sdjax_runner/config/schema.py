@@ -79,7 +79,7 @@ class TrackingBackend(Enum):
 # Names a run may pick whose implementations live in a lower layer; each of those registries is
 # checked against these lists when it is imported, so the two cannot drift apart.
 BUILTIN_MODELS = ("tiny-random", "tiny-random-xl", "sd-v1-arch", "sdxl-arch", "tiny-random-inpaint", "tiny-random-clip",
-                  "tiny-random-controlnet", "tiny-random-flux", "flux-dev-arch")  # models/builtin.py
+                  "tiny-random-controlnet", "tiny-random-flux", "flux-dev-arch", "tiny-random-sd3")  # models/builtin.py
 # scheduler.name -> the diffusers Flax class whose settings it takes (scheduler.config_overrides); the
 # classes that run are in models/schedulers.py (LMS and DDPM are the project's own subclasses).
 SCHEDULERS = {"pndm": "FlaxPNDMScheduler", "ddim": "FlaxDDIMScheduler", "lms": "FlaxLMSDiscreteScheduler",
@@ -112,7 +112,7 @@ class ModelConfig:
     prediction_type: Optional[PredictionType] = None
     # Load .bin/.ckpt pickles (needs torch). Unpickling can run code, so it is off.
     allow_pickle: bool = False
-    # The model family (config/families.py): sd (SD 1.x/2.x/XL) or flux (FLUX.1). null: read from the folder's
+    # The model family (config/families.py): sd (SD 1.x/2.x/XL), flux (FLUX.1) or sd3 (SD 3 / 3.5). null: read from the folder's
     # model_index.json when it is on disk (a local folder, a built-in model), else sd. Set it for a hub id
     # that is not in the catalogue; a loaded model of another family is refused in one line.
     family: Optional[str] = None
@@ -158,8 +158,9 @@ class PromptsConfig:
     # /1.1, "\(" a literal bracket, BREAK, and prompts longer than 77 tokens encoded in 75-token chunks, at
     # most 20 per prompt). The negative prompt is read the same way.
     syntax: PromptSyntax = PromptSyntax.plain
-    # FLUX.1: how many T5 tokens a prompt is read as (padded and cut; diffusers' max_sequence_length), 1..512.
-    # null: 512, diffusers' default. Shapes the program. SD models have no T5 encoder: refused there.
+    # FLUX.1 and SD 3: how many T5 tokens a prompt is read as (padded and cut; diffusers' max_sequence_length),
+    # 1..512. null: diffusers' default, 512 for FLUX.1, 256 for SD 3. Shapes the program. SD 1.x/2.x/XL models
+    # have no T5 encoder: refused there.
     max_sequence_length: Optional[int] = None
 
 

@@ -22,6 +22,8 @@ from sdjax_runner.engine.flux import samplers as flux_samplers
 from sdjax_runner.engine.flux import stages as flux_stages
 from sdjax_runner.engine.modes import MODES
 from sdjax_runner.engine.samplers import SAMPLERS
+from sdjax_runner.engine.sd3 import family as sd3
+from sdjax_runner.engine.sd3 import stages as sd3_stages
 from sdjax_runner.engine.tokens import PromptTokens
 from sdjax_runner.models.checkpoints import config_dict
 from sdjax_runner.models.loading import LoadedModel, with_scheduler
@@ -94,6 +96,12 @@ FAMILIES: dict[str, Family] = {
                    modes={"txt2img": flux_stages.txt2img}, samplers=flux_samplers.SAMPLERS,
                    decode=flux_stages.decode, structure=flux.structure, step_flops=flux.step_flops,
                    guidance=flux.guidance, split_weights=flux.split_weights),
+    # SD 3 / 3.5 (engine/sd3/): classifier-free guidance with a negative prompt; text to image with the
+    # flow-matching Euler and FLUX.1's flow k samplers on SD 3's velocity.
+    "sd3": Family("sd3", check_loaded=sd3.check_loaded, with_scheduler=sd3.with_scheduler, tokens=sd3.SD3Tokens,
+                  negative=sd3.negative, encode=sd3_stages.encode, modes={"txt2img": sd3_stages.txt2img},
+                  samplers={name: flux_samplers.k_sampler(name, sd3_stages) for name in flux_samplers.SAMPLERS},
+                  decode=sd3_stages.decode, structure=sd3.structure, step_flops=sd3.step_flops),
 }
 if tuple(FAMILIES) != tuple(families.FAMILIES):
     raise RuntimeError(f"engine/families runs {tuple(FAMILIES)}, config/families.py lists {tuple(families.FAMILIES)}")

@@ -128,12 +128,14 @@ def _write_tokenizer(directory: Path, pad_token: str = "<|endoftext|>") -> int:
 
 
 
-def _random_params(shape_tree, seed: int, dtype=None, draw_dtype: str = "float64"):
+def _random_params(shape_tree, seed: int, dtype=None, draw_dtype: str = "float64", fixed=None):
     """Weights for a tree of shapes from a seeded NumPy generator.
 
     Kernels are fan-in scaled normals (LeCun), embeddings N(0, 0.02), norm
     scales one and biases zero: the activations stay finite through every
     block, and no JAX program has to be compiled to initialise the model.
+    ``fixed``: {path: array} for parameters that are tables, not weights
+    (SD 3's position embeddings).
     """
     import numpy as np
     from flax.traverse_util import flatten_dict, unflatten_dict
@@ -142,7 +144,9 @@ def _random_params(shape_tree, seed: int, dtype=None, draw_dtype: str = "float64
     params = {}
     for path, leaf in sorted(flatten_dict(shape_tree).items()):
         name, shape = path[-1], leaf.shape
-        if name == "kernel":
+        if fixed and path in fixed:
+            value = np.asarray(fixed[path]).reshape(shape)
+        elif name == "kernel":
             fan_in = int(np.prod(shape[:-1]))
             value = rng.standard_normal(shape, dtype=draw_dtype) / np.sqrt(fan_in)
         elif name in ("embedding", "class_embedding"):
@@ -277,7 +281,26 @@ FLUX_SPECS["flux-dev-arch"] = dict(
             relative_attention_num_buckets=32, relative_attention_max_distance=128, vocab_size=32128),
     save_dtype="bfloat16",
 )
-_BUILT = tuple(SPECS) + tuple(CLIP_SPECS) + tuple(CONTROLNET_SPECS) + tuple(FLUX_SPECS)
+# SD 3 / 3.5 pipelines (models/sd3/): each component's config.json, as diffusers writes them (the sizes of
+# tests/fixtures/sd3/tiny-sd3, the PyTorch reference's: SD 3.5 Medium's shape).
+SD3_SPECS: dict[str, dict[str, Any]] = {
+    "tiny-random-sd3": dict(
+        transformer=dict(sample_size=16, patch_size=2, in_channels=16, num_layers=3, attention_head_dim=8,
+                         num_attention_heads=4, joint_attention_dim=32, caption_projection_dim=32,
+                         pooled_projection_dim=24, out_channels=16, pos_embed_max_size=16,
+                         dual_attention_layers=[0, 1], qk_norm="rms_norm"),
+        vae=dict(FLUX_SPECS["tiny-random-flux"]["vae"], scaling_factor=1.5305, shift_factor=0.0609),
+        clip=dict(hidden_size=8, intermediate_size=16, num_hidden_layers=2, num_attention_heads=2,
+                  hidden_act="quick_gelu", projection_dim=8),
+        clip_2=dict(hidden_size=16, intermediate_size=32, num_hidden_layers=3, num_attention_heads=4,
+                    hidden_act="gelu", projection_dim=16),
+        t5=FLUX_SPECS["tiny-random-flux"]["t5"],
+        # stabilityai/stable-diffusion-3.5-medium's scheduler/scheduler_config.json
+        scheduler=dict(num_train_timesteps=1000, shift=3.0),
+        save_dtype="float32",
+    ),
+}
+_BUILT = tuple(SPECS) + tuple(CLIP_SPECS) + tuple(CONTROLNET_SPECS) + tuple(FLUX_SPECS) + tuple(SD3_SPECS)
 if _BUILT != BUILTIN_MODELS:  # config/schema.py names them
     raise RuntimeError(f"models/builtin.py builds {_BUILT}, config/schema.py lists {BUILTIN_MODELS}")
 
@@ -305,6 +328,8 @@ def build_builtin(name: str, target: Path) -> Path:
             _build_controlnet_into(staging, CONTROLNET_SPECS[name])
         elif name in FLUX_SPECS:
             _build_flux_into(staging, FLUX_SPECS[name])
+        elif name in SD3_SPECS:
+            _build_sd3_into(staging, SD3_SPECS[name])
         else:
             _build_into(staging, SPECS[name])
         try:
@@ -539,3 +564,58 @@ def _build_flux_into(directory: Path, spec: dict) -> None:
              "transformer": ["diffusers", "FluxTransformer2DModel"], "vae": ["diffusers", "AutoencoderKL"]}
     (directory / "model_index.json").write_text(json.dumps(index, indent=2), encoding="utf-8")
     CLIPTokenizer.from_pretrained(directory / "tokenizer")  # the tokenizer reads back
+
+
+def _build_sd3_into(directory: Path, spec: dict) -> None:
+    """An SD 3 folder in diffusers' layout: model_index.json, each component's config and weights (the
+    transformer's position table the sine-cosine one diffusers saves, not random)."""
+    import numpy as np
+    from flax.serialization import to_bytes
+    from transformers import CLIPTextConfig, FlaxCLIPTextModelWithProjection, FlaxT5EncoderModel, T5Config
+
+    from sdjax_runner.models.checkpoints import param_shapes
+    from sdjax_runner.models.flux.autoencoder import FlaxFluxAutoencoderKL
+    from sdjax_runner.models.flux.t5 import compatible_flax_t5
+    from sdjax_runner.models.sd3.transformer import FlaxSD3Transformer, sincos_table
+
+    compatible_flax_t5()
+    _write_tokenizer(directory / "tokenizer")
+    _write_tokenizer(directory / "tokenizer_2")
+    clip_size = len(_vocabulary()[0])
+    t5_size = _write_t5_tokenizer(directory / "tokenizer_3")
+    dtype, draw = np.dtype(np.float32), "float64"
+    for number, (name, clip_spec) in enumerate((("text_encoder", spec["clip"]), ("text_encoder_2", spec["clip_2"]))):
+        clip_config = CLIPTextConfig(vocab_size=clip_size, max_position_embeddings=77, **clip_spec,
+                                     bos_token_id=clip_size - 2, eos_token_id=clip_size - 1,
+                                     pad_token_id=clip_size - 1)
+        clip = FlaxCLIPTextModelWithProjection(clip_config, _do_init=False)
+        clip.save_pretrained(directory / name,
+                             params=_random_params(param_shapes(clip, "transformers"), SEED + 50 + number, dtype, draw))
+    t5 = FlaxT5EncoderModel(T5Config(vocab_size=t5_size, **spec["t5"], pad_token_id=0, eos_token_id=1,
+                                     decoder_start_token_id=0, is_encoder_decoder=False, use_cache=False),
+                            _do_init=False)
+    t5.save_pretrained(directory / "text_encoder_3",
+                       params=_random_params(param_shapes(t5, "transformers"), SEED + 52, dtype, draw))
+    own: tuple[tuple[str, Any, str], ...] = (("transformer", FlaxSD3Transformer, "SD3Transformer2DModel"),
+                                             ("vae", FlaxFluxAutoencoderKL, "AutoencoderKL"))
+    for number, (name, cls, class_name) in enumerate(own):
+        module = cls.from_config(spec[name])
+        tables = {("pos_embed", "pos_embed"): sincos_table(module.inner_dim, module.pos_embed_max_size,
+                                                           module.sample_size // module.patch_size)
+                  } if name == "transformer" else None
+        params = _random_params(param_shapes(module, "diffusers"), SEED + 53 + number, dtype, draw, tables)
+        (directory / name).mkdir()
+        config = {"_class_name": class_name, "_diffusers_version": "0.39.0", **spec[name]}
+        (directory / name / "config.json").write_text(json.dumps(config, indent=2), encoding="utf-8")
+        (directory / name / "diffusion_flax_model.msgpack").write_bytes(to_bytes(params))
+    (directory / "scheduler").mkdir()
+    scheduler = {"_class_name": "FlowMatchEulerDiscreteScheduler", "_diffusers_version": "0.39.0", **spec["scheduler"]}
+    (directory / "scheduler" / "scheduler_config.json").write_text(json.dumps(scheduler, indent=2), encoding="utf-8")
+    index = {"_class_name": "StableDiffusion3Pipeline", "_diffusers_version": "0.39.0",
+             "scheduler": ["diffusers", "FlowMatchEulerDiscreteScheduler"],
+             "text_encoder": ["transformers", "CLIPTextModelWithProjection"],
+             "text_encoder_2": ["transformers", "CLIPTextModelWithProjection"],
+             "text_encoder_3": ["transformers", "T5EncoderModel"], "tokenizer": ["transformers", "CLIPTokenizer"],
+             "tokenizer_2": ["transformers", "CLIPTokenizer"], "tokenizer_3": ["transformers", "T5TokenizerFast"],
+             "transformer": ["diffusers", "SD3Transformer2DModel"], "vae": ["diffusers", "AutoencoderKL"]}
+    (directory / "model_index.json").write_text(json.dumps(index, indent=2), encoding="utf-8")

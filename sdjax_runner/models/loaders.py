@@ -1,7 +1,7 @@
 """Model config -> a loaded model, whatever its family: the folder is resolved (a built-in model, a local path or
 a hub snapshot: :mod:`.sources`), its ``model_index.json`` read as untrusted input (:mod:`.model_index`) and the
 pipeline class it names routed to its family's loader (:data:`LOADERS`; config/families.py names the families):
-the SD family's in :mod:`.loading`, FLUX.1's in :mod:`.flux.pipeline`."""
+the SD family's in :mod:`.loading`, FLUX.1's in :mod:`.flux.pipeline`, SD 3's in :mod:`.sd3.pipeline`."""
 
 from __future__ import annotations
 
@@ -15,12 +15,13 @@ from sdjax_runner.config.schema import DtypeConfig, ModelConfig
 from sdjax_runner.models import model_index, sources
 from sdjax_runner.models.flux.pipeline import load_flux
 from sdjax_runner.models.loading import LoadedModel, load_sd
+from sdjax_runner.models.sd3.pipeline import load_sd3
 
 log = logging.getLogger("sdjax_runner")
 
 # Each family's loader (config/families.py): (folder, its model_index.json, model config, dtype, opened
 # single-file checkpoint or None, its planned hash) -> LoadedModel.
-LOADERS = {"sd": load_sd, "flux": load_flux}
+LOADERS = {"sd": load_sd, "flux": load_flux, "sd3": load_sd3}
 if tuple(LOADERS) != tuple(families.FAMILIES):
     raise RuntimeError(f"models/loaders loads {tuple(LOADERS)}, config/families.py lists {tuple(families.FAMILIES)}")
 

@@ -30,7 +30,17 @@ os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from make_flux_reference import _np, _save_npz, _versions  # the FLUX maker's helpers, unchanged
+from make_flux_reference import (  # the FLUX maker's helpers and its T5 and VAE shapes, unchanged
+    T5,
+    VAE,
+    _builtin_tokenizer_code,
+    _np,
+    _save_npz,
+    _t5_config,
+    _t5_tokenizer,
+    _versions,
+    runner_noise,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_OUT = ROOT / "tests" / "fixtures" / "sd3"
@@ -80,6 +90,114 @@ def transformer_references(out: Path) -> None:
     _save_npz(out / "transformers.npz", arrays)
 
 
+# --- a whole pipeline ----------------------------------------------------------------------------------
+
+PROMPT = "a red cube on a table"
+NEGATIVE_PROMPT = "blurry"
+HEIGHT = WIDTH = 32  # runner_noise()'s: 2 images, (1, 16, 4, 4) each, from the runner's per-device keys
+STEPS = 4
+GUIDANCE = 5.0
+MAX_SEQUENCE_LENGTH = 32
+# Skip-layer guidance as SD 3.5 Medium's model card runs it (layers 7, 8, 9 of 24 there; block 1 of 3 here), its
+# window widened so that 2 of the 4 steps use it (diffusers: step i with start * steps < i < stop * steps).
+SLG = dict(skip_guidance_layers=[1], skip_layer_guidance_scale=2.8, skip_layer_guidance_start=0.01,
+           skip_layer_guidance_stop=0.6)
+# The pipeline's transformer: SD 3.5 Medium's shape (RMS q/k norm, dual attention in its first blocks).
+PIPELINE_TRANSFORMER = dict(TRANSFORMER, qk_norm="rms_norm", dual_attention_layers=(0, 1))
+# The published scheduler_config.json of stabilityai/stable-diffusion-3.5-large and -medium.
+SCHEDULER = dict(num_train_timesteps=1000, shift=3.0)
+# SD 3's VAE: FLUX.1's architecture with its own scaling and shift factors.
+SD3_VAE = dict(VAE, scaling_factor=1.5305, shift_factor=0.0609)
+# CLIP ViT-L/14 (quick_gelu) and OpenCLIP bigG/14 (gelu) text towers with projections, at toy width: their
+# penultimate states (8 + 16) are padded to the T5 width (32), their projections (8 + 16) make the pooled 24.
+CLIP_L = dict(hidden_size=8, intermediate_size=16, num_hidden_layers=2, num_attention_heads=2, hidden_act="quick_gelu",
+              projection_dim=8, max_position_embeddings=77)
+CLIP_G = dict(hidden_size=16, intermediate_size=32, num_hidden_layers=3, num_attention_heads=4, hidden_act="gelu",
+              projection_dim=16, max_position_embeddings=77)
+COMPONENT_SEEDS = dict(transformer=10, vae=11, text_encoder=12, text_encoder_2=13, text_encoder_3=14)
+
+
+def build_pipeline(staging: Path):
+    import torch
+    from diffusers import AutoencoderKL, FlowMatchEulerDiscreteScheduler, SD3Transformer2DModel, StableDiffusion3Pipeline
+    from transformers import CLIPTextConfig, CLIPTextModelWithProjection, CLIPTokenizer, T5EncoderModel
+
+    size = _builtin_tokenizer_code()["_write_tokenizer"](staging / "clip_tokenizer")
+    tokenizer = CLIPTokenizer.from_pretrained(staging / "clip_tokenizer")
+    t5_tokenizer = _t5_tokenizer(staging)
+    special = dict(vocab_size=size, bos_token_id=size - 2, eos_token_id=size - 1, pad_token_id=size - 1)
+    modules = {}
+    for name, build in (("transformer", lambda: SD3Transformer2DModel(**PIPELINE_TRANSFORMER)),
+                        ("vae", lambda: AutoencoderKL(**SD3_VAE)),
+                        ("text_encoder", lambda: CLIPTextModelWithProjection(CLIPTextConfig(**special, **CLIP_L))),
+                        ("text_encoder_2", lambda: CLIPTextModelWithProjection(CLIPTextConfig(**special, **CLIP_G))),
+                        ("text_encoder_3", lambda: T5EncoderModel(_t5_config(t5_tokenizer)))):
+        torch.manual_seed(COMPONENT_SEEDS[name])
+        modules[name] = build().eval()
+    if T5["d_model"] != TRANSFORMER["joint_attention_dim"]:
+        raise RuntimeError("the T5 width must be the transformer's joint_attention_dim")
+    pipeline = StableDiffusion3Pipeline(scheduler=FlowMatchEulerDiscreteScheduler(**SCHEDULER), tokenizer=tokenizer,
+                                        tokenizer_2=tokenizer, tokenizer_3=t5_tokenizer, **modules)
+    pipeline.set_progress_bar_config(disable=True)
+    return pipeline
+
+
+def without_t5(pipeline):
+    from diffusers import StableDiffusion3Pipeline
+
+    components = dict(pipeline.components, text_encoder_3=None, tokenizer_3=None)
+    reduced = StableDiffusion3Pipeline(**components)
+    reduced.set_progress_bar_config(disable=True)
+    return reduced
+
+
+def pipeline_references(pipeline, out: Path) -> None:
+    import torch
+
+    latents = runner_noise()
+    batch = latents.shape[0]
+    calls = {
+        "default": (pipeline, {}),
+        "negative": (pipeline, {"negative_prompt": [NEGATIVE_PROMPT] * batch}),
+        "no_t5": (without_t5(pipeline), {}),
+        "slg": (pipeline, SLG),
+        "no_cfg": (pipeline, {"guidance_scale": 1.0}),
+    }
+    arrays: dict[str, np.ndarray] = {"latents": latents, "prompt": np.asarray(PROMPT),
+                                     "negative_prompt": np.asarray(NEGATIVE_PROMPT)}
+    with torch.no_grad():
+        for name, (pipe, extra) in calls.items():
+            kwargs = dict(prompt=[PROMPT] * batch, height=HEIGHT, width=WIDTH, num_inference_steps=STEPS,
+                          guidance_scale=GUIDANCE, max_sequence_length=MAX_SEQUENCE_LENGTH,
+                          latents=torch.from_numpy(latents), output_type="np")
+            kwargs.update(extra)
+            arrays[f"{name}_images"] = np.asarray(pipe(**kwargs).images, dtype=np.float32)
+        embeds, negative, pooled, negative_pooled = pipeline.encode_prompt(
+            PROMPT, PROMPT, PROMPT, negative_prompt=NEGATIVE_PROMPT, max_sequence_length=MAX_SEQUENCE_LENGTH)
+        arrays.update(prompt_embeds=_np(embeds), negative_prompt_embeds=_np(negative), pooled_prompt_embeds=_np(pooled),
+                      negative_pooled_prompt_embeds=_np(negative_pooled))
+        pipeline.scheduler.set_timesteps(STEPS)
+        arrays.update(sigmas=_np(pipeline.scheduler.sigmas), timesteps=_np(pipeline.scheduler.timesteps))
+    _save_npz(out / "pipeline.npz", arrays)
+
+
+def check_saved(out: Path) -> None:
+    """The saved folder, loaded back offline, gives the recorded images."""
+    import torch
+    from diffusers import StableDiffusion3Pipeline
+
+    loaded = StableDiffusion3Pipeline.from_pretrained(out / "tiny-sd3", local_files_only=True)
+    loaded.set_progress_bar_config(disable=True)
+    with np.load(out / "pipeline.npz") as data:
+        latents, expected = data["latents"], data["default_images"]
+    with torch.no_grad():
+        images = loaded(prompt=[PROMPT] * len(latents), height=HEIGHT, width=WIDTH, num_inference_steps=STEPS,
+                        guidance_scale=GUIDANCE, max_sequence_length=MAX_SEQUENCE_LENGTH,
+                        latents=torch.from_numpy(latents), output_type="np").images
+    if not np.array_equal(np.asarray(images, dtype=np.float32), expected):
+        raise RuntimeError("the saved tiny-sd3 folder does not give the recorded images")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
@@ -88,6 +206,13 @@ def main() -> None:
         shutil.rmtree(args.out)
     args.out.mkdir(parents=True)
     transformer_references(args.out)
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as staging:
+        pipeline = build_pipeline(Path(staging))
+    pipeline.save_pretrained(args.out / "tiny-sd3", safe_serialization=True)
+    pipeline_references(pipeline, args.out)
+    check_saved(args.out)
     versions = _versions()
     versions["skip_layers"] = list(SKIP_LAYERS)
     (args.out / "VERSIONS.json").write_text(json.dumps(versions, indent=2, sort_keys=True) + "\n")

@@ -19,14 +19,17 @@ from sdjax_runner.engine.modes.start import Start
 from sdjax_runner.engine.samplers.k_samplers import K_SAMPLERS
 
 
-def k_sampler(name: str) -> Callable:
-    """The denoising stage of k sampler ``name`` on FLUX.1 (module docstring); ``euler`` without a schedule
+def k_sampler(name: str, family_stages: Any = stages) -> Callable:
+    """The denoising stage of k sampler ``name`` on FLUX.1 (module docstring) -- or on another flow-matching
+    family whose stage module (``family_stages``: SD 3's, engine/sd3/stages.py) has the same ``pack``, ``unpack``,
+    ``latent_side``, ``velocity_model`` (taking sigma in [0, 1]) and ``euler``; ``euler`` without a schedule
     (``spec.sigmas`` None) is diffusers' Euler on the model's own schedule."""
 
     def denoise(pipeline: Any, params: dict, conditioning: Conditioning, start: Start, guidance, spec: Any,
                 key=None):
         import jax.numpy as jnp
 
+        stages = family_stages
         if spec.sigmas is None:
             return stages.euler(pipeline, params, conditioning, start, guidance, spec, key)
         factor = pipeline.vae_scale_factor

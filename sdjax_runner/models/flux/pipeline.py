@@ -151,23 +151,23 @@ def load_flux(directory: Path, index: dict, model: ModelConfig, dtype: DtypeConf
     if model.safety_checker:
         raise UserError("model.safety_checker", f"{directory} is a FLUX.1 pipeline, which has no safety checker",
                         "false")
-    classes = {name: _component(directory, index, name) for name in COMPONENTS}
+    classes = {name: component_class(directory, index, name) for name in COMPONENTS}
     activations = getattr(jnp, dtype.activations_dtype.name)
     weights = loading.numpy_dtype(dtype.weights_dtype.name)
     for name in WEIGHTED:
         if not (checkpoint is not None and name == "transformer"):
-            _check_weight_files(directory, name, COMPONENTS[name][0], model.variant)
+            check_weight_files(directory, name, COMPONENTS[name][0], model.variant)
     schedule = scheduler_config(directory)
 
     if checkpoint is not None:
         transformer, transformer_params, transformer_files = _transformer_from_checkpoint(
             directory, checkpoint, checkpoint_sha256, activations, weights)
     else:
-        transformer, transformer_params, transformer_files = _load_own(directory, "transformer", model.variant,
+        transformer, transformer_params, transformer_files = load_own(directory, "transformer", model.variant,
                                                                        activations, weights)
     vae_dtype = loading.component_dtype(directory, "vae", activations)
     vae_weights = np.dtype(np.float32) if vae_dtype != activations else weights  # upcast: float32 throughout
-    vae, vae_params, vae_files = _load_own(directory, "vae", model.variant, vae_dtype, vae_weights)
+    vae, vae_params, vae_files = load_own(directory, "vae", model.variant, vae_dtype, vae_weights)
 
     compatible_flax_t5()
     kinds = loading.component_kinds()
@@ -203,25 +203,27 @@ def load_flux(directory: Path, index: dict, model: ModelConfig, dtype: DtypeConf
     return loading.LoadedModel(pipeline, params, None, 0.0, str(directory), formats, variant_components, FAMILY)
 
 
-def _component(directory: Path, index: dict, name: str) -> str:
-    """The class model_index.json names for FLUX component ``name`` (without "Flax"), checked against
-    :data:`COMPONENTS`, whose folder must be there."""
-    library, allowed = COMPONENTS[name]
+def component_class(directory: Path, index: dict, name: str, components: Optional[dict] = None,
+                    what: str = "FLUX.1") -> str:
+    """The class model_index.json names for component ``name`` (without "Flax") of a ``what`` pipeline, checked
+    against ``components`` (the family's table; :data:`COMPONENTS`), whose folder must be there."""
+    components = COMPONENTS if components is None else components
+    library, allowed = components[name]
     spec = model_index.entry(directory, index, name)
     if spec is None:
-        raise UserError(KEY, f"{directory / model_index.FILE} names no {name!r} component; a FLUX.1 pipeline has "
-                        f"{', '.join(COMPONENTS)}", "a complete FLUX.1 pipeline folder (diffusers' layout)")
+        raise UserError(KEY, f"{directory / model_index.FILE} names no {name!r} component; a {what} pipeline has "
+                        f"{', '.join(components)}", f"a complete {what} pipeline folder (diffusers' layout)")
     class_name = spec[1].removeprefix("Flax")
     if spec[0] != library or class_name not in allowed:
         raise UserError(KEY, f"{directory / model_index.FILE}: component {name!r} is {spec[1]} ({spec[0]}), not a "
-                        "FLUX.1 pipeline's", f"{' or '.join(allowed)} ({library})")
+                        f"{what} pipeline's", f"{' or '.join(allowed)} ({library})")
     if not (directory / name).is_dir():
         raise UserError(KEY, f"{directory / name}/ is missing ({model_index.FILE} names a {class_name} there)",
-                        "a complete FLUX.1 pipeline folder (diffusers' layout)")
+                        f"a complete {what} pipeline folder (diffusers' layout)")
     return class_name
 
 
-def _config(directory: Path, name: str, file: str = "config.json") -> dict:
+def read_config(directory: Path, name: str, file: str = "config.json") -> dict:
     """A component's JSON config as a dict (one line where it is not one)."""
     path = directory / name / file
     try:
@@ -233,7 +235,7 @@ def _config(directory: Path, name: str, file: str = "config.json") -> dict:
     return config
 
 
-def _check_weight_files(directory: Path, name: str, library: str, variant: Optional[str]) -> None:
+def check_weight_files(directory: Path, name: str, library: str, variant: Optional[str]) -> None:
     """Refuse, before anything is read, a component whose weights are not all there: a shard its index lists
     that is missing, or no safetensors at all (a Flax text encoder passes: transformers' own loader reads it)."""
     folder = directory / name
@@ -258,27 +260,33 @@ def _check_weight_files(directory: Path, name: str, library: str, variant: Optio
         return
     stem = safetensors_names(library, None)[0][0].removesuffix(".safetensors")
     raise UserError(KEY, f"{folder}/ has no {stem}{f'.{variant}' if variant else ''}.safetensors weights "
-                    "(nor shards with their index)", "PyTorch safetensors as diffusers' FluxPipeline saves them")
+                    "(nor shards with their index)", "PyTorch safetensors as diffusers' pipelines save them")
 
 
-def _load_own(directory: Path, name: str, variant: Optional[str], activations: Any,
-              weights: np.dtype) -> tuple[Any, dict, tuple[Path, ...]]:
-    """(module, host params, the files read) for ``transformer/`` or ``vae/``: the runner's own module from its
-    config.json, the PyTorch safetensors converted by :mod:`.convert`."""
+def own_modules() -> dict[str, tuple[Any, Any, str]]:
+    """FLUX.1's own modules: component -> (its module from a config.json, its converter, diffusers' class)."""
     from sdjax_runner.models.flux.autoencoder import FlaxFluxAutoencoderKL
-    from sdjax_runner.models.flux.convert import convert_transformer, convert_vae, read_safetensors
+    from sdjax_runner.models.flux.convert import convert_transformer, convert_vae
     from sdjax_runner.models.flux.transformer import FlaxFluxTransformer
 
-    build, convert, expected = {
-        "transformer": (FlaxFluxTransformer.from_config, convert_transformer, "FluxTransformer2DModel"),
-        "vae": (FlaxFluxAutoencoderKL.from_config, convert_vae, "AutoencoderKL"),
-    }[name]
+    return {"transformer": (FlaxFluxTransformer.from_config, convert_transformer, "FluxTransformer2DModel"),
+            "vae": (FlaxFluxAutoencoderKL.from_config, convert_vae, "AutoencoderKL")}
+
+
+def load_own(directory: Path, name: str, variant: Optional[str], activations: Any, weights: np.dtype,
+             modules: Optional[dict] = None, what: str = "FLUX.1") -> tuple[Any, dict, tuple[Path, ...]]:
+    """(module, host params, the files read) for ``transformer/`` or ``vae/`` of a ``what`` pipeline: the
+    runner's own module from its config.json (``modules``: the family's table in :func:`own_modules`'s form),
+    the PyTorch safetensors converted by :mod:`.convert`."""
+    from sdjax_runner.models.flux.convert import read_safetensors
+
+    build, convert, expected = (own_modules() if modules is None else modules)[name]
     folder = directory / name
-    config = _config(directory, name)
+    config = read_config(directory, name)
     class_name = config.get("_class_name", expected)
     if class_name != expected:
-        raise UserError(KEY, f"{folder / 'config.json'} is a {str(class_name)[:80]}'s config, not a FLUX.1 {name}'s "
-                        f"({expected})", f"a FLUX.1 {name} folder")
+        raise UserError(KEY, f"{folder / 'config.json'} is a {str(class_name)[:80]}'s config, not a {what} {name}'s "
+                        f"({expected})", f"a {what} {name} folder")
     flax_file = folder / FLAX_WEIGHTS
     files = (flax_file,) if flax_file.is_file() else tuple(safetensors_files(folder, "diffusers", variant))
     size = sum(f.stat().st_size for f in files)
@@ -288,10 +296,10 @@ def _load_own(directory: Path, name: str, variant: Optional[str], activations: A
         try:
             module = build(config, dtype=activations)
         except (ValueError, TypeError) as exc:
-            raise UserError(KEY, f"{folder / 'config.json'} is not a FLUX.1 {name} config: {exc}",
-                            f"a FLUX.1 {name} folder") from None
+            raise UserError(KEY, f"{folder / 'config.json'} is not a {what} {name} config: {exc}",
+                            f"a {what} {name} folder") from None
         if flax_file.is_file():
-            return module, _flax_weights(flax_file, module, weights), files
+            return module, flax_weights(flax_file, module, weights), files
         try:
             state_dict = read_safetensors(folder, variant)
         except (WeightsMismatch, OSError) as exc:  # not safetensors, or shards that are not what their index says
@@ -306,7 +314,7 @@ def _load_own(directory: Path, name: str, variant: Optional[str], activations: A
         raise
     except Exception as exc:  # the folder is input: one line, never a traceback
         raise loading.unloadable(directory, name, exc) from exc
-    return module, _in_memory(params), files
+    return module, in_memory(params), files
 
 
 def _transformer_from_checkpoint(directory: Path, checkpoint: Any, checkpoint_sha256: Optional[str], activations: Any,
@@ -321,7 +329,7 @@ def _transformer_from_checkpoint(directory: Path, checkpoint: Any, checkpoint_sh
     from sdjax_runner.models.flux.transformer import FlaxFluxTransformer
 
     path = checkpoint.path
-    config = _config(directory, "transformer")
+    config = read_config(directory, "transformer")
     try:
         module = FlaxFluxTransformer.from_config(config, dtype=activations)
     except (ValueError, TypeError) as exc:
@@ -338,10 +346,10 @@ def _transformer_from_checkpoint(directory: Path, checkpoint: Any, checkpoint_sh
     if checkpoint_sha256 is not None and file_sha256(path) != checkpoint_sha256:
         raise UserError(weight_files.KEY, f"{path} changed since the run was planned; it is not run under the old "
                         "file's hash", "run again")
-    return module, _in_memory(params), (path,)
+    return module, in_memory(params), (path,)
 
 
-def _flax_weights(file: Path, module: Any, weights: np.dtype) -> dict:
+def flax_weights(file: Path, module: Any, weights: np.dtype) -> dict:
     """A component's Flax weights file as host arrays of ``weights`` (checked against the module's shapes)."""
     try:
         params = read_flax(file, module, "diffusers")
@@ -351,7 +359,7 @@ def _flax_weights(file: Path, module: Any, weights: np.dtype) -> dict:
     return loading.to_host(params, weights)
 
 
-def _in_memory(tree: Any) -> Any:
+def in_memory(tree: Any) -> Any:
     """``tree`` with every array that still views a memory-mapped weights file copied into memory: the
     converter casts in place where the dtype already fits, and a host weight must not change (or fault) when the
     file does."""
@@ -368,15 +376,15 @@ def _in_memory(tree: Any) -> Any:
     return jax.tree_util.tree_map(lambda a: np.array(a) if mapped(a) else a, tree)
 
 
-def scheduler_config(directory: Path) -> dict[str, Any]:
+def scheduler_config(directory: Path, what: str = "FLUX.1") -> dict[str, Any]:
     """``scheduler/scheduler_config.json``'s values the flow-matching sampler reads (:data:`SCHEDULER_KEYS`),
     checked: the class must be FlowMatchEulerDiscreteScheduler, each value of its type (a count a positive
     integer), and the options that would change the sigmas (:data:`SCHEDULER_DEFAULTS_ONLY`) their defaults."""
     path = directory / "scheduler" / "scheduler_config.json"
-    config = _config(directory, "scheduler", "scheduler_config.json")
+    config = read_config(directory, "scheduler", "scheduler_config.json")
     class_name = config.get("_class_name")
     if class_name != SCHEDULER:
-        raise UserError(KEY, f"{path}: the scheduler is {str(class_name)[:80]}; FLUX.1 runs {SCHEDULER} only",
+        raise UserError(KEY, f"{path}: the scheduler is {str(class_name)[:80]}; {what} runs {SCHEDULER} only",
                         SCHEDULER)
     values: dict[str, Any] = {}
     for key, (default, types) in SCHEDULER_KEYS.items():
@@ -387,7 +395,7 @@ def scheduler_config(directory: Path) -> dict[str, Any]:
         values[key] = value
     for key, default in SCHEDULER_DEFAULTS_ONLY.items():
         if config.get(key, default) != default:
-            raise UserError(KEY, f"{path}: {key} is {json.dumps(config[key])[:80]}; the FLUX sampler runs "
+            raise UserError(KEY, f"{path}: {key} is {json.dumps(config[key])[:80]}; the {what} sampler runs "
                             f"{json.dumps(default)} only", json.dumps(default))
     counts = ("num_train_timesteps", "base_image_seq_len", "max_image_seq_len")
     if any(values[key] < 1 for key in counts) or values["max_image_seq_len"] <= values["base_image_seq_len"]:

@@ -1,0 +1,80 @@
+"""What the engine needs of SD 3 / 3.5 besides its stages (:mod:`.stages`): its prompts' tokens, its checks once a
+model is loaded, its pipeline for a job's settings, what its compiled programs depend on and the FLOPs of one
+transformer call. engine/families.py's ``FAMILIES["sd3"]`` is made of these, the stages and FLUX.1's flow samplers
+(engine/flux/samplers.py) driven by SD 3's velocity."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Optional
+
+import numpy as np
+
+from sdjax_runner.engine.flux.family import ATTENTION
+from sdjax_runner.engine.sd3 import stages
+from sdjax_runner.models.checkpoints import config_dict
+
+
+class SD3Tokens:
+    """Prompt texts -> ids ``(batch, 77 + 77 [+ max_sequence_length])`` (stages.prompt_ids). Prompts are read as
+    written (config/families.py refuses A1111's syntax for SD 3): no chunks, no weights."""
+
+    def __init__(self, pipeline: Any, plan: Any):
+        self.pipeline, self.length = pipeline, plan.max_sequence_length
+
+    def chunk_count(self, texts) -> int:
+        return 0
+
+    def chunks_of(self, text: str) -> int:
+        return 0
+
+    def __call__(self, texts: list[str], count: int) -> tuple[np.ndarray, Optional[np.ndarray]]:
+        return stages.prompt_ids(self.pipeline, list(texts), self.length), None
+
+
+def check_loaded(plan: Any, loaded: Any) -> None:
+    """Nothing beyond the family's modes and the config's checks (config/families.py)."""
+
+
+def with_scheduler(loaded: Any, scheduler: Any, prediction_type: Any = None, attention: str = "default"):
+    """The pipeline for a job: its transformer set up for ``attention``; no scheduler state (the flow schedule is
+    the program's constants)."""
+    pipeline = loaded.pipeline
+    transformer = pipeline.transformer.clone(attention_implementation=ATTENTION[attention])
+    return dataclasses.replace(pipeline, transformer=transformer), {}
+
+
+def negative(negative_prompt: Optional[str], pipeline: Any, chunks: int) -> str:
+    """The negative prompt, or diffusers' default "": SD 3 always runs classifier-free guidance's two halves."""
+    return negative_prompt or ""
+
+
+def structure(pipeline: Any) -> list:
+    """The configs a compiled SD 3 program depends on (engine/families.py: ``structure``)."""
+    return ["StableDiffusion3Pipeline", str(pipeline.dtype), sorted(pipeline.scheduler_config.items()),
+            pipeline.transformer.config, pipeline.vae.config, str(pipeline.vae.dtype),
+            config_dict(pipeline.text_encoder), config_dict(pipeline.text_encoder_2),
+            config_dict(pipeline.text_encoder_3)]
+
+
+def step_flops(pipeline: Any, params: dict, per_device_images: int, height: int, width: int,
+               tokens: int) -> Optional[float]:
+    """XLA's count for one guided transformer call on a device's images (the negative and positive halves in one
+    batch); ``tokens``: T5's sequence length (the conditioning is 77 CLIP tokens plus these)."""
+    import jax
+
+    from sdjax_runner.engine.efficiency import cost_flops
+
+    batch, factor = 2 * per_device_images, pipeline.vae_scale_factor
+    transformer = pipeline.transformer
+    hidden = jax.ShapeDtypeStruct((batch, height // factor, width // factor, transformer.in_channels), pipeline.dtype)
+    context = jax.ShapeDtypeStruct((batch, stages.CLIP_TOKENS + tokens, transformer.joint_attention_dim),
+                                   pipeline.dtype)
+    pooled = jax.ShapeDtypeStruct((batch, transformer.pooled_projection_dim), pipeline.dtype)
+    timestep = jax.ShapeDtypeStruct((batch,), pipeline.dtype)
+    shapes = jax.tree_util.tree_map(lambda leaf: jax.ShapeDtypeStruct(leaf.shape, leaf.dtype), params["transformer"])
+
+    def apply(p, x, c, y, t):
+        return transformer.apply({"params": p}, x, c, y, t)
+
+    return cost_flops(jax.jit(apply).lower(shapes, hidden, context, pooled, timestep))
