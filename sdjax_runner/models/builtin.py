@@ -144,6 +144,7 @@ def _random_params(shape_tree, seed: int, dtype=None, draw_dtype: str = "float64
     params = {}
     for path, leaf in sorted(flatten_dict(shape_tree).items()):
         name, shape = path[-1], leaf.shape
+        value: Any
         if fixed and path in fixed:
             value = np.asarray(fixed[path]).reshape(shape)
         elif name == "kernel":
