@@ -114,6 +114,12 @@ class ImageRecord(_Record):
     width: Optional[int] = None  # pixels
     lora: Optional[str] = None  # optional: the adapters, "style.safetensors:0.8:sha256=ab12cd34ef56; ..."
     checkpoint: Optional[str] = None  # optional: model.checkpoint, "model.safetensors:sha256=ab12cd34ef56"
+    shift: Optional[float] = None  # optional, SD 3: its scheduler's shift (Forge's "Shift")
+    # optional, SD 3.5: skip-layer guidance's blocks ("7,8,9"), scale and window (fractions of the steps)
+    slg_layers: Optional[str] = None
+    slg_scale: Optional[float] = None
+    slg_start: Optional[float] = None
+    slg_stop: Optional[float] = None
     # This image's own (record/rundir.py: write_images).
     index: Optional[int] = None  # its position in the run (batch-major, then device, then slot)
     batch: Optional[int] = None  # the batch it was made in
@@ -134,7 +140,7 @@ class ImageRecord(_Record):
     INT_CHUNKS: ClassVar[tuple[str, ...]] = ("index", "batch", "device", "seed", "steps", "height", "width",
                                             "clip_skip")
     FLOAT_CHUNKS: ClassVar[tuple[str, ...]] = ("guidance_scale", "distilled_guidance", "eta", "strength",
-                                              "conditioning_scale")
+                                              "conditioning_scale", "shift", "slg_scale", "slg_start", "slg_stop")
     BOOL_CHUNKS: ClassVar[tuple[str, ...]] = ("non_finite",)
 
     @classmethod

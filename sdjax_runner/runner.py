@@ -149,8 +149,9 @@ def generate_images(plan: Plan, job: Job, generator: Any, started: float) -> tup
         if job.writes:
             from sdjax_runner.engine.families import FAMILIES
 
-            guidance = FAMILIES[generator.spec.family].guidance(generator.pipeline)
-            meta = rundir.image_meta(plan, generator.height, generator.width, guidance)
+            family = FAMILIES[generator.spec.family]
+            meta = rundir.image_meta(plan, generator.height, generator.width, family.guidance(generator.pipeline),
+                                     family.shift(generator.pipeline))
             return rundir.write_images(job.run_dir, plan, batches, meta, job.records, generator.non_finite)
         for _ in batches:
             pass

@@ -75,3 +75,46 @@ def test_a_folder_without_t5_runs_without_it_as_diffusers_does(tmp_path, referen
     assert result.returncode == 0, result.stderr[-3000:]
     assert float(np.abs(images(tmp_path / "run") - reference["no_t5_images"]).max()) <= TOLERANCE
     assert float(np.abs(reference["no_t5_images"] - reference["default_images"]).max()) > 10 / 255  # T5 mattered
+
+
+def test_skip_layer_guidance_gives_diffusers_images(tmp_path, reference):
+    # diffusers: skip_guidance_layers=[1], scale 2.8, start 0.01, stop 0.6 -> steps 1 and 2 of 4
+    result = run_cli(*local(FIXTURES / "tiny-sd3"), *RUN, "sampling.guidance_scale=5", "sampling.slg_layers=[1]",
+                     "sampling.slg_stop=0.6", "hydra.run.dir=run", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    ours = images(tmp_path / "run")
+    assert float(np.abs(ours - reference["slg_images"]).max()) <= TOLERANCE
+    assert float(np.abs(reference["slg_images"] - reference["default_images"]).max()) > 10 / 255  # SLG mattered
+
+
+def test_the_smoke_experiment_records_sd3s_settings_and_its_png_remakes_its_image(tmp_path, cache_dir):
+    quiet = ["tracking=none", "metrics.clip_score.enabled=false", f"paths.cache_dir={cache_dir}"]
+    result = run_cli("+experiment=sd3_smoke", "sampling.slg_layers=[1]", "sampling.slg_stop=0.6", *quiet,
+                     "hydra.run.dir=run", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    records = json.loads((tmp_path / "run" / "images.json").read_text())
+    assert len(records) == 8 and records[0]["family"] == "sd3" and records[0]["shift"] == 3.0
+    assert records[0]["slg_layers"] == "1" and records[0]["slg_stop"] == 0.6
+    timings = json.loads((tmp_path / "run" / "timings.json").read_text())
+    assert timings["flops_per_batch"] > 0
+    png = tmp_path / "run" / records[0]["file"]
+    with Image.open(png) as image:
+        parameters = image.text["parameters"]
+    assert 'Shift: 3.0, Skip layer guidance: "1", SLG scale: 2.8, SLG start: 0.01, SLG stop: 0.6' in parameters
+    assert "CFG scale: 5.0" in parameters and "Model: tiny-random-sd3" in parameters
+    remade = run_cli(str(png), *quiet, "parallelism.host_device_count=8", "prompts.max_sequence_length=16",
+                     "hydra.run.dir=from_png", command="from_png", cwd=tmp_path)
+    said = remade.stdout + remade.stderr
+    assert remade.returncode == 0, said[-3000:]
+    assert 'Skip layer guidance: 1 -> sampling.slg_layers=[1]' in said and "prompts.syntax=a1111" not in said
+    assert "not honoured: Shift: 3.0: the model's scheduler config sets it" in said
+    again = json.loads((tmp_path / "from_png" / "images.json").read_text())[0]
+    assert again["pixels_sha256"] == records[0]["pixels_sha256"]
+
+
+def test_skip_layer_guidance_beyond_the_transformers_blocks_is_one_line(tmp_path, cache_dir):
+    from helpers.cli import assert_one_line_error
+
+    result = run_cli("+experiment=sd3_smoke", "sampling.slg_layers=[3]", "tracking=none",
+                     f"paths.cache_dir={cache_dir}", cwd=tmp_path)
+    assert_one_line_error(result, "error: sampling.slg_layers: [3]: tiny-random-sd3's transformer has 3 blocks (0..2)")

@@ -78,6 +78,33 @@ def _sd3_values(config: Any) -> None:
     if prompts.clip_skip != 1:
         raise UserError("prompts.clip_skip", f"{prompts.clip_skip}: SD 3 reads its CLIP encoders' penultimate layer, "
                         "as diffusers does", "1")
+    slg(config)
+
+
+def slg(config: Any) -> Optional[tuple]:
+    """SD 3's skip-layer guidance as the program takes it -- (layers, scale, start, stop) -- or None; each bad
+    setting one line (sampling.slg_*)."""
+    sampling = config.sampling
+    layers = sampling.slg_layers
+    if layers is None:
+        return None
+    if planned(config.model).name != "sd3":
+        raise UserError("sampling.slg_layers", f"{list(layers)}: skip-layer guidance is SD 3.5's; {config.model.name} "
+                        "is not an SD 3 model", "null")
+    if not layers or len(set(layers)) != len(layers) or any(layer < 0 for layer in layers):
+        raise UserError("sampling.slg_layers", f"{list(layers)}", "distinct transformer block numbers, e.g. [7, 8, 9] "
+                        "(SD 3.5 Medium's card), or null")
+    if not (math.isfinite(sampling.slg_scale) and math.isfinite(sampling.slg_start) and math.isfinite(sampling.slg_stop)
+            and 0 <= sampling.slg_start < sampling.slg_stop <= 1):
+        raise UserError("sampling.slg_start", f"{sampling.slg_start}..{sampling.slg_stop} with scale "
+                        f"{sampling.slg_scale}", "0 <= slg_start < slg_stop <= 1 (fractions of the steps), a finite "
+                        "slg_scale")
+    sampler = config.sampler
+    if samplers.resolve_flow(sampler, config.scheduler.name).sigmas is not None:
+        raise UserError("sampling.slg_layers", f"{list(layers)} with sampler {sampler} and scheduler "
+                        f"{config.scheduler.name}: skip-layer guidance counts the model's own schedule's steps",
+                        "the flow-matching Euler on the model's schedule (sampler=euler, or null), or null")
+    return tuple(layers), float(sampling.slg_scale), float(sampling.slg_start), float(sampling.slg_stop)
 
 
 def _registry(*entries: FamilyEntry) -> dict[str, FamilyEntry]:

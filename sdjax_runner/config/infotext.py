@@ -54,10 +54,11 @@ def dtype_options() -> dict[str, str]:
 
 
 @functools.cache
-def flux_models() -> frozenset[str]:
-    """The packaged model options of the FLUX.1 family (conf/model/*.yaml with ``family: flux``): an infotext
-    naming one is read as FLUX.1's (:func:`overrides`)."""
-    return frozenset(str(option["name"]) for option in packaged_options("model") if option.get("family") == "flux")
+def family_models(family: str) -> frozenset[str]:
+    """The packaged model options of a family (conf/model/*.yaml with ``family: flux`` / ``sd3``): an infotext
+    naming one is read as that family's (:func:`overrides`)."""
+    return frozenset(str(option["name"]) for option in packaged_options("model") if option.get("family") == family)
+
 
 
 @dataclass
@@ -109,7 +110,9 @@ NUMBERS = {"Steps": (WHOLE, int, "a whole number, e.g. 20"), "Clip skip": (WHOLE
            "Seed": (SIGNED, int, "a whole number, e.g. 1234"), "CFG scale": (DECIMAL, float, "a number, e.g. 7.5"),
            "Eta": (DECIMAL, float, "a number, e.g. 0.5"), "Eta DDIM": (DECIMAL, float, "a number, e.g. 0.5"),
            "Denoising strength": (DECIMAL, float, "a number, e.g. 0.75"),
-           "Distilled CFG Scale": (DECIMAL, float, "a number, e.g. 3.5")}
+           "Distilled CFG Scale": (DECIMAL, float, "a number, e.g. 3.5"),
+           "SLG scale": (DECIMAL, float, "a number, e.g. 2.8"), "SLG start": (DECIMAL, float, "a number, e.g. 0.01"),
+           "SLG stop": (DECIMAL, float, "a number, e.g. 0.2")}
 
 
 def number(key: str, text: str) -> int | float:
@@ -154,7 +157,7 @@ def overrides(info: Infotext, model_options: tuple[str, ...], dtype_options: tup
         out.append("prompts.file=null")
     # FLUX.1's (Forge's "Distilled CFG Scale", or one of our FLUX.1 models): no negative prompt, no CFG, prompts
     # read as written; its guidance is the distilled value.
-    flux = "Distilled CFG Scale" in settings or settings.get("Model") in flux_models()
+    flux = "Distilled CFG Scale" in settings or settings.get("Model") in family_models("flux")
     numbers = {key: number(key, settings[key]) for key in NUMBERS if key in settings}
     # FLUX.1 runs a negative prompt only with true CFG: Forge's "CFG scale" over 1 on FLUX.
     true_cfg = flux and numbers.get("CFG scale", 1) > 1
@@ -163,8 +166,11 @@ def overrides(info: Infotext, model_options: tuple[str, ...], dtype_options: tup
                        "true CFG (a CFG scale over 1)")
     elif info.negative:
         out.append(f"prompts.negative={literal(info.negative)}")
-    if flux:
-        honoured.append("Prompt: read as written (FLUX.1 reads no A1111 emphasis)")
+    # SD 3's (ours write its Shift, or one of our SD 3 models): prompts read as written.
+    sd3 = not flux and ("Shift" in settings or "Skip layer guidance" in settings
+                        or settings.get("Model") in family_models("sd3"))
+    if flux or sd3:
+        honoured.append(f"Prompt: read as written ({'FLUX.1' if flux else 'SD 3'} reads no A1111 emphasis)")
     else:  # An infotext's prompts are in A1111's syntax (ours escape the brackets of a plain prompt for it).
         out.append("prompts.syntax=a1111")
         honoured.append("Prompt: A1111's syntax -> prompts.syntax=a1111")
@@ -200,6 +206,8 @@ def overrides(info: Infotext, model_options: tuple[str, ...], dtype_options: tup
             use(key, f"sampling.eta={numbers[key]!r}")
     if "Clip skip" in numbers:
         use("Clip skip", f"prompts.clip_skip={numbers['Clip skip']}")
+    if sd3:
+        sd3_settings(settings, numbers, use, skipped)
     if "Denoising strength" in numbers:
         if has_init_image:
             use("Denoising strength", f"strength={numbers['Denoising strength']!r}")
@@ -221,6 +229,23 @@ def overrides(info: Infotext, model_options: tuple[str, ...], dtype_options: tup
         elif key not in SILENT:
             skipped.append(f"{key}: {shown_value(value)}: not honoured")
     return Translation(out, honoured, skipped)
+
+
+def sd3_settings(settings: dict[str, str], numbers: dict[str, float], use, skipped: list[str]) -> None:
+    """SD 3's: skip-layer guidance (``Skip layer guidance: "7,8,9"``, ``SLG scale``, ``SLG start``, ``SLG stop``)
+    honoured; ``Shift`` said (the model's scheduler config sets it)."""
+    if "Skip layer guidance" in settings:
+        layers = [part.strip() for part in settings["Skip layer guidance"].split(",")]
+        if not all(part.isdigit() and len(part) < 4 for part in layers):
+            raise UserError("Skip layer guidance", f"{shown_value(settings['Skip layer guidance'])}",
+                            "block numbers separated by commas, e.g. \"7,8,9\"")
+        use("Skip layer guidance", f"sampling.slg_layers=[{','.join(str(int(part)) for part in layers)}]")
+        for key, name in (("SLG scale", "slg_scale"), ("SLG start", "slg_start"), ("SLG stop", "slg_stop")):
+            if key in numbers:
+                use(key, f"sampling.{name}={numbers[key]!r}")
+    if "Shift" in settings:
+        skipped.append(f"Shift: {shown_value(settings.pop('Shift'))}: the model's scheduler config sets it (its "
+                       "scheduler/scheduler_config.json)")
 
 
 def dtype_setting(settings: dict[str, str], options: tuple[str, ...], use, skipped: list[str]) -> None:

@@ -186,6 +186,14 @@ class SamplingConfig:
     # prompts.negative and a value over 1 the transformer also runs on the negative prompt, mixed as neg + scale *
     # (pos - neg) -- two transformer calls a step. null: none (1). Shapes the program. SD: refused (guidance_scale).
     true_cfg_scale: Optional[float] = None
+    # SD 3.5 (Medium's model card): skip-layer guidance, diffusers' skip_guidance_layers -- on the steps i with
+    # slg_start * steps < i < slg_stop * steps, slg_scale * (cond - cond without these transformer blocks) is added
+    # to the guided prediction (one more transformer call on those steps; only with guidance over 1, as diffusers).
+    # null: none. The layers shape the program; SD 3 only, with sampler euler (the schedule's own steps).
+    slg_layers: Optional[List[int]] = None
+    slg_scale: float = 2.8
+    slg_start: float = 0.01
+    slg_stop: float = 0.2
     height: Optional[int] = None  # pixels, a multiple of 8 (null: the model's native size)
     width: Optional[int] = None  # pixels, a multiple of 8 (null: the model's native size)
     # The noise of DDIM and of the ancestral/SDE samplers (A1111's "Eta for DDIM" / "Eta for ancestral

@@ -58,6 +58,8 @@ class Family:
     # default gathers nothing itself: every component is gathered whole as the program starts
     split_weights: Callable[[Any, Any], tuple[Any, Callable[[str, str], bool]]] = \
         lambda pipeline, specs: (pipeline, lambda component, key: False)
+    # (pipeline) -> its scheduler's shift where the records name it (SD 3: Forge's "Shift"), else None
+    shift: Callable[[Any], Optional[float]] = lambda pipeline: None
 
 
 def sd_check_loaded(plan: Any, loaded: LoadedModel) -> None:
@@ -101,7 +103,8 @@ FAMILIES: dict[str, Family] = {
     "sd3": Family("sd3", check_loaded=sd3.check_loaded, with_scheduler=sd3.with_scheduler, tokens=sd3.SD3Tokens,
                   negative=sd3.negative, encode=sd3_stages.encode, modes={"txt2img": sd3_stages.txt2img},
                   samplers={name: flux_samplers.k_sampler(name, sd3_stages) for name in flux_samplers.SAMPLERS},
-                  decode=sd3_stages.decode, structure=sd3.structure, step_flops=sd3.step_flops),
+                  decode=sd3_stages.decode, structure=sd3.structure, step_flops=sd3.step_flops,
+                  shift=lambda pipeline: float(pipeline.scheduler_config["shift"])),
 }
 if tuple(FAMILIES) != tuple(families.FAMILIES):
     raise RuntimeError(f"engine/families runs {tuple(FAMILIES)}, config/families.py lists {tuple(families.FAMILIES)}")

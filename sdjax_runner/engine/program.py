@@ -53,6 +53,7 @@ class Spec:
     text_tokens: int = 0  # FLUX.1: T5's sequence length (prompts.max_sequence_length); 0 for SD
     params: str = "replicated"  # parallelism.params: weights whole on every device, or split (engine/sharded.py)
     true_cfg: Optional[float] = None  # FLUX.1: true classifier-free guidance's scale (two denoiser calls a step)
+    slg: Optional[tuple] = None  # SD 3: skip-layer guidance's (layers, scale, start, stop) (engine/sd3/stages.py)
 
     @property
     def calls_per_step(self) -> int:
@@ -84,7 +85,7 @@ def program_spec(plan: Any, pipeline: Any, height: int, width: int, controlnet: 
                 sampler=plan.sampling.sampler, sigmas=plan.sampling.sigmas, eta=plan.sampling.eta,
                 mode=plan.generation, controlnet=controlnet, clip_skip=plan.clip_skip, prompt_chunks=chunks,
                 family=family, text_tokens=plan.max_sequence_length, params=plan.params_placement,
-                true_cfg=plan.true_cfg_scale)
+                true_cfg=plan.true_cfg_scale, slg=plan.slg)
 
 
 def generate(pipeline: Any, spec: Spec, ids, params: dict, key, guidance, inputs: dict,

@@ -136,15 +136,21 @@ def _flat(text: str) -> str:
     return " ".join(str(text).splitlines())
 
 
+# The families whose prompts are read as written (no A1111 emphasis): their infotext writes the prompt unescaped.
+WRITTEN = ("flux", "sd3")
+
+
 def a1111_parameters(meta: ImageRecord) -> str:
     """The ``parameters`` text AUTOMATIC1111's web UI writes, which many image tools parse: the
     prompt, a ``Negative prompt:`` line, and a last line of settings. Line breaks inside the
     prompts become spaces here (the ``prompt`` chunk keeps them), so a prompt cannot add lines
     that a reader would take for a negative prompt or settings. A prompt read as plain text here
     (prompts.syntax=plain) has its brackets escaped, so that A1111 reads the same text, not emphasis -- but a
-    FLUX.1 prompt, which Forge and this runner read as written, is written as it is."""
+    FLUX.1 or SD 3 prompt, which Forge and this runner read as written, is written as it is. SD 3 adds its
+    ``Shift`` and, where it ran, skip-layer guidance (``Skip layer guidance: "7,8,9", SLG scale, SLG start, SLG
+    stop``)."""
     def text(prompt: str) -> str:
-        return _flat(prompt) if meta.prompt_syntax == "a1111" or meta.family == "flux" else escape(_flat(prompt))
+        return _flat(prompt) if meta.prompt_syntax == "a1111" or meta.family in WRITTEN else escape(_flat(prompt))
 
     lines = [text(str(meta.prompt))]
     if meta.negative_prompt:
@@ -165,6 +171,9 @@ def a1111_parameters(meta: ImageRecord) -> str:
         + (f", ControlNet: {meta.controlnet}, Control weight: {meta.conditioning_scale}" if meta.controlnet else "")
         + (f", Lora: {meta.lora}" if meta.lora else "")
         + (f", Checkpoint: {meta.checkpoint}" if meta.checkpoint else "")
+        + (f", Shift: {meta.shift}" if meta.shift is not None else "")
+        + (f', Skip layer guidance: "{meta.slg_layers}", SLG scale: {meta.slg_scale}, SLG start: {meta.slg_start}, '
+           f"SLG stop: {meta.slg_stop}" if meta.slg_layers else "")
     )
     return "\n".join(lines)
 
@@ -295,13 +304,14 @@ def read_quality(run_dir: Path) -> Quality:
     return Quality.from_json(read_json_or_empty(run_dir / QUALITY))
 
 
-def image_meta(plan: Plan, height: int, width: int, guidance: str = "cfg") -> ImageRecord:
+def image_meta(plan: Plan, height: int, width: int, guidance: str = "cfg", shift: Optional[float] = None) -> ImageRecord:
     """What every image of the run shares, for its PNG text chunks and images.json: a record without the
     image's own fields (write_images adds them). A field that does not apply is None, and left out.
     ``guidance``: how the model reads the guidance value (engine/families.py): "cfg" (classifier-free guidance,
     ``guidance_scale``), "distilled" (FLUX.1 [dev], ``distilled_guidance``; ``guidance_scale`` is then true CFG's
-    scale where it ran) or "none" ([schnell])."""
+    scale where it ran) or "none" ([schnell]); ``shift``: SD 3's scheduler shift (engine/families.py)."""
     a1111_name, schedule_type = plan.sampling.a1111
+    slg = plan.slg or ((), None, None, None)
     return ImageRecord(
         negative_prompt=plan.negative,
         seed=plan.seed,
@@ -329,6 +339,8 @@ def image_meta(plan: Plan, height: int, width: int, guidance: str = "cfg") -> Im
         lora=lora_label(plan.lora) if plan.lora else None,
         checkpoint=(f"{Path(plan.checkpoint.path).name}:sha256={plan.checkpoint.sha256[:12]}"
                     if plan.checkpoint else None),
+        shift=shift,
+        slg_layers=",".join(map(str, slg[0])) or None, slg_scale=slg[1], slg_start=slg[2], slg_stop=slg[3],
     )
 
 

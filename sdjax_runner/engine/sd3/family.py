@@ -12,6 +12,7 @@ import numpy as np
 
 from sdjax_runner.engine.flux.family import ATTENTION
 from sdjax_runner.engine.sd3 import stages
+from sdjax_runner.errors import UserError
 from sdjax_runner.models.checkpoints import config_dict
 
 
@@ -33,7 +34,13 @@ class SD3Tokens:
 
 
 def check_loaded(plan: Any, loaded: Any) -> None:
-    """Nothing beyond the family's modes and the config's checks (config/families.py)."""
+    """Skip-layer guidance's blocks are blocks of the loaded transformer."""
+    if plan.slg is not None:
+        blocks = loaded.pipeline.transformer.num_layers
+        outside = [layer for layer in plan.slg[0] if layer >= blocks]
+        if outside:
+            raise UserError("sampling.slg_layers", f"{list(plan.slg[0])}: {plan.model.name}'s transformer has "
+                            f"{blocks} blocks (0..{blocks - 1})", f"block numbers below {blocks}")
 
 
 def with_scheduler(loaded: Any, scheduler: Any, prediction_type: Any = None, attention: str = "default"):

@@ -114,17 +114,35 @@ def velocity_model(pipeline: Any, params: dict, conditioning: Conditioning, guid
     assert added is not None  # encode's
     context = jnp.concatenate([added["negative_context"], conditioning.context])
     pooled = jnp.concatenate([added["negative_pooled"], added["pooled"]])
-    scale = jnp.asarray(guidance, pipeline.dtype)
+    scale = jnp.ravel(jnp.asarray(guidance, pipeline.dtype))[0]  # one value (a device holds it as (1,))
 
     train = np.float32(pipeline.scheduler_config.get("num_train_timesteps", 1000))
 
-    def velocity(latents, sigma):
+    def transformer(x, context, pooled, t, skip_layers=()):
+        return pipeline.transformer.apply({"params": params["transformer"]}, x, context, pooled, t,
+                                          skip_layers=skip_layers)
+
+    def velocity(latents, sigma, index=None):
         x = latents.transpose(0, 2, 3, 1).astype(pipeline.dtype)
         t = jnp.broadcast_to(jnp.asarray(sigma, jnp.float32) * train, (2 * batch,)).astype(pipeline.dtype)
-        both = pipeline.transformer.apply({"params": params["transformer"]}, jnp.concatenate([x, x]), context, pooled, t)
+        both = transformer(jnp.concatenate([x, x]), context, pooled, t)
         uncond, cond = both[:batch], both[batch:]
-        guided = jnp.where(scale > 1, uncond + scale * (cond - uncond), cond)
-        return guided.transpose(0, 3, 1, 2)
+        guided = uncond + scale * (cond - uncond)
+        if spec.slg is not None and index is not None:
+            guided = guided + skip_layer_guidance(x, cond, t[:batch], index)
+        return jnp.where(scale > 1, guided, cond).transpose(0, 3, 1, 2)
+
+    def skip_layer_guidance(x, cond, t, index):
+        """diffusers' ``(cond - cond without the skipped blocks) * skip_layer_guidance_scale`` on the steps ``i``
+        with ``start * steps < i < stop * steps`` (and guidance over 1); zero on the others, whose extra
+        transformer call is not made (``lax.cond``)."""
+        import jax
+
+        layers, slg_scale, start, stop = spec.slg
+        active = (index > spec.steps * start) & (index < spec.steps * stop) & (scale > 1)
+        skipped = jax.lax.cond(active, lambda: transformer(x, conditioning.context, added["pooled"], t, layers),
+                               lambda: cond)
+        return (cond - skipped) * jnp.asarray(slg_scale, cond.dtype)
 
     return velocity
 
@@ -132,7 +150,8 @@ def velocity_model(pipeline: Any, params: dict, conditioning: Conditioning, guid
 def euler(pipeline: Any, params: dict, conditioning: Conditioning, start: Start, guidance, spec: Any, key=None):
     """The flow-matching Euler sampler (``FlowMatchEulerDiscreteScheduler.step``: ``x + (sigma_next - sigma) * v`` in
     float32) over the model's schedule (:func:`flow_sigmas`), in a ``lax.fori_loop``; the transformer sees each
-    step's timestep ``sigma * 1000`` (the scheduler's ``timesteps``). Returns the final latents, (batch, 16, h, w)."""
+    step's timestep ``sigma * 1000`` (the scheduler's ``timesteps``) and its index (skip-layer guidance's window).
+    Returns the final latents, (batch, 16, h, w)."""
     import jax
     import jax.numpy as jnp
 
@@ -143,7 +162,7 @@ def euler(pipeline: Any, params: dict, conditioning: Conditioning, start: Start,
     sigma = jnp.asarray(sigmas[:-1])
 
     def step(index, x):
-        v = velocity(x, sigma[index])
+        v = velocity(x, sigma[index], index)
         return (x.astype(jnp.float32) + steps_dt[index] * v.astype(jnp.float32)).astype(x.dtype)
 
     return jax.lax.fori_loop(0, spec.steps, step, latents)

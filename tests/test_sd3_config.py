@@ -1,0 +1,42 @@
+"""SD 3's settings as the config checks them before anything loads (config/families.py): its defaults, and each
+setting it cannot honour one line naming the key."""
+
+from __future__ import annotations
+
+import pytest
+
+from helpers.cli import assert_one_line_error, call_cli
+
+SD3 = ["model=tiny-random-sd3", "tracking=none"]
+
+
+@pytest.mark.parametrize(("overrides", "expected"), [
+    (["model=tiny-random", "sampling.slg_layers=[1]"],
+     "error: sampling.slg_layers: [1]: skip-layer guidance is SD 3.5's; tiny-random is not an SD 3 model (allowed: null)"),
+    ([*SD3, "sampling.slg_layers=[1,1]"], "error: sampling.slg_layers: [1, 1] (allowed: distinct transformer block"),
+    ([*SD3, "sampling.slg_layers=[1]", "sampling.slg_start=0.5", "sampling.slg_stop=0.2"],
+     "error: sampling.slg_start: 0.5..0.2 with scale 2.8 (allowed: 0 <= slg_start < slg_stop <= 1"),
+    ([*SD3, "sampling.slg_layers=[1]", "sampler=dpmpp_2m"],
+     "error: sampling.slg_layers: [1] with sampler dpmpp_2m and scheduler pndm: skip-layer guidance counts"),
+    ([*SD3, "prompts.syntax=a1111"], "error: prompts.syntax: a1111: A1111's emphasis and BREAK weigh the SD family's"),
+    ([*SD3, "prompts.clip_skip=2"], "error: prompts.clip_skip: 2: SD 3 reads its CLIP encoders' penultimate layer"),
+    ([*SD3, "prompts.max_sequence_length=600"],
+     "error: prompts.max_sequence_length: 600: Stable Diffusion 3 / 3.5's T5 reads at most 512 tokens (allowed: "
+     "1..512 (null: 256))"),
+    ([*SD3, "sampling.true_cfg_scale=4"], "error: sampling.true_cfg_scale: 4.0: tiny-random-sd3's classifier-free "
+                                          "guidance is sampling.guidance_scale (allowed: null)"),
+    ([*SD3, "mode=img2img"], "error: mode: img2img, but tiny-random-sd3 is a Stable Diffusion 3 / 3.5"),
+])
+def test_what_sd3_cannot_honour_is_one_line(tmp_path, overrides, expected):
+    assert_one_line_error(call_cli(*overrides, cwd=tmp_path), expected)
+
+
+def test_sd3_takes_diffusers_defaults(tmp_path):
+    result = call_cli(*SD3, "--cfg", "job", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    from sdjax_runner.config import families
+
+    entry = families.FAMILIES["sd3"]
+    assert (entry.steps, entry.guidance, entry.t5_tokens) == (28, 7.0, 256)  # StableDiffusion3Pipeline.__call__'s
+    assert families.planned(type("M", (), {"family": None, "builtin": "tiny-random-sd3",
+                                           "pretrained_model_name_or_path": None})()) is entry
