@@ -118,3 +118,13 @@ def test_skip_layer_guidance_beyond_the_transformers_blocks_is_one_line(tmp_path
     result = run_cli("+experiment=sd3_smoke", "sampling.slg_layers=[3]", "tracking=none",
                      f"paths.cache_dir={cache_dir}", cwd=tmp_path)
     assert_one_line_error(result, "error: sampling.slg_layers: [3]: tiny-random-sd3's transformer has 3 blocks (0..2)")
+
+
+def test_the_sharded_path_with_split_weights_gives_the_pmap_images_bit_for_bit(tmp_path, cache_dir):
+    quiet = ["tracking=none", "metrics.clip_score.enabled=false", f"paths.cache_dir={cache_dir}"]
+    for name, extra in (("pmap", []), ("sharded", ["parallelism=sharded", "parallelism.params=sharded"])):
+        result = run_cli("+experiment=sd3_smoke", *quiet, *extra, f"hydra.run.dir={name}", cwd=tmp_path)
+        assert result.returncode == 0, result.stderr[-3000:]
+    hashes = {name: [r["pixels_sha256"] for r in json.loads((tmp_path / name / "images.json").read_text())]
+              for name in ("pmap", "sharded")}
+    assert len(hashes["pmap"]) == 8 and hashes["pmap"] == hashes["sharded"]

@@ -78,6 +78,8 @@ def _sd3_values(config: Any) -> None:
     if prompts.clip_skip != 1:
         raise UserError("prompts.clip_skip", f"{prompts.clip_skip}: SD 3 reads its CLIP encoders' penultimate layer, "
                         "as diffusers does", "1")
+    if config.lora:
+        raise UserError("lora", f"{len(config.lora)} adapter(s): SD 3 LoRAs are not read yet", "[] (no adapters)")
     slg(config)
 
 
