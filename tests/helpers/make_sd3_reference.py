@@ -119,7 +119,12 @@ COMPONENT_SEEDS = dict(transformer=10, vae=11, text_encoder=12, text_encoder_2=1
 
 def build_pipeline(staging: Path):
     import torch
-    from diffusers import AutoencoderKL, FlowMatchEulerDiscreteScheduler, SD3Transformer2DModel, StableDiffusion3Pipeline
+    from diffusers import (
+        AutoencoderKL,
+        FlowMatchEulerDiscreteScheduler,
+        SD3Transformer2DModel,
+        StableDiffusion3Pipeline,
+    )
     from transformers import CLIPTextConfig, CLIPTextModelWithProjection, CLIPTokenizer, T5EncoderModel
 
     size = _builtin_tokenizer_code()["_write_tokenizer"](staging / "clip_tokenizer")
@@ -224,7 +229,15 @@ def main() -> None:
         "dual attention in blocks 0 and 1), torch seeds 0, 1, 2.\n"
         "* `transformers.npz`: the inputs (`hidden_states` NCHW, `encoder_hidden_states`, `pooled_projections`, "
         "`timestep`) and, per variant, its output with every block (`<variant>_all`) and with block 1 skipped "
-        "(`<variant>_skip`, diffusers' `skip_layers`), NCHW.\n")
+        "(`<variant>_skip`, diffusers' `skip_layers`), NCHW.\n"
+        "* `tiny-sd3/`: `StableDiffusion3Pipeline.save_pretrained` of a tiny random pipeline (SD 3.5 Medium's "
+        "transformer shape, CLIP-L and CLIP-G with projections, T5, the 16-channel VAE with SD 3's factors, "
+        "FlowMatchEulerDiscreteScheduler with shift 3), torch seeds 10-14.\n"
+        "* `pipeline.npz`: the runner's initial latents (`latents`: seed 0 on 2 devices, 32x32) and the pipeline's "
+        "images (NHWC, [0, 1]) for the prompt at 4 steps, guidance 5, 32 T5 tokens: `default_images`, "
+        "`negative_images` (negative prompt), `no_t5_images` (text_encoder_3=None), `slg_images` (skip-layer "
+        "guidance on block 1, stop 0.6), `no_cfg_images` (guidance 1); `encode_prompt`'s embeddings and the "
+        "scheduler's sigmas and timesteps.\n")
 
 
 if __name__ == "__main__":
