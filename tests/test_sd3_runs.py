@@ -110,6 +110,19 @@ def test_the_smoke_experiment_records_sd3s_settings_and_its_png_remakes_its_imag
     assert "not honoured: Shift: 3.0: the model's scheduler config sets it" in said
     again = json.loads((tmp_path / "from_png" / "images.json").read_text())[0]
     assert again["pixels_sha256"] == records[0]["pixels_sha256"]
+    rerun = run_cli(str(tmp_path / "run"), command="rerun", cwd=tmp_path)  # its recorded config names the cache
+    assert rerun.returncode == 0, rerun.stderr[-3000:]
+    assert "rerun: identical -- all 8 image(s) match" in rerun.stdout + rerun.stderr
+
+
+def test_a_flow_k_sampler_runs_on_sd3(tmp_path, cache_dir):
+    quiet = ["tracking=none", "metrics.clip_score.enabled=false", f"paths.cache_dir={cache_dir}"]
+    result = run_cli("+experiment=sd3_smoke", *quiet, "sampler=dpmpp_2m", "scheduler=karras", "hydra.run.dir=run",
+                     cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    records = json.loads((tmp_path / "run" / "images.json").read_text())
+    assert records[0]["sampler"] == "DPM++ 2M" and records[0]["schedule_type"] == "Karras"
+    assert np.asarray(Image.open(tmp_path / "run" / records[0]["file"])).std() > 0
 
 
 def test_skip_layer_guidance_beyond_the_transformers_blocks_is_one_line(tmp_path, cache_dir):
