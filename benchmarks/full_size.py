@@ -1,4 +1,4 @@
-"""Full-size Stable Diffusion and FLUX.1 on one accelerator: compile time, seconds per batch, images/s, MFU.
+"""Full-size Stable Diffusion, FLUX.1 and SD 3.5 on one accelerator: compile time, seconds per batch, images/s, MFU.
 
     python benchmarks/full_size.py --out docs/full_size.json
 
@@ -18,6 +18,10 @@ process; parts A and B share a fresh persistent compilation cache, so B's compil
      1024x1024, 28 flow-matching Euler steps, guidance 3.5, 512 T5 tokens, 1 image per batch (--flux-batches),
      attention default and cudnn_flash (--flux-attention); --skip-flux leaves it out. Needs ~40 GB of device
      memory (an H100 or H200).
+  H. SD 3.5 Large (model=sd3.5-large-arch: its exact shapes, random bf16 weights, ~28 GB built once), bf16,
+     1024x1024, 28 flow-matching Euler steps, guidance 3.5 (its model card's), 256 T5 tokens, 1 image per batch
+     (--sd3-batches), attention default and cudnn_flash (--sd3-attention); --skip-sd3 leaves it out. Needs ~40 GB
+     of device memory (an H100 or H200).
   F. (--xla-flag-sets) A's best configuration once per set of XLA flags, each in a new process
      (XLA reads its flags once per process), the first set usually '' (none) as the baseline, so the
      ratios are measured side by side in one call. E.g.:
@@ -63,12 +67,20 @@ def main() -> None:
     parser.add_argument("--flux-batches", type=int, nargs="+", default=[1])
     parser.add_argument("--flux-attention", nargs="+", default=["default", "cudnn_flash"])
     parser.add_argument("--flux-tokens", type=int, default=512, help="prompts.max_sequence_length of part G")
+    parser.add_argument("--skip-sd3", action="store_true")
+    parser.add_argument("--sd3-model", default="sd3.5-large-arch")
+    parser.add_argument("--sd3-size", type=int, default=1024)
+    parser.add_argument("--sd3-steps", type=int, default=28)
+    parser.add_argument("--sd3-batches", type=int, nargs="+", default=[1])
+    parser.add_argument("--sd3-attention", nargs="+", default=["default", "cudnn_flash"])
+    parser.add_argument("--sd3-tokens", type=int, default=256, help="prompts.max_sequence_length of part H")
     parser.add_argument("--profile", action="store_true", help="part E: where A's best configuration spends its time")
     parser.add_argument("--xla-flag-sets", nargs="+", default=[], metavar="FLAGS",
                         help="part F: A's best configuration under each set of XLA flags (space-separated, '' for none)")
     # For a dry run of the script itself on a CPU: --sd-model tiny-random --xl-model tiny-random-xl
     # --sd-size 64 --xl-size 64 --steps 2 --xl-steps 2 --attention default dot_product --batches 2
     # --flux-model tiny-random-flux --flux-size 32 --flux-steps 2 --flux-attention default --flux-tokens 16
+    # --sd3-model tiny-random-sd3 --sd3-size 32 --sd3-steps 2 --sd3-attention default --sd3-tokens 16
     parser.add_argument("--sd-model", default="sd-v1-arch")
     parser.add_argument("--xl-model", default="sdxl-arch")
     parser.add_argument("--sd-size", type=int, default=512)
@@ -131,6 +143,14 @@ def main() -> None:
                     "parallelism.per_device_batch_size=" + ",".join(map(str, args.flux_batches))]
             report["G_flux_dev_1024_28_steps"] = [point(j) for j in run_sweep(common + flux + cache, work / "g", env,
                                                                                  cwd=work)]
+        if not args.skip_sd3:
+            sd3 = [f"model={args.sd3_model}", f"sampling.height={args.sd3_size}", f"sampling.width={args.sd3_size}",
+                   f"sampling.num_inference_steps={args.sd3_steps}", "sampling.guidance_scale=3.5",
+                   f"prompts.max_sequence_length={args.sd3_tokens}",
+                   "performance.attention=" + ",".join(args.sd3_attention),
+                   "parallelism.per_device_batch_size=" + ",".join(map(str, args.sd3_batches))]
+            report["H_sd35_large_1024_28_steps"] = [point(j) for j in run_sweep(common + sd3 + cache, work / "h", env,
+                                                                                   cwd=work)]
     print(json.dumps(report, indent=1))
     if args.out:
         args.out.write_text(json.dumps(report, indent=1) + "\n")

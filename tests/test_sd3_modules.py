@@ -74,3 +74,28 @@ def test_configs_sd3_does_not_use_are_refused():
         FlaxSD3Transformer.from_config({"num_layers": 2, "dual_attention_layers": [2]})
     with pytest.raises(ValueError, match="unknown key"):
         FlaxSD3Transformer.from_config({"num_single_layers": 2})
+
+
+@pytest.mark.slow
+def test_the_sd35_large_architecture_has_diffusers_parameter_counts():
+    """The built-in sd3.5-large-arch (full-size benchmarks) against diffusers' and transformers' own PyTorch classes
+    built from stabilityai/stable-diffusion-3.5-large's configs on the meta device (counted in the reference
+    environment of tests/helpers/make_flux_reference.py): SD3Transformer2DModel 8,056,627,520 parameters plus its
+    89,653,248-value pos_embed buffer (a parameter here), CLIPTextModelWithProjection 123,650,304 (CLIP-L) and
+    694,659,840 (bigG), AutoencoderKL 83,819,683."""
+    from transformers import CLIPTextConfig, FlaxCLIPTextModelWithProjection
+
+    from sdjax_runner.models.builtin import SD3_SPECS
+    from sdjax_runner.models.checkpoints import param_shapes
+    from sdjax_runner.models.flux.autoencoder import FlaxFluxAutoencoderKL
+
+    def count(tree) -> int:
+        return sum(int(np.prod(leaf.shape)) for leaf in jax.tree_util.tree_leaves(tree))
+
+    spec = SD3_SPECS["sd3.5-large-arch"]
+    assert count(param_shapes(FlaxSD3Transformer.from_config(spec["transformer"]), "diffusers")) == \
+        8_056_627_520 + 89_653_248
+    for clip, expected in ((spec["clip"], 123_650_304), (spec["clip_2"], 694_659_840)):
+        model = FlaxCLIPTextModelWithProjection(CLIPTextConfig(max_position_embeddings=77, **clip), _do_init=False)
+        assert count(param_shapes(model, "transformers")) == expected
+    assert count(param_shapes(FlaxFluxAutoencoderKL.from_config(spec["vae"]), "diffusers")) == 83_819_683

@@ -128,7 +128,7 @@ FAMILIES = _registry(
     # diffusers' StableDiffusion3Pipeline defaults: 28 steps, guidance 7.0, 256 T5 tokens.
     FamilyEntry("sd3", "Stable Diffusion 3 / 3.5: CLIP-L, CLIP-G and T5 text encoders, an MMDiT, a 16-channel VAE",
                 ("StableDiffusion3Pipeline",), tiny="tiny-random-sd3", modes=("txt2img",),
-                builtins=("tiny-random-sd3",), steps=28, guidance=7.0, check=_sd3_values,
+                builtins=("tiny-random-sd3", "sd3.5-large-arch"), steps=28, guidance=7.0, check=_sd3_values,
                 sampling=samplers.resolve_flow, t5_tokens=256),
 )
 PIPELINES = {pipeline: entry.name for entry in FAMILIES.values() for pipeline in entry.pipelines}

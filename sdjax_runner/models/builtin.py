@@ -301,6 +301,25 @@ SD3_SPECS: dict[str, dict[str, Any]] = {
         save_dtype="float32",
     ),
 }
+# SD 3.5 Large's exact shapes (stabilityai/stable-diffusion-3.5-large's configs: an 8.06B-parameter MMDiT, CLIP-L,
+# OpenCLIP bigG's text tower with its projection, T5-XXL's encoder, SD 3's VAE), random weights in bfloat16
+# (about 28 GB written once): speed and memory on an accelerator with no hub (benchmarks/full_size.py, part H).
+SD3_SPECS["sd3.5-large-arch"] = dict(
+    SD3_SPECS["tiny-random-sd3"],
+    transformer=dict(sample_size=128, patch_size=2, in_channels=16, num_layers=38, attention_head_dim=64,
+                     num_attention_heads=38, joint_attention_dim=4096, caption_projection_dim=2432,
+                     pooled_projection_dim=2048, out_channels=16, pos_embed_max_size=192, dual_attention_layers=[],
+                     qk_norm="rms_norm"),
+    vae=dict(SD3_SPECS["tiny-random-sd3"]["vae"], block_out_channels=[128, 256, 512, 512], layers_per_block=2,
+             norm_num_groups=32, sample_size=1024),
+    clip=dict(CLIP_L, vocab_size=49408, projection_dim=768),
+    clip_2=dict(hidden_size=1280, intermediate_size=5120, num_hidden_layers=32, num_attention_heads=20,
+                hidden_act="gelu", projection_dim=1280, vocab_size=49408),
+    t5=FLUX_SPECS["flux-dev-arch"]["t5"],
+    # stabilityai/stable-diffusion-3.5-large's scheduler/scheduler_config.json
+    scheduler=dict(num_train_timesteps=1000, shift=3.0),
+    save_dtype="bfloat16",
+)
 _BUILT = tuple(SPECS) + tuple(CLIP_SPECS) + tuple(CONTROLNET_SPECS) + tuple(FLUX_SPECS) + tuple(SD3_SPECS)
 if _BUILT != BUILTIN_MODELS:  # config/schema.py names them
     raise RuntimeError(f"models/builtin.py builds {_BUILT}, config/schema.py lists {BUILTIN_MODELS}")
@@ -570,6 +589,7 @@ def _build_flux_into(directory: Path, spec: dict) -> None:
 def _build_sd3_into(directory: Path, spec: dict) -> None:
     """An SD 3 folder in diffusers' layout: model_index.json, each component's config and weights (the
     transformer's position table the sine-cosine one diffusers saves, not random)."""
+    import ml_dtypes
     import numpy as np
     from flax.serialization import to_bytes
     from transformers import CLIPTextConfig, FlaxCLIPTextModelWithProjection, FlaxT5EncoderModel, T5Config
@@ -584,15 +604,17 @@ def _build_sd3_into(directory: Path, spec: dict) -> None:
     _write_tokenizer(directory / "tokenizer_2")
     clip_size = len(_vocabulary()[0])
     t5_size = _write_t5_tokenizer(directory / "tokenizer_3")
-    dtype, draw = np.dtype(np.float32), "float64"
+    # Full-size builds are bfloat16, drawn in float32 (as FLUX.1's).
+    dtype = np.dtype(ml_dtypes.bfloat16) if spec["save_dtype"] == "bfloat16" else np.dtype(np.float32)
+    draw = "float64" if spec["save_dtype"] == "float32" else "float32"
     for number, (name, clip_spec) in enumerate((("text_encoder", spec["clip"]), ("text_encoder_2", spec["clip_2"]))):
-        clip_config = CLIPTextConfig(vocab_size=clip_size, max_position_embeddings=77, **clip_spec,
+        clip_config = CLIPTextConfig(**{"vocab_size": clip_size, "max_position_embeddings": 77, **clip_spec},
                                      bos_token_id=clip_size - 2, eos_token_id=clip_size - 1,
                                      pad_token_id=clip_size - 1)
         clip = FlaxCLIPTextModelWithProjection(clip_config, _do_init=False)
         clip.save_pretrained(directory / name,
                              params=_random_params(param_shapes(clip, "transformers"), SEED + 50 + number, dtype, draw))
-    t5 = FlaxT5EncoderModel(T5Config(vocab_size=t5_size, **spec["t5"], pad_token_id=0, eos_token_id=1,
+    t5 = FlaxT5EncoderModel(T5Config(**{"vocab_size": t5_size, **spec["t5"]}, pad_token_id=0, eos_token_id=1,
                                      decoder_start_token_id=0, is_encoder_decoder=False, use_cache=False),
                             _do_init=False)
     t5.save_pretrained(directory / "text_encoder_3",
