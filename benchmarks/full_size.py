@@ -135,22 +135,15 @@ def main() -> None:
                   "parallelism.per_device_batch_size=" + ",".join(map(str, args.xl_batches))]
             report["D_sdxl_1024_20_euler"] = [point(j) for j in run_sweep(common + xl + cache, work / "d", env,
                                                                              cwd=work)]
-        if not args.skip_flux:
-            flux = [f"model={args.flux_model}", f"sampling.height={args.flux_size}", f"sampling.width={args.flux_size}",
-                    f"sampling.num_inference_steps={args.flux_steps}", "sampling.guidance_scale=3.5",
-                    f"prompts.max_sequence_length={args.flux_tokens}",
-                    "performance.attention=" + ",".join(args.flux_attention),
-                    "parallelism.per_device_batch_size=" + ",".join(map(str, args.flux_batches))]
-            report["G_flux_dev_1024_28_steps"] = [point(j) for j in run_sweep(common + flux + cache, work / "g", env,
-                                                                                 cwd=work)]
-        if not args.skip_sd3:
-            sd3 = [f"model={args.sd3_model}", f"sampling.height={args.sd3_size}", f"sampling.width={args.sd3_size}",
-                   f"sampling.num_inference_steps={args.sd3_steps}", "sampling.guidance_scale=3.5",
-                   f"prompts.max_sequence_length={args.sd3_tokens}",
-                   "performance.attention=" + ",".join(args.sd3_attention),
-                   "parallelism.per_device_batch_size=" + ",".join(map(str, args.sd3_batches))]
-            report["H_sd35_large_1024_28_steps"] = [point(j) for j in run_sweep(common + sd3 + cache, work / "h", env,
-                                                                                   cwd=work)]
+        for part, name, prefix in (("g", "G_flux_dev_1024_28_steps", "flux"), ("h", "H_sd35_large_1024_28_steps", "sd3")):
+            if not getattr(args, f"skip_{prefix}"):  # guidance 3.5: FLUX.1 [dev]'s default, SD 3.5 Large's card's
+                flow = [f"model={getattr(args, f'{prefix}_model')}", f"sampling.height={getattr(args, f'{prefix}_size')}",
+                        f"sampling.width={getattr(args, f'{prefix}_size')}",
+                        f"sampling.num_inference_steps={getattr(args, f'{prefix}_steps')}", "sampling.guidance_scale=3.5",
+                        f"prompts.max_sequence_length={getattr(args, f'{prefix}_tokens')}",
+                        "performance.attention=" + ",".join(getattr(args, f"{prefix}_attention")),
+                        "parallelism.per_device_batch_size=" + ",".join(map(str, getattr(args, f"{prefix}_batches")))]
+                report[name] = [point(j) for j in run_sweep(common + flow + cache, work / part, env, cwd=work)]
     print(json.dumps(report, indent=1))
     if args.out:
         args.out.write_text(json.dumps(report, indent=1) + "\n")

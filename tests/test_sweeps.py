@@ -182,9 +182,14 @@ def test_compilation_cache_disabled_leaves_jax_without_one(monkeypatch):
     from sdjax_runner.engine import compile_cache
 
     monkeypatch.setattr(process.current(), "compile_cache", None)  # a process that has configured nothing yet
-    compile_cache.configure(OmegaConf.create({"enabled": False, "dir": "/unused", "min_compile_time_s": 0.0,
-                                             "max_size_gb": None}))
-    assert jax.config.jax_compilation_cache_dir is None
+    earlier = jax.config.jax_compilation_cache_dir  # an earlier test's in-process run may have set one: put back
+    jax.config.update("jax_compilation_cache_dir", None)
+    try:
+        compile_cache.configure(OmegaConf.create({"enabled": False, "dir": "/unused", "min_compile_time_s": 0.0,
+                                                 "max_size_gb": None}))
+        assert jax.config.jax_compilation_cache_dir is None
+    finally:
+        jax.config.update("jax_compilation_cache_dir", earlier)
 
 
 @pytest.mark.timeout(400)

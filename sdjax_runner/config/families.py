@@ -61,23 +61,22 @@ def _flux_values(config: Any) -> None:
     if true_cfg is not None and prompts.negative is None:
         raise UserError("sampling.true_cfg_scale", f"{true_cfg}: true classifier-free guidance needs a negative prompt",
                         "null, or with prompts.negative=TEXT")
+    read_as_written(config, "FLUX.1", "FLUX.1 reads CLIP's pooled output, which has no layer to skip to")
+
+
+def read_as_written(config: Any, family: str, why_no_clip_skip: str) -> None:
+    """A family that reads prompts as written (FLUX.1, SD 3): A1111's syntax and clip skip refused in one line."""
+    prompts = config.prompts
     if prompts.syntax.name != "plain":
         raise UserError("prompts.syntax", f"{prompts.syntax.name}: A1111's emphasis and BREAK weigh the SD family's "
-                        f"CLIP tokens; {config.model.name} (FLUX.1) reads prompts as written", "plain")
+                        f"CLIP tokens; {config.model.name} ({family}) reads prompts as written", "plain")
     if prompts.clip_skip != 1:
-        raise UserError("prompts.clip_skip", f"{prompts.clip_skip}: FLUX.1 reads CLIP's pooled output, which has "
-                        "no layer to skip to", "1")
+        raise UserError("prompts.clip_skip", f"{prompts.clip_skip}: {why_no_clip_skip}", "1")
 
 
 def _sd3_values(config: Any) -> None:
     """Settings SD 3 has no use for (yet), each refused in one line rather than ignored."""
-    prompts = config.prompts
-    if prompts.syntax.name != "plain":
-        raise UserError("prompts.syntax", f"{prompts.syntax.name}: A1111's emphasis and BREAK weigh the SD family's "
-                        f"CLIP tokens; {config.model.name} (SD 3) reads prompts as written", "plain")
-    if prompts.clip_skip != 1:
-        raise UserError("prompts.clip_skip", f"{prompts.clip_skip}: SD 3 reads its CLIP encoders' penultimate layer, "
-                        "as diffusers does", "1")
+    read_as_written(config, "SD 3", "SD 3 reads its CLIP encoders' penultimate layer, as diffusers does")
     if config.lora:
         raise UserError("lora", f"{len(config.lora)} adapter(s): SD 3 LoRAs are not read yet", "[] (no adapters)")
     slg(config)

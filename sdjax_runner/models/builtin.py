@@ -536,12 +536,48 @@ def _write_t5_tokenizer(directory: Path) -> int:
     return len(pieces)
 
 
-def _build_flux_into(directory: Path, spec: dict) -> None:
-    """A FLUX.1 folder in diffusers' layout: model_index.json, each component's config and weights."""
+def _save_own(directory: Path, name: str, class_name: str, config: dict, params: Any) -> None:
+    """One of the runner's own modules as diffusers' layout holds a Flax component: config.json and weights."""
+    from flax.serialization import to_bytes
+
+    (directory / name).mkdir()
+    config = {"_class_name": class_name, "_diffusers_version": "0.39.0", **config}
+    (directory / name / "config.json").write_text(json.dumps(config, indent=2), encoding="utf-8")
+    (directory / name / "diffusion_flax_model.msgpack").write_bytes(to_bytes(params))
+
+
+def _save_flow_scheduler(directory: Path, config: dict) -> None:
+    (directory / "scheduler").mkdir()
+    scheduler = {"_class_name": "FlowMatchEulerDiscreteScheduler", "_diffusers_version": "0.39.0", **config}
+    (directory / "scheduler" / "scheduler_config.json").write_text(json.dumps(scheduler, indent=2), encoding="utf-8")
+
+
+def _save_t5(directory: Path, name: str, config: dict, vocab_size: int, seed: int, dtype: Any, draw: str) -> None:
+    """A T5 encoder (transformers' Flax class) with random weights, as a FLUX.1 or SD 3 folder holds it."""
+    from transformers import FlaxT5EncoderModel, T5Config
+
+    from sdjax_runner.models.checkpoints import param_shapes
+
+    t5 = FlaxT5EncoderModel(T5Config(**{"vocab_size": vocab_size, **config}, pad_token_id=0, eos_token_id=1,
+                                     decoder_start_token_id=0, is_encoder_decoder=False, use_cache=False),
+                            _do_init=False)
+    t5.save_pretrained(directory / name, params=_random_params(param_shapes(t5, "transformers"), seed, dtype, draw))
+
+
+def _saved_dtypes(spec: dict) -> tuple[Any, str]:
+    """(the weights' dtype, the dtype they are drawn in): full-size builds are bfloat16, drawn in float32 (a
+    float64 draw of 17B numbers would take twice the memory); the tiny ones float32 drawn in float64."""
     import ml_dtypes
     import numpy as np
-    from flax.serialization import to_bytes
-    from transformers import CLIPTextConfig, CLIPTokenizer, FlaxCLIPTextModel, FlaxT5EncoderModel, T5Config
+
+    if spec["save_dtype"] == "bfloat16":
+        return np.dtype(ml_dtypes.bfloat16), "float32"
+    return np.dtype(np.float32), "float64"
+
+
+def _build_flux_into(directory: Path, spec: dict) -> None:
+    """A FLUX.1 folder in diffusers' layout: model_index.json, each component's config and weights."""
+    from transformers import CLIPTextConfig, CLIPTokenizer, FlaxCLIPTextModel
 
     from sdjax_runner.models.checkpoints import param_shapes
     from sdjax_runner.models.flux.autoencoder import FlaxFluxAutoencoderKL
@@ -552,31 +588,20 @@ def _build_flux_into(directory: Path, spec: dict) -> None:
     _write_tokenizer(directory / "tokenizer")
     clip_size = len(_vocabulary()[0])
     t5_size = _write_t5_tokenizer(directory / "tokenizer_2")
-    # Full-size builds are bfloat16, drawn in float32 (a float64 draw of 17B numbers would take twice the memory).
-    dtype = np.dtype(ml_dtypes.bfloat16) if spec["save_dtype"] == "bfloat16" else np.dtype(np.float32)
-    draw = "float64" if spec["save_dtype"] == "float32" else "float32"
+    dtype, draw = _saved_dtypes(spec)
     clip_config = {"vocab_size": clip_size, "max_position_embeddings": 77, **spec["clip"]}
     clip = FlaxCLIPTextModel(CLIPTextConfig(**clip_config, bos_token_id=clip_size - 2, eos_token_id=clip_size - 1,
                                             pad_token_id=clip_size - 1), _do_init=False)
     clip.save_pretrained(directory / "text_encoder",
                          params=_random_params(param_shapes(clip, "transformers"), SEED + 40, dtype, draw))
-    t5_config = {"vocab_size": t5_size, **spec["t5"]}
-    t5 = FlaxT5EncoderModel(T5Config(**t5_config, pad_token_id=0, eos_token_id=1, decoder_start_token_id=0,
-                                     is_encoder_decoder=False, use_cache=False), _do_init=False)
-    t5.save_pretrained(directory / "text_encoder_2",
-                       params=_random_params(param_shapes(t5, "transformers"), SEED + 41, dtype, draw))
+    _save_t5(directory, "text_encoder_2", spec["t5"], t5_size, SEED + 41, dtype, draw)
     own: tuple[tuple[str, Any, str], ...] = (("transformer", FlaxFluxTransformer, "FluxTransformer2DModel"),
                                              ("vae", FlaxFluxAutoencoderKL, "AutoencoderKL"))
     for number, (name, cls, class_name) in enumerate(own):
         module = cls.from_config(spec[name])
-        (directory / name).mkdir()
-        config = {"_class_name": class_name, "_diffusers_version": "0.39.0", **spec[name]}
-        (directory / name / "config.json").write_text(json.dumps(config, indent=2), encoding="utf-8")
-        (directory / name / "diffusion_flax_model.msgpack").write_bytes(
-            to_bytes(_random_params(param_shapes(module, "diffusers"), SEED + 42 + number, dtype, draw)))
-    (directory / "scheduler").mkdir()
-    scheduler = {"_class_name": "FlowMatchEulerDiscreteScheduler", "_diffusers_version": "0.39.0", **spec["scheduler"]}
-    (directory / "scheduler" / "scheduler_config.json").write_text(json.dumps(scheduler, indent=2), encoding="utf-8")
+        _save_own(directory, name, class_name, spec[name],
+                  _random_params(param_shapes(module, "diffusers"), SEED + 42 + number, dtype, draw))
+    _save_flow_scheduler(directory, spec["scheduler"])
     index = {"_class_name": "FluxPipeline", "_diffusers_version": "0.39.0",
              "scheduler": ["diffusers", "FlowMatchEulerDiscreteScheduler"],
              "text_encoder": ["transformers", "CLIPTextModel"], "text_encoder_2": ["transformers", "T5EncoderModel"],
@@ -589,10 +614,7 @@ def _build_flux_into(directory: Path, spec: dict) -> None:
 def _build_sd3_into(directory: Path, spec: dict) -> None:
     """An SD 3 folder in diffusers' layout: model_index.json, each component's config and weights (the
     transformer's position table the sine-cosine one diffusers saves, not random)."""
-    import ml_dtypes
-    import numpy as np
-    from flax.serialization import to_bytes
-    from transformers import CLIPTextConfig, FlaxCLIPTextModelWithProjection, FlaxT5EncoderModel, T5Config
+    from transformers import CLIPTextConfig, FlaxCLIPTextModelWithProjection
 
     from sdjax_runner.models.checkpoints import param_shapes
     from sdjax_runner.models.flux.autoencoder import FlaxFluxAutoencoderKL
@@ -604,9 +626,7 @@ def _build_sd3_into(directory: Path, spec: dict) -> None:
     _write_tokenizer(directory / "tokenizer_2")
     clip_size = len(_vocabulary()[0])
     t5_size = _write_t5_tokenizer(directory / "tokenizer_3")
-    # Full-size builds are bfloat16, drawn in float32 (as FLUX.1's).
-    dtype = np.dtype(ml_dtypes.bfloat16) if spec["save_dtype"] == "bfloat16" else np.dtype(np.float32)
-    draw = "float64" if spec["save_dtype"] == "float32" else "float32"
+    dtype, draw = _saved_dtypes(spec)
     for number, (name, clip_spec) in enumerate((("text_encoder", spec["clip"]), ("text_encoder_2", spec["clip_2"]))):
         clip_config = CLIPTextConfig(**{"vocab_size": clip_size, "max_position_embeddings": 77, **clip_spec},
                                      bos_token_id=clip_size - 2, eos_token_id=clip_size - 1,
@@ -614,11 +634,7 @@ def _build_sd3_into(directory: Path, spec: dict) -> None:
         clip = FlaxCLIPTextModelWithProjection(clip_config, _do_init=False)
         clip.save_pretrained(directory / name,
                              params=_random_params(param_shapes(clip, "transformers"), SEED + 50 + number, dtype, draw))
-    t5 = FlaxT5EncoderModel(T5Config(**{"vocab_size": t5_size, **spec["t5"]}, pad_token_id=0, eos_token_id=1,
-                                     decoder_start_token_id=0, is_encoder_decoder=False, use_cache=False),
-                            _do_init=False)
-    t5.save_pretrained(directory / "text_encoder_3",
-                       params=_random_params(param_shapes(t5, "transformers"), SEED + 52, dtype, draw))
+    _save_t5(directory, "text_encoder_3", spec["t5"], t5_size, SEED + 52, dtype, draw)
     own: tuple[tuple[str, Any, str], ...] = (("transformer", FlaxSD3Transformer, "SD3Transformer2DModel"),
                                              ("vae", FlaxFluxAutoencoderKL, "AutoencoderKL"))
     for number, (name, cls, class_name) in enumerate(own):
@@ -626,14 +642,9 @@ def _build_sd3_into(directory: Path, spec: dict) -> None:
         tables = {("pos_embed", "pos_embed"): sincos_table(module.inner_dim, module.pos_embed_max_size,
                                                            module.sample_size // module.patch_size)
                   } if name == "transformer" else None
-        params = _random_params(param_shapes(module, "diffusers"), SEED + 53 + number, dtype, draw, tables)
-        (directory / name).mkdir()
-        config = {"_class_name": class_name, "_diffusers_version": "0.39.0", **spec[name]}
-        (directory / name / "config.json").write_text(json.dumps(config, indent=2), encoding="utf-8")
-        (directory / name / "diffusion_flax_model.msgpack").write_bytes(to_bytes(params))
-    (directory / "scheduler").mkdir()
-    scheduler = {"_class_name": "FlowMatchEulerDiscreteScheduler", "_diffusers_version": "0.39.0", **spec["scheduler"]}
-    (directory / "scheduler" / "scheduler_config.json").write_text(json.dumps(scheduler, indent=2), encoding="utf-8")
+        _save_own(directory, name, class_name, spec[name],
+                  _random_params(param_shapes(module, "diffusers"), SEED + 53 + number, dtype, draw, tables))
+    _save_flow_scheduler(directory, spec["scheduler"])
     index = {"_class_name": "StableDiffusion3Pipeline", "_diffusers_version": "0.39.0",
              "scheduler": ["diffusers", "FlowMatchEulerDiscreteScheduler"],
              "text_encoder": ["transformers", "CLIPTextModelWithProjection"],

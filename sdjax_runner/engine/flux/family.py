@@ -19,7 +19,10 @@ ATTENTION = {"default": None, "dot_product": None, "cudnn_flash": "cudnn"}
 
 class FluxTokens:
     """Prompt texts -> ids ``(batch, 77 + max_sequence_length)``: CLIP's then T5's (stages.prompt_ids). Prompts
-    are read as written (config/families.py refuses A1111's syntax for FLUX.1): no chunks, no weights."""
+    are read as written (config/families.py refuses A1111's syntax for FLUX.1): no chunks, no weights. Another
+    family whose prompts are read as written sets its own ``prompt_ids`` (SD 3: engine/sd3/family.py)."""
+
+    prompt_ids = staticmethod(stages.prompt_ids)  # (pipeline, texts, T5 length) -> ids
 
     def __init__(self, pipeline: Any, plan: Any):
         self.pipeline, self.length = pipeline, plan.max_sequence_length
@@ -31,7 +34,7 @@ class FluxTokens:
         return 0
 
     def __call__(self, texts: list[str], count: int) -> tuple[np.ndarray, Optional[np.ndarray]]:
-        return stages.prompt_ids(self.pipeline, list(texts), self.length), None
+        return self.prompt_ids(self.pipeline, list(texts), self.length), None
 
 
 def check_loaded(plan: Any, loaded: Any) -> None:

@@ -8,29 +8,17 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Optional
 
-import numpy as np
-
-from sdjax_runner.engine.flux.family import ATTENTION
+from sdjax_runner.engine.flux.family import ATTENTION, FluxTokens
 from sdjax_runner.engine.sd3 import stages
 from sdjax_runner.errors import UserError
 from sdjax_runner.models.checkpoints import config_dict
 
 
-class SD3Tokens:
-    """Prompt texts -> ids ``(batch, 77 + 77 [+ max_sequence_length])`` (stages.prompt_ids). Prompts are read as
-    written (config/families.py refuses A1111's syntax for SD 3): no chunks, no weights."""
+class SD3Tokens(FluxTokens):
+    """Prompt texts -> ids ``(batch, 77 + 77 [+ max_sequence_length])`` (stages.prompt_ids), read as written as
+    FLUX.1's are (config/families.py refuses A1111's syntax for SD 3)."""
 
-    def __init__(self, pipeline: Any, plan: Any):
-        self.pipeline, self.length = pipeline, plan.max_sequence_length
-
-    def chunk_count(self, texts) -> int:
-        return 0
-
-    def chunks_of(self, text: str) -> int:
-        return 0
-
-    def __call__(self, texts: list[str], count: int) -> tuple[np.ndarray, Optional[np.ndarray]]:
-        return stages.prompt_ids(self.pipeline, list(texts), self.length), None
+    prompt_ids = staticmethod(stages.prompt_ids)
 
 
 def check_loaded(plan: Any, loaded: Any) -> None:

@@ -14,15 +14,14 @@ with ``(z - shift_factor) * scaling_factor`` (:func:`from_vae_latents`).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any, Optional
+from typing import Any, ClassVar, Optional
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 from diffusers.models.vae_flax import FlaxDecoder, FlaxDiagonalGaussianDistribution, FlaxEncoder
 
-from sdjax_runner.models.flux import config_fields
+from sdjax_runner.models.flux import FromDiffusersConfig
 
 # The keys of diffusers' AutoencoderKL config.json; the values are FLUX.1's (black-forest-labs/FLUX.1-dev vae/).
 CONFIG_DEFAULTS: dict[str, Any] = {
@@ -61,7 +60,7 @@ def from_vae_latents(z: jax.Array, scaling_factor: float, shift_factor: float) -
     return (z - shift_factor) * scaling_factor
 
 
-class FlaxFluxAutoencoderKL(nn.Module):
+class FlaxFluxAutoencoderKL(FromDiffusersConfig, nn.Module):
     """FLUX.1's VAE: diffusers' ``AutoencoderKL`` with ``use_quant_conv=False, use_post_quant_conv=False`` (16
     latent channels). The fields up to ``mid_block_add_attention`` are diffusers' config.json keys (build it with
     :meth:`from_config`; ``scaling_factor``, ``shift_factor``, ``latents_mean/std``, ``sample_size`` and
@@ -98,18 +97,9 @@ class FlaxFluxAutoencoderKL(nn.Module):
     mid_block_add_attention: bool = True
     dtype: Any = jnp.float32
 
-    @classmethod
-    def from_config(cls, config: Mapping[str, Any], **kwargs: Any) -> FlaxFluxAutoencoderKL:
-        """The module for diffusers' VAE ``config.json`` (a dict): its keys as fields (``_``-prefixed keys are
-        ignored, other unknown keys refused); ``kwargs`` set ``dtype``. ValueError for a config it cannot run."""
-        module = cls(**config_fields(config, CONFIG_DEFAULTS, "FLUX VAE", _TUPLES), **kwargs)
-        module.check()
-        return module
-
-    @property
-    def config(self) -> dict[str, Any]:
-        """The config.json keys and their values (what :meth:`from_config` reads)."""
-        return {k: getattr(self, k) for k in CONFIG_DEFAULTS}
+    CONFIG_DEFAULTS: ClassVar[dict[str, Any]] = CONFIG_DEFAULTS
+    CONFIG_WHAT: ClassVar[str] = "FLUX VAE"
+    CONFIG_TUPLES: ClassVar[tuple[str, ...]] = _TUPLES
 
     def check(self) -> None:
         """ValueError for an AutoencoderKL config this module does not run (see the class docstring)."""

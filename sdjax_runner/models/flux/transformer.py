@@ -29,15 +29,15 @@ computes them in float32 here (float64 is off in JAX by default): the tables dif
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping
-from typing import Any, Optional
+from collections.abc import Callable
+from typing import Any, ClassVar, Optional
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from sdjax_runner.models.flux import config_fields
+from sdjax_runner.models.flux import FromDiffusersConfig
 
 # The keys of diffusers' FluxTransformer2DModel config.json (its __init__ arguments) and their defaults there.
 CONFIG_DEFAULTS: dict[str, Any] = {
@@ -386,7 +386,7 @@ class FluxSingleTransformerBlock(nn.Module):
 # -- the model ------------------------------------------------------------------------------------------------------
 
 
-class FlaxFluxTransformer(nn.Module):
+class FlaxFluxTransformer(FromDiffusersConfig, nn.Module):
     """FLUX.1's transformer: diffusers' ``FluxTransformer2DModel`` (dev: ``guidance_embeds=True``; schnell:
     ``False``) in flax.linen. The fields up to ``axes_dims_rope`` are diffusers' config.json keys (build it from a
     config with :meth:`from_config`); ``dtype`` is the activations' dtype, ``param_dtype`` the parameters' at
@@ -420,19 +420,9 @@ class FlaxFluxTransformer(nn.Module):
     # time -- and both placements compute the same numbers.
     gather_blocks: Optional[Callable[[str, Any], Any]] = None
 
-    @classmethod
-    def from_config(cls, config: Mapping[str, Any], **kwargs: Any) -> FlaxFluxTransformer:
-        """The module for diffusers' transformer ``config.json`` (a dict): its keys as fields (``_``-prefixed
-        keys, diffusers' bookkeeping, are ignored; any other unknown key is refused: it could change the
-        model); ``kwargs`` set ``dtype``, ``param_dtype``, ``attention_implementation``."""
-        module = cls(**config_fields(config, CONFIG_DEFAULTS, "FLUX transformer", ("axes_dims_rope",)), **kwargs)
-        module.check()
-        return module
-
-    @property
-    def config(self) -> dict[str, Any]:
-        """The config.json keys and their values (what :meth:`from_config` reads)."""
-        return {k: getattr(self, k) for k in CONFIG_DEFAULTS}
+    CONFIG_DEFAULTS: ClassVar[dict[str, Any]] = CONFIG_DEFAULTS
+    CONFIG_WHAT: ClassVar[str] = "FLUX transformer"
+    CONFIG_TUPLES: ClassVar[tuple[str, ...]] = ("axes_dims_rope",)
 
     @property
     def inner_dim(self) -> int:

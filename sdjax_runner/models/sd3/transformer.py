@@ -25,15 +25,15 @@ Numerics follow models/flux/transformer.py: norms, the softmax and the sinusoids
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
-from typing import Any, Optional
+from collections.abc import Sequence
+from typing import Any, ClassVar, Optional
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from sdjax_runner.models.flux import config_fields
+from sdjax_runner.models.flux import FromDiffusersConfig
 from sdjax_runner.models.flux.transformer import (
     AdaLayerNormContinuous,
     AdaLayerNormZero,
@@ -220,7 +220,7 @@ class JointTransformerBlock(nn.Module):
         return context, x
 
 
-class FlaxSD3Transformer(nn.Module):
+class FlaxSD3Transformer(FromDiffusersConfig, nn.Module):
     """SD 3 / 3.5's transformer: diffusers' ``SD3Transformer2DModel`` in flax.linen. The fields up to ``qk_norm``
     are diffusers' config.json keys (build it from a config with :meth:`from_config`); ``dtype`` is the
     activations' dtype, ``param_dtype`` the parameters' at initialisation.
@@ -248,17 +248,9 @@ class FlaxSD3Transformer(nn.Module):
     param_dtype: Any = jnp.float32
     attention_implementation: Optional[str] = None
 
-    @classmethod
-    def from_config(cls, config: Mapping[str, Any], **kwargs: Any) -> FlaxSD3Transformer:
-        """The module for diffusers' transformer ``config.json`` (a dict); unknown keys refused (ValueError)."""
-        module = cls(**config_fields(config, CONFIG_DEFAULTS, "SD3 transformer", ("dual_attention_layers",)),
-                     **kwargs)
-        module.check()
-        return module
-
-    @property
-    def config(self) -> dict[str, Any]:
-        return {k: getattr(self, k) for k in CONFIG_DEFAULTS}
+    CONFIG_DEFAULTS: ClassVar[dict[str, Any]] = CONFIG_DEFAULTS
+    CONFIG_WHAT: ClassVar[str] = "SD3 transformer"
+    CONFIG_TUPLES: ClassVar[tuple[str, ...]] = ("dual_attention_layers",)
 
     @property
     def inner_dim(self) -> int:
