@@ -151,11 +151,11 @@ REFUSED = {
     "T5 too long": (["prompts.max_sequence_length=513"], "error: prompts.max_sequence_length: 513: FLUX.1's T5 "
                     "reads at most 512 tokens (allowed: 1..512"),
     "img2img": (["mode=img2img", "init_image=x.png"], "error: mode: img2img, but tiny-random-flux is a FLUX.1"),
-    "an SDE sampler": (["sampler=dpmpp_2m_sde"], "error: sampler: dpmpp_2m_sde: FLUX.1 runs euler, heun, dpmpp_2m"),
-    "an SD scheduler": (["scheduler=ddim"], "error: scheduler: ddim: FLUX.1 steps with its own flow_match_euler"),
+    "an SDE sampler": (["sampler=dpmpp_2m_sde"], "error: sampler: dpmpp_2m_sde: the flow models (FLUX.1, SD 3) run euler, heun, dpmpp_2m"),
+    "an SD scheduler": (["scheduler=ddim"], "error: scheduler: ddim: the flow models (FLUX.1, SD 3) step with their own flow_match_euler"),
     "clip skip": (["prompts.clip_skip=2"], "error: prompts.clip_skip: 2: FLUX.1 reads CLIP's pooled output"),
-    "eta": (["sampling.eta=0.5"], "error: sampling.eta: FLUX.1's samplers add no noise"),
-    "unknown family": (["model.family=sd3"], "error: model.family: unknown model family 'sd3' (allowed: sd, flux)"),
+    "eta": (["sampling.eta=0.5"], "error: sampling.eta: the flow models' samplers (FLUX.1, SD 3) add no noise"),
+    "unknown family": (["model.family=sd4"], "error: model.family: unknown model family 'sd4' (allowed: sd, flux, sd3)"),
 }
 
 

@@ -95,8 +95,8 @@ def test_euler_without_a_schedule_is_diffusers_and_with_one_comfyuis():
 
 
 @pytest.mark.parametrize("overrides,expected", [
-    (["sampler=euler_ancestral"], "error: sampler: euler_ancestral: FLUX.1 runs euler, heun, dpmpp_2m, lms"),
-    (["sampler=heun", "scheduler=ddim"], "error: scheduler: ddim: FLUX.1 steps with its own flow_match_euler"),
+    (["sampler=euler_ancestral"], "error: sampler: euler_ancestral: the flow models (FLUX.1, SD 3) run euler, heun, dpmpp_2m, lms"),
+    (["sampler=heun", "scheduler=ddim"], "error: scheduler: ddim: the flow models (FLUX.1, SD 3) step with their own flow_match_euler"),
     (["sampler=DPM++ 2M Karras", "scheduler=simple"], "error: scheduler: simple, but sampler=DPM++ 2M Karras names "
      "the karras schedule"),
 ])

@@ -214,19 +214,20 @@ FLOW_DEFAULT_SCHEDULE = "simple"
 
 def resolve_flow(sampler: Optional[str], scheduler: str, steps: Optional[int] = None,
                  eta: Optional[float] = None) -> Sampling:
-    """What runs for FLUX.1: with ``sampler`` null, or euler and no schedule, the flow-matching Euler on the model's
-    own schedule (diffusers' FluxPipeline); a k sampler of :data:`FLOW_K_SAMPLERS` on a ComfyUI schedule (from
+    """What runs for a flow model (FLUX.1, SD 3): with ``sampler`` null, or euler and no schedule, the flow-matching
+    Euler on the model's own schedule (diffusers' FluxPipeline / StableDiffusion3Pipeline); a k sampler of :data:`FLOW_K_SAMPLERS` on a ComfyUI schedule (from
     ``scheduler``, the name's suffix, else simple); anything else refused in one line."""
     if eta is not None:
-        raise UserError("sampling.eta", "FLUX.1's samplers add no noise: eta would change nothing", "null")
+        raise UserError("sampling.eta", "the flow models' samplers (FLUX.1, SD 3) add no noise: eta would change "
+                        "nothing", "null")
     if scheduler not in FLOW_SCHEDULER_NAMES + FLOW_SCHEDULES:
-        raise UserError("scheduler", f"{scheduler}: FLUX.1 steps with its own {FLOW_SCHEDULER} (diffusers' "
+        raise UserError("scheduler", f"{scheduler}: the flow models (FLUX.1, SD 3) step with their own {FLOW_SCHEDULER} (diffusers' "
                         "FlowMatchEulerDiscreteScheduler, as its folder's scheduler/ says) or a k sampler on one of "
                         "ComfyUI's schedules", ", ".join((FLOW_SCHEDULER, *FLOW_SCHEDULES)))
     schedule = scheduler if scheduler in FLOW_SCHEDULES else None
     found, carried = lookup(str(sampler)) if sampler is not None else ("euler", None)
     if found not in FLOW_K_SAMPLERS:
-        raise UserError("sampler", f"{sampler}: FLUX.1 runs {', '.join(FLOW_K_SAMPLERS)} (ComfyUI's flow-model "
+        raise UserError("sampler", f"{sampler}: the flow models (FLUX.1, SD 3) run {', '.join(FLOW_K_SAMPLERS)} (ComfyUI's flow-model "
                         "sampling)", ", ".join(FLOW_K_SAMPLERS) + ", or null")
     if carried and schedule and carried != schedule:
         raise UserError("scheduler", f"{scheduler}, but sampler={sampler} names the {carried} schedule",

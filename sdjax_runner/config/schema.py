@@ -192,9 +192,9 @@ class SamplingConfig:
     # to the guided prediction (one more transformer call on those steps; only with guidance over 1, as diffusers).
     # null: none. The layers shape the program; SD 3 only, with sampler euler (the schedule's own steps).
     slg_layers: Optional[List[int]] = None
-    slg_scale: float = 2.8
-    slg_start: float = 0.01
-    slg_stop: float = 0.2
+    slg_scale: float = 2.8  # skip-layer guidance's weight (diffusers' skip_layer_guidance_scale)
+    slg_start: float = 0.01  # the first fraction of the steps without it (skip_layer_guidance_start)
+    slg_stop: float = 0.2  # the fraction of the steps from which it stops (skip_layer_guidance_stop)
     height: Optional[int] = None  # pixels, a multiple of 8 (null: the model's native size)
     width: Optional[int] = None  # pixels, a multiple of 8 (null: the model's native size)
     # The noise of DDIM and of the ancestral/SDE samplers (A1111's "Eta for DDIM" / "Eta for ancestral
