@@ -141,3 +141,18 @@ def test_the_sharded_path_with_split_weights_gives_the_pmap_images_bit_for_bit(t
     hashes = {name: [r["pixels_sha256"] for r in json.loads((tmp_path / name / "images.json").read_text())]
               for name in ("pmap", "sharded")}
     assert len(hashes["pmap"]) == 8 and hashes["pmap"] == hashes["sharded"]
+
+
+def test_a_single_file_transformer_in_stabilitys_layout_loads_onto_its_base(tmp_path, reference):
+    # tiny-sd3's transformer in sd3.5_medium.safetensors' layout (model.diffusion_model.joint_blocks.*, a CLIP
+    # tensor beside it), which diffusers' own from_single_file loads back to the same weights.
+    from sdjax_runner.config.weight_files import open_checkpoint
+
+    single = FIXTURES / "tiny-sd3-transformer.safetensors"
+    assert open_checkpoint(single).architecture == "sd3.5-medium"
+    result = run_cli(*local(FIXTURES / "tiny-sd3"), f"model.checkpoint={single}", *RUN, "sampling.guidance_scale=5",
+                     "hydra.run.dir=run", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert float(np.abs(images(tmp_path / "run") - reference["default_images"]).max()) <= TOLERANCE
+    records = json.loads((tmp_path / "run" / "images.json").read_text())
+    assert records[0]["checkpoint"].startswith("tiny-sd3-transformer.safetensors:sha256=")

@@ -17,11 +17,14 @@ KEY = "model.checkpoint"
 # The base model for each architecture when none is given: configs, tokenizers and scheduler only.
 BASES = {"sd1": "stable-diffusion-v1-5/stable-diffusion-v1-5", "sd2": "stabilityai/stable-diffusion-2-1",
          "sdxl": "stabilityai/stable-diffusion-xl-base-1.0", "flux-dev": "black-forest-labs/FLUX.1-dev",
-         "flux-schnell": "black-forest-labs/FLUX.1-schnell"}
+         "flux-schnell": "black-forest-labs/FLUX.1-schnell", "sd3": "stabilityai/stable-diffusion-3-medium-diffusers",
+         "sd3.5-large": "stabilityai/stable-diffusion-3.5-large", "sd3.5-medium": "stabilityai/stable-diffusion-3.5-medium"}
 ARCHITECTURES = {"sd1": "SD 1.x", "sd2": "SD 2.x", "sdxl": "SDXL", "flux-dev": "FLUX.1 [dev]",
-                 "flux-schnell": "FLUX.1 [schnell]"}
+                 "flux-schnell": "FLUX.1 [schnell]", "sd3": "SD 3", "sd3.5-large": "SD 3.5 Large",
+                 "sd3.5-medium": "SD 3.5 Medium"}
 # The model family (config/families.py) of each architecture.
-FAMILY_OF = {"sd1": "sd", "sd2": "sd", "sdxl": "sd", "flux-dev": "flux", "flux-schnell": "flux"}
+FAMILY_OF = {"sd1": "sd", "sd2": "sd", "sdxl": "sd", "flux-dev": "flux", "flux-schnell": "flux", "sd3": "sd3",
+             "sd3.5-large": "sd3", "sd3.5-medium": "sd3"}
 # A FLUX.1 transformer in Black Forest Labs' own layout (flux1-dev.safetensors; ComfyUI's saves add
 # model.diffusion_model.): its double- and single-stream blocks by their original names.
 FLUX_PREFIXES = ("", "model.diffusion_model.")
@@ -50,7 +53,7 @@ def lora_header(path: Path, key: str) -> None:
 @dataclass(frozen=True)
 class Checkpoint:
     path: Path
-    architecture: str  # "sd1", "sd2" or "sdxl"
+    architecture: str  # "sd1", "sd2", "sdxl", "flux-dev", "flux-schnell", "sd3", "sd3.5-large", "sd3.5-medium"
     keys: tuple[str, ...]
     # From the base model's configs (see on_base): how LDM's flat layer numbers map to diffusers' blocks.
     layers_per_block: int = 2
@@ -79,10 +82,22 @@ def flux_architecture(keys) -> str | None:
     return None
 
 
+def sd3_architecture(keys) -> str | None:
+    """"sd3.5-medium" (dual attention: x_block.attn2), "sd3.5-large" (q/k norms: ln_q) or "sd3" for an SD 3 MMDiT
+    in Stability AI's layout (sd3.5_large.safetensors: model.diffusion_model.joint_blocks.*; the text encoders
+    inside or not), else None. SD 3.5 Large Turbo has Large's keys (and base)."""
+    inner = {k.removeprefix("model.diffusion_model.") for k in keys}
+    if not any(k.startswith("joint_blocks.") for k in inner):
+        return None
+    if any(".x_block.attn2." in k for k in inner):
+        return "sd3.5-medium"
+    return "sd3.5-large" if any(".attn.ln_q." in k for k in inner) else "sd3"
+
+
 def detect_architecture(path: Path, keys) -> str:
     names = set(keys)
     has = lambda prefix: any(k.startswith(prefix) for k in names)  # noqa: E731
-    flux = flux_architecture(names)
+    flux = flux_architecture(names) or sd3_architecture(names)
     if flux is not None:
         return flux
     if not has("model.diffusion_model."):

@@ -18,7 +18,7 @@ from sdjax_runner.models.checkpoints import FLAX_FILES, PT_STEMS, find_weights, 
 
 KEY = "model.pretrained_model_name_or_path"
 # What a single-file checkpoint holds the weights of, by model family (the base gives the rest).
-CHECKPOINT_COMPONENTS = {"flux": ("transformer",)}
+CHECKPOINT_COMPONENTS = {"flux": ("transformer",), "sd3": ("transformer",)}
 # Everything but weights (what a single-file checkpoint's base model gives), and the Flax weights.
 CONFIG_PATTERNS = ["model_index.json", "*/*.json", "*/*.txt"]
 FIRST_PATTERNS = CONFIG_PATTERNS + [f"*/{name}" for name in FLAX_FILES.values()]
@@ -83,7 +83,7 @@ def resolve(model: ModelConfig, allow_pickle: bool = False) -> Path:
     if not (directory / "model_index.json").is_file():
         raise UserError(KEY, f"{name} has no model_index.json: not a diffusers-format pipeline",
                         "a diffusers pipeline repository")
-    if model.checkpoint and model.family != "flux":  # the weights come from the checkpoint
+    if model.checkpoint and model.family not in CHECKPOINT_COMPONENTS:  # the weights come from the checkpoint
         return directory
     # No Flax weights: fall back to the PyTorch ones, as safetensors -- the variant's where the repository
     # has them (model.variant=fp16: half the download, the fp32 files not fetched), else the plain ones. A FLUX.1

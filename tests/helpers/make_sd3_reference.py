@@ -186,6 +186,73 @@ def pipeline_references(pipeline, out: Path) -> None:
     _save_npz(out / "pipeline.npz", arrays)
 
 
+def stability_layout(state_dict: dict, num_layers: int) -> dict:
+    """diffusers' SD3Transformer2DModel state dict in Stability AI's single-file layout (sd3.5_medium.safetensors:
+    model.diffusion_model.*): the inverse of diffusers' convert_sd3_transformer_checkpoint_to_diffusers -- q/k/v
+    fused, the last block's context modulation and the final modulation halves swapped back to (shift, scale)."""
+    import torch
+
+    def unswap(tensor):
+        scale, shift = tensor.chunk(2, dim=0)
+        return torch.cat([shift, scale], dim=0)
+
+    top = {"pos_embed.pos_embed": "pos_embed", "pos_embed.proj": "x_embedder.proj",
+           "time_text_embed.timestep_embedder.linear_1": "t_embedder.mlp.0",
+           "time_text_embed.timestep_embedder.linear_2": "t_embedder.mlp.2",
+           "time_text_embed.text_embedder.linear_1": "y_embedder.mlp.0",
+           "time_text_embed.text_embedder.linear_2": "y_embedder.mlp.2", "context_embedder": "context_embedder",
+           "proj_out": "final_layer.linear", "norm_out.linear": "final_layer.adaLN_modulation.1"}
+    block = {"attn.to_out.0": "x_block.attn.proj", "attn.to_add_out": "context_block.attn.proj",
+             "attn.norm_q": "x_block.attn.ln_q", "attn.norm_k": "x_block.attn.ln_k",
+             "attn.norm_added_q": "context_block.attn.ln_q", "attn.norm_added_k": "context_block.attn.ln_k",
+             "attn2.to_out.0": "x_block.attn2.proj", "attn2.norm_q": "x_block.attn2.ln_q",
+             "attn2.norm_k": "x_block.attn2.ln_k", "norm1.linear": "x_block.adaLN_modulation.1",
+             "norm1_context.linear": "context_block.adaLN_modulation.1", "ff.net.0.proj": "x_block.mlp.fc1",
+             "ff.net.2": "x_block.mlp.fc2", "ff_context.net.0.proj": "context_block.mlp.fc1",
+             "ff_context.net.2": "context_block.mlp.fc2"}
+    fused = {("attn.to_q", "attn.to_k", "attn.to_v"): "x_block.attn.qkv",
+             ("attn.add_q_proj", "attn.add_k_proj", "attn.add_v_proj"): "context_block.attn.qkv",
+             ("attn2.to_q", "attn2.to_k", "attn2.to_v"): "x_block.attn2.qkv"}
+    out = {}
+    for name, tensor in state_dict.items():
+        module, _, leaf = name.rpartition(".")
+        if name in top:
+            out[top[name]] = tensor
+        elif module in top:
+            out[f"{top[module]}.{leaf}"] = unswap(tensor) if module == "norm_out.linear" else tensor
+        else:
+            _, number, rest = name.split(".", 2)
+            part = rest.rpartition(".")[0]
+            if part in block:
+                last = int(number) == num_layers - 1 and part == "norm1_context.linear"
+                out[f"joint_blocks.{number}.{block[part]}.{leaf}"] = unswap(tensor) if last else tensor
+            elif not any(part in names[1:] for names in fused):  # k and v join q's entry
+                names = next(names for names in fused if part == names[0])
+                pieces = [state_dict[f"transformer_blocks.{number}.{n}.{leaf}"] for n in names]
+                out[f"joint_blocks.{number}.{fused[names]}.{leaf}"] = torch.cat(pieces, dim=0)
+    return {f"model.diffusion_model.{k}": v.contiguous() for k, v in out.items()}
+
+
+def single_file(pipeline, out: Path) -> None:
+    """The pipeline's transformer as Stability AI's single file (with a CLIP tensor as the files with their text
+    encoders inside carry, which the transformer's loaders leave out), checked by diffusers' own from_single_file:
+    it must load back the same weights."""
+    import torch
+    from diffusers import SD3Transformer2DModel
+    from safetensors.torch import save_file
+
+    transformer = pipeline.transformer
+    tensors = stability_layout(transformer.state_dict(), transformer.config.num_layers)
+    tensors["text_encoders.clip_l.transformer.text_model.final_layer_norm.weight"] = torch.ones(8)
+    path = out / "tiny-sd3-transformer.safetensors"
+    save_file(tensors, str(path))
+    loaded = SD3Transformer2DModel.from_single_file(str(path), config=str(out / "tiny-sd3"), subfolder="transformer",
+                                                    local_files_only=True)
+    expected, got = transformer.state_dict(), loaded.state_dict()
+    if set(expected) != set(got) or any(not torch.equal(expected[k], got[k]) for k in expected):
+        raise RuntimeError("diffusers' from_single_file does not load the single file back to the same weights")
+
+
 def check_saved(out: Path) -> None:
     """The saved folder, loaded back offline, gives the recorded images."""
     import torch
@@ -218,6 +285,7 @@ def main() -> None:
     pipeline.save_pretrained(args.out / "tiny-sd3", safe_serialization=True)
     pipeline_references(pipeline, args.out)
     check_saved(args.out)
+    single_file(pipeline, args.out)
     versions = _versions()
     versions["skip_layers"] = list(SKIP_LAYERS)
     (args.out / "VERSIONS.json").write_text(json.dumps(versions, indent=2, sort_keys=True) + "\n")
@@ -237,7 +305,10 @@ def main() -> None:
         "images (NHWC, [0, 1]) for the prompt at 4 steps, guidance 5, 32 T5 tokens: `default_images`, "
         "`negative_images` (negative prompt), `no_t5_images` (text_encoder_3=None), `slg_images` (skip-layer "
         "guidance on block 1, stop 0.6), `no_cfg_images` (guidance 1); `encode_prompt`'s embeddings and the "
-        "scheduler's sigmas and timesteps.\n")
+        "scheduler's sigmas and timesteps.\n"
+        "* `tiny-sd3-transformer.safetensors`: tiny-sd3's transformer in Stability AI's single-file layout "
+        "(model.diffusion_model.joint_blocks.*, one CLIP tensor beside it), loaded back to the same weights by "
+        "diffusers' `SD3Transformer2DModel.from_single_file`.\n")
 
 
 if __name__ == "__main__":

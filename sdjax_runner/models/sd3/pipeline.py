@@ -103,8 +103,9 @@ def has_t5(directory: Path, index: dict) -> bool:
 def load_sd3(directory: Path, index: dict, model: ModelConfig, dtype: DtypeConfig, checkpoint: Any,
              checkpoint_sha256: Optional[str]) -> loading.LoadedModel:
     """An SD 3 pipeline folder read component by component (the module docstring), as
-    :data:`sdjax_runner.models.loaders.LOADERS` calls a family's loader; a single-file checkpoint is refused
-    (not yet read for SD 3)."""
+    :data:`sdjax_runner.models.loaders.LOADERS` calls a family's loader; with a single-file checkpoint
+    (``model.checkpoint``, Stability AI's layout: models/sd3/single_file.py) the transformer's weights come from it
+    and the rest from the folder."""
     import jax.numpy as jnp
 
     from sdjax_runner.models.flux.t5 import compatible_flax_t5, t5_tokenizer
@@ -112,21 +113,22 @@ def load_sd3(directory: Path, index: dict, model: ModelConfig, dtype: DtypeConfi
     if model.safety_checker:
         raise UserError("model.safety_checker", f"{directory} is an SD 3 pipeline, which has no safety checker",
                         "false")
-    if checkpoint is not None:
-        raise UserError("model.checkpoint", f"{checkpoint.path}: single-file SD 3 checkpoints are not read yet",
-                        "null, with an SD 3 pipeline folder")
     t5 = has_t5(directory, index)
     names = [name for name in COMPONENTS if t5 or name not in OPTIONAL]
     classes = {name: flux.component_class(directory, index, name, COMPONENTS, WHAT) for name in names}
     activations = getattr(jnp, dtype.activations_dtype.name)
     weights = loading.numpy_dtype(dtype.weights_dtype.name)
     for name in ("transformer", "vae", "text_encoder", "text_encoder_2", "text_encoder_3"):
-        if name in classes:
+        if name in classes and not (checkpoint is not None and name == "transformer"):
             flux.check_weight_files(directory, name, COMPONENTS[name][0], model.variant)
     schedule = flux.scheduler_config(directory, WHAT)
     modules = own_modules()
-    transformer, transformer_params, transformer_files = flux.load_own(directory, "transformer", model.variant,
-                                                                       activations, weights, modules, WHAT)
+    if checkpoint is not None:
+        transformer, transformer_params, transformer_files = transformer_from_checkpoint(
+            directory, checkpoint, checkpoint_sha256, activations, weights)
+    else:
+        transformer, transformer_params, transformer_files = flux.load_own(directory, "transformer", model.variant,
+                                                                           activations, weights, modules, WHAT)
     vae_dtype = loading.component_dtype(directory, "vae", activations)
     vae_weights = np.dtype(np.float32) if vae_dtype != activations else weights
     vae, vae_params, vae_files = flux.load_own(directory, "vae", model.variant, vae_dtype, vae_weights, modules, WHAT)
@@ -137,6 +139,8 @@ def load_sd3(directory: Path, index: dict, model: ModelConfig, dtype: DtypeConfi
     params: dict[str, Any] = {"transformer": transformer_params, "vae": vae_params}
     files: dict[str, tuple[Path, ...]] = {"transformer": transformer_files, "vae": vae_files}
     formats = {name: "flax" if found[0].name == flux.FLAX_WEIGHTS else "safetensors" for name, found in files.items()}
+    if checkpoint is not None:
+        formats["transformer"] = "single_file"
     for name in ("text_encoder", "text_encoder_2", "text_encoder_3", "tokenizer", "tokenizer_2"):
         if name not in classes:
             continue
@@ -184,3 +188,35 @@ def check_widths(directory: Path, transformer: Any, loaded: dict[str, Any]) -> N
         problems.append(f"T5's width {t5.config.d_model} is not the transformer's joint_attention_dim {width}")
     if problems:
         raise UserError(flux.KEY, f"{directory}: {problems[0]}", "an SD 3 pipeline whose components belong together")
+
+
+def transformer_from_checkpoint(directory: Path, checkpoint: Any, checkpoint_sha256: Optional[str], activations: Any,
+                                weights: np.dtype) -> tuple[Any, dict, tuple[Path, ...]]:
+    """(module, host params, the file) for the transformer of a single-file SD 3 checkpoint on the base folder's
+    ``transformer/config.json``; a file replaced since the run was planned (``checkpoint_sha256``) is refused."""
+    from sdjax_runner.config import weight_files
+    from sdjax_runner.files import file_sha256
+    from sdjax_runner.models.checkpoints import WeightsMismatch
+    from sdjax_runner.models.flux.convert import convert_state_dict, load_safetensors
+    from sdjax_runner.models.sd3.single_file import diffusers_state_dict
+    from sdjax_runner.models.sd3.transformer import FlaxSD3Transformer
+
+    path = checkpoint.path
+    config = flux.read_config(directory, "transformer")
+    try:
+        module = FlaxSD3Transformer.from_config(config, dtype=activations)
+    except (ValueError, TypeError) as exc:
+        raise UserError(flux.KEY, f"{directory / 'transformer' / 'config.json'} is not an SD 3 transformer config: "
+                        f"{exc}", "an SD 3 transformer folder") from None
+    try:
+        params = convert_state_dict(diffusers_state_dict(load_safetensors(path), path.name), module, weights,
+                                    f"{path.name}'s MMDiT")
+    except WeightsMismatch as exc:
+        raise UserError(weight_files.KEY, f"does not fit the base model {directory} "
+                        f"({weight_files.ARCHITECTURES[checkpoint.architecture]} checkpoint): {exc}",
+                        "a checkpoint of the base model's variant (set model.pretrained_model_name_or_path to a "
+                        "matching base)") from None
+    if checkpoint_sha256 is not None and file_sha256(path) != checkpoint_sha256:
+        raise UserError(weight_files.KEY, f"{path} changed since the run was planned; it is not run under the old "
+                        "file's hash", "run again")
+    return module, flux.in_memory(params), (path,)
