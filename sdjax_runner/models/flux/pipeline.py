@@ -160,7 +160,7 @@ def load_flux(directory: Path, index: dict, model: ModelConfig, dtype: DtypeConf
     schedule = scheduler_config(directory)
 
     if checkpoint is not None:
-        transformer, transformer_params, transformer_files = _transformer_from_checkpoint(
+        transformer, transformer_params, transformer_files = transformer_from_checkpoint(
             directory, checkpoint, checkpoint_sha256, activations, weights)
     else:
         transformer, transformer_params, transformer_files = load_own(directory, "transformer", model.variant,
@@ -190,9 +190,7 @@ def load_flux(directory: Path, index: dict, model: ModelConfig, dtype: DtypeConf
         raise loading.unloadable(directory, "tokenizer_2", exc) from exc
 
     variant = model.variant
-    variant_components = tuple(name for name in WEIGHTED
-                               if variant and any(f".{variant}." in f.name or f".{variant}-" in f.name
-                                                  for f in files[name]))
+    components = variant_components(variant, {name: files[name] for name in WEIGHTED})
     pipeline = FluxPipeline(
         transformer=transformer, vae=vae, text_encoder=modules["text_encoder"],
         text_encoder_2=modules["text_encoder_2"], tokenizer=modules["tokenizer"], tokenizer_2=modules["tokenizer_2"],
@@ -200,7 +198,7 @@ def load_flux(directory: Path, index: dict, model: ModelConfig, dtype: DtypeConf
         scaling_factor=float(vae.scaling_factor),
         shift_factor=float(vae.shift_factor) if vae.shift_factor is not None else 0.0,
         guidance_embeds=bool(transformer.guidance_embeds), dtype=activations)
-    return loading.LoadedModel(pipeline, params, None, 0.0, str(directory), formats, variant_components, FAMILY)
+    return loading.LoadedModel(pipeline, params, None, 0.0, str(directory), formats, components, FAMILY)
 
 
 def component_class(directory: Path, index: dict, name: str, components: Optional[dict] = None,
@@ -317,27 +315,27 @@ def load_own(directory: Path, name: str, variant: Optional[str], activations: An
     return module, in_memory(params), files
 
 
-def _transformer_from_checkpoint(directory: Path, checkpoint: Any, checkpoint_sha256: Optional[str], activations: Any,
-                                 weights: np.dtype) -> tuple[Any, dict, tuple[Path, ...]]:
-    """(module, host params, the file) for the transformer of a single-file FLUX.1 checkpoint in Black Forest Labs'
-    layout (``model.checkpoint``; models/flux/single_file.py), on the base folder's ``transformer/config.json``.
-    A file replaced since the run was planned (``checkpoint_sha256``) is refused once read."""
+def transformer_from_checkpoint(directory: Path, checkpoint: Any, checkpoint_sha256: Optional[str], activations: Any,
+                                weights: np.dtype, build: Any = None, to_params: Any = None,
+                                what: str = "FLUX.1") -> tuple[Any, dict, tuple[Path, ...]]:
+    """(module, host params, the file) for the transformer of a single-file checkpoint (``model.checkpoint``), on
+    the base folder's ``transformer/config.json``: ``build`` (config, dtype) -> the module, ``to_params``
+    (module, the file's tensors, weights dtype) -> its Flax params -- FLUX.1's by default, Black Forest Labs' layout
+    (models/flux/single_file.py); SD 3 passes its own (models/sd3/single_file.py). A checkpoint that does not fit
+    is one line; a file replaced since the run was planned (``checkpoint_sha256``) is refused once read."""
     from sdjax_runner.config import weight_files
     from sdjax_runner.files import file_sha256
-    from sdjax_runner.models.flux.convert import convert_transformer, load_safetensors
-    from sdjax_runner.models.flux.single_file import diffusers_state_dict
-    from sdjax_runner.models.flux.transformer import FlaxFluxTransformer
+    from sdjax_runner.models.flux.convert import load_safetensors
 
     path = checkpoint.path
     config = read_config(directory, "transformer")
     try:
-        module = FlaxFluxTransformer.from_config(config, dtype=activations)
+        module = (build or _flux_transformer)(config, dtype=activations)
     except (ValueError, TypeError) as exc:
-        raise UserError(KEY, f"{directory / 'transformer' / 'config.json'} is not a FLUX.1 transformer config: {exc}",
-                        "a FLUX.1 transformer folder") from None
-    width = module.num_attention_heads * module.attention_head_dim
+        raise UserError(KEY, f"{directory / 'transformer' / 'config.json'} is not a {what} transformer config: {exc}",
+                        f"a {what} transformer folder") from None
     try:
-        params = convert_transformer(diffusers_state_dict(load_safetensors(path), width, path.name), module, weights)
+        params = (to_params or _flux_params)(module, load_safetensors(path), weights, path.name)
     except WeightsMismatch as exc:
         raise UserError(weight_files.KEY, f"does not fit the base model {directory} "
                         f"({weight_files.ARCHITECTURES[checkpoint.architecture]} checkpoint): {exc}",
@@ -347,6 +345,27 @@ def _transformer_from_checkpoint(directory: Path, checkpoint: Any, checkpoint_sh
         raise UserError(weight_files.KEY, f"{path} changed since the run was planned; it is not run under the old "
                         "file's hash", "run again")
     return module, in_memory(params), (path,)
+
+
+def _flux_transformer(config: dict, dtype: Any) -> Any:
+    from sdjax_runner.models.flux.transformer import FlaxFluxTransformer
+
+    return FlaxFluxTransformer.from_config(config, dtype=dtype)
+
+
+def _flux_params(module: Any, tensors: dict, weights: np.dtype, name: str) -> dict:
+    """A Black Forest Labs-layout file's tensors renamed to diffusers' names, converted to the module's params."""
+    from sdjax_runner.models.flux.convert import convert_transformer
+    from sdjax_runner.models.flux.single_file import diffusers_state_dict
+
+    width = module.num_attention_heads * module.attention_head_dim
+    return convert_transformer(diffusers_state_dict(tensors, width, name), module, weights)
+
+
+def variant_components(variant: Optional[str], files: dict[str, tuple[Path, ...]]) -> tuple[str, ...]:
+    """The components whose weight files are ``variant``'s (``*.fp16.safetensors``, ``*.fp16-00001-of-...``)."""
+    return tuple(name for name, found in files.items()
+                 if variant and any(f".{variant}." in f.name or f".{variant}-" in f.name for f in found))
 
 
 def flax_weights(file: Path, module: Any, weights: np.dtype) -> dict:

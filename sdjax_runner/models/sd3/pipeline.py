@@ -124,8 +124,11 @@ def load_sd3(directory: Path, index: dict, model: ModelConfig, dtype: DtypeConfi
     schedule = flux.scheduler_config(directory, WHAT)
     modules = own_modules()
     if checkpoint is not None:
-        transformer, transformer_params, transformer_files = transformer_from_checkpoint(
-            directory, checkpoint, checkpoint_sha256, activations, weights)
+        from sdjax_runner.models.sd3.transformer import FlaxSD3Transformer
+
+        transformer, transformer_params, transformer_files = flux.transformer_from_checkpoint(
+            directory, checkpoint, checkpoint_sha256, activations, weights, FlaxSD3Transformer.from_config,
+            single_file_params, WHAT)
     else:
         transformer, transformer_params, transformer_files = flux.load_own(directory, "transformer", model.variant,
                                                                            activations, weights, modules, WHAT)
@@ -162,11 +165,8 @@ def load_sd3(directory: Path, index: dict, model: ModelConfig, dtype: DtypeConfi
         tokenizer_3=loaded.get("tokenizer_3"), scheduler_config=schedule,
         vae_scale_factor=2 ** (len(vae.block_out_channels) - 1), scaling_factor=float(vae.scaling_factor),
         shift_factor=float(vae.shift_factor) if vae.shift_factor is not None else 0.0, dtype=activations)
-    variant = model.variant
-    variant_components = tuple(name for name in files
-                               if variant and any(f".{variant}." in f.name or f".{variant}-" in f.name
-                                                  for f in files[name]))
-    return loading.LoadedModel(pipeline, params, None, 0.0, str(directory), formats, variant_components, FAMILY)
+    return loading.LoadedModel(pipeline, params, None, 0.0, str(directory), formats,
+                               flux.variant_components(model.variant, files), FAMILY)
 
 
 def check_widths(directory: Path, transformer: Any, loaded: dict[str, Any]) -> None:
@@ -190,33 +190,10 @@ def check_widths(directory: Path, transformer: Any, loaded: dict[str, Any]) -> N
         raise UserError(flux.KEY, f"{directory}: {problems[0]}", "an SD 3 pipeline whose components belong together")
 
 
-def transformer_from_checkpoint(directory: Path, checkpoint: Any, checkpoint_sha256: Optional[str], activations: Any,
-                                weights: np.dtype) -> tuple[Any, dict, tuple[Path, ...]]:
-    """(module, host params, the file) for the transformer of a single-file SD 3 checkpoint on the base folder's
-    ``transformer/config.json``; a file replaced since the run was planned (``checkpoint_sha256``) is refused."""
-    from sdjax_runner.config import weight_files
-    from sdjax_runner.files import file_sha256
-    from sdjax_runner.models.checkpoints import WeightsMismatch
-    from sdjax_runner.models.flux.convert import convert_state_dict, load_safetensors
+def single_file_params(module: Any, tensors: dict, weights: np.dtype, name: str) -> dict:
+    """A Stability AI-layout file's MMDiT tensors renamed to diffusers' names (models/sd3/single_file.py), converted
+    to the module's params (the file's text encoders and VAE left out: the base folder gives them)."""
+    from sdjax_runner.models.flux.convert import convert_state_dict
     from sdjax_runner.models.sd3.single_file import diffusers_state_dict
-    from sdjax_runner.models.sd3.transformer import FlaxSD3Transformer
 
-    path = checkpoint.path
-    config = flux.read_config(directory, "transformer")
-    try:
-        module = FlaxSD3Transformer.from_config(config, dtype=activations)
-    except (ValueError, TypeError) as exc:
-        raise UserError(flux.KEY, f"{directory / 'transformer' / 'config.json'} is not an SD 3 transformer config: "
-                        f"{exc}", "an SD 3 transformer folder") from None
-    try:
-        params = convert_state_dict(diffusers_state_dict(load_safetensors(path), path.name), module, weights,
-                                    f"{path.name}'s MMDiT")
-    except WeightsMismatch as exc:
-        raise UserError(weight_files.KEY, f"does not fit the base model {directory} "
-                        f"({weight_files.ARCHITECTURES[checkpoint.architecture]} checkpoint): {exc}",
-                        "a checkpoint of the base model's variant (set model.pretrained_model_name_or_path to a "
-                        "matching base)") from None
-    if checkpoint_sha256 is not None and file_sha256(path) != checkpoint_sha256:
-        raise UserError(weight_files.KEY, f"{path} changed since the run was planned; it is not run under the old "
-                        "file's hash", "run again")
-    return module, flux.in_memory(params), (path,)
+    return convert_state_dict(diffusers_state_dict(tensors, name), module, weights, f"{name}'s MMDiT")
