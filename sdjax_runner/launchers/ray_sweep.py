@@ -24,7 +24,7 @@ from typing import Any, Optional
 
 from sdjax_runner import process
 from sdjax_runner.config.launchers import RayLauncherSettings, cluster_address, is_loopback
-from sdjax_runner.console import one_line
+from sdjax_runner.console import one_line, shown
 from sdjax_runner.errors import Refused, Terminated
 from sdjax_runner.launchers.workers import (
     Point,
@@ -225,12 +225,12 @@ class RayPool:
             point.attempt += 1
             pending.appendleft(point)
             log.warning("ray: job %d (%s): %s; left %s%s; it runs again on another worker (attempt %d of %d)",
-                        point.number, " ".join(point.overrides), reason, status,
+                        point.number, shown(" ".join(point.overrides)), reason, status,
                         f", kept in {kept}" if kept else "", point.attempt, self.settings.retries + 1)
         else:
             results[point.number] = job_return(point, self.sweep_dir, f"{reason}; left {status}")
             log.warning("ray: job %d (%s): %s; left %s (hydra.launcher.retries=%d; python -m sdjax_runner resume %s "
-                        "runs it again)", point.number, " ".join(point.overrides), reason, status,
+                        "runs it again)", point.number, shown(" ".join(point.overrides)), reason, status,
                         self.settings.retries, self.sweep_dir)
 
     def stop_on_interrupt(self) -> None:
