@@ -148,13 +148,14 @@ def test_a_peer_that_never_comes_is_one_line_after_the_timeout(tmp_path, process
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("experiment,model", [("smoke", "tiny-random-v2"), ("flux_smoke", "tiny-random-flux-v1")])
+@pytest.mark.parametrize("experiment,model", [("smoke", "tiny-random-v2"), ("flux_smoke", "tiny-random-flux-v1"),
+                                              ("sd3_smoke", "tiny-random-sd3-v1")])
 def test_split_weights_give_the_replicated_images_and_each_device_holds_an_nth_of_them(experiment, model, tmp_path,
                                                                                         cache_dir):
     """parallelism.params=sharded (FSDP-style): the images of the replicated weights, bit for bit; each device
     holds 1/8 of every weight the split rule splits (engine/split.py) and all of the rest; the program's arguments
-    shrink by as much (FLUX.1's transformer blocks are gathered one at a time, so its program needs less memory
-    in all; SD's components are gathered whole as the program starts)."""
+    shrink by as much (FLUX.1's and SD 3's transformer blocks are gathered one at a time, so their programs need
+    less memory in all; SD's components are gathered whole as the program starts)."""
     from sdjax_runner.config.schema import DtypeConfig, ModelConfig
     from sdjax_runner.engine.split import split_spec
     from sdjax_runner.models.loaders import load_model
@@ -174,7 +175,7 @@ def test_split_weights_give_the_replicated_images_and_each_device_holds_an_nth_o
     held = sum(np.asarray(leaf).nbytes // (8 if split_spec(np.shape(leaf), 8) != jax.P() else 1) for leaf in leaves)
     assert timings[0]["param_bytes_per_device"] == whole and timings[1]["param_bytes_per_device"] == held
     assert held < 0.6 * whole  # the tiny models' many small leaves stay whole; a full-size model's are ~1/N
-    if experiment == "flux_smoke":
+    if experiment in ("flux_smoke", "sd3_smoke"):
         assert timings[1]["program_memory_bytes"] < timings[0]["program_memory_bytes"]
 
 

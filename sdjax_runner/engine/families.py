@@ -104,7 +104,7 @@ FAMILIES: dict[str, Family] = {
                   negative=sd3.negative, encode=sd3_stages.encode, modes={"txt2img": sd3_stages.txt2img},
                   samplers={name: flux_samplers.k_sampler(name, sd3_stages) for name in flux_samplers.SAMPLERS},
                   decode=sd3_stages.decode, structure=sd3.structure, step_flops=sd3.step_flops,
-                  shift=lambda pipeline: float(pipeline.scheduler_config["shift"])),
+                  split_weights=sd3.split_weights, shift=lambda pipeline: float(pipeline.scheduler_config["shift"])),
 }
 if tuple(FAMILIES) != tuple(families.FAMILIES):
     raise RuntimeError(f"engine/families runs {tuple(FAMILIES)}, config/families.py lists {tuple(families.FAMILIES)}")

@@ -39,6 +39,20 @@ def with_scheduler(loaded: Any, scheduler: Any, prediction_type: Any = None, att
     return dataclasses.replace(pipeline, transformer=transformer), {}
 
 
+def split_weights(pipeline: Any, specs: dict) -> tuple[Any, Any]:
+    """parallelism.params=sharded: the transformer gathers each block's split weights as the block runs (one block
+    whole at a time; each block has its own placement: the last one and SD 3.5 Medium's dual-attention blocks
+    differ from the rest); the rest of the weights are gathered per component."""
+    from sdjax_runner.engine.split import gather_tree
+
+    def gather_block(number: int, block: Any) -> Any:
+        return gather_tree(block, specs["transformer"][f"transformer_blocks_{number}"])
+
+    transformer = pipeline.transformer.clone(gather_blocks=gather_block)
+    return dataclasses.replace(pipeline, transformer=transformer), \
+        lambda component, key: component == "transformer" and key.startswith("transformer_blocks_")
+
+
 def negative(negative_prompt: Optional[str], pipeline: Any, chunks: int) -> str:
     """The negative prompt, or diffusers' default "": SD 3 always runs classifier-free guidance's two halves."""
     return negative_prompt or ""

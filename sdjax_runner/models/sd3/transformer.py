@@ -25,7 +25,7 @@ Numerics follow models/flux/transformer.py: norms, the softmax and the sinusoids
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, ClassVar, Optional
 
 import flax.linen as nn
@@ -247,6 +247,11 @@ class FlaxSD3Transformer(FromDiffusersConfig, nn.Module):
     dtype: Any = jnp.float32
     param_dtype: Any = jnp.float32
     attention_implementation: Optional[str] = None
+    # Weights split across devices (parallelism.params=sharded, engine/sharded.py): (block number, the block's
+    # params as this device holds them) -> the block's whole params. None: the weights arrive whole. Either way
+    # each block's params pass an optimization barrier with the previous block's output before use, so one
+    # block's weights are whole at a time (as FLUX.1's transformer does).
+    gather_blocks: Optional[Callable[[int, Any], Any]] = None
 
     CONFIG_DEFAULTS: ClassVar[dict[str, Any]] = CONFIG_DEFAULTS
     CONFIG_WHAT: ClassVar[str] = "SD3 transformer"
@@ -290,15 +295,32 @@ class FlaxSD3Transformer(FromDiffusersConfig, nn.Module):
         x = self.pos_embed(hidden_states)
         temb = self.time_text_embed(jnp.asarray(timestep).astype(self.dtype), pooled_projections)
         context: Optional[jax.Array] = self.context_embedder(encoder_hidden_states)
-        for i, block in enumerate(self.transformer_blocks):
-            if i in skip_layers and not self.is_initializing():
-                continue
-            assert context is not None
-            context, x = block(x, context, temb)
+        if self.is_initializing():  # the blocks' params are made here
+            for block in self.transformer_blocks:
+                assert context is not None
+                context, x = block(x, context, temb)
+        else:
+            x = self._blocks(x, context, temb, skip_layers)
         x = self.proj_out(self.norm_out(x, temb))
         patch, out_channels = self.patch_size, self.out_channels or self.in_channels
         x = x.reshape(batch, height // patch, width // patch, patch, patch, out_channels)
         return x.transpose(0, 1, 3, 2, 4, 5).reshape(batch, height, width, out_channels)
+
+    def _blocks(self, x: jax.Array, context: Optional[jax.Array], temb: jax.Array,
+                skip_layers: Sequence[int]) -> jax.Array:
+        """The blocks not in ``skip_layers``, in order, each a pure function of its params: block i's params pass an
+        optimization barrier with the previous block's output, then ``gather_blocks`` makes them whole (weights split
+        across devices) -- so XLA cannot gather every block's weights at once."""
+        params = self.variables["params"]
+        gather = self.gather_blocks or (lambda number, block: block)
+        for i, block in enumerate(self.transformer_blocks):
+            if i in skip_layers:
+                continue
+            shards, x, context = jax.lax.optimization_barrier((params[f"transformer_blocks_{i}"], x, context))
+            detached = block.clone(parent=None)  # a pure function of its params
+            assert context is not None
+            context, x = detached.apply({"params": gather(i, shards)}, x, context, temb)
+        return x
 
     def dummy_inputs(self) -> dict[str, Any]:
         """The smallest inputs of the right widths (one patch, one text token): for initialisation."""
