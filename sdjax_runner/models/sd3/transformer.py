@@ -319,7 +319,8 @@ class FlaxSD3Transformer(FromDiffusersConfig, nn.Module):
             shards, x, context = jax.lax.optimization_barrier((params[f"transformer_blocks_{i}"], x, context))
             detached = block.clone(parent=None)  # a pure function of its params
             assert context is not None
-            context, x = detached.apply({"params": gather(i, shards)}, x, context, temb)
+            out: Any = detached.apply({"params": gather(i, shards)}, x, context, temb)
+            context, x = out
         return x
 
     def dummy_inputs(self) -> dict[str, Any]:
