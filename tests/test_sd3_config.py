@@ -40,3 +40,34 @@ def test_sd3_takes_diffusers_defaults(tmp_path):
     assert (entry.steps, entry.guidance, entry.t5_tokens) == (28, 7.0, 256)  # StableDiffusion3Pipeline.__call__'s
     assert families.planned(type("M", (), {"family": None, "builtin": "tiny-random-sd3",
                                            "pretrained_model_name_or_path": None})()) is entry
+
+
+@pytest.mark.parametrize("single,fetched", [
+    ("tiny-sd3-transformer.safetensors", {"vae", "text_encoder", "text_encoder_2", "text_encoder_3"}),
+    ("tiny-sd3-all-in-one.safetensors", set()),
+])
+def test_a_hub_base_fetches_the_weights_a_single_file_does_not_hold(tmp_path, monkeypatch, single, fetched):
+    """model.checkpoint on a hub base: the configs are fetched, then the weights of the components the file does not
+    give (hub access replaced by a recorder over a copy of the tiny folder without weights)."""
+    import shutil
+    from pathlib import Path
+
+    from sdjax_runner.config.schema import ModelConfig
+    from sdjax_runner.models import sources
+
+    fixtures = Path(__file__).resolve().parent / "fixtures" / "sd3"
+    base = tmp_path / "snapshot"
+    shutil.copytree(fixtures / "tiny-sd3", base, ignore=shutil.ignore_patterns("*.safetensors*"))
+    asked: list[list[str]] = []
+
+    def snapshot(model, patterns):
+        asked.append(patterns)
+        return base
+
+    monkeypatch.setattr(sources, "_snapshot", snapshot)
+    model = ModelConfig(name="sd3.5-medium", pretrained_model_name_or_path="stabilityai/stable-diffusion-3.5-medium",
+                        family="sd3", checkpoint=str(fixtures / single))
+    assert sources.resolve(model) == base
+    assert asked[0] == sources.CONFIG_PATTERNS
+    weights = {pattern.split("/")[0] for patterns in asked[1:] for pattern in patterns}
+    assert weights == fetched

@@ -156,3 +156,67 @@ def test_a_single_file_transformer_in_stabilitys_layout_loads_onto_its_base(tmp_
     assert float(np.abs(images(tmp_path / "run") - reference["default_images"]).max()) <= TOLERANCE
     records = json.loads((tmp_path / "run" / "images.json").read_text())
     assert records[0]["checkpoint"].startswith("tiny-sd3-transformer.safetensors:sha256=")
+
+
+def test_a_single_file_with_the_text_encoders_and_vae_inside_gives_diffusers_images(tmp_path):
+    # tiny-sd3 as one file with everything inside (the MMDiT in Stability's layout, CLIP-L, CLIP-G and T5 under
+    # text_encoders.*, the VAE under first_stage_model.), its text encoders and VAE perturbed from the folder's:
+    # diffusers' StableDiffusion3Pipeline.from_single_file reads them (CLIP-L's projection the identity) and made
+    # single_file.npz's images. Ours must be those, not the base folder's.
+    from sdjax_runner.config.weight_files import open_checkpoint
+    from sdjax_runner.models.sd3.single_file import components_inside
+
+    single = FIXTURES / "tiny-sd3-all-in-one.safetensors"
+    checkpoint = open_checkpoint(single)
+    assert checkpoint.architecture == "sd3.5-medium"
+    assert components_inside(checkpoint.keys) == ("text_encoder", "text_encoder_2", "text_encoder_3", "vae")
+    with np.load(FIXTURES / "single_file.npz") as data:
+        expected, latents = data["images"], data["latents"]
+    with np.load(FIXTURES / "pipeline.npz") as data:
+        assert np.array_equal(latents, data["latents"])  # the runner's noise, as for the folder's images
+        assert float(np.abs(expected - data["default_images"]).max()) > 10 / 255  # the file's components matter
+    result = run_cli(*local(FIXTURES / "tiny-sd3"), f"model.checkpoint={single}", *RUN, "sampling.guidance_scale=5",
+                     "hydra.run.dir=run", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert float(np.abs(images(tmp_path / "run") - expected).max()) <= TOLERANCE
+    assert ("single-file checkpoint converted: text_encoder, text_encoder_2, text_encoder_3, transformer, vae"
+            in result.stderr + result.stdout)
+
+
+def test_a_single_files_t5_without_a_t5_in_the_base_is_said_and_left_unread(tmp_path):
+    folder = tmp_path / "no-t5"
+    shutil.copytree(FIXTURES / "tiny-sd3", folder)
+    shutil.rmtree(folder / "text_encoder_3")
+    shutil.rmtree(folder / "tokenizer_3")
+    index = json.loads((folder / "model_index.json").read_text())
+    index["text_encoder_3"] = index["tokenizer_3"] = [None, None]
+    (folder / "model_index.json").write_text(json.dumps(index))
+    single = FIXTURES / "tiny-sd3-all-in-one.safetensors"
+    result = run_cli(*local(folder), f"model.checkpoint={single}", *RUN, "sampling.guidance_scale=5",
+                     "hydra.run.dir=run", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    out = result.stderr + result.stdout
+    assert "tiny-sd3-all-in-one.safetensors holds a T5 encoder, which is not read" in out
+    assert "single-file checkpoint converted: text_encoder, text_encoder_2, transformer, vae" in out
+    assert len(json.loads((tmp_path / "run" / "images.json").read_text())) == 2
+
+
+def test_a_single_files_components_that_do_not_fit_are_one_line(tmp_path):
+    from safetensors.numpy import load_file, save_file
+
+    from helpers.cli import assert_one_line_error
+
+    tensors = load_file(FIXTURES / "tiny-sd3-all-in-one.safetensors")
+    broken = tmp_path / "broken.safetensors"
+    save_file({k: v for k, v in tensors.items()
+               if k != "text_encoders.clip_g.transformer.text_model.final_layer_norm.weight"}, broken)
+    result = run_cli(*local(FIXTURES / "tiny-sd3"), f"model.checkpoint={broken}", *RUN, "hydra.run.dir=run",
+                     cwd=tmp_path)
+    assert_one_line_error(result, "error: model.checkpoint: does not fit the base model")
+    assert "broken.safetensors (text_encoder_2)" in result.stderr and "final_layer_norm" in result.stderr
+    strange = tmp_path / "strange.safetensors"
+    save_file(dict(tensors, **{"first_stage_model.decoder.extra.weight": np.zeros(3, np.float32)}), strange)
+    result = run_cli(*local(FIXTURES / "tiny-sd3"), f"model.checkpoint={strange}", *RUN, "hydra.run.dir=run2",
+                     cwd=tmp_path)
+    assert_one_line_error(result, "error: model.checkpoint: does not fit the base model")
+    assert "first_stage_model.decoder.extra.weight is no tensor of an SD 3 VAE" in result.stderr

@@ -16,6 +16,7 @@ import importlib.util
 import inspect
 import json
 import logging
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple, Optional, Union
@@ -208,9 +209,10 @@ def load_component(folder: Path, library: str, cls, model: Union[ModelConfig, We
 
 
 def load_from_checkpoint(folder: Path, name: str, library: str, cls, checkpoint, activations,
-                         weights: np.dtype):
+                         weights: np.dtype, tensors: Optional[Callable[[Any], Iterable]] = None):
     """(module, host params, the checkpoint) for component ``name``: its config from the base model's
-    ``folder``, its weights from the single-file ``checkpoint`` (:mod:`.single_file`)."""
+    ``folder``, its weights from the single-file ``checkpoint``: ``tensors(module)`` gives its (PyTorch name,
+    loader) pairs -- by default the LDM layout's (:mod:`.single_file`)."""
     from diffusers import FlaxModelMixin
 
     from sdjax_runner.config import weight_files
@@ -219,8 +221,9 @@ def load_from_checkpoint(folder: Path, name: str, library: str, cls, checkpoint,
     is_diffusers = issubclass(cls, FlaxModelMixin)
     module = from_config(cls, folder, activations)
     base = folder.parent
+    named = tensors or (lambda module: single_file.component_tensors(checkpoint, name))
     try:
-        params = convert_tensors(lambda: single_file.component_tensors(checkpoint, name), module,
+        params = convert_tensors(lambda: named(module), module,
                                  "diffusers" if is_diffusers else "transformers", weights,
                                  f"{checkpoint.path.name} ({name})")
     except ValueError as exc:
@@ -240,10 +243,13 @@ def unloadable(directory: Path, name: str, exc: BaseException) -> UserError:
 
 
 def load_component_or_say_why(directory: Path, name: str, library: str, cls, model: ModelConfig, activations,
-                              weights: np.dtype, checkpoint=None):
+                              weights: np.dtype, checkpoint=None, tensors=None):
+    """load_component, or load_from_checkpoint where a single-file ``checkpoint`` gives the component (SD's: by
+    :data:`CHECKPOINT_COMPONENTS`; another family passes ``tensors``, its reader of the file's tensors)."""
     try:
-        if checkpoint is not None and name in CHECKPOINT_COMPONENTS:
-            return load_from_checkpoint(directory / name, name, library, cls, checkpoint, activations, weights)
+        if checkpoint is not None and (tensors is not None or name in CHECKPOINT_COMPONENTS):
+            return load_from_checkpoint(directory / name, name, library, cls, checkpoint, activations, weights,
+                                        tensors)
         return load_component(directory / name, library, cls, model, activations, weights)
     except UserError:
         raise

@@ -18,7 +18,7 @@ from sdjax_runner.models.checkpoints import FLAX_FILES, PT_STEMS, find_weights, 
 
 KEY = "model.pretrained_model_name_or_path"
 # What a single-file checkpoint holds the weights of, by model family (the base gives the rest).
-CHECKPOINT_COMPONENTS = {"flux": ("transformer",), "sd3": ("transformer",)}
+CHECKPOINT_COMPONENTS: dict[str, tuple[str, ...]] = {"flux": ("transformer",), "sd3": ("transformer",)}
 # Everything but weights (what a single-file checkpoint's base model gives), and the Flax weights.
 CONFIG_PATTERNS = ["model_index.json", "*/*.json", "*/*.txt"]
 FIRST_PATTERNS = CONFIG_PATTERNS + [f"*/{name}" for name in FLAX_FILES.values()]
@@ -70,6 +70,21 @@ def _snapshot(model: ModelConfig, patterns: list[str]) -> Path:
                         "a cached hub model, or a local directory") from None
 
 
+def checkpoint_components(model: ModelConfig) -> tuple[str, ...]:
+    """The components of a flow model whose weights ``model.checkpoint`` gives (none without one): FLUX.1's
+    transformer; SD 3's transformer and the text encoders and VAE the file holds (models/sd3/single_file.py),
+    told from its header."""
+    if not model.checkpoint:
+        return ()
+    components = CHECKPOINT_COMPONENTS.get(model.family or "sd", ())
+    if model.family == "sd3":
+        from sdjax_runner.config.weight_files import open_checkpoint
+        from sdjax_runner.models.sd3.single_file import components_inside
+
+        components += components_inside(open_checkpoint(Path(model.checkpoint).expanduser()).keys)
+    return components
+
+
 def resolve(model: ModelConfig, allow_pickle: bool = False) -> Path:
     """A local directory holding ``model``'s pipeline (built or fetched if need be)."""
     from sdjax_runner.models.builtin import build_builtin
@@ -87,9 +102,10 @@ def resolve(model: ModelConfig, allow_pickle: bool = False) -> Path:
         return directory
     # No Flax weights: fall back to the PyTorch ones, as safetensors -- the variant's where the repository
     # has them (model.variant=fp16: half the download, the fp32 files not fetched), else the plain ones. A FLUX.1
-    # single-file checkpoint holds the transformer only: the other components' weights come from the base.
-    with_weights = {name: library for name, library in weight_components(directory).items()
-                    if not (model.checkpoint and name in CHECKPOINT_COMPONENTS.get(model.family or "sd", ()))}
+    # or SD 3 single-file checkpoint holds the transformer (SD 3's maybe its text encoders and VAE): the other
+    # components' weights come from the base.
+    in_file = checkpoint_components(model)
+    with_weights = {name: library for name, library in weight_components(directory).items() if name not in in_file}
     for variant in ([model.variant] if model.variant else []) + [None]:
         lacking = [(component, library) for component, library in with_weights.items()
                    if find_weights(directory / component, library, model.variant).format == "missing"]

@@ -253,6 +253,100 @@ def single_file(pipeline, out: Path) -> None:
         raise RuntimeError("diffusers' from_single_file does not load the single file back to the same weights")
 
 
+def ldm_vae_layout(state_dict: dict, levels: int) -> dict:
+    """diffusers' AutoencoderKL state dict in the original (LDM) layout of a single file's ``first_stage_model.*``:
+    the inverse of diffusers' convert_ldm_vae_checkpoint -- ``down_blocks.i.resnets.j`` -> ``down.i.block.j``, the
+    decoder's ``up_blocks.i`` -> ``up.{levels-1-i}``, ``mid_block`` -> ``mid.block_1/2`` and ``mid.attn_1`` (its
+    linear q/k/v/proj_out as 1x1 convolutions), ``conv_norm_out`` -> ``norm_out``, ``conv_shortcut`` ->
+    ``nin_shortcut``."""
+    import re
+
+    attention = {"group_norm": "norm", "to_q": "q", "to_k": "k", "to_v": "v", "to_out.0": "proj_out"}
+    out = {}
+    for name, tensor in state_dict.items():
+        coder, rest = name.split(".", 1)
+        new, linear = None, False
+        if rest.startswith(("conv_in.", "conv_out.")) or coder in ("quant_conv", "post_quant_conv"):
+            new = rest if coder in ("encoder", "decoder") else None
+        if rest.startswith("conv_norm_out."):
+            new = "norm_out." + rest.removeprefix("conv_norm_out.")
+        elif match := re.fullmatch(r"(down|up)_blocks\.(\d+)\.resnets\.(\d+)\.(.+)", rest):
+            level = int(match[2]) if match[1] == "down" else levels - 1 - int(match[2])
+            new = f"{match[1]}.{level}.block.{match[3]}.{match[4].replace('conv_shortcut', 'nin_shortcut')}"
+        elif match := re.fullmatch(r"(down|up)_blocks\.(\d+)\.(down|up)samplers\.0\.(.+)", rest):
+            level = int(match[2]) if match[1] == "down" else levels - 1 - int(match[2])
+            new = f"{match[1]}.{level}.{match[3]}sample.{match[4]}"
+        elif match := re.fullmatch(r"mid_block\.resnets\.(\d+)\.(.+)", rest):
+            new = f"mid.block_{int(match[1]) + 1}.{match[2].replace('conv_shortcut', 'nin_shortcut')}"
+        elif match := re.fullmatch(r"mid_block\.attentions\.0\.(.+)\.(weight|bias)", rest):
+            new, linear = f"mid.attn_1.{attention[match[1]]}.{match[2]}", match[1] != "group_norm"
+        if new is None:
+            raise RuntimeError(f"no LDM name for the VAE tensor {name}")
+        key = f"{coder}.{new}" if coder in ("encoder", "decoder") else name
+        out[key] = tensor[:, :, None, None] if linear and tensor.ndim == 2 else tensor
+    return out
+
+
+def all_in_one(pipeline, out: Path) -> None:
+    """tiny-sd3 as one file with everything inside, as Stability AI's "incl_clips" files and ComfyUI's saves are:
+    the MMDiT (``model.diffusion_model.*``), CLIP-L, CLIP-G and T5 under ``text_encoders.{clip_l,clip_g,t5xxl}
+    .transformer.`` (Hugging Face names; T5's tied ``encoder.embed_tokens`` left out, ``shared.weight`` kept) and the
+    VAE under ``first_stage_model.`` (LDM names) -- the text encoders and VAE perturbed (a quarter of each tensor's
+    spread, a fixed torch seed), so that images made with the base folder's instead differ. diffusers' own ``StableDiffusion3Pipeline
+    .from_single_file`` must load the perturbed weights back (CLIP-L's projection set to the identity, as it does
+    for every SD 3 file); its images for the runner's latents are ``single_file.npz`` (with its T5 in eval mode,
+    which diffusers 0.39 leaves in training mode when it reads T5 from a single file)."""
+    import copy
+
+    import torch
+    from diffusers import StableDiffusion3Pipeline
+    from safetensors.torch import save_file
+
+    generator = torch.Generator().manual_seed(SEED + 20)
+    changed = {}
+    for name in ("text_encoder", "text_encoder_2", "text_encoder_3", "vae"):
+        module = copy.deepcopy(getattr(pipeline, name))
+        with torch.no_grad():
+            for parameter in module.parameters():  # by a quarter of each tensor's spread (norms' ones: unchanged)
+                spread = float(parameter.std()) if parameter.numel() > 1 else 0.0
+                parameter.add_(0.25 * spread * torch.randn(parameter.shape, generator=generator))
+        changed[name] = module
+    transformer = pipeline.transformer
+    tensors = stability_layout(transformer.state_dict(), transformer.config.num_layers)
+    for name, prefix in (("text_encoder", "text_encoders.clip_l.transformer."),
+                         ("text_encoder_2", "text_encoders.clip_g.transformer."),
+                         ("text_encoder_3", "text_encoders.t5xxl.transformer.")):
+        for key, tensor in changed[name].state_dict().items():
+            if key != "encoder.embed_tokens.weight":
+                tensors[prefix + key] = tensor.clone().contiguous()
+    vae = ldm_vae_layout(changed["vae"].state_dict(), len(changed["vae"].config.block_out_channels))
+    tensors.update({f"first_stage_model.{k}": v.clone().contiguous() for k, v in vae.items()})
+    path = out / "tiny-sd3-all-in-one.safetensors"
+    save_file(tensors, str(path))
+    loaded = StableDiffusion3Pipeline.from_single_file(str(path), config=str(out / "tiny-sd3"),
+                                                       local_files_only=True)
+    loaded.set_progress_bar_config(disable=True)
+    # diffusers 0.39's create_diffusers_t5_model_from_checkpoint never calls eval(): the T5 it returns is in training
+    # mode, its dropout (0.1) on, so its images change from call to call. Inference means eval mode, as every other
+    # component is returned.
+    if not loaded.text_encoder_3.training:
+        raise RuntimeError("diffusers' from_single_file now returns T5 in eval mode: drop the eval() below")
+    loaded.text_encoder_3.eval()
+    for name, module in dict(changed, transformer=transformer).items():
+        expected, got = module.state_dict(), getattr(loaded, name).state_dict()
+        if name == "text_encoder":
+            expected = dict(expected, **{"text_projection.weight": torch.eye(CLIP_L["hidden_size"])})
+        if set(expected) != set(got) or any(not torch.equal(expected[k], got[k].to(expected[k].dtype))
+                                            for k in expected):
+            raise RuntimeError(f"diffusers' from_single_file does not load {name} back as written")
+    latents = runner_noise()
+    with torch.no_grad():
+        images = loaded(prompt=[PROMPT] * len(latents), height=HEIGHT, width=WIDTH, num_inference_steps=STEPS,
+                        guidance_scale=GUIDANCE, max_sequence_length=MAX_SEQUENCE_LENGTH,
+                        latents=torch.from_numpy(latents), output_type="np").images
+    _save_npz(out / "single_file.npz", {"latents": latents, "images": np.asarray(images, dtype=np.float32)})
+
+
 def check_saved(out: Path) -> None:
     """The saved folder, loaded back offline, gives the recorded images."""
     import torch
@@ -286,6 +380,7 @@ def main() -> None:
     pipeline_references(pipeline, args.out)
     check_saved(args.out)
     single_file(pipeline, args.out)
+    all_in_one(pipeline, args.out)
     versions = _versions()
     versions["skip_layers"] = list(SKIP_LAYERS)
     (args.out / "VERSIONS.json").write_text(json.dumps(versions, indent=2, sort_keys=True) + "\n")
@@ -308,7 +403,13 @@ def main() -> None:
         "scheduler's sigmas and timesteps.\n"
         "* `tiny-sd3-transformer.safetensors`: tiny-sd3's transformer in Stability AI's single-file layout "
         "(model.diffusion_model.joint_blocks.*, one CLIP tensor beside it), loaded back to the same weights by "
-        "diffusers' `SD3Transformer2DModel.from_single_file`.\n")
+        "diffusers' `SD3Transformer2DModel.from_single_file`.\n"
+        "* `tiny-sd3-all-in-one.safetensors`: tiny-sd3 as one file with everything inside (the MMDiT in Stability "
+        "AI's layout, CLIP-L, CLIP-G and T5 under `text_encoders.*.transformer.`, the VAE under "
+        "`first_stage_model.` in the LDM layout), the text encoders and VAE perturbed from the folder's; loaded "
+        "back as written by diffusers' `StableDiffusion3Pipeline.from_single_file` (CLIP-L's projection the "
+        "identity, as diffusers sets it), whose images for the runner's latents at the default settings are "
+        "`single_file.npz` (`latents`, `images`).\n")
 
 
 if __name__ == "__main__":

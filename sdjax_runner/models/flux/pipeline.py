@@ -316,24 +316,24 @@ def load_own(directory: Path, name: str, variant: Optional[str], activations: An
 
 
 def transformer_from_checkpoint(directory: Path, checkpoint: Any, checkpoint_sha256: Optional[str], activations: Any,
-                                weights: np.dtype, build: Any = None, to_params: Any = None,
-                                what: str = "FLUX.1") -> tuple[Any, dict, tuple[Path, ...]]:
-    """(module, host params, the file) for the transformer of a single-file checkpoint (``model.checkpoint``), on
-    the base folder's ``transformer/config.json``: ``build`` (config, dtype) -> the module, ``to_params``
-    (module, the file's tensors, weights dtype) -> its Flax params -- FLUX.1's by default, Black Forest Labs' layout
-    (models/flux/single_file.py); SD 3 passes its own (models/sd3/single_file.py). A checkpoint that does not fit
-    is one line; a file replaced since the run was planned (``checkpoint_sha256``) is refused once read."""
+                                weights: np.dtype, build: Any = None, to_params: Any = None, what: str = "FLUX.1",
+                                name: str = "transformer") -> tuple[Any, dict, tuple[Path, ...]]:
+    """(module, host params, the file) for the transformer -- or another of the family's own modules, ``name`` --
+    of a single-file checkpoint (``model.checkpoint``), on the base folder's ``{name}/config.json``: ``build``
+    (config, dtype) -> the module, ``to_params`` (module, the file's tensors, weights dtype, the file's name) -> its
+    Flax params -- FLUX.1's transformer by default, Black Forest Labs' layout (models/flux/single_file.py); SD 3
+    passes its own (models/sd3/). A checkpoint that does not fit is one line; a file replaced since the run was
+    planned (``checkpoint_sha256``; None: the caller checks, :func:`check_unchanged`) is refused once read."""
     from sdjax_runner.config import weight_files
-    from sdjax_runner.files import file_sha256
     from sdjax_runner.models.flux.convert import load_safetensors
 
     path = checkpoint.path
-    config = read_config(directory, "transformer")
+    config = read_config(directory, name)
     try:
         module = (build or _flux_transformer)(config, dtype=activations)
     except (ValueError, TypeError) as exc:
-        raise UserError(KEY, f"{directory / 'transformer' / 'config.json'} is not a {what} transformer config: {exc}",
-                        f"a {what} transformer folder") from None
+        raise UserError(KEY, f"{directory / name / 'config.json'} is not a {what} {name} config: {exc}",
+                        f"a {what} {name} folder") from None
     try:
         params = (to_params or _flux_params)(module, load_safetensors(path), weights, path.name)
     except WeightsMismatch as exc:
@@ -341,10 +341,19 @@ def transformer_from_checkpoint(directory: Path, checkpoint: Any, checkpoint_sha
                         f"({weight_files.ARCHITECTURES[checkpoint.architecture]} checkpoint): {exc}",
                         "a checkpoint of the base model's variant (set model.pretrained_model_name_or_path to a "
                         "matching base)") from None
+    check_unchanged(path, checkpoint_sha256)
+    return module, in_memory(params), (path,)
+
+
+def check_unchanged(path: Path, checkpoint_sha256: Optional[str]) -> None:
+    """A single file replaced since the run was planned is refused (after reading it: the hash is of what was
+    read); None: nothing to check."""
+    from sdjax_runner.config import weight_files
+    from sdjax_runner.files import file_sha256
+
     if checkpoint_sha256 is not None and file_sha256(path) != checkpoint_sha256:
         raise UserError(weight_files.KEY, f"{path} changed since the run was planned; it is not run under the old "
                         "file's hash", "run again")
-    return module, in_memory(params), (path,)
 
 
 def _flux_transformer(config: dict, dtype: Any) -> Any:

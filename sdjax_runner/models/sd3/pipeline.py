@@ -12,10 +12,15 @@ as host arrays, without torch -- read as FLUX.1's folders are (models/flux/pipel
 * ``tokenizer/``, ``tokenizer_2/`` (``CLIPTokenizer``) and ``tokenizer_3/`` (``T5TokenizerFast``, from its
   tokenizer.json, offline).
 * ``scheduler/``: ``FlowMatchEulerDiscreteScheduler`` (its ``shift``, 3.0 in every published SD 3.5).
+
+With a single-file checkpoint (``model.checkpoint``, models/sd3/single_file.py) the MMDiT's weights come from the
+file, and the text encoders' and VAE's where the file holds them; the folder gives every config, the tokenizers,
+the scheduler and the weights the file lacks.
 """
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
@@ -26,6 +31,8 @@ from sdjax_runner.config.schema import DtypeConfig, ModelConfig
 from sdjax_runner.errors import UserError
 from sdjax_runner.models import loading, model_index
 from sdjax_runner.models.flux import pipeline as flux
+
+log = logging.getLogger("sdjax_runner")
 
 FAMILY = "sd3"
 WHAT = "SD 3"
@@ -104,8 +111,8 @@ def load_sd3(directory: Path, index: dict, model: ModelConfig, dtype: DtypeConfi
              checkpoint_sha256: Optional[str]) -> loading.LoadedModel:
     """An SD 3 pipeline folder read component by component (the module docstring), as
     :data:`sdjax_runner.models.loaders.LOADERS` calls a family's loader; with a single-file checkpoint
-    (``model.checkpoint``, Stability AI's layout: models/sd3/single_file.py) the transformer's weights come from it
-    and the rest from the folder."""
+    (``model.checkpoint``, Stability AI's layout: models/sd3/single_file.py) the transformer's weights come from it,
+    and the text encoders' and VAE's where the file holds them, the rest from the folder."""
     import jax.numpy as jnp
 
     from sdjax_runner.models.flux.t5 import compatible_flax_t5, t5_tokenizer
@@ -118,41 +125,32 @@ def load_sd3(directory: Path, index: dict, model: ModelConfig, dtype: DtypeConfi
     classes = {name: flux.component_class(directory, index, name, COMPONENTS, WHAT) for name in names}
     activations = getattr(jnp, dtype.activations_dtype.name)
     weights = loading.numpy_dtype(dtype.weights_dtype.name)
+    from_file = from_checkpoint(checkpoint, t5)
     for name in ("transformer", "vae", "text_encoder", "text_encoder_2", "text_encoder_3"):
-        if name in classes and not (checkpoint is not None and name == "transformer"):
+        if name in classes and name not in from_file:
             flux.check_weight_files(directory, name, COMPONENTS[name][0], model.variant)
     schedule = flux.scheduler_config(directory, WHAT)
-    modules = own_modules()
-    if checkpoint is not None:
-        from sdjax_runner.models.sd3.transformer import FlaxSD3Transformer
-
-        transformer, transformer_params, transformer_files = flux.transformer_from_checkpoint(
-            directory, checkpoint, checkpoint_sha256, activations, weights, FlaxSD3Transformer.from_config,
-            single_file_params, WHAT)
-    else:
-        transformer, transformer_params, transformer_files = flux.load_own(directory, "transformer", model.variant,
-                                                                           activations, weights, modules, WHAT)
-    vae_dtype = loading.component_dtype(directory, "vae", activations)
-    vae_weights = np.dtype(np.float32) if vae_dtype != activations else weights
-    vae, vae_params, vae_files = flux.load_own(directory, "vae", model.variant, vae_dtype, vae_weights, modules, WHAT)
+    transformer, vae, params, files = own_components(directory, model, activations, weights, checkpoint, from_file)
 
     compatible_flax_t5()
     kinds = loading.component_kinds()
     loaded: dict[str, Any] = {}
-    params: dict[str, Any] = {"transformer": transformer_params, "vae": vae_params}
-    files: dict[str, tuple[Path, ...]] = {"transformer": transformer_files, "vae": vae_files}
     formats = {name: "flax" if found[0].name == flux.FLAX_WEIGHTS else "safetensors" for name, found in files.items()}
-    if checkpoint is not None:
-        formats["transformer"] = "single_file"
     for name in ("text_encoder", "text_encoder_2", "text_encoder_3", "tokenizer", "tokenizer_2"):
         if name not in classes:
             continue
         cls = model_index.component_class(directory, name, "transformers", classes[name], kinds)
-        module, module_params, found = loading.load_component_or_say_why(directory, name, "transformers", cls, model,
-                                                                         activations, weights)
+        inside = name in from_file
+        module, module_params, found = loading.load_component_or_say_why(
+            directory, name, "transformers", cls, model, activations, weights, checkpoint if inside else None,
+            encoder_tensors(checkpoint, name) if inside else None)
         loaded[name] = module
         if module_params is not None:
             params[name], files[name], formats[name] = module_params, found.files, found.format
+    for name in from_file:
+        formats[name] = "single_file"
+    if checkpoint is not None:
+        flux.check_unchanged(checkpoint.path, checkpoint_sha256)
     if t5:
         try:
             loaded["tokenizer_3"] = t5_tokenizer(directory / "tokenizer_3")
@@ -167,6 +165,48 @@ def load_sd3(directory: Path, index: dict, model: ModelConfig, dtype: DtypeConfi
         shift_factor=float(vae.shift_factor) if vae.shift_factor is not None else 0.0, dtype=activations)
     return loading.LoadedModel(pipeline, params, None, 0.0, str(directory), formats,
                                flux.variant_components(model.variant, files), FAMILY)
+
+
+def from_checkpoint(checkpoint: Any, t5: bool) -> tuple[str, ...]:
+    """The components whose weights a single-file checkpoint gives: its MMDiT, and the text encoders and VAE it
+    holds (models/sd3/single_file.components_inside) -- T5 only where the base folder has one (its config and
+    tokenizer come from there; otherwise the file's T5 is left unread, said in the log)."""
+    from sdjax_runner.models.sd3.single_file import components_inside
+
+    if checkpoint is None:
+        return ()
+    inside = components_inside(checkpoint.keys)
+    if "text_encoder_3" in inside and not t5:
+        log.info("load: %s holds a T5 encoder, which is not read: the base folder has no text_encoder_3 to give "
+                 "its config and tokenizer", checkpoint.path.name)
+    return ("transformer",) + tuple(name for name in inside if t5 or name != "text_encoder_3")
+
+
+def own_components(directory: Path, model: ModelConfig, activations: Any, weights: np.dtype, checkpoint: Any,
+                   from_file: tuple[str, ...]) -> tuple[Any, Any, dict[str, Any], dict[str, tuple[Path, ...]]]:
+    """(transformer, VAE, their host params, the files read): the runner's own modules, from the folder or from the
+    single file (``from_file``)."""
+    from sdjax_runner.models.flux.autoencoder import FlaxFluxAutoencoderKL
+    from sdjax_runner.models.sd3.transformer import FlaxSD3Transformer
+
+    modules = own_modules()
+    if "transformer" in from_file:
+        transformer, transformer_params, transformer_files = flux.transformer_from_checkpoint(
+            directory, checkpoint, None, activations, weights, FlaxSD3Transformer.from_config, single_file_params, WHAT)
+    else:
+        transformer, transformer_params, transformer_files = flux.load_own(directory, "transformer", model.variant,
+                                                                           activations, weights, modules, WHAT)
+    vae_dtype = loading.component_dtype(directory, "vae", activations)
+    vae_weights = np.dtype(np.float32) if vae_dtype != activations else weights
+    if "vae" in from_file:
+        vae, vae_params, vae_files = flux.transformer_from_checkpoint(
+            directory, checkpoint, None, vae_dtype, vae_weights, FlaxFluxAutoencoderKL.from_config, single_file_vae,
+            WHAT, name="vae")
+    else:
+        vae, vae_params, vae_files = flux.load_own(directory, "vae", model.variant, vae_dtype, vae_weights, modules,
+                                                   WHAT)
+    return (transformer, vae, {"transformer": transformer_params, "vae": vae_params},
+            {"transformer": transformer_files, "vae": vae_files})
 
 
 def check_widths(directory: Path, transformer: Any, loaded: dict[str, Any]) -> None:
@@ -197,3 +237,20 @@ def single_file_params(module: Any, tensors: dict, weights: np.dtype, name: str)
     from sdjax_runner.models.sd3.single_file import diffusers_state_dict
 
     return convert_state_dict(diffusers_state_dict(tensors, name), module, weights, f"{name}'s MMDiT")
+
+
+def single_file_vae(module: Any, tensors: dict, weights: np.dtype, name: str) -> dict:
+    """A single file's VAE (``first_stage_model.*``, the LDM layout) under diffusers' names, converted to the
+    module's params."""
+    from sdjax_runner.models.flux.convert import convert_vae
+    from sdjax_runner.models.sd3.single_file import vae_state_dict
+
+    return convert_vae(vae_state_dict(tensors, len(module.block_out_channels), name), module, weights)
+
+
+def encoder_tensors(checkpoint: Any, name: str) -> Any:
+    """``tensors(module)`` for loading.load_from_checkpoint: text encoder ``name``'s tensors in the single file."""
+    from sdjax_runner.models.sd3.single_file import encoder_tensors as inside
+    from sdjax_runner.tensor_files import read_safetensors
+
+    return lambda module: inside(read_safetensors(checkpoint.path), name, int(module.config.hidden_size))

@@ -5,12 +5,20 @@ models/flux/convert.py turns into the Flax tree. A transcription of diffusers 0.
 ``convert_sd3_transformer_checkpoint_to_diffusers`` (loaders/single_file_utils.py), with NumPy: the fused q/k/v
 projections are cut in three along their rows, and the last block's context modulation and the final
 modulation have their halves swapped (Stability's order is shift, scale; diffusers' AdaLayerNormContinuous reads
-scale, shift). Tensors outside the MMDiT (``text_encoders.*``, ``first_stage_model.*``) are left out: the base
-folder gives those components (tested: tests/test_sd3_runs.py against diffusers' own ``from_single_file``)."""
+scale, shift).
+
+A file may also hold the text encoders and the VAE (Stability AI's ``sd3_medium_incl_clips*.safetensors``,
+ComfyUI's saves), each under its prefix (:data:`INSIDE`), as diffusers' ``StableDiffusion3Pipeline.from_single_file``
+reads them (``convert_ldm_clip_checkpoint``, ``convert_sd3_t5_checkpoint_to_diffusers``,
+``convert_ldm_vae_checkpoint``): the CLIPs and T5 in Hugging Face names under the prefix, CLIP-L's projection
+replaced by the identity (diffusers does so for every SD 3 file), the VAE in the LDM layout
+(models/single_file.vae_name). Those found replace the base folder's; the rest come from the folder (tested:
+tests/test_sd3_runs.py against diffusers' own ``from_single_file`` on a file with everything inside)."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import functools
+from collections.abc import Callable, Iterator, Mapping
 
 import numpy as np
 
@@ -76,4 +84,55 @@ def diffusers_state_dict(checkpoint: Mapping[str, np.ndarray], source: str) -> d
                 raise WeightsMismatch(f"{source}: {name} is no tensor of an SD 3 MMDiT this runner knows")
         else:
             raise WeightsMismatch(f"{source}: {name} is no tensor of an SD 3 MMDiT this runner knows")
+    return out
+
+
+# Components a file may hold besides the MMDiT: component -> its tensors' prefix.
+INSIDE = {"text_encoder": "text_encoders.clip_l.transformer.", "text_encoder_2": "text_encoders.clip_g.transformer.",
+          "text_encoder_3": "text_encoders.t5xxl.transformer.", "vae": "first_stage_model."}
+# The tensor that says a component is there (diffusers' is_clip_sd3_model, is_open_clip_sd3_model,
+# is_t5_in_single_file; any first_stage_model tensor for the VAE).
+MARKERS = {"text_encoder": "text_encoders.clip_l.transformer.text_model.embeddings.position_embedding.weight",
+           "text_encoder_2": "text_encoders.clip_g.transformer.text_model.embeddings.position_embedding.weight",
+           "text_encoder_3": "text_encoders.t5xxl.transformer.shared.weight"}
+
+
+def components_inside(keys) -> tuple[str, ...]:
+    """The components besides the transformer whose weights the file holds, in :data:`INSIDE`'s order."""
+    names = set(keys)
+    found = [name for name, marker in MARKERS.items() if marker in names]
+    if any(key.startswith(INSIDE["vae"]) for key in names):
+        found.append("vae")
+    return tuple(name for name in INSIDE if name in found)
+
+
+def encoder_tensors(tensors: Mapping[str, np.ndarray], component: str,
+                    hidden_size: int) -> Iterator[tuple[str, Callable[[], np.ndarray]]]:
+    """(Hugging Face name, loader) of a text encoder's tensors in the file (its prefix taken off), read when the
+    loader is called; CLIP-L's ``text_projection.weight`` is the identity of its ``hidden_size``, as diffusers
+    sets it."""
+    prefix = INSIDE[component]
+    for key in tensors:
+        if key.startswith(prefix) and not (component == "text_encoder" and key == prefix + "text_projection.weight"):
+            yield key[len(prefix):], functools.partial(np.array, tensors[key])
+    if component == "text_encoder":
+        yield "text_projection.weight", lambda: np.eye(hidden_size, dtype=np.float32)
+
+
+def vae_state_dict(tensors: Mapping[str, np.ndarray], levels: int, source: str) -> dict[str, np.ndarray]:
+    """The VAE's tensors of the file (``first_stage_model.*``, the LDM layout) under diffusers' names; ``levels``:
+    the base VAE's resolution levels (len(block_out_channels)). WeightsMismatch for a tensor the table does not
+    know (the VAE's training loss, which some files carry, is left out)."""
+    from sdjax_runner.models.single_file import vae_name
+
+    prefix = INSIDE["vae"]
+    out: dict[str, np.ndarray] = {}
+    for key in tensors:
+        if not key.startswith(prefix) or key.startswith(prefix + "loss."):
+            continue
+        found = vae_name(key[len(prefix):], levels)
+        if found is None:
+            raise WeightsMismatch(f"{source}: {key} is no tensor of an SD 3 VAE this runner knows")
+        name, transform = found
+        out[name] = transform(np.asarray(tensors[key]))
     return out
