@@ -220,3 +220,23 @@ def test_a_single_files_components_that_do_not_fit_are_one_line(tmp_path):
                      cwd=tmp_path)
     assert_one_line_error(result, "error: model.checkpoint: does not fit the base model")
     assert "first_stage_model.decoder.extra.weight is no tensor of an SD 3 VAE" in result.stderr
+
+
+def test_an_sd3_lora_gives_diffusers_images_and_a_scale_sweep_compiles_once(tmp_path, reference):
+    # tiny-sd3-lora.safetensors: diffusers' / PEFT's layout (transformer.*, text_encoder.*, text_encoder_2.*);
+    # lora.npz: tiny-sd3's images with it loaded by diffusers' own load_lora_weights (peft).
+    adapter = FIXTURES / "tiny-sd3-lora.safetensors"
+    with np.load(FIXTURES / "lora.npz") as data:
+        expected = data["images"]
+        assert np.array_equal(data["latents"], reference["latents"])
+    sweep = tmp_path / "sweep"
+    result = run_cli("-m", *local(FIXTURES / "tiny-sd3"), *RUN, "sampling.guidance_scale=5",
+                     f"lora=[{{path: {adapter}}}]", "lora.0.scale=1,0", f"hydra.sweep.dir={sweep}", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert float(np.abs(images(sweep / "0") - expected).max()) <= TOLERANCE
+    assert float(np.abs(images(sweep / "1") - reference["default_images"]).max()) <= TOLERANCE  # scale 0: the model
+    assert float(np.abs(expected - reference["default_images"]).max()) > 10 / 255
+    timings = [json.loads((sweep / job / "timings.json").read_text()) for job in ("0", "1")]
+    assert timings[1]["compile_reused"] == 1  # the scale is an input: one program
+    assert ("lora: tiny-sd3-lora.safetensors at scale 1 merged into 6 layer(s) (text_encoder 1, text_encoder_2 1, "
+            "transformer 4)") in result.stdout + result.stderr

@@ -77,8 +77,6 @@ def read_as_written(config: Any, family: str, why_no_clip_skip: str) -> None:
 def _sd3_values(config: Any) -> None:
     """Settings SD 3 has no use for (yet), each refused in one line rather than ignored."""
     read_as_written(config, "SD 3", "SD 3 reads its CLIP encoders' penultimate layer, as diffusers does")
-    if config.lora:
-        raise UserError("lora", f"{len(config.lora)} adapter(s): SD 3 LoRAs are not read yet", "[] (no adapters)")
     slg(config)
 
 

@@ -9,8 +9,9 @@ Layouts read (``A`` = down, ``B`` = up; a module's update is ``alpha / rank * B 
                       lora_te_<path> (text encoder), lora_te1_ / lora_te2_ (SDXL's two)
     PEFT / diffusers  unet.<path>.lora_A.weight, .lora_B.weight   (text_encoder., text_encoder_2.)
                       unet.<path>.lora.down.weight, .lora.up.weight (older diffusers)
-    FLUX.1            transformer.<path>.lora_A.weight, .lora_B.weight (diffusers' and PEFT's FLUX LoRAs: the
-                      transformer's module paths, which the runner's FLUX modules keep), text_encoder.<path>
+    FLUX.1, SD 3      transformer.<path>.lora_A.weight, .lora_B.weight (diffusers' and PEFT's LoRAs: the
+                      transformer's module paths, which the runner's FLUX.1 and SD 3 modules keep),
+                      text_encoder.<path> (SD 3: text_encoder_2.<path> too)
 
     kohya FLUX.1      lora_unet_double_blocks_N_img_attn_qkv..., lora_unet_single_blocks_N_linear1...: Black Forest
                       Labs' module names (models/flux/single_file.py's table, underscored), lora_te1_ for CLIP. A
@@ -136,7 +137,7 @@ def read(path: str, params: dict, config_key: str, expected_sha256: Optional[str
     if unknown:
         raise UserError(config_key, f"{file.name}: {len(unknown)} key(s) in no known LoRA layout, e.g. {unknown[0]}",
                         "kohya lora_unet_/lora_te_ or PEFT/diffusers unet./text_encoder./transformer. keys")
-    if "transformer" in params:  # FLUX.1: its lora_unet_ modules are kohya's names of the transformer's
+    if "single_transformer_blocks_0" in params.get("transformer", {}):  # FLUX.1: lora_unet_ is kohya's BFL names
         modules = _kohya_flux(modules, params["transformer"], file.name, config_key)
     targets = kernels(params)
     unmatched = sorted(m for m in modules if m not in targets)

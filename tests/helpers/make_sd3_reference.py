@@ -9,6 +9,8 @@ shapes of the family -- ``sd3`` (SD 3.0 Medium: no q/k norm), ``large`` (SD 3.5 
 diffusers computes with them for fixed inputs, all blocks and with a block skipped (skip-layer guidance), in
 ``transformers.npz``. Running it twice writes identical files.
 
+The LoRA reference also needs peft (0.17.1, recorded in VERSIONS.json) in that environment.
+
 Run from the checkout's root::
 
     /work/refvenv/bin/python tests/helpers/make_sd3_reference.py            # writes tests/fixtures/sd3/
@@ -18,6 +20,7 @@ Run from the checkout's root::
 from __future__ import annotations
 
 import argparse
+import importlib.metadata
 import json
 import os
 import shutil
@@ -347,6 +350,45 @@ def all_in_one(pipeline, out: Path) -> None:
     _save_npz(out / "single_file.npz", {"latents": latents, "images": np.asarray(images, dtype=np.float32)})
 
 
+# An SD 3 LoRA in diffusers' / PEFT's layout (what SD3LoraLoaderMixin reads): module -> (fan_in, fan_out), rank 4,
+# no alpha (alpha = rank). Blocks 0 and 1 of tiny-sd3 have SD 3.5 Medium's dual attention (attn2).
+LORA_MODULES = {"transformer.transformer_blocks.0.attn.to_q": (32, 32),
+                "transformer.transformer_blocks.1.attn.add_k_proj": (32, 32),
+                "transformer.transformer_blocks.0.attn2.to_v": (32, 32),
+                "transformer.transformer_blocks.2.ff.net.2": (128, 32),
+                "text_encoder.text_model.encoder.layers.0.self_attn.q_proj": (8, 8),
+                "text_encoder_2.text_model.encoder.layers.1.self_attn.out_proj": (16, 16)}
+LORA_RANK = 4
+
+
+def lora_reference(out: Path) -> None:
+    """``tiny-sd3-lora.safetensors`` (:data:`LORA_MODULES`, NumPy seed 5) and the images of tiny-sd3 with it loaded
+    by diffusers' own ``load_lora_weights`` (peft), for the runner's latents at the default settings: ``lora.npz``."""
+    import torch
+    from diffusers import StableDiffusion3Pipeline
+    from safetensors.numpy import save_file
+
+    rng = np.random.default_rng(5)
+    tensors = {}
+    for module, (fan_in, fan_out) in LORA_MODULES.items():
+        tensors[f"{module}.lora_A.weight"] = (0.3 * rng.standard_normal((LORA_RANK, fan_in))).astype(np.float32)
+        tensors[f"{module}.lora_B.weight"] = (0.3 * rng.standard_normal((fan_out, LORA_RANK))).astype(np.float32)
+    path = out / "tiny-sd3-lora.safetensors"
+    save_file(tensors, str(path))
+    pipeline = StableDiffusion3Pipeline.from_pretrained(out / "tiny-sd3", local_files_only=True)
+    pipeline.set_progress_bar_config(disable=True)
+    pipeline.load_lora_weights(str(out), weight_name=path.name)
+    adapted = set(pipeline.get_list_adapters())
+    if adapted != {"transformer", "text_encoder", "text_encoder_2"}:
+        raise RuntimeError(f"diffusers loaded the LoRA into {sorted(adapted)} only")
+    latents = runner_noise()
+    with torch.no_grad():
+        images = pipeline(prompt=[PROMPT] * len(latents), height=HEIGHT, width=WIDTH, num_inference_steps=STEPS,
+                          guidance_scale=GUIDANCE, max_sequence_length=MAX_SEQUENCE_LENGTH,
+                          latents=torch.from_numpy(latents), output_type="np").images
+    _save_npz(out / "lora.npz", {"latents": latents, "images": np.asarray(images, dtype=np.float32)})
+
+
 def check_saved(out: Path) -> None:
     """The saved folder, loaded back offline, gives the recorded images."""
     import torch
@@ -381,7 +423,9 @@ def main() -> None:
     check_saved(args.out)
     single_file(pipeline, args.out)
     all_in_one(pipeline, args.out)
+    lora_reference(args.out)
     versions = _versions()
+    versions["peft"] = importlib.metadata.version("peft")
     versions["skip_layers"] = list(SKIP_LAYERS)
     (args.out / "VERSIONS.json").write_text(json.dumps(versions, indent=2, sort_keys=True) + "\n")
     (args.out / "README.md").write_text(
@@ -409,7 +453,10 @@ def main() -> None:
         "`first_stage_model.` in the LDM layout), the text encoders and VAE perturbed from the folder's; loaded "
         "back as written by diffusers' `StableDiffusion3Pipeline.from_single_file` (CLIP-L's projection the "
         "identity, as diffusers sets it), whose images for the runner's latents at the default settings are "
-        "`single_file.npz` (`latents`, `images`).\n")
+        "`single_file.npz` (`latents`, `images`).\n"
+        "* `tiny-sd3-lora.safetensors`: an SD 3 LoRA in diffusers' / PEFT's layout (`transformer.*`, `text_encoder.*`, "
+        "`text_encoder_2.*`, rank 4), and `lora.npz`: tiny-sd3's images with it loaded by diffusers' "
+        "`load_lora_weights` (peft), for the runner's latents at the default settings.\n")
 
 
 if __name__ == "__main__":
