@@ -120,6 +120,7 @@ class ImageRecord(_Record):
     slg_scale: Optional[float] = None
     slg_start: Optional[float] = None
     slg_stop: Optional[float] = None
+    guidance_rescale: Optional[float] = None  # optional, SD: CFG rescale (sampling.guidance_rescale; Forge's "Rescale CFG")
     # This image's own (record/rundir.py: write_images).
     index: Optional[int] = None  # its position in the run (batch-major, then device, then slot)
     batch: Optional[int] = None  # the batch it was made in
@@ -140,7 +141,8 @@ class ImageRecord(_Record):
     INT_CHUNKS: ClassVar[tuple[str, ...]] = ("index", "batch", "device", "seed", "steps", "height", "width",
                                             "clip_skip")
     FLOAT_CHUNKS: ClassVar[tuple[str, ...]] = ("guidance_scale", "distilled_guidance", "eta", "strength",
-                                              "conditioning_scale", "shift", "slg_scale", "slg_start", "slg_stop")
+                                              "conditioning_scale", "shift", "slg_scale", "slg_start", "slg_stop",
+                                              "guidance_rescale")
     BOOL_CHUNKS: ClassVar[tuple[str, ...]] = ("non_finite",)
 
     @classmethod

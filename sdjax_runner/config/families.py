@@ -194,6 +194,12 @@ def with_defaults(config: Any) -> Any:
     if family.name != "flux" and config.sampling.true_cfg_scale is not None:
         raise UserError("sampling.true_cfg_scale", f"{config.sampling.true_cfg_scale}: {config.model.name}'s "
                         "classifier-free guidance is sampling.guidance_scale", "null")
+    rescale = config.sampling.guidance_rescale
+    if rescale is not None and family.name != "sd":
+        raise UserError("sampling.guidance_rescale", f"{rescale}: CFG rescale is the SD family's (diffusers' "
+                        f"guidance_rescale); {config.model.name} is a {family.name} model", "null")
+    if rescale is not None and not (math.isfinite(rescale) and 0 <= rescale <= 1):
+        raise UserError("sampling.guidance_rescale", f"{rescale}", "a number from 0 to 1 (0.7 in Lin et al.), or null")
     if family.t5_tokens is None and length is not None:
         raise UserError("prompts.max_sequence_length", f"{length}: {config.model.name} has no T5 encoder (it is "
                         f"{family.title})", "null (FLUX.1 and SD 3 only)")

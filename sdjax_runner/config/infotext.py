@@ -112,7 +112,7 @@ NUMBERS = {"Steps": (WHOLE, int, "a whole number, e.g. 20"), "Clip skip": (WHOLE
            "Denoising strength": (DECIMAL, float, "a number, e.g. 0.75"),
            "Distilled CFG Scale": (DECIMAL, float, "a number, e.g. 3.5"),
            "SLG scale": (DECIMAL, float, "a number, e.g. 2.8"), "SLG start": (DECIMAL, float, "a number, e.g. 0.01"),
-           "SLG stop": (DECIMAL, float, "a number, e.g. 0.2")}
+           "SLG stop": (DECIMAL, float, "a number, e.g. 0.2"), "Rescale CFG": (DECIMAL, float, "a number, e.g. 0.7")}
 
 
 def number(key: str, text: str) -> int | float:
@@ -206,6 +206,8 @@ def overrides(info: Infotext, model_options: tuple[str, ...], dtype_options: tup
             use(key, f"sampling.eta={numbers[key]!r}")
     if "Clip skip" in numbers:
         use("Clip skip", f"prompts.clip_skip={numbers['Clip skip']}")
+    if "Rescale CFG" in numbers:  # Forge's key (diffusers' guidance_rescale)
+        use("Rescale CFG", f"sampling.guidance_rescale={numbers['Rescale CFG']!r}")
     if sd3:
         sd3_settings(settings, numbers, use, skipped)
     if "Denoising strength" in numbers:

@@ -119,6 +119,7 @@ class Plan:
     guidance_given: bool = True  # sampling.guidance_scale was given (FLUX.1 [schnell] reads none: refused)
     params_placement: str = "replicated"  # parallelism.params (engine/sharded.py)
     true_cfg_scale: Optional[float] = None  # FLUX.1's true classifier-free guidance (sampling.true_cfg_scale)
+    guidance_rescale: Optional[float] = None  # SD: CFG rescale (sampling.guidance_rescale)
     slg: Optional[tuple] = None  # SD 3's skip-layer guidance: (layers, scale, start, stop) (sampling.slg_*)
     from_texts: int = 0  # how many of the prompts are prompts.texts (the rest: prompts.file's), to name them
 
@@ -327,6 +328,7 @@ def make_plan(config: RunConfig, available_devices: int, checked: Optional[Check
         guidance_given=given_guidance,
         params_placement=par.params.name,
         true_cfg_scale=config.sampling.true_cfg_scale,
+        guidance_rescale=config.sampling.guidance_rescale,
         slg=families.slg(config),
         from_texts=len(config.prompts.texts),
     )

@@ -187,6 +187,11 @@ class SamplingConfig:
     # prompts.negative and a value over 1 the transformer also runs on the negative prompt, mixed as neg + scale *
     # (pos - neg) -- two transformer calls a step. null: none (1). Shapes the program. SD: refused (guidance_scale).
     true_cfg_scale: Optional[float] = None
+    # Stable Diffusion: CFG rescale (diffusers' guidance_rescale, Forge's "Rescale CFG", Lin et al. 2023 for
+    # v-prediction and zero-terminal-SNR models): the guided prediction cfg is replaced by rescale * cfg *
+    # std(cond) / std(cfg) + (1 - rescale) * cfg, per image, on the model's output (eps or v), as diffusers'
+    # rescale_noise_cfg. 0..1; null: none. A traced value: a sweep over it (0 included) compiles once.
+    guidance_rescale: Optional[float] = None
     # SD 3.5 (Medium's model card): skip-layer guidance, diffusers' skip_guidance_layers -- on the steps i with
     # slg_start * steps < i < slg_stop * steps, slg_scale * (cond - cond without these transformer blocks) is added
     # to the guided prediction (one more transformer call on those steps; only with guidance over 1, as diffusers).

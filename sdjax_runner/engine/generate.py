@@ -118,8 +118,10 @@ class Generator:
         self.per_prompt = {name: array for name, array in
                            plan.inputs.arrays(len(plan.prompts), spec.height, spec.width, plan.resize_mode).items()
                            if name in PER_IMAGE[spec.mode]}
-        numbers = {"start": np.int32(plan.start_step), "control_scale": np.float32(plan.conditioning_scale)}
-        self.numbers = {name: self.place_number(numbers[name]) for name in NUMBERS[spec.mode]}
+        numbers = {"start": np.int32(plan.start_step), "control_scale": np.float32(plan.conditioning_scale),
+                   "guidance_rescale": np.float32(plan.guidance_rescale or 0.0)}
+        names = NUMBERS[spec.mode] + (("guidance_rescale",) if spec.cfg_rescale else ())
+        self.numbers = {name: self.place_number(numbers[name]) for name in names}
 
     def install(self, compiled: Callable, retrace: Optional[Callable[[Exception], None]] = None) -> None:
         """Run batches with ``compiled`` (engine/engine.py compiles or finds it); ``retrace``, for a stored

@@ -54,6 +54,7 @@ class Spec:
     params: str = "replicated"  # parallelism.params: weights whole on every device, or split (engine/sharded.py)
     true_cfg: Optional[float] = None  # FLUX.1: true classifier-free guidance's scale (two denoiser calls a step)
     slg: Optional[tuple] = None  # SD 3: skip-layer guidance's (layers, scale, start, stop) (engine/sd3/stages.py)
+    cfg_rescale: bool = False  # SD: CFG rescale runs (its value is a traced input, "guidance_rescale")
 
     @property
     def calls_per_step(self) -> int:
@@ -85,7 +86,7 @@ def program_spec(plan: Any, pipeline: Any, height: int, width: int, controlnet: 
                 sampler=plan.sampling.sampler, sigmas=plan.sampling.sigmas, eta=plan.sampling.eta,
                 mode=plan.generation, controlnet=controlnet, clip_skip=plan.clip_skip, prompt_chunks=chunks,
                 family=family, text_tokens=plan.max_sequence_length, params=plan.params_placement,
-                true_cfg=plan.true_cfg_scale, slg=plan.slg)
+                true_cfg=plan.true_cfg_scale, slg=plan.slg, cfg_rescale=plan.guidance_rescale is not None)
 
 
 def generate(pipeline: Any, spec: Spec, ids, params: dict, key, guidance, inputs: dict,
@@ -98,6 +99,8 @@ def generate(pipeline: Any, spec: Spec, ids, params: dict, key, guidance, inputs
     weights (``prompt_weights``, ``negative_weights``); ``negative_ids``: like ``ids``, or None for the
     pipeline's own unconditional input."""
     family = FAMILIES[spec.family]
+    if spec.cfg_rescale:  # the SD samplers' classifier-free guidance reads both (engine/samplers/unet.py: guided)
+        guidance = (guidance, inputs["guidance_rescale"])
     conditioning = family.encode(pipeline, params, ids, negative_ids, spec, inputs)
     start = family.modes[spec.mode](pipeline, params, key, spec, ids.shape[0], inputs)
     if start.conditioning:

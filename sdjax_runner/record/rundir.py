@@ -162,6 +162,7 @@ def a1111_parameters(meta: ImageRecord) -> str:
         # No classifier-free guidance (FLUX.1) is A1111's and Forge's "CFG scale: 1".
         + f"CFG scale: {meta.guidance_scale if meta.guidance_scale is not None else 1}, "
         + (f"Distilled CFG Scale: {meta.distilled_guidance}, " if meta.distilled_guidance is not None else "")
+        + (f"Rescale CFG: {meta.guidance_rescale}, " if meta.guidance_rescale is not None else "")
         + f"Seed: {meta.seed}, Size: {meta.width}x{meta.height}, Model: {meta.model}, "
         f"Dtype: {meta.dtype}, Batch: {meta.batch}, Device: {meta.device}"
         + (f", {'Eta DDIM' if meta.sampler == 'ddim' else 'Eta'}: {meta.eta}" if meta.eta is not None else "")
@@ -341,6 +342,7 @@ def image_meta(plan: Plan, height: int, width: int, guidance: str = "cfg", shift
                     if plan.checkpoint else None),
         shift=shift,
         slg_layers=",".join(map(str, slg[0])) or None, slg_scale=slg[1], slg_start=slg[2], slg_stop=slg[3],
+        guidance_rescale=plan.guidance_rescale,
     )
 
 

@@ -29,13 +29,12 @@ def unet_denoiser(pipeline: Any, params: dict, conditioning: Conditioning, guida
 
     log_sigmas = jnp.asarray(np.log(training), jnp.float32)
     positions = jnp.arange(len(training), dtype=jnp.float32)
-    guidance = jnp.array([guidance], dtype=jnp.float32)
 
     def denoiser(x, sigma):
         t = jnp.interp(jnp.log(sigma), log_sigmas, positions)
         unconditional, conditional = (half.astype(jnp.float32) for half in
                                       unet.halves(pipeline, params, conditioning, x / jnp.sqrt(sigma**2 + 1), t))
-        out = unconditional + guidance * (conditional - unconditional)
+        out = unet.guided(unconditional, conditional, guidance)
         if prediction == "v_prediction":
             return x / (sigma**2 + 1) - out * sigma / jnp.sqrt(sigma**2 + 1)
         if prediction == "sample":

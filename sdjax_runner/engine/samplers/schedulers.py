@@ -18,7 +18,6 @@ def denoise(pipeline: Any, params: dict, conditioning: Conditioning, start: Star
     import jax.numpy as jnp
 
     scheduler = pipeline.scheduler
-    guidance = jnp.array([guidance], dtype=jnp.float32)  # the model output stays float32 into the scheduler
     state = scheduler.set_timesteps(params["scheduler"], num_inference_steps=spec.steps, shape=start.noise.shape)
     # The initial noise scaled to the scheduler's spread. diffusers' SD pipeline reads init_noise_sigma from
     # the state before set_timesteps, its SDXL pipeline from the state after (they differ for Euler only).
@@ -43,7 +42,7 @@ def denoise(pipeline: Any, params: dict, conditioning: Conditioning, start: Star
         # (scale_model_input is element-wise: scaling before the halves are doubled is the same as after)
         unconditional, conditional = unet.halves(pipeline, params, conditioning,
                                                  scheduler.scale_model_input(state, latents, t), t)
-        noise = unconditional + guidance * (conditional - unconditional)
+        noise = unet.guided(unconditional, conditional, guidance)
         if spec.eta and draws is not None:  # DDIM with eta (config/samplers.py allows it for DDIM alone)
             latents, state = ddim_step(scheduler, state, noise, t, latents, spec.eta, draws(index, 0))
         else:

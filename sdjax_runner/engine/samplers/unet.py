@@ -32,3 +32,30 @@ def halves(pipeline: Any, params: dict, conditioning: Conditioning, x, timestep)
     out = pipeline.unet.apply({"params": params["unet"]}, model_input, timesteps,
                               encoder_hidden_states=conditioning.context, **extra).sample
     return jnp.split(out, 2, axis=0)
+
+
+def guided(unconditional, conditional, guidance):
+    """Classifier-free guidance, ``unconditional + scale * (conditional - unconditional)`` in float32 (the scale a
+    float32 ``[scale]``, as diffusers' Flax pipelines make it, so the model output reaches the sampler in float32).
+    ``guidance``: the scale, or ``(scale, rescale)`` with CFG rescale (sampling.guidance_rescale, engine/program.py):
+    :func:`rescaled`."""
+    import jax.numpy as jnp
+
+    scale, rescale = guidance if isinstance(guidance, tuple) else (guidance, None)
+    out = unconditional + jnp.array([scale], dtype=jnp.float32) * (conditional - unconditional)
+    return out if rescale is None else rescaled(out, conditional, rescale)
+
+
+def rescaled(cfg, conditional, rescale):
+    """diffusers' ``rescale_noise_cfg`` (Lin et al. 2023, "Common Diffusion Noise Schedules and Sample Steps are
+    Flawed", eq. 15-16): each image's guided prediction scaled to the conditional prediction's standard deviation,
+    mixed in by ``rescale``: ``rescale * cfg * std(cond) / std(cfg) + (1 - rescale) * cfg``. (diffusers' torch.std is
+    Bessel-corrected, the plain one here: the correction cancels in the ratio.) At 0 the guided prediction itself,
+    exactly."""
+    import jax.numpy as jnp
+
+    axes = tuple(range(1, cfg.ndim))
+    ratio = jnp.std(conditional, axis=axes, keepdims=True) / jnp.std(cfg, axis=axes, keepdims=True)
+    factor = jnp.ravel(jnp.asarray(rescale, jnp.float32))[0]
+    blended = factor * (cfg * ratio) + (1 - factor) * cfg
+    return jnp.where(factor > 0, blended, cfg)
