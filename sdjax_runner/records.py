@@ -114,6 +114,7 @@ class ImageRecord(_Record):
     width: Optional[int] = None  # pixels
     lora: Optional[str] = None  # optional: the adapters, "style.safetensors:0.8:sha256=ab12cd34ef56; ..."
     checkpoint: Optional[str] = None  # optional: model.checkpoint, "model.safetensors:sha256=ab12cd34ef56"
+    vae: Optional[str] = None  # optional: model.vae, "vae-ft-mse.safetensors:sha256=ab12cd34ef56"
     shift: Optional[float] = None  # optional, SD 3: its scheduler's shift (Forge's "Shift")
     # optional, SD 3.5: skip-layer guidance's blocks ("7,8,9"), scale and window (fractions of the steps)
     slg_layers: Optional[str] = None

@@ -225,6 +225,10 @@ def overrides(info: Infotext, model_options: tuple[str, ...], dtype_options: tup
             place = shown_value(settings.pop(key))
             skipped.append(f"{key}: {place}: where this image sat in the run that made it; this run lays out "
                            f"its images by parallelism.* (the same layout remakes it at {key.lower()} {place})")
+    if "VAE" in settings:
+        settings.pop("VAE hash", None)
+        skipped.append(f"VAE: {shown_value(settings.pop('VAE'))}: VAE files are not found by name here; give "
+                       "model.vae=PATH to run it")
     for key, value in settings.items():
         if key == "Model hash":
             skipped.append(f"Model hash: {shown_value(value)}: models are not found by hash here; pick one with model=NAME")

@@ -34,7 +34,15 @@ from sdjax_runner.config.schema import (
     TrackingConfig,
     field_types,
 )
-from sdjax_runner.config.weight_files import ARCHITECTURES, BASES, FAMILY_OF, lora_header, open_checkpoint
+from sdjax_runner.config.weight_files import (
+    ARCHITECTURES,
+    BASES,
+    FAMILY_OF,
+    lora_header,
+    open_checkpoint,
+    vae_files,
+    vae_kind,
+)
 from sdjax_runner.errors import UserError
 from sdjax_runner.files import file_sha256, not_a_file
 
@@ -53,6 +61,14 @@ class CheckpointEntry(NamedTuple):
     path: str  # the .safetensors file, its user part expanded
     sha256: str  # the file's content hash when the run was planned (the weights loaded must still have it)
     architecture: str  # what its tensor names say it is: "sd1", "sd2" or "sdxl" (config/weight_files.py)
+
+
+class VaeEntry(NamedTuple):
+    """``model.vae``: another VAE, as the plan read it."""
+
+    path: str  # a diffusers VAE folder or a .safetensors file, its user part expanded
+    sha256: str  # its weights' content hash when the run was planned (one file's, or of its shards' hashes)
+    kind: str  # "folder" or "single_file" (config/weight_files.vae_kind)
 
 
 @dataclass(frozen=True)
@@ -103,6 +119,7 @@ class Plan:
     params: dict  # the resolved config, flattened, as the tracker logs it
     lora: tuple[LoraEntry, ...] = ()  # the adapters, in the order given
     checkpoint: Optional[CheckpointEntry] = None  # model.checkpoint, if one is given
+    vae: Optional[VaeEntry] = None  # model.vae, if one is given (engine/reuse.py swaps it in)
     # What the sampler starts from and is steered by (config/modes.py, engine/modes/).
     generation: str = "txt2img"
     strength: Optional[float] = None  # img2img / inpaint
@@ -197,6 +214,21 @@ def checkpoint_record(model: ModelConfig) -> Optional[CheckpointEntry]:
     return CheckpointEntry(str(checkpoint.path), file_sha256(checkpoint.path), checkpoint.architecture)
 
 
+def vae_record(model: ModelConfig) -> Optional[VaeEntry]:
+    """(path, content hash, kind) of ``model.vae``, or None; A1111's "VAE hash" is the first 10 of a file's."""
+    import hashlib
+
+    if not model.vae:
+        return None
+    path = Path(model.vae).expanduser()
+    files = vae_files(path)
+    if len(files) == 1:
+        sha256 = file_sha256(files[0])
+    else:
+        sha256 = hashlib.sha256("".join(f"{f.name}:{file_sha256(f)}\n" for f in files).encode()).hexdigest()
+    return VaeEntry(str(path), sha256, vae_kind(path))
+
+
 def checkpoint_params(model: ModelConfig, checkpoint: Optional[CheckpointEntry]) -> dict[str, str]:
     if checkpoint is None:
         return {}
@@ -270,6 +302,7 @@ def make_plan(config: RunConfig, available_devices: int, checked: Optional[Check
     strength = modes.strength(config.mode.name, config.strength)
     model = dataclasses.replace(config.model)  # the checkpoint's base may be filled in: the caller's stays as given
     checkpoint = checkpoint_record(model)
+    vae = vae_record(model)
     if checkpoint is not None and FAMILY_OF[checkpoint.architecture] != family.name:
         raise UserError("model.checkpoint", f"{Path(checkpoint.path).name} is a {ARCHITECTURES[checkpoint.architecture]} "
                         f"checkpoint, but its base {model.pretrained_model_name_or_path} is {family.title}",
@@ -305,6 +338,7 @@ def make_plan(config: RunConfig, available_devices: int, checked: Optional[Check
         profile=config.performance.profile,
         max_models=config.reuse.max_models,
         params=dict(flatten_params(config), **lora_params(adapters), **checkpoint_params(model, checkpoint),
+                    **({"model.vae_sha256": vae.sha256} if vae else {}),
                     **({"strength": str(strength)} if strength is not None else {}),
                     **{"sampling.guidance_scale": str(guidance)},  # the family's default where null
                     # FLUX.1 steps with its own scheduler whatever the (default) scheduler group says
@@ -313,6 +347,7 @@ def make_plan(config: RunConfig, available_devices: int, checked: Optional[Check
                     sampler=sampling.label),  # what ran, as A1111 spells it (the config's value is in its artifact)
         lora=adapters,
         checkpoint=checkpoint,
+        vae=vae,
         generation=config.mode.name,
         strength=strength,
         start_step=start_step(steps, strength),

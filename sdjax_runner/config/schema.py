@@ -99,6 +99,10 @@ class ModelConfig:
     # A single-file checkpoint (.safetensors in the original LDM layout, as model sites and A1111 /
     # ComfyUI have them): its UNet, VAE and text encoder weights are used, converted without torch.
     checkpoint: Optional[str] = None
+    # Another VAE (A1111's "SD VAE"): a diffusers VAE folder (its own config.json) or one .safetensors file in the
+    # original layout (vae-ft-mse-840000-ema-pruned.safetensors, sdxl_vae.safetensors, FLUX.1's ae.safetensors),
+    # which runs on the model's VAE config. Pickled files are refused. A sweep over it reloads only the VAE.
+    vae: Optional[str] = None
     revision: Optional[str] = None  # a hub branch, tag or commit
     # Selects PyTorch safetensors diffusion_pytorch_model.<variant>.safetensors (e.g. fp16) where a
     # component has no Flax weights; diffusers' Flax loader reads the Flax file whatever the variant.

@@ -114,3 +114,48 @@ def detect_architecture(path: Path, keys) -> str:
         return "sd1"
     raise UserError(KEY, f"{path.name} has a UNet but no text encoder this runner knows (SD 1.x, 2.x or SDXL)",
                     "an SD 1.x, 2.x or SDXL single-file checkpoint")
+
+
+VAE_KEY = "model.vae"
+VAE_FLAX = "diffusion_flax_model.msgpack"  # diffusers' Flax weights file
+VAE_SAFETENSORS = "diffusion_pytorch_model.safetensors"
+
+
+def vae_kind(path: Path) -> str:
+    """"folder" (a diffusers VAE folder) or "single_file" (one .safetensors VAE) for ``model.vae``; one line for a
+    path that is neither, or a pickled file (unpickling runs code)."""
+    if path.is_dir():
+        if not (path / "config.json").is_file():
+            raise UserError(VAE_KEY, f"{path}/ has no config.json: not a diffusers VAE folder",
+                            "a diffusers VAE folder (config.json + weights) or a .safetensors VAE file")
+        return "folder"
+    missing = not_a_file(path)
+    if missing:
+        raise UserError(VAE_KEY, f"{missing}: {path}", "a diffusers VAE folder or a .safetensors VAE file")
+    if path.suffix != ".safetensors":
+        raise UserError(VAE_KEY, f"{path.name} is not a .safetensors file; pickled VAEs (.pt, .ckpt, .bin) can run "
+                        "code when loaded and are not read", "a .safetensors VAE file (convert a .pt first)")
+    return "single_file"
+
+
+def vae_files(path: Path) -> list[Path]:
+    """The files ``model.vae``'s weights are read from: the file itself, or a folder's Flax file, its safetensors,
+    or the shards its index lists (in the index's order)."""
+    import json
+
+    if vae_kind(path) == "single_file":
+        return [path]
+    for name in (VAE_FLAX, VAE_SAFETENSORS):
+        if (path / name).is_file():
+            return [path / name]
+    index = path / f"{VAE_SAFETENSORS}.index.json"
+    try:
+        shards = sorted(set(json.loads(index.read_text(encoding="utf-8"))["weight_map"].values()))
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        raise UserError(VAE_KEY, f"{path}/ has no {VAE_SAFETENSORS} (nor {VAE_FLAX}, nor shards with their index)",
+                        "a diffusers VAE folder with its weights") from None
+    files = [path / str(name) for name in shards]
+    missing = [f.name for f in files if not f.is_file()]
+    if missing:
+        raise UserError(VAE_KEY, f"{index} lists {missing[0]}, which is missing", "every shard its index lists")
+    return files

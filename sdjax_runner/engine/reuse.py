@@ -66,6 +66,10 @@ class ModelEntry:
     controlnet: Any = None  # models/controlnet.LoadedControlNet
     controlnet_on: tuple = ()  # the placement ``controlnet_weights`` are on
     controlnet_weights: Any = None
+    vae_key: tuple = ()  # (model.vae, its hash) the pipeline's VAE and host_weights["vae"] are; () the model's own
+    own_vae: Optional[tuple] = None  # (module, host weights) of the model's own VAE, kept while another runs
+    vae_stale: bool = False  # placed_weights' VAE is not host_weights' (swapped since they were placed)
+    vae_structure: str = ""  # a swapped VAE folder's config (its programs differ); "" the model's own config
 
 
 # Compiled programs a process keeps (an executable is host memory of a few MB to some hundred MB).
@@ -106,6 +110,7 @@ class ReuseCache:
         key = structure + (plan.checkpoint,)
         if key in self.models:
             self.models.move_to_end(key)
+            self.swap_vae(plan, self.models[key])
             return self.models[key], True
         while len(self.models) >= plan.max_models:
             self.models.popitem(last=False)
@@ -114,7 +119,36 @@ class ReuseCache:
                            structure)
         self.counters.model_loads += 1
         self.models[key] = entry
+        self.swap_vae(plan, entry)
         return entry, False
+
+    def swap_vae(self, plan: Plan, entry: ModelEntry) -> None:
+        """``entry`` running the plan's VAE (model.vae; none: the model's own), read and swapped in only when it
+        changes: the rest of the model stays loaded and placed (a sweep over VAEs loads the model once)."""
+        from sdjax_runner.models import vae_swap
+
+        key = (plan.vae.path, plan.vae.sha256) if plan.vae else ()
+        if entry.vae_key == key:
+            return
+        loaded = entry.loaded
+        if entry.own_vae is None:
+            entry.own_vae = (loaded.pipeline.vae, loaded.host_weights["vae"])
+        if plan.vae:
+            swapped = vae_swap.load_vae(Path(plan.vae.path), entry.own_vae[0], loaded.family, loaded.path, plan.dtype,
+                                        plan.vae.sha256)
+            module, weights = swapped.module, swapped.params
+            log.info("load: VAE %s (%s)", shown(Path(plan.vae.path).name),
+                     "its own config" if swapped.format == "folder" else "on the model's VAE config")
+        else:
+            module, weights = entry.own_vae
+        loaded.pipeline = with_vae(loaded.pipeline, module)
+        loaded.host_weights = dict(loaded.host_weights, vae=weights)
+        entry.pipelines.clear()  # made with the old VAE module
+        entry.vae_stale = entry.placed_weights is not None
+        own = entry.own_vae[0]
+        same = module is own or (dict(module.config) == dict(own.config) and module.dtype == own.dtype)
+        entry.vae_structure = "" if same else repr((sorted(dict(module.config).items()), str(module.dtype)))
+        entry.vae_key = key
 
     def controlnet(self, plan: Plan, entry: ModelEntry) -> tuple[Any, bool]:
         """The plan's ControlNet (controlnet mode), loaded beside ``entry``'s model or reused (then True);
@@ -155,6 +189,10 @@ class ReuseCache:
             entry.placed_weights = None  # one placed copy per model at a time
             entry.placed_weights = mode.place_weights(entry.loaded.host_weights, devices, plan.params_placement)
             entry.placed_on = weights_on
+        elif entry.vae_stale:  # another VAE since the weights were placed: only it is placed again
+            vae = mode.place_weights({"vae": entry.loaded.host_weights["vae"]}, devices, plan.params_placement)
+            entry.placed_weights = dict(entry.placed_weights, vae=vae["vae"])
+        entry.vae_stale = False
         params = dict(entry.placed_weights, scheduler=mode.place_params(state, devices))
         if plan.lora:  # merged on the devices; the scales are inputs, so no new program
             params = self.with_lora(plan, entry, mode, devices, placement, params)
@@ -167,7 +205,7 @@ class ReuseCache:
         jax.block_until_ready(params)
         replicate_s = time.perf_counter() - started
 
-        compile_key = (entry.structure, weights_on, spec)
+        compile_key = (entry.structure, entry.vae_structure, weights_on, spec)
         return Prepared(pipeline, params, plan.attention, entry.loaded.safety_weights, self.programs.get(compile_key),
                         entry, compile_key, 0.0 if reused else entry.loaded.load_s, replicate_s)
 
@@ -235,3 +273,16 @@ class ReuseCache:
             self.flops_of[prepared.compile_key] = efficiency.batch_flops(compiled, unet, steps, num_devices)
         return self.flops_of[prepared.compile_key]
 
+
+def with_vae(pipeline: Any, module: Any) -> Any:
+    """``pipeline`` running the VAE ``module``: a diffusers Flax pipeline's attribute set (its modules are shared
+    with the pipelines made from it, which are made again), a flow model's dataclass replaced with the module's
+    scaling and shift factors."""
+    import dataclasses
+
+    if dataclasses.is_dataclass(pipeline) and not isinstance(pipeline, type):
+        shift = getattr(module, "shift_factor", None)
+        return dataclasses.replace(pipeline, vae=module, scaling_factor=float(module.scaling_factor),
+                                   shift_factor=float(shift) if shift is not None else 0.0)
+    pipeline.vae = module
+    return pipeline

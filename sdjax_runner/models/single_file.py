@@ -254,3 +254,28 @@ def unrecognised(checkpoint: Checkpoint) -> list[str]:
     """Tensors that are neither pipeline weights nor known training leftovers."""
     return [k for k in checkpoint.keys
             if not SKIPPED.match(k) and renamed(k, checkpoint.layers_per_block, checkpoint.vae_levels) is None]
+
+
+def vae_tensors(tensors: Any, prefix: str, levels: int, source: str) -> dict[str, np.ndarray]:
+    """A VAE in the LDM layout (``prefix`` + ``encoder.down.0.block.0...``: a checkpoint's ``first_stage_model.``, or
+    "" for a VAE file such as vae-ft-mse-840000-ema-pruned.safetensors or sdxl_vae.safetensors) under diffusers'
+    PyTorch names (:func:`vae_name`), read from the memory-mapped ``tensors`` one at a time; ``levels``: the VAE's
+    resolution levels. Training leftovers (``loss.*``, ``model_ema.*``) are left out, as A1111 leaves them;
+    WeightsMismatch naming ``source`` for a tensor that is no VAE's."""
+    from sdjax_runner.models.checkpoints import WeightsMismatch
+
+    out: dict[str, np.ndarray] = {}
+    for key in tensors:
+        if not key.startswith(prefix):
+            continue
+        inner = key[len(prefix):]
+        if inner.startswith(("loss.", "model_ema.")):
+            continue
+        found = vae_name(inner, levels)
+        if found is None:
+            raise WeightsMismatch(f"{source}: {key} is no tensor of a VAE in the original (LDM) layout")
+        name, transform = found
+        out[name] = transform(np.asarray(tensors[key]))
+    if not out:
+        raise WeightsMismatch(f"{source} holds no VAE tensors (encoder.* / decoder.*, or first_stage_model.*)")
+    return out

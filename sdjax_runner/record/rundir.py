@@ -136,6 +136,14 @@ def _flat(text: str) -> str:
     return " ".join(str(text).splitlines())
 
 
+def quoted(value: str) -> str:
+    """A settings value as A1111's ``quote`` writes it: JSON-quoted where a comma, colon or line break would end
+    it early (a file name is the user's text)."""
+    import json
+
+    return json.dumps(value, ensure_ascii=False) if any(c in value for c in ",:\n\r\"") else value
+
+
 # The families whose prompts are read as written (no A1111 emphasis): their infotext writes the prompt unescaped.
 WRITTEN = ("flux", "sd3")
 
@@ -172,6 +180,8 @@ def a1111_parameters(meta: ImageRecord) -> str:
         + (f", ControlNet: {meta.controlnet}, Control weight: {meta.conditioning_scale}" if meta.controlnet else "")
         + (f", Lora: {meta.lora}" if meta.lora else "")
         + (f", Checkpoint: {meta.checkpoint}" if meta.checkpoint else "")
+        + (f", VAE hash: {meta.vae.rpartition('sha256=')[2][:10]}, VAE: {quoted(meta.vae.rpartition(':sha256=')[0])}"
+           if meta.vae else "")
         + (f", Shift: {meta.shift}" if meta.shift is not None else "")
         + (f', Skip layer guidance: "{meta.slg_layers}", SLG scale: {meta.slg_scale}, SLG start: {meta.slg_start}, '
            f"SLG stop: {meta.slg_stop}" if meta.slg_layers else "")
@@ -340,6 +350,7 @@ def image_meta(plan: Plan, height: int, width: int, guidance: str = "cfg", shift
         lora=lora_label(plan.lora) if plan.lora else None,
         checkpoint=(f"{Path(plan.checkpoint.path).name}:sha256={plan.checkpoint.sha256[:12]}"
                     if plan.checkpoint else None),
+        vae=f"{Path(plan.vae.path).name}:sha256={plan.vae.sha256[:12]}" if plan.vae else None,
         shift=shift,
         slg_layers=",".join(map(str, slg[0])) or None, slg_scale=slg[1], slg_start=slg[2], slg_stop=slg[3],
         guidance_rescale=plan.guidance_rescale,

@@ -123,16 +123,6 @@ def vae_state_dict(tensors: Mapping[str, np.ndarray], levels: int, source: str) 
     """The VAE's tensors of the file (``first_stage_model.*``, the LDM layout) under diffusers' names; ``levels``:
     the base VAE's resolution levels (len(block_out_channels)). WeightsMismatch for a tensor the table does not
     know (the VAE's training loss, which some files carry, is left out)."""
-    from sdjax_runner.models.single_file import vae_name
+    from sdjax_runner.models.single_file import vae_tensors
 
-    prefix = INSIDE["vae"]
-    out: dict[str, np.ndarray] = {}
-    for key in tensors:
-        if not key.startswith(prefix) or key.startswith(prefix + "loss."):
-            continue
-        found = vae_name(key[len(prefix):], levels)
-        if found is None:
-            raise WeightsMismatch(f"{source}: {key} is no tensor of an SD 3 VAE this runner knows")
-        name, transform = found
-        out[name] = transform(np.asarray(tensors[key]))
-    return out
+    return vae_tensors(tensors, INSIDE["vae"], levels, source)
