@@ -115,6 +115,8 @@ class ImageRecord(_Record):
     lora: Optional[str] = None  # optional: the adapters, "style.safetensors:0.8:sha256=ab12cd34ef56; ..."
     checkpoint: Optional[str] = None  # optional: model.checkpoint, "model.safetensors:sha256=ab12cd34ef56"
     vae: Optional[str] = None  # optional: model.vae, "vae-ft-mse.safetensors:sha256=ab12cd34ef56"
+    # optional: prompts.embeddings, the run's textual-inversion embeddings, "easynegative:sha256=ab12cd34ef56; ..."
+    embeddings: Optional[str] = None
     shift: Optional[float] = None  # optional, SD 3: its scheduler's shift (Forge's "Shift")
     # optional, SD 3.5: skip-layer guidance's blocks ("7,8,9"), scale and window (fractions of the steps)
     slg_layers: Optional[str] = None

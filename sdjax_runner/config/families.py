@@ -194,6 +194,9 @@ def with_defaults(config: Any) -> Any:
     if family.name != "flux" and config.sampling.true_cfg_scale is not None:
         raise UserError("sampling.true_cfg_scale", f"{config.sampling.true_cfg_scale}: {config.model.name}'s "
                         "classifier-free guidance is sampling.guidance_scale", "null")
+    if config.prompts.embeddings and family.name != "sd":
+        raise UserError("prompts.embeddings", f"{len(config.prompts.embeddings)} path(s): textual-inversion embeddings "
+                        f"are the SD family's CLIP tokens; {config.model.name} is a {family.name} model", "[]")
     rescale = config.sampling.guidance_rescale
     if rescale is not None and family.name != "sd":
         raise UserError("sampling.guidance_rescale", f"{rescale}: CFG rescale is the SD family's (diffusers' "

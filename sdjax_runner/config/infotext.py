@@ -225,6 +225,9 @@ def overrides(info: Infotext, model_options: tuple[str, ...], dtype_options: tup
             place = shown_value(settings.pop(key))
             skipped.append(f"{key}: {place}: where this image sat in the run that made it; this run lays out "
                            f"its images by parallelism.* (the same layout remakes it at {key.lower()} {place})")
+    if "TI hashes" in settings:
+        skipped.append(f"TI hashes: {shown_value(settings.pop('TI hashes'))}: embeddings are not found by hash here; "
+                       "give prompts.embeddings=[PATH] to use them")
     if "VAE" in settings:
         settings.pop("VAE hash", None)
         skipped.append(f"VAE: {shown_value(settings.pop('VAE'))}: VAE files are not found by name here; give "

@@ -38,6 +38,7 @@ from sdjax_runner.config.weight_files import (
     ARCHITECTURES,
     BASES,
     FAMILY_OF,
+    embedding_files,
     lora_header,
     open_checkpoint,
     vae_files,
@@ -61,6 +62,14 @@ class CheckpointEntry(NamedTuple):
     path: str  # the .safetensors file, its user part expanded
     sha256: str  # the file's content hash when the run was planned (the weights loaded must still have it)
     architecture: str  # what its tensor names say it is: "sd1", "sd2" or "sdxl" (config/weight_files.py)
+
+
+class EmbeddingEntry(NamedTuple):
+    """A textual-inversion embedding of ``prompts.embeddings``, as the plan read it."""
+
+    name: str  # what a prompt calls it: the file's stem
+    path: str
+    sha256: str  # the file's content hash when the run was planned
 
 
 class VaeEntry(NamedTuple):
@@ -120,6 +129,7 @@ class Plan:
     lora: tuple[LoraEntry, ...] = ()  # the adapters, in the order given
     checkpoint: Optional[CheckpointEntry] = None  # model.checkpoint, if one is given
     vae: Optional[VaeEntry] = None  # model.vae, if one is given (engine/reuse.py swaps it in)
+    embeddings: tuple = ()  # prompts.embeddings: EmbeddingEntry per file (models/embeddings.py)
     # What the sampler starts from and is steered by (config/modes.py, engine/modes/).
     generation: str = "txt2img"
     strength: Optional[float] = None  # img2img / inpaint
@@ -212,6 +222,18 @@ def checkpoint_record(model: ModelConfig) -> Optional[CheckpointEntry]:
     if model.pretrained_model_name_or_path is None:
         model.pretrained_model_name_or_path = BASES[checkpoint.architecture]
     return CheckpointEntry(str(checkpoint.path), file_sha256(checkpoint.path), checkpoint.architecture)
+
+
+def embedding_records(paths) -> tuple[EmbeddingEntry, ...]:
+    """``prompts.embeddings``' files, each named by its stem; two files of one name are one line."""
+    entries: dict[str, EmbeddingEntry] = {}
+    for path in embedding_files(paths):
+        name = path.stem
+        if name in entries:
+            raise UserError("prompts.embeddings", f"two embeddings are named {name!r}: {entries[name].path} and {path}",
+                            "one file per name (the file stem is what a prompt calls)")
+        entries[name] = EmbeddingEntry(name, str(path), file_sha256(path))
+    return tuple(entries.values())
 
 
 def vae_record(model: ModelConfig) -> Optional[VaeEntry]:
@@ -348,6 +370,7 @@ def make_plan(config: RunConfig, available_devices: int, checked: Optional[Check
         lora=adapters,
         checkpoint=checkpoint,
         vae=vae,
+        embeddings=embedding_records(config.prompts.embeddings),
         generation=config.mode.name,
         strength=strength,
         start_step=start_step(steps, strength),

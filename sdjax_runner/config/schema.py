@@ -167,6 +167,11 @@ class PromptsConfig:
     # 1..512. null: diffusers' default, 512 for FLUX.1, 256 for SD 3. Shapes the program. SD 1.x/2.x/XL models
     # have no T5 encoder: refused there.
     max_sequence_length: Optional[int] = None
+    # Textual-inversion embeddings (A1111's embeddings folder): .safetensors files, or folders of them (searched
+    # recursively), each named by its file stem; a prompt or negative prompt that names one gets its vectors
+    # (A1111's emb_params / diffusers' <token> for SD 1.x/2.x, clip_l + clip_g for SDXL). Pickled .pt/.bin files
+    # are refused. SD family only.
+    embeddings: List[str] = field(default_factory=list)
 
 
 @dataclass

@@ -159,3 +159,25 @@ def vae_files(path: Path) -> list[Path]:
     if missing:
         raise UserError(VAE_KEY, f"{index} lists {missing[0]}, which is missing", "every shard its index lists")
     return files
+
+
+EMBEDDINGS_KEY = "prompts.embeddings"
+
+
+def embedding_files(paths) -> list[Path]:
+    """The textual-inversion files ``prompts.embeddings`` names: each .safetensors file, and every .safetensors file
+    under each folder (recursively, in name order); a named pickle (.pt, .bin) or a missing path is one line."""
+    files: list[Path] = []
+    for given in paths:
+        path = Path(given).expanduser()
+        if path.is_dir():
+            files.extend(sorted(p for p in path.rglob("*.safetensors") if p.is_file()))
+            continue
+        missing = not_a_file(path)
+        if missing:
+            raise UserError(EMBEDDINGS_KEY, f"{missing}: {path}", "textual-inversion .safetensors files or folders")
+        if path.suffix != ".safetensors":
+            raise UserError(EMBEDDINGS_KEY, f"{path.name} is not a .safetensors file; pickled embeddings (.pt, .bin) "
+                            "can run code when loaded and are not read", "a .safetensors embedding (convert it first)")
+        files.append(path)
+    return files

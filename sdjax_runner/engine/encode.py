@@ -12,6 +12,7 @@ numbers where A1111's batch holds one prompt, its common case).
 
 from __future__ import annotations
 
+import functools
 from typing import Any, NamedTuple, Optional
 
 import jax.numpy as jnp
@@ -102,10 +103,41 @@ def _hidden_states(pipeline: Any, params: dict, ids, clip_skip: int):
     return norm.apply({"params": params["text_encoder"]["text_model"]["final_layer_norm"]}, hidden[-clip_skip])
 
 
+def embedded(pipeline: Any, params: dict, component: str, call):
+    """``call(ids)`` (a text encoder's outputs) reading textual-inversion vectors (models/embeddings.py): ids at or
+    past the encoder's vocabulary are rows of ``params["embeddings"][component]``; the encoder reads id 0 there (the
+    end-of-text pooling looks for the largest id or for the end token: neither is 0) and its token embedding at
+    those positions is the row, through flax's method interception. Without embeddings, ``call`` itself."""
+    table = params.get("embeddings", {}).get(component)
+    if table is None:
+        return call
+    import flax.linen as nn
+
+    vocabulary = int(getattr(pipeline, component).config.vocab_size)
+
+    def with_vectors(ids):
+        rows = ids - vocabulary
+        inside = rows >= 0
+        vectors = jnp.take(table, jnp.clip(rows, 0, table.shape[0] - 1), axis=0)
+
+        def replace(next_fun, args, kwargs, context):
+            out = next_fun(*args, **kwargs)
+            if context.method_name == "__call__" and isinstance(context.module, nn.Embed) \
+                    and context.module.name == "token_embedding":
+                return jnp.where(inside[..., None], vectors.astype(out.dtype), out)
+            return out
+
+        with nn.intercept_methods(replace):
+            return call(jnp.where(inside, 0, ids))
+
+    return with_vectors
+
+
 def _one_encoder(pipeline: Any, params: dict, ids, negative_ids, clip_skip: int, read,
                  weights, negative_weights) -> Conditioning:
     """SD 1.x/2.x: the text encoder's last hidden states (or an earlier layer's: clip skip); no negative
     prompt is the empty prompt's. ``read(encoder, ids, weights)``: the encoder's outputs (:func:`_chunked`)."""
+    @functools.partial(embedded, pipeline, params, "text_encoder")
     def states(rows):
         return (_hidden_states(pipeline, params, rows, clip_skip),)
 
@@ -119,10 +151,12 @@ def _one_encoder(pipeline: Any, params: dict, ids, negative_ids, clip_skip: int,
 
 def _sdxl_embeddings(pipeline: Any, params: dict, ids, read, weights):
     """Both encoders' penultimate hidden states side by side, and the second's pooled projection."""
+    @functools.partial(embedded, pipeline, params, "text_encoder")
     def first(rows):
         return (pipeline.text_encoder(rows, params=params["text_encoder"], output_hidden_states=True)
                 ["hidden_states"][-2],)
 
+    @functools.partial(embedded, pipeline, params, "text_encoder_2")
     def second(rows):
         out = pipeline.text_encoder_2(rows, params=params["text_encoder_2"], output_hidden_states=True)
         return out["hidden_states"][-2], out["text_embeds"]

@@ -70,7 +70,10 @@ def sd_check_loaded(plan: Any, loaded: LoadedModel) -> None:
 
 
 def sd_tokens(pipeline: Any, plan: Any) -> PromptTokens:
-    return PromptTokens(pipeline, plan.syntax)
+    """The prompts' tokens, with prompts.embeddings' names matched (models/embeddings.py)."""
+    from sdjax_runner.models import embeddings
+
+    return PromptTokens(pipeline, plan.syntax, embeddings.load(plan.embeddings, pipeline) if plan.embeddings else None)
 
 
 def sd_encode(pipeline: Any, params: dict, ids, negative_ids, spec: Any, inputs: dict) -> Conditioning:

@@ -55,6 +55,7 @@ class Spec:
     true_cfg: Optional[float] = None  # FLUX.1: true classifier-free guidance's scale (two denoiser calls a step)
     slg: Optional[tuple] = None  # SD 3: skip-layer guidance's (layers, scale, start, stop) (engine/sd3/stages.py)
     cfg_rescale: bool = False  # SD: CFG rescale runs (its value is a traced input, "guidance_rescale")
+    embeddings: tuple = ()  # SD: the textual-inversion tables' shapes (their vectors are inputs, params["embeddings"])
 
     @property
     def calls_per_step(self) -> int:
@@ -86,7 +87,8 @@ def program_spec(plan: Any, pipeline: Any, height: int, width: int, controlnet: 
                 sampler=plan.sampling.sampler, sigmas=plan.sampling.sigmas, eta=plan.sampling.eta,
                 mode=plan.generation, controlnet=controlnet, clip_skip=plan.clip_skip, prompt_chunks=chunks,
                 family=family, text_tokens=plan.max_sequence_length, params=plan.params_placement,
-                true_cfg=plan.true_cfg_scale, slg=plan.slg, cfg_rescale=plan.guidance_rescale is not None)
+                true_cfg=plan.true_cfg_scale, slg=plan.slg, cfg_rescale=plan.guidance_rescale is not None,
+                embeddings=tokens.embeddings.shapes if getattr(tokens, "embeddings", None) else ())
 
 
 def generate(pipeline: Any, spec: Spec, ids, params: dict, key, guidance, inputs: dict,

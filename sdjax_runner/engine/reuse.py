@@ -70,6 +70,8 @@ class ModelEntry:
     own_vae: Optional[tuple] = None  # (module, host weights) of the model's own VAE, kept while another runs
     vae_stale: bool = False  # placed_weights' VAE is not host_weights' (swapped since they were placed)
     vae_structure: str = ""  # a swapped VAE folder's config (its programs differ); "" the model's own config
+    embeddings_on: tuple = ()  # (prompts.embeddings' files and hashes, placement) ``embeddings`` are placed for
+    embeddings: Any = None  # their tables, placed (params["embeddings"])
 
 
 # Compiled programs a process keeps (an executable is host memory of a few MB to some hundred MB).
@@ -194,6 +196,16 @@ class ReuseCache:
             entry.placed_weights = dict(entry.placed_weights, vae=vae["vae"])
         entry.vae_stale = False
         params = dict(entry.placed_weights, scheduler=mode.place_params(state, devices))
+        if plan.embeddings:  # textual-inversion tables: inputs of the program, read and placed once
+            key = (plan.embeddings, placement)
+            if entry.embeddings_on != key:
+                from sdjax_runner.models import embeddings
+
+                tables = embeddings.load(plan.embeddings, entry.loaded.pipeline).tables
+                entry.embeddings, entry.embeddings_on = mode.place_params(tables, devices), key
+                log.info("prompts: %d textual-inversion embedding(s): %s", len(plan.embeddings),
+                         ", ".join(shown(e.name) for e in plan.embeddings))
+            params["embeddings"] = entry.embeddings
         if plan.lora:  # merged on the devices; the scales are inputs, so no new program
             params = self.with_lora(plan, entry, mode, devices, placement, params)
         if entry.controlnet is not None and plan.controlnet:

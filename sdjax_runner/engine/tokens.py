@@ -29,8 +29,10 @@ def tokenizers(pipeline: Any) -> list:
 class PromptTokens:
     """The token ids (and weights) of prompts, for one pipeline and one ``prompts.syntax``."""
 
-    def __init__(self, pipeline: Any, syntax: str):
-        self.pipeline, self.syntax = pipeline, syntax
+    def __init__(self, pipeline: Any, syntax: str, embeddings: Optional[Any] = None):
+        """``embeddings``: textual-inversion embeddings (models/embeddings.Embeddings) whose names a prompt's
+        tokens are matched against, or None."""
+        self.pipeline, self.syntax, self.embeddings = pipeline, syntax, embeddings
         self.tokenizers = tokenizers(pipeline)
         # A1111's comma_token: ",</w>" (None: no backtracking at commas); get_vocab copies the vocabulary.
         self.commas = [t.get_vocab().get(",</w>") for t in self.tokenizers] if syntax == "a1111" else []
@@ -42,7 +44,8 @@ class PromptTokens:
             tokenizer = self.tokenizers[which]
 
             def tokenize(texts: list[str]) -> list[list[int]]:
-                return tokenizer(texts, truncation=False, add_special_tokens=False).input_ids
+                ids = tokenizer(texts, truncation=False, add_special_tokens=False).input_ids
+                return [self.embeddings.replace(which, row) for row in ids] if self.embeddings else ids
 
             self._chunks[key] = chunks(text, tokenize, tokenizer.bos_token_id, tokenizer.eos_token_id,
                                        tokenizer.pad_token_id, self.commas[which])
@@ -62,7 +65,9 @@ class PromptTokens:
     def __call__(self, texts: list[str], count: int) -> tuple[np.ndarray, Optional[np.ndarray]]:
         """``texts``' ids and (A1111's syntax, ``count`` chunks) weights; the plain syntax has no weights."""
         if not count:
-            return np.asarray(self.pipeline.prepare_inputs(texts)), None
+            if self.embeddings is None:
+                return np.asarray(self.pipeline.prepare_inputs(texts)), None
+            return self.plain_with_embeddings(texts), None
         ids, weights = [], []
         for which in range(len(self.tokenizers)):
             empty = self.chunk_list(which, "")[0]
@@ -75,3 +80,17 @@ class PromptTokens:
         if len(ids) == 1:
             return ids[0], weights[0]
         return np.stack(ids, axis=1), np.stack(weights, axis=1)
+
+    def plain_with_embeddings(self, texts: list[str]) -> np.ndarray:
+        """The plain syntax's ids -- each tokenizer's, started, ended, cut at 77 and padded as ``prepare_inputs``
+        makes them -- with the embeddings' names replaced by their placeholder ids before the cut."""
+        assert self.embeddings is not None
+        ids = []
+        for which, tokenizer in enumerate(self.tokenizers):
+            rows = []
+            for row in tokenizer(list(texts), truncation=False, add_special_tokens=False).input_ids:
+                kept = self.embeddings.replace(which, row)[:TOKENS - 2]
+                laid = [tokenizer.bos_token_id, *kept, tokenizer.eos_token_id]
+                rows.append(laid + [tokenizer.pad_token_id] * (TOKENS - len(laid)))
+            ids.append(np.array(rows, np.int32))
+        return ids[0] if len(ids) == 1 else np.stack(ids, axis=1)

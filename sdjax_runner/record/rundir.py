@@ -144,6 +144,14 @@ def quoted(value: str) -> str:
     return json.dumps(value, ensure_ascii=False) if any(c in value for c in ",:\n\r\"") else value
 
 
+def ti_hashes(embeddings: str) -> str:
+    """A1111's ``TI hashes`` value for the record's ``embeddings``: ``"name: sha256[:12], ..."``, quoted."""
+    import json
+
+    pairs = [part.rpartition(":sha256=") for part in embeddings.split("; ")]
+    return json.dumps(", ".join(f"{name}: {sha}" for name, _, sha in pairs), ensure_ascii=False)
+
+
 # The families whose prompts are read as written (no A1111 emphasis): their infotext writes the prompt unescaped.
 WRITTEN = ("flux", "sd3")
 
@@ -179,6 +187,7 @@ def a1111_parameters(meta: ImageRecord) -> str:
         + (f", Mask: {meta.mask_image}" if meta.mask_image else "")
         + (f", ControlNet: {meta.controlnet}, Control weight: {meta.conditioning_scale}" if meta.controlnet else "")
         + (f", Lora: {meta.lora}" if meta.lora else "")
+        + (f", TI hashes: {ti_hashes(meta.embeddings)}" if meta.embeddings else "")
         + (f", Checkpoint: {meta.checkpoint}" if meta.checkpoint else "")
         + (f", VAE hash: {meta.vae.rpartition('sha256=')[2][:10]}, VAE: {quoted(meta.vae.rpartition(':sha256=')[0])}"
            if meta.vae else "")
@@ -351,6 +360,7 @@ def image_meta(plan: Plan, height: int, width: int, guidance: str = "cfg", shift
         checkpoint=(f"{Path(plan.checkpoint.path).name}:sha256={plan.checkpoint.sha256[:12]}"
                     if plan.checkpoint else None),
         vae=f"{Path(plan.vae.path).name}:sha256={plan.vae.sha256[:12]}" if plan.vae else None,
+        embeddings="; ".join(f"{e.name}:sha256={e.sha256[:12]}" for e in plan.embeddings) or None,
         shift=shift,
         slg_layers=",".join(map(str, slg[0])) or None, slg_scale=slg[1], slg_start=slg[2], slg_stop=slg[3],
         guidance_rescale=plan.guidance_rescale,
