@@ -107,10 +107,10 @@ def test_seed_sweep_loads_and_compiles_once_under_one_parent_run(tmp_path, tiny_
 
 @pytest.mark.slow
 def test_guidance_sweep_does_not_recompile_and_a_dtype_change_releases_the_old_model(tmp_path, tiny_model_dir):
-    # Hydra runs (fp32, 1.0), (fp32, 7.5), (bf16, 1.0), (bf16, 7.5) in that order.
+    # Hydra runs (fp32, 2.0), (fp32, 7.5), (bf16, 2.0), (bf16, 7.5) in that order.
     sweep_dir = tmp_path / "sweep"
     # Stored executables off: this counts what the process itself compiles (test_warm_start covers them).
-    result = run_cli("-m", "+experiment=smoke", "dtype=fp32,bf16", "sampling.guidance_scale=1.0,7.5",
+    result = run_cli("-m", "+experiment=smoke", "dtype=fp32,bf16", "sampling.guidance_scale=2.0,7.5",
                      "tracking=none", "compilation_cache.executables=false", f"hydra.sweep.dir={sweep_dir}",
                      cwd=tmp_path)
     assert result.returncode == 0, result.stderr

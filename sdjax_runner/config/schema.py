@@ -188,9 +188,11 @@ class SamplingConfig:
     # null: the model family's default (config/families.py): diffusers' pipelines' own -- 50 steps and
     # guidance 7.5 for Stable Diffusion (the guide's), 28 and 3.5 for FLUX.1.
     num_inference_steps: Optional[int] = None  # denoising steps (>= 1); changing it recompiles
-    # Stable Diffusion: the classifier-free guidance weight. FLUX.1 [dev]: its distilled guidance (the value
-    # the transformer embeds, diffusers' guidance_scale, Forge's "Distilled CFG Scale"); [schnell] takes none
-    # (refused unless null). A traced value: a sweep over it does not recompile.
+    # Stable Diffusion: the classifier-free guidance weight; at 1 or less none runs (the conditional prediction
+    # alone, one UNet batch a step, as diffusers' PyTorch pipelines: SDXL Turbo's 0). FLUX.1 [dev]: its distilled
+    # guidance (the value the transformer embeds, diffusers' guidance_scale, Forge's "Distilled CFG Scale");
+    # [schnell] takes none (refused unless null). A traced value: a sweep over it does not recompile (SD: on each
+    # side of 1).
     guidance_scale: Optional[float] = None
     # FLUX.1 [dev]: true classifier-free guidance (diffusers' true_cfg_scale, Forge's "CFG scale" on FLUX): with
     # prompts.negative and a value over 1 the transformer also runs on the negative prompt, mixed as neg + scale *

@@ -54,14 +54,14 @@ def cost_flops(lowered: Any) -> Optional[float]:
     return _flops(lowered.cost_analysis())
 
 
-def unet_step_flops(pipeline: Any, params: dict, per_device_images: int, height: int, width: int,
+def unet_step_flops(pipeline: Any, params: dict, per_device_images: float, height: int, width: int,
                     tokens: int = TOKENS) -> Optional[float]:
     """XLA's count for one guided UNet application (the batch doubled for classifier-free guidance);
     ``tokens``: the prompt's length as the UNet reads it (77, or 77 per chunk with A1111's syntax)."""
     import jax
     import jax.numpy as jnp
 
-    unet, batch = pipeline.unet, 2 * per_device_images
+    unet, batch = pipeline.unet, round(2 * per_device_images)  # (a half image each: no guidance, one batch)
     factor = pipeline.vae_scale_factor
     latents = jax.ShapeDtypeStruct((batch, unet.config.in_channels, height // factor, width // factor), jnp.float32)
     steps = jax.ShapeDtypeStruct((batch,), jnp.int32)

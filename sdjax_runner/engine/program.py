@@ -56,12 +56,18 @@ class Spec:
     slg: Optional[tuple] = None  # SD 3: skip-layer guidance's (layers, scale, start, stop) (engine/sd3/stages.py)
     cfg_rescale: bool = False  # SD: CFG rescale runs (its value is a traced input, "guidance_rescale")
     embeddings: tuple = ()  # SD: the textual-inversion tables' shapes (their vectors are inputs, params["embeddings"])
+    # SD: classifier-free guidance runs (guidance over 1); at 1 or less the UNet sees the conditional half alone, as
+    # diffusers' PyTorch pipelines do (do_classifier_free_guidance): SDXL Turbo's guidance 0 is the prompt's image
+    cfg: bool = True
 
     @property
-    def calls_per_step(self) -> int:
-        """Denoiser calls a step makes on a device's images beyond what the family's step_flops counts: two with
-        FLUX.1's true CFG (the SD family's step FLOPs count its guided batch already)."""
-        return 2 if self.true_cfg else 1
+    def calls_per_step(self) -> float:
+        """Denoiser batches a step runs on a device's images relative to what the family's step_flops counts: two
+        with FLUX.1's true CFG; a half for the SD family without classifier-free guidance (its step FLOPs count the
+        guided, doubled batch); else one."""
+        if self.true_cfg:
+            return 2
+        return 1 if self.cfg else 0.5
 
     @property
     def prompt_tokens(self) -> int:
@@ -88,7 +94,8 @@ def program_spec(plan: Any, pipeline: Any, height: int, width: int, controlnet: 
                 mode=plan.generation, controlnet=controlnet, clip_skip=plan.clip_skip, prompt_chunks=chunks,
                 family=family, text_tokens=plan.max_sequence_length, params=plan.params_placement,
                 true_cfg=plan.true_cfg_scale, slg=plan.slg, cfg_rescale=plan.guidance_rescale is not None,
-                embeddings=tokens.embeddings.shapes if getattr(tokens, "embeddings", None) else ())
+                embeddings=tokens.embeddings.shapes if getattr(tokens, "embeddings", None) else (),
+                cfg=family != "sd" or plan.guidance_scale > 1)
 
 
 def generate(pipeline: Any, spec: Spec, ids, params: dict, key, guidance, inputs: dict,
@@ -107,5 +114,9 @@ def generate(pipeline: Any, spec: Spec, ids, params: dict, key, guidance, inputs
     start = family.modes[spec.mode](pipeline, params, key, spec, ids.shape[0], inputs)
     if start.conditioning:
         conditioning = conditioning._replace(**start.conditioning)
+    if not spec.cfg:  # the SD samplers then run the UNet on the conditional half alone (engine/samplers/unet.py)
+        from sdjax_runner.engine.samplers.unet import conditional_only
+
+        conditioning = conditional_only(conditioning)
     latents = family.samplers[spec.sampler](pipeline, params, conditioning, start, guidance, spec, key)
     return family.decode(pipeline, params, latents)

@@ -273,7 +273,7 @@ class ReuseCache:
             old, _ = self.programs.popitem(last=False)
             self.flops_of.pop(old, None)
 
-    def flops(self, prepared: Prepared, compiled: Any, steps: int, per_device_images: int, height: int, width: int,
+    def flops(self, prepared: Prepared, compiled: Any, steps: int, per_device_images: float, height: int, width: int,
               num_devices: int, tokens: int = TOKENS) -> Any:
         """FLOPs of one batch (XLA's count, see efficiency.py), once per compiled program."""
         from sdjax_runner.engine import efficiency

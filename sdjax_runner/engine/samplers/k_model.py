@@ -32,7 +32,7 @@ def unet_denoiser(pipeline: Any, params: dict, conditioning: Conditioning, guida
 
     def denoiser(x, sigma):
         t = jnp.interp(jnp.log(sigma), log_sigmas, positions)
-        unconditional, conditional = (half.astype(jnp.float32) for half in
+        unconditional, conditional = (None if half is None else half.astype(jnp.float32) for half in
                                       unet.halves(pipeline, params, conditioning, x / jnp.sqrt(sigma**2 + 1), t))
         out = unet.guided(unconditional, conditional, guidance)
         if prediction == "v_prediction":

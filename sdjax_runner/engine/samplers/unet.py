@@ -18,7 +18,15 @@ def halves(pipeline: Any, params: dict, conditioning: Conditioning, x, timestep)
     pipeline does."""
     import jax.numpy as jnp
 
-    model_input = jnp.concatenate([x] * 2)
+    if conditioning.context.shape[0] == x.shape[0]:  # the conditional half alone (no classifier-free guidance)
+        return None, _unet(pipeline, params, conditioning, x, timestep)
+    return tuple(jnp.split(_unet(pipeline, params, conditioning, jnp.concatenate([x] * 2), timestep), 2, axis=0))
+
+
+def _unet(pipeline: Any, params: dict, conditioning: Conditioning, model_input, timestep):
+    """The UNet (and a ControlNet's residuals) on ``model_input``, whose rows are the conditioning's."""
+    import jax.numpy as jnp
+
     timesteps = jnp.broadcast_to(timestep, model_input.shape[:1])
     extra = {} if conditioning.added is None else {"added_cond_kwargs": conditioning.added}
     if conditioning.control is not None:
@@ -29,18 +37,19 @@ def halves(pipeline: Any, params: dict, conditioning: Conditioning, x, timestep)
         extra.update(down_block_additional_residuals=down, mid_block_additional_residual=mid)
     if conditioning.concat is not None:
         model_input = jnp.concatenate([model_input, conditioning.concat], axis=1)
-    out = pipeline.unet.apply({"params": params["unet"]}, model_input, timesteps,
-                              encoder_hidden_states=conditioning.context, **extra).sample
-    return jnp.split(out, 2, axis=0)
+    return pipeline.unet.apply({"params": params["unet"]}, model_input, timesteps,
+                               encoder_hidden_states=conditioning.context, **extra).sample
 
 
 def guided(unconditional, conditional, guidance):
     """Classifier-free guidance, ``unconditional + scale * (conditional - unconditional)`` in float32 (the scale a
     float32 ``[scale]``, as diffusers' Flax pipelines make it, so the model output reaches the sampler in float32).
     ``guidance``: the scale, or ``(scale, rescale)`` with CFG rescale (sampling.guidance_rescale, engine/program.py):
-    :func:`rescaled`."""
+    :func:`rescaled`. ``unconditional`` None (no guidance, :func:`halves`): the conditional prediction."""
     import jax.numpy as jnp
 
+    if unconditional is None:  # no classifier-free guidance (Spec.cfg): the conditional prediction itself
+        return conditional.astype(jnp.float32)
     scale, rescale = guidance if isinstance(guidance, tuple) else (guidance, None)
     out = unconditional + jnp.array([scale], dtype=jnp.float32) * (conditional - unconditional)
     return out if rescale is None else rescaled(out, conditional, rescale)
@@ -59,3 +68,16 @@ def rescaled(cfg, conditional, rescale):
     factor = jnp.ravel(jnp.asarray(rescale, jnp.float32))[0]
     blended = factor * (cfg * ratio) + (1 - factor) * cfg
     return jnp.where(factor > 0, blended, cfg)
+
+
+def conditional_only(conditioning: Conditioning) -> Conditioning:
+    """``conditioning`` without its unconditional half (the first half of every batch-leading array), for a
+    program without classifier-free guidance (engine/program.py: Spec.cfg)."""
+    def half(array):
+        return array[array.shape[0] // 2:]
+
+    control = conditioning.control
+    return Conditioning(half(conditioning.context),
+                        None if conditioning.added is None else {k: half(v) for k, v in conditioning.added.items()},
+                        None if conditioning.concat is None else half(conditioning.concat),
+                        None if control is None else (half(control[0]), control[1]))
