@@ -31,6 +31,7 @@ class SamplerEntry:
     # The further A1111 settings that pick it among samplers of the same A1111 name, as A1111 writes them into
     # the infotext when they are not its defaults: ("UniPC variant", "bh2").
     a1111_settings: tuple[tuple[str, str], ...] = ()
+    reads_training_sigmas: bool = False  # the engine passes it the model's training sigmas (TCD's landing timesteps)
 
 
 def _registry(*entries: SamplerEntry) -> dict[str, SamplerEntry]:
@@ -50,6 +51,8 @@ SAMPLERS = _registry(
     SamplerEntry("dpmpp_2m_sde", "DPM++ 2M SDE", eta=1.0),
     SamplerEntry("dpmpp_3m_sde", "DPM++ 3M SDE", eta=1.0),
     SamplerEntry("lcm", "LCM"),
+    # ComfyUI's (TCD LoRAs' and Hyper-SD's sampler); eta is the paper's gamma (ComfyUI's default 0.3)
+    SamplerEntry("tcd", None, eta=0.3, reads_training_sigmas=True),
     # A1111's UniPC runs the variant its "UniPC variant" setting says (bh1 by default): ComfyUI's uni_pc is
     # bh1, uni_pc_bh2 is A1111's UniPC at bh2.
     SamplerEntry("uni_pc", "UniPC", min_steps=2, discard_penultimate=True),

@@ -10,7 +10,8 @@ compare the two. Sources (step order, formulas and defaults kept as published):
 * crowsonkb/k-diffusion ``k_diffusion/external.py``: ``DiscreteSchedule`` (sigma_to_t, t_to_sigma,
   get_sigmas).
 * comfyanonymous/ComfyUI ``comfy/samplers.py`` (``simple_scheduler``, ``normal_scheduler(sgm=True)``) and
-  ``comfy/k_diffusion/sampling.py`` (``sample_lcm``, with the EPS ``noise_scaling``: x0 + sigma * noise).
+  ``comfy/k_diffusion/sampling.py`` (``sample_lcm``, with the EPS ``noise_scaling``: x0 + sigma * noise;
+  ``sample_tcd`` with ``ModelSamplingDiscrete.timestep``: the training index nearest in log-sigma).
 * comfyanonymous/ComfyUI ``comfy/extra_samplers/uni_pc.py`` (``sample_unipc`` / ``sample_unipc_bh2``, the
   ``SigmaConvert`` version, commit 9bffd67f): ``UniPC.sample`` (method='multistep', lower_order_final=True)
   and ``multistep_uni_pc_bh_update`` (predict_x0=True), written in sigma space (see ``unipc``).
@@ -46,6 +47,7 @@ DRAWS = {
     "dpmpp_2m_sde": "1 (j=0) if sigmas[i+1] > 0, after the (multistep-corrected) update",
     "dpmpp_3m_sde": "1 (j=0) if sigmas[i+1] > 0, after the (multistep-corrected) update",
     "lcm": "1 (j=0) if sigmas[i+1] > 0: x = denoised + sigmas[i+1] * noise",
+    "tcd": "1 (j=0) if eta > 0 and sigmas[i+1] > 0, after the move to the landing timestep",
     "uni_pc": "none",
     "uni_pc_bh2": "none",
 }
@@ -312,6 +314,34 @@ def _lcm(model, x, s, noise):
     return x
 
 
+def _tcd(model, x, s, noise, eta=0.3):
+    """ComfyUI ``sample_tcd`` (comfy/k_diffusion/sampling.py) on Stable Diffusion's training schedule: timesteps_s =
+    floor((1 - eta) * model_sampling.timestep(sigmas)), the last 0; alpha_prod_s = alphas_cumprod[timesteps_s]."""
+    training = model_sigmas()
+    log_sigmas = np.log(training)
+    alphas_cumprod = 1 / (1 + training**2)  # ModelSamplingDiscrete: sigmas = ((1 - a) / a) ** 0.5
+
+    def timestep(sigma):  # dists = log_sigma - log_sigmas[:, None]; dists.abs().argmin(dim=0)
+        with np.errstate(divide="ignore"):
+            return int(np.abs(math.log(sigma) - log_sigmas if sigma > 0 else -np.inf - log_sigmas).argmin())
+
+    timesteps_s = [math.floor((1 - eta) * timestep(sigma)) for sigma in s]
+    timesteps_s[-1] = 0
+    alpha_prod_s = alphas_cumprod[timesteps_s]
+    beta_prod_s = 1 - alpha_prod_s
+    for i in range(len(s) - 1):
+        draw = _draws(noise, i)
+        denoised = model(x, s[i])  # predicted_original_sample
+        eps = (x - denoised) / s[i]
+        denoised = math.sqrt(alpha_prod_s[i + 1]) * denoised + math.sqrt(beta_prod_s[i + 1]) * eps
+        x = denoised
+        if eta > 0 and s[i + 1] > 0:
+            x = x / math.sqrt(alpha_prod_s[i + 1]) + draw() * math.sqrt(s[i + 1] ** 2 + 1 - 1 / alpha_prod_s[i + 1])
+        else:
+            x = x * math.sqrt(1.0 + s[i + 1] ** 2)
+    return x
+
+
 # ---- UniPC (ComfyUI comfy/extra_samplers/uni_pc.py) ---------------------------------------------
 #
 # ComfyUI runs UniPC on a VP schedule built from the k-diffusion sigmas themselves (``SigmaConvert``:
@@ -456,7 +486,7 @@ SAMPLERS = {
     "euler": _euler, "euler_ancestral": _euler_ancestral, "heun": _heun, "dpm_2": _dpm_2,
     "dpm_2_ancestral": _dpm_2_ancestral, "lms": _lms, "dpmpp_2s_ancestral": _dpmpp_2s_ancestral,
     "dpmpp_sde": _dpmpp_sde, "dpmpp_2m": _dpmpp_2m, "dpmpp_2m_sde": _dpmpp_2m_sde,
-    "dpmpp_3m_sde": _dpmpp_3m_sde, "lcm": _lcm,
+    "dpmpp_3m_sde": _dpmpp_3m_sde, "lcm": _lcm, "tcd": _tcd,
     "uni_pc": lambda model, x, s, noise: _unipc(model, x, s, noise, variant="bh1"),
     "uni_pc_bh2": lambda model, x, s, noise: _unipc(model, x, s, noise, variant="bh2"),
 }

@@ -68,7 +68,9 @@ def sampler(name: str) -> Callable:
         constants = jnp.asarray(sigmas, start.noise.dtype)
         x = initial(start, start.noise * float(sigmas[0]), lambda step: start.image + start.noise * constants[step])
         noise = key_noise(jax.random.fold_in(key, NOISE_STREAM), x.shape, x.dtype)
-        options = {} if spec.eta is None else {"eta": spec.eta}  # config/samplers.py let it through: it takes one
+        options: dict[str, Any] = {} if spec.eta is None else {"eta": spec.eta}  # config/samplers.py let it through
+        if ENTRIES[name].reads_training_sigmas:
+            options["training"] = training
         x = K_SAMPLERS[name](model, x, sigmas, noise, start=start.step, **options)
         return x if start.keep is None else kept(start, start.image, x)
 

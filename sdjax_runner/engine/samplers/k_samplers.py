@@ -269,12 +269,51 @@ def lcm(model: Denoiser, x, sigmas, noise: Noise, start=0):
                   model(x, sigma) + _noise_if(sigma_next > 0, noise(i, 0), sigma_next), start=start)
 
 
+def tcd_alphas(sigmas, training, eta: float) -> np.ndarray:
+    """TCD's alphas_cumprod at each step's landing timestep ``floor((1 - eta) * t(sigma))`` (the last one timestep 0):
+    ``t(sigma)`` the training timestep whose sigma is nearest in log (ComfyUI's ``model_sampling.timestep``),
+    alphas_cumprod ``1 / (1 + sigma^2)`` of the training sigmas."""
+    sigmas, training = np.asarray(sigmas, np.float64), np.asarray(training, np.float64)
+    with np.errstate(divide="ignore"):
+        nearest = np.abs(np.log(sigmas)[None, :] - np.log(training)[:, None]).argmin(axis=0)
+    landing = np.floor((1 - eta) * nearest).astype(np.int64)
+    landing[-1] = 0
+    return 1 / (1 + training[landing] ** 2)
+
+
+def tcd(model: Denoiser, x, sigmas, noise: Noise, eta: float = 0.3, start=0, training=None):
+    """ComfyUI's ``sample_tcd`` (Trajectory Consistency Distillation's sampler, its ``eta`` the gamma of the paper):
+    each step's x0 and eps estimates are moved to the landing timestep (:func:`tcd_alphas`), then noised forward to
+    the next sigma -- or, at eta 0 and on the last step, scaled there. ``training``: the model's training sigmas
+    (config/samplers.py's entry says the sampler reads them; Stable Diffusion's by default)."""
+    import jax.numpy as jnp
+
+    if training is None:
+        from sdjax_runner.engine.samplers.sigmas import training_sigmas
+
+        training = training_sigmas({})
+    alphas = jnp.asarray(tcd_alphas(sigmas, training, eta), x.dtype)
+
+    def step(i, sigma, sigma_next, x):
+        denoised = model(x, sigma)
+        eps = (x - denoised) / sigma
+        alpha = alphas[i + 1]
+        landed = jnp.sqrt(alpha) * denoised + jnp.sqrt(1 - alpha) * eps
+        if eta <= 0:
+            return landed * jnp.sqrt(1 + sigma_next**2)
+        # (at most 0 under the root only by float32 rounding, where the landing sigma is the next one: 0 then)
+        noised = landed / jnp.sqrt(alpha) + noise(i, 0) * jnp.sqrt(jnp.maximum(sigma_next**2 + 1 - 1 / alpha, 0))
+        return jnp.where(sigma_next > 0, noised, landed * jnp.sqrt(1 + sigma_next**2))
+
+    return _steps(sigmas, x, step, start=start)
+
+
 # The functions, by k-diffusion's and ComfyUI's names; all else about each sampler (A1111's name, eta, minimum
 # steps, schedule quirks) is its entry in config/samplers.py's SAMPLERS.
 K_SAMPLERS = {"euler": euler, "euler_ancestral": euler_ancestral, "heun": heun, "dpm_2": dpm_2,
               "dpm_2_ancestral": dpm_2_ancestral, "lms": lms, "dpmpp_2s_ancestral": dpmpp_2s_ancestral,
               "dpmpp_sde": dpmpp_sde, "dpmpp_2m": dpmpp_2m, "dpmpp_2m_sde": dpmpp_2m_sde,
-              "dpmpp_3m_sde": dpmpp_3m_sde, "lcm": lcm, "uni_pc": unipc.sampler(3, "bh1"),
+              "dpmpp_3m_sde": dpmpp_3m_sde, "lcm": lcm, "tcd": tcd, "uni_pc": unipc.sampler(3, "bh1"),
               "uni_pc_bh2": unipc.sampler(3, "bh2")}
 
 
