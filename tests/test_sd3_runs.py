@@ -41,6 +41,17 @@ def local(folder: Path) -> list[str]:
     return ["model=local", f"model.pretrained_model_name_or_path={folder}"]
 
 
+def without_t5(folder: Path) -> Path:
+    """A copy of tiny-sd3 at ``folder`` without T5, its index saying so as diffusers writes it."""
+    shutil.copytree(FIXTURES / "tiny-sd3", folder)
+    shutil.rmtree(folder / "text_encoder_3")
+    shutil.rmtree(folder / "tokenizer_3")
+    index = json.loads((folder / "model_index.json").read_text())
+    index["text_encoder_3"] = index["tokenizer_3"] = [None, None]
+    (folder / "model_index.json").write_text(json.dumps(index))
+    return folder
+
+
 def test_a_guidance_sweep_gives_diffusers_images_and_compiles_once(tmp_path, reference):
     sweep = tmp_path / "sweep"
     result = run_cli("-m", *local(FIXTURES / "tiny-sd3"), *RUN, "sampling.guidance_scale=5,1",
@@ -64,13 +75,7 @@ def test_a_negative_prompt_gives_diffusers_images(tmp_path, reference):
 
 
 def test_a_folder_without_t5_runs_without_it_as_diffusers_does(tmp_path, reference):
-    folder = tmp_path / "no-t5"
-    shutil.copytree(FIXTURES / "tiny-sd3", folder)
-    shutil.rmtree(folder / "text_encoder_3")
-    shutil.rmtree(folder / "tokenizer_3")
-    index = json.loads((folder / "model_index.json").read_text())
-    index["text_encoder_3"] = index["tokenizer_3"] = [None, None]
-    (folder / "model_index.json").write_text(json.dumps(index))
+    folder = without_t5(tmp_path / "no-t5")
     result = run_cli(*local(folder), *RUN, "sampling.guidance_scale=5", "hydra.run.dir=run", cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
     assert float(np.abs(images(tmp_path / "run") - reference["no_t5_images"]).max()) <= TOLERANCE
@@ -184,13 +189,7 @@ def test_a_single_file_with_the_text_encoders_and_vae_inside_gives_diffusers_ima
 
 
 def test_a_single_files_t5_without_a_t5_in_the_base_is_said_and_left_unread(tmp_path):
-    folder = tmp_path / "no-t5"
-    shutil.copytree(FIXTURES / "tiny-sd3", folder)
-    shutil.rmtree(folder / "text_encoder_3")
-    shutil.rmtree(folder / "tokenizer_3")
-    index = json.loads((folder / "model_index.json").read_text())
-    index["text_encoder_3"] = index["tokenizer_3"] = [None, None]
-    (folder / "model_index.json").write_text(json.dumps(index))
+    folder = without_t5(tmp_path / "no-t5")
     single = FIXTURES / "tiny-sd3-all-in-one.safetensors"
     result = run_cli(*local(folder), f"model.checkpoint={single}", *RUN, "sampling.guidance_scale=5",
                      "hydra.run.dir=run", cwd=tmp_path)

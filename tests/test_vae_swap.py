@@ -100,7 +100,7 @@ def test_a_vae_that_does_not_fit_or_is_no_vae_is_one_line(tmp_path, tiny_xl_dir,
     pickled = tmp_path / "vae.pt"
     pickled.write_bytes(b"not read: unpickling runs code")
     assert_one_line_error(call_cli("+experiment=smoke", "tracking=none", f"model.vae={pickled}", cwd=tmp_path),
-                          "error: model.vae: vae.pt is not a .safetensors file; pickled VAEs (.pt, .ckpt, .bin) can "
+                          "error: model.vae: vae.pt is not a .safetensors file; pickled VAEs (.ckpt, .pt, .bin) can "
                           "run code")
     assert_one_line_error(call_cli("+experiment=smoke", "tracking=none", f"model.vae={tmp_path / 'nowhere'}",
                                    cwd=tmp_path), "error: model.vae: ")

@@ -60,14 +60,21 @@ class Checkpoint:
     vae_levels: int = 4
 
 
-def open_checkpoint(path: Path) -> Checkpoint:
-    """The checkpoint's tensor names and architecture, from its header alone (milliseconds)."""
+def safetensors_file(path: Path, key: str, wanted: str, pickled: str, allowed: str) -> None:
+    """One line naming ``key`` for a ``path`` that is no file (``wanted``: what it should be) or no .safetensors
+    file: ``pickled`` files (say "pickled VAEs") can run code when loaded and are not read."""
     missing = not_a_file(path)
     if missing:
-        raise UserError(KEY, f"{missing}: {path}", "a single-file .safetensors checkpoint")
+        raise UserError(key, f"{missing}: {path}", wanted)
     if path.suffix != ".safetensors":
-        raise UserError(KEY, f"{path.name} is not a .safetensors file; pickle checkpoints (.ckpt, .pt, .bin) can run "
-                        "code when loaded and are not read", "a .safetensors checkpoint (convert a .ckpt first)")
+        raise UserError(key, f"{path.name} is not a .safetensors file; {pickled} (.ckpt, .pt, .bin) can run code when "
+                        "loaded and are not read", allowed)
+
+
+def open_checkpoint(path: Path) -> Checkpoint:
+    """The checkpoint's tensor names and architecture, from its header alone (milliseconds)."""
+    safetensors_file(path, KEY, "a single-file .safetensors checkpoint", "pickle checkpoints",
+                     "a .safetensors checkpoint (convert a .ckpt first)")
     keys = safetensors_keys(path, KEY, f"{path.name}:", "a single-file .safetensors checkpoint")
     return Checkpoint(path, detect_architecture(path, keys), keys)
 
@@ -129,12 +136,8 @@ def vae_kind(path: Path) -> str:
             raise UserError(VAE_KEY, f"{path}/ has no config.json: not a diffusers VAE folder",
                             "a diffusers VAE folder (config.json + weights) or a .safetensors VAE file")
         return "folder"
-    missing = not_a_file(path)
-    if missing:
-        raise UserError(VAE_KEY, f"{missing}: {path}", "a diffusers VAE folder or a .safetensors VAE file")
-    if path.suffix != ".safetensors":
-        raise UserError(VAE_KEY, f"{path.name} is not a .safetensors file; pickled VAEs (.pt, .ckpt, .bin) can run "
-                        "code when loaded and are not read", "a .safetensors VAE file (convert a .pt first)")
+    safetensors_file(path, VAE_KEY, "a diffusers VAE folder or a .safetensors VAE file", "pickled VAEs",
+                     "a .safetensors VAE file (convert a .pt first)")
     return "single_file"
 
 
@@ -173,11 +176,7 @@ def embedding_files(paths) -> list[Path]:
         if path.is_dir():
             files.extend(sorted(p for p in path.rglob("*.safetensors") if p.is_file()))
             continue
-        missing = not_a_file(path)
-        if missing:
-            raise UserError(EMBEDDINGS_KEY, f"{missing}: {path}", "textual-inversion .safetensors files or folders")
-        if path.suffix != ".safetensors":
-            raise UserError(EMBEDDINGS_KEY, f"{path.name} is not a .safetensors file; pickled embeddings (.pt, .bin) "
-                            "can run code when loaded and are not read", "a .safetensors embedding (convert it first)")
+        safetensors_file(path, EMBEDDINGS_KEY, "textual-inversion .safetensors files or folders",
+                         "pickled embeddings", "a .safetensors embedding (convert it first)")
         files.append(path)
     return files
