@@ -342,12 +342,7 @@ def all_in_one(pipeline, out: Path) -> None:
         if set(expected) != set(got) or any(not torch.equal(expected[k], got[k].to(expected[k].dtype))
                                             for k in expected):
             raise RuntimeError(f"diffusers' from_single_file does not load {name} back as written")
-    latents = runner_noise()
-    with torch.no_grad():
-        images = loaded(prompt=[PROMPT] * len(latents), height=HEIGHT, width=WIDTH, num_inference_steps=STEPS,
-                        guidance_scale=GUIDANCE, max_sequence_length=MAX_SEQUENCE_LENGTH,
-                        latents=torch.from_numpy(latents), output_type="np").images
-    _save_npz(out / "single_file.npz", {"latents": latents, "images": np.asarray(images, dtype=np.float32)})
+    save_default_images(loaded, out / "single_file.npz")
 
 
 # An SD 3 LoRA in diffusers' / PEFT's layout (what SD3LoraLoaderMixin reads): module -> (fan_in, fan_out), rank 4,
@@ -364,7 +359,6 @@ LORA_RANK = 4
 def lora_reference(out: Path) -> None:
     """``tiny-sd3-lora.safetensors`` (:data:`LORA_MODULES`, NumPy seed 5) and the images of tiny-sd3 with it loaded
     by diffusers' own ``load_lora_weights`` (peft), for the runner's latents at the default settings: ``lora.npz``."""
-    import torch
     from diffusers import StableDiffusion3Pipeline
     from safetensors.numpy import save_file
 
@@ -381,12 +375,19 @@ def lora_reference(out: Path) -> None:
     adapted = set(pipeline.get_list_adapters())
     if adapted != {"transformer", "text_encoder", "text_encoder_2"}:
         raise RuntimeError(f"diffusers loaded the LoRA into {sorted(adapted)} only")
+    save_default_images(pipeline, out / "lora.npz")
+
+
+def save_default_images(pipeline, path: Path) -> None:
+    """``pipeline``'s images for the runner's latents at the default settings, with those latents, to ``path``."""
+    import torch
+
     latents = runner_noise()
     with torch.no_grad():
         images = pipeline(prompt=[PROMPT] * len(latents), height=HEIGHT, width=WIDTH, num_inference_steps=STEPS,
                           guidance_scale=GUIDANCE, max_sequence_length=MAX_SEQUENCE_LENGTH,
                           latents=torch.from_numpy(latents), output_type="np").images
-    _save_npz(out / "lora.npz", {"latents": latents, "images": np.asarray(images, dtype=np.float32)})
+    _save_npz(path, {"latents": latents, "images": np.asarray(images, dtype=np.float32)})
 
 
 def check_saved(out: Path) -> None:
