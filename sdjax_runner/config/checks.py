@@ -142,6 +142,7 @@ def scheduler_overrides(name: str, overrides: dict[str, Any]) -> None:
         raise UserError("scheduler.name", f"unknown scheduler {name!r}", sorted(SCHEDULERS))
     settings = getattr(importlib.import_module("diffusers"), SCHEDULERS[name])
     accepted = [p for p in inspect.signature(settings.__init__).parameters if p not in ("self", "dtype")]
+    accepted += [ZERO_SNR_KEY] if name in ZERO_SNR else []  # the runner's (models/schedulers.py)
     for key in overrides:
         if key not in accepted:
             raise UserError(f"scheduler.config_overrides.{key}", f"not a {name} setting", accepted)
@@ -159,7 +160,12 @@ SCHEDULER_CHOICES = {"beta_schedule": ("linear", "scaled_linear", "squaredcos_ca
                      "variance_type": ("fixed_small", "fixed_large")}  # DDPM here: models/traced_schedulers.py
 NARROWER_CHOICES = {**{(name, "prediction_type"): ("epsilon", "v_prediction") for name in ("euler", "lms", "pndm")},
                     ("euler", "timestep_spacing"): ("linspace", "leading")}
-SCHEDULER_FLAGS = ("clip_sample", "set_alpha_to_one", "skip_prk_steps", "thresholding", "lower_order_final")
+SCHEDULER_FLAGS = ("clip_sample", "set_alpha_to_one", "skip_prk_steps", "thresholding", "lower_order_final",
+                   "rescale_betas_zero_snr")
+# Zero terminal SNR (rescale_betas_zero_snr, diffusers' PyTorch schedulers' setting; the runner's for its Flax ones,
+# models/schedulers.py): the schedulers that take it -- diffusers' PyTorch DDIM, DDPM, Euler and DPM-Solver do.
+ZERO_SNR = ("ddim", "ddpm", "euler", "dpm_solver_pp")
+ZERO_SNR_KEY = "rescale_betas_zero_snr"
 BETAS = ("beta_start", "beta_end")  # 0 <= beta < 1: a beta of 1 leaves nothing of the signal
 
 
@@ -348,6 +354,8 @@ def run_values(cfg: Any) -> None:
                                                   sampling.eta)
     if chosen.sampler == "scheduler" and chosen.scheduler == cfg.scheduler.name:
         scheduler_overrides(cfg.scheduler.name, dict(cfg.scheduler.config_overrides))
+    elif ZERO_SNR_KEY in cfg.scheduler.config_overrides:  # the k samplers' training schedule reads it
+        scheduler_values(cfg.scheduler.name, {ZERO_SNR_KEY: cfg.scheduler.config_overrides[ZERO_SNR_KEY]})
     modes.check(cfg, chosen.sampler)
     metrics(cfg.metrics)
     tracking_uri(cfg.tracking)

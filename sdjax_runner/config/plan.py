@@ -319,7 +319,10 @@ def make_plan(config: RunConfig, available_devices: int, checked: Optional[Check
         # DDIM / PLMS named by sampler=; a k sampler's sigma schedule: the model's own training schedule is read
         # through diffusers' Euler scheduler, which steps nothing here.
         name = sampling.scheduler if sampling.scheduler not in samplers.SCHEDULES else "euler"
-        scheduler = SchedulerConfig(name=name, config_overrides={})
+        # zero terminal SNR is the training schedule's (the k samplers' sigmas read it): it goes along
+        zero_snr = {key: True for key, value in scheduler.config_overrides.items()
+                    if key == checks.ZERO_SNR_KEY and value is True}
+        scheduler = SchedulerConfig(name=name, config_overrides=zero_snr)
     adapters = tuple(lora_record(i, spec) for i, spec in enumerate(config.lora))
     strength = modes.strength(config.mode.name, config.strength)
     model = dataclasses.replace(config.model)  # the checkpoint's base may be filled in: the caller's stays as given

@@ -88,8 +88,9 @@ def program_spec(plan: Any, pipeline: Any, height: int, width: int, controlnet: 
     return Spec(steps=plan.num_inference_steps, height=height, width=width, batch=plan.per_device_batch_size,
                 negative=FAMILIES[family].negative(plan.negative, pipeline, chunks) is not None, parallel=plan.mode,
                 attention=plan.attention, scheduler=plan.scheduler.name if stepping else "",
-                scheduler_overrides=tuple(sorted((str(k), repr(v)) for k, v in plan.scheduler.config_overrides.items()))
-                if stepping else (), prediction_type=getattr(prediction, "name", prediction),
+                # (a k sampler's are the training schedule's alone: zero terminal SNR, config/plan.py)
+                scheduler_overrides=tuple(sorted((str(k), repr(v)) for k, v in plan.scheduler.config_overrides.items())),
+                prediction_type=getattr(prediction, "name", prediction),
                 sampler=plan.sampling.sampler, sigmas=plan.sampling.sigmas, eta=plan.sampling.eta,
                 mode=plan.generation, controlnet=controlnet, clip_skip=plan.clip_skip, prompt_chunks=chunks,
                 family=family, text_tokens=plan.max_sequence_length, params=plan.params_placement,

@@ -18,6 +18,9 @@ from typing import Any
 import numpy as np
 
 SCHEDULES = ("normal", "karras", "exponential", "sgm_uniform", "simple")
+# A zero-terminal-SNR schedule's last alphas_cumprod for the k samplers, as A1111's rescale_zero_terminal_snr_abar
+# and ComfyUI's ModelSamplingDiscrete(zsnr=True) set it.
+ZERO_SNR_LAST = 4.8973451890853435e-08
 
 
 def training_sigmas(config: Any) -> np.ndarray:
@@ -33,6 +36,11 @@ def training_sigmas(config: Any) -> np.ndarray:
     else:
         raise ValueError(f"beta_schedule {kind!r}: the k-diffusion samplers know scaled_linear and linear")
     alphas_cumprod = np.cumprod(1.0 - betas)
+    if config.get("rescale_betas_zero_snr", False):  # zero terminal SNR, as A1111 and ComfyUI sample it
+        from sdjax_runner.models.schedulers import rescale_zero_terminal_snr
+
+        alphas_cumprod = np.cumprod(1.0 - rescale_zero_terminal_snr(betas))
+        alphas_cumprod[-1] = ZERO_SNR_LAST  # a finite largest sigma (~4518)
     return np.sqrt((1.0 - alphas_cumprod) / alphas_cumprod)
 
 
