@@ -143,6 +143,7 @@ def scheduler_overrides(name: str, overrides: dict[str, Any]) -> None:
     settings = getattr(importlib.import_module("diffusers"), SCHEDULERS[name])
     accepted = [p for p in inspect.signature(settings.__init__).parameters if p not in ("self", "dtype")]
     accepted += [ZERO_SNR_KEY] if name in ZERO_SNR else []  # the runner's (models/schedulers.py)
+    accepted += ["timestep_spacing"] if name == "ddim" else []  # likewise (models/traced_schedulers.py)
     for key in overrides:
         if key not in accepted:
             raise UserError(f"scheduler.config_overrides.{key}", f"not a {name} setting", accepted)
@@ -158,8 +159,7 @@ SCHEDULER_CHOICES = {"beta_schedule": ("linear", "scaled_linear", "squaredcos_ca
                      "timestep_spacing": ("linspace", "leading", "trailing"),
                      "algorithm_type": ("dpmsolver++", "dpmsolver"), "solver_type": ("midpoint", "heun"),
                      "variance_type": ("fixed_small", "fixed_large")}  # DDPM here: models/traced_schedulers.py
-NARROWER_CHOICES = {**{(name, "prediction_type"): ("epsilon", "v_prediction") for name in ("euler", "lms", "pndm")},
-                    ("euler", "timestep_spacing"): ("linspace", "leading")}
+NARROWER_CHOICES = {(name, "prediction_type"): ("epsilon", "v_prediction") for name in ("euler", "lms", "pndm")}
 SCHEDULER_FLAGS = ("clip_sample", "set_alpha_to_one", "skip_prk_steps", "thresholding", "lower_order_final",
                    "rescale_betas_zero_snr")
 # Zero terminal SNR (rescale_betas_zero_snr, diffusers' PyTorch schedulers' setting; the runner's for its Flax ones,

@@ -9,13 +9,14 @@ from sdjax_runner.config.schema import SCHEDULERS as NAMES
 from sdjax_runner.errors import UserError
 
 # scheduler.name -> the Flax scheduler class. diffusers 0.39's LMS and DDPM cannot run in the
-# pipeline's jitted loop; the project's own (sdjax_runner.models.traced_schedulers) replace them.
+# pipeline's jitted loop; the project's own (sdjax_runner.models.traced_schedulers) replace them, and its DDIM and
+# Euler add diffusers' PyTorch timestep spacings (trailing) to the Flax ones.
 SCHEDULERS = {
     "pndm": "diffusers:FlaxPNDMScheduler",
-    "ddim": "diffusers:FlaxDDIMScheduler",
+    "ddim": "sdjax_runner.models.traced_schedulers:DDIMScheduler",
     "lms": "sdjax_runner.models.traced_schedulers:LMSScheduler",
     "dpm_solver_pp": "diffusers:FlaxDPMSolverMultistepScheduler",
-    "euler": "diffusers:FlaxEulerDiscreteScheduler",
+    "euler": "sdjax_runner.models.traced_schedulers:EulerScheduler",
     "ddpm": "sdjax_runner.models.traced_schedulers:DDPMScheduler",
 }
 if set(SCHEDULERS) != set(NAMES):  # config/schema.py names them for the checks
@@ -44,8 +45,11 @@ def build_scheduler(name: str, overrides: dict[str, Any], model_path: str):
     config = cls.load_config(model_path, subfolder="scheduler")
     overrides = dict(overrides)
     zero_snr = bool(overrides.pop(ZERO_SNR_KEY, config.get(ZERO_SNR_KEY, False)))
+    spacing = overrides.pop("timestep_spacing", config.get("timestep_spacing")) if name == "ddim" else None
     betas_in_order({**config, **overrides}, overrides)
     scheduler = cls.from_config({k: v for k, v in config.items() if k != ZERO_SNR_KEY}, **overrides)
+    if spacing is not None:  # diffusers' Flax DDIM has no such setting; the runner's reads it (traced_schedulers.py)
+        scheduler.register_to_config(timestep_spacing=spacing)
     if not zero_snr:
         return scheduler, scheduler.create_state()
     if name not in ZERO_SNR:

@@ -17,7 +17,8 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
-from diffusers import FlaxDDPMScheduler, FlaxLMSDiscreteScheduler
+import numpy as np
+from diffusers import FlaxDDIMScheduler, FlaxDDPMScheduler, FlaxEulerDiscreteScheduler, FlaxLMSDiscreteScheduler
 from diffusers.schedulers.scheduling_ddpm_flax import FlaxDDPMSchedulerOutput
 from diffusers.schedulers.scheduling_lms_discrete_flax import FlaxLMSSchedulerOutput
 
@@ -111,3 +112,44 @@ class DDPMScheduler(FlaxDDPMScheduler):
         if not return_dict:
             return pred_prev_sample, state
         return FlaxDDPMSchedulerOutput(prev_sample=pred_prev_sample, state=state)
+
+
+def spaced_timesteps(spacing: str, train_steps: int, steps: int, steps_offset: int = 0) -> np.ndarray:
+    """diffusers' PyTorch schedulers' ``timestep_spacing`` (DDIMScheduler.set_timesteps, Table 2 of Lin et al. 2023):
+    ``linspace`` evenly from T - 1 to 0; ``leading`` every T // n-th from 0, plus steps_offset; ``trailing`` every
+    T / n-th from T down, minus one -- the last training timestep always visited. Decreasing."""
+    if spacing == "linspace":
+        return np.linspace(0, train_steps - 1, steps).round()[::-1].copy()
+    if spacing == "leading":
+        return (np.arange(0, steps) * (train_steps // steps)).round()[::-1].copy() + steps_offset
+    if spacing == "trailing":
+        return np.round(np.arange(train_steps, 0, -train_steps / steps)) - 1
+    raise ValueError(f"timestep_spacing {spacing!r}: linspace, leading or trailing")
+
+
+class DDIMScheduler(FlaxDDIMScheduler):
+    """diffusers' Flax DDIM with diffusers' PyTorch ``timestep_spacing`` (its Flax one steps ``leading`` only):
+    models/schedulers.py registers the setting in its config; ``leading`` is the Flax scheduler's own."""
+
+    def set_timesteps(self, state, num_inference_steps: int, shape: tuple = ()):
+        spacing = self.config.get("timestep_spacing", "leading")
+        if spacing == "leading":
+            return super().set_timesteps(state, num_inference_steps, shape)
+        timesteps = spaced_timesteps(spacing, self.config.num_train_timesteps, num_inference_steps)
+        return state.replace(num_inference_steps=num_inference_steps, timesteps=jnp.asarray(timesteps, jnp.int32))
+
+
+class EulerScheduler(FlaxEulerDiscreteScheduler):
+    """diffusers' Flax Euler with ``timestep_spacing="trailing"`` too (SDXL Lightning's), as diffusers' PyTorch
+    EulerDiscreteScheduler spaces it: the sigmas interpolated at those timesteps, the largest the initial noise's."""
+
+    def set_timesteps(self, state, num_inference_steps: int, shape: tuple = ()):
+        if self.config.timestep_spacing != "trailing":
+            return super().set_timesteps(state, num_inference_steps, shape)
+        timesteps = jnp.asarray(spaced_timesteps("trailing", self.config.num_train_timesteps, num_inference_steps),
+                                self.dtype)
+        sigmas = ((1 - state.common.alphas_cumprod) / state.common.alphas_cumprod) ** 0.5
+        sigmas = jnp.interp(timesteps, jnp.arange(0, len(sigmas)), sigmas)
+        sigmas = jnp.concatenate([sigmas, jnp.array([0.0], dtype=self.dtype)])
+        return state.replace(timesteps=timesteps, sigmas=sigmas, num_inference_steps=num_inference_steps,
+                             init_noise_sigma=sigmas.max())
