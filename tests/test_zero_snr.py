@@ -85,3 +85,15 @@ def test_the_zero_snr_recipe_runs_and_a_k_sampler_reads_it(tmp_path, cache_dir):
     refused = run_cli(*quiet, "scheduler=pndm", "+scheduler.config_overrides.rescale_betas_zero_snr=true",
                       "hydra.run.dir=pndm", cwd=tmp_path)
     assert_one_line_error(refused, "error: scheduler.config_overrides.rescale_betas_zero_snr: not a pndm setting")
+
+
+def test_a_sigma_schedules_other_settings_are_one_line_not_dropped(tmp_path):
+    from helpers.cli import call_cli
+
+    assert_one_line_error(call_cli("+experiment=smoke", "tracking=none", "sampler=euler", "scheduler=karras",
+                                   "+scheduler.config_overrides.beta_end=0.02", cwd=tmp_path),
+                          "error: scheduler.config_overrides.beta_end: euler runs on the karras sigma schedule, which "
+                          "reads no diffusers scheduler setting (allowed: rescale_betas_zero_snr only")
+    assert_one_line_error(call_cli("+experiment=smoke", "tracking=none", "sampler=euler", "scheduler=karras",
+                                   "+scheduler.config_overrides.rescale_betas_zero_snr=3", cwd=tmp_path),
+                          "error: scheduler.config_overrides.rescale_betas_zero_snr: 3 is not true or false")

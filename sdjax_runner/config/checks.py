@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from sdjax_runner.config import families, modes
+from sdjax_runner.config.samplers import SCHEDULES as SIGMA_SCHEDULES
 from sdjax_runner.config.schema import BUILTIN_MODELS, SCHEDULERS
 from sdjax_runner.errors import UserError
 from sdjax_runner.files import FOLDER_PATHS, cannot_make_folder
@@ -352,10 +353,19 @@ def run_values(cfg: Any) -> None:
                         f"must be >= 0, got {cfg.compilation_cache.min_compile_time_s}", "0 (cache everything), 1.5, ...")
     chosen = families.planned(cfg.model).sampling(cfg.sampler, cfg.scheduler.name, sampling.num_inference_steps,
                                                   sampling.eta)
+    overrides = dict(cfg.scheduler.config_overrides)
     if chosen.sampler == "scheduler" and chosen.scheduler == cfg.scheduler.name:
-        scheduler_overrides(cfg.scheduler.name, dict(cfg.scheduler.config_overrides))
-    elif ZERO_SNR_KEY in cfg.scheduler.config_overrides:  # the k samplers' training schedule reads it
-        scheduler_values(cfg.scheduler.name, {ZERO_SNR_KEY: cfg.scheduler.config_overrides[ZERO_SNR_KEY]})
+        scheduler_overrides(cfg.scheduler.name, overrides)
+    else:  # a k sampler (or DDIM / PLMS named by sampler=) steps on its own: only the training schedule's is read
+        unread = sorted(set(overrides) - {ZERO_SNR_KEY})
+        # (a diffusers scheduler's group brings its own defaults, dpm_solver_pp's algorithm_type: not the user's to
+        # answer for; a sigma schedule's group has none, so what it holds was given)
+        if unread and cfg.scheduler.name in SIGMA_SCHEDULES:
+            raise UserError(f"scheduler.config_overrides.{unread[0]}", f"{chosen.sampler} runs on the {cfg.scheduler.name} "
+                            "sigma schedule, which reads no diffusers scheduler setting", f"{ZERO_SNR_KEY} only (the "
+                            "training schedule's), or a diffusers scheduler with sampler=null")
+        if ZERO_SNR_KEY in overrides:
+            scheduler_values(cfg.scheduler.name, {ZERO_SNR_KEY: overrides[ZERO_SNR_KEY]})
     modes.check(cfg, chosen.sampler)
     metrics(cfg.metrics)
     tracking_uri(cfg.tracking)
