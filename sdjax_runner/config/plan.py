@@ -238,17 +238,20 @@ def embedding_records(paths) -> tuple[EmbeddingEntry, ...]:
 
 def vae_record(model: ModelConfig) -> Optional[VaeEntry]:
     """(path, content hash, kind) of ``model.vae``, or None; A1111's "VAE hash" is the first 10 of a file's."""
-    import hashlib
-
     if not model.vae:
         return None
     path = Path(model.vae).expanduser()
+    return VaeEntry(str(path), vae_sha256(path), vae_kind(path))
+
+
+def vae_sha256(path: Path) -> str:
+    """A VAE's content hash: its one weights file's, or of its shards' names and hashes."""
+    import hashlib
+
     files = vae_files(path)
     if len(files) == 1:
-        sha256 = file_sha256(files[0])
-    else:
-        sha256 = hashlib.sha256("".join(f"{f.name}:{file_sha256(f)}\n" for f in files).encode()).hexdigest()
-    return VaeEntry(str(path), sha256, vae_kind(path))
+        return file_sha256(files[0])
+    return hashlib.sha256("".join(f"{f.name}:{file_sha256(f)}\n" for f in files).encode()).hexdigest()
 
 
 def checkpoint_params(model: ModelConfig, checkpoint: Optional[CheckpointEntry]) -> dict[str, str]:
@@ -320,9 +323,8 @@ def make_plan(config: RunConfig, available_devices: int, checked: Optional[Check
         # through diffusers' Euler scheduler, which steps nothing here.
         name = sampling.scheduler if sampling.scheduler not in samplers.SCHEDULES else "euler"
         # zero terminal SNR is the training schedule's (the k samplers' sigmas read it): it goes along
-        zero_snr = {key: True for key, value in scheduler.config_overrides.items()
-                    if key == checks.ZERO_SNR_KEY and value is True}
-        scheduler = SchedulerConfig(name=name, config_overrides=zero_snr)
+        zero_snr = scheduler.config_overrides.get(checks.ZERO_SNR_KEY) is True
+        scheduler = SchedulerConfig(name=name, config_overrides={checks.ZERO_SNR_KEY: True} if zero_snr else {})
     adapters = tuple(lora_record(i, spec) for i, spec in enumerate(config.lora))
     strength = modes.strength(config.mode.name, config.strength)
     model = dataclasses.replace(config.model)  # the checkpoint's base may be filled in: the caller's stays as given

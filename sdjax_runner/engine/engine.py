@@ -128,7 +128,8 @@ class Engine:
             log.info("prompts: A1111's syntax, %d chunk(s) of 75 tokens per prompt (the longest prompt's; shorter "
                      "ones padded with empty chunks)", spec.prompt_chunks)
         mode = PARALLEL[plan.mode]
-        prepared = self.reuse.prepare(plan, model.entry, model.reused, mode, devices, spec)
+        prepared = self.reuse.prepare(plan, model.entry, model.reused, mode, devices, spec,
+                                      getattr(tokens, "embeddings", None))
         generator = mode(prepared.pipeline, prepared.params, prepared.safety_weights, plan, spec, devices,
                          tokens=tokens, started=started)
         return self._compiled(Program(generator, prepared, CompileFacts("traced")), plan)

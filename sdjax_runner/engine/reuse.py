@@ -173,9 +173,10 @@ class ReuseCache:
         return entry.controlnet, reused
 
     def prepare(self, plan: Plan, entry: ModelEntry, reused: bool, mode: type[Generator], devices: list,
-                spec: Spec) -> Prepared:
+                spec: Spec, embeddings: Any = None) -> Prepared:
         """Pipeline with the plan's scheduler, params placed on ``devices`` and, if compiled before, the
-        program: one per model structure, devices and program :class:`~.program.Spec`."""
+        program: one per model structure, devices and program :class:`~.program.Spec`. ``embeddings``: the
+        prompts' textual-inversion embeddings as their tokens read them (models/embeddings.Embeddings), or None."""
         import jax
 
         pipeline_key = (spec.scheduler, spec.scheduler_overrides, spec.prediction_type, spec.attention)
@@ -196,13 +197,10 @@ class ReuseCache:
             entry.placed_weights = dict(entry.placed_weights, vae=vae["vae"])
         entry.vae_stale = False
         params = dict(entry.placed_weights, scheduler=mode.place_params(state, devices))
-        if plan.embeddings:  # textual-inversion tables: inputs of the program, read and placed once
+        if embeddings is not None:  # textual-inversion tables: inputs of the program, placed once
             key = (plan.embeddings, placement)
             if entry.embeddings_on != key:
-                from sdjax_runner.models import embeddings
-
-                tables = embeddings.load(plan.embeddings, entry.loaded.pipeline).tables
-                entry.embeddings, entry.embeddings_on = mode.place_params(tables, devices), key
+                entry.embeddings, entry.embeddings_on = mode.place_params(embeddings.tables, devices), key
                 log.info("prompts: %d textual-inversion embedding(s): %s", len(plan.embeddings),
                          ", ".join(shown(e.name) for e in plan.embeddings))
             params["embeddings"] = entry.embeddings

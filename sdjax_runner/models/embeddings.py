@@ -18,7 +18,7 @@ row (engine/encode.py). The table is an input of the program: other embeddings o
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -39,7 +39,6 @@ class Embeddings:
     rows: dict[str, tuple[int, int]]
     name_ids: list[dict[str, tuple[int, ...]]]  # per tokenizer: name -> its token ids (no start/end)
     vocabularies: list[int]  # per tokenizer: its text encoder's vocabulary size (placeholder ids start there)
-    labels: tuple[str, ...] = field(default=())  # "name:sha256=ab12cd34ef56" per embedding, for the records
 
     @property
     def shapes(self) -> tuple:
@@ -63,9 +62,6 @@ class Embeddings:
                 out.append(ids[position])
                 position += 1
         return out
-
-    def named_in(self, which: int, ids: list[int]) -> bool:
-        return self.replace(which, ids) != ids
 
 
 def encoders(pipeline: Any) -> list[tuple[str, Any, Any]]:
@@ -107,8 +103,7 @@ def load(entries: tuple, pipeline: Any) -> Embeddings:
     name_ids = [{entry.name: tuple(tokenizer(entry.name, add_special_tokens=False).input_ids) for entry in entries}
                 for _, _, tokenizer in parts]
     vocabularies = [int(encoder.config.vocab_size) for _, encoder, _ in parts]
-    labels = tuple(f"{entry.name}:sha256={entry.sha256[:12]}" for entry in entries)
-    return Embeddings(tables, rows, name_ids, vocabularies, labels)
+    return Embeddings(tables, rows, name_ids, vocabularies)
 
 
 def _vectors(file: str, tensors: dict[str, np.ndarray], widths: dict[str, int]) -> dict[str, np.ndarray]:

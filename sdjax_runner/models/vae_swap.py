@@ -68,20 +68,12 @@ def load_vae(path: Path, base_module: Any, family: str, model_path: str, dtype: 
     except Exception as exc:  # the file is input: one line, never a traceback
         raise UserError(KEY, f"{path}: cannot be loaded ({type(exc).__name__}: {error_line(exc, 200)})",
                         "a diffusers VAE folder or a .safetensors VAE file") from None
+    from sdjax_runner.config.plan import vae_sha256
+
     if expected_sha256 is not None and vae_sha256(path) != expected_sha256:
         raise UserError(KEY, f"{path} changed since the run was planned; it is not run under the old hash",
                         "run again")
     return swapped
-
-
-def vae_sha256(path: Path) -> str:
-    """What the plan hashed (config/plan.vae_record)."""
-    from sdjax_runner.config.plan import vae_record
-    from sdjax_runner.config.schema import ModelConfig
-
-    record = vae_record(ModelConfig(name="vae", vae=str(path)))
-    assert record is not None
-    return record.sha256
 
 
 def _single_file(path: Path, family: str, module: Any, activations: Any, weights: np.dtype) -> SwappedVae:
