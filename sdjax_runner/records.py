@@ -124,6 +124,14 @@ class ImageRecord(_Record):
     slg_start: Optional[float] = None
     slg_stop: Optional[float] = None
     guidance_rescale: Optional[float] = None  # optional, SD: CFG rescale (sampling.guidance_rescale; Forge's "Rescale CFG")
+    # optional, A1111's Hires. fix (sampling.hires.*): its scale, the steps the second pass ran, its upscaler (A1111's
+    # name) and denoising strength, and the first pass's size (A1111's "Size"; height and width are the image's)
+    hires_scale: Optional[float] = None
+    hires_steps: Optional[int] = None
+    hires_upscaler: Optional[str] = None
+    hires_strength: Optional[float] = None
+    first_pass_height: Optional[int] = None
+    first_pass_width: Optional[int] = None
     # This image's own (record/rundir.py: write_images).
     index: Optional[int] = None  # its position in the run (batch-major, then device, then slot)
     batch: Optional[int] = None  # the batch it was made in
@@ -142,10 +150,10 @@ class ImageRecord(_Record):
 
     # PNG text chunks that are numbers or booleans (every chunk is text; "" is None for the numbers).
     INT_CHUNKS: ClassVar[tuple[str, ...]] = ("index", "batch", "device", "seed", "steps", "height", "width",
-                                            "clip_skip")
+                                            "clip_skip", "hires_steps", "first_pass_height", "first_pass_width")
     FLOAT_CHUNKS: ClassVar[tuple[str, ...]] = ("guidance_scale", "distilled_guidance", "eta", "strength",
                                               "conditioning_scale", "shift", "slg_scale", "slg_start", "slg_stop",
-                                              "guidance_rescale")
+                                              "guidance_rescale", "hires_scale", "hires_strength")
     BOOL_CHUNKS: ClassVar[tuple[str, ...]] = ("non_finite",)
 
     @classmethod

@@ -150,8 +150,10 @@ def generate_images(plan: Plan, job: Job, generator: Any, started: float) -> tup
             from sdjax_runner.engine.families import FAMILIES
 
             family = FAMILIES[generator.spec.family]
+            spec = generator.spec
             meta = rundir.image_meta(plan, generator.height, generator.width, family.guidance(generator.pipeline),
-                                     family.shift(generator.pipeline))
+                                     family.shift(generator.pipeline),
+                                     first_pass=(spec.height, spec.width) if spec.hires else None)
             return rundir.write_images(job.run_dir, plan, batches, meta, job.records, generator.non_finite)
         for _ in batches:
             pass

@@ -37,7 +37,7 @@ def prepared_tiny(overrides, experiment="smoke", size=64):
 @pytest.mark.slow
 def test_flops_per_batch_is_xlas_count_of_the_whole_unrolled_sampling_loop(tiny_model_dir, mode):
     session, prepared, generator, plan = prepared_tiny([f"parallelism={mode}", "parallelism.per_device_batch_size=2"])
-    flops = session.flops(prepared, generator.compiled, plan.num_inference_steps, 2, 64, 64, plan.num_devices)
+    flops = session.flops(prepared, generator.compiled, ((plan.num_inference_steps, 64, 64),), 2, plan.num_devices)
 
     # The reference: the generate function for the whole batch with the loop unrolled (diffusers'
     # DEBUG switch turns fori_loop into a Python loop), counted by XLA on one program.
@@ -62,7 +62,7 @@ def test_flux_flops_per_batch_is_xlas_count_of_the_whole_unrolled_sampling_loop(
 
     session, prepared, generator, plan = prepared_tiny([f"parallelism={mode}", "parallelism.per_device_batch_size=2",
                                                         "parallelism.num_devices=2"], "flux_smoke", 32)
-    flops = session.flops(prepared, generator.compiled, plan.num_inference_steps, 2, 32, 32, plan.num_devices,
+    flops = session.flops(prepared, generator.compiled, ((plan.num_inference_steps, 32, 32),), 2, plan.num_devices,
                           generator.spec.prompt_tokens)
 
     # The reference: one device's generation program with the sampling loop unrolled (a Python loop in place of
@@ -79,6 +79,33 @@ def test_flux_flops_per_batch_is_xlas_count_of_the_whole_unrolled_sampling_loop(
     lowered = jax.jit(lambda i, p, k, g: generate(prepared.pipeline, generator.spec, i, p, k, g, {})).lower(
         ids, shapes, jax.random.PRNGKey(0), jnp.float32(3.5))
     assert flops == pytest.approx(plan.num_devices * lowered.cost_analysis()["flops"], rel=0.02)
+
+
+@pytest.mark.slow
+def test_hires_flops_count_both_sampling_loops(tiny_model_dir, monkeypatch):
+    """Hires. fix's program has two sampling loops, the second at the upscaled size: the count is XLA's of the
+    program with both unrolled."""
+    from sdjax_runner.engine.program import generate
+
+    session, prepared, generator, plan = prepared_tiny(["parallelism.num_devices=1", "sampler=Euler",
+                                                        "sampling.hires.scale=2", "sampling.hires.steps=3"])
+    spec = generator.spec
+    passes = ((plan.num_inference_steps, 64, 64), (spec.hires.steps, 128, 128))
+    flops = session.flops(prepared, generator.compiled, passes, 1, plan.num_devices)
+
+    def python_loop(lower, upper, body, value):
+        for index in range(lower, upper):
+            value = body(index, value)
+        return value
+
+    monkeypatch.setattr(jax.lax, "fori_loop", python_loop)
+    weights = dict(prepared.entry.loaded.host_weights, scheduler=prepared.params["scheduler"])
+    shapes = jax.tree_util.tree_map(lambda x: jax.ShapeDtypeStruct(np.shape(x), np.asarray(x).dtype), weights)
+    ids = jnp.asarray(generator.tokens(plan.batch_prompts(0)[:1], 0)[0])
+    lowered = jax.jit(lambda i, p, k, g: generate(prepared.pipeline, spec, i, p, k, g, {})).lower(
+        ids, shapes, jax.random.PRNGKey(0), jnp.float32(7.5))
+    # (without the second loop's uncounted steps the count would be short by about a third)
+    assert flops == pytest.approx(lowered.cost_analysis()["flops"], rel=0.02)
 
 
 def test_efficiency_arithmetic_and_the_peak_table():

@@ -19,7 +19,7 @@ import tempfile
 from pathlib import Path
 from typing import Any, Optional
 
-from sdjax_runner.config import families, modes
+from sdjax_runner.config import families, hires, modes
 from sdjax_runner.config.samplers import SCHEDULES as SIGMA_SCHEDULES
 from sdjax_runner.config.schema import BUILTIN_MODELS, SCHEDULERS
 from sdjax_runner.errors import UserError
@@ -367,6 +367,7 @@ def run_values(cfg: Any) -> None:
         if ZERO_SNR_KEY in overrides:
             scheduler_values(cfg.scheduler.name, {ZERO_SNR_KEY: overrides[ZERO_SNR_KEY]})
     modes.check(cfg, chosen.sampler)
+    hires.check(cfg, families.planned(cfg.model), chosen.sampler, MAX_SIZE)
     metrics(cfg.metrics)
     tracking_uri(cfg.tracking)
 

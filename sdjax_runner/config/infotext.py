@@ -15,7 +15,7 @@ import math
 import re
 from dataclasses import dataclass, field
 
-from sdjax_runner.config import samplers
+from sdjax_runner.config import hires, samplers
 from sdjax_runner.config.overrides import literal
 from sdjax_runner.config.prompts import check_length
 from sdjax_runner.config.schema import SCHEDULERS
@@ -112,7 +112,8 @@ NUMBERS = {"Steps": (WHOLE, int, "a whole number, e.g. 20"), "Clip skip": (WHOLE
            "Denoising strength": (DECIMAL, float, "a number, e.g. 0.75"),
            "Distilled CFG Scale": (DECIMAL, float, "a number, e.g. 3.5"),
            "SLG scale": (DECIMAL, float, "a number, e.g. 2.8"), "SLG start": (DECIMAL, float, "a number, e.g. 0.01"),
-           "SLG stop": (DECIMAL, float, "a number, e.g. 0.2"), "Rescale CFG": (DECIMAL, float, "a number, e.g. 0.7")}
+           "SLG stop": (DECIMAL, float, "a number, e.g. 0.2"), "Rescale CFG": (DECIMAL, float, "a number, e.g. 0.7"),
+           "Hires upscale": (DECIMAL, float, "a number, e.g. 2"), "Hires steps": (WHOLE, int, "a whole number, e.g. 20")}
 
 
 def number(key: str, text: str) -> int | float:
@@ -210,9 +211,14 @@ def overrides(info: Infotext, model_options: tuple[str, ...], dtype_options: tup
         use("Rescale CFG", f"sampling.guidance_rescale={numbers['Rescale CFG']!r}")
     if sd3:
         sd3_settings(settings, numbers, use, skipped)
+    hires_fix = "Hires upscale" in numbers and not has_init_image
+    if hires_fix:
+        hires_settings(settings, numbers, use, skipped)
     if "Denoising strength" in numbers:
         if has_init_image:
             use("Denoising strength", f"strength={numbers['Denoising strength']!r}")
+        elif hires_fix:
+            use("Denoising strength", f"sampling.hires.denoising_strength={numbers['Denoising strength']!r}")
         else:
             skipped.append(f"Denoising strength: {settings.pop('Denoising strength')}: an img2img setting; give "
                            "mode=img2img init_image=PATH to use it")
@@ -255,6 +261,25 @@ def sd3_settings(settings: dict[str, str], numbers: dict[str, float], use, skipp
     if "Shift" in settings:
         skipped.append(f"Shift: {shown_value(settings.pop('Shift'))}: the model's scheduler config sets it (its "
                        "scheduler/scheduler_config.json)")
+
+
+def hires_settings(settings: dict[str, str], numbers: dict[str, float], use, skipped: list[str]) -> None:
+    """A1111's Hires. fix: ``Hires upscale``, ``Hires steps`` (0: the first pass's) and ``Hires upscaler`` honoured
+    (``Denoising strength`` is read with them); an upscaler that is not here (an ESRGAN model's) said, and Lanczos,
+    a pixel upscaler as it is, runs in its place."""
+    use("Hires upscale", f"sampling.hires.scale={numbers['Hires upscale']!r}")
+    if "Hires steps" in numbers:
+        use("Hires steps", f"sampling.hires.steps={numbers['Hires steps'] or 'null'}")
+    if "Hires upscaler" in settings:
+        name = settings["Hires upscaler"].strip()
+        ours = {a1111.lower(): key for key, a1111 in hires.A1111_UPSCALERS.items()}
+        ours["none"] = "lanczos"  # A1111's resize_image with no upscaler: Pillow's LANCZOS
+        if name.lower() in ours:
+            use("Hires upscaler", f"sampling.hires.upscaler={ours[name.lower()]}")
+        else:  # the substitute is said twice: as what runs, and as what is not here
+            skipped.append(f"Hires upscaler: {shown_value(name)}: not here, Lanczos runs in its place (allowed: "
+                           f"{', '.join(hires.A1111_UPSCALERS.values())})")
+            use("Hires upscaler", "sampling.hires.upscaler=lanczos")
 
 
 def dtype_setting(settings: dict[str, str], options: tuple[str, ...], use, skipped: list[str]) -> None:

@@ -18,7 +18,8 @@ from typing import Any, NamedTuple, Optional
 
 from omegaconf import DictConfig, OmegaConf
 
-from sdjax_runner.config import checks, families, modes, samplers
+from sdjax_runner.config import checks, families, hires, modes, samplers
+from sdjax_runner.config.hires import Hires
 from sdjax_runner.config.input_images import ModeInputs, read_mode_inputs
 from sdjax_runner.config.modes import start_step
 from sdjax_runner.config.prompts import check_syntax, check_text, load_prompts
@@ -148,6 +149,7 @@ class Plan:
     true_cfg_scale: Optional[float] = None  # FLUX.1's true classifier-free guidance (sampling.true_cfg_scale)
     guidance_rescale: Optional[float] = None  # SD: CFG rescale (sampling.guidance_rescale)
     slg: Optional[tuple] = None  # SD 3's skip-layer guidance: (layers, scale, start, stop) (sampling.slg_*)
+    hires: Optional[Hires] = None  # A1111's Hires. fix: the second pass (sampling.hires.*, config/hires.py)
     from_texts: int = 0  # how many of the prompts are prompts.texts (the rest: prompts.file's), to name them
 
     @property
@@ -393,5 +395,6 @@ def make_plan(config: RunConfig, available_devices: int, checked: Optional[Check
         true_cfg_scale=config.sampling.true_cfg_scale,
         guidance_rescale=config.sampling.guidance_rescale,
         slg=families.slg(config),
+        hires=hires.check(config, family, sampling.sampler, checks.MAX_SIZE),
         from_texts=len(config.prompts.texts),
     )

@@ -63,6 +63,19 @@ class PredictionType(Enum):
     sample = "sample"
 
 
+class HiresUpscaler(Enum):
+    # Hires. fix's upscalers (sampling.hires.upscaler), A1111's names in config/hires.py. The latent ones resize the
+    # first pass's latents as torch.nn.functional.interpolate does for A1111's "Latent" variants:
+    latent = 0  # "Latent": bilinear
+    latent_antialiased = 1  # "Latent (antialiased)": bilinear, antialiased
+    latent_bicubic = 2  # "Latent (bicubic)": bicubic (a = -0.75)
+    latent_bicubic_antialiased = 3  # "Latent (bicubic antialiased)": bicubic, antialiased (a = -0.5)
+    latent_nearest = 4  # "Latent (nearest)"
+    latent_nearest_exact = 5  # "Latent (nearest-exact)"
+    # "Lanczos": the first pass decoded to 8-bit pixels, resized as Pillow's LANCZOS does, encoded again
+    lanczos = 6
+
+
 class Attention(Enum):
     default = "default"  # diffusers' FlaxAttention as shipped
     split_head_dim = "split_head_dim"  # diffusers' option: heads as their own axis
@@ -184,6 +197,21 @@ class LoraConfig:
 
 
 @dataclass
+class HiresConfig:
+    # A1111's "Hires. fix", text to image in the SD family: the image is made at sampling.height x width, upscaled
+    # to int(side * scale) (a multiple of the model's down-sampling) and denoised again there, image to image, in
+    # the same compiled program; the run's images are the upscaled ones. null: none (one pass).
+    scale: Optional[float] = None  # A1111's "Hires upscale": 1 .. 4
+    # The second pass's steps, as A1111 counts them ("Hires steps"): these many run, at the end of a schedule of
+    # int(steps / min(denoising_strength, 0.999)) steps. null: sampling.num_inference_steps (A1111's 0).
+    steps: Optional[int] = None
+    # A1111's "Denoising strength" of the second pass, in (0, 1]. It shapes the schedule: a sweep over it compiles
+    # a program per value.
+    denoising_strength: float = 0.7
+    upscaler: HiresUpscaler = HiresUpscaler.latent  # "Hires upscaler" (A1111's default, "Latent")
+
+
+@dataclass
 class SamplingConfig:
     # null: the model family's default (config/families.py): diffusers' pipelines' own -- 50 steps and
     # guidance 7.5 for Stable Diffusion (the guide's), 28 and 3.5 for FLUX.1.
@@ -217,6 +245,7 @@ class SamplingConfig:
     # samplers"): 0 none, 1 full. null: their defaults (DDIM 0; Euler a, DPM2 a, DPM++ 2S a, DPM++ SDE,
     # DPM++ 2M SDE, DPM++ 3M SDE 1). A sampler without noise refuses it. It shapes the program (recompiles).
     eta: Optional[float] = None
+    hires: HiresConfig = field(default_factory=HiresConfig)  # A1111's Hires. fix (above)
 
 
 @dataclass

@@ -4,7 +4,7 @@ FLOPs come from XLA's own cost analysis (HloCostAnalysis) of the compiled genera
 XLA counts a while loop's body once -- it does not know the trip count -- and the sampling loop
 is a ``fori_loop``, so the count is completed with ``steps - 1`` more denoising steps, each the
 cost of one UNet application at the guided batch size (also XLA's count, of the UNet lowered
-alone). The compiled program is per device (pmap and SPMD alike), so a batch is that times the
+alone); likewise for Hires. fix's second loop, at its size. The compiled program is per device (pmap and SPMD alike), so a batch is that times the
 number of devices. ``tests/test_efficiency.py`` checks the result against a fully unrolled program.
 """
 
@@ -82,15 +82,16 @@ def unet_step_flops(pipeline: Any, params: dict, per_device_images: float, heigh
     return cost_flops(jax.jit(apply).lower(shapes, latents, steps, context, added))
 
 
-def batch_flops(compiled: Any, unet_step: Optional[float], steps: int, num_devices: int) -> Optional[float]:
-    """FLOPs of one batch on all devices: the compiled program plus the loop steps XLA does not count."""
+def batch_flops(compiled: Any, loops: list[tuple[int, Optional[float]]], num_devices: int) -> Optional[float]:
+    """FLOPs of one batch on all devices: the compiled program plus the loop steps XLA does not count (``loops``:
+    each sampling loop's steps and the FLOPs of one of them)."""
     try:
         program = _flops(compiled.cost_analysis())
     except Exception:  # some backends or cached executables have no analysis
         return None
-    if program is None or unet_step is None:
+    if program is None or any(step is None for _, step in loops):
         return None
-    return num_devices * (program + (steps - 1) * unet_step)
+    return num_devices * (program + sum((steps - 1) * step for steps, step in loops if step is not None))
 
 
 def device_memory_peak(devices: list) -> Optional[int]:

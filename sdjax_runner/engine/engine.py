@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from sdjax_runner import process
-from sdjax_runner.config import checks
+from sdjax_runner.config import checks, hires
 from sdjax_runner.config.families import FAMILIES as FAMILY_ENTRIES
 from sdjax_runner.config.families import runs_mode
 from sdjax_runner.config.plan import Plan
@@ -183,9 +183,10 @@ class Engine:
     def efficiency(self, plan: Plan, program: Program, seconds: float) -> dict[str, Any]:
         """flops_per_batch, tflops_per_s, mfu and memory (see engine/efficiency.py); None where not measurable."""
         generator, spec = program.generator, program.spec
-        flops = self.reuse.flops(program.prepared, generator.compiled, plan.num_inference_steps,
-                                 plan.per_device_batch_size * spec.calls_per_step, spec.height, spec.width,
-                                 plan.num_devices, spec.prompt_tokens)
+        passes = ((plan.num_inference_steps, spec.height, spec.width),) + (
+            ((spec.hires.steps, spec.hires.height, spec.hires.width),) if spec.hires else ())
+        flops = self.reuse.flops(program.prepared, generator.compiled, passes,
+                                 plan.per_device_batch_size * spec.calls_per_step, plan.num_devices, spec.prompt_tokens)
         if program.key and flops is not None:  # a warm start needs no FLOPs lowering
             executable_cache.save_flops(plan.compilation_cache.dir, program.key, flops)
         devices = generator.devices
@@ -237,6 +238,8 @@ def image_size(plan: Plan, loaded: LoadedModel) -> tuple[int, int]:
     native = plan.model.resolution or loaded.native_size
     height, width = plan.height or native, plan.width or native
     checks.image_size(height, width, loaded.size_multiple, plan.model.name)
+    if plan.hires is not None:  # Hires. fix's upscaled size, likewise
+        hires.fits(plan.hires, height, width, loaded.size_multiple, plan.model.name)
     return height, width
 
 

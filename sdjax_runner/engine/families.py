@@ -60,6 +60,9 @@ class Family:
         lambda pipeline, specs: (pipeline, lambda component, key: False)
     # (pipeline) -> its scheduler's shift where the records name it (SD 3: Forge's "Shift"), else None
     shift: Callable[[Any], Optional[float]] = lambda pipeline: None
+    # (conditioning, height, width) -> the conditioning for images of that size (Hires. fix's second pass, engine/
+    # hires.py: SDXL's size conditioning); the default: the same
+    at_size: Callable[[Conditioning, int, int], Conditioning] = lambda conditioning, height, width: conditioning
 
 
 def sd_check_loaded(plan: Any, loaded: LoadedModel) -> None:
@@ -94,7 +97,9 @@ def sd_structure(pipeline: Any) -> list:
 FAMILIES: dict[str, Family] = {
     "sd": Family("sd", check_loaded=sd_check_loaded, with_scheduler=with_scheduler, tokens=sd_tokens,
                  negative=negative_text, encode=sd_encode, modes=MODES, samplers=SAMPLERS, decode=decode,
-                 structure=sd_structure, step_flops=efficiency.unet_step_flops),
+                 structure=sd_structure, step_flops=efficiency.unet_step_flops,
+                 at_size=lambda conditioning, height, width: with_time_ids(conditioning, height, width,
+                                                                           conditioning.context.dtype)),
     # FLUX.1 (engine/flux/): guidance-distilled, no negative prompt; text to image with the flow-matching Euler.
     "flux": Family("flux", check_loaded=flux.check_loaded, with_scheduler=flux.with_scheduler,
                    tokens=flux.FluxTokens, negative=flux.negative, encode=flux_stages.encode,

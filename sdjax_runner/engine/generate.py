@@ -97,7 +97,8 @@ class Generator:
         weighed against the job's cost so far)."""
         self.pipeline, self.params, self.safety_weights = pipeline, params, safety_weights
         self.plan, self.spec, self.devices = plan, spec, devices  # spec: what shapes the program (engine/program.py)
-        self.height, self.width = spec.height, spec.width
+        # The images' size: the program's, or its second pass's (Hires. fix, engine/hires.py)
+        self.height, self.width = (spec.hires.height, spec.hires.width) if spec.hires else (spec.height, spec.width)
         self.timings = Timings()
         self.started = started
         self.compiled: Optional[Callable] = None  # the program (install)

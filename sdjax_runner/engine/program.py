@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import Any, Optional
 
 from sdjax_runner.engine.families import FAMILIES
+from sdjax_runner.engine.hires import HiresPass, second_pass
 from sdjax_runner.engine.tokens import TOKENS
 
 
@@ -59,6 +60,7 @@ class Spec:
     # SD: classifier-free guidance runs (guidance over 1); at 1 or less the UNet sees the conditional half alone, as
     # diffusers' PyTorch pipelines do (do_classifier_free_guidance): SDXL Turbo's guidance 0 is the prompt's image
     cfg: bool = True
+    hires: Optional[HiresPass] = None  # A1111's Hires. fix: the second pass, upscaled (engine/hires.py)
 
     @property
     def calls_per_step(self) -> float:
@@ -96,7 +98,15 @@ def program_spec(plan: Any, pipeline: Any, height: int, width: int, controlnet: 
                 family=family, text_tokens=plan.max_sequence_length, params=plan.params_placement,
                 true_cfg=plan.true_cfg_scale, slg=plan.slg, cfg_rescale=plan.guidance_rescale is not None,
                 embeddings=tokens.embeddings.shapes if getattr(tokens, "embeddings", None) else (),
-                cfg=family != "sd" or plan.guidance_scale > 1)
+                cfg=family != "sd" or plan.guidance_scale > 1, hires=hires_pass(plan.hires, height, width))
+
+
+def hires_pass(hires: Any, height: int, width: int) -> Optional[HiresPass]:
+    """The plan's second pass (config/hires.Hires, or None) for a first pass of ``height`` x ``width``."""
+    if hires is None:
+        return None
+    upscaled = hires.size(height, width)
+    return HiresPass(upscaled[0], upscaled[1], hires.schedule, hires.start, hires.upscaler)
 
 
 def generate(pipeline: Any, spec: Spec, ids, params: dict, key, guidance, inputs: dict,
@@ -115,9 +125,13 @@ def generate(pipeline: Any, spec: Spec, ids, params: dict, key, guidance, inputs
     start = family.modes[spec.mode](pipeline, params, key, spec, ids.shape[0], inputs)
     if start.conditioning:
         conditioning = conditioning._replace(**start.conditioning)
+    upscaled = family.at_size(conditioning, spec.hires.height, spec.hires.width) if spec.hires else None
     if not spec.cfg:  # the SD samplers then run the UNet on the conditional half alone (engine/samplers/unet.py)
         from sdjax_runner.engine.samplers.unet import conditional_only
 
         conditioning = conditional_only(conditioning)
+        upscaled = conditional_only(upscaled) if upscaled is not None else None
     latents = family.samplers[spec.sampler](pipeline, params, conditioning, start, guidance, spec, key)
+    if spec.hires:
+        latents = second_pass(family, pipeline, params, upscaled, latents, guidance, spec, key)
     return family.decode(pipeline, params, latents)

@@ -271,16 +271,18 @@ class ReuseCache:
             old, _ = self.programs.popitem(last=False)
             self.flops_of.pop(old, None)
 
-    def flops(self, prepared: Prepared, compiled: Any, steps: int, per_device_images: float, height: int, width: int,
-              num_devices: int, tokens: int = TOKENS) -> Any:
-        """FLOPs of one batch (XLA's count, see efficiency.py), once per compiled program."""
+    def flops(self, prepared: Prepared, compiled: Any, passes: tuple[tuple[int, int, int], ...],
+              per_device_images: float, num_devices: int, tokens: int = TOKENS) -> Any:
+        """FLOPs of one batch (XLA's count, see efficiency.py), once per compiled program. ``passes``: each sampling
+        loop's (steps, height, width) -- one, or two with Hires. fix's second pass."""
         from sdjax_runner.engine import efficiency
 
         if prepared.compile_key not in self.flops_of:
+            step_flops = FAMILIES[prepared.entry.loaded.family].step_flops
             with tracing_with(prepared.attention):
-                unet = FAMILIES[prepared.entry.loaded.family].step_flops(
-                    prepared.pipeline, prepared.entry.loaded.host_weights, per_device_images, height, width, tokens)
-            self.flops_of[prepared.compile_key] = efficiency.batch_flops(compiled, unet, steps, num_devices)
+                loops = [(steps, step_flops(prepared.pipeline, prepared.entry.loaded.host_weights, per_device_images,
+                                            height, width, tokens)) for steps, height, width in passes]
+            self.flops_of[prepared.compile_key] = efficiency.batch_flops(compiled, loops, num_devices)
         return self.flops_of[prepared.compile_key]
 
 

@@ -156,6 +156,13 @@ def ti_hashes(embeddings: str) -> str:
 WRITTEN = ("flux", "sd3")
 
 
+def first_pass_size(meta: ImageRecord) -> str:
+    """A1111's ``Size``, WxH: the first pass's where Hires. fix upscaled the image, else the image's."""
+    if meta.first_pass_width is not None:
+        return f"{meta.first_pass_width}x{meta.first_pass_height}"
+    return f"{meta.width}x{meta.height}"
+
+
 def a1111_parameters(meta: ImageRecord) -> str:
     """The ``parameters`` text AUTOMATIC1111's web UI writes, which many image tools parse: the
     prompt, a ``Negative prompt:`` line, and a last line of settings. Line breaks inside the
@@ -164,7 +171,8 @@ def a1111_parameters(meta: ImageRecord) -> str:
     (prompts.syntax=plain) has its brackets escaped, so that A1111 reads the same text, not emphasis -- but a
     FLUX.1 or SD 3 prompt, which Forge and this runner read as written, is written as it is. SD 3 adds its
     ``Shift`` and, where it ran, skip-layer guidance (``Skip layer guidance: "7,8,9", SLG scale, SLG start, SLG
-    stop``)."""
+    stop``); Hires. fix its ``Denoising strength``, ``Hires upscale``, ``Hires steps`` and ``Hires
+    upscaler``, as A1111 writes them, with ``Size`` the first pass's."""
     def text(prompt: str) -> str:
         return _flat(prompt) if meta.prompt_syntax == "a1111" or meta.family in WRITTEN else escape(_flat(prompt))
 
@@ -179,11 +187,13 @@ def a1111_parameters(meta: ImageRecord) -> str:
         + f"CFG scale: {meta.guidance_scale if meta.guidance_scale is not None else 1}, "
         + (f"Distilled CFG Scale: {meta.distilled_guidance}, " if meta.distilled_guidance is not None else "")
         + (f"Rescale CFG: {meta.guidance_rescale}, " if meta.guidance_rescale is not None else "")
-        + f"Seed: {meta.seed}, Size: {meta.width}x{meta.height}, Model: {meta.model}, "
+        + f"Seed: {meta.seed}, Size: {first_pass_size(meta)}, Model: {meta.model}, "
         f"Dtype: {meta.dtype}, Batch: {meta.batch}, Device: {meta.device}"
         + (f", {'Eta DDIM' if meta.sampler == 'ddim' else 'Eta'}: {meta.eta}" if meta.eta is not None else "")
         + (f", Clip skip: {meta.clip_skip}" if meta.clip_skip else "")
         + (f", Denoising strength: {meta.strength}" if meta.strength is not None else "")
+        + (f", Denoising strength: {meta.hires_strength}, Hires upscale: {meta.hires_scale:g}"
+           + f", Hires steps: {meta.hires_steps}, Hires upscaler: {meta.hires_upscaler}" if meta.hires_scale is not None else "")
         + (f", Mask: {meta.mask_image}" if meta.mask_image else "")
         + (f", ControlNet: {meta.controlnet}, Control weight: {meta.conditioning_scale}" if meta.controlnet else "")
         + (f", Lora: {meta.lora}" if meta.lora else "")
@@ -324,12 +334,14 @@ def read_quality(run_dir: Path) -> Quality:
     return Quality.from_json(read_json_or_empty(run_dir / QUALITY))
 
 
-def image_meta(plan: Plan, height: int, width: int, guidance: str = "cfg", shift: Optional[float] = None) -> ImageRecord:
+def image_meta(plan: Plan, height: int, width: int, guidance: str = "cfg", shift: Optional[float] = None,
+               first_pass: Optional[tuple[int, int]] = None) -> ImageRecord:
     """What every image of the run shares, for its PNG text chunks and images.json: a record without the
     image's own fields (write_images adds them). A field that does not apply is None, and left out.
     ``guidance``: how the model reads the guidance value (engine/families.py): "cfg" (classifier-free guidance,
     ``guidance_scale``), "distilled" (FLUX.1 [dev], ``distilled_guidance``; ``guidance_scale`` is then true CFG's
-    scale where it ran) or "none" ([schnell]); ``shift``: SD 3's scheduler shift (engine/families.py)."""
+    scale where it ran) or "none" ([schnell]); ``shift``: SD 3's scheduler shift (engine/families.py); ``first_pass``:
+    (height, width) of Hires. fix's first pass (``height`` and ``width`` are the images')."""
     a1111_name, schedule_type = plan.sampling.a1111
     slg = plan.slg or ((), None, None, None)
     return ImageRecord(
@@ -364,7 +376,16 @@ def image_meta(plan: Plan, height: int, width: int, guidance: str = "cfg", shift
         shift=shift,
         slg_layers=",".join(map(str, slg[0])) or None, slg_scale=slg[1], slg_start=slg[2], slg_stop=slg[3],
         guidance_rescale=plan.guidance_rescale,
+        **(hires_fields(plan.hires, first_pass) if plan.hires else {}),
     )
+
+
+def hires_fields(hires: Any, first_pass: Optional[tuple[int, int]]) -> dict[str, Any]:
+    """The records' Hires. fix fields (``hires``: the plan's config/hires.Hires)."""
+    height, width = first_pass or (None, None)
+    return {"hires_scale": hires.scale, "hires_steps": hires.steps,
+            "hires_upscaler": hires.a1111_upscaler, "hires_strength": hires.strength,
+            "first_pass_height": height, "first_pass_width": width}
 
 
 def lora_label(adapters: tuple[LoraEntry, ...]) -> str:
