@@ -112,9 +112,12 @@ def test_odd_lora_tensors_a_replaced_file_and_non_files_are_one_line_each(tmp_pa
                      f"{module}: down factor is a scalar (allowed: a matrix"),
         "three-dimensional": ({f"{name}.lora_down.weight": a[None], f"{name}.lora_up.weight": b},
                               f"{module}: down factor is a 3-D tensor (1, {a.shape[0]}, {a.shape[1]})"),
-        "a 3x3 convolution (LoCon)": ({f"{name}.lora_down.weight": np.zeros((2, a.shape[1], 3, 3), np.float32),
-                                       f"{name}.lora_up.weight": b},
-                                      f"{module}: down factor is a 3x3 convolution's weight"),
+        "a 3x3 convolution's down factor for a matrix": (
+            {f"{name}.lora_down.weight": np.zeros((2, a.shape[1], 3, 3), np.float32), f"{name}.lora_up.weight": b},
+            f"{module}: LoRA shapes {tuple(b.shape)} x (2, {9 * a.shape[1]}) do not fit its kernel"),
+        "a 3x3 up factor": ({f"{name}.lora_down.weight": a, f"{name}.lora_up.weight": b[:, :, None, None] *
+                             np.ones((1, 1, 3, 3), np.float32)},
+                            f"{module}: up factor is a 3x3 convolution's weight"),
         "rank 0": ({f"{name}.lora_down.weight": a[:0], f"{name}.lora_up.weight": b[:, :0]},
                    f"{module}: rank 0 (down (0, {a.shape[1]})) (allowed: a rank of 1 or more)"),
         "a vector alpha": ({f"{name}.lora_down.weight": a, f"{name}.lora_up.weight": b,

@@ -18,6 +18,11 @@ Layouts read (``A`` = down, ``B`` = up; a module's update is ``alpha / rank * B 
                       fused projection's update is split as its weight is: the down factor shared, the up factor's
                       rows cut into q, k, v (and a single block's MLP input), as diffusers' kohya FLUX conversion does.
 
+A convolution's down factor may be shaped as the convolution, ``rank x in x kh x kw`` with a 1x1 up factor (PEFT's
+and kohya's LoCon for 3x3 convolutions: LCM-LoRA and Hyper-SD adapt the resnets' ``conv1`` / ``conv2`` and the
+down/upsamplers so); it is read as the ``rank x (kh * kw * in)`` matrix of the Flax kernel's flattened window, so the
+update merges into the ``kh x kw x in x out`` kernel as any other.
+
 ``<path>`` is the PyTorch module path (``down_blocks.0.attentions.0.transformer_blocks.0.attn1.to_q``)
 or kohya's underscore spelling of it; both become the Flax path joined with underscores
 (``down_blocks_0_attentions_0_transformer_blocks_0_attn1_to_q``), which is how each adapter weight
@@ -88,15 +93,20 @@ def kernels(params: dict) -> dict[tuple[str, str], tuple]:
 
 
 def _matrix(value: np.ndarray, what: str, name: str, config_key: str) -> np.ndarray:
-    """A LoRA factor as a matrix: 2-D, or a 1x1 convolution's 4-D weight; anything else is one line."""
+    """A LoRA factor as a matrix: 2-D, a 1x1 convolution's 4-D weight, or -- a down factor of a wider
+    convolution (LCM-LoRA's and PEFT's for resnets' 3x3 convolutions, kohya's LoCon) -- (rank, in, kh, kw) as
+    (rank, kh * kw * in), the order of a Flax kernel's (kh, kw, in) flattened; anything else is one line."""
     if value.ndim == 2:
         return value
     if value.ndim == 4 and value.shape[2:] == (1, 1):
         return value.reshape(value.shape[:2])
+    if value.ndim == 4 and what == "down":
+        return value.transpose(0, 2, 3, 1).reshape(value.shape[0], -1)
     kind = (f"a {value.ndim}-D tensor {tuple(value.shape)}" if value.ndim not in (0, 4) else
             "a scalar" if value.ndim == 0 else f"a {value.shape[2]}x{value.shape[3]} convolution's weight "
-                                                f"{tuple(value.shape)} (LoCon / LyCORIS, not read)")
-    raise UserError(config_key, f"{name}: {what} factor is {kind}", "a matrix (or a 1x1 convolution's weight)")
+                                                f"{tuple(value.shape)} (an up factor is 1x1)")
+    raise UserError(config_key, f"{name}: {what} factor is {kind}",
+                    "a matrix, a 1x1 convolution's weight, or a down factor shaped as its convolution")
 
 
 def read(path: str, params: dict, config_key: str, expected_sha256: Optional[str] = None) -> Adapter:
@@ -162,9 +172,11 @@ def read(path: str, params: dict, config_key: str, expected_sha256: Optional[str
         alpha = float(np.ravel(given)[0])
         path_ = targets[(component, module)]
         kernel = _leaf(params[component], path_)
-        fan_in, fan_out = kernel.shape[-2], kernel.shape[-1]
+        # (a convolution's kernel is (kh, kw, in, out): its down factor reads kh * kw * in values)
+        fan_in, fan_out = int(np.prod(kernel.shape[:-1])), kernel.shape[-1]
+        window = parts["down"].shape[2:] if parts["down"].ndim == 4 else (1, 1)
         if up.shape[1] != rank or down.shape[1] != fan_in or up.shape[0] != fan_out or \
-                (kernel.ndim == 4 and kernel.shape[:2] != (1, 1)):
+                (kernel.ndim == 4 and tuple(kernel.shape[:2]) != tuple(window)):
             raise UserError(config_key, f"{name}: LoRA shapes {tuple(up.shape)} x "
                             f"{tuple(down.shape)} do not fit its kernel {tuple(kernel.shape)}")
         factors[(component, path_)] = ((down.T * (alpha / rank)).astype(np.float32), up.T.astype(np.float32))
