@@ -135,6 +135,21 @@ def from_config(cls, folder: Path, activations):
     return cls(cls.config_class.from_pretrained(folder), _do_init=False)
 
 
+def check_unet_config(folder: Path, cls) -> None:
+    """A UNet config the Flax UNet would run wrongly -- settings it ignores, weights it would drop -- is one line
+    (models/unet_config.py). Other components: nothing to check."""
+    from sdjax_runner.models.unet_config import unsupported
+
+    if cls.__name__ != "FlaxUNet2DConditionModel":
+        return
+    found = unsupported(cls.load_config(folder))
+    if found:
+        raise UserError(sources.KEY, f"{folder.name}/config.json sets {found[0]}, which the Flax UNet does not compute"
+                        + (f" (and {len(found) - 1} more)" if len(found) > 1 else ""),
+                        "a Stable Diffusion 1.x / 2.x / XL UNet (an LCM model's own UNet does not run yet: its LoRA, "
+                        "LCM-LoRA, on the base model does)")
+
+
 def component_dtype(directory: Path, name: str, activations):
     """The dtype component ``name`` computes in: the activations dtype, except a VAE whose config says
     ``force_upcast`` (SDXL's: its decoder overflows float16) decodes in float32 when the activations are
@@ -168,6 +183,7 @@ def load_component(folder: Path, library: str, cls, model: Union[ModelConfig, We
     is_diffusers = issubclass(cls, FlaxModelMixin)
     if not (is_diffusers or issubclass(cls, FlaxPreTrainedModel)):
         return cls.from_pretrained(folder), None, ComponentWeights("")  # a tokenizer or feature extractor
+    check_unet_config(folder, cls)
     found = find_weights(folder, "diffusers" if is_diffusers else "transformers", model.variant)
     size = sum(f.stat().st_size for f in found.files if f.is_file())
     if size >= ANNOUNCE_BYTES:  # seconds or more: say so before it starts
@@ -219,6 +235,7 @@ def load_from_checkpoint(folder: Path, name: str, library: str, cls, checkpoint,
     from sdjax_runner.models import single_file
 
     is_diffusers = issubclass(cls, FlaxModelMixin)
+    check_unet_config(folder, cls)
     module = from_config(cls, folder, activations)
     base = folder.parent
     named = tensors or (lambda module: single_file.component_tensors(checkpoint, name))
