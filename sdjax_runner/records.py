@@ -194,7 +194,7 @@ class RunTimings(_Record):
     timing_extra_calls: Optional[int] = None  # re-runs of batch 0 made for timing only
     timing_extra_s: Optional[float] = None  # s: those re-runs
     images_per_s: Optional[float] = None  # images per second at generate_s
-    s_per_step: Optional[float] = None  # s per sampling step at generate_s
+    s_per_step: Optional[float] = None  # s per sampling step at generate_s (Hires. fix: both passes' steps)
     # The program (engine/engine.py: CompileFacts).
     trace_s: Optional[float] = None  # s: tracing and lowering (0 when reused or loaded)
     compile_s: Optional[float] = None  # s: XLA compilation, or loading a stored executable

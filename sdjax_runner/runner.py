@@ -105,7 +105,8 @@ def measured(plan: Plan, engine: Engine, program: Any) -> dict[str, Any]:
     engine's Program, its batches run); said on the console in one line."""
     from sdjax_runner.engine.generate import describe
 
-    summary = program.generator.timings.summary(plan.images_per_batch, plan.num_inference_steps)
+    steps = plan.num_inference_steps + (plan.hires.steps if plan.hires else 0)  # Hires. fix: both passes' steps
+    summary = program.generator.timings.summary(plan.images_per_batch, steps)
     summary.update(program.facts.record())
     summary.update(engine.efficiency(plan, program, summary["generate_s"]))
     log.info("generate: %s%s", describe(summary, plan.repeats, plan.max_extra_share),
