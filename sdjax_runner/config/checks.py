@@ -145,6 +145,7 @@ def scheduler_overrides(name: str, overrides: dict[str, Any]) -> None:
     accepted = [p for p in inspect.signature(settings.__init__).parameters if p not in ("self", "dtype")]
     accepted += [ZERO_SNR_KEY] if name in ZERO_SNR else []  # the runner's (models/schedulers.py)
     accepted += ["timestep_spacing"] if name == "ddim" else []  # likewise (models/traced_schedulers.py)
+    accepted += list(LCM_SETTINGS) if name == "lcm" else []  # LCM's own, beside DDIM's (models/traced_schedulers.py)
     for key in overrides:
         if key not in accepted:
             raise UserError(f"scheduler.config_overrides.{key}", f"not a {name} setting", accepted)
@@ -154,7 +155,9 @@ def scheduler_overrides(name: str, overrides: dict[str, Any]) -> None:
 # The values a scheduler setting may take; any other fails inside the scheduler once the model is loaded (a
 # traceback: a count of 0 indexes an empty table, an unknown name is NotImplementedError) or makes NaN images.
 SCHEDULER_COUNTS = {"num_train_timesteps": (1, MAX_TRAIN_TIMESTEPS), "steps_offset": (0, MAX_TRAIN_TIMESTEPS),
-                    "solver_order": (1, 3)}
+                    "solver_order": (1, 3), "original_inference_steps": (1, MAX_TRAIN_TIMESTEPS)}
+# diffusers' LCMScheduler's settings beyond DDIM's, and their defaults
+LCM_SETTINGS = {"original_inference_steps": 50, "timestep_scaling": 10.0}
 SCHEDULER_CHOICES = {"beta_schedule": ("linear", "scaled_linear", "squaredcos_cap_v2"),
                      "prediction_type": ("epsilon", "sample", "v_prediction"),
                      "timestep_spacing": ("linspace", "leading", "trailing"),
@@ -367,9 +370,25 @@ def run_values(cfg: Any) -> None:
         if ZERO_SNR_KEY in overrides:
             scheduler_values(cfg.scheduler.name, {ZERO_SNR_KEY: overrides[ZERO_SNR_KEY]})
     modes.check(cfg, chosen.sampler)
-    hires.check(cfg, families.planned(cfg.model), chosen.sampler, MAX_SIZE)
+    second = hires.check(cfg, families.planned(cfg.model), chosen.sampler, MAX_SIZE)
+    if chosen.sampler == "scheduler" and chosen.scheduler == "lcm":
+        lcm_steps(cfg, overrides, second)
     metrics(cfg.metrics)
     tracking_uri(cfg.tracking)
+
+
+def lcm_steps(cfg: Any, overrides: dict[str, Any], second: Any) -> None:
+    """diffusers' LCMScheduler takes at most its ``original_inference_steps`` (50) steps: a longer schedule -- the
+    run's, or Hires. fix's (``second``, config/hires.Hires: steps / strength) -- is one line here rather than an
+    error inside the program."""
+    most = int(overrides.get("original_inference_steps", LCM_SETTINGS["original_inference_steps"]))
+    schedules = [("sampling.num_inference_steps", cfg.sampling.num_inference_steps, "")]
+    if second is not None:
+        schedules.append(("sampling.hires.steps", second.schedule, " (the second pass's schedule: steps / strength)"))
+    for key, steps, what in schedules:
+        if steps is not None and steps > most:
+            raise UserError(key, f"{steps} steps{what}: scheduler=lcm runs at most its {most} distillation steps "
+                            "(original_inference_steps)", f"1..{most} (LCM models run 2-8)")
 
 
 # What a tracking URI may be, for the one-line error.

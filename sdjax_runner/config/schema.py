@@ -98,7 +98,8 @@ BUILTIN_MODELS = ("tiny-random", "tiny-random-xl", "sd-v1-arch", "sdxl-arch", "t
 # classes that run are in models/schedulers.py (LMS and DDPM are the project's own subclasses).
 SCHEDULERS = {"pndm": "FlaxPNDMScheduler", "ddim": "FlaxDDIMScheduler", "lms": "FlaxLMSDiscreteScheduler",
               "dpm_solver_pp": "FlaxDPMSolverMultistepScheduler", "euler": "FlaxEulerDiscreteScheduler",
-              "ddpm": "FlaxDDPMScheduler"}
+              "ddpm": "FlaxDDPMScheduler",
+              "lcm": "FlaxDDIMScheduler"}  # diffusers' PyTorch LCMScheduler: DDIM's settings and two of its own
 
 
 @dataclass

@@ -10,7 +10,7 @@ from sdjax_runner.errors import UserError
 
 # scheduler.name -> the Flax scheduler class. diffusers 0.39's LMS and DDPM cannot run in the
 # pipeline's jitted loop; the project's own (sdjax_runner.models.traced_schedulers) replace them, and its DDIM and
-# Euler add diffusers' PyTorch timestep spacings (trailing) to the Flax ones.
+# Euler add diffusers' PyTorch timestep spacings (trailing) to the Flax ones; its LCM is diffusers' PyTorch one.
 SCHEDULERS = {
     "pndm": "diffusers:FlaxPNDMScheduler",
     "ddim": "sdjax_runner.models.traced_schedulers:DDIMScheduler",
@@ -18,6 +18,7 @@ SCHEDULERS = {
     "dpm_solver_pp": "diffusers:FlaxDPMSolverMultistepScheduler",
     "euler": "sdjax_runner.models.traced_schedulers:EulerScheduler",
     "ddpm": "sdjax_runner.models.traced_schedulers:DDPMScheduler",
+    "lcm": "sdjax_runner.models.traced_schedulers:LCMScheduler",
 }
 if set(SCHEDULERS) != set(NAMES):  # config/schema.py names them for the checks
     raise RuntimeError(f"models/schedulers.py runs {sorted(SCHEDULERS)}, config/schema.py lists {sorted(NAMES)}")

@@ -11,6 +11,9 @@
   DDPMScheduler does, and draws each image's noise from a key folded from the timestep and the
   image's own latent bits -- so the seed alone decides the images, and an image does not depend
   on which batch or device it was generated in.
+
+And what diffusers has in PyTorch alone: :class:`LCMScheduler` (latent consistency models, LCM-LoRA); and DDIM and
+Euler with diffusers' PyTorch timestep spacings.
 """
 
 from __future__ import annotations
@@ -19,6 +22,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from diffusers import FlaxDDIMScheduler, FlaxDDPMScheduler, FlaxEulerDiscreteScheduler, FlaxLMSDiscreteScheduler
+from diffusers.configuration_utils import register_to_config
+from diffusers.schedulers.scheduling_ddim_flax import FlaxDDIMSchedulerOutput
 from diffusers.schedulers.scheduling_ddpm_flax import FlaxDDPMSchedulerOutput
 from diffusers.schedulers.scheduling_lms_discrete_flax import FlaxLMSSchedulerOutput
 
@@ -153,3 +158,63 @@ class EulerScheduler(FlaxEulerDiscreteScheduler):
         sigmas = jnp.concatenate([sigmas, jnp.array([0.0], dtype=self.dtype)])
         return state.replace(timesteps=timesteps, sigmas=sigmas, num_inference_steps=num_inference_steps,
                              init_noise_sigma=sigmas.max())
+
+
+def lcm_timesteps(steps: int, train_steps: int = 1000, original_steps: int = 50) -> np.ndarray:
+    """diffusers' PyTorch ``LCMScheduler.set_timesteps`` (strength 1, no custom timesteps): the distillation
+    schedule ``k - 1, 2k - 1, ..., train_steps - 1`` (k = train_steps // original_steps), reversed, at ``steps``
+    evenly spaced indices (floored). ValueError where diffusers raises (more steps than the schedule holds)."""
+    if original_steps > train_steps or steps > original_steps or steps < 1:
+        raise ValueError(f"LCM takes 1..{min(original_steps, train_steps)} steps ({original_steps} distillation "
+                         f"steps of {train_steps}), got {steps}")
+    k = train_steps // original_steps
+    origin = (np.arange(1, original_steps + 1) * k - 1)[::-1]
+    return origin[np.floor(np.linspace(0, len(origin), num=steps, endpoint=False)).astype(np.int64)]
+
+
+class LCMScheduler(FlaxDDIMScheduler):
+    """diffusers' PyTorch ``LCMScheduler`` (latent consistency models and LCM-LoRA, as diffusers' documentation runs
+    them), which diffusers has no Flax class for: its timesteps (:func:`lcm_timesteps`), and at each step the x0
+    estimate under its boundary condition (``c_skip * sample + c_out * x0``, ``timestep_scaling`` 10, sigma_data 0.5)
+    noised to the next timestep -- the last step returns it. The noise is each image's own, keyed by the timestep and
+    its latent bits, as :class:`DDPMScheduler`'s. DDIM's state (alphas, ``add_noise`` for image to image)."""
+
+    @register_to_config
+    def __init__(self, num_train_timesteps: int = 1000, beta_start: float = 0.00085, beta_end: float = 0.012,
+                 beta_schedule: str = "scaled_linear", trained_betas=None, clip_sample: bool = False,
+                 clip_sample_range: float = 1.0, set_alpha_to_one: bool = True, steps_offset: int = 0,
+                 prediction_type: str = "epsilon", original_inference_steps: int = 50,
+                 timestep_scaling: float = 10.0, dtype=jnp.float32):
+        self.dtype = dtype  # (FlaxDDIMScheduler's __init__ holds nothing else; its config is this one's)
+
+    def set_timesteps(self, state, num_inference_steps: int, shape: tuple = ()):
+        timesteps = lcm_timesteps(num_inference_steps, self.config.num_train_timesteps,
+                                  self.config.original_inference_steps)
+        return state.replace(num_inference_steps=num_inference_steps, timesteps=jnp.asarray(timesteps, jnp.int32))
+
+    def step(self, state, model_output, timestep, sample, key=None, return_dict: bool = True):
+        config = self.config
+        index = jnp.argmax(state.timesteps == timestep)
+        last = index == state.num_inference_steps - 1
+        previous = jnp.where(last, timestep, state.timesteps[jnp.minimum(index + 1, state.num_inference_steps - 1)])
+        alphas_cumprod = state.common.alphas_cumprod
+        alpha_t, alpha_prev = alphas_cumprod[timestep], alphas_cumprod[previous]
+        if config.prediction_type == "epsilon":
+            original = (sample - (1 - alpha_t) ** 0.5 * model_output) / alpha_t**0.5
+        elif config.prediction_type == "sample":
+            original = model_output
+        elif config.prediction_type == "v_prediction":
+            original = alpha_t**0.5 * sample - (1 - alpha_t) ** 0.5 * model_output
+        else:
+            raise ValueError(f"prediction_type {config.prediction_type!r}: LCM takes epsilon, sample or v_prediction")
+        if config.clip_sample:
+            original = jnp.clip(original, -config.clip_sample_range, config.clip_sample_range)
+        scaled = timestep * config.timestep_scaling
+        c_skip = 0.25 / (scaled**2 + 0.25)
+        c_out = scaled / (scaled**2 + 0.25) ** 0.5
+        denoised = c_out * original + c_skip * sample
+        noise = image_noise(jax.random.key(0) if key is None else key, timestep, sample)
+        prev_sample = jnp.where(last, denoised, alpha_prev**0.5 * denoised + (1 - alpha_prev) ** 0.5 * noise)
+        if not return_dict:
+            return prev_sample, state
+        return FlaxDDIMSchedulerOutput(prev_sample=prev_sample, state=state)
