@@ -132,6 +132,10 @@ class ImageRecord(_Record):
     hires_strength: Optional[float] = None
     first_pass_height: Optional[int] = None
     first_pass_width: Optional[int] = None
+    # optional: its own sampler (A1111's "Hires sampler", "Hires schedule type") and guidance ("Hires CFG Scale")
+    hires_sampler: Optional[str] = None
+    hires_schedule_type: Optional[str] = None
+    hires_guidance_scale: Optional[float] = None
     # This image's own (record/rundir.py: write_images).
     index: Optional[int] = None  # its position in the run (batch-major, then device, then slot)
     batch: Optional[int] = None  # the batch it was made in
@@ -153,7 +157,8 @@ class ImageRecord(_Record):
                                             "clip_skip", "hires_steps", "first_pass_height", "first_pass_width")
     FLOAT_CHUNKS: ClassVar[tuple[str, ...]] = ("guidance_scale", "distilled_guidance", "eta", "strength",
                                               "conditioning_scale", "shift", "slg_scale", "slg_start", "slg_stop",
-                                              "guidance_rescale", "hires_scale", "hires_strength")
+                                              "guidance_rescale", "hires_scale", "hires_strength",
+                                              "hires_guidance_scale")
     BOOL_CHUNKS: ClassVar[tuple[str, ...]] = ("non_finite",)
 
     @classmethod

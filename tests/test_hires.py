@@ -96,22 +96,26 @@ ENGINE: dict = {}  # one engine for the module: the tiny models load once
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(("model", "size", "sampler"), [("tiny-random", 64, "DPM++ 2M"),
-                                                        ("tiny-random-xl", 64, "Euler a")])
-def test_the_lanczos_pass_is_img2img_on_pillows_upscaled_first_pass(tmp_path, cache_dir, model, size, sampler):
+@pytest.mark.parametrize(("model", "sampler", "second"), [
+    ("tiny-random", "DPM++ 2M", {}),
+    ("tiny-random-xl", "Euler a", {}),
+    # A1111's "Hires sampler" and "Hires CFG Scale": the img2img run with that sampler and guidance (1: no CFG there)
+    ("tiny-random", "DPM++ 2M", {"sampler": "Euler a", "guidance_scale": 1.0}),
+])
+def test_the_lanczos_pass_is_img2img_on_pillows_upscaled_first_pass(tmp_path, cache_dir, model, sampler, second):
     """Hires. fix = txt2img, then A1111's 8-bit first-pass image resized by Pillow (LANCZOS), then the img2img mode at
     the upscaled size from the same seed, over A1111's schedule: the first pass and the img2img run are the runner's
     plain modes, the resize is Pillow's and the step arithmetic A1111's (a1111_setup_img2img_steps)."""
-    steps, hires_steps, strength, scale = 4, 3, 0.55, 1.5
+    steps, hires_steps, strength, scale, size = 4, 3, 0.55, 1.5, 64
     common = [f"model={model}", "dtype=fp32", "prompts=guide_single", f"paths.cache_dir={cache_dir}",
-              "parallelism.num_devices=1", "parallelism.num_batches=1", f"sampler={sampler}", "seed=7",
-              "compilation_cache.executables=false"]
-    first, _ = batch_images(common + [f"sampling.num_inference_steps={steps}", f"sampling.height={size}",
-                                      f"sampling.width={size}"])
+              "parallelism.num_devices=1", "parallelism.num_batches=1", "seed=7", "compilation_cache.executables=false"]
+    first, _ = batch_images(common + [f"sampler={sampler}", f"sampling.num_inference_steps={steps}",
+                                      f"sampling.height={size}", f"sampling.width={size}"])
     hires, generator = batch_images(common + [
-        f"sampling.num_inference_steps={steps}", f"sampling.height={size}", f"sampling.width={size}",
-        f"sampling.hires.scale={scale}", f"sampling.hires.steps={hires_steps}",
-        f"sampling.hires.denoising_strength={strength}", "sampling.hires.upscaler=lanczos"])
+        f"sampler={sampler}", f"sampling.num_inference_steps={steps}", f"sampling.height={size}",
+        f"sampling.width={size}", f"sampling.hires.scale={scale}", f"sampling.hires.steps={hires_steps}",
+        f"sampling.hires.denoising_strength={strength}", "sampling.hires.upscaler=lanczos",
+        *(f"sampling.hires.{key}={value}" for key, value in second.items())])
     upscaled = int(size * scale)
     assert hires.shape == (1, upscaled, upscaled, 3) and generator.height == upscaled
     eight_bit = (255.0 * first[0]).astype(np.uint8)
@@ -119,8 +123,10 @@ def test_the_lanczos_pass_is_img2img_on_pillows_upscaled_first_pass(tmp_path, ca
     schedule, t_enc = a1111_setup_img2img_steps(hires_steps, strength)
     # the img2img mode runs the last int(schedule * strength) steps of its schedule: t_enc + 1 of them
     img2img, _ = batch_images(common + [
-        f"sampling.num_inference_steps={schedule}", f"sampling.height={upscaled}", f"sampling.width={upscaled}",
-        "mode=img2img", f"init_image={tmp_path / 'init.png'}", f"strength={(t_enc + 1.5) / schedule}"])
+        f"sampler={second.get('sampler', sampler)}", f"sampling.num_inference_steps={schedule}",
+        f"sampling.height={upscaled}", f"sampling.width={upscaled}", "mode=img2img", f"init_image={tmp_path / 'init.png'}",
+        f"strength={(t_enc + 1.5) / schedule}",
+        *([f"sampling.guidance_scale={second['guidance_scale']}"] if "guidance_scale" in second else [])])
     np.testing.assert_allclose(hires, img2img, rtol=0, atol=2e-4)
     assert np.abs(hires[0] - np.asarray(Image.fromarray(eight_bit).resize((upscaled, upscaled))) / 255).max() > 0.05
 
@@ -129,25 +135,33 @@ def test_the_lanczos_pass_is_img2img_on_pillows_upscaled_first_pass(tmp_path, ca
 def test_a_hires_sweep_runs_its_upscalers_and_from_png_remakes_an_image(tmp_path, cache_dir):
     quiet = ["+experiment=smoke", "tracking=none", "metrics.clip_score.enabled=false", f"paths.cache_dir={cache_dir}",
              "compilation_cache.executables=false", "parallelism.num_devices=2", "sampler=Euler a",
-             "sampling.num_inference_steps=3", "sampling.hires.scale=2", "sampling.hires.denoising_strength=0.6"]
+             "sampling.num_inference_steps=3", "sampling.hires.scale=2", "sampling.hires.denoising_strength=0.6",
+             "sampling.hires.sampler=DPM++ 2M Karras"]
     sweep = tmp_path / "sweep"
-    result = run_cli("-m", *quiet, "sampling.hires.upscaler=latent_bicubic,lanczos", f"hydra.sweep.dir={sweep}",
-                     cwd=tmp_path)
+    result = run_cli("-m", *quiet, "sampling.hires.upscaler=latent_bicubic,lanczos", "sampling.hires.guidance_scale=3,5",
+                     f"hydra.sweep.dir={sweep}", cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
-    records = [json.loads((sweep / job / "images.json").read_text()) for job in ("0", "1")]
-    for job, upscaler in zip(records, ("Latent (bicubic)", "Lanczos"), strict=True):
-        record = job[0]
+    jobs = {}
+    for job in sweep.glob("[0-9]"):
+        record = json.loads((job / "images.json").read_text())[0]
+        jobs[(record["hires_upscaler"], record["hires_guidance_scale"])] = (job, record)
+    assert set(jobs) == {(upscaler, guidance) for upscaler in ("Latent (bicubic)", "Lanczos") for guidance in (3.0, 5.0)}
+    for (upscaler, _), (_, record) in jobs.items():
         assert (record["height"], record["width"], record["first_pass_height"], record["first_pass_width"]) == \
             (128, 128, 64, 64)
-        assert (record["hires_scale"], record["hires_steps"], record["hires_strength"], record["hires_upscaler"]) == \
-            (2.0, 3, 0.6, upscaler)
-    assert records[0][0]["pixels_sha256"] != records[1][0]["pixels_sha256"]
-    png = sweep / "1" / records[1][0]["file"]
+        assert (record["hires_scale"], record["hires_steps"], record["hires_strength"], record["hires_upscaler"],
+                record["hires_sampler"], record["hires_schedule_type"]) == (2.0, 3, 0.6, upscaler, "DPM++ 2M", "Karras")
+    assert len({record["pixels_sha256"] for _, record in jobs.values()}) == 4
+    # the second pass's guidance is a traced input: one program per upscaler
+    compiles = sorted(json.loads((job / "timings.json").read_text())["compile_reused"] for job, _ in jobs.values())
+    assert compiles == [0, 0, 1, 1]
+    job, record = jobs[("Lanczos", 5.0)]
+    png = job / record["file"]
     with Image.open(png) as image:
         assert image.size == (128, 128)
         assert "Size: 64x64, " in image.text["parameters"]
-        assert ("Denoising strength: 0.6, Hires upscale: 2, Hires steps: 3, Hires upscaler: Lanczos"
-                in image.text["parameters"])
+        assert ("Denoising strength: 0.6, Hires upscale: 2, Hires steps: 3, Hires upscaler: Lanczos, Hires sampler: "
+                "DPM++ 2M, Hires schedule type: Karras, Hires CFG Scale: 5.0" in image.text["parameters"])
     # (and in the other parallel mode: the same pixels)
     remade = run_cli(str(png), "tracking=none", "metrics.clip_score.enabled=false", f"paths.cache_dir={cache_dir}",
                      "parallelism=sharded", "hydra.run.dir=from_png", command="from_png", cwd=tmp_path)
@@ -155,21 +169,35 @@ def test_a_hires_sweep_runs_its_upscalers_and_from_png_remakes_an_image(tmp_path
     assert remade.returncode == 0, said[-3000:]
     for line in ("Hires upscale: 2 -> sampling.hires.scale=2.0", "Hires steps: 3 -> sampling.hires.steps=3",
                  "Hires upscaler: Lanczos -> sampling.hires.upscaler=lanczos",
-                 "Denoising strength: 0.6 -> sampling.hires.denoising_strength=0.6"):
-        assert line in said
+                 "Denoising strength: 0.6 -> sampling.hires.denoising_strength=0.6",
+                 "Hires sampler: DPM++ 2M -> sampling.hires.sampler='DPM++ 2M Karras'",
+                 "Hires CFG Scale: 5.0 -> sampling.hires.guidance_scale=5.0"):
+        assert line in said, line
     again = json.loads((tmp_path / "from_png" / "images.json").read_text())[0]
-    assert again["pixels_sha256"] == records[1][0]["pixels_sha256"]
+    assert again["pixels_sha256"] == record["pixels_sha256"]
 
 
 def test_an_a1111_infotext_with_another_upscaler_runs_lanczos_and_says_so():
     from sdjax_runner.config.infotext import overrides, parse
 
     info = parse("a cat\nSteps: 20, Sampler: Euler a, CFG scale: 7, Seed: 1, Size: 512x768, Denoising strength: 0.45, "
-                 "Hires upscale: 1.5, Hires steps: 0, Hires upscaler: R-ESRGAN 4x+")
+                 "Hires upscale: 1.5, Hires steps: 0, Hires upscaler: R-ESRGAN 4x+, Hires sampler: DPM++ 2M, "
+                 "Hires schedule type: Karras, Hires CFG Scale: 4")
     translated = overrides(info, ("tiny-random",), ("fp32",), has_init_image=False)
     assert {"sampling.hires.scale=1.5", "sampling.hires.steps=null", "sampling.hires.upscaler=lanczos",
-            "sampling.hires.denoising_strength=0.45"} <= set(translated.overrides)
+            "sampling.hires.denoising_strength=0.45", "sampling.hires.sampler='DPM++ 2M Karras'",
+            "sampling.hires.guidance_scale=4.0"} <= set(translated.overrides)
     assert any(line.startswith("Hires upscaler: R-ESRGAN 4x+: not here, Lanczos runs in its place")
+               for line in translated.not_honoured)
+    # A1111's "Use same sampler", and a schedule the sampler's name cannot carry (said)
+    info = parse("a cat\nSteps: 20, Sampler: Euler a, Seed: 1, Size: 512x512, Hires upscale: 2, Hires sampler: Use same "
+                 "sampler")
+    assert not any("hires.sampler" in line for line in overrides(info, (), (), has_init_image=False).overrides)
+    info = parse("a cat\nSteps: 20, Sampler: Euler a, Seed: 1, Size: 512x512, Hires upscale: 2, Hires sampler: Euler, "
+                 "Hires schedule type: SGM Uniform")
+    translated = overrides(info, (), (), has_init_image=False)
+    assert "sampling.hires.sampler='Euler'" in translated.overrides
+    assert any(line.startswith("Hires schedule type: SGM Uniform: the second pass runs on the run's schedule")
                for line in translated.not_honoured)
 
 
@@ -180,6 +208,11 @@ def test_an_a1111_infotext_with_another_upscaler_runs_lanczos_and_says_so():
     (["sampling.hires.scale=2", "sampling.hires.steps=0"], "error: sampling.hires.steps: must be a positive integer"),
     (["sampling.hires.scale=2", "sampling.hires.steps=50", "sampling.hires.denoising_strength=0.01"],
      "error: sampling.hires.denoising_strength: 0.01 with 50 steps makes a schedule of 5000 steps"),
+    (["sampling.hires.scale=2", "sampling.hires.sampler=DDIM"],
+     "error: sampling.hires.sampler: DDIM steps on the run's diffusers scheduler, which the second pass shares"),
+    (["sampling.hires.scale=2", "sampling.hires.sampler=Euler b"], "error: sampling.hires.sampler: unknown sampler"),
+    (["sampling.hires.scale=2", "sampling.hires.sampler=UniPC", "sampling.hires.steps=1"],
+     "error: sampling.hires.steps: 1: uni_pc takes at least 2 steps"),
     (["sampling.hires.scale=2", "sampling.hires.upscaler=esrgan"],
      "error: sampling.hires.upscaler: Invalid value 'esrgan', expected one of [latent, latent_antialiased, "),
     (["sampling.hires.scale=2", "mode=img2img", "init_image=x.png"],

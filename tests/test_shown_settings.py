@@ -129,7 +129,8 @@ def test_runs_list_shows_the_sampler_and_leaves_runs_refused_for_bad_input_out(r
 
 
 def test_a_sampler_given_to_scheduler_points_at_sampler(tmp_path):
-    allowed = "beta, ddim, ddpm, dpm_solver_pp, euler, exponential, flow_match_euler, karras, lms, normal, pndm, sgm_uniform, simple"
+    allowed = ("beta, ddim, ddpm, dpm_solver_pp, euler, exponential, flow_match_euler, karras, lcm, lms, normal, pndm, "
+               "sgm_uniform, simple")
     assert_one_line_error(call_cli("+experiment=smoke", "scheduler=heun", cwd=tmp_path),
                           f"error: scheduler=heun: no such option (allowed: {allowed}; heun is a sampler: "
                           "sampler=heun)")

@@ -12,7 +12,7 @@ import math
 from dataclasses import dataclass
 from typing import Any, Optional
 
-from sdjax_runner.config.samplers import MIN_STEPS
+from sdjax_runner.config.samplers import MIN_STEPS, Sampling, lookup, resolve
 from sdjax_runner.config.schema import HiresUpscaler
 from sdjax_runner.errors import UserError
 
@@ -36,6 +36,8 @@ class Hires:
     steps: int  # the steps it runs (sampling.hires.steps, else sampling.num_inference_steps)
     strength: float  # sampling.hires.denoising_strength
     upscaler: str  # a HiresUpscaler name
+    sampling: Optional[Sampling] = None  # sampling.hires.sampler resolved (a k sampler); None: the run's sampler
+    guidance: Optional[float] = None  # sampling.hires.guidance_scale; None: the run's guidance
 
     @property
     def schedule(self) -> int:
@@ -80,10 +82,17 @@ def check(cfg: Any, family: Any, sampler: str, max_size: int) -> Optional[Hires]
     if hires.steps is not None and hires.steps < 1:
         raise UserError("sampling.hires.steps", f"must be a positive integer, got {hires.steps}", "1, 2, 3, ... or "
                         "null (sampling.num_inference_steps)")
-    entry = Hires(float(hires.scale), hires.steps or steps, float(strength), hires.upscaler.name)
-    least = MIN_STEPS.get(sampler, 1)
+    guidance = hires.guidance_scale
+    if guidance is not None and not math.isfinite(guidance):
+        raise UserError("sampling.hires.guidance_scale", f"must be a finite number, got {guidance}",
+                        "any finite float, e.g. 5, or null (sampling.guidance_scale)")
+    sampling = second_sampler(hires.sampler, cfg.scheduler.name)
+    entry = Hires(float(hires.scale), hires.steps or steps, float(strength), hires.upscaler.name, sampling,
+                  None if guidance is None else float(guidance))
+    runs = sampling.sampler if sampling else sampler
+    least = MIN_STEPS.get(runs, 1)
     if entry.steps < least:
-        raise UserError("sampling.hires.steps", f"{entry.steps}: {sampler} takes at least {least} steps",
+        raise UserError("sampling.hires.steps", f"{entry.steps}: {runs} takes at least {least} steps",
                         f"{least}, {least + 1}, ...")
     if entry.schedule > MAX_SCHEDULE:
         raise UserError("sampling.hires.denoising_strength", f"{strength} with {entry.steps} steps makes a schedule "
@@ -94,6 +103,25 @@ def check(cfg: Any, family: Any, sampler: str, max_size: int) -> Optional[Hires]
             raise UserError("sampling.hires.scale", f"{entry.scale:g} upscales {key} {side} to {int(side * entry.scale)} "
                             f"pixels, more than this runner allows ({max_size})", f"at most {max_size / side:.3g}")
     return entry
+
+
+def second_sampler(name: Optional[str], scheduler: str) -> Optional[Sampling]:
+    """``sampling.hires.sampler`` resolved as ``sampler`` is (config/samplers.resolve: on ``scheduler``'s sigma
+    schedule unless the name carries one, which is its own whatever the run's): a k sampler, or None for the run's
+    own. DDIM and PLMS, which step on the
+    pipeline's diffusers scheduler, are the run's alone."""
+    if name is None:
+        return None
+    try:
+        if lookup(name)[1] is not None:  # a schedule its name carries ("DPM++ 2M Karras") is its own, whatever the run's
+            scheduler = "pndm"
+        sampling = resolve(name, scheduler)
+    except UserError as error:
+        raise UserError("sampling.hires.sampler", error.problem, error.allowed) from None
+    if sampling.sampler == "scheduler":
+        raise UserError("sampling.hires.sampler", f"{name} steps on the run's diffusers scheduler, which the second "
+                        "pass shares", "a k sampler (Euler a, DPM++ 2M Karras, ...), or null (the run's sampler)")
+    return sampling
 
 
 def fits(entry: Hires, height: int, width: int, multiple: int, model_name: str) -> tuple[int, int]:

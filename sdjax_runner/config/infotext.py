@@ -113,7 +113,8 @@ NUMBERS = {"Steps": (WHOLE, int, "a whole number, e.g. 20"), "Clip skip": (WHOLE
            "Distilled CFG Scale": (DECIMAL, float, "a number, e.g. 3.5"),
            "SLG scale": (DECIMAL, float, "a number, e.g. 2.8"), "SLG start": (DECIMAL, float, "a number, e.g. 0.01"),
            "SLG stop": (DECIMAL, float, "a number, e.g. 0.2"), "Rescale CFG": (DECIMAL, float, "a number, e.g. 0.7"),
-           "Hires upscale": (DECIMAL, float, "a number, e.g. 2"), "Hires steps": (WHOLE, int, "a whole number, e.g. 20")}
+           "Hires upscale": (DECIMAL, float, "a number, e.g. 2"), "Hires steps": (WHOLE, int, "a whole number, e.g. 20"),
+           "Hires CFG Scale": (DECIMAL, float, "a number, e.g. 5")}
 
 
 def number(key: str, text: str) -> int | float:
@@ -280,6 +281,33 @@ def hires_settings(settings: dict[str, str], numbers: dict[str, float], use, ski
             skipped.append(f"Hires upscaler: {shown_value(name)}: not here, Lanczos runs in its place (allowed: "
                            f"{', '.join(hires.A1111_UPSCALERS.values())})")
             use("Hires upscaler", "sampling.hires.upscaler=lanczos")
+    if "Hires sampler" in settings:
+        hires_sampler(settings, use, skipped)
+    if "Hires CFG Scale" in numbers:
+        use("Hires CFG Scale", f"sampling.hires.guidance_scale={numbers['Hires CFG Scale']!r}")
+
+
+def hires_sampler(settings: dict[str, str], use, skipped: list[str]) -> None:
+    """A1111's ``Hires sampler`` (``Use same sampler``: none of its own) and ``Hires schedule type``: a schedule its
+    name can carry (Karras, Exponential) goes with it; another is the run's own schedule, or said."""
+    name = settings["Hires sampler"].strip()
+    if name.lower() == "use same sampler":
+        settings.pop("Hires sampler")
+        return
+    schedule = settings.get("Hires schedule type", "").strip()
+    if schedule.lower() in ("karras", "exponential") and not name.lower().endswith(schedule.lower()):
+        name = f"{name} {schedule}"
+        settings.pop("Hires schedule type")
+    elif schedule and schedule.lower() not in ("automatic", settings.get("Schedule type", "").strip().lower()):
+        skipped.append(f"Hires schedule type: {shown_value(settings.pop('Hires schedule type'))}: the second pass "
+                       "runs on the run's schedule or on one its sampler's name carries (Karras, Exponential)")
+    else:
+        settings.pop("Hires schedule type", None)
+    try:
+        samplers.resolve(name, "pndm")
+    except UserError as error:
+        raise UserError("Hires sampler", error.problem, error.allowed) from None
+    use("Hires sampler", f"sampling.hires.sampler={literal(name)}")
 
 
 def dtype_setting(settings: dict[str, str], options: tuple[str, ...], use, skipped: list[str]) -> None:

@@ -210,6 +210,11 @@ class HiresConfig:
     # a program per value.
     denoising_strength: float = 0.7
     upscaler: HiresUpscaler = HiresUpscaler.latent  # "Hires upscaler" (A1111's default, "Latent")
+    # A1111's "Hires sampler": a k sampler by its A1111 / ComfyUI name ("DPM++ 2M Karras", "Euler a") for the second
+    # pass, on the run's sigma schedule unless the name carries one, at its default eta. null: the run's sampler.
+    sampler: Optional[str] = None
+    # A1111's "Hires CFG Scale": the second pass's guidance scale. null: sampling.guidance_scale. A traced value.
+    guidance_scale: Optional[float] = None
 
 
 @dataclass

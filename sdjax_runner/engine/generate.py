@@ -120,8 +120,10 @@ class Generator:
                            plan.inputs.arrays(len(plan.prompts), spec.height, spec.width, plan.resize_mode).items()
                            if name in PER_IMAGE[spec.mode]}
         numbers = {"start": np.int32(plan.start_step), "control_scale": np.float32(plan.conditioning_scale),
-                   "guidance_rescale": np.float32(plan.guidance_rescale or 0.0)}
-        names = NUMBERS[spec.mode] + (("guidance_rescale",) if spec.cfg_rescale else ())
+                   "guidance_rescale": np.float32(plan.guidance_rescale or 0.0),
+                   "hires_guidance": np.float32(plan.hires.guidance if plan.hires and plan.hires.guidance else 0.0)}
+        names = (NUMBERS[spec.mode] + (("guidance_rescale",) if spec.cfg_rescale else ())
+                 + (("hires_guidance",) if spec.hires and spec.hires.guided else ()))
         self.numbers = {name: self.place_number(numbers[name]) for name in names}
 
     def install(self, compiled: Callable, retrace: Optional[Callable[[Exception], None]] = None) -> None:

@@ -23,6 +23,7 @@ from typing import Any, Optional
 
 from sdjax_runner.engine.families import FAMILIES
 from sdjax_runner.engine.hires import HiresPass, second_pass
+from sdjax_runner.engine.samplers.unet import conditional_only
 from sdjax_runner.engine.tokens import TOKENS
 
 
@@ -98,15 +99,20 @@ def program_spec(plan: Any, pipeline: Any, height: int, width: int, controlnet: 
                 family=family, text_tokens=plan.max_sequence_length, params=plan.params_placement,
                 true_cfg=plan.true_cfg_scale, slg=plan.slg, cfg_rescale=plan.guidance_rescale is not None,
                 embeddings=tokens.embeddings.shapes if getattr(tokens, "embeddings", None) else (),
-                cfg=family != "sd" or plan.guidance_scale > 1, hires=hires_pass(plan.hires, height, width))
+                cfg=family != "sd" or plan.guidance_scale > 1,
+                hires=hires_pass(plan.hires, height, width, family != "sd" or plan.guidance_scale > 1))
 
 
-def hires_pass(hires: Any, height: int, width: int) -> Optional[HiresPass]:
-    """The plan's second pass (config/hires.Hires, or None) for a first pass of ``height`` x ``width``."""
+def hires_pass(hires: Any, height: int, width: int, cfg: bool) -> Optional[HiresPass]:
+    """The plan's second pass (config/hires.Hires, or None) for a first pass of ``height`` x ``width`` whose
+    classifier-free guidance runs where ``cfg`` (its own guidance scale decides its own)."""
     if hires is None:
         return None
     upscaled = hires.size(height, width)
-    return HiresPass(upscaled[0], upscaled[1], hires.schedule, hires.start, hires.upscaler)
+    sampling = hires.sampling
+    return HiresPass(upscaled[0], upscaled[1], hires.schedule, hires.start, hires.upscaler,
+                     sampler=sampling.sampler if sampling else "", sigmas=sampling.sigmas if sampling else None,
+                     guided=hires.guidance is not None, cfg=cfg if hires.guidance is None else hires.guidance > 1)
 
 
 def generate(pipeline: Any, spec: Spec, ids, params: dict, key, guidance, inputs: dict,
@@ -119,19 +125,20 @@ def generate(pipeline: Any, spec: Spec, ids, params: dict, key, guidance, inputs
     weights (``prompt_weights``, ``negative_weights``); ``negative_ids``: like ``ids``, or None for the
     pipeline's own unconditional input."""
     family = FAMILIES[spec.family]
+    second_guidance = inputs["hires_guidance"] if spec.hires and spec.hires.guided else guidance
     if spec.cfg_rescale:  # the SD samplers' classifier-free guidance reads both (engine/samplers/unet.py: guided)
         guidance = (guidance, inputs["guidance_rescale"])
+        second_guidance = (second_guidance, inputs["guidance_rescale"])
     conditioning = family.encode(pipeline, params, ids, negative_ids, spec, inputs)
     start = family.modes[spec.mode](pipeline, params, key, spec, ids.shape[0], inputs)
     if start.conditioning:
         conditioning = conditioning._replace(**start.conditioning)
     upscaled = family.at_size(conditioning, spec.hires.height, spec.hires.width) if spec.hires else None
     if not spec.cfg:  # the SD samplers then run the UNet on the conditional half alone (engine/samplers/unet.py)
-        from sdjax_runner.engine.samplers.unet import conditional_only
-
         conditioning = conditional_only(conditioning)
-        upscaled = conditional_only(upscaled) if upscaled is not None else None
+    if upscaled is not None and spec.hires and not spec.hires.cfg:  # the second pass likewise, by its own guidance
+        upscaled = conditional_only(upscaled)
     latents = family.samplers[spec.sampler](pipeline, params, conditioning, start, guidance, spec, key)
     if spec.hires:
-        latents = second_pass(family, pipeline, params, upscaled, latents, guidance, spec, key)
+        latents = second_pass(family, pipeline, params, upscaled, latents, second_guidance, spec, key)
     return family.decode(pipeline, params, latents)

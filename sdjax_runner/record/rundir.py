@@ -172,7 +172,8 @@ def a1111_parameters(meta: ImageRecord) -> str:
     FLUX.1 or SD 3 prompt, which Forge and this runner read as written, is written as it is. SD 3 adds its
     ``Shift`` and, where it ran, skip-layer guidance (``Skip layer guidance: "7,8,9", SLG scale, SLG start, SLG
     stop``); Hires. fix its ``Denoising strength``, ``Hires upscale``, ``Hires steps`` and ``Hires
-    upscaler``, as A1111 writes them, with ``Size`` the first pass's."""
+    upscaler`` (and where given ``Hires sampler``, ``Hires schedule type``, ``Hires CFG Scale``), as A1111 writes
+    them, with ``Size`` the first pass's."""
     def text(prompt: str) -> str:
         return _flat(prompt) if meta.prompt_syntax == "a1111" or meta.family in WRITTEN else escape(_flat(prompt))
 
@@ -194,6 +195,9 @@ def a1111_parameters(meta: ImageRecord) -> str:
         + (f", Denoising strength: {meta.strength}" if meta.strength is not None else "")
         + (f", Denoising strength: {meta.hires_strength}, Hires upscale: {meta.hires_scale:g}"
            + f", Hires steps: {meta.hires_steps}, Hires upscaler: {meta.hires_upscaler}" if meta.hires_scale is not None else "")
+        + (f", Hires sampler: {meta.hires_sampler}" if meta.hires_sampler else "")
+        + (f", Hires schedule type: {meta.hires_schedule_type}" if meta.hires_schedule_type else "")
+        + (f", Hires CFG Scale: {meta.hires_guidance_scale}" if meta.hires_guidance_scale is not None else "")
         + (f", Mask: {meta.mask_image}" if meta.mask_image else "")
         + (f", ControlNet: {meta.controlnet}, Control weight: {meta.conditioning_scale}" if meta.controlnet else "")
         + (f", Lora: {meta.lora}" if meta.lora else "")
@@ -383,9 +387,11 @@ def image_meta(plan: Plan, height: int, width: int, guidance: str = "cfg", shift
 def hires_fields(hires: Any, first_pass: Optional[tuple[int, int]]) -> dict[str, Any]:
     """The records' Hires. fix fields (``hires``: the plan's config/hires.Hires)."""
     height, width = first_pass or (None, None)
+    sampler, schedule = hires.sampling.a1111 if hires.sampling else (None, None)
     return {"hires_scale": hires.scale, "hires_steps": hires.steps,
             "hires_upscaler": hires.a1111_upscaler, "hires_strength": hires.strength,
-            "first_pass_height": height, "first_pass_width": width}
+            "first_pass_height": height, "first_pass_width": width, "hires_sampler": sampler,
+            "hires_schedule_type": schedule, "hires_guidance_scale": hires.guidance}
 
 
 def lora_label(adapters: tuple[LoraEntry, ...]) -> str:
