@@ -22,6 +22,9 @@ process; parts A and B share a fresh persistent compilation cache, so B's compil
      1024x1024, 28 flow-matching Euler steps, guidance 3.5 (its model card's), 256 T5 tokens, 1 image per batch
      (--sd3-batches), attention default and cudnn_flash (--sd3-attention); --skip-sd3 leaves it out. Needs ~40 GB
      of device memory (an H100 or H200).
+  I. A1111's Hires. fix on SD-1.x: --sd-size, then 2x (1024x1024 by default), DPM++ 2M Karras, 20 steps each pass
+     (--hires-steps), strength 0.7, latent (bilinear) and Lanczos upscalers, --hires-batches images, best attention
+     of A; --skip-hires leaves it out.
   F. (--xla-flag-sets) A's best configuration once per set of XLA flags, each in a new process
      (XLA reads its flags once per process), the first set usually '' (none) as the baseline, so the
      ratios are measured side by side in one call. E.g.:
@@ -46,9 +49,12 @@ FIELDS = ("performance.attention", "per_device_batch_size", "images_per_batch", 
 
 
 def point(job: dict) -> dict:
-    attention = next((line.split("=", 1)[1] for line in job["overrides"].splitlines()
-                      if "performance.attention=" in line), "default")
-    return {"performance.attention": attention, **{k: job.get(k) for k in FIELDS[1:]}}
+    def given(key: str, default):
+        return next((line.split("=", 1)[1] for line in job["overrides"].splitlines() if f"{key}=" in line), default)
+
+    hires = given("sampling.hires.upscaler", None)
+    return {"performance.attention": given("performance.attention", "default"), **{k: job.get(k) for k in FIELDS[1:]},
+            **({"sampling.hires.upscaler": hires} if hires else {})}
 
 
 def main() -> None:
@@ -74,13 +80,17 @@ def main() -> None:
     parser.add_argument("--sd3-batches", type=int, nargs="+", default=[1])
     parser.add_argument("--sd3-attention", nargs="+", default=["default", "cudnn_flash"])
     parser.add_argument("--sd3-tokens", type=int, default=256, help="prompts.max_sequence_length of part H")
+    parser.add_argument("--skip-hires", action="store_true")
+    parser.add_argument("--hires-steps", type=int, default=20,
+                        help="part I: each pass's steps (A1111's 20 and Hires steps 0), SD-1.x at --sd-size, upscaled 2x")
+    parser.add_argument("--hires-batches", type=int, nargs="+", default=[1, 4])
     parser.add_argument("--profile", action="store_true", help="part E: where A's best configuration spends its time")
     parser.add_argument("--xla-flag-sets", nargs="+", default=[], metavar="FLAGS",
                         help="part F: A's best configuration under each set of XLA flags (space-separated, '' for none)")
     # For a dry run of the script itself on a CPU: --sd-model tiny-random --xl-model tiny-random-xl
     # --sd-size 64 --xl-size 64 --steps 2 --xl-steps 2 --attention default dot_product --batches 2
     # --flux-model tiny-random-flux --flux-size 32 --flux-steps 2 --flux-attention default --flux-tokens 16
-    # --sd3-model tiny-random-sd3 --sd3-size 32 --sd3-steps 2 --sd3-attention default --sd3-tokens 16
+    # --sd3-model tiny-random-sd3 --sd3-size 32 --sd3-steps 2 --sd3-attention default --sd3-tokens 16 --hires-steps 2
     parser.add_argument("--sd-model", default="sd-v1-arch")
     parser.add_argument("--xl-model", default="sdxl-arch")
     parser.add_argument("--sd-size", type=int, default=512)
@@ -128,6 +138,14 @@ def main() -> None:
             flag_sets.append(dict(point(job), xla_flags=flags))
         if flag_sets:
             report["F_xla_flag_sets"] = flag_sets
+        if not args.skip_hires:  # A1111's Hires. fix: latent (bilinear) and Lanczos upscalers, strength 0.7
+            hires = [f"model={args.sd_model}", "sampler=DPM++ 2M Karras", f"sampling.height={args.sd_size}",
+                     f"sampling.width={args.sd_size}", f"sampling.num_inference_steps={args.hires_steps}",
+                     "sampling.guidance_scale=7.5", "sampling.hires.scale=2", "sampling.hires.upscaler=latent,lanczos",
+                     f"performance.attention={best}",
+                     "parallelism.per_device_batch_size=" + ",".join(map(str, args.hires_batches))]
+            report["I_sd_hires_fix_2x"] = [point(j) for j in run_sweep(common + hires + cache, work / "i", env,
+                                                                          cwd=work)]
         if not args.skip_xl:
             xl = [f"model={args.xl_model}", "scheduler=euler", f"sampling.height={args.xl_size}",
                   f"sampling.width={args.xl_size}", f"sampling.num_inference_steps={args.xl_steps}",
