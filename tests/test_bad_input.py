@@ -14,7 +14,7 @@ from helpers.mlflow_store import mlflow_statuses
 
 CASES = {
     "unknown option": (["scheduler=nope"], "error: scheduler=nope: no such option (allowed: beta, ddim, ddpm, dpm_solver_pp, "
-                                           "euler, exponential, flow_match_euler, karras, lms, normal, pndm, sgm_uniform, simple)"),
+                                           "euler, exponential, flow_match_euler, karras, lcm, lms, normal, pndm, sgm_uniform, simple)"),
     "unknown experiment": (["+experiment=nope"], "error: experiment=nope: no such option (allowed: flux_schnell, flux_smoke, guide_different_prompts, guide_same_prompt, sd3_smoke, smoke)"),
     "misspelled key": (["sampling.num_inference_step=3"],
                        "error: sampling.num_inference_step: unknown key (allowed: num_inference_steps, guidance_scale, true_cfg_scale, guidance_rescale, slg_layers, slg_scale, slg_start, slg_stop, height, width, eta, hires)"),
@@ -28,7 +28,7 @@ CASES = {
                                  "to 4096, got 65 (allowed: 8, 16, ..., 512, ..., 4096 or null)"),
     "zero width": (["sampling.width=0"], "error: sampling.width: must be a positive multiple of 8 up to 4096, got 0"),
     "group given a number": (["scheduler=0"], "error: scheduler=0: no such option (allowed: beta, ddim, ddpm, "
-                             "dpm_solver_pp, euler, exponential, flow_match_euler, karras, lms, normal, pndm, sgm_uniform, simple)"),
+                             "dpm_solver_pp, euler, exponential, flow_match_euler, karras, lcm, lms, normal, pndm, sgm_uniform, simple)"),
     "unknown XLA flag": (['performance.xla_flags=["--nonsense_flag=1"]'],
                          "error: performance.xla_flags: XLA rejects them: Unknown flag in XLA_FLAGS: --nonsense_flag=1"),
     "autotune level": (["performance.gpu_autotune_level=9"],

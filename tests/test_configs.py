@@ -27,9 +27,9 @@ def test_the_config_tree_is_what_the_tests_cover():
                       "single_file", "tiny-random-flux", "flux-dev", "flux-schnell", "flux-dev-arch", "tiny-random-sd3",
                       "sd3.5-large", "sd3.5-large-turbo", "sd3.5-medium", "sd3.5-large-arch"}
     schedulers = {o for g, o in GROUP_OPTIONS if g == "scheduler"}
-    assert schedulers == {"pndm", "ddim", "lms", "dpm_solver_pp", "euler", "ddpm",  # diffusers'
+    assert schedulers == {"pndm", "ddim", "lms", "dpm_solver_pp", "euler", "ddpm", "lcm",  # diffusers'
                           "normal", "karras", "exponential", "sgm_uniform", "simple",  # the k samplers' sigma schedules
-                          "flow_match_euler", "beta"}  # FLUX.1's own scheduler, ComfyUI's beta for its k samplers  # the k samplers' sigma schedules
+                          "flow_match_euler", "beta"}  # FLUX.1's own scheduler, ComfyUI's beta for its k samplers
 
 
 @pytest.mark.parametrize("model,resolution,prediction", [
@@ -89,7 +89,7 @@ def test_smoke_is_small():
     ("seed=abc", "seed: Value 'abc'"),
     ("dtype.weights_dtype=int8", "expected one of [float32, bfloat16, float16]"),
     ("scheduler=nope", "scheduler=nope: no such option (allowed: beta, ddim, ddpm, dpm_solver_pp, euler, exponential, flow_match_euler, karras, "
-                       "lms, normal, pndm, sgm_uniform, simple)"),
+                       "lcm, lms, normal, pndm, sgm_uniform, simple)"),
     ("model.prediction_type=x0", "model.prediction_type: Invalid value 'x0', expected one of [epsilon, v_prediction, sample]"),
 ])
 def test_schema_rejects_bad_values_at_compose_time(override, message):

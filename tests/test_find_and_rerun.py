@@ -344,7 +344,7 @@ def test_help_is_the_apps_own(tmp_path):
     for expected in ("sdjax-runner: Stable Diffusion inference in JAX/Flax",
                      "python -m sdjax_runner +experiment=smoke", "outputs/runs/DATE/TIME_NAME/",
                      "python -m sdjax_runner rerun RUN", "python -m sdjax_runner runs list", "'sampler=DPM++ 2M Karras'",
-                     "scheduler: beta, ddim, ddpm, dpm_solver_pp, euler, exponential, flow_match_euler, karras, lms, normal, pndm, "
+                     "scheduler: beta, ddim, ddpm, dpm_solver_pp, euler, exponential, flow_match_euler, karras, lcm, lms, normal, pndm, "
                      "sgm_uniform, simple", "experiment: "):
         assert expected in text, expected
     assert "Powered by Hydra" not in text
