@@ -63,18 +63,38 @@ def check(cfg: Any, family: Any, sampler: str, max_size: int) -> Optional[Hires]
     ``family`` (a config/families.FamilyEntry), ``sampler`` (the resolved sampler's name) and ``max_size`` (the
     longest side a run may have): the second pass, or None where none is asked for. Its values are refused in one
     line each."""
-    hires, steps = cfg.sampling.hires, cfg.sampling.num_inference_steps
+    hires = cfg.sampling.hires
     if hires.scale is None:
         return None
-    if not (math.isfinite(hires.scale) and 1 <= hires.scale <= MAX_SCALE):
-        raise UserError("sampling.hires.scale", f"{hires.scale}", f"a number from 1 to {MAX_SCALE:g} (2: twice the "
-                        "side), or null (no second pass)")
+    _runs_here(cfg, family)
+    _values(hires)
+    sampling = second_sampler(hires.sampler, cfg.scheduler.name)
+    entry = Hires(float(hires.scale), hires.steps or cfg.sampling.num_inference_steps, float(hires.denoising_strength),
+                  hires.upscaler.name, sampling, None if hires.guidance_scale is None else float(hires.guidance_scale))
+    _schedule(entry, sampling.sampler if sampling else sampler)
+    for key, side in (("sampling.height", cfg.sampling.height), ("sampling.width", cfg.sampling.width)):
+        if side is not None and int(side * entry.scale) > max_size:
+            raise UserError("sampling.hires.scale", f"{entry.scale:g} upscales {key} {side} to {int(side * entry.scale)} "
+                            f"pixels, more than this runner allows ({max_size})", f"at most {max_size / side:.3g}")
+    return entry
+
+
+def _runs_here(cfg: Any, family: Any) -> None:
+    """The scale in range, and a family and mode the second pass runs with."""
+    scale = cfg.sampling.hires.scale
+    if not (math.isfinite(scale) and 1 <= scale <= MAX_SCALE):
+        raise UserError("sampling.hires.scale", f"{scale}", f"a number from 1 to {MAX_SCALE:g} (2: twice the side), or "
+                        "null (no second pass)")
     if "img2img" not in family.modes:
-        raise UserError("sampling.hires.scale", f"{hires.scale}: Hires. fix's second pass is image to image, which "
+        raise UserError("sampling.hires.scale", f"{scale}: Hires. fix's second pass is image to image, which "
                         f"{cfg.model.name} ({family.title}) does not run", "null")
     if cfg.mode.name != "txt2img":
-        raise UserError("sampling.hires.scale", f"{hires.scale}: Hires. fix is a text-to-image pass, not mode="
+        raise UserError("sampling.hires.scale", f"{scale}: Hires. fix is a text-to-image pass, not mode="
                         f"{cfg.mode.name}'s", "null, or mode=txt2img")
+
+
+def _values(hires: Any) -> None:
+    """Its strength, steps and guidance (a HiresConfig) in range."""
     strength = hires.denoising_strength
     if not (math.isfinite(strength) and 0 < strength <= 1):
         raise UserError("sampling.hires.denoising_strength", f"{strength}", "a number in (0, 1]: 0.7 (A1111's "
@@ -86,30 +106,24 @@ def check(cfg: Any, family: Any, sampler: str, max_size: int) -> Optional[Hires]
     if guidance is not None and not math.isfinite(guidance):
         raise UserError("sampling.hires.guidance_scale", f"must be a finite number, got {guidance}",
                         "any finite float, e.g. 5, or null (sampling.guidance_scale)")
-    sampling = second_sampler(hires.sampler, cfg.scheduler.name)
-    entry = Hires(float(hires.scale), hires.steps or steps, float(strength), hires.upscaler.name, sampling,
-                  None if guidance is None else float(guidance))
-    runs = sampling.sampler if sampling else sampler
+
+
+def _schedule(entry: Hires, runs: str) -> None:
+    """Enough steps for the sampler ``runs`` names, on a schedule the schedulers can step along."""
     least = MIN_STEPS.get(runs, 1)
     if entry.steps < least:
         raise UserError("sampling.hires.steps", f"{entry.steps}: {runs} takes at least {least} steps",
                         f"{least}, {least + 1}, ...")
     if entry.schedule > MAX_SCHEDULE:
-        raise UserError("sampling.hires.denoising_strength", f"{strength} with {entry.steps} steps makes a schedule "
-                        f"of {entry.schedule} steps (steps / strength), more than {MAX_SCHEDULE}",
+        raise UserError("sampling.hires.denoising_strength", f"{entry.strength} with {entry.steps} steps makes a "
+                        f"schedule of {entry.schedule} steps (steps / strength), more than {MAX_SCHEDULE}",
                         f"at least {entry.steps / MAX_SCHEDULE:.3g}, or fewer sampling.hires.steps")
-    for key, side in (("sampling.height", cfg.sampling.height), ("sampling.width", cfg.sampling.width)):
-        if side is not None and int(side * entry.scale) > max_size:
-            raise UserError("sampling.hires.scale", f"{entry.scale:g} upscales {key} {side} to {int(side * entry.scale)} "
-                            f"pixels, more than this runner allows ({max_size})", f"at most {max_size / side:.3g}")
-    return entry
 
 
 def second_sampler(name: Optional[str], scheduler: str) -> Optional[Sampling]:
     """``sampling.hires.sampler`` resolved as ``sampler`` is (config/samplers.resolve: on ``scheduler``'s sigma
     schedule unless the name carries one, which is its own whatever the run's): a k sampler, or None for the run's
-    own. DDIM and PLMS, which step on the
-    pipeline's diffusers scheduler, are the run's alone."""
+    own. DDIM and PLMS, which step on the pipeline's diffusers scheduler, are the run's alone."""
     if name is None:
         return None
     try:
