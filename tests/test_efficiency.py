@@ -37,7 +37,7 @@ def prepared_tiny(overrides, experiment="smoke", size=64):
 @pytest.mark.slow
 def test_flops_per_batch_is_xlas_count_of_the_whole_unrolled_sampling_loop(tiny_model_dir, mode):
     session, prepared, generator, plan = prepared_tiny([f"parallelism={mode}", "parallelism.per_device_batch_size=2"])
-    flops = session.flops(prepared, generator.compiled, ((plan.num_inference_steps, 64, 64),), 2, plan.num_devices)
+    flops = session.flops(prepared, generator.compiled, ((plan.num_inference_steps, 64, 64, 2),), plan.num_devices)
 
     # The reference: the generate function for the whole batch with the loop unrolled (diffusers'
     # DEBUG switch turns fori_loop into a Python loop), counted by XLA on one program.
@@ -62,7 +62,7 @@ def test_flux_flops_per_batch_is_xlas_count_of_the_whole_unrolled_sampling_loop(
 
     session, prepared, generator, plan = prepared_tiny([f"parallelism={mode}", "parallelism.per_device_batch_size=2",
                                                         "parallelism.num_devices=2"], "flux_smoke", 32)
-    flops = session.flops(prepared, generator.compiled, ((plan.num_inference_steps, 32, 32),), 2, plan.num_devices,
+    flops = session.flops(prepared, generator.compiled, ((plan.num_inference_steps, 32, 32, 2),), plan.num_devices,
                           generator.spec.prompt_tokens)
 
     # The reference: one device's generation program with the sampling loop unrolled (a Python loop in place of
@@ -90,8 +90,8 @@ def test_hires_flops_count_both_sampling_loops(tiny_model_dir, monkeypatch):
     session, prepared, generator, plan = prepared_tiny(["parallelism.num_devices=1", "sampler=Euler",
                                                         "sampling.hires.scale=2", "sampling.hires.steps=3"])
     spec = generator.spec
-    passes = ((plan.num_inference_steps, 64, 64), (spec.hires.steps, 128, 128))
-    flops = session.flops(prepared, generator.compiled, passes, 1, plan.num_devices)
+    passes = ((plan.num_inference_steps, 64, 64, 1), (spec.hires.steps, 128, 128, 1))
+    flops = session.flops(prepared, generator.compiled, passes, plan.num_devices)
 
     def python_loop(lower, upper, body, value):
         for index in range(lower, upper):

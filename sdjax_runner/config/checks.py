@@ -354,8 +354,8 @@ def run_values(cfg: Any) -> None:
     if cfg.compilation_cache.min_compile_time_s < 0:
         raise UserError("compilation_cache.min_compile_time_s",
                         f"must be >= 0, got {cfg.compilation_cache.min_compile_time_s}", "0 (cache everything), 1.5, ...")
-    chosen = families.planned(cfg.model).sampling(cfg.sampler, cfg.scheduler.name, sampling.num_inference_steps,
-                                                  sampling.eta)
+    family = families.planned(cfg.model)  # (it may read the model's index or a checkpoint's header: once)
+    chosen = family.sampling(cfg.sampler, cfg.scheduler.name, sampling.num_inference_steps, sampling.eta)
     overrides = dict(cfg.scheduler.config_overrides)
     if chosen.sampler == "scheduler" and chosen.scheduler == cfg.scheduler.name:
         scheduler_overrides(cfg.scheduler.name, overrides)
@@ -370,7 +370,7 @@ def run_values(cfg: Any) -> None:
         if ZERO_SNR_KEY in overrides:
             scheduler_values(cfg.scheduler.name, {ZERO_SNR_KEY: overrides[ZERO_SNR_KEY]})
     modes.check(cfg, chosen.sampler)
-    second = hires.check(cfg, families.planned(cfg.model), chosen.sampler, MAX_SIZE)
+    second = hires.check(cfg, family, chosen.sampler, MAX_SIZE)
     if chosen.sampler == "scheduler" and chosen.scheduler == "lcm":
         lcm_steps(cfg, overrides, second)
     metrics(cfg.metrics)

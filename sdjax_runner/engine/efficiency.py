@@ -4,8 +4,8 @@ FLOPs come from XLA's own cost analysis (HloCostAnalysis) of the compiled genera
 XLA counts a while loop's body once -- it does not know the trip count -- and the sampling loop
 is a ``fori_loop``, so the count is completed with ``steps - 1`` more denoising steps, each the
 cost of one UNet application at the guided batch size (also XLA's count, of the UNet lowered
-alone); likewise for Hires. fix's second loop, at its size. The compiled program is per device (pmap and SPMD alike), so a batch is that times the
-number of devices. ``tests/test_efficiency.py`` checks the result against a fully unrolled program.
+alone); likewise for Hires. fix's second loop, at its size and guidance. The compiled program is per
+device (pmap and SPMD alike), so a batch is that times the number of devices. ``tests/test_efficiency.py`` checks the result against a fully unrolled program.
 """
 
 from __future__ import annotations

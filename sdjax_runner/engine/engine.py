@@ -8,6 +8,7 @@ sweep's jobs share."""
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from dataclasses import dataclass
@@ -183,10 +184,13 @@ class Engine:
     def efficiency(self, plan: Plan, program: Program, seconds: float) -> dict[str, Any]:
         """flops_per_batch, tflops_per_s, mfu and memory (see engine/efficiency.py); None where not measurable."""
         generator, spec = program.generator, program.spec
-        passes = ((plan.num_inference_steps, spec.height, spec.width),) + (
-            ((spec.hires.steps, spec.hires.height, spec.hires.width),) if spec.hires else ())
-        flops = self.reuse.flops(program.prepared, generator.compiled, passes,
-                                 plan.per_device_batch_size * spec.calls_per_step, plan.num_devices, spec.prompt_tokens)
+        images = plan.per_device_batch_size
+        passes: tuple[tuple[int, int, int, float], ...] = (
+            (plan.num_inference_steps, spec.height, spec.width, images * spec.calls_per_step),)
+        if spec.hires:  # its own guidance may run CFG where the first pass does not, or not where it does
+            second = dataclasses.replace(spec, cfg=spec.hires.cfg)
+            passes += ((spec.hires.steps, spec.hires.height, spec.hires.width, images * second.calls_per_step),)
+        flops = self.reuse.flops(program.prepared, generator.compiled, passes, plan.num_devices, spec.prompt_tokens)
         if program.key and flops is not None:  # a warm start needs no FLOPs lowering
             executable_cache.save_flops(plan.compilation_cache.dir, program.key, flops)
         devices = generator.devices

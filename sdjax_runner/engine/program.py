@@ -88,6 +88,7 @@ def program_spec(plan: Any, pipeline: Any, height: int, width: int, controlnet: 
     stepping = plan.sampling.sampler == "scheduler"  # else the diffusers scheduler steps nothing: not in the key
     tokens = tokens or FAMILIES[family].tokens(pipeline, plan)
     chunks = tokens.chunk_count(plan.prompts + (plan.negative or "",))
+    cfg = family != "sd" or plan.guidance_scale > 1
     return Spec(steps=plan.num_inference_steps, height=height, width=width, batch=plan.per_device_batch_size,
                 negative=FAMILIES[family].negative(plan.negative, pipeline, chunks) is not None, parallel=plan.mode,
                 attention=plan.attention, scheduler=plan.scheduler.name if stepping else "",
@@ -99,8 +100,7 @@ def program_spec(plan: Any, pipeline: Any, height: int, width: int, controlnet: 
                 family=family, text_tokens=plan.max_sequence_length, params=plan.params_placement,
                 true_cfg=plan.true_cfg_scale, slg=plan.slg, cfg_rescale=plan.guidance_rescale is not None,
                 embeddings=tokens.embeddings.shapes if getattr(tokens, "embeddings", None) else (),
-                cfg=family != "sd" or plan.guidance_scale > 1,
-                hires=hires_pass(plan.hires, height, width, family != "sd" or plan.guidance_scale > 1))
+                cfg=cfg, hires=hires_pass(plan.hires, height, width, cfg))
 
 
 def hires_pass(hires: Any, height: int, width: int, cfg: bool) -> Optional[HiresPass]:
@@ -133,10 +133,10 @@ def generate(pipeline: Any, spec: Spec, ids, params: dict, key, guidance, inputs
     start = family.modes[spec.mode](pipeline, params, key, spec, ids.shape[0], inputs)
     if start.conditioning:
         conditioning = conditioning._replace(**start.conditioning)
-    upscaled = family.at_size(conditioning, spec.hires.height, spec.hires.width) if spec.hires else None
+    upscaled = family.at_size(conditioning, spec.hires.height, spec.hires.width) if spec.hires else conditioning
     if not spec.cfg:  # the SD samplers then run the UNet on the conditional half alone (engine/samplers/unet.py)
         conditioning = conditional_only(conditioning)
-    if upscaled is not None and spec.hires and not spec.hires.cfg:  # the second pass likewise, by its own guidance
+    if spec.hires and not spec.hires.cfg:  # the second pass likewise, by its own guidance
         upscaled = conditional_only(upscaled)
     latents = family.samplers[spec.sampler](pipeline, params, conditioning, start, guidance, spec, key)
     if spec.hires:

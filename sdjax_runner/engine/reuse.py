@@ -271,17 +271,18 @@ class ReuseCache:
             old, _ = self.programs.popitem(last=False)
             self.flops_of.pop(old, None)
 
-    def flops(self, prepared: Prepared, compiled: Any, passes: tuple[tuple[int, int, int], ...],
-              per_device_images: float, num_devices: int, tokens: int = TOKENS) -> Any:
+    def flops(self, prepared: Prepared, compiled: Any, passes: tuple[tuple[int, int, int, float], ...],
+              num_devices: int, tokens: int = TOKENS) -> Any:
         """FLOPs of one batch (XLA's count, see efficiency.py), once per compiled program. ``passes``: each sampling
-        loop's (steps, height, width) -- one, or two with Hires. fix's second pass."""
+        loop's (steps, height, width, images per device its denoiser call counts: Spec.calls_per_step) -- one, or
+        two with Hires. fix's second pass."""
         from sdjax_runner.engine import efficiency
 
         if prepared.compile_key not in self.flops_of:
             step_flops = FAMILIES[prepared.entry.loaded.family].step_flops
             with tracing_with(prepared.attention):
-                loops = [(steps, step_flops(prepared.pipeline, prepared.entry.loaded.host_weights, per_device_images,
-                                            height, width, tokens)) for steps, height, width in passes]
+                loops = [(steps, step_flops(prepared.pipeline, prepared.entry.loaded.host_weights, images, height, width,
+                                            tokens)) for steps, height, width, images in passes]
             self.flops_of[prepared.compile_key] = efficiency.batch_flops(compiled, loops, num_devices)
         return self.flops_of[prepared.compile_key]
 

@@ -81,6 +81,18 @@ def image_noise(key: jax.Array, timestep, sample: jnp.ndarray) -> jnp.ndarray:
     return jax.vmap(one)(sample)
 
 
+def original_sample(prediction_type: str, model_output, sample, alpha_prod_t, name: str):
+    """x0 from the model's output at a timestep of ``alpha_prod_t`` (diffusers' schedulers' "predicted original
+    sample"), for ``prediction_type`` epsilon, sample or v_prediction; ``name``: the scheduler, for the error."""
+    if prediction_type == "epsilon":
+        return (sample - (1 - alpha_prod_t) ** 0.5 * model_output) / alpha_prod_t**0.5
+    if prediction_type == "sample":
+        return model_output
+    if prediction_type == "v_prediction":
+        return alpha_prod_t**0.5 * sample - (1 - alpha_prod_t) ** 0.5 * model_output
+    raise ValueError(f"prediction_type {prediction_type!r}: {name} takes epsilon, sample or v_prediction")
+
+
 class DDPMScheduler(FlaxDDPMScheduler):
     def step(self, state, model_output, timestep, sample, key=None, return_dict: bool = True):
         config = self.config
@@ -93,14 +105,7 @@ class DDPMScheduler(FlaxDDPMScheduler):
         current_alpha_t = alpha_prod_t / alpha_prod_t_prev
         current_beta_t = 1 - current_alpha_t
 
-        if config.prediction_type == "epsilon":
-            pred_original_sample = (sample - beta_prod_t**0.5 * model_output) / alpha_prod_t**0.5
-        elif config.prediction_type == "sample":
-            pred_original_sample = model_output
-        elif config.prediction_type == "v_prediction":
-            pred_original_sample = alpha_prod_t**0.5 * sample - beta_prod_t**0.5 * model_output
-        else:
-            raise ValueError(f"prediction_type {config.prediction_type!r}: DDPM takes epsilon, sample or v_prediction")
+        pred_original_sample = original_sample(config.prediction_type, model_output, sample, alpha_prod_t, "DDPM")
         if config.clip_sample:
             pred_original_sample = jnp.clip(pred_original_sample, -1, 1)
 
@@ -199,14 +204,7 @@ class LCMScheduler(FlaxDDIMScheduler):
         previous = jnp.where(last, timestep, state.timesteps[jnp.minimum(index + 1, state.num_inference_steps - 1)])
         alphas_cumprod = state.common.alphas_cumprod
         alpha_t, alpha_prev = alphas_cumprod[timestep], alphas_cumprod[previous]
-        if config.prediction_type == "epsilon":
-            original = (sample - (1 - alpha_t) ** 0.5 * model_output) / alpha_t**0.5
-        elif config.prediction_type == "sample":
-            original = model_output
-        elif config.prediction_type == "v_prediction":
-            original = alpha_t**0.5 * sample - (1 - alpha_t) ** 0.5 * model_output
-        else:
-            raise ValueError(f"prediction_type {config.prediction_type!r}: LCM takes epsilon, sample or v_prediction")
+        original = original_sample(config.prediction_type, model_output, sample, alpha_t, "LCM")
         if config.clip_sample:
             original = jnp.clip(original, -config.clip_sample_range, config.clip_sample_range)
         scaled = timestep * config.timestep_scaling
