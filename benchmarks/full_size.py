@@ -13,7 +13,8 @@ process; parts A and B share a fresh persistent compilation cache, so B's compil
   C. The best attention of A at larger per-device batches (--batches): the best throughput.
   D. SDXL, bf16 (--dtype), 1024x1024, 20 Euler steps (--xl-batches), best attention of A.
   E. (--profile) A's best configuration once more with performance.profile=true: device time per
-     text encoder / UNet / VAE and the top kernels (profile.json, engine/profiling.py).
+     text encoder / UNet / VAE, the top kernels and each trace line's time the program's instructions
+     account for (profile.json, engine/profiling.py); with --out, the trace beside it (NAME_trace.json.gz).
   G. FLUX.1 [dev] (model=flux-dev-arch: its exact shapes, random bf16 weights, ~34 GB built once), bf16,
      1024x1024, 28 flow-matching Euler steps, guidance 3.5, 512 T5 tokens, 1 image per batch (--flux-batches),
      attention default and cudnn_flash (--flux-attention); --skip-flux leaves it out. Needs ~40 GB of device
@@ -36,6 +37,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import sys
 import tempfile
 from pathlib import Path
@@ -130,6 +132,8 @@ def main() -> None:
                                              "performance.profile=true"], work / "e", env, cwd=work)
             profile = json.loads((work / "e" / "0" / "profile.json").read_text())
             report["E_profile"] = dict({k: v for k, v in profile.items() if k != "trace"}, attention=best)
+            if args.out:  # the trace itself, for Perfetto / XProf: OUT's name + _trace.json.gz
+                shutil.copyfile(work / "e" / "0" / profile["trace"], args.out.with_name(args.out.stem + "_trace.json.gz"))
         flag_sets = []
         for number, flags in enumerate(args.xla_flag_sets):
             listed = ",".join(f"'{flag}'" for flag in flags.split())

@@ -175,4 +175,35 @@ def test_a_profiled_run_says_which_model_took_the_device_time(tmp_path):
     assert counts["unet"] == 4 * 8 and all(op["count"] == 8 for op in profile["top_ops"]
                                            if op["component"] in ("vae", "text_encoder"))
     assert all("FlaxUNet2DConditionModel" in op["op_name"] for op in profile["top_ops"] if op["component"] == "unet")
-    assert "profile: device time" in result.stdout + result.stderr
+    assert sum(line["matched_s"] for line in profile["lines"].values()) == pytest.approx(profile["device_time_s"])
+    assert profile["wall_s"] > 0 and "profile: device time" in result.stdout + result.stderr
+
+
+def test_a_profile_says_what_its_instructions_do_not_account_for(tmp_path):
+    """Device events that name no instruction of the program (a library's kernel launched under
+    another name) are not silently left out: each device line says how much of its time matched."""
+    import gzip
+
+    from sdjax_runner.engine import profiling
+
+    trace = {"traceEvents": [
+        {"ph": "M", "name": "process_name", "pid": 1, "args": {"name": "/device:GPU:0"}},
+        {"ph": "M", "name": "thread_name", "pid": 1, "tid": 7, "args": {"name": "Stream #7(Compute)"}},
+        {"ph": "M", "name": "process_name", "pid": 2, "args": {"name": "/host:CPU"}},
+        {"ph": "X", "pid": 1, "tid": 7, "name": "sm90_xmma_conv", "dur": 300.0, "args": {"hlo_op": "fusion.1"}},
+        {"ph": "X", "pid": 1, "tid": 7, "name": "cudnn_generated_sdpa", "dur": 500.0, "args": {}},
+        {"ph": "X", "pid": 1, "tid": 8, "name": "fusion.2", "dur": 200.0},
+        {"ph": "X", "pid": 2, "tid": 1, "name": "fusion.1", "dur": 9000.0},  # a host thread: not device time
+    ]}
+    path = tmp_path / "t.trace.json.gz"
+    with gzip.open(path, "wt", encoding="utf-8") as file:
+        json.dump(trace, file)
+    instructions = {"fusion.1": ("unet", "FlaxUNet2DConditionModel/conv"), "fusion.2": ("vae", "FlaxAutoencoderKL/x")}
+    summary = profiling.summarize(path, instructions)
+    assert summary["attributed"] and math.isclose(summary["device_time_s"], 500e-6)
+    assert {k: round(v["time_s"] * 1e6) for k, v in summary["components"].items()} == {"unet": 300, "vae": 200}
+    stream = summary["lines"]["/device:GPU:0 Stream #7(Compute)"]
+    assert round(stream["time_s"] * 1e6) == 800 and round(stream["matched_s"] * 1e6) == 300
+    assert stream["unmatched_top"] == [{"name": "cudnn_generated_sdpa", "time_s": 500e-6}]
+    assert round(summary["lines"]["/device:GPU:0 8"]["matched_s"] * 1e6) == 200  # a line with no name: its tid
+    assert not any(line.startswith("/host") for line in summary["lines"])

@@ -33,6 +33,32 @@ def test_full_size_architectures_have_the_published_parameter_counts():
         "unet": 2_567_463_684, "vae": 83_653_863, "text_encoder": 123_060_480, "text_encoder_2": 694_659_840}
 
 
+def test_full_size_random_weights_are_drawn_in_parallel_and_the_same_every_time():
+    """The full-size (bfloat16) builds draw each tensor from its own seeded generator on every CPU:
+    the weights do not depend on which thread drew which tensor, and keep the tiny builds' rules
+    (LeCun-scaled kernels, N(0, 0.02) embeddings, unit scales, zero biases)."""
+    import ml_dtypes
+    from flax.traverse_util import flatten_dict
+
+    from sdjax_runner.models.builtin import _random_params
+
+    shapes = {f"block_{i}": {"kernel": np.empty((256, 512)), "bias": np.empty(512), "scale": np.empty(512)}
+              for i in range(12)}
+    shapes["embedding"] = {"embedding": np.empty((1000, 64))}
+    bf16 = np.dtype(ml_dtypes.bfloat16)
+    first = flatten_dict(_random_params(shapes, 7, bf16, "float32"))
+    again = flatten_dict(_random_params(shapes, 7, bf16, "float32"))
+    other = flatten_dict(_random_params(shapes, 8, bf16, "float32"))
+    assert first.keys() == again.keys() and all(np.array_equal(first[k], again[k]) for k in first)
+    assert not np.array_equal(first["block_0", "kernel"], other["block_0", "kernel"])
+    assert not np.array_equal(first["block_0", "kernel"], first["block_1", "kernel"])  # a generator per tensor
+    assert all(v.dtype == bf16 for v in first.values())
+    kernels = np.stack([first[f"block_{i}", "kernel"].astype(np.float32) for i in range(12)])
+    assert abs(kernels.std() * np.sqrt(256) - 1) < 0.01 and abs(kernels.mean()) < 1e-3
+    assert abs(first["embedding", "embedding"].astype(np.float32).std() - 0.02) < 1e-3
+    assert all((first[f"block_{i}", "scale"] == 1).all() and (first[f"block_{i}", "bias"] == 0).all() for i in range(12))
+
+
 def test_tiny_xl_runs_end_to_end_on_both_paths_and_takes_a_negative_prompt(tmp_path, tiny_xl_dir):
     sweep = tmp_path / "sweep"
     result = run_cli("-m", "+experiment=smoke", "model=tiny-random-xl", "scheduler=euler", "tracking=none",

@@ -7,7 +7,10 @@ matched, by its HLO instruction name, to the model it belongs to -- the text enc
 the VAE, read from the instruction's metadata (the Flax module names JAX records as name scopes) --
 and summed. ``other`` is the sampling loop's own arithmetic (scheduler, guidance) and anything not
 inside one of those modules. On a GPU the events are the device's kernels; on a CPU they are XLA's
-operations on its threads, so their sum is CPU time, not wall time.
+operations on its threads, so their sum is CPU time, not wall time. ``wall_s`` is the profiled
+batch's wall time and ``lines`` each trace line's (device stream or host thread) summed event time, the
+part of it the program's instructions account for, and the largest events that match none: where the
+components fall short of the wall time, whether the device sat idle or ran kernels no instruction names.
 """
 
 from __future__ import annotations
@@ -55,21 +58,51 @@ def program_text(compiled: Any) -> str:
         return ""
 
 
-def _events(trace: dict) -> list[dict]:
-    """The trace's executed operations: kernel events of GPU/TPU devices if there are any, else every
-    complete event (a CPU's XLA operations run on host threads)."""
+def _events(trace: dict) -> tuple[list[dict], dict[tuple, str]]:
+    """The trace's executed operations -- kernel events of GPU/TPU devices if there are any, else every
+    complete event (a CPU's XLA operations run on host threads) -- and the name of each (process, thread)
+    line they lie on."""
     events = trace.get("traceEvents", [])
     processes = {e["pid"]: e.get("args", {}).get("name", "") for e in events
                  if e.get("ph") == "M" and e.get("name") == "process_name"}
+    threads = {(e["pid"], e.get("tid")): e.get("args", {}).get("name", "") for e in events
+               if e.get("ph") == "M" and e.get("name") == "thread_name"}
     device = {pid for pid, name in processes.items() if name.startswith("/device:")}
-    return [e for e in events if e.get("ph") == "X" and (not device or e.get("pid") in device)]
+    executed = [e for e in events if e.get("ph") == "X" and (not device or e.get("pid") in device)]
+    lines = {(e.get("pid"), e.get("tid")): f"{processes.get(e.get('pid'), e.get('pid'))} "
+             f"{threads.get((e.get('pid'), e.get('tid'))) or e.get('tid')}" for e in executed}
+    return executed, lines
+
+
+def _name(event: dict) -> str:
+    return (event.get("args") or {}).get("hlo_op") or event.get("name", "")
+
+
+def _lines(events: list[dict], names: dict[tuple, str], instructions: dict[str, tuple[str, str]]) -> dict:
+    """Each trace line's (a device stream's, or a host thread's) summed event time, and how much of it
+    the program's instructions account for: where the components' sum falls short of the batch's
+    wall time, this says whether the device sat idle or ran events that name no instruction."""
+    lines: dict[str, dict] = {}
+    for event in events:
+        line = lines.setdefault(names[event.get("pid"), event.get("tid")],
+                                {"time_s": 0.0, "events": 0, "matched_s": 0.0, "unmatched": collections.Counter()})
+        seconds = float(event.get("dur", 0.0)) / 1e6
+        line["time_s"] += seconds
+        line["events"] += 1
+        if _name(event) in instructions:
+            line["matched_s"] += seconds
+        else:
+            line["unmatched"][event.get("name", "")] += seconds
+    for line in lines.values():
+        line["unmatched_top"] = [{"name": name[:160], "time_s": s} for name, s in line.pop("unmatched").most_common(5)]
+    return dict(sorted(lines.items(), key=lambda item: -item[1]["time_s"]))
 
 
 def _by_op(events: list[dict], instructions: dict[str, tuple[str, str]]) -> dict[str, list]:
     """Operation name -> [seconds, count]; with ``instructions``, only the program's own operations."""
     by_op: dict[str, list] = collections.defaultdict(lambda: [0.0, 0])
     for event in events:
-        name = (event.get("args") or {}).get("hlo_op") or event.get("name", "")
+        name = _name(event)
         if instructions and name not in instructions:
             continue  # the runtime's own bookkeeping, not an operation of the program
         by_op[name][0] += float(event.get("dur", 0.0)) / 1e6
@@ -82,7 +115,7 @@ def summarize(trace_file: Path, instructions: dict[str, tuple[str, str]]) -> dic
     event names an instruction of the program (a backend that names kernels otherwise), the
     device's events are summed by name, unattributed."""
     with gzip.open(trace_file, "rt", encoding="utf-8") as file:
-        events = _events(json.load(file))
+        events, names = _events(json.load(file))
     by_op = _by_op(events, instructions) if instructions else {}
     attributed = bool(by_op)
     if not attributed:
@@ -103,21 +136,27 @@ def summarize(trace_file: Path, instructions: dict[str, tuple[str, str]]) -> dic
         "top_ops": [{"name": name, "component": instructions.get(name, ("other", ""))[0], "time_s": s, "count": n,
                      "share": share(s), "op_name": instructions.get(name, ("", ""))[1][-160:]}
                     for name, (s, n) in top],
+        "lines": _lines(events, names, instructions),
     }
 
 
 def profile_batch(run: Callable[[], Any], compiled: Any, directory: Path) -> dict[str, Any]:
     """Run one batch (``run()``, blocked on) under JAX's profiler with the trace written to
     ``directory``; the summary of where its time went."""
+    import time
+
     import jax
 
     with jax.profiler.trace(str(directory)):
+        start = time.perf_counter()
         jax.block_until_ready(run())
+        wall = time.perf_counter() - start
     traces = sorted(directory.glob("plugins/profile/*/*.trace.json.gz"), key=lambda p: p.stat().st_mtime)
     if not traces:
         return {"error": f"JAX's profiler wrote no trace under {directory}"}
     summary = summarize(traces[-1], instruction_components(program_text(compiled)))
     summary["trace"] = str(traces[-1].relative_to(directory.parent))
+    summary["wall_s"] = wall  # the profiled batch's, profiler overhead included
     return summary
 
 
@@ -127,4 +166,5 @@ def describe(summary: dict[str, Any]) -> str:
         return summary["error"]
     parts = ", ".join(f"{name} {c['share']:.0%}" for name, c in summary["components"].items() if c["share"])
     kind = "device" if summary["attributed"] else "device (unattributed)"
-    return f"{kind} time {summary['device_time_s']:.3f} s for one batch: {parts}"
+    wall = f" (wall {summary['wall_s']:.3f} s)" if "wall_s" in summary else ""
+    return f"{kind} time {summary['device_time_s']:.3f} s for one batch{wall}: {parts}"
