@@ -136,6 +136,11 @@ class ImageRecord(_Record):
     hires_sampler: Optional[str] = None
     hires_schedule_type: Optional[str] = None
     hires_guidance_scale: Optional[float] = None
+    # optional: SDXL's refiner (model.refiner), "sd_xl_refiner_1.0:sha256=ab12cd34ef56" (its UNet's and text encoder
+    # 2's weights, hashed: config/refiner.py), and where it took over (sampling.refiner_switch; A1111's "Refiner
+    # switch at")
+    refiner: Optional[str] = None
+    refiner_switch: Optional[float] = None
     # This image's own (record/rundir.py: write_images).
     index: Optional[int] = None  # its position in the run (batch-major, then device, then slot)
     batch: Optional[int] = None  # the batch it was made in
@@ -158,7 +163,7 @@ class ImageRecord(_Record):
     FLOAT_CHUNKS: ClassVar[tuple[str, ...]] = ("guidance_scale", "distilled_guidance", "eta", "strength",
                                               "conditioning_scale", "shift", "slg_scale", "slg_start", "slg_stop",
                                               "guidance_rescale", "hires_scale", "hires_strength",
-                                              "hires_guidance_scale")
+                                              "hires_guidance_scale", "refiner_switch")
     BOOL_CHUNKS: ClassVar[tuple[str, ...]] = ("non_finite",)
 
     @classmethod

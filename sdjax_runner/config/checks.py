@@ -19,7 +19,7 @@ import tempfile
 from pathlib import Path
 from typing import Any, Optional
 
-from sdjax_runner.config import families, hires, modes
+from sdjax_runner.config import families, hires, modes, refiner
 from sdjax_runner.config.samplers import SCHEDULES as SIGMA_SCHEDULES
 from sdjax_runner.config.schema import BUILTIN_MODELS, SCHEDULERS
 from sdjax_runner.errors import UserError
@@ -369,6 +369,7 @@ def run_values(cfg: Any) -> None:
                             "training schedule's), or a diffusers scheduler with sampler=null")
         if ZERO_SNR_KEY in overrides:
             scheduler_values(cfg.scheduler.name, {ZERO_SNR_KEY: overrides[ZERO_SNR_KEY]})
+    refiner.check(cfg, family)  # (before the mode's inputs: a mode it does not run with is the line to read)
     modes.check(cfg, chosen.sampler)
     second = hires.check(cfg, family, chosen.sampler, MAX_SIZE)
     if chosen.sampler == "scheduler" and chosen.scheduler == "lcm":

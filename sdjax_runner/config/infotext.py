@@ -114,7 +114,8 @@ NUMBERS = {"Steps": (WHOLE, int, "a whole number, e.g. 20"), "Clip skip": (WHOLE
            "SLG scale": (DECIMAL, float, "a number, e.g. 2.8"), "SLG start": (DECIMAL, float, "a number, e.g. 0.01"),
            "SLG stop": (DECIMAL, float, "a number, e.g. 0.2"), "Rescale CFG": (DECIMAL, float, "a number, e.g. 0.7"),
            "Hires upscale": (DECIMAL, float, "a number, e.g. 2"), "Hires steps": (WHOLE, int, "a whole number, e.g. 20"),
-           "Hires CFG Scale": (DECIMAL, float, "a number, e.g. 5")}
+           "Hires CFG Scale": (DECIMAL, float, "a number, e.g. 5"),
+           "Refiner switch at": (DECIMAL, float, "a number, e.g. 0.8")}
 
 
 def number(key: str, text: str) -> int | float:
@@ -235,6 +236,11 @@ def overrides(info: Infotext, model_options: tuple[str, ...], dtype_options: tup
     if "TI hashes" in settings:
         skipped.append(f"TI hashes: {shown_value(settings.pop('TI hashes'))}: embeddings are not found by hash here; "
                        "give prompts.embeddings=[PATH] to use them")
+    if "Refiner" in settings:  # A1111's checkpoint title "NAME [HASH]": no folder is found by it
+        skipped.append(f"Refiner: {shown_value(settings.pop('Refiner'))}: refiners are not found by name here; give "
+                       "model.refiner=PATH (a diffusers SDXL refiner folder) to run it")
+    if "Refiner switch at" in numbers:  # where a given model.refiner takes over
+        use("Refiner switch at", f"sampling.refiner_switch={numbers['Refiner switch at']!r}")
     if "VAE" in settings:
         settings.pop("VAE hash", None)
         skipped.append(f"VAE: {shown_value(settings.pop('VAE'))}: VAE files are not found by name here; give "

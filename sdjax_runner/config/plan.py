@@ -18,11 +18,12 @@ from typing import Any, NamedTuple, Optional
 
 from omegaconf import DictConfig, OmegaConf
 
-from sdjax_runner.config import checks, families, hires, modes, samplers
+from sdjax_runner.config import checks, families, hires, modes, refiner, samplers
 from sdjax_runner.config.hires import Hires
 from sdjax_runner.config.input_images import ModeInputs, read_mode_inputs
 from sdjax_runner.config.modes import start_step
 from sdjax_runner.config.prompts import check_syntax, check_text, load_prompts
+from sdjax_runner.config.refiner import Refiner
 from sdjax_runner.config.samplers import Sampling
 from sdjax_runner.config.schema import (
     CompilationCacheConfig,
@@ -150,6 +151,7 @@ class Plan:
     guidance_rescale: Optional[float] = None  # SD: CFG rescale (sampling.guidance_rescale)
     slg: Optional[tuple] = None  # SD 3's skip-layer guidance: (layers, scale, start, stop) (sampling.slg_*)
     hires: Optional[Hires] = None  # A1111's Hires. fix: the second pass (sampling.hires.*, config/hires.py)
+    refiner: Optional[Refiner] = None  # SDXL's refiner (model.refiner, sampling.refiner_switch; config/refiner.py)
     from_texts: int = 0  # how many of the prompts are prompts.texts (the rest: prompts.file's), to name them
 
     @property
@@ -332,6 +334,7 @@ def make_plan(config: RunConfig, available_devices: int, checked: Optional[Check
     model = dataclasses.replace(config.model)  # the checkpoint's base may be filled in: the caller's stays as given
     checkpoint = checkpoint_record(model)
     vae = vae_record(model)
+    refining = refiner.check(config, family)
     if checkpoint is not None and FAMILY_OF[checkpoint.architecture] != family.name:
         raise UserError("model.checkpoint", f"{Path(checkpoint.path).name} is a {ARCHITECTURES[checkpoint.architecture]} "
                         f"checkpoint, but its base {model.pretrained_model_name_or_path} is {family.title}",
@@ -368,6 +371,7 @@ def make_plan(config: RunConfig, available_devices: int, checked: Optional[Check
         max_models=config.reuse.max_models,
         params=dict(flatten_params(config), **lora_params(adapters), **checkpoint_params(model, checkpoint),
                     **({"model.vae_sha256": vae.sha256} if vae else {}),
+                    **({"model.refiner_sha256": refining.sha256} if refining else {}),
                     **({"strength": str(strength)} if strength is not None else {}),
                     **{"sampling.guidance_scale": str(guidance)},  # the family's default where null
                     # FLUX.1 steps with its own scheduler whatever the (default) scheduler group says
@@ -396,5 +400,6 @@ def make_plan(config: RunConfig, available_devices: int, checked: Optional[Check
         guidance_rescale=config.sampling.guidance_rescale,
         slg=families.slg(config),
         hires=hires.check(config, family, sampling.sampler, checks.MAX_SIZE),
+        refiner=refining,
         from_texts=len(config.prompts.texts),
     )

@@ -117,6 +117,11 @@ class ModelConfig:
     # original layout (vae-ft-mse-840000-ema-pruned.safetensors, sdxl_vae.safetensors, FLUX.1's ae.safetensors),
     # which runs on the model's VAE config. Pickled files are refused. A sweep over it reloads only the VAE.
     vae: Optional[str] = None
+    # SDXL's refiner (A1111's "Refiner", diffusers' base + refiner "ensemble of experts"): a diffusers folder laid out as
+    # stabilityai/stable-diffusion-xl-refiner-1.0 (model_index.json, unet/, text_encoder_2/, tokenizer_2/) that takes
+    # over from the base at sampling.refiner_switch. Its UNet and second text encoder are read (Flax or PyTorch
+    # safetensors); the run's VAE decodes (the refiner ships the base's). null: none. Text to image and image to image.
+    refiner: Optional[str] = None
     revision: Optional[str] = None  # a hub branch, tag or commit
     # Selects PyTorch safetensors diffusion_pytorch_model.<variant>.safetensors (e.g. fp16) where a
     # component has no Flax weights; diffusers' Flax loader reads the Flax file whatever the variant.
@@ -252,6 +257,10 @@ class SamplingConfig:
     # DPM++ 2M SDE, DPM++ 3M SDE 1). A sampler without noise refuses it. It shapes the program (recompiles).
     eta: Optional[float] = None
     hires: HiresConfig = field(default_factory=HiresConfig)  # A1111's Hires. fix (above)
+    # With model.refiner: A1111's "Refiner switch at", diffusers' denoising_end / denoising_start -- the share of the
+    # training schedule's timesteps the base denoises: a UNet call at a timestep t below round(T * (1 - switch)) (T:
+    # the schedule's 1000) runs the refiner, as both switch. 0 < switch < 1. Shapes the program.
+    refiner_switch: float = 0.8
 
 
 @dataclass

@@ -27,6 +27,8 @@ class Conditioning(NamedTuple):
     # model's mask and masked-image latents, (2 * batch, 5, h, w)), and a ControlNet's inputs.
     concat: Optional[Any] = None
     control: Optional[Any] = None  # (control image (2 * batch, 3, H, W) in [0, 1], conditioning scale)
+    # SDXL's refiner (engine/refiner.py): (its own Conditioning, the cutoff timestep below which its UNet runs)
+    refiner: Optional[tuple] = None
 
 
 def negative_prompt(negative: Optional[str], pipeline: Any) -> Optional[str]:
@@ -61,14 +63,14 @@ def encode(pipeline: Any, params: dict, ids, negative_ids=None, clip_skip: int =
     """``chunks``, ``weights``, ``negative_weights``: A1111's syntax (module docstring); 0 and None for the
     guide's encoding."""
     def read(encoder, ids, weights):
-        return _chunked(encoder, ids, chunks, weights)
+        return read_chunks(encoder, ids, chunks, weights)
 
     if hasattr(pipeline, "text_encoder_2"):
         return _two_encoders(pipeline, params, ids, negative_ids, read, weights, negative_weights)
     return _one_encoder(pipeline, params, ids, negative_ids, clip_skip, read, weights, negative_weights)
 
 
-def _chunked(encoder, ids, chunks: int, weights):
+def read_chunks(encoder, ids, chunks: int, weights):
     """``encoder``'s outputs (hidden states, and any others with a batch axis) for ``ids``; with ``chunks``,
     each row's chunks read one by one, the hidden states concatenated and emphasized, the rest the first
     chunk's."""
@@ -136,7 +138,7 @@ def embedded(pipeline: Any, params: dict, component: str, call):
 def _one_encoder(pipeline: Any, params: dict, ids, negative_ids, clip_skip: int, read,
                  weights, negative_weights) -> Conditioning:
     """SD 1.x/2.x: the text encoder's last hidden states (or an earlier layer's: clip skip); no negative
-    prompt is the empty prompt's. ``read(encoder, ids, weights)``: the encoder's outputs (:func:`_chunked`)."""
+    prompt is the empty prompt's. ``read(encoder, ids, weights)``: the encoder's outputs (:func:`read_chunks`)."""
     @functools.partial(embedded, pipeline, params, "text_encoder")
     def states(rows):
         return (_hidden_states(pipeline, params, rows, clip_skip),)

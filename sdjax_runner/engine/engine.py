@@ -57,6 +57,7 @@ class JobModel:
     height: int
     width: int
     controlnet: Any = None  # models/controlnet.LoadedControlNet in controlnet mode
+    refiner: Any = None  # models/refiner.LoadedRefiner with model.refiner
 
     @property
     def loaded(self) -> LoadedModel:
@@ -113,7 +114,11 @@ class Engine:
         if controlnet is not None:
             log.info("load: ControlNet %s", "reused from an earlier job of this process" if controlnet_reused else
                      f"from {controlnet.path} in {controlnet.load_s:.1f} s ({controlnet.format} weights)")
-        return JobModel(entry, reused, height, width, controlnet)
+        refiner, refiner_reused = self.reuse.refiner(plan, entry)
+        if refiner is not None:
+            log.info("load: refiner %s", "reused from an earlier job of this process" if refiner_reused else
+                     f"from {refiner.path} in {refiner.load_s:.1f} s")
+        return JobModel(entry, reused, height, width, controlnet, refiner)
 
     def program(self, plan: Plan, model: JobModel, devices: list, started: float) -> Program:
         """The job's generator on ``devices`` with its program installed; ``started``: when the job began."""
@@ -124,7 +129,8 @@ class Engine:
         if plan.syntax == "a1111":  # before the program is made: its shape grows with the chunks
             check_chunks(named_prompts(plan.prompts, plan.from_texts, plan.negative), tokens.chunks_of)
         spec = program_spec(plan, pipeline, model.height, model.width,
-                            model.controlnet.structure if model.controlnet else "", tokens, model.loaded.family)
+                            model.controlnet.structure if model.controlnet else "", tokens, model.loaded.family,
+                            model.refiner.structure if model.refiner else "")
         if spec.prompt_chunks:
             log.info("prompts: A1111's syntax, %d chunk(s) of 75 tokens per prompt (the longest prompt's; shorter "
                      "ones padded with empty chunks)", spec.prompt_chunks)
@@ -190,7 +196,9 @@ class Engine:
         if spec.hires:  # its own guidance may run CFG where the first pass does not, or not where it does
             second = dataclasses.replace(spec, cfg=spec.hires.cfg)
             passes += ((spec.hires.steps, spec.hires.height, spec.hires.width, images * second.calls_per_step),)
-        flops = self.reuse.flops(program.prepared, generator.compiled, passes, plan.num_devices, spec.prompt_tokens)
+        # With a refiner the loop runs two UNets, each on its own steps: not counted yet, so no FLOPs rather than wrong
+        flops = None if spec.refiner else self.reuse.flops(program.prepared, generator.compiled, passes,
+                                                           plan.num_devices, spec.prompt_tokens)
         if program.key and flops is not None:  # a warm start needs no FLOPs lowering
             executable_cache.save_flops(plan.compilation_cache.dir, program.key, flops)
         devices = generator.devices

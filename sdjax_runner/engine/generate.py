@@ -114,6 +114,11 @@ class Generator:
             self.negative_ids = self.place_ids(ids)
             if weights is not None:
                 self.weights["negative_weights"] = self.place_ids(weights)
+        elif spec.refiner:  # the base's zeros; the refiner encodes the empty prompt (engine/refiner.py)
+            ids, weights = self.tokens([""] * plan.images_per_batch, spec.prompt_chunks)
+            self.weights["refiner_negative_ids"] = self.place_ids(ids)
+            if weights is not None:
+                self.weights["refiner_negative_weights"] = self.place_ids(weights)
         # The mode's inputs (engine/modes): its images fitted to the run's size, one row per prompt, and its
         # numbers (the start step from strength, the ControlNet's conditioning scale), placed once.
         self.per_prompt = {name: array for name, array in

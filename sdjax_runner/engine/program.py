@@ -21,8 +21,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Optional
 
+from sdjax_runner.engine import refiner as refining
 from sdjax_runner.engine.families import FAMILIES
 from sdjax_runner.engine.hires import HiresPass, second_pass
+from sdjax_runner.engine.refiner import RefinerPass, refiner_pass
 from sdjax_runner.engine.samplers.unet import conditional_only
 from sdjax_runner.engine.tokens import TOKENS
 
@@ -62,6 +64,7 @@ class Spec:
     # diffusers' PyTorch pipelines do (do_classifier_free_guidance): SDXL Turbo's guidance 0 is the prompt's image
     cfg: bool = True
     hires: Optional[HiresPass] = None  # A1111's Hires. fix: the second pass, upscaled (engine/hires.py)
+    refiner: Optional[RefinerPass] = None  # SDXL's refiner: its switch and structure (engine/refiner.py)
 
     @property
     def calls_per_step(self) -> float:
@@ -80,10 +83,11 @@ class Spec:
 
 
 def program_spec(plan: Any, pipeline: Any, height: int, width: int, controlnet: str = "",
-                 tokens: Optional[Any] = None, family: str = "sd") -> Spec:
+                 tokens: Optional[Any] = None, family: str = "sd", refiner: str = "") -> Spec:
     """The one place the Plan's program-relevant fields are read (``plan``: config/plan.Plan);
     ``controlnet``: the loaded ControlNet's structure; ``tokens``: reads the prompts' chunk count (and keeps
-    what it read, for the generator); ``family``: the loaded model's."""
+    what it read, for the generator); ``family``: the loaded model's; ``refiner``: the loaded refiner's
+    structure."""
     prediction = plan.model.prediction_type
     stepping = plan.sampling.sampler == "scheduler"  # else the diffusers scheduler steps nothing: not in the key
     tokens = tokens or FAMILIES[family].tokens(pipeline, plan)
@@ -100,7 +104,8 @@ def program_spec(plan: Any, pipeline: Any, height: int, width: int, controlnet: 
                 family=family, text_tokens=plan.max_sequence_length, params=plan.params_placement,
                 true_cfg=plan.true_cfg_scale, slg=plan.slg, cfg_rescale=plan.guidance_rescale is not None,
                 embeddings=tokens.embeddings.shapes if getattr(tokens, "embeddings", None) else (),
-                cfg=cfg, hires=hires_pass(plan.hires, height, width, cfg))
+                cfg=cfg, hires=hires_pass(plan.hires, height, width, cfg),
+                refiner=refiner_pass(plan.refiner, pipeline, refiner))
 
 
 def hires_pass(hires: Any, height: int, width: int, cfg: bool) -> Optional[HiresPass]:
@@ -130,6 +135,9 @@ def generate(pipeline: Any, spec: Spec, ids, params: dict, key, guidance, inputs
         guidance = (guidance, inputs["guidance_rescale"])
         second_guidance = (second_guidance, inputs["guidance_rescale"])
     conditioning = family.encode(pipeline, params, ids, negative_ids, spec, inputs)
+    if spec.refiner:  # SDXL's refiner: its own conditioning, run past its cutoff (engine/refiner.py)
+        conditioning = conditioning._replace(refiner=(
+            refining.conditioning(pipeline, params, ids, negative_ids, spec, inputs), spec.refiner.cutoff))
     start = family.modes[spec.mode](pipeline, params, key, spec, ids.shape[0], inputs)
     if start.conditioning:
         conditioning = conditioning._replace(**start.conditioning)

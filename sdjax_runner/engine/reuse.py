@@ -66,6 +66,10 @@ class ModelEntry:
     controlnet: Any = None  # models/controlnet.LoadedControlNet
     controlnet_on: tuple = ()  # the placement ``controlnet_weights`` are on
     controlnet_weights: Any = None
+    refiner_key: tuple = ()  # (its path, its weights' hash) ``refiner`` was loaded for, one at a time
+    refiner: Any = None  # models/refiner.LoadedRefiner
+    refiner_on: tuple = ()  # the placement ``refiner_weights`` are on
+    refiner_weights: Any = None
     vae_key: tuple = ()  # (model.vae, its hash) the pipeline's VAE and host_weights["vae"] are; () the model's own
     own_vae: Optional[tuple] = None  # (module, host weights) of the model's own VAE, kept while another runs
     vae_stale: bool = False  # placed_weights' VAE is not host_weights' (swapped since they were placed)
@@ -172,6 +176,27 @@ class ReuseCache:
             entry.controlnet_key = key
         return entry.controlnet, reused
 
+    def refiner(self, plan: Plan, entry: ModelEntry) -> tuple[Any, bool]:
+        """The plan's refiner (model.refiner), loaded beside ``entry``'s model or reused (then True); else (None,
+        False)."""
+        if plan.refiner is None:
+            return None, False
+        key = (plan.refiner.path, plan.refiner.sha256)
+        reused = entry.refiner_key == key
+        if not reused:
+            import jax.numpy as jnp
+
+            from sdjax_runner.models import refiner
+            from sdjax_runner.models.loading import numpy_dtype
+
+            entry.refiner, entry.refiner_on, entry.refiner_weights, entry.refiner_key = None, (), None, ()
+            gc.collect()  # the old refiner's weights go before the new ones arrive
+            entry.refiner = refiner.load(plan.refiner, entry.loaded.pipeline,
+                                         getattr(jnp, plan.dtype.activations_dtype.name),
+                                         numpy_dtype(plan.dtype.weights_dtype.name))
+            entry.refiner_key = key
+        return entry.refiner, reused
+
     def prepare(self, plan: Plan, entry: ModelEntry, reused: bool, mode: type[Generator], devices: list,
                 spec: Spec, embeddings: Any = None) -> Prepared:
         """Pipeline with the plan's scheduler, params placed on ``devices`` and, if compiled before, the
@@ -212,6 +237,12 @@ class ReuseCache:
                 entry.controlnet_on = placement
             params["controlnet"] = entry.controlnet_weights
             pipeline.controlnet = entry.controlnet.module  # read by the program (engine/samplers/unet.py)
+        if entry.refiner is not None and plan.refiner is not None:
+            if entry.refiner_on != placement:
+                entry.refiner_weights = mode.place_params(entry.refiner.host_weights, devices)
+                entry.refiner_on = placement
+            params["refiner"] = entry.refiner_weights
+            pipeline.refiner = entry.refiner  # its modules, read by the program (engine/refiner.py)
         jax.block_until_ready(params)
         replicate_s = time.perf_counter() - started
 

@@ -3,7 +3,7 @@ can name the input that changed: the working directory its relative paths resolv
 prompt list as read (a prompt file can be edited, moved or deleted afterwards), the model directory
 it loaded -- with the hub commit of a hub snapshot, or each weight file's size and modification time
 for a local folder (hashing gigabytes of weights per run would cost seconds) -- and the content
-hashes of its LoRA adapters, single-file checkpoint and input images (img2img, inpaint, controlnet)."""
+hashes of its LoRA adapters, single-file checkpoint, SDXL refiner and input images (img2img, inpaint, controlnet)."""
 
 from __future__ import annotations
 
@@ -19,8 +19,8 @@ if TYPE_CHECKING:
     from sdjax_runner.config.plan import Plan
 
 # Config keys that may hold a path relative to the working directory (and the LoRA entries' paths).
-PATH_KEYS = ("model.pretrained_model_name_or_path", "model.checkpoint", "metrics.reference", "init_image", "mask_image",
-             "controlnet.image", "controlnet.model")
+PATH_KEYS = ("model.pretrained_model_name_or_path", "model.checkpoint", "model.refiner", "metrics.reference",
+             "init_image", "mask_image", "controlnet.image", "controlnet.model")
 _COMMIT = re.compile(r"[0-9a-f]{40}")
 
 
@@ -37,6 +37,8 @@ def collect(plan: Plan, model_path: str) -> dict[str, Any]:
                   "weights": {} if revision else weight_files(model_dir)},
         "lora": [{"path": a.path, "scale": a.scale, "sha256": a.sha256} for a in plan.lora],
         "checkpoint": {"path": plan.checkpoint.path, "sha256": plan.checkpoint.sha256} if plan.checkpoint else None,
+        # SDXL's refiner: its folder and its weights' hash (config/refiner.py)
+        "refiner": {"path": plan.refiner.path, "sha256": plan.refiner.sha256} if plan.refiner else None,
         # The mode's images (init_image, mask_image, controlnet.image): path and content hash of each.
         "images": [{"key": image.key, "path": image.path, "sha256": image.sha256} for image in plan.inputs.all()],
     }
@@ -81,6 +83,8 @@ def flat(inputs: dict[str, Any]) -> dict[str, str]:
         out[f"lora.{index}.sha256"] = adapter.get("sha256")
     if inputs.get("checkpoint"):
         out["checkpoint.sha256"] = inputs["checkpoint"].get("sha256")
+    if inputs.get("refiner"):
+        out["refiner.sha256"] = inputs["refiner"].get("sha256")
     counts: dict[str, int] = {}
     for image in inputs.get("images") or []:  # init_image.0.sha256, mask_image.0.sha256, ...
         number = counts[image.get("key")] = counts.get(image.get("key"), -1) + 1

@@ -144,6 +144,13 @@ def quoted(value: str) -> str:
     return json.dumps(value, ensure_ascii=False) if any(c in value for c in ",:\n\r\"") else value
 
 
+def refiner_title(refiner: str) -> str:
+    """A1111's ``Refiner`` value, its checkpoint's title ``NAME [HASH]`` (the hash's first 10), for the record's
+    ``refiner`` (``NAME:sha256=HASH``), quoted where the name needs it."""
+    name, _, sha = refiner.rpartition(":sha256=")
+    return quoted(f"{name} [{sha[:10]}]")
+
+
 def ti_hashes(embeddings: str) -> str:
     """A1111's ``TI hashes`` value for the record's ``embeddings``: ``"name: sha256[:12], ..."``, quoted."""
     import json
@@ -173,7 +180,7 @@ def a1111_parameters(meta: ImageRecord) -> str:
     ``Shift`` and, where it ran, skip-layer guidance (``Skip layer guidance: "7,8,9", SLG scale, SLG start, SLG
     stop``); Hires. fix its ``Denoising strength``, ``Hires upscale``, ``Hires steps`` and ``Hires
     upscaler`` (and where given ``Hires sampler``, ``Hires schedule type``, ``Hires CFG Scale``), as A1111 writes
-    them, with ``Size`` the first pass's."""
+    them, with ``Size`` the first pass's; SDXL's refiner ``Refiner: NAME [HASH]`` and ``Refiner switch at``."""
     def text(prompt: str) -> str:
         return _flat(prompt) if meta.prompt_syntax == "a1111" or meta.family in WRITTEN else escape(_flat(prompt))
 
@@ -205,6 +212,7 @@ def a1111_parameters(meta: ImageRecord) -> str:
         + (f", Checkpoint: {meta.checkpoint}" if meta.checkpoint else "")
         + (f", VAE hash: {meta.vae.rpartition('sha256=')[2][:10]}, VAE: {quoted(meta.vae.rpartition(':sha256=')[0])}"
            if meta.vae else "")
+        + (f", Refiner: {refiner_title(meta.refiner)}, Refiner switch at: {meta.refiner_switch}" if meta.refiner else "")
         + (f", Shift: {meta.shift}" if meta.shift is not None else "")
         + (f', Skip layer guidance: "{meta.slg_layers}", SLG scale: {meta.slg_scale}, SLG start: {meta.slg_start}, '
            f"SLG stop: {meta.slg_stop}" if meta.slg_layers else "")
@@ -381,6 +389,8 @@ def image_meta(plan: Plan, height: int, width: int, guidance: str = "cfg", shift
         slg_layers=",".join(map(str, slg[0])) or None, slg_scale=slg[1], slg_start=slg[2], slg_stop=slg[3],
         guidance_rescale=plan.guidance_rescale,
         **(hires_fields(plan.hires, first_pass) if plan.hires else {}),
+        refiner=f"{plan.refiner.name}:sha256={plan.refiner.sha256[:12]}" if plan.refiner else None,
+        refiner_switch=plan.refiner.switch if plan.refiner else None,
     )
 
 

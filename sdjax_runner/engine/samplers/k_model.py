@@ -29,11 +29,15 @@ def unet_denoiser(pipeline: Any, params: dict, conditioning: Conditioning, guida
 
     log_sigmas = jnp.asarray(np.log(training), jnp.float32)
     positions = jnp.arange(len(training), dtype=jnp.float32)
+    sigmas = jnp.asarray(training, jnp.float32)
 
     def denoiser(x, sigma):
         t = jnp.interp(jnp.log(sigma), log_sigmas, positions)
+        # SDXL's refiner switches at the training timestep whose sigma is nearest (A1111's apply_refiner)
+        nearest = jnp.argmin(jnp.abs(sigmas - sigma)) if conditioning.refiner is not None else None
         unconditional, conditional = (None if half is None else half.astype(jnp.float32) for half in
-                                      unet.halves(pipeline, params, conditioning, x / jnp.sqrt(sigma**2 + 1), t))
+                                      unet.halves(pipeline, params, conditioning, x / jnp.sqrt(sigma**2 + 1), t,
+                                                  nearest))
         out = unet.guided(unconditional, conditional, guidance)
         if prediction == "v_prediction":
             return x / (sigma**2 + 1) - out * sigma / jnp.sqrt(sigma**2 + 1)

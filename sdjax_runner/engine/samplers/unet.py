@@ -10,17 +10,40 @@ from typing import Any
 from sdjax_runner.engine.encode import Conditioning
 
 
-def halves(pipeline: Any, params: dict, conditioning: Conditioning, x, timestep):
+def halves(pipeline: Any, params: dict, conditioning: Conditioning, x, timestep, switch_timestep=None):
     """(unconditional, conditional) predictions for ``x`` (one half's inputs) at the scalar ``timestep``,
     whose dtype the UNet receives (the schedulers' integer timesteps, the k samplers' fractional ones).
     An inpainting model reads the mode's extra channels after ``x``; a ControlNet (controlnet mode) sees
     ``x`` and adds its scaled residuals to the UNet's skip connections, as diffusers' Flax ControlNet
-    pipeline does."""
+    pipeline does. With SDXL's refiner (``conditioning.refiner``) a call whose ``switch_timestep`` (the
+    training timestep the call is at, A1111's nearest one for a k sampler's sigma; ``timestep`` where None) is
+    below the cutoff runs the refiner's UNet on its own conditioning (engine/refiner.py)."""
     import jax.numpy as jnp
 
     if conditioning.context.shape[0] == x.shape[0]:  # the conditional half alone (no classifier-free guidance)
-        return None, _unet(pipeline, params, conditioning, x, timestep)
-    return tuple(jnp.split(_unet(pipeline, params, conditioning, jnp.concatenate([x] * 2), timestep), 2, axis=0))
+        return None, _switched(pipeline, params, conditioning, x, timestep, switch_timestep)
+    both = _switched(pipeline, params, conditioning, jnp.concatenate([x] * 2), timestep, switch_timestep)
+    return tuple(jnp.split(both, 2, axis=0))
+
+
+def _switched(pipeline: Any, params: dict, conditioning: Conditioning, model_input, timestep, switch_timestep):
+    """The base's UNet (:func:`_unet`), or past the refiner's cutoff the refiner's (one ``lax.cond`` per call)."""
+    if conditioning.refiner is None:
+        return _unet(pipeline, params, conditioning, model_input, timestep)
+    import jax
+    import jax.numpy as jnp
+
+    refining, cutoff = conditioning.refiner
+    base = conditioning._replace(refiner=None)
+    refiner = pipeline.refiner
+
+    def refined(x):
+        timesteps = jnp.broadcast_to(timestep, x.shape[:1])
+        return refiner.unet.apply({"params": params["refiner"]["unet"]}, x, timesteps,
+                                  encoder_hidden_states=refining.context, added_cond_kwargs=refining.added).sample
+
+    when = timestep if switch_timestep is None else switch_timestep
+    return jax.lax.cond(when < cutoff, refined, lambda x: _unet(pipeline, params, base, x, timestep), model_input)
 
 
 def _unet(pipeline: Any, params: dict, conditioning: Conditioning, model_input, timestep):
@@ -76,8 +99,9 @@ def conditional_only(conditioning: Conditioning) -> Conditioning:
     def half(array):
         return array[array.shape[0] // 2:]
 
-    control = conditioning.control
+    control, refiner = conditioning.control, conditioning.refiner
     return Conditioning(half(conditioning.context),
                         None if conditioning.added is None else {k: half(v) for k, v in conditioning.added.items()},
                         None if conditioning.concat is None else half(conditioning.concat),
-                        None if control is None else (half(control[0]), control[1]))
+                        None if control is None else (half(control[0]), control[1]),
+                        None if refiner is None else (conditional_only(refiner[0]), refiner[1]))

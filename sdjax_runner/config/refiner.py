@@ -1,0 +1,112 @@
+"""SDXL's refiner (``model.refiner``, ``sampling.refiner_switch``): checked before anything loads, as the plan holds it.
+
+A1111's "Refiner" and "Refiner switch at"; diffusers' base + refiner "ensemble of experts" (``denoising_end`` on the
+base, ``denoising_start`` on the refiner). The base denoises the noisier part of the schedule, the refiner the rest,
+in one program (engine/program.py). Both switch by the timestep a UNet call runs at: diffusers' base keeps the
+timesteps ``t >= round(T - switch * T)`` (``StableDiffusionXLPipeline.__call__``, denoising_end) and its refiner
+takes those below (``StableDiffusionXLImg2ImgPipeline.get_timesteps`` with denoising_start, no noise added to the
+base's latents); A1111 swaps in the refiner at the first call whose timestep ``t`` -- the training sigma nearest the
+step's -- has ``(999 - t) / 1000 >= switch`` (``sd_samplers_common.apply_refiner``). For whole timesteps and
+1000 * switch whole, the same calls: :meth:`Refiner.cutoff`."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Optional
+
+from sdjax_runner.errors import UserError
+from sdjax_runner.files import file_sha256
+
+KEY = "model.refiner"
+ALLOWED = ("a diffusers SDXL refiner folder (stabilityai/stable-diffusion-xl-refiner-1.0's layout: model_index.json, "
+           "unet/, text_encoder_2/, tokenizer_2/)")
+# What its model_index.json may name (diffusers' refiner pipeline, PyTorch or Flax)
+PIPELINES = ("StableDiffusionXLImg2ImgPipeline", "FlaxStableDiffusionXLImg2ImgPipeline")
+# Each component it is read for, and the weights files that component may hold (Flax first, then PyTorch's)
+WEIGHTS = {"unet": ("diffusion_flax_model.msgpack", "diffusion_pytorch_model.safetensors"),
+           "text_encoder_2": ("flax_model.msgpack", "model.safetensors")}
+MODES = ("txt2img", "img2img")
+
+
+@dataclass(frozen=True)
+class Refiner:
+    """The refiner of a job, as the plan holds it."""
+
+    path: str  # its folder, the user part expanded
+    sha256: str  # its UNet's and second text encoder's weights, hashed when the run was planned
+    switch: float  # sampling.refiner_switch
+    aesthetic: bool  # its index's requires_aesthetics_score (the refiner-1.0's true): 5 time ids, else 6
+
+    def cutoff(self, train_timesteps: int) -> int:
+        """The first timestep the base does not run: a UNet call below it runs the refiner (module docstring)."""
+        return round(train_timesteps - self.switch * train_timesteps)
+
+    @property
+    def name(self) -> str:
+        """What A1111's infotext calls it (``Refiner: NAME``): the folder's name."""
+        return Path(self.path).name
+
+
+def check(cfg: Any, family: Any) -> Optional[Refiner]:
+    """``model.refiner`` and ``sampling.refiner_switch`` of the typed config ``cfg``, with ``family`` (a
+    config/families.FamilyEntry): the refiner, or None where none is given. Refused in one line each."""
+    switch = cfg.sampling.refiner_switch
+    if not (math.isfinite(switch) and 0 < switch < 1):
+        raise UserError("sampling.refiner_switch", f"{switch}", "a share of the schedule strictly between 0 and 1 "
+                        "(A1111's default 0.8: the base runs the noisier 80%)")
+    if not cfg.model.refiner:
+        return None
+    _runs_here(cfg, family)
+    path = Path(str(cfg.model.refiner)).expanduser()
+    index = _index(path)
+    return Refiner(str(path), weights_sha256(path), float(switch), bool(index.get("requires_aesthetics_score", False)))
+
+
+def _runs_here(cfg: Any, family: Any) -> None:
+    if family.name != "sd":
+        raise UserError(KEY, f"a refiner takes over from an SDXL base; this run's model is {family.title}",
+                        "null, or an SDXL base model")
+    if cfg.mode.name not in MODES:
+        raise UserError(KEY, f"mode={cfg.mode.name} with a refiner is not supported", f"mode={' or '.join(MODES)}")
+    if cfg.sampling.hires.scale is not None:
+        raise UserError(KEY, "a refiner with Hires. fix (sampling.hires.scale) is not supported yet",
+                        "null, or sampling.hires.scale=null")
+
+
+def _index(path: Path) -> dict:
+    """The folder's model_index.json, checked to be a refiner's with the components it is read for."""
+    if not path.is_dir():
+        raise UserError(KEY, f"no such directory: {path}", ALLOWED)
+    try:
+        index = json.loads((path / "model_index.json").read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise UserError(KEY, f"{path} has no model_index.json", ALLOWED) from None
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        raise UserError(KEY, f"{path}/model_index.json is not JSON ({type(exc).__name__})", ALLOWED) from None
+    name = index.get("_class_name") if isinstance(index, dict) else None
+    if name not in PIPELINES:
+        raise UserError(KEY, f"{path} holds a {name or 'folder without a _class_name'}, not an SDXL refiner", ALLOWED)
+    for component in (*WEIGHTS, "tokenizer_2"):
+        if not (path / component).is_dir():
+            raise UserError(KEY, f"{path} has no {component}/", ALLOWED)
+    return index
+
+
+def weights_file(path: Path, component: str) -> Path:
+    """The file ``component``'s weights are read from (its Flax file, else its safetensors)."""
+    for name in WEIGHTS[component]:
+        if (path / component / name).is_file():
+            return path / component / name
+    raise UserError(KEY, f"{path}/{component}/ has none of {', '.join(WEIGHTS[component])}",
+                    f"{ALLOWED}, each component with its weights in one file")
+
+
+def weights_sha256(path: Path) -> str:
+    """One hash of the weights the refiner is read for: each component's file name and content hash."""
+    lines = "".join(f"{component}/{weights_file(path, component).name}:{file_sha256(weights_file(path, component))}\n"
+                    for component in WEIGHTS)
+    return hashlib.sha256(lines.encode()).hexdigest()

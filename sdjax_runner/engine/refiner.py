@@ -1,0 +1,77 @@
+"""SDXL's refiner inside the program (config/refiner.py says when it switches; models/refiner.py loads it).
+
+The refiner takes over from the base within the one sampling loop: every UNet call whose timestep is below the cutoff
+runs the refiner's UNet on the refiner's conditioning instead of the base's (``lax.cond`` per call,
+engine/samplers/unet.py). That is diffusers' ensemble of experts -- the base's loop stops at the cutoff and the
+refiner's continues from its latents, no noise added, on the same schedule -- for the schedulers that keep no state
+across steps (Euler, Euler a, DDIM, ...), and A1111's refiner, which swaps the model between two denoiser calls of one
+sampler. The scheduler's or sampler's state runs on across the switch, as in A1111 (diffusers restarts a multistep
+scheduler's history at the refiner: DPM-Solver++, PNDM, LMS differ there).
+
+The refiner's conditioning, as diffusers' ``StableDiffusionXLImg2ImgPipeline`` with the refiner's
+``requires_aesthetics_score`` and ``force_zeros_for_empty_prompt`` false builds it: its second text encoder's
+penultimate hidden states and pooled projection of the base's second-tokenizer ids (the tokenizers are one,
+models/refiner.py checks), an absent negative prompt encoded as the empty one, and the time ids ``(height, width, 0,
+0, 6.0)`` for the prompt and ``(height, width, 0, 0, 2.5)`` for the negative (its aesthetic scores; A1111's defaults
+too), or the base's six size ids for a refiner without aesthetic scores."""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from typing import Any
+
+import jax.numpy as jnp
+
+from sdjax_runner.engine.encode import Conditioning, embedded, read_chunks
+
+AESTHETIC_SCORE = 6.0  # diffusers' aesthetic_score, A1111's sdxl_refiner_high_aesthetic_score
+NEGATIVE_AESTHETIC_SCORE = 2.5  # negative_aesthetic_score, A1111's sdxl_refiner_low_aesthetic_score
+
+
+@dataclass(frozen=True)
+class RefinerPass:
+    """What shapes the refiner's part of a program (a :class:`~.program.Spec` field)."""
+
+    cutoff: int  # a UNet call at a timestep below it runs the refiner (config/refiner.Refiner.cutoff)
+    aesthetic: bool  # 5 time ids with aesthetic scores, else the base's 6 size ids
+    structure: str  # its modules' configs (models/refiner.LoadedRefiner.structure)
+
+
+def refiner_pass(refiner: Any, pipeline: Any, structure: str):
+    """The plan's refiner (config/refiner.Refiner, or None) for the loaded ``pipeline`` (its scheduler's length)."""
+    if refiner is None:
+        return None
+    return RefinerPass(refiner.cutoff(int(pipeline.scheduler.config.num_train_timesteps)), refiner.aesthetic,
+                       structure)
+
+
+def conditioning(pipeline: Any, params: dict, ids, negative_ids, spec: Any, inputs: dict) -> Conditioning:
+    """The refiner's conditioning, unconditional half first, for the base's prompt ids ((rows, 2, tokens): the
+    second tokenizer's are read), read as the base reads them (A1111's chunks and emphasis: ``inputs``' token
+    weights); ``negative_ids`` None (the base's zeros): the empty prompt's ids, ``inputs["refiner_negative_ids"]``."""
+    refiner = pipeline.refiner
+
+    @functools.partial(embedded, pipeline, params, "text_encoder_2")
+    def second(rows):
+        out = refiner.text_encoder_2(rows, params=params["refiner"]["text_encoder_2"], output_hidden_states=True)
+        return out["hidden_states"][-2], out["text_embeds"]
+
+    def read(rows, weights):
+        return read_chunks(second, rows[:, 1], spec.prompt_chunks, None if weights is None else weights[:, 1])
+
+    context, pooled = read(ids, inputs.get("prompt_weights"))
+    if negative_ids is None:
+        negative_ids, negative_weights = inputs["refiner_negative_ids"], inputs.get("refiner_negative_weights")
+    else:
+        negative_weights = inputs.get("negative_weights")
+    negative_context, negative_pooled = read(negative_ids, negative_weights)
+    rows = ids.shape[0]
+    if spec.refiner.aesthetic:
+        size = [spec.height, spec.width, 0, 0]
+        time_ids = [[*size, NEGATIVE_AESTHETIC_SCORE]] * rows + [[*size, AESTHETIC_SCORE]] * rows
+    else:
+        time_ids = [[spec.height, spec.width, 0, 0, spec.height, spec.width]] * (2 * rows)
+    return Conditioning(jnp.concatenate([negative_context, context]),
+                        {"text_embeds": jnp.concatenate([negative_pooled, pooled]),
+                         "time_ids": jnp.array(time_ids, dtype=context.dtype)})

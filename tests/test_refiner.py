@@ -1,0 +1,123 @@
+"""SDXL's refiner (issue #49, item 4): ``model.refiner`` and ``sampling.refiner_switch`` against diffusers' PyTorch
+base + refiner "ensemble of experts" (``denoising_end`` / ``denoising_start``) on tiny random models --
+``tests/fixtures/refiner``, made by ``tests/helpers/make_refiner_reference.py`` with diffusers' own classes: the
+folders, the runner's initial latents and the ensemble's images."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from helpers.cli import assert_one_line_error, call_cli, run_cli
+from helpers.images import images_of
+
+FIXTURE = Path(__file__).parent / "fixtures" / "refiner"
+BASE, REFINER = FIXTURE / "tiny-sdxl-base", FIXTURE / "tiny-sdxl-refiner"
+REFERENCE = np.load(FIXTURE / "refiner.npz")
+# The reference's settings: Euler (diffusers' EulerDiscreteScheduler, the folders' scheduler), 10 steps, guidance 5,
+# 32 x 32, seed 0 on 2 devices (its latents are the runner's), its prompt.
+COMMON = ["model.name=tiny-sdxl", f"model.pretrained_model_name_or_path={BASE}", "scheduler=euler",
+          "sampling.num_inference_steps=10", "sampling.guidance_scale=5", "sampling.height=32", "sampling.width=32",
+          "seed=0", f"prompts.texts=[{REFERENCE['prompt']}]", "parallelism.num_devices=2", "tracking=none",
+          "metrics.clip_score.enabled=false"]
+REFINED = [*COMMON, f"model.refiner={REFINER}"]
+
+
+def pixels(run_dir: Path) -> np.ndarray:
+    return np.stack(images_of(run_dir)).astype(np.float64)
+
+
+def levels_off(got: np.ndarray, key: str) -> float:
+    """The largest difference, in 8-bit levels, from the reference's float images made 8-bit."""
+    return float(np.abs(got - np.round(REFERENCE[key] * 255)).max())
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory) -> dict[str, Path]:
+    """One run per reference: a switch sweep (one process, pmap), a negative prompt (sharded), the base alone, and a k
+    sampler with and without the refiner."""
+    root = tmp_path_factory.mktemp("refiner")
+    sweep = root / "sweep"
+    calls = {"sweep": ["-m", *REFINED, "parallelism=pmap", "sampling.refiner_switch=0.8,0.5", f"hydra.sweep.dir={sweep}"],
+             "negative": [*REFINED, "parallelism=sharded", f"prompts.negative={REFERENCE['negative_prompt']}"],
+             "base": [*COMMON, "parallelism=sharded"],
+             "k_sweep": ["-m", *COMMON, "sampler=Euler a", "model.refiner=null," + str(REFINER),
+                         f"hydra.sweep.dir={root / 'k_sweep'}"]}
+    out = {}
+    for name, overrides in calls.items():
+        if not name.endswith("sweep"):
+            overrides = [*overrides, f"hydra.run.dir={root / name}"]
+        result = run_cli(*overrides, cwd=root)
+        assert result.returncode == 0, result.stderr[-3000:]
+        out[name] = root / name
+    for name in ("sweep", "k_sweep"):
+        for job in sorted(out[name].glob("[0-9]")):
+            record = json.loads((job / "images.json").read_text())[0]
+            out[f"{name}:{record.get('refiner_switch')}"] = job
+    return out
+
+
+def test_the_refiner_finishes_as_diffusers_ensemble_does_at_each_switch_in_both_parallel_modes(runs):
+    # Within one 8-bit level of diffusers' PyTorch ensemble (float32 on both sides), at each switch; the base alone
+    # and the other switch are further off, so the check tells them apart.
+    refined_08, refined_05 = pixels(runs["sweep:0.8"]), pixels(runs["sweep:0.5"])
+    assert levels_off(refined_08, "ensemble_images") <= 1 < levels_off(refined_08, "base_images")
+    assert levels_off(refined_05, "ensemble_images_05") <= 1 < levels_off(refined_05, "ensemble_images")
+    negative = pixels(runs["negative"])  # the negative prompt through both models' encoders
+    assert levels_off(negative, "negative_ensemble_images") <= 1 < levels_off(negative, "ensemble_images")
+    # one program per switch (the cutoff shapes it); the refiner loaded once in the sweep's process
+    timings = [json.loads((runs[f"sweep:{s}"] / "timings.json").read_text()) for s in (0.8, 0.5)]
+    assert [t["compile_reused"] for t in timings] == [0, 0] and timings[1]["model_reused"] == 1
+
+
+def test_the_sdxl_base_alone_is_diffusers_pytorch_pipelines_at_32_pixels(runs):
+    # A 32-pixel-wide SDXL image has latents 4 wide, as many as their channels: diffusers' Flax decode read them as
+    # channels-last (engine/decode.py hands them over so); diffusers' PyTorch pipeline gives these images.
+    assert levels_off(pixels(runs["base"]), "base_images") <= 1
+
+
+def test_a_k_sampler_hands_over_to_the_refiner_too(runs):
+    alone, refined = pixels(runs["k_sweep:None"]), pixels(runs["k_sweep:0.8"])
+    assert np.abs(alone - refined).max() >= 2  # the refiner's UNet ran the low-noise calls
+
+
+def test_the_records_and_the_a1111_line_name_the_refiner_and_from_png_reads_them_back(runs, tmp_path):
+    job = runs["sweep:0.5"]
+    record = json.loads((job / "images.json").read_text())[0]
+    assert record["refiner_switch"] == 0.5 and record["refiner"].startswith("tiny-sdxl-refiner:sha256=")
+    inputs = json.loads((job / "inputs.json").read_text())
+    with Image.open(job / record["file"]) as image:
+        text = image.text["parameters"]
+    digest = record["refiner"].rpartition("sha256=")[2]
+    assert f", Refiner: tiny-sdxl-refiner [{digest[:10]}], Refiner switch at: 0.5" in text
+    remade = run_cli(str(job / record["file"]), *REFINED, "hydra.run.dir=from_png", command="from_png", cwd=tmp_path)
+    said = remade.stdout + remade.stderr
+    assert remade.returncode == 0, said[-3000:]
+    assert "Refiner switch at: 0.5 -> sampling.refiner_switch=0.5" in said
+    assert "refiners are not found by name here; give model.refiner=PATH" in said
+    again = json.loads((tmp_path / "from_png" / "images.json").read_text())[0]
+    assert again["pixels_sha256"] == record["pixels_sha256"]
+    assert inputs["refiner"]["path"] == str(REFINER) and inputs["refiner"]["sha256"].startswith(digest)
+
+
+@pytest.mark.parametrize("overrides, expected", [
+    (["sampling.refiner_switch=1.5"], "error: sampling.refiner_switch: 1.5"),
+    (["sampling.refiner_switch=0"], "error: sampling.refiner_switch: 0"),
+    ([f"model.refiner={FIXTURE / 'missing'}"], "error: model.refiner: no such directory"),
+    ([f"model.refiner={BASE}"], "error: model.refiner: " + str(BASE) + " holds a StableDiffusionXLPipeline, not an"),
+    ([f"model.refiner={REFINER}", "sampling.hires.scale=2"], "error: model.refiner: a refiner with Hires. fix"),
+    ([f"model.refiner={REFINER}", "mode=inpaint"], "error: model.refiner: mode=inpaint with a refiner"),
+])
+def test_bad_refiner_settings_are_one_line(tmp_path, overrides, expected):
+    assert_one_line_error(call_cli(*COMMON, *overrides, cwd=tmp_path), expected)
+
+
+def test_a_refiner_behind_an_sd1_model_is_one_line(tmp_path, cache_dir):
+    result = run_cli("+experiment=smoke", "tracking=none", f"paths.cache_dir={cache_dir}", f"model.refiner={REFINER}",
+                     cwd=tmp_path)
+    assert_one_line_error(result, "error: model.refiner: a refiner takes over from an SDXL base")
+    assert not (tmp_path / "outputs").exists() or not list((tmp_path / "outputs").rglob("*.png"))
