@@ -714,11 +714,9 @@ def _check_saved(folder: Path, variant: str, modules: dict[str, np.ndarray], ima
     return as_loaded
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="the fixture folder (replaced)")
-    args = parser.parse_args(argv)
-
+def quiet_deterministic_torch() -> None:
+    """diffusers' and transformers' logging and progress bars off; torch on one thread, deterministic (every reference
+    maker's start)."""
     import torch
     from diffusers.utils import logging as diffusers_logging
     from transformers.utils import logging as transformers_logging
@@ -729,6 +727,14 @@ def main(argv: list[str] | None = None) -> int:
     transformers_logging.disable_progress_bar()
     torch.set_num_threads(1)
     torch.use_deterministic_algorithms(True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="the fixture folder (replaced)")
+    args = parser.parse_args(argv)
+
+    quiet_deterministic_torch()
     out: Path = args.out.resolve()
     out.parent.mkdir(parents=True, exist_ok=True)
     versions = _versions()

@@ -47,7 +47,7 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from make_flux_reference import _builtin_tokenizer_code, _np, _save_npz, _versions
+from make_flux_reference import _builtin_tokenizer_code, _np, _save_npz, _versions, quiet_deterministic_torch
 
 ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_OUT = ROOT / "tests" / "fixtures" / "refiner"
@@ -500,16 +500,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="the fixture folder (replaced)")
     args = parser.parse_args(argv)
 
-    import torch
-    from diffusers.utils import logging as diffusers_logging
-    from transformers.utils import logging as transformers_logging
-
-    diffusers_logging.set_verbosity_error()
-    diffusers_logging.disable_progress_bar()
-    transformers_logging.set_verbosity_error()
-    transformers_logging.disable_progress_bar()
-    torch.set_num_threads(1)
-    torch.use_deterministic_algorithms(True)
+    quiet_deterministic_torch()
     out: Path = args.out.resolve()
     out.parent.mkdir(parents=True, exist_ok=True)
     versions = _versions()
