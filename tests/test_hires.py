@@ -95,34 +95,44 @@ def batch_images(overrides: list[str]) -> tuple[np.ndarray, object]:
 ENGINE: dict = {}  # one engine for the module: the tiny models load once
 
 
+REFINER_PAIR = Path(__file__).parent / "fixtures" / "refiner"
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize(("model", "sampler", "second"), [
     ("tiny-random", "DPM++ 2M", {}),
     ("tiny-random-xl", "Euler a", {}),
     # A1111's "Hires sampler" and "Hires CFG Scale": the img2img run with that sampler and guidance (1: no CFG there)
     ("tiny-random", "DPM++ 2M", {"sampler": "Euler a", "guidance_scale": 1.0}),
+    # SDXL's refiner: in the second pass alone (A1111's default), so the img2img run has it and the first pass not
+    ("refiner", "Euler a", {}),
 ])
 def test_the_lanczos_pass_is_img2img_on_pillows_upscaled_first_pass(tmp_path, cache_dir, model, sampler, second):
     """Hires. fix = txt2img, then A1111's 8-bit first-pass image resized by Pillow (LANCZOS), then the img2img mode at
     the upscaled size from the same seed, over A1111's schedule: the first pass and the img2img run are the runner's
     plain modes, the resize is Pillow's and the step arithmetic A1111's (a1111_setup_img2img_steps)."""
     steps, hires_steps, strength, scale, size = 4, 3, 0.55, 1.5, 64
-    common = [f"model={model}", "dtype=fp32", "prompts=guide_single", f"paths.cache_dir={cache_dir}",
+    models = {"refiner": ["model.name=tiny-sdxl", f"model.pretrained_model_name_or_path={REFINER_PAIR / 'tiny-sdxl-base'}",
+                          "sampling.refiner_switch=0.9"]}
+    refiner = [f"model.refiner={REFINER_PAIR / 'tiny-sdxl-refiner'}"] if model == "refiner" else []
+    common = [*models.get(model, [f"model={model}"]), "dtype=fp32", "prompts=guide_single", f"paths.cache_dir={cache_dir}",
               "parallelism.num_devices=1", "parallelism.num_batches=1", "seed=7", "compilation_cache.executables=false"]
     first, _ = batch_images(common + [f"sampler={sampler}", f"sampling.num_inference_steps={steps}",
                                       f"sampling.height={size}", f"sampling.width={size}"])
-    hires, generator = batch_images(common + [
-        f"sampler={sampler}", f"sampling.num_inference_steps={steps}", f"sampling.height={size}",
-        f"sampling.width={size}", f"sampling.hires.scale={scale}", f"sampling.hires.steps={hires_steps}",
-        f"sampling.hires.denoising_strength={strength}", "sampling.hires.upscaler=lanczos",
-        *(f"sampling.hires.{key}={value}" for key, value in second.items())])
+    two_passes = [f"sampler={sampler}", f"sampling.num_inference_steps={steps}", f"sampling.height={size}",
+                  f"sampling.width={size}", f"sampling.hires.scale={scale}", f"sampling.hires.steps={hires_steps}",
+                  f"sampling.hires.denoising_strength={strength}", "sampling.hires.upscaler=lanczos",
+                  *(f"sampling.hires.{key}={value}" for key, value in second.items())]
+    hires, generator = batch_images(common + refiner + two_passes)
+    if refiner:  # it ran: the same two passes without it differ
+        assert np.abs(batch_images(common + two_passes)[0] - hires).max() > 1e-3
     upscaled = int(size * scale)
     assert hires.shape == (1, upscaled, upscaled, 3) and generator.height == upscaled
     eight_bit = (255.0 * first[0]).astype(np.uint8)
     Image.fromarray(eight_bit).resize((upscaled, upscaled), resample=Image.LANCZOS).save(tmp_path / "init.png")
     schedule, t_enc = a1111_setup_img2img_steps(hires_steps, strength)
     # the img2img mode runs the last int(schedule * strength) steps of its schedule: t_enc + 1 of them
-    img2img, _ = batch_images(common + [
+    img2img, _ = batch_images(common + refiner + [
         f"sampler={second.get('sampler', sampler)}", f"sampling.num_inference_steps={schedule}",
         f"sampling.height={upscaled}", f"sampling.width={upscaled}", "mode=img2img", f"init_image={tmp_path / 'init.png'}",
         f"strength={(t_enc + 1.5) / schedule}",

@@ -42,11 +42,15 @@ def runs(tmp_path_factory) -> dict[str, Path]:
     sampler with and without the refiner."""
     root = tmp_path_factory.mktemp("refiner")
     sweep = root / "sweep"
+    init = root / "init.png"
+    Image.fromarray((np.random.default_rng(0).random((32, 32, 3)) * 255).astype(np.uint8)).save(init)
     calls = {"sweep": ["-m", *REFINED, "parallelism=pmap", "sampling.refiner_switch=0.8,0.5", f"hydra.sweep.dir={sweep}"],
              "negative": [*REFINED, "parallelism=sharded", f"prompts.negative={REFERENCE['negative_prompt']}"],
              "base": [*COMMON, "parallelism=sharded"],
              "k_sweep": ["-m", *COMMON, "sampler=Euler a", "model.refiner=null," + str(REFINER),
-                         f"hydra.sweep.dir={root / 'k_sweep'}"]}
+                         f"hydra.sweep.dir={root / 'k_sweep'}"],
+             "i2i_sweep": ["-m", *COMMON, "mode=img2img", f"init_image={init}", "strength=0.5",
+                           "model.refiner=null," + str(REFINER), f"hydra.sweep.dir={root / 'i2i_sweep'}"]}
     out = {}
     for name, overrides in calls.items():
         if not name.endswith("sweep"):
@@ -54,7 +58,7 @@ def runs(tmp_path_factory) -> dict[str, Path]:
         result = run_cli(*overrides, cwd=root)
         assert result.returncode == 0, result.stderr[-3000:]
         out[name] = root / name
-    for name in ("sweep", "k_sweep"):
+    for name in ("sweep", "k_sweep", "i2i_sweep"):
         for job in sorted(out[name].glob("[0-9]")):
             record = json.loads((job / "images.json").read_text())[0]
             out[f"{name}:{record.get('refiner_switch')}"] = job
@@ -85,6 +89,14 @@ def test_a_k_sampler_hands_over_to_the_refiner_too(runs):
     assert np.abs(alone - refined).max() >= 2  # the refiner's UNet ran the low-noise calls
 
 
+def test_image_to_image_hands_over_to_the_refiner(runs):
+    # strength 0.5: the base runs timesteps 501 .. 201 of the 10-step schedule, the refiner 101 and 1
+    alone, refined = pixels(runs["i2i_sweep:None"]), pixels(runs["i2i_sweep:0.8"])
+    assert np.abs(alone - refined).max() >= 2
+    record = json.loads((runs["i2i_sweep:0.8"] / "images.json").read_text())[0]
+    assert (record["mode"], record["strength"], record["refiner_switch"]) == ("img2img", 0.5, 0.8)
+
+
 def test_the_records_and_the_a1111_line_name_the_refiner_and_from_png_reads_them_back(runs, tmp_path):
     job = runs["sweep:0.5"]
     record = json.loads((job / "images.json").read_text())[0]
@@ -109,7 +121,6 @@ def test_the_records_and_the_a1111_line_name_the_refiner_and_from_png_reads_them
     (["sampling.refiner_switch=0"], "error: sampling.refiner_switch: 0"),
     ([f"model.refiner={FIXTURE / 'missing'}"], "error: model.refiner: no such directory"),
     ([f"model.refiner={BASE}"], "error: model.refiner: " + str(BASE) + " holds a StableDiffusionXLPipeline, not an"),
-    ([f"model.refiner={REFINER}", "sampling.hires.scale=2"], "error: model.refiner: a refiner with Hires. fix"),
     ([f"model.refiner={REFINER}", "mode=inpaint"], "error: model.refiner: mode=inpaint with a refiner"),
 ])
 def test_bad_refiner_settings_are_one_line(tmp_path, overrides, expected):

@@ -7,7 +7,8 @@ timesteps ``t >= round(T - switch * T)`` (``StableDiffusionXLPipeline.__call__``
 takes those below (``StableDiffusionXLImg2ImgPipeline.get_timesteps`` with denoising_start, no noise added to the
 base's latents); A1111 swaps in the refiner at the first call whose timestep ``t`` -- the training sigma nearest the
 step's -- has ``(999 - t) / 1000 >= switch`` (``sd_samplers_common.apply_refiner``). For whole timesteps and
-1000 * switch whole, the same calls: :meth:`Refiner.cutoff`."""
+1000 * switch whole, the same calls: :meth:`Refiner.cutoff`. With Hires. fix the refiner runs in the second pass
+alone, as A1111's default ("Hires fix: which pass to enable refiner for": second pass) has it."""
 
 from __future__ import annotations
 
@@ -72,9 +73,6 @@ def _runs_here(cfg: Any, family: Any) -> None:
                         "null, or an SDXL base model")
     if cfg.mode.name not in MODES:
         raise UserError(KEY, f"mode={cfg.mode.name} with a refiner is not supported", f"mode={' or '.join(MODES)}")
-    if cfg.sampling.hires.scale is not None:
-        raise UserError(KEY, "a refiner with Hires. fix (sampling.hires.scale) is not supported yet",
-                        "null, or sampling.hires.scale=null")
 
 
 def _index(path: Path) -> dict:
