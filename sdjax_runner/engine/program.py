@@ -18,13 +18,12 @@ so the images are the guide's (``tests/test_guide_parity.py``).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any, Optional
 
-from sdjax_runner.engine import refiner as refining
 from sdjax_runner.engine.families import FAMILIES
 from sdjax_runner.engine.hires import HiresPass, second_pass
-from sdjax_runner.engine.refiner import RefinerPass, refiner_pass
+from sdjax_runner.engine.refiner import RefinerPass, refiner_pass, with_refiner
 from sdjax_runner.engine.samplers.unet import conditional_only
 from sdjax_runner.engine.tokens import TOKENS
 
@@ -139,14 +138,8 @@ def generate(pipeline: Any, spec: Spec, ids, params: dict, key, guidance, inputs
     if start.conditioning:
         conditioning = conditioning._replace(**start.conditioning)
     upscaled = family.at_size(conditioning, spec.hires.height, spec.hires.width) if spec.hires else conditioning
-    if spec.refiner:  # SDXL's refiner: its own conditioning, run past its cutoff (engine/refiner.py) -- with Hires.
-        # fix in the second pass alone, at its size (A1111's default: "Hires fix: which pass to enable refiner for")
-        sized = replace(spec, height=spec.hires.height, width=spec.hires.width) if spec.hires else spec
-        refiner = (refining.conditioning(pipeline, params, ids, negative_ids, sized, inputs), spec.refiner.cutoff)
-        if spec.hires:
-            upscaled = upscaled._replace(refiner=refiner)
-        else:
-            conditioning = upscaled = conditioning._replace(refiner=refiner)
+    if spec.refiner:  # SDXL's refiner: its own conditioning, run past its cutoff (with Hires. fix: the second pass's)
+        conditioning, upscaled = with_refiner(pipeline, params, ids, negative_ids, spec, inputs, conditioning, upscaled)
     if not spec.cfg:  # the SD samplers then run the UNet on the conditional half alone (engine/samplers/unet.py)
         conditioning = conditional_only(conditioning)
     if spec.hires and not spec.hires.cfg:  # the second pass likewise, by its own guidance

@@ -18,7 +18,7 @@ too), or the base's six size ids for a refiner without aesthetic scores."""
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import jax.numpy as jnp
@@ -44,6 +44,20 @@ def refiner_pass(refiner: Any, pipeline: Any, structure: str):
         return None
     return RefinerPass(refiner.cutoff(int(pipeline.scheduler.config.num_train_timesteps)), refiner.aesthetic,
                        structure)
+
+
+def with_refiner(pipeline: Any, params: dict, ids, negative_ids, spec: Any, inputs: dict, first: Conditioning,
+                 second: Conditioning) -> tuple[Conditioning, Conditioning]:
+    """(``first``, ``second``) -- the conditioning of the program's pass and of Hires. fix's second pass (the first's
+    without one) -- with the refiner's attached: to the second pass alone where Hires. fix runs, at its size (A1111's
+    default, "Hires fix: which pass to enable refiner for": second pass), else to the one pass."""
+    if spec.hires:
+        sized = replace(spec, height=spec.hires.height, width=spec.hires.width)
+        return first, second._replace(refiner=(conditioning(pipeline, params, ids, negative_ids, sized, inputs),
+                                               spec.refiner.cutoff))
+    attached = first._replace(refiner=(conditioning(pipeline, params, ids, negative_ids, spec, inputs),
+                                       spec.refiner.cutoff))
+    return attached, attached
 
 
 def conditioning(pipeline: Any, params: dict, ids, negative_ids, spec: Any, inputs: dict) -> Conditioning:
