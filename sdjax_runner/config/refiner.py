@@ -105,6 +105,6 @@ def weights_file(path: Path, component: str) -> Path:
 
 def weights_sha256(path: Path) -> str:
     """One hash of the weights the refiner is read for: each component's file name and content hash."""
-    lines = "".join(f"{component}/{weights_file(path, component).name}:{file_sha256(weights_file(path, component))}\n"
-                    for component in WEIGHTS)
+    files = [weights_file(path, component) for component in WEIGHTS]
+    lines = "".join(f"{file.parent.name}/{file.name}:{file_sha256(file)}\n" for file in files)
     return hashlib.sha256(lines.encode()).hexdigest()

@@ -107,7 +107,8 @@ class Generator:
         self.non_finite: set[int] = set()  # indices of images with NaN or infinite pixels (overflow)
         self.tokens = tokens or FAMILIES[spec.family].tokens(pipeline, plan)
         self.negative_ids = None
-        self.weights = {}  # A1111's syntax: the negative prompt's token weights, placed once
+        # Placed once: the negative prompt's token weights (A1111's syntax), the refiner's empty-prompt ids and weights
+        self.weights = {}
         negative = FAMILIES[spec.family].negative(plan.negative, pipeline, spec.prompt_chunks)
         if negative is not None:
             ids, weights = self.tokens([negative] * plan.images_per_batch, spec.prompt_chunks)

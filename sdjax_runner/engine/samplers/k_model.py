@@ -29,12 +29,12 @@ def unet_denoiser(pipeline: Any, params: dict, conditioning: Conditioning, guida
 
     log_sigmas = jnp.asarray(np.log(training), jnp.float32)
     positions = jnp.arange(len(training), dtype=jnp.float32)
-    sigmas = jnp.asarray(training, jnp.float32)
+    # SDXL's refiner switches at the training timestep whose sigma is nearest the step's (A1111's apply_refiner)
+    sigmas = jnp.asarray(training, jnp.float32) if conditioning.refiner is not None else None
 
     def denoiser(x, sigma):
         t = jnp.interp(jnp.log(sigma), log_sigmas, positions)
-        # SDXL's refiner switches at the training timestep whose sigma is nearest (A1111's apply_refiner)
-        nearest = jnp.argmin(jnp.abs(sigmas - sigma)) if conditioning.refiner is not None else None
+        nearest = None if sigmas is None else jnp.argmin(jnp.abs(sigmas - sigma))
         unconditional, conditional = (None if half is None else half.astype(jnp.float32) for half in
                                       unet.halves(pipeline, params, conditioning, x / jnp.sqrt(sigma**2 + 1), t,
                                                   nearest))

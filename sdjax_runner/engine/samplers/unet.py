@@ -31,23 +31,19 @@ def _switched(pipeline: Any, params: dict, conditioning: Conditioning, model_inp
     if conditioning.refiner is None:
         return _unet(pipeline, params, conditioning, model_input, timestep)
     import jax
-    import jax.numpy as jnp
 
     refining, cutoff = conditioning.refiner
     base = conditioning._replace(refiner=None)
-    refiner = pipeline.refiner
-
-    def refined(x):
-        timesteps = jnp.broadcast_to(timestep, x.shape[:1])
-        return refiner.unet.apply({"params": params["refiner"]["unet"]}, x, timesteps,
-                                  encoder_hidden_states=refining.context, added_cond_kwargs=refining.added).sample
-
+    unet, weights = pipeline.refiner.unet, params["refiner"]["unet"]
     when = timestep if switch_timestep is None else switch_timestep
-    return jax.lax.cond(when < cutoff, refined, lambda x: _unet(pipeline, params, base, x, timestep), model_input)
+    return jax.lax.cond(when < cutoff, lambda x: _unet(pipeline, params, refining, x, timestep, unet, weights),
+                        lambda x: _unet(pipeline, params, base, x, timestep), model_input)
 
 
-def _unet(pipeline: Any, params: dict, conditioning: Conditioning, model_input, timestep):
-    """The UNet (and a ControlNet's residuals) on ``model_input``, whose rows are the conditioning's."""
+def _unet(pipeline: Any, params: dict, conditioning: Conditioning, model_input, timestep, unet: Any = None,
+          weights: Any = None):
+    """The UNet (and a ControlNet's residuals) on ``model_input``, whose rows are the conditioning's; ``unet`` and
+    its ``weights``: another UNet than the pipeline's (SDXL's refiner)."""
     import jax.numpy as jnp
 
     timesteps = jnp.broadcast_to(timestep, model_input.shape[:1])
@@ -60,8 +56,9 @@ def _unet(pipeline: Any, params: dict, conditioning: Conditioning, model_input, 
         extra.update(down_block_additional_residuals=down, mid_block_additional_residual=mid)
     if conditioning.concat is not None:
         model_input = jnp.concatenate([model_input, conditioning.concat], axis=1)
-    return pipeline.unet.apply({"params": params["unet"]}, model_input, timesteps,
-                               encoder_hidden_states=conditioning.context, **extra).sample
+    unet, weights = (pipeline.unet, params["unet"]) if unet is None else (unet, weights)
+    return unet.apply({"params": weights}, model_input, timesteps, encoder_hidden_states=conditioning.context,
+                      **extra).sample
 
 
 def guided(unconditional, conditional, guidance):
