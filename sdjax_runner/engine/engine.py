@@ -117,7 +117,7 @@ class Engine:
         refiner, refiner_reused = self.reuse.refiner(plan, entry)
         if refiner is not None:
             log.info("load: refiner %s", "reused from an earlier job of this process" if refiner_reused else
-                     f"from {refiner.path} in {refiner.load_s:.1f} s")
+                     f"from {shown(refiner.path)} in {refiner.load_s:.1f} s")
         return JobModel(entry, reused, height, width, controlnet, refiner)
 
     def program(self, plan: Plan, model: JobModel, devices: list, started: float) -> Program:
