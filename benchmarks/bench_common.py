@@ -20,17 +20,28 @@ def machine_facts(with_devices: bool = False) -> dict:
     return facts
 
 
-def run_sweep(overrides: list[str], sweep_dir, env: dict, cwd) -> list[dict]:
-    """``python -m sdjax_runner -m OVERRIDES`` into ``sweep_dir``; each job's overrides and timings.json."""
+def run_sweep(overrides: list[str], sweep_dir, env: dict, cwd, log=None) -> list[dict]:
+    """``python -m sdjax_runner -m OVERRIDES`` into ``sweep_dir``; each job's overrides and timings.json.
+
+    ``log``: a file the sweep's output is appended to as it comes (what a run cut off by a time limit printed
+    survives it); without one the output is kept in memory and its end shown if the sweep fails."""
     import json
     import subprocess
     import sys
     from pathlib import Path
 
-    result = subprocess.run([sys.executable, "-m", "sdjax_runner", "-m", *overrides, f"hydra.sweep.dir={sweep_dir}"],
-                            cwd=cwd, env=env, capture_output=True, text=True)
-    if result.returncode:
-        raise SystemExit(f"failed: {' '.join(overrides)}\n{result.stderr[-3000:]}")
+    command = [sys.executable, "-m", "sdjax_runner", "-m", *overrides, f"hydra.sweep.dir={sweep_dir}"]
+    if log is None:
+        result = subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True)
+        failed, tail = result.returncode, result.stderr[-3000:]
+    else:
+        with open(log, "a", encoding="utf-8") as stream:
+            stream.write(f"$ {' '.join(command)}\n")
+            stream.flush()
+            failed = subprocess.run(command, cwd=cwd, env=env, stdout=stream, stderr=subprocess.STDOUT).returncode
+        tail = Path(log).read_text(encoding="utf-8", errors="replace")[-3000:]
+    if failed:
+        raise SystemExit(f"failed: {' '.join(overrides)}\n{tail}")
     jobs = []
     for job in sorted((p for p in Path(sweep_dir).iterdir() if p.name.isdigit()), key=lambda p: int(p.name)):
         overrides_done = (job / ".hydra" / "overrides.yaml").read_text()

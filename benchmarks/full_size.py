@@ -6,6 +6,8 @@ Needs a GPU or TPU (a full-size UNet step takes ~44 s on 2 CPU cores). Uses the 
 random-weight architectures (model=sd-v1-arch, model=sdxl-arch: the exact shapes, no hub needed),
 built on first use into $SDJAX_RUNNER_CACHE_DIR. Every part is one ``python -m sdjax_runner -m``
 process; parts A and B share a fresh persistent compilation cache, so B's compile is the warm one.
+They run in the order G, H, A, E, B, F, C, I, D (the numbers still missing first), and --out is rewritten
+after each, so a call cut off by a device's time limit keeps what it finished (--log: every sweep's output).
 
   A. SD-1.x, bf16 (--dtype), 512x512, 50 PNDM steps, guidance 7.5, 8 images as one batch on one device,
      for each attention implementation (--attention).
@@ -62,11 +64,12 @@ def point(job: dict) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--attention", nargs="+", default=["default", "split_head_dim", "cudnn_flash"])
-    parser.add_argument("--batches", type=int, nargs="+", default=[16, 32])
+    parser.add_argument("--batches", type=int, nargs="*", default=[16, 32], help="part C (none: no part C)")
     parser.add_argument("--xl-batches", type=int, nargs="+", default=[1, 4])
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--dtype", default="bf16", choices=["bf16", "fp16", "fp32"],
                         help="weights and activations of every part (fp16: NVIDIA GPUs; the peak is bf16's)")
+    parser.add_argument("--skip-sd", action="store_true", help="leave SD-1.x out: parts A, B, C, E, F and I")
     parser.add_argument("--skip-xl", action="store_true")
     parser.add_argument("--skip-flux", action="store_true")
     parser.add_argument("--flux-model", default="flux-dev-arch")
@@ -99,77 +102,99 @@ def main() -> None:
     parser.add_argument("--xl-size", type=int, default=1024)
     parser.add_argument("--steps", type=int, default=50)
     parser.add_argument("--xl-steps", type=int, default=20)
-    parser.add_argument("--out", type=Path)
+    parser.add_argument("--out", type=Path, help="the report, rewritten after each part (a cut-off run keeps its parts)")
+    parser.add_argument("--log", type=Path, help="every sweep's output, appended as it comes")
     args = parser.parse_args()
 
     env = dict(os.environ)
     env.pop("MLFLOW_TRACKING_URI", None)
-    common = [f"dtype={args.dtype}", "tracking=none", "parallelism=sharded", "parallelism.num_devices=1",
-              f"timing.repeats={args.repeats}", "timing.max_extra_share=null",  # exact medians of `repeats` calls
-              "output.grid=false", "output.save_images=false"]
-    sd = [f"model={args.sd_model}", "scheduler=pndm", f"sampling.height={args.sd_size}",
-          f"sampling.width={args.sd_size}", f"sampling.num_inference_steps={args.steps}", "sampling.guidance_scale=7.5"]
     # Not machine_facts(with_devices=True): JAX in this process would take the GPU's memory from the runs.
     report: dict = {"machine": machine_facts(), "dtype": args.dtype}
+
+    def save() -> None:  # after every part: a run cut off by a time limit keeps the parts it finished
+        if args.out:
+            args.out.write_text(json.dumps(report, indent=1) + "\n")
+
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
-        cache = [f"compilation_cache.dir={work / 'xla'}"]
-        part_a = run_sweep(common + sd + cache + ["parallelism.per_device_batch_size=8",
-                                                  "performance.attention=" + ",".join(args.attention)],
-                           work / "a", env, cwd=work)
-        report["A_sd_512_50_steps_8_images"] = [point(j) for j in part_a]
-        report["machine"].update(device_kind=part_a[0]["device_kind"], backend=part_a[0]["backend"])
-        best = min(report["A_sd_512_50_steps_8_images"], key=lambda p: p["generate_s"])["performance.attention"]
-        part_b = run_sweep(common + sd + cache + ["parallelism.per_device_batch_size=8",
-                                                  f"performance.attention={args.attention[0]}"],
-                           work / "b", env, cwd=work)
-        report["B_same_new_process_warm_cache"] = [point(j) for j in part_b]
-        part_c = run_sweep(common + sd + cache + [f"performance.attention={best}", "parallelism.per_device_batch_size="
-                                                  + ",".join(map(str, args.batches))], work / "c", env, cwd=work)
-        report["C_batch_sizes"] = [point(j) for j in part_c]
-        if args.profile:
-            run_sweep(common + sd + cache + ["parallelism.per_device_batch_size=8", f"performance.attention={best}",
-                                             "performance.profile=true"], work / "e", env, cwd=work)
-            profile = json.loads((work / "e" / "0" / "profile.json").read_text())
-            report["E_profile"] = dict({k: v for k, v in profile.items() if k != "trace"}, attention=best)
-            if args.out:  # the trace itself, for Perfetto / XProf: OUT's name + _trace.json.gz
-                shutil.copyfile(work / "e" / "0" / profile["trace"], args.out.with_name(args.out.stem + "_trace.json.gz"))
-        flag_sets = []
-        for number, flags in enumerate(args.xla_flag_sets):
-            listed = ",".join(f"'{flag}'" for flag in flags.split())
-            [job] = run_sweep(common + sd + cache + ["parallelism.per_device_batch_size=8", f"performance.attention={best}",
-                                                    f"performance.xla_flags=[{listed}]"], work / f"f{number}", env, cwd=work)
-            flag_sets.append(dict(point(job), xla_flags=flags))
-        if flag_sets:
-            report["F_xla_flag_sets"] = flag_sets
-        if not args.skip_hires:  # A1111's Hires. fix: latent (bilinear) and Lanczos upscalers, strength 0.7
-            hires = [f"model={args.sd_model}", "sampler=DPM++ 2M Karras", f"sampling.height={args.sd_size}",
-                     f"sampling.width={args.sd_size}", f"sampling.num_inference_steps={args.hires_steps}",
-                     "sampling.guidance_scale=7.5", "sampling.hires.scale=2", "sampling.hires.upscaler=latent,lanczos",
-                     f"performance.attention={best}",
-                     "parallelism.per_device_batch_size=" + ",".join(map(str, args.hires_batches))]
-            report["I_sd_hires_fix_2x"] = [point(j) for j in run_sweep(common + hires + cache, work / "i", env,
-                                                                          cwd=work)]
+        common = [f"dtype={args.dtype}", "tracking=none", "parallelism=sharded", "parallelism.num_devices=1",
+                  f"timing.repeats={args.repeats}", "timing.max_extra_share=null",  # exact medians of `repeats` calls
+                  "output.grid=false", "output.save_images=false", f"compilation_cache.dir={work / 'xla'}"]
+
+        def sweep(overrides: list[str], part: str) -> list[dict]:
+            return run_sweep(common + overrides, work / part, env, cwd=work, log=args.log)
+
+        flow_parts(args, sweep, report, save)  # first: the largest models, the numbers still missing
+        if not args.skip_sd:
+            sd_parts(args, sweep, work, report, save)
         if not args.skip_xl:
             xl = [f"model={args.xl_model}", "scheduler=euler", f"sampling.height={args.xl_size}",
                   f"sampling.width={args.xl_size}", f"sampling.num_inference_steps={args.xl_steps}",
-                  f"performance.attention={best}",
+                  f"performance.attention={report.get('best_sd_attention', args.attention[0])}",
                   "parallelism.per_device_batch_size=" + ",".join(map(str, args.xl_batches))]
-            report["D_sdxl_1024_20_euler"] = [point(j) for j in run_sweep(common + xl + cache, work / "d", env,
-                                                                             cwd=work)]
-        for part, name, prefix in (("g", "G_flux_dev_1024_28_steps", "flux"), ("h", "H_sd35_large_1024_28_steps", "sd3")):
-            if not getattr(args, f"skip_{prefix}"):  # guidance 3.5: FLUX.1 [dev]'s default, SD 3.5 Large's card's
-                flow = [f"model={getattr(args, f'{prefix}_model')}", f"sampling.height={getattr(args, f'{prefix}_size')}",
-                        f"sampling.width={getattr(args, f'{prefix}_size')}",
-                        f"sampling.num_inference_steps={getattr(args, f'{prefix}_steps')}", "sampling.guidance_scale=3.5",
-                        f"prompts.max_sequence_length={getattr(args, f'{prefix}_tokens')}",
-                        "performance.attention=" + ",".join(getattr(args, f"{prefix}_attention")),
-                        "parallelism.per_device_batch_size=" + ",".join(map(str, getattr(args, f"{prefix}_batches")))]
-                report[name] = [point(j) for j in run_sweep(common + flow + cache, work / part, env, cwd=work)]
+            report["D_sdxl_1024_20_euler"] = [point(j) for j in sweep(xl, "d")]
+            save()
     print(json.dumps(report, indent=1))
-    if args.out:
-        args.out.write_text(json.dumps(report, indent=1) + "\n")
 
+
+def flow_parts(args, sweep, report: dict, save) -> None:
+    """G (FLUX.1 [dev]) and H (SD 3.5 Large), each at both attentions; guidance 3.5: FLUX.1 [dev]'s default,
+    SD 3.5 Large's card's."""
+    for part, name, prefix in (("g", "G_flux_dev_1024_28_steps", "flux"), ("h", "H_sd35_large_1024_28_steps", "sd3")):
+        if getattr(args, f"skip_{prefix}"):
+            continue
+        size = getattr(args, f"{prefix}_size")
+        flow = [f"model={getattr(args, f'{prefix}_model')}", f"sampling.height={size}", f"sampling.width={size}",
+                f"sampling.num_inference_steps={getattr(args, f'{prefix}_steps')}", "sampling.guidance_scale=3.5",
+                f"prompts.max_sequence_length={getattr(args, f'{prefix}_tokens')}",
+                "performance.attention=" + ",".join(getattr(args, f"{prefix}_attention")),
+                "parallelism.per_device_batch_size=" + ",".join(map(str, getattr(args, f"{prefix}_batches")))]
+        report[name] = [point(j) for j in sweep(flow, part)]
+        save()
+
+
+def sd_parts(args, sweep, work: Path, report: dict, save) -> None:
+    """SD-1.x: A (each attention), B (A's first in a new process, warm cache), C (batch sizes), E (profile),
+    F (XLA flag sets) and I (Hires. fix)."""
+    sd = [f"model={args.sd_model}", "scheduler=pndm", f"sampling.height={args.sd_size}",
+          f"sampling.width={args.sd_size}", f"sampling.num_inference_steps={args.steps}", "sampling.guidance_scale=7.5"]
+    eight = ["parallelism.per_device_batch_size=8"]
+    part_a = sweep(sd + eight + ["performance.attention=" + ",".join(args.attention)], "a")
+    report["A_sd_512_50_steps_8_images"] = [point(j) for j in part_a]
+    report["machine"].update(device_kind=part_a[0]["device_kind"], backend=part_a[0]["backend"])
+    best = min(report["A_sd_512_50_steps_8_images"], key=lambda p: p["generate_s"])["performance.attention"]
+    report["best_sd_attention"] = best
+    save()
+    if args.profile:  # second: the H200's unexplained time is read from this trace
+        sweep(sd + eight + [f"performance.attention={best}", "performance.profile=true"], "e")
+        profile = json.loads((work / "e" / "0" / "profile.json").read_text())
+        report["E_profile"] = dict({k: v for k, v in profile.items() if k != "trace"}, attention=best)
+        if args.out:  # the trace itself, for Perfetto / XProf: OUT's name + _trace.json.gz
+            shutil.copyfile(work / "e" / "0" / profile["trace"], args.out.with_name(args.out.stem + "_trace.json.gz"))
+        save()
+    report["B_same_new_process_warm_cache"] = [point(j) for j in sweep(
+        sd + eight + [f"performance.attention={args.attention[0]}"], "b")]
+    save()
+    flag_sets = []
+    for number, flags in enumerate(args.xla_flag_sets):
+        listed = ",".join(f"'{flag}'" for flag in flags.split())
+        [job] = sweep(sd + eight + [f"performance.attention={best}", f"performance.xla_flags=[{listed}]"], f"f{number}")
+        flag_sets.append(dict(point(job), xla_flags=flags))
+        report["F_xla_flag_sets"] = flag_sets
+        save()
+    if args.batches:
+        report["C_batch_sizes"] = [point(j) for j in sweep(
+            sd + [f"performance.attention={best}", "parallelism.per_device_batch_size=" + ",".join(map(str, args.batches))],
+            "c")]
+        save()
+    if not args.skip_hires:  # A1111's Hires. fix: latent (bilinear) and Lanczos upscalers, strength 0.7
+        hires = [f"model={args.sd_model}", "sampler=DPM++ 2M Karras", f"sampling.height={args.sd_size}",
+                 f"sampling.width={args.sd_size}", f"sampling.num_inference_steps={args.hires_steps}",
+                 "sampling.guidance_scale=7.5", "sampling.hires.scale=2", "sampling.hires.upscaler=latent,lanczos",
+                 f"performance.attention={best}",
+                 "parallelism.per_device_batch_size=" + ",".join(map(str, args.hires_batches))]
+        report["I_sd_hires_fix_2x"] = [point(j) for j in sweep(hires, "i")]
+        save()
 
 if __name__ == "__main__":
     main()

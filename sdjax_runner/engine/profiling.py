@@ -11,6 +11,13 @@ operations on its threads, so their sum is CPU time, not wall time. ``wall_s`` i
 batch's wall time and ``lines`` each trace line's (device stream or host thread) summed event time, the
 part of it the program's instructions account for, and the largest events that match none: where the
 components fall short of the wall time, whether the device sat idle or ran kernels no instruction names.
+
+On a GPU, XLA runs most of a program as command buffers (CUDA graphs), and the trace names the command buffer, not
+the instruction, as the operation of each kernel inside one: a kernel XLA generated is matched by its own name
+(the fusion's, with ``_`` for ``.``), a library's kernel launched inside one (a cuDNN convolution or attention, a
+cuBLAS matmul) names no instruction at all. So ``kinds`` also sums every device event by what its kernel does --
+convolution, matmul, attention, XLA's fused elementwise and reduction kernels, copies -- read from the kernel's
+name: on an H200 this accounted for all of SD-1.x's batch that the components could not place.
 """
 
 from __future__ import annotations
@@ -58,10 +65,10 @@ def program_text(compiled: Any) -> str:
         return ""
 
 
-def _events(trace: dict) -> tuple[list[dict], dict[tuple, str]]:
+def _events(trace: dict) -> tuple[list[dict], dict[tuple, str], bool]:
     """The trace's executed operations -- kernel events of GPU/TPU devices if there are any, else every
-    complete event (a CPU's XLA operations run on host threads) -- and the name of each (process, thread)
-    line they lie on."""
+    complete event (a CPU's XLA operations run on host threads) --, the name of each (process, thread)
+    line they lie on, and whether they are a device's."""
     events = trace.get("traceEvents", [])
     processes = {e["pid"]: e.get("args", {}).get("name", "") for e in events
                  if e.get("ph") == "M" and e.get("name") == "process_name"}
@@ -71,14 +78,54 @@ def _events(trace: dict) -> tuple[list[dict], dict[tuple, str]]:
     executed = [e for e in events if e.get("ph") == "X" and (not device or e.get("pid") in device)]
     lines = {(e.get("pid"), e.get("tid")): f"{processes.get(e.get('pid'), e.get('pid'))} "
              f"{threads.get((e.get('pid'), e.get('tid'))) or e.get('tid')}" for e in executed}
-    return executed, lines
+    return executed, lines, bool(device)
 
 
-def _name(event: dict) -> str:
-    return (event.get("args") or {}).get("hlo_op") or event.get("name", "")
+# What a kernel does, from its name: the first pattern that matches (cuDNN's, cuBLAS's and XLA's names on NVIDIA
+# GPUs; XLA's instruction names on CPUs, whose events are the instructions themselves).
+KERNEL_KINDS = (
+    ("attention", re.compile(r"sdpa|fmha|flash|attention", re.I)),
+    ("convolution", re.compile(r"conv(?!ert)|fprop|dgrad|wgrad", re.I)),
+    ("matmul", re.compile(r"gemm|nvjet|cublas|cutlass|^dot|_dot", re.I)),
+    ("copy", re.compile(r"memcpy|memset|^copy|transpose|concatenate|broadcast", re.I)),
+    ("fusion", re.compile(r"fusion|triton|reduce|^loop_|^input_|^wrapped_", re.I)),
+)
 
 
-def _lines(events: list[dict], names: dict[tuple, str], instructions: dict[str, tuple[str, str]]) -> dict:
+def kernel_kind(name: str) -> str:
+    return next((kind for kind, pattern in KERNEL_KINDS if pattern.search(name)), "other")
+
+
+def _name(event: dict, instructions: dict[str, tuple[str, str]], aliases: dict[str, str]) -> str:
+    """The program instruction an event ran, where one can be told: the trace's ``hlo_op``, or -- inside a
+    command buffer, whose kernels the trace files under the buffer's name -- the kernel's own name (XLA names
+    the kernels it generates after their fusion, ``.`` written ``_``); else what the trace calls it."""
+    operation = (event.get("args") or {}).get("hlo_op") or ""
+    if operation in instructions:
+        return operation
+    kernel = event.get("name", "")
+    if kernel in instructions:
+        return kernel
+    return aliases.get(kernel) or operation or kernel
+
+
+def kernel_aliases(instructions: dict[str, tuple[str, str]]) -> dict[str, str]:
+    """Kernel name -> instruction name, for the instructions whose names a kernel writes otherwise."""
+    return {re.sub(r"[.\-]", "_", name): name for name in instructions if re.search(r"[.\-]", name)}
+
+
+def _kinds(events: list[dict]) -> dict[str, dict]:
+    """Device time by what the kernels do (every event, matched to an instruction or not)."""
+    kinds: dict[str, float] = collections.defaultdict(float)
+    for event in events:
+        kinds[kernel_kind(event.get("name", ""))] += float(event.get("dur", 0.0)) / 1e6
+    total = sum(kinds.values())
+    return {kind: {"time_s": s, "share": s / total if total else None}
+            for kind, s in sorted(kinds.items(), key=lambda item: -item[1])}
+
+
+def _lines(events: list[dict], names: dict[tuple, str], instructions: dict[str, tuple[str, str]],
+           aliases: dict[str, str]) -> dict:
     """Each trace line's (a device stream's, or a host thread's) summed event time, and how much of it
     the program's instructions account for: where the components' sum falls short of the batch's
     wall time, this says whether the device sat idle or ran events that name no instruction."""
@@ -89,7 +136,7 @@ def _lines(events: list[dict], names: dict[tuple, str], instructions: dict[str, 
         seconds = float(event.get("dur", 0.0)) / 1e6
         line["time_s"] += seconds
         line["events"] += 1
-        if _name(event) in instructions:
+        if _name(event, instructions, aliases) in instructions:
             line["matched_s"] += seconds
         else:
             line["unmatched"][event.get("name", "")] += seconds
@@ -98,11 +145,11 @@ def _lines(events: list[dict], names: dict[tuple, str], instructions: dict[str, 
     return dict(sorted(lines.items(), key=lambda item: -item[1]["time_s"]))
 
 
-def _by_op(events: list[dict], instructions: dict[str, tuple[str, str]]) -> dict[str, list]:
+def _by_op(events: list[dict], instructions: dict[str, tuple[str, str]], aliases: dict[str, str]) -> dict[str, list]:
     """Operation name -> [seconds, count]; with ``instructions``, only the program's own operations."""
     by_op: dict[str, list] = collections.defaultdict(lambda: [0.0, 0])
     for event in events:
-        name = _name(event)
+        name = _name(event, instructions, aliases)
         if instructions and name not in instructions:
             continue  # the runtime's own bookkeeping, not an operation of the program
         by_op[name][0] += float(event.get("dur", 0.0)) / 1e6
@@ -115,11 +162,12 @@ def summarize(trace_file: Path, instructions: dict[str, tuple[str, str]]) -> dic
     event names an instruction of the program (a backend that names kernels otherwise), the
     device's events are summed by name, unattributed."""
     with gzip.open(trace_file, "rt", encoding="utf-8") as file:
-        events, names = _events(json.load(file))
-    by_op = _by_op(events, instructions) if instructions else {}
+        events, names, on_device = _events(json.load(file))
+    aliases = kernel_aliases(instructions)
+    by_op = _by_op(events, instructions, aliases) if instructions else {}
     attributed = bool(by_op)
     if not attributed:
-        instructions, by_op = {}, _by_op(events, {})
+        instructions, aliases, by_op = {}, {}, _by_op(events, {}, {})
     total = sum(seconds for seconds, _ in by_op.values())
     components: collections.Counter = collections.Counter()
     for name, (seconds, _) in by_op.items():
@@ -136,7 +184,9 @@ def summarize(trace_file: Path, instructions: dict[str, tuple[str, str]]) -> dic
         "top_ops": [{"name": name, "component": instructions.get(name, ("other", ""))[0], "time_s": s, "count": n,
                      "share": share(s), "op_name": instructions.get(name, ("", ""))[1][-160:]}
                     for name, (s, n) in top],
-        "lines": _lines(events, names, instructions),
+        # A device's every kernel; on a CPU, whose trace holds the host's own work too, the program's operations.
+        "kinds": _kinds(events if on_device else [e for e in events if _name(e, instructions, aliases) in by_op]),
+        "lines": _lines(events, names, instructions, aliases),
     }
 
 
@@ -167,4 +217,9 @@ def describe(summary: dict[str, Any]) -> str:
     parts = ", ".join(f"{name} {c['share']:.0%}" for name, c in summary["components"].items() if c["share"])
     kind = "device" if summary["attributed"] else "device (unattributed)"
     wall = f" (wall {summary['wall_s']:.3f} s)" if "wall_s" in summary else ""
-    return f"{kind} time {summary['device_time_s']:.3f} s for one batch{wall}: {parts}"
+    line = f"{kind} time {summary['device_time_s']:.3f} s for one batch{wall}: {parts}"
+    ran = sum(k["time_s"] for k in summary.get("kinds", {}).values())
+    if ran > summary["device_time_s"] * 1.05:  # kernels the components could not place: say what all of them did
+        kinds = ", ".join(f"{name} {k['share']:.0%}" for name, k in summary["kinds"].items() if k["share"])
+        line += f"; all device events {ran:.3f} s: {kinds}"
+    return line
