@@ -1,6 +1,11 @@
 """Files written whole, and cache files checked before they are read: what every layer that keeps a file
 (the caches, the run records) shares.
 
+Every file is written whole: into a temporary file made new in the same folder (``mkstemp``: created
+exclusively, so a link planted under any name there is never followed) and renamed over its name (a link at
+the name itself is replaced, not written through). ``report`` and ``resume`` write into folders someone may
+have handed you; nothing they write lands outside them.
+
 Files read back from the caches are checked on every read: a stored executable or a JAX cache entry is
 code this process runs, so another user who could plant one would run code as you. A cache file may be
 read only if it is a regular file (not a link), and it and every folder from it up to the cache's top
@@ -11,14 +16,17 @@ the check is named in one line, removed and rebuilt, never read.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import json
 import logging
 import os
 import stat
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Optional
+from typing import IO, Any, Optional
 
 from sdjax_runner.console import one_line
 
@@ -31,16 +39,45 @@ def write_json(path: Path, data: Any, last_resort_in_place: bool = False) -> Non
 
 def write_text(path: Path, text: str, last_resort_in_place: bool = False) -> None:
     """Write atomically: a reader never sees half a file, and a failed write (a full disk) leaves
-    the old file as it was and no ``.tmp`` behind."""
-    tmp = path.with_name(path.name + ".tmp")
+    the old file as it was and no temporary file behind."""
     try:
-        tmp.write_text(text, encoding="utf-8")
-        os.replace(tmp, path)
-    except BaseException as exc:
-        tmp.unlink(missing_ok=True)
-        if not (last_resort_in_place and isinstance(exc, OSError) and path.exists()):
+        with replaced(path, "w", encoding="utf-8") as file:
+            file.write(text)
+    except OSError:
+        if not (last_resort_in_place and path.is_file() and not path.is_symlink()):
             raise
-        path.write_text(text, encoding="utf-8")
+        fd = os.open(path, os.O_WRONLY | os.O_TRUNC | os.O_NOFOLLOW)
+        with os.fdopen(fd, "w", encoding="utf-8") as file:
+            file.write(text)
+
+
+@contextlib.contextmanager
+def replaced(path: Path, mode: str = "wb", private: bool = False, **open_args: Any) -> Iterator[IO[Any]]:
+    """A file object whose content replaces ``path`` whole when the block ends: a temporary file created
+    exclusively beside it (never a link's target) and renamed over ``path`` (a link there is replaced, not
+    followed); if the block fails, ``path`` is as it was and the temporary file is gone. Mode: 0600 where
+    ``private``, else what ``open`` would have given (0666 less the umask)."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        os.fchmod(fd, 0o600 if private else 0o666 & ~_umask())
+        with os.fdopen(fd, mode, **open_args) as file:
+            yield file
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
+def _umask() -> int:
+    """This process's umask, read without changing it (Linux), else by setting and restoring it."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as status:
+            return next(int(line.split()[1], 8) for line in status if line.startswith("Umask:"))
+    except (OSError, StopIteration, ValueError):
+        mask = os.umask(0o022)
+        os.umask(mask)
+        return mask
 
 
 class UnreadableRecord(ValueError):
@@ -194,15 +231,8 @@ def private_folder(path: Path) -> None:
 
 def write_private(path: Path, data: bytes) -> None:
     """Write ``path`` whole (a private temporary file, renamed) with mode 0600."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
-    try:
-        with os.fdopen(fd, "wb") as file:
-            file.write(data)
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
+    with replaced(path, "wb", private=True) as file:
+        file.write(data)
 
 
 def not_a_file(path: Path) -> Optional[str]:

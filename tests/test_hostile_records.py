@@ -278,3 +278,106 @@ def test_a_named_run_directory_must_be_new_or_empty_and_a_refused_run_leaves_non
     for bad in ("sampling.guidance_scale=nan", "+sampling.no_such_key=1", "sampling.no_such_key=1"):
         result = call_cli("+experiment=smoke", bad, f"hydra.run.dir={tmp_path / 'runs' / 'refused'}", cwd=tmp_path)
         assert result.returncode == 2 and not (tmp_path / "runs").exists(), (bad, result.stderr)
+
+
+# ------------------------------------------------------------------- round five: what a resume replays, links
+def test_resume_drops_launcher_settings_that_start_programs_and_says_so(tmp_path, basic_seed_sweep):
+    """The round-five case: a sweep folder whose multirun.yaml puts the folder's own bin/ first on the workers'
+    PATH (its `git` would have run in every worker), with submitit's setup lines and a batch-script comment that
+    ends its line. None is replayed; one line names them; the counts and resources are kept; the command line
+    can give them again, and only launcher settings."""
+    from sdjax_runner.commands.resume import recorded_command
+
+    sweep = tmp_path / "sweep"
+    shutil.copytree(basic_seed_sweep, sweep)
+    (sweep / "bin").mkdir()
+    marker = tmp_path / "git-ran"
+    (sweep / "bin" / "git").write_text(f"#!/bin/sh\ntouch {marker}\n")
+    (sweep / "bin" / "git").chmod(0o755)
+    record = yaml.safe_load((sweep / "multirun.yaml").read_text())
+    planted = [f"+hydra.launcher.env.PATH={sweep}/bin:/usr/bin", "+hydra.launcher.setup=[touch_x]",
+               "+hydra.launcher.comment='x\nrm -rf ~'", "+hydra.launcher.address=10.1.2.3:6379"]
+    record["hydra"]["overrides"]["hydra"] += planted
+    (sweep / "multirun.yaml").write_text(yaml.safe_dump(record))
+
+    argv, _, dropped = recorded_command(sweep)
+    assert dropped == ["hydra.launcher.env.PATH", "hydra.launcher.setup", "hydra.launcher.comment",
+                       "hydra.launcher.address"]
+    assert not any("hydra.launcher" in a for a in argv)
+    argv, _, dropped = recorded_command(sweep, ["hydra/launcher=ray", "hydra.launcher.num_workers=3"])
+    assert argv.count("hydra/launcher=ray") == 1 and "hydra.launcher.num_workers=3" in argv
+    with pytest.raises(ValueError, match="is not a launcher setting; a resumed sweep keeps its points"):
+        recorded_command(sweep, ["seed=9"])
+    kept = record["hydra"]["overrides"]["hydra"][:-len(planted)] + ["hydra.launcher.num_workers=2",
+                                                                     "hydra.launcher.resources={GPU: 1}"]
+    from sdjax_runner.config.overrides import launcher_settings_replayed
+    assert launcher_settings_replayed(kept) == (kept, [])
+
+    result = call_cli("resume", str(sweep), cwd=tmp_path)  # every job finished: nothing runs, the line is said
+    assert result.returncode == 0, result.stderr
+    line = next(x for x in result.stdout.splitlines() if "not replayed" in x)
+    assert line == (f"resume: not replayed from {sweep / 'multirun.yaml'}: hydra.launcher.env.PATH, "
+                    "hydra.launcher.setup, hydra.launcher.comment, hydra.launcher.address (launcher settings that "
+                    "can start a program, change a process's environment or send the work elsewhere are taken "
+                    "from the command line: resume SWEEP_DIR hydra.launcher.KEY=VALUE)")
+    assert not marker.exists() and "hydra.launcher.env" not in result.stdout.split(line)[1]
+
+
+LINKED = ("report.html.tmp", "sweep.json.tmp", "summary.json.tmp", "0/status.json.tmp", "0/images.json.tmp",
+          "report.html", "summary.csv", "summary.json", "contact_sheet.png", "report.png")
+
+
+def test_report_replaces_links_in_a_sweep_folder_and_never_writes_through_them(tmp_path, basic_seed_sweep):
+    """Round five: `report` wrote NAME.tmp then renamed it, so a report.html.tmp link in a handed sweep folder
+    made it overwrite the link's target (a file in the home directory got the report's HTML). Links at the
+    temporary names and at the final names themselves: the victim is untouched, each record a regular file."""
+    sweep = tmp_path / "sweep"
+    shutil.copytree(basic_seed_sweep, sweep)
+    victim = tmp_path / "home-file"
+    victim.write_text("precious")
+    for name in LINKED:
+        (sweep / name).unlink(missing_ok=True)
+        (sweep / name).symlink_to(victim)
+    result = call_cli(str(sweep), cwd=tmp_path, command="report")
+    assert result.returncode == 0, result.stderr
+    assert victim.read_text() == "precious"
+    assert (sweep / "report.html").is_file() and not (sweep / "report.html").is_symlink()  # replaced, not followed
+    assert "<html" in (sweep / "report.html").read_text().lower()
+    assert all((sweep / name).is_symlink() for name in LINKED if name != "report.html")  # what report does not write
+
+
+def test_resume_refuses_a_sweep_folder_with_links_where_it_writes(tmp_path, basic_seed_sweep):
+    victim = tmp_path / "home-file"
+    victim.write_text("precious")
+    for name in ("multirun.yaml", "0/status.json", "3/run.log", "1/.hydra/config.yaml", "2"):
+        sweep = tmp_path / "sweep"
+        shutil.rmtree(sweep, ignore_errors=True)
+        shutil.copytree(basic_seed_sweep, sweep)
+        target = sweep / name
+        if target.is_dir():
+            shutil.rmtree(target)
+        else:
+            target.unlink(missing_ok=True)
+        target.symlink_to(victim)
+        before = tree(tmp_path)
+        assert_one_line_error(call_cli("resume", str(sweep), cwd=tmp_path),
+                              f"error: SWEEP_DIR: {target} is a link, and a resume writes there")
+        assert tree(tmp_path) == before and victim.read_text() == "precious"
+
+
+def test_files_are_written_whole_beside_their_name_never_through_a_link(tmp_path):
+    from sdjax_runner import files
+
+    tmp_path = tmp_path / "folder"
+    tmp_path.mkdir()
+    victim = tmp_path / "victim"
+    victim.write_text("precious")
+    for name in ("a.json", "a.json.tmp", f".a.json.{__import__('os').getpid()}.tmp"):
+        (tmp_path / name).symlink_to(victim)
+    files.write_json(tmp_path / "a.json", {"x": 1})
+    files.write_private(tmp_path / "key", b"k")
+    assert victim.read_text() == "precious" and json.loads((tmp_path / "a.json").read_text()) == {"x": 1}
+    assert not (tmp_path / "a.json").is_symlink() and (tmp_path / "key").stat().st_mode & 0o777 == 0o600
+    assert (tmp_path / "a.json").stat().st_mode & 0o777 == 0o666 & ~files._umask()
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
+        ["a.json", "a.json.tmp", f".a.json.{__import__('os').getpid()}.tmp", "key", "victim"])  # nothing left over

@@ -166,3 +166,17 @@ def test_clip_skip_past_the_text_encoders_layers_is_one_line(tmp_path):
     result = run_cli("+experiment=smoke", "tracking=none", "prompts.clip_skip=3", cwd=tmp_path)
     assert result.returncode == 2 and "Traceback" not in result.stderr + result.stdout
     assert "error: prompts.clip_skip: 3, but tiny-random's text encoder has 2 layers (allowed: 1..2)" in result.stderr
+
+
+@pytest.mark.parametrize("layers", ["²", "1,²", "٣", "7,８"])
+def test_infotext_block_numbers_are_ascii_digits_or_one_line(tmp_path, layers):
+    """Round five: ``Skip layer guidance: ²`` passed str.isdigit and ended in a traceback from int(); a superscript,
+    an Arabic-Indic or a full-width digit is refused in one line naming the key."""
+    from helpers.cli import call_cli
+
+    info = PngInfo()
+    info.add_itxt("parameters", f"a cat\nSteps: 2, Sampler: Euler, CFG scale: 5, Seed: 1, Size: 32x32, "
+                  f"Model: tiny-random-sd3, Skip layer guidance: \"{layers}\"")
+    Image.new("RGB", (8, 8)).save(tmp_path / "slg.png", pnginfo=info)
+    assert_one_line_error(call_cli(str(tmp_path / "slg.png"), cwd=tmp_path, command="from_png"),
+                          f"error: Skip layer guidance: {layers} (allowed: block numbers separated by commas")

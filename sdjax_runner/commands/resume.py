@@ -7,7 +7,15 @@ It repeats the sweep's recorded command -- its overrides, Hydra overrides (a lau
 ``hydra.sweep.dir=SWEEP_DIR hydra/sweeper=resume``; what that does is in
 :mod:`sdjax_runner.record.resume`. Exit codes are the sweep's: 0, 1 if a job failed, 2 for bad input.
 
+A launcher's settings are replayed only where they cannot start a program, change a process's environment or
+send the work elsewhere (config/overrides.REPLAYED_LAUNCHER_KEYS: worker counts, resources, partitions, timeouts);
+the rest -- Ray's env and address, submitit's setup lines and additional parameters -- are dropped, in one line
+naming them, and given again on the command line if wanted. A sweep folder holding a link among the files a
+resume writes is refused: Hydra and the runner would write through it.
+
     python -m sdjax_runner resume outputs/multiruns/2026-11-23/05-30-12_smoke
+    python -m sdjax_runner resume SWEEP_DIR hydra/launcher=ray hydra.launcher.num_workers=4 \
+        '+hydra.launcher.env.XLA_FLAGS=--xla_force_host_platform_device_count=4'
 """
 
 from __future__ import annotations
@@ -16,12 +24,13 @@ import os
 import re
 import shlex
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Optional
 
 from sdjax_runner import console
 from sdjax_runner.commands import command_parser
-from sdjax_runner.config.overrides import literal, replayable
+from sdjax_runner.config.overrides import LAUNCHER, launcher_key, launcher_settings_replayed, literal, replayable
 from sdjax_runner.config.schema import RunConfig, field_types
 from sdjax_runner.errors import UserError
 from sdjax_runner.files import UnreadableRecord, read_yaml
@@ -31,9 +40,14 @@ from sdjax_runner.record import rundir
 OWN = ("hydra.mode=", "hydra.sweep.dir=", "hydra/sweeper=")
 
 
-def recorded_command(sweep_dir: Path) -> tuple[list[str], Optional[str]]:
-    """(argv after ``python -m sdjax_runner``, the working directory) of the sweep: only what the runner
-    itself records and replays (config/overrides.replayable), refused in one line (ValueError) otherwise."""
+def recorded_command(sweep_dir: Path, given: Sequence[str] = ()) -> tuple[list[str], Optional[str], list[str]]:
+    """(argv after ``python -m sdjax_runner``, the working directory, the launcher settings not replayed) of the
+    sweep: only what the runner itself records and replays (config/overrides.replayable), refused in one line
+    (ValueError) otherwise; ``given``: launcher overrides from the command line, replacing the recorded ones."""
+    linked = links_written_through(sweep_dir)
+    if linked:
+        raise ValueError(f"SWEEP_DIR: {linked} is a link, and a resume writes there (allowed: a sweep folder whose "
+                         "records are files, as the runner writes them)")
     path = sweep_dir / rundir.MULTIRUN
     try:
         hydra = read_yaml(path)["hydra"]
@@ -51,7 +65,8 @@ def recorded_command(sweep_dir: Path) -> tuple[list[str], Optional[str]]:
     other = [o for o in hydra_overrides if o.startswith("hydra/sweeper=") and o != "hydra/sweeper=resume"]
     if other:
         raise ValueError(f"hydra/sweeper: {other[0].split('=', 1)[1]} sweeps cannot be resumed (allowed: basic)")
-    kept = [o for o in hydra_overrides if not o.startswith(OWN)]
+    hydra_overrides, dropped = launcher_settings_replayed(hydra_overrides)
+    kept = with_given(hydra_overrides, list(given))
     runtime = hydra.get("runtime") or {}
     config_dir = recorded_config_dir(runtime, sweep_dir)
     config_name = (hydra.get("job") or {}).get("config_name")
@@ -62,7 +77,44 @@ def recorded_command(sweep_dir: Path) -> tuple[list[str], Optional[str]]:
                                                                    f"hydra.sweep.dir={literal(str(sweep_dir.resolve()))}",
                                                                    "hydra/sweeper=resume"]
     cwd = runtime.get("cwd")
-    return argv, cwd if isinstance(cwd, str) else None
+    return argv, cwd if isinstance(cwd, str) else None, dropped
+
+
+def with_given(recorded: list[str], given: list[str]) -> list[str]:
+    """The recorded Hydra overrides (less those the resume sets itself) with the command line's launcher
+    overrides: a launcher named there replaces the recorded one and its settings; a setting, the same one."""
+    for override in given:
+        if not (override.startswith("hydra/launcher=") or launcher_key(override)):
+            raise ValueError(f"OVERRIDES: {override[:200]!r} is not a launcher setting; a resumed sweep keeps its "
+                             f"points (allowed: hydra/launcher=NAME, {LAUNCHER}KEY=VALUE, +{LAUNCHER}KEY=VALUE)")
+    if any(o.startswith("hydra/launcher=") for o in given):
+        recorded = [o for o in recorded if not (o.startswith("hydra/launcher=") or launcher_key(o))]
+    keys = {o.partition("=")[0].lstrip("+~") for o in given}
+    return [o for o in recorded if not o.startswith(OWN) and o.partition("=")[0].lstrip("+~") not in keys] + given
+
+
+# What a resume writes in a sweep folder (Hydra's records and the runner's), where a link would be written through.
+WRITTEN_TOP = ("multirun.yaml", "sweep.json", "summary.csv", "summary.json", "contact_sheet.png", "report.png",
+               "report.html")
+
+
+def links_written_through(sweep_dir: Path) -> Optional[Path]:
+    """The first link among the files a resume writes in ``sweep_dir`` -- its records, each job folder and what
+    is in it, .hydra/ -- or None. Bounded: a job folder's images/ are written through files.replaced."""
+    if not sweep_dir.is_dir() or sweep_dir.is_symlink():
+        return sweep_dir if sweep_dir.is_symlink() else None
+    for name in WRITTEN_TOP:
+        if (sweep_dir / name).is_symlink():
+            return sweep_dir / name
+    for job in sweep_dir.iterdir():
+        if not (job.name.isascii() and job.name.isdigit()):
+            continue
+        if job.is_symlink():
+            return job
+        for entry in [*job.iterdir(), *((job / ".hydra").iterdir() if (job / ".hydra").is_dir() else ())]:
+            if entry.is_symlink():
+                return entry
+    return None
 
 
 def recorded_config_dir(runtime: dict, sweep_dir: Path) -> Optional[str]:
@@ -84,12 +136,19 @@ def recorded_config_dir(runtime: dict, sweep_dir: Path) -> Optional[str]:
 def main(argv: Optional[list[str]] = None) -> None:
     parser = command_parser("resume", __doc__)
     parser.add_argument("sweep_dir", type=Path, help="the directory of the sweep (outputs/multiruns/DATE/TIME_NAME)")
+    parser.add_argument("overrides", nargs="*", metavar="LAUNCHER_OVERRIDE",
+                        help="hydra/launcher=NAME or hydra.launcher.KEY=VALUE, in place of the recorded ones")
     args = parser.parse_args(argv)
     try:
-        command, cwd = recorded_command(args.sweep_dir.expanduser())
+        command, cwd, dropped = recorded_command(args.sweep_dir.expanduser(), args.overrides)
     except ValueError as error:
         console.error(error)
         sys.exit(2)
+    if dropped:
+        console.say(console.one_line(f"resume: not replayed from {args.sweep_dir / rundir.MULTIRUN}: "
+                                     f"{', '.join(dropped)}", limit=2000) + " (launcher "
+                    "settings that can start a program, change a process's environment or send the work elsewhere "
+                    "are taken from the command line: resume SWEEP_DIR hydra.launcher.KEY=VALUE)")
     if cwd and Path(cwd).is_dir() and Path(cwd).resolve() != Path.cwd().resolve():
         console.say(f"resume: in {cwd}, where the sweep was started (its relative paths are from there)")
         os.chdir(cwd)

@@ -258,7 +258,7 @@ def sd3_settings(settings: dict[str, str], numbers: dict[str, float], use, skipp
     honoured; ``Shift`` said (the model's scheduler config sets it)."""
     if "Skip layer guidance" in settings:
         layers = [part.strip() for part in settings["Skip layer guidance"].split(",")]
-        if not all(part.isdigit() and len(part) < 4 for part in layers):
+        if not all(part.isascii() and part.isdigit() and len(part) < 4 for part in layers):  # not '²'
             raise UserError("Skip layer guidance", f"{shown_value(settings['Skip layer guidance'])}",
                             "block numbers separated by commas, e.g. \"7,8,9\"")
         use("Skip layer guidance", f"sampling.slg_layers=[{','.join(str(int(part)) for part in layers)}]")

@@ -105,6 +105,46 @@ def _why_not_replayable(override: str, tops: set[str]) -> str:
     return "" if top in tops else "a key the config does not have"
 
 
+# A launcher's settings a recorded sweep may replay: how many workers, what each takes from a cluster or a queue,
+# how long to wait, names and accounts -- none of them starts a program, changes a process's environment or sends
+# the work to another machine. Everything else under hydra.launcher (Ray's env and address, submitit's setup lines,
+# additional_parameters and folder, joblib's temp_folder, a python or an executable, keys a later launcher adds)
+# is taken from the resume command line only, never from a folder someone may have handed you.
+REPLAYED_LAUNCHER_KEYS = frozenset({
+    "num_workers", "resources", "connect_timeout_s", "start_timeout_s", "retries",  # ray, *_workers
+    "timeout_min", "cpus_per_task", "gpus_per_node", "tasks_per_node", "mem_gb", "nodes", "name", "stderr_to_stdout",
+    "partition", "qos", "comment", "constraint", "exclude", "gres", "cpus_per_gpu", "gpus_per_task", "mem_per_gpu",
+    "mem_per_cpu", "account", "signal_delay_s", "max_num_timeout", "array_parallelism",  # submitit
+    "n_jobs", "backend", "prefer", "require", "verbose", "timeout", "pre_dispatch", "batch_size", "max_nbytes",
+    "mmap_mode",  # joblib
+})
+LAUNCHER = "hydra.launcher."
+# A replayed launcher value: words, numbers and Hydra's list/dict brackets -- no newline, quote or shell character
+# that could end a line of the batch script submitit writes (#SBATCH --comment=...) and start another.
+_LAUNCHER_VALUE = re.compile(r"[\w .,:@%+/=\-\[\]{}]*")
+
+
+def launcher_key(override: str) -> str:
+    """The setting a ``hydra.launcher.*`` override sets (``env`` for ``+hydra.launcher.env.PATH=...``); "" for
+    any other override."""
+    key = override.partition("=")[0].lstrip("+~")
+    return key[len(LAUNCHER):].split(".", 1)[0] if key.startswith(LAUNCHER) else ""
+
+
+def launcher_settings_replayed(overrides: Iterable[str]) -> tuple[list[str], list[str]]:
+    """(the overrides to replay, the ``hydra.launcher.*`` keys left out): a launcher setting is replayed only if
+    it is one of REPLAYED_LAUNCHER_KEYS with a plain value."""
+    kept, dropped = [], []
+    for override in overrides:
+        name = launcher_key(override)
+        if name and (name not in REPLAYED_LAUNCHER_KEYS
+                     or not _LAUNCHER_VALUE.fullmatch(override.partition("=")[2])):
+            dropped.append(override.partition("=")[0].lstrip("+~"))
+        else:
+            kept.append(override)
+    return kept, dropped
+
+
 # ---------------------------------------------------------------------------------------- recorded configs
 @functools.lru_cache(maxsize=1)
 def packaged_interpolations() -> frozenset[tuple[str, str]]:

@@ -43,7 +43,7 @@ def axis_value(key: str, value: str) -> str:
 def image_index(value) -> int:
     """``report.image``: which image of each point the grid shows, an index of 0 or more."""
     text = str(value if value is not None else 0)
-    if not text.isdigit():
+    if not (text.isascii() and text.isdigit()):
         raise UserError("report.image", text, "an image index of the run, 0 or more")
     return int(text)
 

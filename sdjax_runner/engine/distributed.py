@@ -103,7 +103,8 @@ def _hello(conn: socket.socket) -> Optional[int]:
         words = conn.recv(64).decode("ascii", "replace")
     except OSError:
         return None
-    if not words.startswith(_HELLO) or not words[len(_HELLO):].strip().isdigit():
+    if not words.startswith(_HELLO) or not words[len(_HELLO):].strip().isascii() \
+            or not words[len(_HELLO):].strip().isdigit():
         return None
     return int(words[len(_HELLO):].strip())
 

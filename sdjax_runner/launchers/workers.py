@@ -24,6 +24,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from sdjax_runner import process
 from sdjax_runner.console import one_line
+from sdjax_runner.files import write_text
 from sdjax_runner.record import rundir
 
 log = logging.getLogger("sdjax_runner")
@@ -212,6 +213,6 @@ def finish_lost_point(point: Point, sweep_dir: Path, reason: str) -> str:
     if status:
         return str(status.get("status"))
     (job_dir / rundir.HYDRA_DIR).mkdir(parents=True, exist_ok=True)
-    (job_dir / rundir.OVERRIDES).write_text(OmegaConf.to_yaml(OmegaConf.create(point.overrides)), encoding="utf-8")
+    write_text(job_dir / rundir.OVERRIDES, OmegaConf.to_yaml(OmegaConf.create(point.overrides)))
     rundir.write_json(job_dir / rundir.STATUS, {"status": "FAILED", "error": f"not run: {reason}"})
     return "FAILED"

@@ -13,8 +13,7 @@ quality against its step count). PSNR of a job identical to the reference is
 from __future__ import annotations
 
 import math
-from pathlib import Path
-from typing import Any, Optional, cast
+from typing import IO, Any, Optional, cast
 
 QUALITY = {"clip_score_mean": "CLIP score (mean)", "psnr": "PSNR to reference (dB)", "ssim_mean": "SSIM to reference"}
 
@@ -176,17 +175,19 @@ def _svg_plots(rows: list[dict], keys: list[str]) -> list[tuple[str, str]]:
     return out
 
 
-def write_report(path: Path, rows: list[dict], keys: list[str], reference_point: Optional[dict] = None) -> Optional[Path]:
-    """report.png for a sweep's summary rows; None when no job has a quality metric."""
+def write_report(file: IO[bytes], rows: list[dict], keys: list[str], reference_point: Optional[dict] = None) -> bool:
+    """report.png, for a sweep's summary rows, into ``file``; False (nothing written) when no job has a quality
+    metric."""
     metrics = [m for m in QUALITY if any(number(r.get(m)) is not None for r in rows)]
     if not metrics:
-        return None
+        return False
     with drawing(PLAIN_TEXT):
-        _draw_report(path, rows, keys, metrics, reference_point)
-    return path
+        _draw_report(file, rows, keys, metrics, reference_point)
+    return True
 
 
-def _draw_report(path: Path, rows: list[dict], keys: list[str], metrics: list[str], reference_point: Optional[dict]):
+def _draw_report(file: IO[bytes], rows: list[dict], keys: list[str], metrics: list[str],
+                 reference_point: Optional[dict]):
     import matplotlib.pyplot as plt
 
     columns = 1 + len(keys)
@@ -205,5 +206,5 @@ def _draw_report(path: Path, rows: list[dict], keys: list[str], metrics: list[st
     figure.suptitle("quality vs speed" + (f"; PSNR/SSIM against the reference point {reference}" if reference else ""))
     figure.text(0.01, 0.005, "\n".join(key_lines), fontsize=8, va="bottom", family="monospace")
     figure.tight_layout(rect=(0, (0.3 + 0.16 * len(key_lines)) / figure.get_figheight(), 1, 0.97))
-    figure.savefig(path, dpi=100)
+    figure.savefig(file, dpi=100, format="png")
     plt.close(figure)

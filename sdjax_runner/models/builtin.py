@@ -386,7 +386,7 @@ def remove_abandoned_builds(target: Path) -> list[Path]:
     removed = []
     for staging in target.parent.glob(f".{target.name}.{socket.gethostname()}.*"):
         pid = staging.name[len(f".{target.name}.{socket.gethostname()}."):].split(".", 1)[0]
-        if not pid.isdigit() or int(pid) == os.getpid():
+        if not (pid.isascii() and pid.isdigit()) or int(pid) == os.getpid():
             continue
         try:
             os.kill(int(pid), 0)

@@ -38,7 +38,7 @@ from PIL.PngImagePlugin import PngInfo
 from sdjax_runner.config.prompt_syntax import escape
 from sdjax_runner.console import one_line
 from sdjax_runner.errors import UserError
-from sdjax_runner.files import UnreadableRecord, read_config_record, read_json, write_json
+from sdjax_runner.files import UnreadableRecord, read_config_record, read_json, replaced, write_json
 from sdjax_runner.records import ImageRecord, Quality, RunTimings
 
 if TYPE_CHECKING:
@@ -230,9 +230,11 @@ def save_png(image: Image.Image, path: Path, record: ImageRecord) -> None:
 
 
 def save_whole(image: Image.Image, path: Path, **options: Any) -> None:
-    """Save ``image``; if that fails (a full disk), no half-written file is left to be taken for one."""
+    """Save ``image`` as a PNG in place of ``path`` (files.replaced: never through a link); if that fails (a full
+    disk), no half-written file is left to be taken for one."""
     try:
-        image.save(path, **options)
+        with replaced(path) as file:
+            image.save(file, format="PNG", **options)
     except BaseException:
         path.unlink(missing_ok=True)
         raise

@@ -17,7 +17,7 @@ import logging
 import re
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Optional
+from typing import IO, Any, Optional
 
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
@@ -26,6 +26,7 @@ from sdjax_runner import process
 from sdjax_runner.config.naming import override_value
 from sdjax_runner.config.report_axes import axis_value
 from sdjax_runner.console import one_line
+from sdjax_runner.files import replaced
 from sdjax_runner.record import resume, rundir
 from sdjax_runner.records import Quality
 
@@ -211,27 +212,36 @@ def write_summary(sweep_dir: Path, rows: list[dict[str, Any]], keys: list[str],
     from sdjax_runner.record.report_page import mlflow_ui_of, write_page
 
     columns = ["job", "label", *keys, "status", "error", *SUMMARY_TIMINGS, *SUMMARY_QUALITY, "run_id", "dir"]
-    with open(sweep_dir / rundir.SUMMARY_CSV, "w", newline="", encoding="utf-8", errors="backslashreplace") as f:
+    with replaced(sweep_dir / rundir.SUMMARY_CSV, "w", newline="", encoding="utf-8", errors="backslashreplace") as f:
         writer = csv.DictWriter(f, fieldnames=columns)
         writer.writeheader()
         writer.writerows(rows)
     rundir.write_json(sweep_dir / rundir.SUMMARY_JSON, rows)
     if rows:
-        drawn(sweep_dir / rundir.CONTACT_SHEET, lambda path: contact_sheet(rows, keys).save(path))
-        drawn(sweep_dir / rundir.REPORT, lambda path: write_report(
-            path, [r for r in rows if r["status"] == "FINISHED"], keys, reference_point))
+        drawn(sweep_dir / rundir.CONTACT_SHEET, lambda file: contact_sheet(rows, keys).save(file, format="PNG"))
+        drawn(sweep_dir / rundir.REPORT, lambda file: write_report(
+            file, [r for r in rows if r["status"] == "FINISHED"], keys, reference_point))
     report = report or {}
     write_page(sweep_dir, rows, keys, choose(keys, report.get("x"), report.get("y")), image_index(report.get("image")),
                reference_point, overrides, mlflow_ui_of(rows))
 
 
-def drawn(path: Path, draw: Callable[[Path], Any]) -> None:
-    """``draw(path)``; a failure (what the sweep's records hold that a picture cannot show) costs only that
-    picture: a warning naming it, and the summary and report.html are still written."""
+class _NothingDrawn(Exception):
+    pass
+
+
+def drawn(path: Path, draw: Callable[[IO[bytes]], Any]) -> None:
+    """``draw(file)`` into a file that replaces ``path`` whole (files.replaced), unless it returns False (nothing
+    to draw); a failure (what the sweep's records hold that a picture cannot show) costs only that picture: a
+    warning naming it, nothing half-drawn left behind, and the summary and report.html are still written."""
     try:
-        draw(path)
+        with replaced(path) as file:
+            if draw(file) is False:
+                raise _NothingDrawn
+    except _NothingDrawn:
+        pass
     except Exception as exc:
-        path.unlink(missing_ok=True)  # nothing half-drawn left behind
+        path.unlink(missing_ok=True)  # no earlier picture left beside the new records (a link: itself removed)
         log.warning("sweep: %s was not drawn (%s: %s)", path.name, type(exc).__name__, one_line(exc, 200))
 
 
