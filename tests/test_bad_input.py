@@ -258,3 +258,18 @@ def test_a_bad_value_is_refused_before_jax_and_the_model_libraries_are_imported(
     assert not imported & {"jax", "flax", "diffusers", "transformers", "mlflow"}, imported & {"jax", "diffusers"}
     errors = [line for line in result.stderr.splitlines() if not line.startswith("import time:")]
     assert errors == ["error: sampling.num_inference_steps: must be a positive integer, got 0 (allowed: 1, 2, 3, ...)"]
+
+
+@pytest.mark.parametrize("experiment,override", [
+    ("flux_smoke", "+scheduler.config_overrides.shift=50"),
+    ("flux_smoke", "+scheduler.config_overrides.nonsense=1"),
+    ("flux_smoke", "+scheduler.config_overrides.rescale_betas_zero_snr=true"),
+    ("sd3_smoke", "+scheduler.config_overrides.timestep_spacing=trailing"),
+])
+def test_scheduler_settings_a_flow_family_does_not_read_are_refused(tmp_path, experiment, override):
+    """Round five: on FLUX.1 and SD 3 these gave the baseline's images bit for bit and were recorded as applied."""
+    key, value = override.lstrip("+").split("=")
+    result = call_cli(f"+experiment={experiment}", override, cwd=tmp_path)
+    assert_one_line_error(result, f"error: {key}: ")
+    assert "whose flow-matching schedule (its shift) is the model's own scheduler/scheduler_config.json's" in result.stderr
+    assert "(allowed: none (leave scheduler.config_overrides empty))" in result.stderr and "load:" not in result.stdout

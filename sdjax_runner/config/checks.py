@@ -19,7 +19,7 @@ import tempfile
 from pathlib import Path
 from typing import Any, Optional
 
-from sdjax_runner.config import families, hires, modes, refiner
+from sdjax_runner.config import families, folder_files, hires, modes, refiner
 from sdjax_runner.config.samplers import SCHEDULES as SIGMA_SCHEDULES
 from sdjax_runner.config.schema import BUILTIN_MODELS, SCHEDULERS
 from sdjax_runner.errors import UserError
@@ -127,9 +127,11 @@ def model(model: Any) -> None:
         if not directory.is_dir():
             raise UserError("model.pretrained_model_name_or_path", f"no such directory: {directory}",
                             "a diffusers-format pipeline directory or a hub id such as CompVis/stable-diffusion-v1-4")
-        if not (directory / "model_index.json").is_file():
+        if not os.path.lexists(directory / "model_index.json"):  # (one that is no file: check_folder's line)
             raise UserError("model.pretrained_model_name_or_path", f"{directory} has no model_index.json",
                             "a directory written by save_pretrained")
+        folder_files.check_folder(directory, "model.pretrained_model_name_or_path", "a directory written by "
+                                  "save_pretrained, its files as diffusers and transformers write them")
 
 
 def scheduler_overrides(name: str, overrides: dict[str, Any]) -> None:
@@ -357,6 +359,11 @@ def run_values(cfg: Any) -> None:
     family = families.planned(cfg.model)  # (it may read the model's index or a checkpoint's header: once)
     chosen = family.sampling(cfg.sampler, cfg.scheduler.name, sampling.num_inference_steps, sampling.eta)
     overrides = dict(cfg.scheduler.config_overrides)
+    if overrides and not family.scheduler_settings:  # applied nowhere: the baseline's images, recorded as changed
+        key = sorted(overrides)[0]
+        raise UserError(f"scheduler.config_overrides.{key}", f"{overrides[key]!r}: {cfg.model.name} is "
+                        f"{family.title.split(':')[0]}, whose flow-matching schedule (its shift) is the model's own "
+                        "scheduler/scheduler_config.json's; scheduler settings are the SD family's", "none (leave scheduler.config_overrides empty)")
     if chosen.sampler == "scheduler" and chosen.scheduler == cfg.scheduler.name:
         scheduler_overrides(cfg.scheduler.name, overrides)
     else:  # a k sampler (or DDIM / PLMS named by sampler=) steps on its own: only the training schedule's is read

@@ -46,6 +46,9 @@ class FamilyEntry:
     # prompts.max_sequence_length when null, for a family with a T5 encoder (None: it has none, and the key is
     # refused): its diffusers pipeline's default
     t5_tokens: Optional[int] = None
+    # whether scheduler.config_overrides mean anything to it: the SD family's diffusers schedulers take them; the
+    # flow families step on their own schedule, read from the model's scheduler_config.json (shift, dynamic shift)
+    scheduler_settings: bool = True
 
 
 def _flux_values(config: Any) -> None:
@@ -121,12 +124,13 @@ FAMILIES = _registry(
     # once the transformer's config says which it is).
     FamilyEntry("flux", "FLUX.1: CLIP-L and T5 text encoders, a flow-matching transformer, a 16-channel VAE",
                 ("FluxPipeline",), tiny="tiny-random-flux", modes=("txt2img",), builtins=("tiny-random-flux", "flux-dev-arch"),
-                steps=28, guidance=3.5, check=_flux_values, sampling=samplers.resolve_flow, t5_tokens=512),
+                steps=28, guidance=3.5, check=_flux_values, sampling=samplers.resolve_flow, t5_tokens=512,
+                scheduler_settings=False),
     # diffusers' StableDiffusion3Pipeline defaults: 28 steps, guidance 7.0, 256 T5 tokens.
     FamilyEntry("sd3", "Stable Diffusion 3 / 3.5: CLIP-L, CLIP-G and T5 text encoders, an MMDiT, a 16-channel VAE",
                 ("StableDiffusion3Pipeline",), tiny="tiny-random-sd3", modes=("txt2img",),
                 builtins=("tiny-random-sd3", "sd3.5-large-arch"), steps=28, guidance=7.0, check=_sd3_values,
-                sampling=samplers.resolve_flow, t5_tokens=256),
+                sampling=samplers.resolve_flow, t5_tokens=256, scheduler_settings=False),
 )
 PIPELINES = {pipeline: entry.name for entry in FAMILIES.values() for pipeline in entry.pipelines}
 BUILTINS = {builtin: entry.name for entry in FAMILIES.values() for builtin in entry.builtins}

@@ -13,14 +13,15 @@ alone, as A1111's default ("Hires fix: which pass to enable refiner for": second
 from __future__ import annotations
 
 import hashlib
-import json
 import math
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
+from sdjax_runner.config.folder_files import TEXT_BYTES, check_folder
 from sdjax_runner.errors import UserError
-from sdjax_runner.files import file_sha256
+from sdjax_runner.files import file_sha256, read_json
 
 KEY = "model.refiner"
 ALLOWED = ("a diffusers SDXL refiner folder (stabilityai/stable-diffusion-xl-refiner-1.0's layout: model_index.json, "
@@ -79,12 +80,10 @@ def _index(path: Path) -> dict:
     """The folder's model_index.json, checked to be a refiner's with the components it is read for."""
     if not path.is_dir():
         raise UserError(KEY, f"no such directory: {path}", ALLOWED)
-    try:
-        index = json.loads((path / "model_index.json").read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise UserError(KEY, f"{path} has no model_index.json", ALLOWED) from None
-    except (OSError, UnicodeDecodeError, ValueError) as exc:
-        raise UserError(KEY, f"{path}/model_index.json is not JSON ({type(exc).__name__})", ALLOWED) from None
+    if not os.path.lexists(path / "model_index.json"):
+        raise UserError(KEY, f"{path} has no model_index.json", ALLOWED)
+    check_folder(path, KEY, ALLOWED)  # every file a loader reads as text: bounded, regular, JSON, sizes
+    index = read_json(path / "model_index.json", TEXT_BYTES)
     name = index.get("_class_name") if isinstance(index, dict) else None
     if name not in PIPELINES:
         raise UserError(KEY, f"{path} holds a {name or 'folder without a _class_name'}, not an SDXL refiner", ALLOWED)

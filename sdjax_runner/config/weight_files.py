@@ -6,9 +6,11 @@ every byte). The loaders (models/lora.py, models/single_file.py) read the tensor
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from sdjax_runner.config.folder_files import check_folder, read_index
 from sdjax_runner.console import one_line
 from sdjax_runner.errors import UserError
 from sdjax_runner.files import not_a_file
@@ -132,9 +134,10 @@ def vae_kind(path: Path) -> str:
     """"folder" (a diffusers VAE folder) or "single_file" (one .safetensors VAE) for ``model.vae``; one line for a
     path that is neither, or a pickled file (unpickling runs code)."""
     if path.is_dir():
-        if not (path / "config.json").is_file():
+        if not os.path.lexists(path / "config.json"):  # (one that is no file: check_folder's line)
             raise UserError(VAE_KEY, f"{path}/ has no config.json: not a diffusers VAE folder",
                             "a diffusers VAE folder (config.json + weights) or a .safetensors VAE file")
+        check_folder(path, VAE_KEY, "a diffusers VAE folder, its files as diffusers writes them")
         return "folder"
     safetensors_file(path, VAE_KEY, "a diffusers VAE folder or a .safetensors VAE file", "pickled VAEs",
                      "a .safetensors VAE file (convert a .pt first)")
@@ -143,21 +146,17 @@ def vae_kind(path: Path) -> str:
 
 def vae_files(path: Path) -> list[Path]:
     """The files ``model.vae``'s weights are read from: the file itself, or a folder's Flax file, its safetensors,
-    or the shards its index lists (in the index's order)."""
-    import json
-
+    or the shards its index lists (each a file beside the index)."""
     if vae_kind(path) == "single_file":
         return [path]
     for name in (VAE_FLAX, VAE_SAFETENSORS):
         if (path / name).is_file():
             return [path / name]
     index = path / f"{VAE_SAFETENSORS}.index.json"
-    try:
-        shards = sorted(set(json.loads(index.read_text(encoding="utf-8"))["weight_map"].values()))
-    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+    if not index.is_file():
         raise UserError(VAE_KEY, f"{path}/ has no {VAE_SAFETENSORS} (nor {VAE_FLAX}, nor shards with their index)",
-                        "a diffusers VAE folder with its weights") from None
-    files = [path / str(name) for name in shards]
+                        "a diffusers VAE folder with its weights")
+    files = read_index(index, VAE_KEY, "a diffusers VAE folder with its weights")
     missing = [f.name for f in files if not f.is_file()]
     if missing:
         raise UserError(VAE_KEY, f"{index} lists {missing[0]}, which is missing", "every shard its index lists")

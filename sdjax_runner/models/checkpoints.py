@@ -22,12 +22,14 @@ from typing import Any, Optional
 
 import numpy as np
 
+from sdjax_runner.config.folder_files import read_index
 from sdjax_runner.files import untrusted
 from sdjax_runner.tensor_files import read_safetensors
 
 # Flax and PyTorch file stems, by the library that defines the component.
 FLAX_FILES = {"diffusers": "diffusion_flax_model.msgpack", "transformers": "flax_model.msgpack"}
 PT_STEMS = {"diffusers": "diffusion_pytorch_model", "transformers": "model"}
+MODEL_KEY = "model.pretrained_model_name_or_path"
 PICKLE_SUFFIXES = (".bin", ".ckpt", ".pt", ".pth", ".pkl")
 # Every weights file a model folder may hold (what the size check and inputs.json count as weights).
 WEIGHT_SUFFIXES = (".msgpack", ".safetensors", *PICKLE_SUFFIXES, ".onnx", ".pb", ".h5")
@@ -55,9 +57,8 @@ def safetensors_names(library: str, variant: Optional[str]) -> list[tuple[str, s
 def safetensors_files(folder: Path, library: str, variant: Optional[str]) -> list[Path]:
     """The component's safetensors file(s): the variant's if present, else the plain ones; shards via the index."""
     for single, index in safetensors_names(library, variant):
-        if (folder / index).is_file():
-            weight_map = json.loads((folder / index).read_text(encoding="utf-8"))["weight_map"]
-            return [folder / f for f in sorted(set(weight_map.values()))]
+        if (folder / index).is_file():  # each shard a file beside the index (config/folder_files.py)
+            return read_index(folder / index, MODEL_KEY, "a model folder as diffusers and transformers write it")
         if (folder / single).is_file():
             return [folder / single]
     return []

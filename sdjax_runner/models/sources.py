@@ -12,6 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from sdjax_runner.config.checks import is_local
+from sdjax_runner.config.folder_files import check_folder
 from sdjax_runner.config.schema import ModelConfig
 from sdjax_runner.errors import UserError
 from sdjax_runner.models.checkpoints import FLAX_FILES, PT_STEMS, find_weights, safetensors_names
@@ -98,6 +99,7 @@ def resolve(model: ModelConfig, allow_pickle: bool = False) -> Path:
     if not (directory / "model_index.json").is_file():
         raise UserError(KEY, f"{name} has no model_index.json: not a diffusers-format pipeline",
                         "a diffusers pipeline repository")
+    check_folder(directory, KEY, "a diffusers pipeline repository, its files as diffusers writes them")
     if model.checkpoint and model.family not in CHECKPOINT_COMPONENTS:  # the weights come from the checkpoint
         return directory
     # No Flax weights: fall back to the PyTorch ones, as safetensors -- the variant's where the repository

@@ -1,0 +1,124 @@
+"""A model, VAE or refiner folder is data someone may have handed you (round five of the hostile trials): every
+file a loader would read as text is checked before any library reads it -- bounded, a regular file, JSON that
+nests within bounds, shard names inside the folder, config sizes no published model comes near. Each case is fed
+the hostile file itself and must end in one line naming the file, exit 2, before anything loads, fast."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+from pathlib import Path
+
+import pytest
+
+from helpers.cli import assert_one_line_error, call_cli
+
+FIXTURES = Path(__file__).parent / "fixtures"
+REFINER = FIXTURES / "refiner" / "tiny-sdxl-refiner"
+BASE = FIXTURES / "refiner" / "tiny-sdxl-base"
+QUIET = ["tracking=none", "metrics.clip_score.enabled=false"]
+
+
+def plant(folder: Path, name: str, how: str, secret: Path) -> Path:
+    """Replace ``folder/name`` with the hostile thing ``how`` names."""
+    path = folder / name
+    if not how.startswith("sizes:"):
+        path.unlink(missing_ok=True)
+    if how == "fifo":
+        os.mkfifo(path)
+    elif how == "dev-zero":
+        path.symlink_to("/dev/zero")
+    elif how == "nested":
+        path.write_text("[" * 50_000 + "]" * 50_000)
+    elif how == "huge":
+        with open(path, "wb") as file:
+            file.truncate(40 << 20)  # sparse: 40 MB of zeros to a reader
+    elif how.startswith("outside-index:"):
+        path.write_text(json.dumps({"metadata": {}, "weight_map": {"a.weight": how.split(":", 1)[1].format(secret=secret)}}))
+    elif how.startswith("sizes:"):
+        config = json.loads(path.read_text()) if path.name == "config.json" else {}
+        key, value = how.split(":", 2)[1:]
+        config[key] = json.loads(value)
+        path.write_text(json.dumps(config))
+    return path
+
+
+CASES = {
+    "a FIFO for a text encoder's config": ("text_encoder/config.json", "fifo", "is not a regular file"),
+    "/dev/zero for the index": ("model_index.json", "dev-zero", "is not a regular file"),
+    "a VAE config nested 50,000 deep": ("vae/config.json", "nested", "is nested deeper than"),
+    "a 40 MB tokenizer file": ("tokenizer/vocab.json", "huge", "has 41.9 MB (allowed: at most 32 MB)"),
+    "a shard index naming ../": ("unet/diffusion_pytorch_model.safetensors.index.json", "outside-index:../../secret",
+                                 "names the shard '../../secret', which is not a file in its own folder"),
+    "a shard index naming an absolute path": ("vae/diffusion_pytorch_model.safetensors.index.json",
+                                              "outside-index:{secret}", "names the shard '/"),
+    "a billion UNet layers": ("unet/config.json", "sizes:layers_per_block:1000000000",
+                              "sets layers_per_block to 1000000000, past any published model's (allowed: "
+                              "layers_per_block of at most 100)"),
+    "a text encoder of 1e9 layers": ("text_encoder/config.json", "sizes:num_hidden_layers:1e9",
+                                     "sets num_hidden_layers to 1000000000.0, past any published model's"),
+}
+
+
+@pytest.fixture
+def model_copy(tmp_path, tiny_model_dir) -> Path:
+    copy = tmp_path / "model"
+    shutil.copytree(tiny_model_dir, copy)
+    return copy
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_a_hostile_file_in_a_model_folder_is_one_line_before_anything_loads(tmp_path, model_copy, case):
+    name, how, why = CASES[case]
+    secret = tmp_path / "secret"
+    secret.write_text("THE-SECRET-BYTES")
+    path = plant(model_copy, name, how, secret)
+    started = time.monotonic()
+    result = call_cli("+experiment=smoke", *QUIET, "model=local", f"model.pretrained_model_name_or_path={model_copy}",
+                      cwd=tmp_path)
+    assert_one_line_error(result, f"error: model.pretrained_model_name_or_path: {path} {why}")
+    assert time.monotonic() - started < 20 and "load:" not in result.stdout
+    assert "THE-SECRET-BYTES" not in result.stdout + result.stderr
+
+
+@pytest.mark.parametrize("how,why", [("fifo", "is not a regular file"), ("nested", "is nested deeper than"),
+                                     ("sizes:layers_per_block:1e9", "sets layers_per_block to 1000000000.0")])
+def test_a_hostile_vae_folder_is_one_line(tmp_path, model_copy, how, why):
+    vae = tmp_path / "vae"
+    shutil.copytree(model_copy / "vae", vae)
+    path = plant(vae, "config.json", how, tmp_path / "secret")
+    result = call_cli("+experiment=smoke", *QUIET, f"model.vae={vae}", cwd=tmp_path)
+    assert_one_line_error(result, f"error: model.vae: {path} {why}")
+
+
+def test_a_vae_folders_shards_stay_inside_it(tmp_path, model_copy):
+    secret = tmp_path / "secret.safetensors"
+    secret.write_bytes(b"\x08\x00\x00\x00\x00\x00\x00\x00{}      THE-SECRET-BYTES")
+    vae = tmp_path / "vae"
+    shutil.copytree(model_copy / "vae", vae)
+    (vae / "diffusion_flax_model.msgpack").unlink()
+    index = plant(vae, "diffusion_pytorch_model.safetensors.index.json", "outside-index:{secret}", secret)
+    result = call_cli("+experiment=smoke", *QUIET, f"model.vae={vae}", cwd=tmp_path)
+    assert_one_line_error(result, f"error: model.vae: {index} names the shard '{secret}', which is not a file in its "
+                          "own folder; nothing outside a model folder is read")
+    assert "THE-SECRET-BYTES" not in result.stdout + result.stderr
+
+
+@pytest.mark.parametrize("name,how,why", [
+    ("model_index.json", "dev-zero", "is not a regular file"),  # read 3.7 GB before
+    ("model_index.json", "fifo", "is not a regular file"),  # hung before
+    ("unet/config.json", "sizes:num_attention_heads:1e12", "sets num_attention_heads to 1000000000000.0"),
+    ("tokenizer_2/vocab.json", "nested", "is nested deeper than"),
+])
+def test_a_hostile_refiner_folder_is_one_line(tmp_path, name, how, why):
+    refiner = tmp_path / "refiner"
+    shutil.copytree(REFINER, refiner)
+    path = plant(refiner, name, how, tmp_path / "secret")
+    started = time.monotonic()
+    result = call_cli("model.name=tiny-sdxl", f"model.pretrained_model_name_or_path={BASE}", "scheduler=euler",
+                      "sampling.num_inference_steps=4", "sampling.height=32", "sampling.width=32", *QUIET,
+                      f"model.refiner={refiner}", cwd=tmp_path)
+    assert_one_line_error(result, f"error: model.refiner: {path} {why}")
+    assert time.monotonic() - started < 20
