@@ -122,3 +122,59 @@ def test_a_hostile_refiner_folder_is_one_line(tmp_path, name, how, why):
                       f"model.refiner={refiner}", cwd=tmp_path)
     assert_one_line_error(result, f"error: model.refiner: {path} {why}")
     assert time.monotonic() - started < 20
+
+
+def sparse(path: Path, size: int, header: bytes = b"") -> Path:
+    with open(path, "wb") as file:
+        file.write(header)
+        file.truncate(size)
+    return path
+
+
+def test_weights_past_any_published_files_size_are_refused_before_they_are_hashed(tmp_path, model_copy):
+    """A 1 TB sparse "VAE" hung the plan hashing its zeros; each kind has its bound, checked first."""
+    vae = sparse(tmp_path / "vae.safetensors", 1 << 40)
+    header = json.dumps({"lora_unet_x.lora_down.weight": {"dtype": "U8", "shape": [20 << 30],
+                                                          "data_offsets": [0, 20 << 30]}}).encode()
+    lora = sparse(tmp_path / "lora.safetensors", 8 + len(header) + (20 << 30), len(header).to_bytes(8, "little") + header)
+    refiner = tmp_path / "refiner"
+    shutil.copytree(REFINER, refiner)
+    unet = refiner / "unet" / "diffusion_pytorch_model.safetensors"
+    unet.unlink()
+    sparse(unet, 40 << 30)
+    cases = [
+        (["+experiment=smoke", f"model.vae={vae}"], f"error: model.vae: {vae} has 1099.5 GB, more than any published "
+         "vae file holds; it is not hashed or read (allowed: a vae weights file of at most 4.3 GB)"),
+        (["+experiment=smoke", f"+lora=[{{path: '{lora}'}}]"], f"error: lora.0.path: {lora} has 21.5 GB"),
+        (["model.name=tiny-sdxl", f"model.pretrained_model_name_or_path={BASE}", "scheduler=euler",
+          f"model.refiner={refiner}"], f"error: model.refiner: {unet} has 42.9 GB"),
+    ]
+    for overrides, expected in cases:
+        started = time.monotonic()
+        assert_one_line_error(call_cli(*overrides, *QUIET, cwd=tmp_path), expected)
+        assert time.monotonic() - started < 10
+
+
+def test_a_large_file_that_is_no_adapter_of_the_model_is_refused_from_its_header(tmp_path):
+    """A 1.5 GB "LoRA" took 1.8 GB of memory before it was refused: its tensors were converted to float32 before
+    they were matched to the model. Now the file is mapped, not read, and matched from its header."""
+    import json as json_
+
+    lora = tmp_path / "big.safetensors"
+    header = json_.dumps({"lora_unet_nowhere.lora_down.weight": {"dtype": "F32", "shape": [64, 1 << 22],
+                                                                 "data_offsets": [0, 1 << 30]}}).encode()
+    with open(lora, "wb") as file:  # 1 GB of float32 zeros, written sparse
+        file.write(len(header).to_bytes(8, "little") + header)
+        file.truncate(8 + len(header) + (1 << 30))
+    script = ("import resource, sys; from sdjax_runner.models import lora; "
+              "import numpy as np; params = {'unet': {'x': {'kernel': np.zeros((4, 4), np.float32)}}}\n"
+              "try: lora.read(sys.argv[1], params, 'lora.0.path')\n"
+              "except Exception as exc: print(type(exc).__name__, exc)\n"
+              "print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)")
+    import subprocess
+    import sys
+
+    result = subprocess.run([sys.executable, "-c", script, str(lora)], capture_output=True, text=True, cwd=tmp_path)
+    said, peak_kb = result.stdout.strip().rsplit("\n", 1)
+    assert "UserError" in said and "1 module(s) match no kernel of unet in this model, e.g. nowhere" in said, said
+    assert int(peak_kb) < 700 << 10, f"a 1 GB file that is no adapter took a {int(peak_kb) >> 10} MB peak"

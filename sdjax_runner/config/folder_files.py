@@ -129,3 +129,22 @@ def _check_sizes(path: Path, config: Any, key: str, allowed: str) -> None:
                 raise UserError(key, f"{path} sets {name} to {str(value)[:80]}, past any published model's",
                                 f"{name} of at most {bound}")
 
+
+
+# The most a weights file of each kind may hold before it is hashed or read (a 1 TB sparse "VAE" hung the plan
+# hashing its zeros): far above every published file -- a VAE's 335 MB in float32, SDXL's refiner UNet 9.1 GB and
+# its second text encoder 2.8 GB, FLUX.1 LoRAs of a few GB, textual-inversion embeddings of kilobytes.
+WEIGHT_BOUNDS = {"vae": 4 << 30, "refiner": 32 << 30, "lora": 16 << 30, "embedding": 64 << 20}
+
+
+def bounded_weights(files: list[Path], kind: str, key: str) -> list[Path]:
+    """``files`` (the weights of a ``kind`` of WEIGHT_BOUNDS), each a regular file within the bound, or one line."""
+    bound = WEIGHT_BOUNDS[kind]
+    for file in files:
+        info = os.stat(file)
+        if not stat.S_ISREG(info.st_mode):
+            raise UserError(key, f"{file} is not a regular file", f"a {kind} weights file")
+        if info.st_size > bound:
+            raise UserError(key, f"{file} has {info.st_size / 1e9:.1f} GB, more than any published {kind} file "
+                            "holds; it is not hashed or read", f"a {kind} weights file of at most {bound / 1e9:.1f} GB")
+    return files

@@ -19,6 +19,7 @@ from typing import Any, NamedTuple, Optional
 from omegaconf import DictConfig, OmegaConf
 
 from sdjax_runner.config import checks, families, hires, modes, refiner, samplers
+from sdjax_runner.config.folder_files import bounded_weights
 from sdjax_runner.config.hires import Hires
 from sdjax_runner.config.input_images import ModeInputs, read_mode_inputs
 from sdjax_runner.config.modes import start_step
@@ -40,6 +41,7 @@ from sdjax_runner.config.weight_files import (
     ARCHITECTURES,
     BASES,
     FAMILY_OF,
+    VAE_KEY,
     embedding_files,
     lora_header,
     open_checkpoint,
@@ -204,7 +206,8 @@ def lora_record(index: int, spec) -> LoraEntry:
     missing = not_a_file(path)
     if missing:
         raise UserError(f"lora.{index}.path", f"{missing}: {path}", "a LoRA .safetensors file")
-    lora_header(path, f"lora.{index}.path")
+    lora_header(path, f"lora.{index}.path")  # (a file that is none: its header's line, whatever its size)
+    bounded_weights([path], "lora", f"lora.{index}.path")
     return LoraEntry(str(path), float(spec.scale), file_sha256(path))
 
 
@@ -231,7 +234,7 @@ def checkpoint_record(model: ModelConfig) -> Optional[CheckpointEntry]:
 def embedding_records(paths) -> tuple[EmbeddingEntry, ...]:
     """``prompts.embeddings``' files, each named by its stem; two files of one name are one line."""
     entries: dict[str, EmbeddingEntry] = {}
-    for path in embedding_files(paths):
+    for path in bounded_weights(embedding_files(paths), "embedding", "prompts.embeddings"):
         name = path.stem
         if name in entries:
             raise UserError("prompts.embeddings", f"two embeddings are named {name!r}: {entries[name].path} and {path}",
@@ -252,7 +255,7 @@ def vae_sha256(path: Path) -> str:
     """A VAE's content hash: its one weights file's, or of its shards' names and hashes."""
     import hashlib
 
-    files = vae_files(path)
+    files = bounded_weights(vae_files(path), "vae", VAE_KEY)
     if len(files) == 1:
         return file_sha256(files[0])
     return hashlib.sha256("".join(f"{f.name}:{file_sha256(f)}\n" for f in files).encode()).hexdigest()

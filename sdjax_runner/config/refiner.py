@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
-from sdjax_runner.config.folder_files import TEXT_BYTES, check_folder
+from sdjax_runner.config.folder_files import TEXT_BYTES, bounded_weights, check_folder
 from sdjax_runner.errors import UserError
 from sdjax_runner.files import file_sha256, read_json
 
@@ -104,6 +104,6 @@ def weights_file(path: Path, component: str) -> Path:
 
 def weights_sha256(path: Path) -> str:
     """One hash of the weights the refiner is read for: each component's file name and content hash."""
-    files = [weights_file(path, component) for component in WEIGHTS]
+    files = bounded_weights([weights_file(path, component) for component in WEIGHTS], "refiner", KEY)
     lines = "".join(f"{file.parent.name}/{file.name}:{file_sha256(file)}\n" for file in files)
     return hashlib.sha256(lines.encode()).hexdigest()

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -92,6 +93,21 @@ def kernels(params: dict) -> dict[tuple[str, str], tuple]:
     return found
 
 
+def _hashed_and_mapped(file: Path) -> tuple[str, Any]:
+    """(the file's sha256, its bytes as a read-only memory map -- b"" for an empty file), from one open file: it is
+    hashed in chunks and its tensors are views whose pages are read when a matched factor is converted -- a 1.5 GB
+    file that is no adapter of this model is refused from its header, not after a 1.8 GB copy."""
+    import mmap
+
+    digest = hashlib.sha256()
+    with open(file, "rb") as handle:
+        for chunk in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(chunk)
+        if os.fstat(handle.fileno()).st_size == 0:
+            return digest.hexdigest(), b""
+        return digest.hexdigest(), mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ)
+
+
 def _matrix(value: np.ndarray, what: str, name: str, config_key: str) -> np.ndarray:
     """A LoRA factor as a matrix: 2-D, a 1x1 convolution's 4-D weight, or -- a down factor of a wider
     convolution (LCM-LoRA's and PEFT's for resnets' 3x3 convolutions, kohya's LoCon) -- (rank, in, kh, kw) as
@@ -119,12 +135,11 @@ def read(path: str, params: dict, config_key: str, expected_sha256: Optional[str
     missing = not_a_file(file)
     if missing:
         raise UserError(config_key, f"{missing}: {file}", "a LoRA .safetensors file")
-    try:
-        data = file.read_bytes()
-        tensors = tensors_from_bytes(data, file.name)  # bfloat16 adapters too
+    try:  # one open file, hashed and mapped: what is hashed is what is read, and none of it copied whole
+        sha256, data = _hashed_and_mapped(file)
+        tensors = tensors_from_bytes(data, file.name)  # bfloat16 adapters too; views of the mapping
     except (UnreadableTensors, OSError, ValueError) as exc:
         raise UserError(config_key, f"{file} is not a readable safetensors file ({exc})") from None
-    sha256 = hashlib.sha256(data).hexdigest()
     if expected_sha256 is not None and sha256 != expected_sha256:
         raise UserError(config_key, f"{file} changed since the run was planned (sha256 {expected_sha256[:12]} -> "
                         f"{sha256[:12]}); it is not run under the old file's hash", "run again")
@@ -143,7 +158,7 @@ def read(path: str, params: dict, config_key: str, expected_sha256: Optional[str
                             f"{named[0]} {named[1]}", "one key per module and factor")
         keys[named] = key
         component, module, factor = named
-        modules.setdefault((component, module), {})[factor] = np.asarray(value, dtype=np.float32)
+        modules.setdefault((component, module), {})[factor] = value  # a view: converted once it is matched
     if unknown:
         raise UserError(config_key, f"{file.name}: {len(unknown)} key(s) in no known LoRA layout, e.g. {unknown[0]}",
                         "kohya lora_unet_/lora_te_ or PEFT/diffusers unet./text_encoder./transformer. keys")
@@ -162,10 +177,12 @@ def read(path: str, params: dict, config_key: str, expected_sha256: Optional[str
         if "down" not in parts or "up" not in parts:
             raise UserError(config_key, f"{name} lacks its {'up' if 'down' in parts else 'down'} weight")
         down, up = _matrix(parts["down"], "down", name, config_key), _matrix(parts["up"], "up", name, config_key)
+        if down.dtype.kind not in "fiu" or up.dtype.kind not in "fiu":
+            raise UserError(config_key, f"{name}: factors of dtype {down.dtype}/{up.dtype}", "floating-point factors")
         rank = down.shape[0]
         if rank == 0:
             raise UserError(config_key, f"{name}: rank 0 (down {tuple(down.shape)})", "a rank of 1 or more")
-        given = parts.get("alpha", np.float32(rank))
+        given = np.asarray(parts.get("alpha", np.float32(rank)), dtype=np.float64)
         if np.size(given) != 1 or not np.isfinite(given).all():
             raise UserError(config_key, f"{name}: alpha is {np.size(given)} value(s) {np.ravel(given)[:4].tolist()}",
                             "one finite number")
@@ -179,7 +196,8 @@ def read(path: str, params: dict, config_key: str, expected_sha256: Optional[str
                 (kernel.ndim == 4 and tuple(kernel.shape[:2]) != tuple(window)):
             raise UserError(config_key, f"{name}: LoRA shapes {tuple(up.shape)} x "
                             f"{tuple(down.shape)} do not fit its kernel {tuple(kernel.shape)}")
-        factors[(component, path_)] = ((down.T * (alpha / rank)).astype(np.float32), up.T.astype(np.float32))
+        factors[(component, path_)] = ((down.T.astype(np.float32) * np.float32(alpha / rank)),
+                                       up.T.astype(np.float32))
     return Adapter(str(file), sha256, factors)
 
 
