@@ -10,7 +10,7 @@ import time
 import pytest
 from omegaconf import OmegaConf
 
-from helpers.cli import assert_one_line_error, free_port, run_cli
+from helpers.cli import assert_one_line_error, call_cli, free_port, run_cli
 from sdjax_runner.launchers.workers import Point, finish_lost_point, next_point, program_signature, shares
 
 
@@ -83,11 +83,34 @@ def test_a_ray_address_that_does_not_answer_is_one_line_before_anything_is_writt
     ("hydra.launcher.num_workers=0", "error: hydra.launcher.num_workers: must be a whole number >= 1, got 0"),
     ("hydra.launcher.resources={CPU:-1}", "error: hydra.launcher.resources: must name what one worker takes"),
     ("hydra.launcher.address='not an address'", "error: hydra.launcher.address: is not a Ray cluster address"),
+    # round five: each waited (150 s and more, or the 300 s start timeout) or was a traceback
+    ("hydra.launcher.num_workers=100000", "error: hydra.launcher.num_workers: 100000 workers for a sweep of 2 "
+                                          "point(s) (allowed: 1..2)"),
+    ("hydra.launcher.resources=abc", "error: hydra.launcher.resources: must name what one worker takes, got abc"),
+    ("hydra.launcher.resources={TPU:1e9}", "error: hydra.launcher.resources: must name what one worker takes, got "
+                                           "{'TPU': 1000000000.0} (allowed: {CPU: 1}, {GPU: 1}, {TPU: 4}"),
 ])
 def test_bad_ray_settings_are_one_line(tmp_path, override, expected):
-    result = run_cli("-m", "+experiment=smoke", "seed=0,1", "hydra/launcher=ray", override, cwd=tmp_path)
+    cli = run_cli if override.endswith("=0") else call_cli  # one in a process of its own: the exit code, no traceback
+    started = time.monotonic()
+    result = cli("-m", "+experiment=smoke", "seed=0,1", "hydra/launcher=ray", override, cwd=tmp_path)
     assert_one_line_error(result, expected)
-    assert not (tmp_path / "outputs" / "multiruns").exists()
+    assert not (tmp_path / "outputs" / "multiruns").exists() and time.monotonic() - started < 30
+
+
+def test_bad_array_launcher_settings_are_one_line_before_any_task_is_submitted(tmp_path):
+    empty = tmp_path / "no-slurm"
+    empty.mkdir()
+    for launcher, extra, env, expected in (
+            ("local_workers", ["hydra.launcher.num_workers=5"], None,
+             "error: hydra.launcher.num_workers: 5 workers for a sweep of 2 point(s) (allowed: 1..2)"),
+            ("slurm_workers", [], {"PATH": str(empty)}, "error: hydra/launcher: slurm_workers submits its array tasks "
+             "with SLURM's sbatch (and runs them with srun), which this machine's PATH does not have (allowed: "
+             "slurm_workers on a SLURM login node, or hydra/launcher=local_workers")):
+        result = call_cli("-m", "+experiment=smoke", "seed=0,1", f"hydra/launcher={launcher}", *extra, cwd=tmp_path,
+                          env=env)
+        assert_one_line_error(result, expected)
+        assert not (tmp_path / "outputs" / "multiruns").exists()
 
 
 def test_a_launcher_whose_library_is_missing_names_its_extra(tmp_path):

@@ -12,6 +12,7 @@ from __future__ import annotations
 import ipaddress
 import os
 import re
+import shutil
 import socket
 from dataclasses import dataclass, field
 from typing import Any, Optional
@@ -53,12 +54,14 @@ def _positive_seconds(key: str, value: Any) -> float:
 def ray_settings(launcher: DictConfig) -> RayLauncherSettings:
     """``hydra.launcher`` of ``hydra/launcher=ray``, typed and checked (:class:`UserError` naming the key)."""
     key = "hydra.launcher"
-    resources = OmegaConf.to_container(launcher.resources) if launcher.get("resources") is not None else {"CPU": 1}
+    given = launcher.get("resources")
+    resources = OmegaConf.to_container(given) if OmegaConf.is_config(given) else {"CPU": 1} if given is None else given
     if not isinstance(resources, dict) or not resources or not all(
-            isinstance(k, str) and isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0
+            isinstance(k, str) and isinstance(v, (int, float)) and not isinstance(v, bool) and 0 < v < 1e6
             for k, v in resources.items()):
-        raise UserError(f"{key}.resources", f"must name what one worker takes, got {resources!r}",
-                        "{CPU: 1}, {GPU: 1}, {TPU: 4}, {CPU: 4, GPU: 1}: resource names and positive amounts")
+        raise UserError(f"{key}.resources", f"must name what one worker takes, got {str(resources)[:200]}",
+                        "{CPU: 1}, {GPU: 1}, {TPU: 4}, {CPU: 4, GPU: 1}: resource names and positive amounts "
+                        "below a million")
     env = OmegaConf.to_container(launcher.env) if launcher.get("env") is not None else {}
     if not isinstance(env, dict) or not all(isinstance(k, str) and re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", k)
                                             and isinstance(v, (str, int, float)) for k, v in env.items()):
@@ -119,13 +122,44 @@ def check_answers(address: str, timeout_s: float) -> None:
                     "it; RAY_ADDRESS), or null to start a local cluster")
 
 
-def check_launcher(config: DictConfig) -> None:
-    """This package's launcher settings checked before a sweep starts (nothing for other launchers)."""
+def check_launcher(config: DictConfig, points: int) -> None:
+    """This package's launcher settings checked before a sweep of ``points`` jobs starts (nothing for other
+    launchers): no more workers than points, a SLURM sweep where SLURM is, a Ray address that answers."""
     target = OmegaConf.select(config, "hydra.launcher._target_")
     if target == RAY_TARGET:
         settings = ray_settings(config.hydra.launcher)
+        _at_most_points(settings.num_workers, points)
         address = cluster_address(settings.address)
         if address is not None and address != "auto":
             check_answers(address, settings.connect_timeout_s)
     elif target in ARRAY_TARGETS:
-        _positive_int("hydra.launcher.num_workers", config.hydra.launcher.get("num_workers"))
+        _at_most_points(_positive_int("hydra.launcher.num_workers", config.hydra.launcher.get("num_workers")), points)
+        if target == ARRAY_TARGETS[0] and shutil.which("sbatch") is None:
+            raise UserError("hydra/launcher", "slurm_workers submits its array tasks with SLURM's sbatch (and runs "
+                            "them with srun), which this machine's PATH does not have", "slurm_workers on a SLURM "
+                            "login node, or hydra/launcher=local_workers to run the same workers on this host")
+
+
+def _at_most_points(workers: int, points: int) -> None:
+    if workers > points:  # each worker loads the model and compiles before it takes a point: idle ones cost that
+        raise UserError("hydra.launcher.num_workers", f"{workers} workers for a sweep of {points} point(s)",
+                        f"1..{points}")
+
+
+def check_capacity(settings: RayLauncherSettings, points: int, have: dict[str, float], local: bool) -> Optional[str]:
+    """What ``num_workers`` workers of ``resources`` each need that the cluster (``have``: Ray's
+    cluster_resources) does not hold: a line for :class:`UserError`, or None. On a cluster this command started
+    nothing is added later, so that is refused at once, not after ``start_timeout_s``; on a running cluster an
+    autoscaler may add nodes (the caller says so and waits)."""
+    workers = min(settings.num_workers, points)
+    short = {name: (workers * amount, have.get(name, 0.0)) for name, amount in settings.resources.items()
+             if workers * amount > have.get(name, 0.0) + 1e-9}
+    if not short:
+        return None
+    needs = ", ".join(f"{name} {need:g} (it has {held:g})" for name, (need, held) in short.items())
+    where = "this host's local cluster" if local else "the cluster, as it is now"
+    return f"{workers} worker(s) of {describe(settings.resources)} need {needs} from {where}"
+
+
+def describe(resources: dict[str, float]) -> str:
+    return "{" + ", ".join(f"{name}: {amount:g}" for name, amount in sorted(resources.items())) + "}"

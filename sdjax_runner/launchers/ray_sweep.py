@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from sdjax_runner import process
-from sdjax_runner.config.launchers import RayLauncherSettings, cluster_address, is_loopback
+from sdjax_runner.config.launchers import RayLauncherSettings, check_capacity, cluster_address, is_loopback
 from sdjax_runner.console import one_line, shown
 from sdjax_runner.errors import Refused, Terminated
 from sdjax_runner.launchers.workers import (
@@ -91,8 +91,17 @@ class RayPool:
             raise Refused(f"hydra.launcher.address: {address or 'a local cluster'}: Ray could not connect: "
                           f"{one_line(str(exc).split(chr(10))[0], 300)} (allowed: a running Ray head's address, "
                           "with its RAY_AUTH_TOKEN where the cluster uses token authentication)") from None
+        have = ray.cluster_resources()
         log.info("ray: %s (%s)", f"connected to {address}" if address else "started a local cluster on this host",
-                 describe_resources(ray.cluster_resources()))
+                 describe_resources(have))
+        short = check_capacity(self.settings, self.settings.num_workers, have, local=address is None)
+        if short and address is None:  # a cluster of this host's alone: nothing will join it
+            ray.shutdown()
+            raise Refused(f"hydra.launcher.resources: {short} (allowed: fewer workers, hydra.launcher.num_workers, or "
+                          "less each)")
+        if short:
+            log.warning("ray: %s; the workers wait for an autoscaler up to hydra.launcher.start_timeout_s=%g s", short,
+                        self.settings.start_timeout_s)
         process.current().closers.append(self.close)
         self.actor_class = ray.remote(SweepWorker)
 

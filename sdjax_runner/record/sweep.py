@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import csv
 import logging
+import math
 import re
 from collections.abc import Callable
 from pathlib import Path
@@ -262,7 +263,8 @@ class SweepCallback(Callback):
         keys = swept_keys(task)
         point = None
         try:  # bad input: refused before anything runs or is written
-            check_launcher(config)  # this package's launchers: their settings, a Ray address that does not answer
+            points = math.prod(len(values) for values in swept_values(task).values())
+            check_launcher(config, points)  # this package's launchers: their settings, a Ray address that does not answer
             check_points(config, task)
             report_choice(config, keys)
             if config.metrics.reference_point:
