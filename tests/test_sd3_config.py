@@ -71,3 +71,25 @@ def test_a_hub_base_fetches_the_weights_a_single_file_does_not_hold(tmp_path, mo
     assert asked[0] == sources.CONFIG_PATTERNS
     weights = {pattern.split("/")[0] for patterns in asked[1:] for pattern in patterns}
     assert weights == fetched
+
+
+def test_a_size_past_sd3s_position_table_is_one_line_before_and_after_loading(tmp_path, monkeypatch):
+    """Round five: SD 3 at 4096x4096 was a ValueError about its position table from inside the program. Where
+    the folder is on disk the plan says so before anything loads; where it could not tell (a hub model, fetched
+    only at load), the loaded transformer is checked before anything is compiled."""
+    import dataclasses
+
+    from helpers.cli import assert_one_line_error, call_cli
+    from sdjax_runner.config import families
+
+    expected = ("error: sampling.height: 512x512: tiny-random-sd3 takes at most 256x256 (its transformer's position "
+                "table is 16x16 patches")
+    quiet = ["tracking=none", "metrics.clip_score.enabled=false", "sampling.height=512", "sampling.width=512"]
+    result = call_cli("+experiment=sd3_smoke", *quiet, cwd=tmp_path)
+    assert_one_line_error(result, expected)
+    assert "load:" not in result.stdout + result.stderr
+    monkeypatch.setitem(families.FAMILIES, "sd3", dataclasses.replace(families.FAMILIES["sd3"], largest_side=None))
+    result = call_cli("+experiment=sd3_smoke", *quiet, cwd=tmp_path)
+    assert_one_line_error(result, expected)
+    # the plan passed it (its line names the latents' patches), the loaded transformer refused it before compiling
+    assert "plan:" in result.stdout and "patches of 2x2" not in result.stderr and "compile:" not in result.stdout

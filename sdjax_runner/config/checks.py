@@ -377,6 +377,9 @@ def run_values(cfg: Any) -> None:
         if ZERO_SNR_KEY in overrides:
             scheduler_values(cfg.scheduler.name, {ZERO_SNR_KEY: overrides[ZERO_SNR_KEY]})
     refiner.check(cfg, family)  # (before the mode's inputs: a mode it does not run with is the line to read)
+    height, width = sampling.height or cfg.model.resolution, sampling.width or cfg.model.resolution
+    if height and width:
+        families.check_side(cfg, family, height, width)
     modes.check(cfg, chosen.sampler)
     second = hires.check(cfg, family, chosen.sampler, MAX_SIZE)
     if chosen.sampler == "scheduler" and chosen.scheduler == "lcm":

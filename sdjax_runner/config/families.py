@@ -49,6 +49,9 @@ class FamilyEntry:
     # whether scheduler.config_overrides mean anything to it: the SD family's diffusers schedulers take them; the
     # flow families step on their own schedule, read from the model's scheduler_config.json (shift, dynamic shift)
     scheduler_settings: bool = True
+    # (a model folder on disk) -> (the largest height/width it takes, why) or None: a size past it is one line
+    # before anything loads (SD 3's position table; the engine checks the loaded model again)
+    largest_side: Optional[Callable[[Path], Optional[tuple[int, str]]]] = None
 
 
 def _flux_values(config: Any) -> None:
@@ -109,6 +112,19 @@ def slg(config: Any) -> Optional[tuple]:
     return tuple(layers), float(sampling.slg_scale), float(sampling.slg_start), float(sampling.slg_stop)
 
 
+def _sd3_largest_side(folder: Path) -> Optional[tuple[int, str]]:
+    """SD 3's transformer adds position embeddings cropped from a ``pos_embed_max_size`` square table of patches:
+    latents larger than it have none (diffusers: a ValueError). None where the folder's configs cannot tell."""
+    try:
+        transformer = read_json(folder / "transformer" / "config.json", MAX_INDEX_BYTES)
+        vae = read_json(folder / "vae" / "config.json", MAX_INDEX_BYTES)
+        table, patch = int(transformer["pos_embed_max_size"]), int(transformer.get("patch_size", 2))
+        factor = 2 ** (len(vae.get("block_out_channels", [0, 0, 0, 0])) - 1)
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return None
+    return table * patch * factor, f"its transformer's position table is {table}x{table} patches of {patch}x{patch} latents"
+
+
 def _registry(*entries: FamilyEntry) -> dict[str, FamilyEntry]:
     return {entry.name: entry for entry in entries}
 
@@ -130,7 +146,8 @@ FAMILIES = _registry(
     FamilyEntry("sd3", "Stable Diffusion 3 / 3.5: CLIP-L, CLIP-G and T5 text encoders, an MMDiT, a 16-channel VAE",
                 ("StableDiffusion3Pipeline",), tiny="tiny-random-sd3", modes=("txt2img",),
                 builtins=("tiny-random-sd3", "sd3.5-large-arch"), steps=28, guidance=7.0, check=_sd3_values,
-                sampling=samplers.resolve_flow, t5_tokens=256, scheduler_settings=False),
+                sampling=samplers.resolve_flow, t5_tokens=256, scheduler_settings=False,
+                largest_side=_sd3_largest_side),
 )
 PIPELINES = {pipeline: entry.name for entry in FAMILIES.values() for pipeline in entry.pipelines}
 BUILTINS = {builtin: entry.name for entry in FAMILIES.values() for builtin in entry.builtins}
@@ -224,6 +241,18 @@ def with_defaults(config: Any) -> Any:
         sampling=dataclasses.replace(sampling, num_inference_steps=family.steps
                                      if sampling.num_inference_steps is None else sampling.num_inference_steps),
         prompts=dataclasses.replace(prompts, max_sequence_length=length))
+
+
+def check_side(config: Any, family: FamilyEntry, height: int, width: int) -> None:
+    """A size the model cannot take is one line before it loads (where its folder is on disk to tell)."""
+    path = config.model.pretrained_model_name_or_path
+    if family.largest_side is None or not path or "://" in str(path) or not Path(str(path)).expanduser().is_dir():
+        return
+    found = family.largest_side(Path(str(path)).expanduser())
+    if found is not None and max(height, width) > found[0]:
+        key = "sampling.height" if height > found[0] else "sampling.width"
+        raise UserError(key, f"{height}x{width}: {config.model.name} takes at most {found[0]}x{found[0]} ({found[1]})",
+                        f"a height and width up to {found[0]}")
 
 
 def guidance(config: Any) -> float:

@@ -22,7 +22,17 @@ class SD3Tokens(FluxTokens):
 
 
 def check_loaded(plan: Any, loaded: Any) -> None:
-    """Skip-layer guidance's blocks are blocks of the loaded transformer."""
+    """Skip-layer guidance's blocks are blocks of the loaded transformer; the image fits its position table
+    (a hub model's folder is on disk only now: config/families.check_side could not tell before)."""
+    transformer = loaded.pipeline.transformer
+    largest = transformer.pos_embed_max_size * transformer.patch_size * loaded.pipeline.vae_scale_factor
+    native = plan.model.resolution or loaded.native_size
+    height, width = plan.height or native, plan.width or native
+    if height and width and max(height, width) > largest:
+        raise UserError("sampling.height" if height > largest else "sampling.width",
+                        f"{height}x{width}: {plan.model.name} takes at most {largest}x{largest} (its transformer's "
+                        f"position table is {transformer.pos_embed_max_size}x{transformer.pos_embed_max_size} patches)",
+                        f"a height and width up to {largest}")
     if plan.slg is not None:
         blocks = loaded.pipeline.transformer.num_layers
         outside = [layer for layer in plan.slg[0] if layer >= blocks]
