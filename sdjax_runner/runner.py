@@ -59,6 +59,7 @@ def _run(plan: Plan, job: Job, run_name: str, tags: dict[str, str], started: flo
 
     from sdjax_runner.engine.efficiency import param_bytes_per_device
     from sdjax_runner.engine.engine import current as current_engine
+    from sdjax_runner.engine.engine import out_of_memory_said
 
     announce(plan)
     if job.writes:
@@ -70,18 +71,19 @@ def _run(plan: Plan, job: Job, run_name: str, tags: dict[str, str], started: flo
     model = engine.load(plan, jax.devices()[0].platform)
     if job.writes:
         rundir.write_json(job.run_dir / rundir.INPUTS, inputs.collect(plan, model.loaded.path))
-    program = engine.program(plan, model, jax.devices()[: plan.num_devices], started)
-    interpreter.program_ready()
-    prepared = program.prepared
-    job.progress.update(load_s=prepared.load_s, replicate_s=prepared.replicate_s, trace_s=program.facts.trace_s,
-                        compile_s=program.facts.compile_s, batches_done=0, num_batches=plan.num_batches)
-    images, write_s = generate_images(plan, job, program.generator, started)
-    if images is None:
-        return {"run_dir": None}
-    facts = program.facts  # read after the first call: a stored executable that failed in it was traced then
-    summary = measured(plan, engine, program)
-    if plan.profile:
-        profile(job, program.generator)
+    with out_of_memory_said(plan, model.height, model.width):  # one line, not XLA's RESOURCE_EXHAUSTED
+        program = engine.program(plan, model, jax.devices()[: plan.num_devices], started)
+        interpreter.program_ready()
+        prepared = program.prepared
+        job.progress.update(load_s=prepared.load_s, replicate_s=prepared.replicate_s, trace_s=program.facts.trace_s,
+                            compile_s=program.facts.compile_s, batches_done=0, num_batches=plan.num_batches)
+        images, write_s = generate_images(plan, job, program.generator, started)
+        if images is None:
+            return {"run_dir": None}
+        facts = program.facts  # read after the first call: a stored executable that failed in it was traced then
+        summary = measured(plan, engine, program)
+        if plan.profile:
+            profile(job, program.generator)
     quality = judge(plan, job, images)
     write_s += rundir.write_run_files(job.run_dir, plan, job.records, images)
     timings = RunTimings(

@@ -184,6 +184,37 @@ def test_size_the_model_cannot_take_fails_after_load_and_ends_the_run(tmp_path, 
     assert not (run_dir / "images").exists() and not (run_dir / "timings.json").exists()
 
 
+@pytest.mark.parametrize("failure", ["device", "host"])
+def test_running_out_of_memory_is_one_line_naming_the_batch_and_the_run_is_failed(tmp_path, tiny_model_dir,
+                                                                                   monkeypatch, failure):
+    """Round five: a run past the device's memory ended in XLA's RESOURCE_EXHAUSTED traceback. The generator's
+    first call raises what XLA raises (its message, as a GPU's allocator words it) or a host MemoryError; the
+    run ends in one line and is FAILED on disk and in MLflow, with no images."""
+    from jax.errors import JaxRuntimeError
+
+    from sdjax_runner.engine.generate import Generator
+
+    def exhausted(self, inputs):
+        if failure == "host":
+            raise MemoryError()
+        raise JaxRuntimeError("RESOURCE_EXHAUSTED: Out of memory while trying to allocate 85899345920 bytes.\n"
+                              "BufferAssignment OOM Debugging.")
+
+    monkeypatch.setattr(Generator, "_timed", exhausted)
+    run_dir = tmp_path / "run"
+    result = call_cli("+experiment=smoke", "parallelism.per_device_batch_size=4", f"hydra.run.dir={run_dir}",
+                      cwd=tmp_path)
+    where = "the host ran out of memory (MemoryError)" if failure == "host" else (
+        "the device ran out of memory (RESOURCE_EXHAUSTED: Out of memory while trying to allocate 85899345920 bytes.)")
+    assert_one_line_error(result, f"error: parallelism.per_device_batch_size: 64x64, 4 image(s) per device, dtype=fp32: "
+                          f"{where} (allowed: fewer images per device (parallelism.per_device_batch_size), a "
+                          "smaller sampling.height/width, dtype=bf16, parallelism.params=sharded")
+    assert mlflow_statuses(tmp_path) == ["FAILED"]
+    status = json.loads((run_dir / "status.json").read_text())
+    assert status["status"] == "FAILED" and "ran out of memory" in status["error"]
+    assert not list(run_dir.rglob("*.png"))  # (timings.json keeps what the failed job measured: load, compile)
+
+
 def test_full_error_env_brings_the_traceback_back(tmp_path):
     result = run_cli("+experiment=smoke", "sampling.height=65", cwd=tmp_path, env={"HYDRA_FULL_ERROR": "1"})
     assert result.returncode != 0 and "Traceback" in result.stderr

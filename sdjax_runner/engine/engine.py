@@ -8,9 +8,11 @@ sweep's jobs share."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
@@ -270,3 +272,25 @@ def warn_slow_size(plan: Plan, loaded: LoadedModel, height: int, width: int, pla
                 "sampling.width=%d sampling.height=%d at the end of the command keeps its shape at about the "
                 "native size", width, height, height * width / native ** 2, shown(plan.model.name), native, native,
                 fit_w, fit_h)
+
+
+@contextlib.contextmanager
+def out_of_memory_said(plan: Plan, height: int, width: int) -> Iterator[None]:
+    """A program that runs out of device (or host) memory -- compiling, placing its inputs, generating -- ends
+    in one line naming the size, the batch and what to lower, not XLA's RESOURCE_EXHAUSTED traceback; the run
+    is FAILED with it (a UserError, raised where the job's failures are recorded)."""
+    try:
+        yield
+    except Exception as exc:
+        text = str(exc)
+        exhausted = isinstance(exc, MemoryError) or (type(exc).__name__ in ("JaxRuntimeError", "XlaRuntimeError")
+                                                     and ("RESOURCE_EXHAUSTED" in text or "Out of memory" in text))
+        if not exhausted:
+            raise
+        where = "the host" if isinstance(exc, MemoryError) else "the device"
+        detail = one_line(text.split("\n")[0], 160) if text else type(exc).__name__
+        raise UserError("parallelism.per_device_batch_size", f"{height}x{width}, {plan.per_device_batch_size} "
+                        f"image(s) per device, dtype={plan.dtype.name}: {where} ran out of memory "
+                        f"({detail})", "fewer images per device (parallelism.per_device_batch_size), a smaller "
+                        "sampling.height/width, dtype=bf16, parallelism.params=sharded, or "
+                        "performance.attention=cudnn_flash / memory_efficient") from None
