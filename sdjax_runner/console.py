@@ -57,9 +57,21 @@ def error_line(exc: BaseException, limit: Optional[int] = DETAIL_LIMIT) -> str:
     return one_line(exc, limit) or type(exc).__name__
 
 
+# The longest error line: a message quoting a value given (a 700 kB prompt list, say) keeps its start -- the key and
+# what was wrong -- and its end -- what is allowed --, and says how much of the middle it left out.
+ERROR_LIMIT = 4000
+
+
+def bounded(text: str, limit: int = ERROR_LIMIT) -> str:
+    if len(text) <= limit:
+        return text
+    head, tail = limit * 5 // 8, limit * 3 // 8
+    return f"{text[:head]} ... [{len(text) - head - tail} characters left out] ... {text[-tail:]}"
+
+
 def error(message: object) -> None:
-    """``error: MESSAGE`` on standard error, as one line whatever the message holds."""
-    print(f"error: {shown(message)}", file=sys.stderr)
+    """``error: MESSAGE`` on standard error, as one bounded line whatever the message holds."""
+    print(f"error: {bounded(shown(message))}", file=sys.stderr)
 
 
 def say(text: object) -> None:

@@ -304,3 +304,25 @@ def test_scheduler_settings_a_flow_family_does_not_read_are_refused(tmp_path, ex
     assert_one_line_error(result, f"error: {key}: ")
     assert "whose flow-matching schedule (its shift) is the model's own scheduler/scheduler_config.json's" in result.stderr
     assert "(allowed: none (leave scheduler.config_overrides empty))" in result.stderr and "load:" not in result.stdout
+
+
+def test_round_five_low_items_refused_cleanly(tmp_path):
+    """A refused run under a relative paths.output_root left an empty run folder (a relative path compared with
+    an absolute one); -m with one bad value started a sweep; error lines were unbounded (one was 689 kB); a hires
+    schedule too long said 'allowed: at least 1e+06' of a strength that is at most 1."""
+    result = call_cli("+experiment=smoke", "paths.output_root=outs", "sampling.height=65", cwd=tmp_path)
+    assert_one_line_error(result, "error: sampling.height: must be a positive multiple of 8")
+    assert not (tmp_path / "outs").exists()
+    result = call_cli("-m", "+experiment=smoke", "sampling.height=65", cwd=tmp_path)
+    assert_one_line_error(result, "error: sampling.height: must be a positive multiple of 8")
+    assert not (tmp_path / "outputs" / "multiruns").exists() and mlflow_statuses(tmp_path) == []
+    result = call_cli("+experiment=smoke", "sampler=" + "x" * 100_000, cwd=tmp_path)
+    assert_one_line_error(result, "error: sampler: unknown sampler 'xxx")
+    line = result.stderr.strip()
+    assert len(line) < 4100 and "characters left out] ..." in line and line.endswith(
+        "(A1111 names may end in Karras or Exponential))")
+    assert_one_line_error(call_cli("+experiment=smoke", "sampling.hires.scale=2", "sampling.hires.steps=1000000000",
+                                   cwd=tmp_path),
+                          "error: sampling.hires.steps: 1000000000: denoising strength 0.7 with 1000000000 steps makes "
+                          "a schedule of 1428571428 steps (steps / strength), more than 1000 (allowed: 1..700 at "
+                          "strength 0.7)")

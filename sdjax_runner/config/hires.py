@@ -115,9 +115,14 @@ def _schedule(entry: Hires, runs: str) -> None:
         raise UserError("sampling.hires.steps", f"{entry.steps}: {runs} takes at least {least} steps",
                         f"{least}, {least + 1}, ...")
     if entry.schedule > MAX_SCHEDULE:
-        raise UserError("sampling.hires.denoising_strength", f"{entry.strength} with {entry.steps} steps makes a "
-                        f"schedule of {entry.schedule} steps (steps / strength), more than {MAX_SCHEDULE}",
-                        f"at least {entry.steps / MAX_SCHEDULE:.3g}, or fewer sampling.hires.steps")
+        why = (f"{entry.strength} with {entry.steps} steps makes a schedule of {entry.schedule} steps (steps / "
+               f"strength), more than {MAX_SCHEDULE}")
+        fewest = math.floor(MAX_SCHEDULE * entry.strength)
+        if entry.steps > MAX_SCHEDULE:  # no strength (at most 1) fits: the steps are what to lower
+            raise UserError("sampling.hires.steps", f"{entry.steps}: denoising strength {why}",
+                            f"1..{fewest} at strength {entry.strength}")
+        raise UserError("sampling.hires.denoising_strength", why,
+                        f"{entry.steps / MAX_SCHEDULE:.3g} to 1, or at most {fewest} sampling.hires.steps")
 
 
 def second_sampler(name: Optional[str], scheduler: str) -> Optional[Sampling]:

@@ -48,11 +48,11 @@ def check_points(config: DictConfig, task: list[str]) -> None:
                         "runs a list of points", "a,b,c, range(start,stop[,step]), glob(...)")
     lines = [_values(o) for o in parsed]
     swept = [i for i, o in enumerate(parsed) if o.is_discrete_sweep() and not _is_hydra(o)]
-    if not swept:
-        return
     first_job = [values[0] for values in lines]
     first = loader.load_sweep_config(config, first_job)
-    check_values(admit(first))
+    check_values(admit(first))  # (a -m of one point too: refused like a list's bad value, no sweep started)
+    if not swept:
+        return
     for i in swept:
         values = list(dict.fromkeys(lines[i][1:]))  # each distinct value once
         if loader.get_group_options(parsed[i].key_or_group.split("@")[0]):

@@ -49,8 +49,8 @@ def refuse_reused(directory: Path, marks: tuple[str, ...], key: str) -> None:
 
 def claim(directory: Path) -> Path:
     """``directory``, or ``directory_2``, ``_3``, ...: the first that this process creates itself."""
-    candidate, number = directory, 1
-    new_parents = [p for p in directory.parents if not p.exists()]
+    candidate, number = directory.absolute(), 1  # (a relative paths.output_root is released by its absolute path)
+    new_parents = [p for p in candidate.parents if not p.exists()]
     while True:
         try:
             candidate.mkdir(parents=True)
@@ -58,12 +58,13 @@ def claim(directory: Path) -> Path:
             return candidate
         except FileExistsError:
             number += 1
-            candidate = directory.with_name(f"{directory.name}_{number}")
+            candidate = candidate.with_name(f"{directory.name}_{number}")
 
 
 def release(directory: Path) -> None:
     """A claimed directory left empty by a command refused after the claim: removed again."""
     claimed = process.current().claimed_dirs
+    directory = directory.absolute()
     if directory not in claimed:
         return
     for path in [directory, *claimed.pop(directory)]:  # nearest first
@@ -99,10 +100,12 @@ def fresh(config: DictConfig, key: str, marks: tuple[str, ...]) -> None:
     if given(config, key):
         refuse_reused(directory, marks, key)
         if not directory.exists():  # Hydra makes it: a refusal before the run starts may give it back
-            process.current().claimed_dirs[directory] = [p for p in directory.parents if not p.exists()]
+            process.current().claimed_dirs[directory.absolute()] = [
+                p for p in directory.absolute().parents if not p.exists()]
         return
     claimed = claim(directory)
-    if claimed != directory:  # as if given on the command line: a sweep's jobs compose their dirs from it
+    if claimed != directory.absolute():  # as if given on the command line: a sweep's jobs compose their dirs from it
+        claimed = directory.with_name(claimed.name)  # (relative where the default was)
         with read_write(config.hydra):  # HydraConfig.set_config made the node read-only
             OmegaConf.update(config, key, str(claimed))
             config.hydra.overrides.hydra.append(f"{key}={literal(str(claimed))}")

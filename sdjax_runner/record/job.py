@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from sdjax_runner.config.messages import describe, is_bad_input, stop_reason
-from sdjax_runner.console import one_line
+from sdjax_runner.console import bounded, one_line
 from sdjax_runner.errors import DISK_ERRORS
 from sdjax_runner.record import rundir
 from sdjax_runner.record.tracking import NullTracker, numeric_metrics
@@ -97,6 +97,7 @@ class Job:
         self.tracked(lambda: self.tracker.log_outputs(self.run_dir, numeric_metrics(timings.to_json())))
 
     def end_tracker(self, status: str, error: Optional[str] = None) -> None:
+        error = bounded(error) if error else error  # as the console shows it: a 700 kB value does not travel whole
         self.tracked(lambda: self.tracker.end(status, error))
         self.write_status(status=status, **({"error": error} if error else {}))
 
