@@ -122,9 +122,10 @@ def check_answers(address: str, timeout_s: float) -> None:
                     "it; RAY_ADDRESS), or null to start a local cluster")
 
 
-def check_launcher(config: DictConfig, points: int) -> None:
+def check_launcher(config: DictConfig, points: Optional[int]) -> None:
     """This package's launcher settings checked before a sweep of ``points`` jobs starts (nothing for other
-    launchers): no more workers than points, a SLURM sweep where SLURM is, a Ray address that answers."""
+    launchers): no more workers than points (None: a sweeper that samples them), a SLURM sweep where SLURM is, a
+    Ray address that answers."""
     target = OmegaConf.select(config, "hydra.launcher._target_")
     if target == RAY_TARGET:
         settings = ray_settings(config.hydra.launcher)
@@ -140,8 +141,8 @@ def check_launcher(config: DictConfig, points: int) -> None:
                             "login node, or hydra/launcher=local_workers to run the same workers on this host")
 
 
-def _at_most_points(workers: int, points: int) -> None:
-    if workers > points:  # each worker loads the model and compiles before it takes a point: idle ones cost that
+def _at_most_points(workers: int, points: Optional[int]) -> None:
+    if points is not None and workers > points:  # each worker loads the model and compiles before it takes a point: idle ones cost that
         raise UserError("hydra.launcher.num_workers", f"{workers} workers for a sweep of {points} point(s)",
                         f"1..{points}")
 

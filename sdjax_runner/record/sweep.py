@@ -75,6 +75,16 @@ def swept_values(task_overrides: list[str]) -> dict[str, list[str]]:
             for o in parsed if o.is_sweep_override()}
 
 
+def sweep_size(task_overrides: list[str]) -> Optional[int]:
+    """How many points the command line lists, or None where a sweeper samples them (an interval: Optuna's)."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    parsed = OverridesParser.create().parse_overrides(task_overrides)
+    if any(o.is_sweep_override() and not o.is_discrete_sweep() for o in parsed):
+        return None
+    return math.prod(len(values) for values in swept_values(task_overrides).values())
+
+
 def override_values(job_overrides: list[str], short: bool = False) -> dict[str, str]:
     """``["+experiment=smoke", "sampler=Euler\\ a"]`` -> ``{"experiment": "smoke", "sampler": "Euler a"}``: each
     value as naming.override_value reads it (``short``: paths by their last part)."""
@@ -263,9 +273,8 @@ class SweepCallback(Callback):
         keys = swept_keys(task)
         point = None
         try:  # bad input: refused before anything runs or is written
-            points = math.prod(len(values) for values in swept_values(task).values())
-            check_launcher(config, points)  # this package's launchers: their settings, a Ray address that does not answer
-            check_points(config, task)
+            check_points(config, task)  # (an interval is refused there: swept_values cannot list one)
+            check_launcher(config, sweep_size(task))  # this package's launchers: their settings, a Ray address that does not answer
             report_choice(config, keys)
             if config.metrics.reference_point:
                 from sdjax_runner.config.checks import reference_point
