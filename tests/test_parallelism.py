@@ -100,19 +100,27 @@ def test_two_processes_make_the_images_of_one_eight_device_process(tmp_path, tin
     single_dir, _ = run_ok(tmp_path, "single", "parallelism=sharded")
     port = free_port()
     procs = []
-    for process_id in (0, 1):
+    for process_id in (1, 0):  # process 1 first: its Hydra writes into the folder before process 0 checks it
         args = ["+experiment=smoke", "parallelism=sharded", "parallelism.host_device_count=4",
                 "parallelism.distributed.enabled=true", f"parallelism.distributed.coordinator_address=127.0.0.1:{port}",
                 "parallelism.distributed.num_processes=2", f"parallelism.distributed.process_id={process_id}",
-                f"hydra.run.dir={tmp_path / f'p{process_id}'}"]
+                f"hydra.run.dir={tmp_path / 'shared'}"]  # one folder, as a SLURM job on a shared filesystem has
         procs.append(subprocess.Popen([sys.executable, "-m", "sdjax_runner", *args], cwd=tmp_path,
                                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+        deadline = time.monotonic() + 120  # the round-five case: process 0 found the peer's files and refused
+        while process_id == 1 and not (tmp_path / "shared" / ".hydra").exists() and time.monotonic() < deadline:
+            time.sleep(0.2)
+    procs.reverse()
     outs = [p.communicate(timeout=300) for p in procs]
     assert [p.returncode for p in procs] == [0, 0], outs
-    timings = json.loads((tmp_path / "p0" / "timings.json").read_text())
+    timings = json.loads((tmp_path / "shared" / "timings.json").read_text())
     assert (timings["num_devices"], timings["process_count"]) == (8, 2)
-    # Process 0 alone writes; process 1 leaves only Hydra's own files.
-    assert sorted(p.name for p in (tmp_path / "p1").iterdir()) == [".hydra", "run.log"]
+    # Process 0 writes the run; process 1 adds only Hydra's own files (the same names), and no second run.
+    assert {p.name for p in (tmp_path / "shared").iterdir()} >= {".hydra", "run.log", "status.json", "images"}
+    assert json.loads((tmp_path / "shared" / "status.json").read_text())["status"] == "FINISHED"
+    # Another run given the folder is still refused.
+    assert_one_line_error(run_cli("+experiment=smoke", f"hydra.run.dir={tmp_path / 'shared'}", cwd=tmp_path),
+                          f"error: hydra.run.dir: {tmp_path / 'shared'} already holds a run")
     with sqlite3.connect(tmp_path / "outputs" / "mlflow.db") as db:
         assert db.execute("select status from runs").fetchall() == [("FINISHED",)]
     # Same keys, same order: the images are the one-process images, up to float rounding in one
@@ -121,7 +129,7 @@ def test_two_processes_make_the_images_of_one_eight_device_process(tmp_path, tin
     # VAE's conv_out (3x3, 16 -> 3 channels) does not: XLA:CPU's result for that convolution
     # depends on how many CPU devices the process has (1, 2 or 4 give one answer, 3, 5-8 or 16
     # another; no XLA flag changes it), so ~1 ulp differences make a rare pixel round one level apart.
-    single, multi = runner_images(single_dir), runner_images(tmp_path / "p0")
+    single, multi = runner_images(single_dir), runner_images(tmp_path / "shared")
     diffs = [np.abs(a.astype(int) - b.astype(int)) for a, b in zip(single, multi, strict=True)]
     assert all(d.max() <= 1 for d in diffs)
     assert sum(int((d > 0).sum()) for d in diffs) <= 8

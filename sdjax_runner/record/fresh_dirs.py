@@ -30,15 +30,22 @@ RUN_MARKS = (rundir.STATUS, rundir.IMAGES_DIR, rundir.HYDRA_DIR, rundir.TIMINGS)
 SWEEP_MARKS = (rundir.SWEEP, rundir.SUMMARY_CSV, "0")
 
 
-def refuse_reused(directory: Path, marks: tuple[str, ...], key: str) -> None:
+# What the other processes of one multi-host run leave in the run directory they share with process 0 (a
+# SLURM job's hydra.run.dir on a shared filesystem): Hydra's record and log of each. Process 0's check of the
+# directory does not take them for another run's, whichever process arrives first.
+PEER_FILES = (rundir.HYDRA_DIR, "run.log")
+
+
+def refuse_reused(directory: Path, marks: tuple[str, ...], key: str, peers: tuple[str, ...] = ()) -> None:
     """A directory the user named must be new or empty: one holding a run (``marks``) or anything else
-    (``hydra.run.dir=/etc``) is refused."""
+    (``hydra.run.dir=/etc``) is refused; ``peers``: names the other processes of this very run may have written."""
+    marks = tuple(name for name in marks if name not in peers)
     found = [name for name in marks if (directory / name).exists()]
     if found:
         raise Refused(f"{key}: {directory} already holds a run ({', '.join(found)}); a run directory holds "
                       "one run (allowed: a new or empty directory; leave it unset for a fresh one)")
     try:
-        held = sorted(p.name for p in directory.iterdir())[:3] if directory.is_dir() else []
+        held = sorted(p.name for p in directory.iterdir() if p.name not in peers)[:3] if directory.is_dir() else []
     except OSError as exc:
         raise Refused(f"{key}: {directory} cannot be read ({exc.strerror}) (allowed: a new or empty directory "
                       "you may write to)") from None
@@ -94,11 +101,11 @@ def remove_refused(directory: Path) -> bool:
     return True
 
 
-def fresh(config: DictConfig, key: str, marks: tuple[str, ...]) -> None:
+def fresh(config: DictConfig, key: str, marks: tuple[str, ...], peers: tuple[str, ...] = ()) -> None:
     """Refuse a used directory the user named; claim a fresh one where the default was taken."""
     directory = Path(OmegaConf.select(config, key))  # one that cannot be made: refused by StartChecks, called first
     if given(config, key):
-        refuse_reused(directory, marks, key)
+        refuse_reused(directory, marks, key, peers)
         if not directory.exists():  # Hydra makes it: a refusal before the run starts may give it back
             process.current().claimed_dirs[directory.absolute()] = [
                 p for p in directory.absolute().parents if not p.exists()]
@@ -118,7 +125,7 @@ class FreshDirectories(Callback):
             return
         # hydra.run.dir may read ${hydra:...}, which Hydra itself makes readable only when the job starts.
         HydraConfig.instance().set_config(config)
-        fresh(config, "hydra.run.dir", RUN_MARKS)
+        fresh(config, "hydra.run.dir", RUN_MARKS, PEER_FILES if dist.enabled else ())
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
         from sdjax_runner.record import resume
