@@ -18,7 +18,7 @@ from typing import Any, NamedTuple, Optional
 
 from omegaconf import DictConfig, OmegaConf
 
-from sdjax_runner.config import checks, families, hires, modes, refiner, samplers
+from sdjax_runner.config import checks, families, hires, inert, modes, refiner, samplers
 from sdjax_runner.config.folder_files import bounded_weights
 from sdjax_runner.config.hires import Hires
 from sdjax_runner.config.input_images import ModeInputs, read_mode_inputs
@@ -384,7 +384,8 @@ def make_plan(config: RunConfig, available_devices: int, checked: Optional[Check
         lora=adapters,
         checkpoint=checkpoint,
         vae=vae,
-        embeddings=embedding_records(config.prompts.embeddings),
+        embeddings=inert.used_embeddings(embedding_records(config.prompts.embeddings), prompts,
+                                         config.prompts.negative),
         generation=config.mode.name,
         strength=strength,
         start_step=start_step(steps, strength),
@@ -400,8 +401,8 @@ def make_plan(config: RunConfig, available_devices: int, checked: Optional[Check
         guidance_given=given_guidance,
         params_placement=par.params.name,
         true_cfg_scale=config.sampling.true_cfg_scale,
-        guidance_rescale=config.sampling.guidance_rescale,
-        slg=families.slg(config),
+        guidance_rescale=inert.acting_rescale(config.sampling.guidance_rescale, guidance),
+        slg=inert.acting_slg(families.slg(config), steps, guidance),
         hires=hires.check(config, family, sampling.sampler, checks.MAX_SIZE),
         refiner=refining,
         from_texts=len(config.prompts.texts),

@@ -13,11 +13,14 @@ encoder's own tokenizer; they differ in their padding token), weights of the sam
 
 from __future__ import annotations
 
+import logging
 from typing import Any, Optional
 
 import numpy as np
 
 from sdjax_runner.config.prompt_syntax import CHUNK, chunks
+
+log = logging.getLogger("sdjax_runner")
 
 TOKENS = CHUNK + 2  # one chunk as the text encoder reads it: start, 75, end
 
@@ -88,8 +91,13 @@ class PromptTokens:
         ids = []
         for which, tokenizer in enumerate(self.tokenizers):
             rows = []
-            for row in tokenizer(list(texts), truncation=False, add_special_tokens=False).input_ids:
-                kept = self.embeddings.replace(which, row)[:TOKENS - 2]
+            for number, row in enumerate(tokenizer(list(texts), truncation=False, add_special_tokens=False).input_ids):
+                replaced = self.embeddings.replace(which, row)
+                if which == 0 and len(replaced) > TOKENS - 2 >= len(row):  # the embeddings' vectors pushed it past
+                    log.warning("prompts.embeddings: prompt %d takes %d tokens with its embeddings' vectors, past the "
+                                "%d a CLIP prompt holds: its last %d dropped (prompts.syntax=a1111 chunks a longer "
+                                "prompt)", number, len(replaced), TOKENS - 2, len(replaced) - (TOKENS - 2))
+                kept = replaced[:TOKENS - 2]
                 laid = [tokenizer.bos_token_id, *kept, tokenizer.eos_token_id]
                 rows.append(laid + [tokenizer.pad_token_id] * (TOKENS - len(laid)))
             ids.append(np.array(rows, np.int32))

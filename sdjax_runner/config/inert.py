@@ -1,0 +1,57 @@
+"""Settings that act on nothing in a run, said in one line each and left out of what runs and what is recorded.
+
+Round five of the newcomer trials: the docs' own skip-layer-guidance example (``+experiment=sd3_smoke
+'sampling.slg_layers=[1]'``) runs 4 steps, and the default window (0.01..0.2 of the steps) holds none of them --
+the images were the plain run's bit for bit, while images.json said ``slg_layers: 1, slg_scale: 2.8`` and the FLOPs
+counted an extra transformer call. A setting like that now logs what it acts on (nothing, and why), and the plan
+runs and records the run without it: the record says what ran.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Optional
+
+log = logging.getLogger("sdjax_runner")
+
+
+def slg_steps(steps: int, start: float, stop: float) -> list[int]:
+    """The steps skip-layer guidance acts on: diffusers' ``start * steps < i < stop * steps``."""
+    return [i for i in range(steps) if steps * start < i < steps * stop]
+
+
+def acting_slg(slg: Optional[tuple], steps: int, guidance: float) -> Optional[tuple]:
+    """SD 3's skip-layer guidance as it acts: None (with a line saying why) where it acts on no step."""
+    if slg is None:
+        return None
+    layers, _, start, stop = slg
+    if guidance <= 1:
+        why = f"it adds to classifier-free guidance, and sampling.guidance_scale is {guidance:g} (no CFG)"
+    elif not slg_steps(steps, start, stop):
+        why = (f"its window {start:g}..{stop:g} of the {steps} steps (diffusers' start * steps < step < stop * steps) "
+               "holds none of them")
+    else:
+        return slg
+    log.warning("sampling.slg_layers: %s acts on no step of this run: %s; run and recorded without it (widen "
+                "sampling.slg_start/slg_stop or run more steps)", list(layers), why)
+    return None
+
+
+def acting_rescale(rescale: Optional[float], guidance: float, true_cfg: Optional[float] = None) -> Optional[float]:
+    """CFG rescale as it acts: None (with a line) where no classifier-free guidance runs for it to rescale."""
+    if rescale is None or guidance > 1:
+        return rescale
+    log.warning("sampling.guidance_rescale: %g rescales classifier-free guidance, and sampling.guidance_scale is %g "
+                "(no CFG); run and recorded without it", rescale, guidance)
+    return None
+
+
+def used_embeddings(embeddings: tuple[Any, ...], texts: list[str], negative: Optional[str]) -> tuple[Any, ...]:
+    """``embeddings`` (the plan's records), each named by no prompt (nor the negative) said in one line: they are
+    loaded (a sweep's other points may call them) and listed as given, but they change no image."""
+    words = " ".join([*texts, negative or ""])
+    unused = [entry.name for entry in embeddings if entry.name not in words]
+    if unused:
+        log.warning("prompts.embeddings: %s named by no prompt: used by none, the images are as without them (a "
+                    "prompt calls one by its file name, e.g. %r)", ", ".join(unused), unused[0])
+    return embeddings
