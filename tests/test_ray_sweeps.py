@@ -234,3 +234,71 @@ def test_workers_the_cluster_cannot_start_are_one_line_and_the_sweep_runs_no_poi
     assert not list((tmp_path / "sweep").glob("[0-9]*"))  # no point started
     _, parent, children = sweep_runs(tmp_path)
     assert parent.info.status == "FAILED" and not children
+
+
+def listening(pids: set[int]) -> set[tuple[str, int, str]]:
+    """(address, port, process name) of every listening TCP socket of the processes ``pids``."""
+    import psutil
+
+    found = set()
+    for connection in psutil.net_connections(kind="tcp"):
+        if connection.status == psutil.CONN_LISTEN and connection.pid in pids:
+            try:
+                name = psutil.Process(connection.pid).name()
+            except psutil.Error:
+                name = "?"
+            found.add((connection.laddr.ip, connection.laddr.port, name))
+    return found
+
+
+def is_loopback(address: str) -> bool:
+    import ipaddress
+
+    ip = ipaddress.ip_address(address.split("%")[0])
+    return ip.is_loopback or (ip.version == 6 and ip.ipv4_mapped is not None and ip.ipv4_mapped.is_loopback)
+
+
+def test_a_local_cluster_listens_on_loopback_only_while_a_sweep_runs(tmp_path):
+    """Round five, HIGH: the local cluster a sweep starts (hydra.launcher.address null) had its GCS server, raylet,
+    workers and driver listen on every interface and its runtime-env agent on the host's external address. Every
+    listening socket of the command's processes -- the driver and everything it started -- is listed while the
+    sweep runs, and each must be 127.0.0.1 (gRPC's IPv4-mapped ::ffff:127.0.0.1 is that too)."""
+    import psutil
+
+    driver = subprocess.Popen(
+        [sys.executable, "-m", "sdjax_runner", "-m", "+experiment=smoke", "seed=0,1", DEVICES, "hydra/launcher=ray",
+         "hydra.launcher.num_workers=1", "tracking=none", f"hydra.sweep.dir={tmp_path / 'sweep'}"],
+        cwd=tmp_path, env={k: v for k, v in os.environ.items() if not k.startswith("RAY_")},
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    seen: set[tuple[str, int, str]] = set()
+    pids: set[int] = set()
+    names: set[str] = set()
+    deadline = time.monotonic() + 400
+    while driver.poll() is None and time.monotonic() < deadline:
+        try:
+            tree = [psutil.Process(driver.pid), *psutil.Process(driver.pid).children(recursive=True)]
+        except psutil.Error:
+            break
+        pids |= {p.pid for p in tree}
+        names |= {p.name() for p in tree if p.is_running()}
+        seen |= listening({p.pid for p in tree})
+        time.sleep(0.5)
+    output = driver.communicate(timeout=60)[0]
+    assert driver.returncode == 0, output[-3000:]
+    assert {"gcs_server", "raylet"} <= names, names  # the cluster's own processes were looked at
+    assert any(name == "raylet" for _, _, name in seen) and any(name == "gcs_server" for _, _, name in seen), seen
+    assert all(is_loopback(address) for address, _, _ in seen), sorted(seen)
+    left = [pid for pid in pids if psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE]
+    assert not left, f"processes the sweep started are still running: {left}"
+
+
+def test_a_local_cluster_too_small_for_the_workers_is_refused_at_once(tmp_path):
+    started = time.monotonic()
+    result = run_cli("-m", "+experiment=smoke", "seed=0,1", DEVICES, "hydra/launcher=ray", "hydra.launcher.num_workers=2",
+                     "hydra.launcher.resources={GPU:1}", "tracking=none", f"hydra.sweep.dir={tmp_path / 'sweep'}",
+                     cwd=tmp_path, env={k: v for k, v in os.environ.items() if not k.startswith("RAY_")}, timeout=200)
+    assert_one_line_error(result, "error: hydra.launcher.resources: 2 worker(s) of {GPU: 1} need GPU 2 (it has 0) from "
+                                  "this host's local cluster (allowed: fewer workers, hydra.launcher.num_workers, or "
+                                  "less each)")
+    assert time.monotonic() - started < 90  # not the 300 s start timeout
+    assert not list((tmp_path / "sweep").glob("[0-9]*"))

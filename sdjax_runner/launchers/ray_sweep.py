@@ -75,13 +75,13 @@ class RayPool:
     def connect(self) -> None:
         os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")  # Ray sends no usage report from here
         os.environ.setdefault("RAY_DEDUP_LOGS", "0")  # every worker's console lines, not "repeated 3x" (read at import)
-        import ray
-
         address = cluster_address(self.settings.address)
         if address is None or is_loopback(address):
-            # A cluster on this host: Ray would otherwise put its node (and its servers) on the host's
-            # external address, where a loopback cluster is not reachable and a local one need not be.
-            os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
+            held_to_loopback()
+        if address is None:  # token authentication, said so (Ray warns on stderr where the mode is not given)
+            os.environ.setdefault("RAY_AUTH_MODE", "token")
+        import ray
+
         try:
             if address is None:
                 ray.init(include_dashboard=False, configure_logging=False, log_to_driver=True)
@@ -262,6 +262,27 @@ class RayPool:
             status = finish_lost_point(worker.point, self.sweep_dir, "the sweep was stopped (Ctrl-C or SIGTERM)")
             log.info("ray: job %d stopped with the sweep; left %s", worker.point.number, status)
         self.workers = []
+
+
+def held_to_loopback() -> None:
+    """A cluster on this host listens on 127.0.0.1 alone: Ray's node address is the loopback's only while its
+    ENABLE_RAY_CLUSTER constant is off, read from RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER when ray is imported (on Linux
+    it is on, and Ray then swaps 127.0.0.1 for the host's external address and binds its GCS, raylet, workers and
+    driver to every interface, its runtime-env agent to the external address). Set before the import; where ray was
+    imported already (by another library), its constant is set instead; where neither holds, no local cluster
+    is started (measured with ray 2.60: every listener then on 127.0.0.1, tests/test_ray_sweeps.py)."""
+    import sys
+
+    os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
+    if "ray" not in sys.modules:
+        return
+    constants = sys.modules.get("ray._private.ray_constants")
+    if constants is not None and hasattr(constants, "ENABLE_RAY_CLUSTER"):
+        setattr(constants, "ENABLE_RAY_CLUSTER", False)  # noqa: B010 -- a module attribute mypy cannot see
+        return
+    raise Refused("hydra.launcher.address: null starts a Ray cluster on this host, and this Ray cannot be held to "
+                  "127.0.0.1 (its ENABLE_RAY_CLUSTER setting was not found after ray was imported) (allowed: a "
+                  "cluster of your own, started with ray start --head --node-ip-address=127.0.0.1, by its address)")
 
 
 def describe_resources(resources: dict[str, Any]) -> str:
