@@ -35,6 +35,12 @@ def test_a_sweeps_points_are_listed_by_their_whole_names(tmp_path, tiny_model_di
     assert ui_link("http://127.0.0.1:5000", "1") == ("http://127.0.0.1:5000/#/experiments/1/runs?orderByKey="
                                                      "attributes.%60Created%60&orderByAsc=false"
                                                      "&workflowType=machine_learning")
+    # report.html links each point to its run page as ui_link makes it (a bare #/runs/ID opened MLflow's GenAI view)
+    page = (tmp_path / "sweep" / "report.html").read_text()
+    for child in children:
+        link = ui_link("http://127.0.0.1:5000", child.info.experiment_id, child.info.run_id).replace("&", "&amp;")
+        assert f'href="{link}"' in page, link
+    assert "/#/runs/" not in page
     view = subprocess.run([sys.executable, str(REPO / "tools" / "mlflow_view.py"),
                            str(tmp_path / "outputs" / "mlflow.db"), "--screenshot", str(tmp_path / "view.png")],
                           capture_output=True, text=True, timeout=300)

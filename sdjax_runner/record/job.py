@@ -47,7 +47,8 @@ class Job:
         self.records: list[ImageRecord] = []  # the images written so far
 
     def write_status(self, **fields: Any) -> None:
-        self.status.update(fields, tracking=self.tracker.description, run_id=self.tracker.run_id)
+        self.status.update(fields, tracking=self.tracker.description, run_id=self.tracker.run_id,
+                           experiment_id=getattr(self.tracker, "experiment_id", None))  # (the UI's link needs both)
         if isinstance(self.tracker, NullTracker):
             self.status["logged"] = None  # tracking=none: nothing to log
         else:

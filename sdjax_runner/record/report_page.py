@@ -35,6 +35,7 @@ from sdjax_runner.config.report_axes import Axes, axis_value
 from sdjax_runner.files import write_text
 from sdjax_runner.metrics.report import number, pareto_front, seconds_per_image, svg_plots
 from sdjax_runner.record import rundir
+from sdjax_runner.record.tracking import ui_link
 
 log = logging.getLogger("sdjax_runner")
 
@@ -252,8 +253,8 @@ def _table(rows: list[dict], keys: list[str], page_dir: Path, mlflow_ui: Optiona
         job_dir = Path(row["dir"])
         out.append(f'<td class="text"><a href="{_link(job_dir, page_dir)}/">{html.escape(job_dir.name)}</a></td>')
         run_id = row.get("run_id") or ""
-        if run_id and mlflow_ui:
-            link = html.escape(f"{mlflow_ui.rstrip('/')}/#/runs/{run_id}", quote=True)
+        if run_id and mlflow_ui and row.get("experiment_id"):  # the classic run page, not MLflow's GenAI view
+            link = html.escape(ui_link(mlflow_ui, row["experiment_id"], run_id), quote=True)
             out.append(f'<td class="text"><a href="{link}">{html.escape(run_id[:12])}</a></td>')
         else:
             out.append(f'<td class="text">{html.escape(run_id[:12])}</td>')

@@ -135,9 +135,11 @@ def status_fields(status: dict[str, Any]) -> dict[str, str]:
     """A row's ``status``, ``error`` and ``run_id`` from status.json, each the text it must be: a field of
     another type (a damaged or forged record: ``"status": 123``) is the status ``DAMAGED`` or a blank."""
     state, error, run_id = status.get("status", "UNKNOWN"), status.get("error", ""), status.get("run_id", "")
+    experiment = status.get("experiment_id")
     return {"status": writable(state[:MAX_STATUS_CHARS]) if isinstance(state, str) and state else "DAMAGED",
             "error": writable(error[:MAX_ERROR_CHARS]) if isinstance(error, str) else "",
-            "run_id": run_id if isinstance(run_id, str) and RUN_ID.fullmatch(run_id) else ""}
+            "run_id": run_id if isinstance(run_id, str) and RUN_ID.fullmatch(run_id) else "",
+            "experiment_id": experiment if isinstance(experiment, str) and RUN_ID.fullmatch(experiment) else ""}
 
 
 def writable(text: str) -> str:
@@ -222,7 +224,8 @@ def write_summary(sweep_dir: Path, rows: list[dict[str, Any]], keys: list[str],
     from sdjax_runner.metrics.report import write_report
     from sdjax_runner.record.report_page import mlflow_ui_of, write_page
 
-    columns = ["job", "label", *keys, "status", "error", *SUMMARY_TIMINGS, *SUMMARY_QUALITY, "run_id", "dir"]
+    columns = ["job", "label", *keys, "status", "error", *SUMMARY_TIMINGS, *SUMMARY_QUALITY, "run_id", "experiment_id",
+               "dir"]
     with replaced(sweep_dir / rundir.SUMMARY_CSV, "w", newline="", encoding="utf-8", errors="backslashreplace") as f:
         writer = csv.DictWriter(f, fieldnames=columns)
         writer.writeheader()
