@@ -191,3 +191,30 @@ def page_data(page: Path) -> str:
     start = text.index('<script type="application/json" id="points-data">') + len(
         '<script type="application/json" id="points-data">')
     return text[start:text.index("</script>", start)]
+
+
+@pytest.mark.slow
+def test_a_point_timed_by_its_first_call_alone_is_marked_and_kept_off_the_pareto_front(sweep, tmp_path):
+    """Round five: a point whose seconds are its first call's (no steady-state call) stood on the Pareto front as if
+    measured. Job 0 made the fastest point by far, timed by its first call alone: the table, its grid caption and
+    the plot say so, and the front is made of the others."""
+    import json
+    import re
+
+    from helpers.cli import call_cli
+
+    _, sweep_dir = sweep
+    copy = tmp_path / "sweep"
+    shutil.copytree(sweep_dir, copy)
+    timings = json.loads((copy / "0" / "timings.json").read_text())
+    timings.update(steady_calls=0, images_per_s=1e6, generate_s=1e-6)
+    (copy / "0" / "timings.json").write_text(json.dumps(timings))
+    result = call_cli(str(copy), cwd=tmp_path, command="report")
+    assert result.returncode == 0, result.stderr
+    page = (copy / "report.html").read_text()
+    rows = {job: classes.split() for classes, job in re.findall(r'<tr class="([^"]*)" data-job="(\d+)">', page)}
+    assert "pareto" not in rows["0"] and any("pareto" in classes for classes in rows.values())
+    first = re.split(r'<tr class="[^"]*" data-job="0">', page, maxsplit=1)[1].split("</tr>", 1)[0]
+    assert 'class="first-call"' in first and "(first call)</td>" in first
+    assert "s/img (first call)" in page  # the grid's caption
+    assert "timed by their first call alone, off the front (hollow): #0" in page  # the plot's title

@@ -72,6 +72,17 @@ def seconds_per_image(row: dict) -> Optional[float]:
     return 1.0 / speed if speed else None
 
 
+def first_call_only(row: dict) -> bool:
+    """Whether a row's seconds come from its first call alone (steady_calls 0: compile-time effects, a warm-up
+    the steady state does not pay): shown, marked, and never on the Pareto front as if measured."""
+    return number(row.get("steady_calls")) == 0
+
+
+def front_seconds(row: dict) -> Optional[float]:
+    """A row's seconds per image where they may place it on the Pareto front: measured in the steady state."""
+    return None if first_call_only(row) else seconds_per_image(row)
+
+
 def pareto_front(points: list[tuple[Optional[float], Optional[float]]]) -> list[int]:
     """Indices of the (seconds, quality) points no other point beats on both (as fast or faster and at
     least as good, better in one), fastest first: the settings worth choosing between."""
@@ -102,9 +113,12 @@ def _against_seconds(ax, rows: list[dict], seconds: list, values: list, cap: Opt
     staircase with its points ringed, inf drawn at ``cap``; returns the front (row indices, fastest first)."""
     for r, x, y in zip(rows, seconds, values, strict=True):
         if x is not None and y is not None:
-            ax.scatter(x, y, color="tab:blue", s=18)
-            ax.annotate(f"#{r['job']}", (x, y), fontsize=fontsize, xytext=(3, 3), textcoords="offset points")
-    front = pareto_front(list(zip(seconds, values, strict=True)))
+            first = first_call_only(r)  # hollow and grey: its seconds are its first call's, not a steady state's
+            ax.scatter(x, y, s=18, facecolors="none" if first else "tab:blue",
+                       edgecolors="tab:gray" if first else "tab:blue")
+            ax.annotate(f"#{r['job']}" + (" (first call)" if first else ""), (x, y), fontsize=fontsize,
+                        xytext=(3, 3), textcoords="offset points")
+    front = pareto_front([(None if first_call_only(r) else x, y) for r, x, y in zip(rows, seconds, values, strict=True)])
     if front:
         ax.step([seconds[i] for i in front], [values[i] for i in front], where="post", color="tab:red",
                 linewidth=1, label="Pareto front")
@@ -162,7 +176,9 @@ def _svg_plots(rows: list[dict], keys: list[str]) -> list[tuple[str, str]]:
         figure, ax = plt.subplots(figsize=(5.2, 3.6))
         front = _against_seconds(ax, rows, seconds, values, cap, metric, fontsize=7)
         front_jobs = ", ".join(f"#{rows[i]['job']}" for i in front)
-        out.append((f"{QUALITY[metric]} against seconds per image; Pareto front (red): {front_jobs or 'none'}",
+        first = [f"#{r['job']}" for r in rows if first_call_only(r)]
+        out.append((f"{QUALITY[metric]} against seconds per image; Pareto front (red): {front_jobs or 'none'}"
+                    + (f"; timed by their first call alone, off the front (hollow): {', '.join(first)}" if first else ""),
                     _svg(figure)))
         for key in keys:
             series = series_of(rows, values, key, keys)

@@ -33,7 +33,14 @@ from sdjax_runner import console
 from sdjax_runner.config.input_images import BadImage, decoded, image_file_bytes
 from sdjax_runner.config.report_axes import Axes, axis_value
 from sdjax_runner.files import write_text
-from sdjax_runner.metrics.report import number, pareto_front, seconds_per_image, svg_plots
+from sdjax_runner.metrics.report import (
+    first_call_only,
+    front_seconds,
+    number,
+    pareto_front,
+    seconds_per_image,
+    svg_plots,
+)
 from sdjax_runner.record import rundir
 from sdjax_runner.record.tracking import ui_link
 
@@ -205,7 +212,7 @@ def _cell(row: Optional[dict], page_dir: Path, image: int, unreadable: list[str]
     caption = [f"#{row['job']}"]
     seconds = row.get("seconds_per_image")
     if seconds is not None:
-        caption.append(f"{seconds:.3g} s/img")
+        caption.append(f"{seconds:.3g} s/img" + (" (first call)" if first_call_only(row) else ""))
     clip = number(row.get("clip_score_mean"))
     if clip is not None:
         caption.append(f"CLIP {clip:.3g}")
@@ -248,6 +255,10 @@ def _table(rows: list[dict], keys: list[str], page_dir: Path, mlflow_ui: Optiona
             elif math.isinf(value):
                 out.append(f'<td data-value="{"Infinity" if value > 0 else "-Infinity"}">'
                            f'{"inf (identical)" if value > 0 else "-inf"}</td>')
+            elif key == "seconds_per_image" and first_call_only(row):  # not a steady state's: said, off the front
+                out.append(f'<td data-value="{value!r}" class="first-call" title="timed by its first call alone '
+                           f'(timing.repeats or max_extra_share left no steady-state call)">{shown.format(value)} '
+                           '(first call)</td>')
             else:
                 out.append(f'<td data-value="{value!r}">{shown.format(value)}</td>')
         job_dir = Path(row["dir"])
@@ -284,7 +295,7 @@ def write_page(sweep_dir: Path, rows: list[dict], keys: list[str], axes: Axes, i
     finished = [r for r in rows if r["status"] == "FINISHED"]
     front: set[Any] = set()
     for metric in ("clip_score_mean", "psnr", "ssim_mean"):
-        points = [(r["seconds_per_image"], number(r.get(metric))) for r in finished]
+        points = [(front_seconds(r), number(r.get(metric))) for r in finished]  # steady-state seconds alone
         front.update(finished[i]["job"] for i in pareto_front(points))
     plots = svg_plots(finished, keys)
     title = f"Sweep report: {sweep_dir.name}"
