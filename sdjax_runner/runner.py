@@ -70,7 +70,8 @@ def _run(plan: Plan, job: Job, run_name: str, tags: dict[str, str], started: flo
     engine.configure(plan)
     model = engine.load(plan, jax.devices()[0].platform)
     if job.writes:
-        rundir.write_json(job.run_dir / rundir.INPUTS, inputs.collect(plan, model.loaded.path))
+        collected = inputs.collect(plan, model.loaded.path, tuple(model.loaded.formats))
+        rundir.write_json(job.run_dir / rundir.INPUTS, collected)
     with out_of_memory_said(plan, model.height, model.width):  # one line, not XLA's RESOURCE_EXHAUSTED
         program = engine.program(plan, model, jax.devices()[: plan.num_devices], started)
         interpreter.program_ready()
@@ -129,6 +130,9 @@ def announce(plan: Plan) -> None:
     checks.attention(plan.attention, jax.devices()[0].platform, plan.dtype.activations_dtype.name)
     if plan.syntax == "plain":
         hint_a1111_syntax(named_prompts(plan.prompts, plan.from_texts, plan.negative))
+    if not plan.model.t5:
+        log.info("plan: without T5 (model.t5=false): its part of the conditioning is zeros, as diffusers' "
+                 "text_encoder_3=None")
     if len(plan.kept_images) < len(plan.images):
         log.info("plan: %d padding image(s) will be generated and dropped (prompts.fill=pad)",
                  len(plan.images) - len(plan.kept_images))

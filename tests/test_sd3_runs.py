@@ -82,6 +82,20 @@ def test_a_folder_without_t5_runs_without_it_as_diffusers_does(tmp_path, referen
     assert float(np.abs(reference["no_t5_images"] - reference["default_images"]).max()) > 10 / 255  # T5 mattered
 
 
+def test_model_t5_false_runs_a_folder_with_t5_without_it_as_diffusers_does(tmp_path, reference):
+    """diffusers' ``text_encoder_3=None`` by a key (round five: only a hand-edited folder did it): the images of the
+    folder without T5, the plan line and inputs.json's components saying T5 did not run."""
+    from helpers.cli import call_cli
+
+    result = call_cli(*local(FIXTURES / "tiny-sd3"), *RUN, "sampling.guidance_scale=5", "model.t5=false",
+                      "hydra.run.dir=run", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "plan: without T5 (model.t5=false)" in result.stdout
+    assert float(np.abs(images(tmp_path / "run") - reference["no_t5_images"]).max()) <= TOLERANCE
+    components = json.loads((tmp_path / "run" / "inputs.json").read_text())["model"]["components"]
+    assert components == ["text_encoder", "text_encoder_2", "transformer", "vae"]
+
+
 def test_skip_layer_guidance_gives_diffusers_images(tmp_path, reference):
     # diffusers: skip_guidance_layers=[1], scale 2.8, start 0.01, stop 0.6 -> steps 1 and 2 of 4
     result = run_cli(*local(FIXTURES / "tiny-sd3"), *RUN, "sampling.guidance_scale=5", "sampling.slg_layers=[1]",

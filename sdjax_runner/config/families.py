@@ -46,6 +46,7 @@ class FamilyEntry:
     # prompts.max_sequence_length when null, for a family with a T5 encoder (None: it has none, and the key is
     # refused): its diffusers pipeline's default
     t5_tokens: Optional[int] = None
+    t5_optional: bool = False  # whether it runs without its T5 encoder (model.t5=false; diffusers: SD 3's pipeline)
     # whether scheduler.config_overrides mean anything to it: the SD family's diffusers schedulers take them; the
     # flow families step on their own schedule, read from the model's scheduler_config.json (shift, dynamic shift)
     scheduler_settings: bool = True
@@ -146,7 +147,7 @@ FAMILIES = _registry(
     FamilyEntry("sd3", "Stable Diffusion 3 / 3.5: CLIP-L, CLIP-G and T5 text encoders, an MMDiT, a 16-channel VAE",
                 ("StableDiffusion3Pipeline",), tiny="tiny-random-sd3", modes=("txt2img",),
                 builtins=("tiny-random-sd3", "sd3.5-large-arch"), steps=28, guidance=7.0, check=_sd3_values,
-                sampling=samplers.resolve_flow, t5_tokens=256, scheduler_settings=False,
+                sampling=samplers.resolve_flow, t5_tokens=256, t5_optional=True, scheduler_settings=False,
                 largest_side=_sd3_largest_side),
 )
 PIPELINES = {pipeline: entry.name for entry in FAMILIES.values() for pipeline in entry.pipelines}
@@ -224,6 +225,10 @@ def with_defaults(config: Any) -> Any:
                         f"guidance_rescale); {config.model.name} is a {family.name} model", "null")
     if rescale is not None and not (math.isfinite(rescale) and 0 <= rescale <= 1):
         raise UserError("sampling.guidance_rescale", f"{rescale}", "a number from 0 to 1 (0.7 in Lin et al.), or null")
+    if not config.model.t5 and (family.t5_tokens is None or not family.t5_optional):
+        raise UserError("model.t5", f"false: {config.model.name} is {family.title.split(':')[0]}, which "
+                        + ("has no T5 encoder" if family.t5_tokens is None else "needs its T5 encoder"),
+                        "true (false: SD 3 / 3.5 only)")
     if family.t5_tokens is None and length is not None:
         raise UserError("prompts.max_sequence_length", f"{length}: {config.model.name} has no T5 encoder (it is "
                         f"{family.title})", "null (FLUX.1 and SD 3 only)")

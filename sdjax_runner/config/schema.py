@@ -128,6 +128,10 @@ class ModelConfig:
     variant: Optional[str] = None
     # Run the pipeline's safety checker (SD 1.x repositories with safety_checker/ and feature_extractor/).
     safety_checker: bool = False
+    # Load and run the folder's T5 text encoder (SD 3 / 3.5). false: without it, as diffusers' text_encoder_3=None
+    # (T5's part of the conditioning is zeros; its 4.7B parameters are not read). FLUX.1 needs its T5; the SD
+    # family has none. A folder without text_encoder_3/ runs without T5 either way.
+    t5: bool = True
     # A built-in model (models/builtin.py) built once at pretrained_model_name_or_path if it is not there.
     builtin: Optional[str] = None
     resolution: Optional[int] = None  # native height/width; null: the UNet's sample_size x 8

@@ -111,7 +111,7 @@ class ReuseCache:
     def model(self, plan: Plan) -> tuple[ModelEntry, bool]:
         """The plan's model, loaded or reused (then True)."""
         key = _key(plan.model, "pretrained_model_name_or_path", "revision", "variant", "safety_checker", "builtin",
-                   "allow_pickle")
+                   "allow_pickle", "t5")
         structure = key + _key(plan.dtype, "weights_dtype", "activations_dtype")
         key = structure + (plan.checkpoint,)
         if key in self.models:

@@ -24,7 +24,9 @@ PATH_KEYS = ("model.pretrained_model_name_or_path", "model.checkpoint", "model.r
 _COMMIT = re.compile(r"[0-9a-f]{40}")
 
 
-def collect(plan: Plan, model_path: str) -> dict[str, Any]:
+def collect(plan: Plan, model_path: str, components: tuple[str, ...] = ()) -> dict[str, Any]:
+    """inputs.json: what the run read. ``components``: the model's components that were loaded and ran (an SD 3
+    folder's text_encoder_3 is absent where it ran without T5)."""
     model_dir = Path(model_path).expanduser().resolve()
     revision = hub_revision(model_dir)
     file = plan.params.get("prompts.file", "null")
@@ -33,7 +35,7 @@ def collect(plan: Plan, model_path: str) -> dict[str, Any]:
         # What the prompts are called: the prompt file's name, else the prompt set's (prompts=NAME).
         "prompt_set": Path(file).name if file != "null" else plan.params.get("prompts.name", "prompts"),
         "prompts": list(plan.prompts),
-        "model": {"path": str(model_dir), "revision": revision,
+        "model": {"path": str(model_dir), "revision": revision, "components": sorted(components),
                   "weights": {} if revision else weight_files(model_dir)},
         "lora": [{"path": a.path, "scale": a.scale, "sha256": a.sha256} for a in plan.lora],
         "checkpoint": {"path": plan.checkpoint.path, "sha256": plan.checkpoint.sha256} if plan.checkpoint else None,

@@ -120,7 +120,7 @@ def load_sd3(directory: Path, index: dict, model: ModelConfig, dtype: DtypeConfi
     if model.safety_checker:
         raise UserError("model.safety_checker", f"{directory} is an SD 3 pipeline, which has no safety checker",
                         "false")
-    t5 = has_t5(directory, index)
+    t5 = has_t5(directory, index) and model.t5  # model.t5=false: diffusers' text_encoder_3=None
     names = [name for name in COMPONENTS if t5 or name not in OPTIONAL]
     classes = {name: flux.component_class(directory, index, name, COMPONENTS, WHAT) for name in names}
     activations = getattr(jnp, dtype.activations_dtype.name)
