@@ -124,9 +124,10 @@ def announce(plan: Plan) -> None:
 
     from sdjax_runner.config.prompts import hint_a1111_syntax, named_prompts
 
-    log.info("plan: %d image(s) = %d batch(es) x %d device(s) x %d per device; %s %s, %s %d steps, seed %d",
+    log.info("plan: %d image(s) = %d batch(es) x %d device(s) x %d per device; %s %s, %s %d steps, seed %d%s",
              len(plan.kept_images), plan.num_batches, plan.num_devices, plan.per_device_batch_size,
-             plan.model.name, plan.dtype.name, plan.sampling.label, plan.num_inference_steps, plan.seed)
+             plan.model.name, plan.dtype.name, plan.sampling.label, plan.num_inference_steps, plan.seed,
+             "".join(f"; {part}" for part in plan_extras(plan)))
     checks.attention(plan.attention, jax.devices()[0].platform, plan.dtype.activations_dtype.name)
     if plan.syntax == "plain":
         hint_a1111_syntax(named_prompts(plan.prompts, plan.from_texts, plan.negative))
@@ -136,6 +137,26 @@ def announce(plan: Plan) -> None:
     if len(plan.kept_images) < len(plan.images):
         log.info("plan: %d padding image(s) will be generated and dropped (prompts.fill=pad)",
                  len(plan.images) - len(plan.kept_images))
+
+
+def plan_extras(plan: Plan) -> list[str]:
+    """What the plan line adds where it applies: Hires. fix's second pass and its size, weights split across the
+    devices, skip-layer guidance and its steps (each easy to miss, and each changing what a run costs)."""
+    from sdjax_runner.config.inert import slg_steps
+
+    extras = []
+    if plan.hires is not None:
+        size = (f" to {int(plan.height * plan.hires.scale)}x{int(plan.width * plan.hires.scale)}"
+                if plan.height and plan.width else "")
+        extras.append(f"Hires. fix x{plan.hires.scale:g}{size}, {plan.hires.steps} steps at strength "
+                      f"{plan.hires.strength:g} ({plan.hires.upscaler})")
+    if plan.params_placement == "sharded":
+        extras.append(f"weights split across the {plan.num_devices} devices (parallelism.params=sharded)")
+    if plan.slg is not None:
+        layers, scale, start, stop = plan.slg
+        steps = slg_steps(plan.num_inference_steps, start, stop)
+        extras.append(f"skip-layer guidance on blocks {list(layers)} at {scale:g}, steps {steps[0]}..{steps[-1]}")
+    return extras
 
 
 def generate_images(plan: Plan, job: Job, generator: Any, started: float) -> tuple[Optional[list], float]:

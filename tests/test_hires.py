@@ -151,6 +151,7 @@ def test_a_hires_sweep_runs_its_upscalers_and_from_png_remakes_an_image(tmp_path
     result = run_cli("-m", *quiet, "sampling.hires.upscaler=latent_bicubic,lanczos", "sampling.hires.guidance_scale=3,5",
                      f"hydra.sweep.dir={sweep}", cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
+    assert "; Hires. fix x2 to 128x128, 3 steps at strength 0.6 (lanczos)" in result.stdout  # the plan line
     jobs = {}
     for job in sweep.glob("[0-9]"):
         record = json.loads((job / "images.json").read_text())[0]

@@ -34,6 +34,8 @@ def test_skip_layer_guidance_on_no_step_is_said_and_the_run_is_the_plain_one(tmp
                     "it") in said
         else:
             assert "acts on no step" not in said
+        if run_dir == acting:  # the plan line says what runs
+            assert "; skip-layer guidance on blocks [1] at 2.8, steps 1..2" in said
     hashes = {d: [r["pixels_sha256"] for r in records(d)] for d in (plain, inert, acting)}
     assert hashes[inert] == hashes[plain] and hashes[acting] != hashes[plain]
     assert records(inert)[0].get("slg_layers") is None and records(acting)[0]["slg_layers"] == "1"

@@ -173,6 +173,7 @@ def test_split_weights_give_the_replicated_images_and_each_device_holds_an_nth_o
                      "parallelism=sharded", "parallelism.params=replicated,sharded", f"paths.cache_dir={cache_dir}",
                      f"hydra.sweep.dir={sweep}", cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.count("; weights split across the 8 devices (parallelism.params=sharded)") == 1  # plan lines
     replicated, split = (json.loads((sweep / str(job) / "images.json").read_text()) for job in (0, 1))
     assert [r["pixels_sha256"] for r in split] == [r["pixels_sha256"] for r in replicated] and len(split) == 8
     timings = [json.loads((sweep / str(job) / "timings.json").read_text()) for job in (0, 1)]
