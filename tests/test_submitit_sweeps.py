@@ -68,6 +68,12 @@ def test_local_workers_split_the_points_into_array_tasks_that_each_load_and_comp
         assert len(ours) == len(basic) == 4
         assert all(np.array_equal(a, b) for a, b in zip(ours, basic, strict=True)), f"job {i}"
     assert len(record(sweep_dir, "summary.json")) == 8
+    # the wait says what it waits for (round five: one line, then 25 s of nothing), and no literal %j folder is left
+    said = result.stdout + result.stderr
+    assert f"sweep: 0 of 8 point(s) done; waiting for 2 array task(s) (loading, compiling, generating: their own " \
+           f"logs in {sweep_dir / '.submitit'})" in said
+    assert "sweep: 4 of 8 point(s) done" in said or "sweep: 5 of 8 point(s) done" in said
+    assert not (sweep_dir / ".submitit" / "%j").exists()
 
 
 def test_a_killed_array_task_leaves_its_points_for_resume(tmp_path, tiny_model_dir):

@@ -30,6 +30,7 @@ from sdjax_runner.launchers.workers import (
     job_return,
     shares,
 )
+from sdjax_runner.record import rundir
 
 log = logging.getLogger("sdjax_runner")
 
@@ -56,10 +57,40 @@ def launch(launcher: Any, executor: Any, job_overrides: Sequence[Sequence[str]],
                               [[(p.number, p.config) for p in share] for share in split])
     for name, job, share in zip(names, jobs, split, strict=True):
         log.info("%s: submitit job %s runs job(s) %s", name, job.job_id, ", ".join(str(p.number) for p in share))
+    placeholder = Path(str(executor.folder))  # submitit makes a folder of its pattern itself (a literal "%j")
+    wait_saying(jobs, points, sweep_dir, placeholder.parent if "%" in placeholder.name else placeholder)
+    if "%" in placeholder.name and placeholder.is_dir() and not any(placeholder.iterdir()):
+        placeholder.rmdir()  # (empty once the tasks have ended: nothing of theirs lies there)
     results: dict[int, Any] = {}
     for name, job, share in zip(names, jobs, split, strict=True):
         results.update(collect(name, job, share, sweep_dir))
     return [results[p.number] for p in points]
+
+
+PROGRESS_EVERY_S = 15.0
+
+
+def wait_saying(jobs: list[Any], points: list[Point], sweep_dir: Path, logs: Path) -> None:
+    """Wait for the array tasks, saying what is awaited: at once, whenever a point finishes, and every
+    PROGRESS_EVERY_S seconds -- how many points are done, how many tasks still run, where their own logs are (a
+    task that loads and compiles said nothing here for 25 s before)."""
+    import time
+
+    def finished() -> int:
+        return sum(rundir.read_json_or_empty(sweep_dir / str(p.number) / rundir.STATUS).get("status") in
+                   ("FINISHED", "FAILED", "KILLED") for p in points)
+
+    said, last = -1, 0.0
+    while True:
+        running = sum(not job.done() for job in jobs)
+        done = finished()
+        if running == 0:
+            return
+        if done != said or time.monotonic() - last >= PROGRESS_EVERY_S:
+            log.info("sweep: %d of %d point(s) done; waiting for %d array task(s) (loading, compiling, generating: "
+                     "their own logs in %s)", done, len(points), running, logs)
+            said, last = done, time.monotonic()
+        time.sleep(0.5)
 
 
 def collect(name: str, job: Any, share: list[Point], sweep_dir: Path) -> dict[int, Any]:
