@@ -178,3 +178,25 @@ def test_a_large_file_that_is_no_adapter_of_the_model_is_refused_from_its_header
     said, peak_kb = result.stdout.strip().rsplit("\n", 1)
     assert "UserError" in said and "1 module(s) match no kernel of unet in this model, e.g. nowhere" in said, said
     assert int(peak_kb) < 700 << 10, f"a 1 GB file that is no adapter took a {int(peak_kb) >> 10} MB peak"
+
+
+@pytest.mark.slow
+def test_weights_with_nan_are_one_line_at_load_not_black_images(tmp_path, model_copy):
+    """Round five: NaN weights made black images whose warning blamed the guidance."""
+    from flax.serialization import msgpack_restore, msgpack_serialize
+    from flax.traverse_util import flatten_dict, unflatten_dict
+
+    import numpy as np
+
+    file = model_copy / "unet" / "diffusion_flax_model.msgpack"
+    flat = flatten_dict(msgpack_restore(file.read_bytes()))
+    path = next(p for p in sorted(flat) if p[-1] == "kernel")
+    flat[path] = np.array(flat[path], copy=True)
+    flat[path].flat[0] = np.nan
+    file.write_bytes(msgpack_serialize(unflatten_dict(flat)))
+    run_dir = tmp_path / "run"
+    result = call_cli("+experiment=smoke", *QUIET, "model=local", f"model.pretrained_model_name_or_path={model_copy}",
+                      f"hydra.run.dir={run_dir}", cwd=tmp_path)
+    assert_one_line_error(result, f"error: model.pretrained_model_name_or_path: {model_copy} has NaN or infinite "
+                          f"values in unet/{'/'.join(path)}: its images would be black (allowed: finite weights")
+    assert not list(run_dir.rglob("*.png"))

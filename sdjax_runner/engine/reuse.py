@@ -38,9 +38,10 @@ from sdjax_runner.engine.families import FAMILIES
 from sdjax_runner.engine.generate import Generator
 from sdjax_runner.engine.program import Spec
 from sdjax_runner.engine.tokens import TOKENS
+from sdjax_runner.errors import UserError
 from sdjax_runner.models.attention import tracing_with
 from sdjax_runner.models.loaders import load_model
-from sdjax_runner.models.loading import LoadedModel
+from sdjax_runner.models.loading import LoadedModel, non_finite_weights
 
 log = logging.getLogger("sdjax_runner")
 
@@ -101,6 +102,16 @@ class Prepared:
     replicate_s: float
 
 
+def refuse_non_finite(weights: dict, key: str, source: str) -> None:
+    """Weights holding NaN or inf (a damaged file, a broken conversion) are one line at load: they made black
+    images whose warning blamed the guidance."""
+    bad = non_finite_weights(weights)
+    if bad:
+        raise UserError(key, f"{shown(source)} has NaN or infinite values in {bad[0]}"
+                        + (f" and {len(bad) - 1} more weight(s)" if len(bad) > 1 else "")
+                        + ": its images would be black", "finite weights (a damaged or badly converted file?)")
+
+
 class ReuseCache:
     def __init__(self) -> None:
         self.models: collections.OrderedDict[tuple, ModelEntry] = collections.OrderedDict()
@@ -121,8 +132,9 @@ class ReuseCache:
         while len(self.models) >= plan.max_models:
             self.models.popitem(last=False)
             gc.collect()  # release the old weights before the new ones arrive
-        entry = ModelEntry(load_model(plan.model, plan.dtype, plan.checkpoint.sha256 if plan.checkpoint else None),
-                           structure)
+        loaded = load_model(plan.model, plan.dtype, plan.checkpoint.sha256 if plan.checkpoint else None)
+        refuse_non_finite(loaded.host_weights, "model.pretrained_model_name_or_path", loaded.path)
+        entry = ModelEntry(loaded, structure)
         self.counters.model_loads += 1
         self.models[key] = entry
         self.swap_vae(plan, entry)
@@ -143,6 +155,7 @@ class ReuseCache:
             swapped = vae_swap.load_vae(Path(plan.vae.path), entry.own_vae[0], loaded.family, loaded.path, plan.dtype,
                                         plan.vae.sha256)
             module, weights = swapped.module, swapped.params
+            refuse_non_finite({"vae": weights}, "model.vae", plan.vae.path)
             log.info("load: VAE %s (%s)", shown(Path(plan.vae.path).name),
                      "its own config" if swapped.format == "folder" else "on the model's VAE config")
         else:
