@@ -361,3 +361,25 @@ def test_a_bfl_single_file_checkpoint_runs_on_its_base_folder_with_the_folders_i
                       "sampling.num_inference_steps=1", *QUIET, f"paths.cache_dir={cache_dir}", cwd=tmp_path)
     assert_one_line_error(result, f"error: model.checkpoint: does not fit the base model {FIXTURES / 'tiny-flux-schnell'} "
                           "(FLUX.1 [dev] checkpoint)")
+
+
+@pytest.mark.slow
+def test_the_tiny_schnell_experiment_runs_with_no_hub_and_reads_no_guidance(tmp_path):
+    """Round five: +experiment=flux_schnell needs the hub; flux_schnell_smoke runs the same settings on a built-in
+    tiny FLUX.1 [schnell] (no guidance embedder, schnell's scheduler config)."""
+    import json
+
+    from helpers.cli import assert_one_line_error, call_cli
+
+    result = call_cli("+experiment=flux_schnell_smoke", "tracking=none", "metrics.clip_score.enabled=false",
+                      f"hydra.run.dir={tmp_path / 'run'}", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-2000:]
+    records = json.loads((tmp_path / "run" / "images.json").read_text())
+    assert len(records) == 8 and records[0]["model"] == "tiny-random-flux-schnell"
+    assert records[0].get("guidance_scale") is None  # schnell reads none
+    folder = json.loads((tmp_path / "run" / "inputs.json").read_text())["model"]["path"]
+    config = json.loads((Path(folder) / "transformer" / "config.json").read_text())
+    scheduler = json.loads((Path(folder) / "scheduler" / "scheduler_config.json").read_text())
+    assert config["guidance_embeds"] is False and (scheduler["shift"], scheduler["use_dynamic_shifting"]) == (1.0, False)
+    result = call_cli("+experiment=flux_schnell_smoke", "sampling.guidance_scale=3", cwd=tmp_path)
+    assert_one_line_error(result, "error: sampling.guidance_scale: ")

@@ -140,7 +140,8 @@ FAMILIES = _registry(
     # diffusers' FluxPipeline defaults: 28 steps, guidance 3.5 ([schnell] reads none: its check is the engine's,
     # once the transformer's config says which it is).
     FamilyEntry("flux", "FLUX.1: CLIP-L and T5 text encoders, a flow-matching transformer, a 16-channel VAE",
-                ("FluxPipeline",), tiny="tiny-random-flux", modes=("txt2img",), builtins=("tiny-random-flux", "flux-dev-arch"),
+                ("FluxPipeline",), tiny="tiny-random-flux", modes=("txt2img",), builtins=("tiny-random-flux", "tiny-random-flux-schnell",
+                                                                        "flux-dev-arch"),
                 steps=28, guidance=3.5, check=_flux_values, sampling=samplers.resolve_flow, t5_tokens=512,
                 scheduler_settings=False),
     # diffusers' StableDiffusion3Pipeline defaults: 28 steps, guidance 7.0, 256 T5 tokens.

@@ -285,6 +285,14 @@ FLUX_SPECS: dict[str, dict[str, Any]] = {
         save_dtype="float32",
     ),
 }
+# FLUX.1 [schnell]'s structure at toy size: no guidance embedder, and schnell's scheduler config
+# (black-forest-labs/FLUX.1-schnell, scheduler/scheduler_config.json: shift 1, no dynamic shifting).
+FLUX_SPECS["tiny-random-flux-schnell"] = dict(
+    FLUX_SPECS["tiny-random-flux"],
+    transformer=dict(FLUX_SPECS["tiny-random-flux"]["transformer"], guidance_embeds=False),
+    scheduler=dict(num_train_timesteps=1000, shift=1.0, use_dynamic_shifting=False, base_shift=0.5, max_shift=1.15,
+                   base_image_seq_len=256, max_image_seq_len=4096),
+)
 # FLUX.1 [dev]'s exact shapes (black-forest-labs/FLUX.1-dev's configs: an 11.9B-parameter transformer, CLIP-L,
 # T5-XXL's 4.8B-parameter encoder, the 16-channel VAE), random weights in bfloat16 (about 34 GB written once):
 # speed and memory on an accelerator with no hub.
