@@ -326,3 +326,18 @@ def test_round_five_low_items_refused_cleanly(tmp_path):
                           "error: sampling.hires.steps: 1000000000: denoising strength 0.7 with 1000000000 steps makes "
                           "a schedule of 1428571428 steps (steps / strength), more than 1000 (allowed: 1..700 at "
                           "strength 0.7)")
+
+
+def test_a_program_past_the_hosts_memory_is_one_line_before_it_runs(tmp_path, tiny_model_dir, monkeypatch):
+    """Round five: a from_png whose size would need far more memory than the machine has ran until it swapped. On
+    CPU devices the compiled program's own plan is weighed against the memory available (here: as if 10 MB were)."""
+    from sdjax_runner.engine import engine
+
+    monkeypatch.setattr(engine, "available_host_bytes", lambda: 10 << 20)
+    run_dir = tmp_path / "run"
+    result = call_cli("+experiment=smoke", f"hydra.run.dir={run_dir}", cwd=tmp_path)
+    assert_one_line_error(result, "error: parallelism.per_device_batch_size: 64x64, 1 image(s) per device on 8 CPU "
+                          "devices: the compiled program needs at least ")
+    assert "GB (XLA's plan), and this machine has 0.0 GB available (allowed: a smaller sampling.height/width" in \
+        result.stderr
+    assert not list(run_dir.rglob("*.png")) and json.loads((run_dir / "status.json").read_text())["status"] == "FAILED"

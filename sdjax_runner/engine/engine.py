@@ -141,7 +141,9 @@ class Engine:
                                       getattr(tokens, "embeddings", None))
         generator = mode(prepared.pipeline, prepared.params, prepared.safety_weights, plan, spec, devices,
                          tokens=tokens, started=started)
-        return self._compiled(Program(generator, prepared, CompileFacts("traced")), plan)
+        program = self._compiled(Program(generator, prepared, CompileFacts("traced")), plan)
+        fits_host_memory(plan, generator, devices, model.height, model.width)
+        return program
 
     def _compiled(self, program: Program, plan: Plan) -> Program:
         """``program`` with its generator's program installed: reused if this process has it, loaded if a
@@ -272,6 +274,33 @@ def warn_slow_size(plan: Plan, loaded: LoadedModel, height: int, width: int, pla
                 "sampling.width=%d sampling.height=%d at the end of the command keeps its shape at about the "
                 "native size", width, height, height * width / native ** 2, shown(plan.model.name), native, native,
                 fit_w, fit_h)
+
+
+def available_host_bytes() -> Optional[int]:
+    """MemAvailable of /proc/meminfo (Linux), or None where it cannot be read."""
+    try:
+        with open("/proc/meminfo", encoding="ascii") as meminfo:
+            return next(int(line.split()[1]) * 1024 for line in meminfo if line.startswith("MemAvailable:"))
+    except (OSError, StopIteration, ValueError, IndexError):
+        return None
+
+
+def fits_host_memory(plan: Plan, generator: Generator, devices: list, height: int, width: int) -> None:
+    """On CPU devices (which share the host's memory) a program whose own plan -- XLA's arguments, outputs and
+    temporaries of each device, a lower bound of what it takes -- is more than the memory available is one line
+    before it runs (a from_png of a large size on a small machine, say), not a machine that swaps or a process
+    the kernel kills. Accelerators refuse such a program themselves when it is placed (out_of_memory_said)."""
+    if not devices or devices[0].platform != "cpu":
+        return
+    per_device = efficiency.program_memory(generator.compiled)
+    available = available_host_bytes()
+    if per_device is None or available is None or per_device * len(devices) <= available:
+        return
+    raise UserError("parallelism.per_device_batch_size", f"{height}x{width}, {plan.per_device_batch_size} image(s) "
+                    f"per device on {len(devices)} CPU devices: the compiled program needs at least "
+                    f"{per_device * len(devices) / 1e9:.1f} GB (XLA's plan), and this machine has "
+                    f"{available / 1e9:.1f} GB available", "a smaller sampling.height/width, fewer images per device "
+                    "or devices (parallelism.num_devices), dtype=bf16")
 
 
 @contextlib.contextmanager

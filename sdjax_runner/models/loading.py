@@ -105,10 +105,8 @@ def non_finite_weights(tree: Any) -> list[str]:
             return False
         bits = np.ascontiguousarray(array).reshape(-1).view(f"<u{array.dtype.itemsize}")
         magnitude = np.array(~(1 << (8 * array.dtype.itemsize - 1)) & ((1 << 8 * array.dtype.itemsize) - 1), bits.dtype)
-        for start in range(0, bits.size, 1 << 24):  # the sign bit cleared, chunk by chunk: inf and NaN are the largest
-            if (bits[start:start + (1 << 24)] & magnitude).max() >= mask:
-                return True
-        return False
+        chunk = 1 << 24  # the sign bit cleared, chunk by chunk: inf and NaN are the largest magnitudes
+        return any((bits[start:start + chunk] & magnitude).max() >= mask for start in range(0, bits.size, chunk))
 
     flat = flatten_dict(tree) if isinstance(tree, dict) else {(): tree}
     with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
