@@ -74,3 +74,16 @@ def test_an_embedding_that_pushes_a_prompt_past_its_tokens_says_what_was_dropped
     assert result.returncode == 0, result.stderr[-2000:]
     assert ("prompts.embeddings: prompt 0 takes 100 tokens with its embeddings' vectors, past the 75 a CLIP prompt "
             "holds: its last 25 dropped (prompts.syntax=a1111 chunks a longer prompt)") in result.stdout
+
+
+@pytest.mark.slow
+def test_a_lora_at_scale_zero_and_hires_at_scale_one_are_said(tmp_path, tiny_model_dir):
+    from helpers.lora_files import factors, write_kohya
+
+    lora = write_kohya(tmp_path / "style.safetensors", factors(tiny_model_dir), alpha=2.0)
+    result = call_cli("+experiment=smoke", *QUIET, f"+lora=[{{path: '{lora}', scale: 0}}]", "sampling.hires.scale=1",
+                      f"hydra.run.dir={tmp_path / 'run'}", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert f"lora.0.scale: 0 -- {lora} merges nothing at scale 0; the images are the model's own" in result.stdout
+    assert ("sampling.hires.scale: 1 upscales nothing: the second pass denoises the first pass's image again at the "
+            "same size (as A1111 does)") in result.stdout

@@ -55,3 +55,19 @@ def used_embeddings(embeddings: tuple[Any, ...], texts: list[str], negative: Opt
         log.warning("prompts.embeddings: %s named by no prompt: used by none, the images are as without them (a "
                     "prompt calls one by its file name, e.g. %r)", ", ".join(unused), unused[0])
     return embeddings
+
+
+def zero_scale_adapters(adapters: tuple[Any, ...]) -> None:
+    """A LoRA at scale 0 merges nothing: said (a scale sweep's 0 is the baseline, on purpose -- still said once)."""
+    for index, adapter in enumerate(adapters):
+        if adapter.scale == 0:
+            log.warning("lora.%d.scale: 0 -- %s merges nothing at scale 0; the images are the model's own", index,
+                        adapter.path)
+
+
+def same_size_hires(scale: Optional[float]) -> None:
+    """Hires. fix at scale 1 upscales nothing: A1111 still runs the second pass, an img2img of the first pass at its
+    own size -- said, since the name promises a larger image."""
+    if scale == 1:
+        log.warning("sampling.hires.scale: 1 upscales nothing: the second pass denoises the first pass's image again "
+                    "at the same size (as A1111 does); a larger image needs a scale over 1")

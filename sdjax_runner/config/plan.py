@@ -333,6 +333,8 @@ def make_plan(config: RunConfig, available_devices: int, checked: Optional[Check
         zero_snr = scheduler.config_overrides.get(checks.ZERO_SNR_KEY) is True
         scheduler = SchedulerConfig(name=name, config_overrides={checks.ZERO_SNR_KEY: True} if zero_snr else {})
     adapters = tuple(lora_record(i, spec) for i, spec in enumerate(config.lora))
+    inert.zero_scale_adapters(adapters)
+    inert.same_size_hires(config.sampling.hires.scale)
     strength = modes.strength(config.mode.name, config.strength)
     model = dataclasses.replace(config.model)  # the checkpoint's base may be filled in: the caller's stays as given
     checkpoint = checkpoint_record(model)
