@@ -108,10 +108,11 @@ class ModelConfig:
     # A diffusers-format pipeline directory, or a hub id (fetched with snapshot_download, or read from
     # the local Hugging Face cache when offline). With a checkpoint: the base model that gives configs,
     # tokenizers and scheduler (only those are fetched); null picks the standard base of the
-    # checkpoint's architecture (SD 1.5, SD 2.1 or SDXL base 1.0).
+    # checkpoint's architecture (SD 1.5, SD 2.1, SDXL base 1.0, FLUX.1 [dev]/[schnell], SD 3 / 3.5).
     pretrained_model_name_or_path: Optional[str] = MISSING
-    # A single-file checkpoint (.safetensors in the original LDM layout, as model sites and A1111 /
-    # ComfyUI have them): its UNet, VAE and text encoder weights are used, converted without torch.
+    # A single-file checkpoint (.safetensors: SD 1.x/2.x/XL in the original LDM layout as model sites and A1111 /
+    # ComfyUI have them, FLUX.1 in Black Forest Labs' layout, SD 3 / 3.5 in Stability AI's): the weights it holds
+    # are used, converted without torch.
     checkpoint: Optional[str] = None
     # Another VAE (A1111's "SD VAE"): a diffusers VAE folder (its own config.json) or one .safetensors file in the
     # original layout (vae-ft-mse-840000-ema-pruned.safetensors, sdxl_vae.safetensors, FLUX.1's ae.safetensors),
