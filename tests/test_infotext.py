@@ -168,7 +168,7 @@ def test_clip_skip_past_the_text_encoders_layers_is_one_line(tmp_path):
     assert "error: prompts.clip_skip: 3, but tiny-random's text encoder has 2 layers (allowed: 1..2)" in result.stderr
 
 
-@pytest.mark.parametrize("layers", ["²", "1,²", "٣", "7,８"])
+@pytest.mark.parametrize("layers", ["\u00b2", "1,\u00b2", "\u0663", "7,\uff18"])  # ², ٣ (Arabic-Indic), full-width 8
 def test_infotext_block_numbers_are_ascii_digits_or_one_line(tmp_path, layers):
     """Round five: ``Skip layer guidance: ²`` passed str.isdigit and ended in a traceback from int(); a superscript,
     an Arabic-Indic or a full-width digit is refused in one line naming the key."""

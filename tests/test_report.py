@@ -181,7 +181,9 @@ def test_the_report_of_a_sweep_pulled_from_mlflow(sweep, tmp_path):
         assert page.locator("table.grid td.cell img").count() == 8
         assert page.locator("table.points tbody tr").count() == len(children) == 8
         links = page.locator("table.points tbody tr td:last-child a").evaluate_all("a => a.map(x => x.href)")
-        assert {link.rsplit("/", 1)[-1] for link in links} == {c.info.run_id for c in children}
+        # each the run's classic page: #/experiments/ID/runs/RUN?workflowType=machine_learning (ui_link)
+        assert {link.split("/runs/", 1)[1].split("?", 1)[0] for link in links} == {c.info.run_id for c in children}
+        assert all(link.endswith("?workflowType=machine_learning") for link in links)
     records = json.loads(page_data(out / "report.html"))
     assert sorted(r["label"] for r in records) == sorted(r["label"] for r in summary(sweep_dir).values())
 

@@ -85,10 +85,8 @@ def test_a_folder_without_t5_runs_without_it_as_diffusers_does(tmp_path, referen
 def test_model_t5_false_runs_a_folder_with_t5_without_it_as_diffusers_does(tmp_path, reference):
     """diffusers' ``text_encoder_3=None`` by a key (round five: only a hand-edited folder did it): the images of the
     folder without T5, the plan line and inputs.json's components saying T5 did not run."""
-    from helpers.cli import call_cli
-
-    result = call_cli(*local(FIXTURES / "tiny-sd3"), *RUN, "sampling.guidance_scale=5", "model.t5=false",
-                      "hydra.run.dir=run", cwd=tmp_path)
+    result = run_cli(*local(FIXTURES / "tiny-sd3"), *RUN, "sampling.guidance_scale=5", "model.t5=false",
+                     "hydra.run.dir=run", cwd=tmp_path)  # a process of 2 devices, as the reference's
     assert result.returncode == 0, result.stderr[-3000:]
     assert "plan: without T5 (model.t5=false)" in result.stdout
     assert float(np.abs(images(tmp_path / "run") - reference["no_t5_images"]).max()) <= TOLERANCE
@@ -147,8 +145,8 @@ def test_a_flow_k_sampler_runs_on_sd3(tmp_path, cache_dir):
 def test_skip_layer_guidance_beyond_the_transformers_blocks_is_one_line(tmp_path, cache_dir):
     from helpers.cli import assert_one_line_error
 
-    result = run_cli("+experiment=sd3_smoke", "sampling.slg_layers=[3]", "tracking=none",
-                     f"paths.cache_dir={cache_dir}", cwd=tmp_path)
+    result = run_cli("+experiment=sd3_smoke", "sampling.slg_layers=[3]", "sampling.slg_stop=0.6", "tracking=none",
+                     f"paths.cache_dir={cache_dir}", cwd=tmp_path)  # (a window that holds steps: see test_inert_settings)
     assert_one_line_error(result, "error: sampling.slg_layers: [3]: tiny-random-sd3's transformer has 3 blocks (0..2)")
 
 

@@ -28,8 +28,9 @@ from sdjax_runner.errors import UserError
 from sdjax_runner.files import UnreadableRecord, read_json
 
 # The largest text file a published pipeline folder holds is T5's tokenizer.json (2.4 MB) or CLIP's vocab.json
-# (1.6 MB); configs are a few kB. A bound well above all, far below what hurts.
-TEXT_BYTES = 32 << 20
+# (1.6 MB); configs are a few kB. A bound well above all, far below what hurts (the loader's own, MAX_TEXT_BYTES of
+# models/model_index.py, which checks a hub snapshot's files again as they are fetched).
+TEXT_BYTES = 64 << 20
 TEXT_SUFFIXES = (".json", ".txt", ".model")
 MAX_FILES = 10_000  # files looked at in one folder: a pipeline holds a few dozen
 # Config sizes: the largest a published model has, times a margin (FLUX.1: 19 + 38 blocks, T5-XXL 24 layers,

@@ -93,6 +93,11 @@ def kernels(params: dict) -> dict[tuple[str, str], tuple]:
     return found
 
 
+def _numeric(dtype: np.dtype) -> bool:
+    """A dtype a factor can be read in: NumPy's numbers, and ml_dtypes' bfloat16 and float8s (kind 'V')."""
+    return dtype.kind in "fiu" or dtype.name in ("bfloat16", "float8_e4m3fn", "float8_e5m2")
+
+
 def _hashed_and_mapped(file: Path) -> tuple[str, Any]:
     """(the file's sha256, its bytes as a read-only memory map -- b"" for an empty file), from one open file: it is
     hashed in chunks and its tensors are views whose pages are read when a matched factor is converted -- a 1.5 GB
@@ -177,7 +182,7 @@ def read(path: str, params: dict, config_key: str, expected_sha256: Optional[str
         if "down" not in parts or "up" not in parts:
             raise UserError(config_key, f"{name} lacks its {'up' if 'down' in parts else 'down'} weight")
         down, up = _matrix(parts["down"], "down", name, config_key), _matrix(parts["up"], "up", name, config_key)
-        if down.dtype.kind not in "fiu" or up.dtype.kind not in "fiu":
+        if not (_numeric(down.dtype) and _numeric(up.dtype)):
             raise UserError(config_key, f"{name}: factors of dtype {down.dtype}/{up.dtype}", "floating-point factors")
         rank = down.shape[0]
         if rank == 0:

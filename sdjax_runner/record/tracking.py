@@ -327,7 +327,7 @@ def download_record(run_id: str, uri: Optional[str], into: Path, outputs: bool =
         except Exception:  # a run without it (an older or a failed one)
             pass
     rundir.write_json(into / rundir.STATUS, {"run_name": run.info.run_name, "run_id": run.info.run_id,
-                                             "status": run.info.status})
+                                             "experiment_id": run.info.experiment_id, "status": run.info.status})
     return into
 
 
