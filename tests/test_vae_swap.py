@@ -84,7 +84,7 @@ def test_a_vae_sweep_gives_the_folders_images_and_loads_the_model_once(tmp_path,
         parameters = image.text["parameters"]
     sha = records[1]["vae"].rpartition("sha256=")[2]
     assert f'VAE hash: {sha[:10]}, VAE: "other, vae.safetensors"' in parameters
-    rerun = run_cli(str(sweep / "1"), command="rerun", cwd=tmp_path)
+    rerun = run_cli(str(sweep / "1"), command="rerun", cwd=tmp_path, process=True)  # its record: 2 host devices
     assert rerun.returncode == 0, rerun.stderr[-3000:]
     assert "rerun: identical" in rerun.stdout + rerun.stderr
     remade = run_cli(str(sweep / "1" / records[1]["file"]), *QUIET[:2], "hydra.run.dir=from_png", command="from_png",

@@ -8,15 +8,46 @@ import subprocess
 import sys
 from pathlib import Path
 
+# What only a process of its own can run: an environment JAX, XLA, Python or Ray read when they start, another
+# device count or XLA flags (this process's JAX has started with 8 CPU devices), launchers that start processes
+# or clusters, multi-host runs, a cache directory of its own (JAX's persistent cache is set once per process).
+PROCESS_ENV = ("XLA_", "JAX_", "PYTHON", "CUDA", "TPU", "RAY_", "LD_", "HYDRA_FULL_ERROR", "OMP_", "TF_", "HF_",
+               "HUGGINGFACE")
+PROCESS_OVERRIDES = ("performance.xla_flags", "performance.gpu_", "hydra/launcher=", "hydra.launcher.",
+                     "parallelism.distributed", "compilation_cache.")
 
-def run_cli(*overrides: str, cwd: Path, env: dict | None = None, timeout: int = 300,
-            command: str | None = None) -> subprocess.CompletedProcess:
-    """``python -m sdjax_runner [COMMAND] OVERRIDES`` in a subprocess, as a user runs it (COMMAND: runs,
-    rerun, sync, resume; none: a run or sweep)."""
+
+def needs_a_process(overrides: tuple[str, ...], env: dict | None) -> bool:
+    """Whether a command needs a process of its own (PROCESS_ENV, PROCESS_OVERRIDES, a device count but 8)."""
+    for override in overrides:
+        key = override.lstrip("+~")
+        if key.startswith(PROCESS_OVERRIDES) or (key.startswith("parallelism.host_device_count=")
+                                                 and key != "parallelism.host_device_count=8"):
+            return True
+    return any(key.startswith(PROCESS_ENV) for key in env or {})
+
+
+def run_cli(*overrides: str, cwd: Path, env: dict | None = None, timeout: int | None = None,
+            command: str | None = None, process: bool | None = None) -> subprocess.CompletedProcess:
+    """``python -m sdjax_runner [COMMAND] OVERRIDES`` as a user runs it (COMMAND: runs, rerun, sync, resume, ...;
+    none: a run or sweep). In a process of its own where the process is what is tested (``process=True``: the
+    exit code the shell sees, no traceback from the interpreter, signals, what gets imported) or where the run
+    needs one (:func:`needs_a_process`: its device count, XLA flags, launchers, a cache of its own, an
+    environment JAX reads; a ``timeout``, which only a process can be held to); else in this process
+    (:func:`call_cli`, with a process's state of its own: no model, program or said-once line carried over
+    from another test), which saves Python's and JAX's start-up -- the import of the model libraries alone is
+    ~3 s a call."""
+    if process is None:
+        process = timeout is not None or needs_a_process(overrides, env)
+    if not process:
+        return call_cli(*overrides, cwd=cwd, env=env, command=command)
+    if os.environ.get("SDJAX_TEST_PROCESS_LOG"):  # which tests start processes, and why (the suite's time)
+        with open(os.environ["SDJAX_TEST_PROCESS_LOG"], "a", encoding="utf-8") as log:
+            log.write(f"{os.environ.get('PYTEST_CURRENT_TEST', '?')}\t{command or ''}\t{' '.join(overrides)[:300]}\n")
     full_env = {k: v for k, v in os.environ.items() if k not in ("HYDRA_FULL_ERROR", "MLFLOW_TRACKING_URI")}
     full_env.update(env or {})
     return subprocess.run([sys.executable, "-m", "sdjax_runner", *([command] if command else []), *overrides], cwd=cwd, env=full_env,
-                          capture_output=True, text=True, timeout=timeout)
+                          capture_output=True, text=True, timeout=timeout or 300)
 
 
 def assert_one_line_error(result: subprocess.CompletedProcess, expected: str) -> None:
@@ -57,7 +88,7 @@ def call_cli(*overrides: str, cwd: Path, env: dict | None = None,
 
     from hydra.core.hydra_config import HydraConfig
 
-    from sdjax_runner import commands, interpreter
+    from sdjax_runner import commands, interpreter, process
 
     def exit_here(code) -> None:  # exit_process's reading of the status, ending with SystemExit instead
         interpreter.job_ended()
@@ -77,6 +108,8 @@ def call_cli(*overrides: str, cwd: Path, env: dict | None = None,
     saved_sigterm = signal.getsignal(signal.SIGTERM)
     saved_hydra_config = HydraConfig.instance().cfg
     saved_exit = interpreter.exit_process
+    saved_state = process.current()
+    process._state = fresh_state(saved_state)
     stdout, stderr = io.StringIO(), io.StringIO()
     argv = ["sdjax_runner", *([command] if command else []), *overrides]
     for key in ("HYDRA_FULL_ERROR", "MLFLOW_TRACKING_URI"):
@@ -95,6 +128,8 @@ def call_cli(*overrides: str, cwd: Path, env: dict | None = None,
                 if isinstance(exc.code, str):
                     print(exc.code, file=sys.stderr)
     finally:
+        process.close()  # what the command left to stop (a launcher's workers), as a process ending would
+        process._state = saved_state
         os.chdir(saved_cwd)
         interpreter.exit_process = saved_exit
         sys.argv = saved_argv
@@ -113,3 +148,15 @@ def call_cli(*overrides: str, cwd: Path, env: dict | None = None,
         logging._handlers.update(saved_handlers[0])
         logging._handlerList[:] = saved_handlers[1]
     return subprocess.CompletedProcess(argv, code, stdout.getvalue(), stderr.getvalue())
+
+
+def fresh_state(state):
+    """A process's state as a new process starts with it -- no engine, models, programs, CLIP scorers, lines said
+    once, claimed folders or sweep results of an earlier command -- but for what JAX holds once per process
+    whatever the command (its persistent-cache settings and the events it reported, multi-host initialisation)
+    and the signing keys read (a cache folder's key is its file's)."""
+    from sdjax_runner import process
+
+    return process.ProcessState(compile_cache=state.compile_cache, compile_events=state.compile_events,
+                                distributed=state.distributed, signing_keys=state.signing_keys,
+                                executable_max_bytes=state.executable_max_bytes)
