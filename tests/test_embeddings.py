@@ -18,7 +18,7 @@ from helpers.cli import assert_one_line_error, call_cli, run_cli
 
 PHRASE = "red cube"
 QUIET = ["tracking=none", "metrics.clip_score.enabled=false", "sampling.num_inference_steps=3",
-         "parallelism.host_device_count=2", "compilation_cache.executables=false"]
+         "parallelism.num_devices=2", "compilation_cache.executables=false"]
 
 
 def _load(folder: Path):

@@ -41,7 +41,7 @@ def _reference_run(variant: str, tmp_path: Path, cache_dir: Path, *extra: str,
                      f"sampling.num_inference_steps={int(ref['steps'])}", *guidance,
                      f"sampling.height={int(ref['height'])}", f"sampling.width={int(ref['width'])}",
                      f"prompts.max_sequence_length={int(ref['max_sequence_length'])}",
-                     f"parallelism.host_device_count={int(ref['num_devices'])}", *QUIET, *extra,
+                     f"parallelism.num_devices={int(ref['num_devices'])}", *QUIET, *extra,  # the reference's noise
                      f"paths.output_root={tmp_path}", f"paths.cache_dir={cache_dir}", f"hydra.run.dir={run_dir}",
                      cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
@@ -129,7 +129,7 @@ def test_a_flux_run_is_remade_bit_for_bit_from_its_stored_executable_and_its_png
 def test_a_guidance_sweep_loads_and_compiles_once(tmp_path, cache_dir):
     sweep = tmp_path / "sweep"
     result = run_cli("-m", "+experiment=flux_smoke", "sampling.guidance_scale=1.5,5", *QUIET,
-                     "compilation_cache.executables=false", "parallelism.host_device_count=2",
+                     "compilation_cache.executables=false", "parallelism.num_devices=2",
                      f"paths.cache_dir={cache_dir}", f"hydra.sweep.dir={sweep}", cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
     timings = [json.loads((sweep / str(job) / "timings.json").read_text()) for job in (0, 1)]
@@ -302,7 +302,7 @@ def test_a_flux_lora_scale_sweep_compiles_once_and_scale_zero_is_the_model(tmp_p
     adapter = _write_flux_lora(tmp_path / "flux.safetensors")
     sweep = tmp_path / "sweep"
     common = ("+experiment=flux_smoke", *QUIET, "compilation_cache.executables=false",
-              "parallelism.host_device_count=2", f"paths.cache_dir={cache_dir}")
+              "parallelism.num_devices=2", f"paths.cache_dir={cache_dir}")
     result = run_cli("-m", *common, f"lora=[{{path: {adapter}}}]", "lora.0.scale=0,1",
                      f"hydra.sweep.dir={sweep}", cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]

@@ -9,7 +9,7 @@ import json
 from helpers.cli import run_cli
 
 QUIET = ["+experiment=smoke", "tracking=none", "metrics.clip_score.enabled=false", "compilation_cache.executables=false",
-         "parallelism.host_device_count=2"]
+         "parallelism.num_devices=2"]
 
 
 def test_guidance_of_one_or_less_runs_the_conditional_half_alone(tmp_path, cache_dir):

@@ -96,7 +96,7 @@ def test_a_pipeline_no_family_runs_is_one_line_naming_the_pipelines_that_run():
 def test_each_family_runs_from_the_command_line_on_its_tiny_model(family, tmp_path, cache_dir):
     entry = families.FAMILIES[family]
     result = run_cli(f"model={entry.tiny}", "dtype=fp32", "sampling.num_inference_steps=2", "sampling.height=64",
-                     "sampling.width=64", "parallelism.host_device_count=2", "prompts.texts=[a red cube]",
+                     "sampling.width=64", "parallelism.num_devices=2", "prompts.texts=[a red cube]",
                      "tracking=none", "metrics.clip_score.enabled=false", f"paths.output_root={tmp_path}",
                      f"paths.cache_dir={cache_dir}", "hydra.run.dir=run", cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-2000:]

@@ -22,7 +22,7 @@ pytestmark = pytest.mark.slow
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "sd3"
 TOLERANCE = 2 / 255
 RUN = ["dtype=fp32", "sampling.num_inference_steps=4", "sampling.height=32", "sampling.width=32",
-       "parallelism.host_device_count=2", "prompts.texts=[a red cube on a table]", "prompts.max_sequence_length=32",
+       "parallelism.num_devices=2", "prompts.texts=[a red cube on a table]", "prompts.max_sequence_length=32",
        "tracking=none", "metrics.clip_score.enabled=false", "seed=0"]
 
 
@@ -86,7 +86,7 @@ def test_model_t5_false_runs_a_folder_with_t5_without_it_as_diffusers_does(tmp_p
     """diffusers' ``text_encoder_3=None`` by a key (round five: only a hand-edited folder did it): the images of the
     folder without T5, the plan line and inputs.json's components saying T5 did not run."""
     result = run_cli(*local(FIXTURES / "tiny-sd3"), *RUN, "sampling.guidance_scale=5", "model.t5=false",
-                     "hydra.run.dir=run", cwd=tmp_path)  # a process of 2 devices, as the reference's
+                     "hydra.run.dir=run", cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "plan: without T5 (model.t5=false)" in result.stdout
     assert float(np.abs(images(tmp_path / "run") - reference["no_t5_images"]).max()) <= TOLERANCE

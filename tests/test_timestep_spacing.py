@@ -63,7 +63,7 @@ def test_euler_trailing_is_diffusers_pytorch(tiny_model_dir, steps):
 def test_lightnings_trailing_euler_runs(tmp_path, cache_dir):
     sweep = tmp_path / "sweep"
     result = run_cli("-m", "+experiment=smoke", "tracking=none", "metrics.clip_score.enabled=false",
-                     f"paths.cache_dir={cache_dir}", "parallelism.host_device_count=2", "scheduler=euler",
+                     f"paths.cache_dir={cache_dir}", "parallelism.num_devices=2", "scheduler=euler",
                      "+scheduler.config_overrides.timestep_spacing=trailing,leading", "sampling.guidance_scale=1",
                      f"hydra.sweep.dir={sweep}", cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]

@@ -17,7 +17,7 @@ from PIL import Image
 from helpers.cli import assert_one_line_error, call_cli, run_cli
 
 QUIET = ["tracking=none", "metrics.clip_score.enabled=false", "sampling.num_inference_steps=3",
-         "parallelism.host_device_count=2", "compilation_cache.executables=false"]
+         "parallelism.num_devices=2", "compilation_cache.executables=false"]
 
 
 @pytest.fixture(scope="module")
@@ -84,7 +84,7 @@ def test_a_vae_sweep_gives_the_folders_images_and_loads_the_model_once(tmp_path,
         parameters = image.text["parameters"]
     sha = records[1]["vae"].rpartition("sha256=")[2]
     assert f'VAE hash: {sha[:10]}, VAE: "other, vae.safetensors"' in parameters
-    rerun = run_cli(str(sweep / "1"), command="rerun", cwd=tmp_path, process=True)  # its record: 2 host devices
+    rerun = run_cli(str(sweep / "1"), command="rerun", cwd=tmp_path)
     assert rerun.returncode == 0, rerun.stderr[-3000:]
     assert "rerun: identical" in rerun.stdout + rerun.stderr
     remade = run_cli(str(sweep / "1" / records[1]["file"]), *QUIET[:2], "hydra.run.dir=from_png", command="from_png",
@@ -147,7 +147,7 @@ def test_a_flow_models_vae_swaps_as_a_folder_and_as_one_file(tmp_path):
     shutil.copytree(folder, reference / "vae")
     common = ["model=local", "prompts.max_sequence_length=16", "sampling.num_inference_steps=2", "sampling.height=32",
               "sampling.width=32", "tracking=none", "metrics.clip_score.enabled=false",
-              "parallelism.host_device_count=2"]
+              "parallelism.num_devices=2"]
     sweep = tmp_path / "sweep"
     result = run_cli("-m", *common, f"model.pretrained_model_name_or_path={model}", f"model.vae={folder},{single}",
                      f"hydra.sweep.dir={sweep}", cwd=tmp_path)

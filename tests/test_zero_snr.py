@@ -67,7 +67,7 @@ def test_the_k_samplers_training_sigmas_end_where_a1111_and_comfyui_put_them():
 
 def test_the_zero_snr_recipe_runs_and_a_k_sampler_reads_it(tmp_path, cache_dir):
     quiet = ["+experiment=smoke", "tracking=none", "metrics.clip_score.enabled=false", f"paths.cache_dir={cache_dir}",
-             "parallelism.host_device_count=2", "compilation_cache.executables=false"]
+             "parallelism.num_devices=2", "compilation_cache.executables=false"]
     sweep = tmp_path / "ddim"
     result = run_cli("-m", *quiet, "scheduler=ddim", "+scheduler.config_overrides.rescale_betas_zero_snr=true,false",
                      "model.prediction_type=v_prediction", "sampling.guidance_rescale=0.7", f"hydra.sweep.dir={sweep}",

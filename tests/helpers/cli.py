@@ -14,7 +14,8 @@ from pathlib import Path
 PROCESS_ENV = ("XLA_", "JAX_", "PYTHON", "CUDA", "TPU", "RAY_", "LD_", "HYDRA_FULL_ERROR", "OMP_", "TF_", "HF_",
                "HUGGINGFACE")
 PROCESS_OVERRIDES = ("performance.xla_flags", "performance.gpu_", "hydra/launcher=", "hydra.launcher.",
-                     "parallelism.distributed", "compilation_cache.")
+                     "parallelism.distributed", "compilation_cache.dir", "compilation_cache.enabled",
+                     "compilation_cache.min_compile_time_s")
 
 
 def needs_a_process(overrides: tuple[str, ...], env: dict | None) -> bool:
