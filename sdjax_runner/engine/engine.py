@@ -28,6 +28,7 @@ from sdjax_runner.engine.families import FAMILIES, Family
 from sdjax_runner.engine.generate import Generator
 from sdjax_runner.engine.parallel import PARALLEL
 from sdjax_runner.engine.program import Spec, program_spec
+from sdjax_runner.engine.refiner import say_unused_refiner
 from sdjax_runner.engine.reuse import ModelEntry, Prepared, ReuseCache
 from sdjax_runner.errors import UserError
 from sdjax_runner.models.loading import LoadedModel
@@ -133,6 +134,7 @@ class Engine:
         spec = program_spec(plan, pipeline, model.height, model.width,
                             model.controlnet.structure if model.controlnet else "", tokens, model.loaded.family,
                             model.refiner.structure if model.refiner else "")
+        say_unused_refiner(pipeline, spec, plan.refiner.switch if plan.refiner else 0.0)
         if spec.prompt_chunks:
             log.info("prompts: A1111's syntax, %d chunk(s) of 75 tokens per prompt (the longest prompt's; shorter "
                      "ones padded with empty chunks)", spec.prompt_chunks)

@@ -18,12 +18,16 @@ too), or the base's six size ids for a refiner without aesthetic scores."""
 from __future__ import annotations
 
 import functools
+import logging
 from dataclasses import dataclass, replace
 from typing import Any
 
 import jax.numpy as jnp
+import numpy as np
 
 from sdjax_runner.engine.encode import Conditioning, embedded, read_chunks
+
+log = logging.getLogger("sdjax_runner")
 
 AESTHETIC_SCORE = 6.0  # diffusers' aesthetic_score, A1111's sdxl_refiner_high_aesthetic_score
 NEGATIVE_AESTHETIC_SCORE = 2.5  # negative_aesthetic_score, A1111's sdxl_refiner_low_aesthetic_score
@@ -44,6 +48,38 @@ def refiner_pass(refiner: Any, pipeline: Any, structure: str):
         return None
     return RefinerPass(refiner.cutoff(int(pipeline.scheduler.config.num_train_timesteps)), refiner.aesthetic,
                        structure)
+
+
+def lowest_timestep(pipeline: Any, sampler: str, sigmas: str, steps: int) -> int:
+    """The training timestep the last step of a ``steps``-step schedule runs at, as the refiner's switch reads it:
+    the scheduler's last timestep (``sampler`` "scheduler"), else the training timestep whose sigma is nearest k
+    sampler ``sampler``'s last nonzero sigma on schedule ``sigmas`` (A1111's apply_refiner)."""
+    if sampler == "scheduler":
+        scheduler = pipeline.scheduler
+        state = scheduler.set_timesteps(scheduler.create_state(), num_inference_steps=steps, shape=(1, 4, 8, 8))
+        return int(np.min(np.asarray(state.timesteps)))
+    from sdjax_runner.engine.samplers.k_model import step_sigmas
+    from sdjax_runner.engine.samplers.sigmas import training_sigmas
+
+    training = training_sigmas(pipeline.scheduler.config)
+    last = step_sigmas(sampler, sigmas, steps, training)[-2]
+    return int(np.argmin(np.abs(training - last)))
+
+
+def say_unused_refiner(pipeline: Any, spec: Any, switch: float) -> None:
+    """One line where the refiner runs on no step: even the last step's timestep (the lowest the pass reaches) is
+    at or above its cutoff -- ``sampling.refiner_switch`` past the last step. The pass it runs in is Hires. fix's
+    second where that runs, else the one pass."""
+    if spec.refiner is None:
+        return
+    sampler, sigmas, steps = spec.sampler, spec.sigmas, spec.steps
+    if spec.hires:
+        sampler, sigmas, steps = (spec.hires.sampler or sampler, spec.hires.sigmas or sigmas, spec.hires.schedule)
+    lowest = lowest_timestep(pipeline, sampler, sigmas, steps)
+    if lowest >= spec.refiner.cutoff:
+        log.warning("sampling.refiner_switch: %g hands over at timestep %d, and the last of the %d steps runs at %d: "
+                    "the refiner runs on no step, the images are the base's alone (lower sampling.refiner_switch)",
+                    switch, spec.refiner.cutoff, steps, lowest)
 
 
 def with_refiner(pipeline: Any, params: dict, ids, negative_ids, spec: Any, inputs: dict, first: Conditioning,

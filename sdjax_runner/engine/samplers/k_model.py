@@ -48,6 +48,15 @@ def unet_denoiser(pipeline: Any, params: dict, conditioning: Conditioning, guida
     return denoiser
 
 
+def step_sigmas(name: str, sigmas: str, steps: int, training: np.ndarray) -> np.ndarray:
+    """The (steps + 1,) sigmas k sampler ``name`` steps through on schedule ``sigmas`` (config/samplers.py), the
+    last 0."""
+    if ENTRIES[name].discard_penultimate:  # as ComfyUI's KSampler: one sigma more, the next-to-last dropped
+        longer = schedule(sigmas, steps + 1, training)
+        return np.append(longer[:-2], longer[-1])
+    return schedule(sigmas, steps, training)
+
+
 def sampler(name: str) -> Callable:
     """The denoising stage of k sampler ``name``."""
 
@@ -57,11 +66,7 @@ def sampler(name: str) -> Callable:
 
         config = pipeline.scheduler.config
         training = training_sigmas(config)
-        if ENTRIES[name].discard_penultimate:  # as ComfyUI's KSampler: one sigma more, the next-to-last dropped
-            sigmas = schedule(spec.sigmas, spec.steps + 1, training)
-            sigmas = np.append(sigmas[:-2], sigmas[-1])
-        else:
-            sigmas = schedule(spec.sigmas, spec.steps, training)  # host values: constants of the program
+        sigmas = step_sigmas(name, spec.sigmas, spec.steps, training)  # host values: constants of the program
         prediction = spec.prediction_type or config.get("prediction_type", "epsilon")
         model = unet_denoiser(pipeline, params, conditioning, guidance, prediction, training)
         if start.keep is not None:
