@@ -2,15 +2,21 @@
 
 import os
 
-# Must happen before anything imports JAX.
-os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8").strip()
+# Must happen before anything imports JAX (and reaches every process a test starts, through the environment).
+# 8 CPU devices, so replication and sharding really run; and XLA's CPU backend without its LLVM optimizations:
+# the tests check what programs compute, never how fast they run, and compiling is most of the suite's time
+# (~5 s for each new program of a tiny model): a fifth off the suite. Speed is measured in benchmarks/, built as a
+# user builds.
+TEST_XLA_FLAGS = ("--xla_force_host_platform_device_count=8", "--xla_backend_optimization_level=0",
+                  "--xla_llvm_disable_expensive_passes=true")
+os.environ["XLA_FLAGS"] = " ".join([os.environ.get("XLA_FLAGS", ""), *TEST_XLA_FLAGS]).strip()
 os.environ.pop("MLFLOW_TRACKING_URI", None)
 
 from pathlib import Path
 
 import pytest
 
-from helpers.cli import run_cli
+from helpers.cli import restore_signal_handlers, run_cli, signal_handlers
 from helpers.mlflow_store import seed_store
 from sdjax_runner.engine.runtime import silence_libraries
 
@@ -31,6 +37,20 @@ def pytest_collection_modifyitems(items):
     for item in items:
         if MODEL_FIXTURES & set(getattr(item, "fixturenames", ())) and not item.get_closest_marker("slow"):
             item.add_marker(pytest.mark.slow)
+
+@pytest.fixture(autouse=True)
+def signals_restored():
+    """Every test leaves the signal handlers as it found them: a handler a library set in this process (SIGINT
+    ignored, SIGPIPE at its default) would reach the processes later tests start -- a child inherits an ignored
+    signal, and a Ctrl-C test's run then finishes instead of stopping. Put back, and said."""
+    import warnings
+
+    saved = signal_handlers()
+    yield
+    changed = restore_signal_handlers(saved)
+    if changed:
+        warnings.warn(f"this test left the handlers of signals {changed} changed; put back", stacklevel=1)
+
 
 @pytest.fixture(scope="session")
 def cache_dir(tmp_path_factory) -> Path:

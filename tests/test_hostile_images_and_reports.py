@@ -141,7 +141,7 @@ def hostile_sweep(tmp_path_factory, tiny_model_dir) -> tuple[Path, str]:
     sweep_dir = work / "sweep"
     quoted = ",".join(f"'{value}'" for value in (DOLLARS, SCRIPT))  # Hydra's quoted values: taken as written
     result = run_cli("-m", "+experiment=smoke", "tracking=none", "sampling.num_inference_steps=1,2",
-                     f"prompts.negative={quoted}", f"hydra.sweep.dir={sweep_dir}", cwd=work, timeout=600)
+                     f"prompts.negative={quoted}", f"hydra.sweep.dir={sweep_dir}", cwd=work)
     assert result.returncode == 0, result.stderr
     return sweep_dir, result.stdout + result.stderr
 

@@ -63,7 +63,7 @@ def test_tiny_xl_runs_end_to_end_on_both_paths_and_takes_a_negative_prompt(tmp_p
     sweep = tmp_path / "sweep"
     result = run_cli("-m", "+experiment=smoke", "model=tiny-random-xl", "scheduler=euler", "tracking=none",
                      "parallelism=pmap,sharded", "prompts.negative=null,blurry", f"hydra.sweep.dir={sweep}",
-                     cwd=tmp_path, timeout=600)
+                     cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     jobs = {}
     for job in range(4):

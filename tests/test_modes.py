@@ -15,6 +15,7 @@ from PIL import Image
 
 from helpers.cli import assert_one_line_error, call_cli, run_cli
 from helpers.configs import compose_cfg
+from helpers.flax_references import file_digest, folder_digest, reference
 from helpers.images import images_of
 from helpers.published import write_published
 
@@ -109,30 +110,41 @@ def test_img2img_equals_diffusers_flax_img2img_pipeline_and_a_strength_sweep_com
                                                                                              tiny_model_dir):
     """PNDM, DDIM and DPM-Solver++ (the schedulers diffusers' Flax img2img pipeline runs right), two strengths
     each: diffusers' images, and one compile per scheduler."""
-    import diffusers
-    from diffusers import FlaxStableDiffusionImg2ImgPipeline
-    from flax.jax_utils import replicate
-    from flax.training.common_utils import shard
-
     prompt, guidance, steps = smoke_prompt()
-    pipeline, params = FlaxStableDiffusionImg2ImgPipeline.from_pretrained(
-        str(tiny_model_dir), dtype=jnp.float32, safety_checker=None, feature_extractor=None)
-    count = jax.device_count()
-    with Image.open(inputs["init"]) as init:
-        prompt_ids, image = pipeline.prepare_inputs([prompt] * count, [init.convert("RGB")] * count)
-    rng = jax.random.split(jax.random.PRNGKey(SEED), count)
     points = [(name, strength) for name in ("pndm", "ddim", "dpm_solver_pp") for strength in (0.5, 0.75)]
-    classes = {"pndm": "FlaxPNDMScheduler", "ddim": "FlaxDDIMScheduler",
-               "dpm_solver_pp": "FlaxDPMSolverMultistepScheduler"}
-    for job, (name, strength) in zip(img2img_sweep, points, strict=True):
-        scheduler, state = getattr(diffusers, classes[name]).from_pretrained(str(tiny_model_dir), subfolder="scheduler")
-        reference = FlaxStableDiffusionImg2ImgPipeline(
-            vae=pipeline.vae, text_encoder=pipeline.text_encoder, tokenizer=pipeline.tokenizer, unet=pipeline.unet,
-            scheduler=scheduler, safety_checker=None, feature_extractor=None, dtype=jnp.float32)
-        expected = reference(shard(prompt_ids), shard(image), replicate(dict(params, scheduler=state)), rng,
-                             strength=strength, num_inference_steps=steps, height=SIZE, width=SIZE,
-                             guidance_scale=guidance, jit=True).images
-        assert_matches(images_of(job), as_uint8(expected), exact=False)
+    count = jax.device_count()
+
+    def diffusers_images():
+        import diffusers
+        from diffusers import FlaxStableDiffusionImg2ImgPipeline
+        from flax.jax_utils import replicate
+        from flax.training.common_utils import shard
+
+        pipeline, params = FlaxStableDiffusionImg2ImgPipeline.from_pretrained(
+            str(tiny_model_dir), dtype=jnp.float32, safety_checker=None, feature_extractor=None)
+        with Image.open(inputs["init"]) as init:
+            prompt_ids, image = pipeline.prepare_inputs([prompt] * count, [init.convert("RGB")] * count)
+        rng = jax.random.split(jax.random.PRNGKey(SEED), count)
+        classes = {"pndm": "FlaxPNDMScheduler", "ddim": "FlaxDDIMScheduler",
+                   "dpm_solver_pp": "FlaxDPMSolverMultistepScheduler"}
+        out = []
+        for name, strength in points:
+            scheduler, state = getattr(diffusers, classes[name]).from_pretrained(str(tiny_model_dir),
+                                                                                 subfolder="scheduler")
+            reference_pipeline = FlaxStableDiffusionImg2ImgPipeline(
+                vae=pipeline.vae, text_encoder=pipeline.text_encoder, tokenizer=pipeline.tokenizer,
+                unet=pipeline.unet, scheduler=scheduler, safety_checker=None, feature_extractor=None,
+                dtype=jnp.float32)
+            out.append(as_uint8(reference_pipeline(
+                shard(prompt_ids), shard(image), replicate(dict(params, scheduler=state)), rng, strength=strength,
+                num_inference_steps=steps, height=SIZE, width=SIZE, guidance_scale=guidance, jit=True).images))
+        return np.stack([np.stack(images) for images in out])
+
+    expected = reference("img2img", diffusers_images, model=folder_digest(tiny_model_dir),
+                         init=file_digest(inputs["init"]), prompt=prompt, guidance=guidance, steps=steps, size=SIZE,
+                         seed=SEED, devices=count, points=points)
+    for job, images in zip(img2img_sweep, expected, strict=True):
+        assert_matches(images_of(job), list(images), exact=False)
     compiles = [json.loads((job / "timings.json").read_text())["process_compiles"] for job in img2img_sweep]
     assert compiles == [1, 1, 2, 2, 3, 3]  # once per scheduler: strength is a traced input
     assert not np.array_equal(images_of(img2img_sweep[0])[0], images_of(img2img_sweep[1])[0])
@@ -163,10 +175,6 @@ def test_img2img_records_its_input_and_shows_it_in_the_grid(img2img_sweep, input
 
 @pytest.mark.slow
 def test_inpainting_model_equals_diffusers_flax_inpaint_pipeline(tmp_path, inputs, cache_dir):
-    from diffusers import FlaxStableDiffusionInpaintPipeline
-    from flax.jax_utils import replicate
-    from flax.training.common_utils import shard
-
     from sdjax_runner.models.builtin import build_builtin
 
     jobs = sweep(tmp_path, "mode=inpaint", "model=tiny-random-inpaint", f"init_image={inputs['init']}",
@@ -174,20 +182,32 @@ def test_inpainting_model_equals_diffusers_flax_inpaint_pipeline(tmp_path, input
     model_dir = build_builtin("tiny-random-inpaint", cache_dir / "models" / "tiny-random-inpaint-v2")
     index = json.loads((model_dir / "model_index.json").read_text())
     assert index["_class_name"].removeprefix("Flax") == "StableDiffusionInpaintPipeline"  # runwayml's kind
-    pipeline, params = FlaxStableDiffusionInpaintPipeline.from_pretrained(
-        str(model_dir), dtype=jnp.float32, safety_checker=None, feature_extractor=None)
-    assert pipeline.unet.config.in_channels == 9
+    assert json.loads((model_dir / "unet" / "config.json").read_text())["in_channels"] == 9
     prompt, _, steps = smoke_prompt()
     count = jax.device_count()
-    with Image.open(inputs["init"]) as init, Image.open(inputs["mask"]) as mask:
-        prompt_ids, masked, masks = pipeline.prepare_inputs([prompt] * count, [init.convert("RGB")] * count,
-                                                            [mask.copy()] * count)
-    rng = jax.random.split(jax.random.PRNGKey(SEED), count)
-    for job, guidance in zip(jobs, (7.5, 3.0), strict=True):
-        expected = pipeline(shard(prompt_ids), shard(masks), shard(masked), replicate(params), rng,
-                            num_inference_steps=steps, height=SIZE, width=SIZE, guidance_scale=guidance,
-                            jit=True).images
-        assert_matches(images_of(job), as_uint8(expected), exact=False)
+    guidances = (7.5, 3.0)
+
+    def diffusers_images():
+        from diffusers import FlaxStableDiffusionInpaintPipeline
+        from flax.jax_utils import replicate
+        from flax.training.common_utils import shard
+
+        pipeline, params = FlaxStableDiffusionInpaintPipeline.from_pretrained(
+            str(model_dir), dtype=jnp.float32, safety_checker=None, feature_extractor=None)
+        assert pipeline.unet.config.in_channels == 9
+        with Image.open(inputs["init"]) as init, Image.open(inputs["mask"]) as mask:
+            prompt_ids, masked, masks = pipeline.prepare_inputs([prompt] * count, [init.convert("RGB")] * count,
+                                                                [mask.copy()] * count)
+        rng = jax.random.split(jax.random.PRNGKey(SEED), count)
+        return np.stack([np.stack(as_uint8(pipeline(
+            shard(prompt_ids), shard(masks), shard(masked), replicate(params), rng, num_inference_steps=steps,
+            height=SIZE, width=SIZE, guidance_scale=guidance, jit=True).images)) for guidance in guidances])
+
+    expected = reference("inpaint", diffusers_images, model=folder_digest(model_dir), init=file_digest(inputs["init"]),
+                         mask=file_digest(inputs["mask"]), prompt=prompt, steps=steps, size=SIZE, seed=SEED,
+                         devices=count, guidances=guidances)
+    for job, images in zip(jobs, expected, strict=True):
+        assert_matches(images_of(job), list(images), exact=False)
     # The same model laid out as the published SD 1.5 inpainting repository (runwayml's): its model index
     # names StableDiffusionInpaintPipeline, PyTorch safetensors only, every published config key; and the
     # same mask as an RGBA sketch (its alpha is the mask, as in A1111), said on the console.
@@ -247,39 +267,46 @@ def write_pytorch_controlnet(flax_dir: Path, target: Path) -> Path:
 
 @pytest.mark.slow
 def test_controlnet_from_a_pytorch_folder_equals_diffusers_flax_controlnet_pipeline(tmp_path, inputs, cache_dir,
-                                                                                     tiny_model_dir):
-    from diffusers import FlaxControlNetModel, FlaxStableDiffusionControlNetPipeline, FlaxStableDiffusionPipeline
-    from flax.jax_utils import replicate
-    from flax.training.common_utils import shard
-
+                                                                                     tiny_model_dir, smoke_run):
     from sdjax_runner.models.builtin import build_builtin
 
     flax_dir = build_builtin("tiny-random-controlnet", cache_dir / "models" / "tiny-random-controlnet-v1")
     torch_dir = write_pytorch_controlnet(flax_dir, tmp_path / "sd-controlnet-tiny")
     jobs = sweep(tmp_path, "mode=controlnet", f"controlnet.model={torch_dir}", f"controlnet.image={inputs['control']}",
                  "controlnet.conditioning_scale=1.0,0.5,0")
-    base, params = FlaxStableDiffusionPipeline.from_pretrained(str(tiny_model_dir), dtype=jnp.float32,
-                                                               safety_checker=None, feature_extractor=None)
-    controlnet, params["controlnet"] = FlaxControlNetModel.from_pretrained(str(flax_dir), dtype=jnp.float32)
-    pipeline = FlaxStableDiffusionControlNetPipeline(
-        vae=base.vae, text_encoder=base.text_encoder, tokenizer=base.tokenizer, unet=base.unet, controlnet=controlnet,
-        scheduler=base.scheduler, safety_checker=None, feature_extractor=None, dtype=jnp.float32)
     prompt, guidance, steps = smoke_prompt()
     count = jax.device_count()
-    with Image.open(inputs["control"]) as control:
-        image = pipeline.prepare_image_inputs([control.convert("RGB")] * count)
-    prompt_ids = pipeline.prepare_text_inputs([prompt] * count)
-    rng = jax.random.split(jax.random.PRNGKey(SEED), count)
-    for job, scale in zip(jobs, (1.0, 0.5), strict=False):  # the third job (scale 0) is checked below
-        expected = pipeline(shard(prompt_ids), shard(image), replicate(params), rng, num_inference_steps=steps,
-                            guidance_scale=guidance, controlnet_conditioning_scale=scale, jit=True).images
-        assert_matches(images_of(job), as_uint8(expected))
+    scales = (1.0, 0.5)
+
+    def diffusers_images():
+        from diffusers import FlaxControlNetModel, FlaxStableDiffusionControlNetPipeline, FlaxStableDiffusionPipeline
+        from flax.jax_utils import replicate
+        from flax.training.common_utils import shard
+
+        base, params = FlaxStableDiffusionPipeline.from_pretrained(str(tiny_model_dir), dtype=jnp.float32,
+                                                                   safety_checker=None, feature_extractor=None)
+        controlnet, params["controlnet"] = FlaxControlNetModel.from_pretrained(str(flax_dir), dtype=jnp.float32)
+        pipeline = FlaxStableDiffusionControlNetPipeline(
+            vae=base.vae, text_encoder=base.text_encoder, tokenizer=base.tokenizer, unet=base.unet,
+            controlnet=controlnet, scheduler=base.scheduler, safety_checker=None, feature_extractor=None,
+            dtype=jnp.float32)
+        with Image.open(inputs["control"]) as control:
+            image = pipeline.prepare_image_inputs([control.convert("RGB")] * count)
+        prompt_ids = pipeline.prepare_text_inputs([prompt] * count)
+        rng = jax.random.split(jax.random.PRNGKey(SEED), count)
+        return np.stack([np.stack(as_uint8(pipeline(
+            shard(prompt_ids), shard(image), replicate(params), rng, num_inference_steps=steps,
+            guidance_scale=guidance, controlnet_conditioning_scale=scale, jit=True).images)) for scale in scales])
+
+    expected = reference("controlnet", diffusers_images, model=folder_digest(tiny_model_dir),
+                         controlnet=folder_digest(flax_dir), control=file_digest(inputs["control"]), prompt=prompt,
+                         guidance=guidance, steps=steps, seed=SEED, devices=count, scales=scales)
+    for job, images in zip(jobs, expected, strict=False):  # the third job (scale 0) is checked below
+        assert_matches(images_of(job), list(images))
     timings = [json.loads((job / "timings.json").read_text()) for job in jobs]
     assert [t["process_compiles"] for t in timings] == [1, 1, 1]  # the scale is a traced input
-    # Scale 0 adds nothing: text to image, the guide's images.
-    text_only = run_cli("+experiment=smoke", "tracking=none", f"hydra.run.dir={tmp_path / 'plain'}", cwd=tmp_path)
-    assert text_only.returncode == 0, text_only.stderr
-    assert_matches(images_of(jobs[2]), images_of(tmp_path / "plain"), exact=False)
+    # Scale 0 adds nothing: text to image, the guide's images (the README's smoke run).
+    assert_matches(images_of(jobs[2]), images_of(smoke_run[1]), exact=False)
     record = json.loads((jobs[0] / "images.json").read_text())[0]
     assert (record["mode"], record["conditioning_scale"], record["control_image"]) == ("controlnet", 1.0, "control.png")
 

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from helpers.cli import assert_one_line_error, call_cli, free_port, run_cli
+from helpers.flax_references import folder_digest, reference
 from helpers.images import images_of as runner_images
 
 
@@ -46,22 +47,26 @@ def test_two_per_device_on_four_devices_is_the_guide_flow_with_that_layout(tmp_p
     """The mapping that holds: with D devices and B images each, device d draws its B latents
     from split(PRNGKey(seed), D)[d] -- so a 4 x 2 run equals the guide's code on 4 devices with
     (4, 2, 77) prompt shards, not the 8 x 1 run. Both paths, one process."""
-    from diffusers import FlaxStableDiffusionPipeline
-    from flax.jax_utils import replicate
-
     prompts = [f"prompt number {i}" for i in range(8)]
     sweep = tmp_path / "sweep"
     result = run_cli("-m", "+experiment=smoke", "tracking=none", "parallelism=pmap,sharded",
                      "parallelism.num_devices=4", "parallelism.per_device_batch_size=2",
                      f"prompts.texts=[{','.join(prompts)}]", f"hydra.sweep.dir={sweep}", cwd=tmp_path)
     assert result.returncode == 0, result.stderr
-    pipeline, params = FlaxStableDiffusionPipeline.from_pretrained(
-        str(tiny_model_dir), dtype=jnp.float32, safety_checker=None, feature_extractor=None)
-    prompt_ids = pipeline.prepare_inputs(prompts).reshape(4, 2, 77)
-    rng = jax.random.split(jax.random.PRNGKey(0), 4)
-    images = pipeline(prompt_ids, replicate(params, devices=jax.local_devices()[:4]), rng, num_inference_steps=4,
-                      height=64, width=64, jit=True).images
-    expected = [np.asarray(i) for i in pipeline.numpy_to_pil(images.reshape((8, 64, 64, 3)))]
+
+    def guide_flow():
+        from diffusers import FlaxStableDiffusionPipeline
+        from flax.jax_utils import replicate
+
+        pipeline, params = FlaxStableDiffusionPipeline.from_pretrained(
+            str(tiny_model_dir), dtype=jnp.float32, safety_checker=None, feature_extractor=None)
+        prompt_ids = pipeline.prepare_inputs(prompts).reshape(4, 2, 77)
+        rng = jax.random.split(jax.random.PRNGKey(0), 4)
+        images = pipeline(prompt_ids, replicate(params, devices=jax.local_devices()[:4]), rng,
+                          num_inference_steps=4, height=64, width=64, jit=True).images
+        return np.stack([np.asarray(i) for i in pipeline.numpy_to_pil(images.reshape((8, 64, 64, 3)))])
+
+    expected = reference("four_by_two", guide_flow, model=folder_digest(tiny_model_dir), prompts=prompts)
     for job in ("0", "1"):
         got = runner_images(sweep / job)
         assert all(np.array_equal(a, b) for a, b in zip(got, expected, strict=True)), f"job {job}"

@@ -241,7 +241,7 @@ def syntax_sweep(tmp_path_factory) -> dict[tuple[str, str], Path]:
     work = tmp_path_factory.mktemp("syntax")
     texts = ",".join(f"[{hydra_quoted(t)}]" for t in (SHORT, WEIGHTED, LONG))
     result = run_cli("-m", "+experiment=smoke", "tracking=none", "prompts.syntax=plain,a1111", f"prompts.texts={texts}",
-                     "prompts.negative=ugly", f"hydra.sweep.dir={work / 'sweep'}", cwd=work, timeout=600)
+                     "prompts.negative=ugly", f"hydra.sweep.dir={work / 'sweep'}", cwd=work)
     assert result.returncode == 0, result.stderr
     jobs = {}
     for job in (work / "sweep").iterdir():
@@ -305,7 +305,7 @@ def test_sdxl_long_weighted_prompts_give_the_same_images_on_both_parallel_paths(
     result = run_cli("-m", "+experiment=smoke", "model=tiny-random-xl", "scheduler=euler", "tracking=none",
                      "parallelism=pmap,sharded", "prompts.syntax=a1111", f"prompts.texts=[{hydra_quoted(LONG)}]",
                      "prompts.negative='(ugly:1.3), BREAK blurry'", f"hydra.sweep.dir={tmp_path / 'sweep'}",
-                     cwd=tmp_path, timeout=600)
+                     cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     pmap, sharded = (images_of(tmp_path / "sweep" / str(job)) for job in (0, 1))
     assert len(pmap) == 8 and all(np.isfinite(i).all() and i.std() > 1 for i in pmap)

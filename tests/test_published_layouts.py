@@ -6,6 +6,7 @@ weights. Each layout is run through the CLI in a subprocess, without torch, and 
 with diffusers 0.39's own Flax pipeline, or with the Flax-layout tiny model that has the same weights.
 """
 
+import inspect
 import json
 import shutil
 
@@ -15,6 +16,7 @@ import pytest
 
 from helpers.cli import run_cli
 from helpers.configs import compose_cfg
+from helpers.flax_references import folder_digest, reference
 from helpers.guide import diffusers_images
 from helpers.images import images_of
 from helpers.published import with_flax_weights, write_published
@@ -40,7 +42,7 @@ def published(tmp_path_factory, tiny_model_dir, tiny_xl_dir):
 def run(tmp_path, name, *overrides, env=None):
     run_dir = tmp_path / name
     result = run_cli("+experiment=smoke", "tracking=none", f"hydra.run.dir={run_dir}", *overrides, cwd=tmp_path,
-                     env=env, timeout=600)
+                     env=env)
     assert result.returncode == 0, result.stderr
     return run_dir, result
 
@@ -78,10 +80,17 @@ def test_sd21_v_prediction_as_published_equals_diffusers_pipeline(published, tmp
                           "scheduler=ddim")
     # diffusers' FlaxStableDiffusionPipeline.from_pretrained on the same folder (its DDIM scheduler with
     # v_prediction, its tokenizer that pads with "!"), given the same weights as Flax files.
-    reference = with_flax_weights(model, tiny_model_dir, tmp_path / "flax-twin")
-    expected, pipeline = diffusers_images(reference, [PROMPT] * jax.device_count(), seed=0)
-    assert type(pipeline.scheduler).__name__ == "FlaxDDIMScheduler"
-    assert pipeline.scheduler.config.prediction_type == "v_prediction" and pipeline.tokenizer.pad_token == "!"
+    twin = with_flax_weights(model, tiny_model_dir, tmp_path / "flax-twin")
+    prompts = [PROMPT] * jax.device_count()
+
+    def pipeline_images():
+        images, pipeline = diffusers_images(twin, prompts, seed=0)
+        assert type(pipeline.scheduler).__name__ == "FlaxDDIMScheduler"
+        assert pipeline.scheduler.config.prediction_type == "v_prediction" and pipeline.tokenizer.pad_token == "!"
+        return np.stack(images)
+
+    expected = reference("sd21_published", pipeline_images, model=folder_digest(twin), prompts=prompts,
+                         code=inspect.getsource(diffusers_images))
     got = images_of(run_dir)
     assert len(got) == 8 and all(np.array_equal(a, b) for a, b in zip(got, expected, strict=True))
 
@@ -96,7 +105,7 @@ def test_sdxl_as_published_equals_diffusers_pipeline_for_both_empty_negative_rul
     paths = f"{published['sdxl']},{published['sdxl_encoded']}"
     result = run_cli("-m", "+experiment=smoke", "tracking=none", "model=local", "scheduler=euler",
                      f"model.pretrained_model_name_or_path={paths}", "prompts.negative=null,''",
-                     f"hydra.sweep.dir={sweep}", cwd=tmp_path, timeout=900)
+                     f"hydra.sweep.dir={sweep}", cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     jobs = {}
     for job in sweep.glob("[0-9]"):
@@ -105,9 +114,15 @@ def test_sdxl_as_published_equals_diffusers_pipeline_for_both_empty_negative_rul
              "prompts.negative=''" in overrides] = images_of(job)
     assert len(jobs) == 4 and all(len(images) == 8 for images in jobs.values())
     prompts = [PROMPT] * jax.device_count()
-    zeroed, pipeline = diffusers_images(published["sdxl"], prompts, 0, "FlaxStableDiffusionXLPipeline")
-    encoded, _ = diffusers_images(published["sdxl"], prompts, 0, "FlaxStableDiffusionXLPipeline", negative="")
-    assert type(pipeline.scheduler).__name__ == "FlaxEulerDiscreteScheduler"
+
+    def pipeline_images():
+        zeroed, pipeline = diffusers_images(published["sdxl"], prompts, 0, "FlaxStableDiffusionXLPipeline")
+        encoded, _ = diffusers_images(published["sdxl"], prompts, 0, "FlaxStableDiffusionXLPipeline", negative="")
+        assert type(pipeline.scheduler).__name__ == "FlaxEulerDiscreteScheduler"
+        return np.stack([np.stack(zeroed), np.stack(encoded)])
+
+    zeroed, encoded = reference("sdxl_published", pipeline_images, model=folder_digest(published["sdxl"]),
+                                prompts=prompts, code=inspect.getsource(diffusers_images))
     assert not any(np.array_equal(a, b) for a, b in zip(zeroed, encoded, strict=True))
     expected = {("published", False): zeroed, ("published", True): encoded,
                 ("encoded-index", False): encoded, ("encoded-index", True): encoded}

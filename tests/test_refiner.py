@@ -44,7 +44,7 @@ def runs(tmp_path_factory) -> dict[str, Path]:
     sweep = root / "sweep"
     init = root / "init.png"
     Image.fromarray((np.random.default_rng(0).random((32, 32, 3)) * 255).astype(np.uint8)).save(init)
-    calls = {"sweep": ["-m", *REFINED, "parallelism=pmap", "sampling.refiner_switch=0.8,0.5,0.999", f"hydra.sweep.dir={sweep}"],
+    calls = {"sweep": ["-m", *REFINED, "parallelism=pmap", "sampling.refiner_switch=0.8,0.5", f"hydra.sweep.dir={sweep}"],
              "negative": [*REFINED, "parallelism=sharded", f"prompts.negative={REFERENCE['negative_prompt']}"],
              "base": [*COMMON, "parallelism=sharded"],
              "k_sweep": ["-m", *COMMON, "sampler=Euler a", "model.refiner=null," + str(REFINER),
@@ -58,7 +58,6 @@ def runs(tmp_path_factory) -> dict[str, Path]:
         result = run_cli(*overrides, cwd=root)
         assert result.returncode == 0, result.stderr[-3000:]
         out[name] = root / name
-        out[f"{name}:said"] = result.stdout + result.stderr
     for name in ("sweep", "k_sweep", "i2i_sweep"):
         for job in sorted(out[name].glob("[0-9]")):
             record = json.loads((job / "images.json").read_text())[0]
@@ -79,13 +78,34 @@ def test_the_refiner_finishes_as_diffusers_ensemble_does_at_each_switch_in_both_
     assert [t["compile_reused"] for t in timings] == [0, 0] and timings[1]["model_reused"] == 1
 
 
-def test_a_switch_past_the_last_step_says_the_refiner_runs_on_no_step(runs):
-    # 0.999 hands over below timestep 1, and Euler's 10 steps end at timestep 1: the base runs every call
-    said = runs["sweep:said"]
-    assert ("sampling.refiner_switch: 0.999 hands over at timestep 1, and the last of the 10 steps runs at 1: the "
-            "refiner runs on no step") in said
-    assert said.count("the refiner runs on no step") == 1  # 0.8 and 0.5 run it
-    assert levels_off(pixels(runs["sweep:0.999"]), "base_images") <= 1
+def test_a_switch_past_the_last_step_says_the_refiner_runs_on_no_step(caplog):
+    """0.999 hands over below timestep 1; the folders' Euler scheduler ends its 10 steps at timestep 1, so the base
+    runs every call (the switch's lax.cond is never taken) -- said. A k sampler's last step is at the training
+    schedule's smallest sigma (timestep 0): the refiner runs that one, and nothing is said."""
+    from types import SimpleNamespace
+
+    from diffusers import FlaxEulerDiscreteScheduler
+
+    from sdjax_runner.config.refiner import Refiner
+    from sdjax_runner.engine.refiner import RefinerPass, lowest_timestep, say_unused_refiner
+
+    scheduler, _ = FlaxEulerDiscreteScheduler.from_pretrained(str(BASE), subfolder="scheduler")
+    pipeline = SimpleNamespace(scheduler=scheduler)
+    assert lowest_timestep(pipeline, "scheduler", None, 10) == 1
+    assert lowest_timestep(pipeline, "euler_ancestral", "normal", 10) == 0
+
+    def said(switch: float, sampler: str, sigmas=None) -> list[str]:
+        caplog.clear()
+        cutoff = Refiner(str(REFINER), "", switch, True).cutoff(1000)
+        spec = SimpleNamespace(refiner=RefinerPass(cutoff, True, ""), sampler=sampler, sigmas=sigmas, steps=10,
+                               hires=None)
+        say_unused_refiner(pipeline, spec, switch)
+        return [record.getMessage() for record in caplog.records]
+
+    assert said(0.999, "scheduler") == [
+        "sampling.refiner_switch: 0.999 hands over at timestep 1, and the last of the 10 steps runs at 1: the refiner "
+        "runs on no step, the images are the base's alone (lower sampling.refiner_switch)"]
+    assert said(0.8, "scheduler") == said(0.999, "euler_ancestral", "normal") == []
 
 
 def test_the_sdxl_base_alone_is_diffusers_pytorch_pipelines_at_32_pixels(runs):

@@ -25,7 +25,7 @@ def sweep(tmp_path_factory, mlflow_template) -> tuple[Path, Path]:
     """(work directory, sweep directory) of a 2 x 2 x 2 sweep logged to an embedded MLflow store."""
     work = tmp_path_factory.mktemp("report")
     seed_store(work, mlflow_template)
-    result = run_cli("-m", "+experiment=smoke", *SWEEP, f"hydra.sweep.dir={work / 'sweep'}", cwd=work, timeout=900)
+    result = run_cli("-m", "+experiment=smoke", *SWEEP, f"hydra.sweep.dir={work / 'sweep'}", cwd=work)
     assert result.returncode == 0, result.stderr
     assert "report.html" in result.stdout + result.stderr
     return work, work / "sweep"

@@ -170,7 +170,7 @@ def sampler_sweep(tmp_path_factory, tiny_model_dir):
     sweep = work / "sweep"
     result = run_cli("-m", "+experiment=smoke", "tracking=none", "sampler=euler_ancestral,DPM++ 2M Karras",
                      "+metrics.reference_point={sampler: euler_ancestral}", "prompts.negative='(blurry:1.2)'",
-                     f"hydra.sweep.dir={sweep}", cwd=work, timeout=600)
+                     f"hydra.sweep.dir={sweep}", cwd=work)
     assert result.returncode == 0, result.stderr
     return sweep, result
 

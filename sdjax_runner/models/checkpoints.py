@@ -165,8 +165,7 @@ def _flax_key(pt_key: str, tensor: np.ndarray, reference: dict, library: str, pr
         return rename_key_and_reshape_tensor(tuple(rename_key(pt_key).split(".")), tensor, reference)
     from transformers.modeling_flax_pytorch_utils import rename_key_and_reshape_tensor as rename_transformers_key
 
-    # transformers annotates the key as tuple[str] (one element); it takes a key of any length.
-    return rename_transformers_key(tuple(pt_key.split(".")), tensor, reference, prefix)  # type: ignore[arg-type]
+    return rename_transformers_key(tuple(pt_key.split(".")), tensor, reference, prefix)
 
 
 class WeightsMismatch(ValueError):

@@ -79,13 +79,13 @@ def call_cli(*overrides: str, cwd: Path, env: dict | None = None,
     with tests that use :func:`run_cli` (a few per command).
 
     What a command changes in the process is put back: ``sys.argv``, the working directory, the environment,
-    the SIGTERM handler, Hydra's run config, the loggers' handlers and levels. Hydra configures logging for a
+    every signal's handler (SIGTERM's, SIGPIPE's, ...: a child process inherits an ignored signal), Hydra's run
+    config, the loggers' handlers and levels. Hydra configures logging for a
     run with ``dictConfig``, which also closes every handler the process has (pytest's, absl's, whose stream
     is pytest's capture): they are set aside during the call."""
     import contextlib
     import io
     import logging
-    import signal
 
     from hydra.core.hydra_config import HydraConfig
 
@@ -106,7 +106,7 @@ def call_cli(*overrides: str, cwd: Path, env: dict | None = None,
     logging._handlers.clear()
     del logging._handlerList[:]
     saved_argv, saved_cwd, saved_env = sys.argv[:], os.getcwd(), dict(os.environ)
-    saved_sigterm = signal.getsignal(signal.SIGTERM)
+    saved_signals = signal_handlers()
     saved_hydra_config = HydraConfig.instance().cfg
     saved_exit = interpreter.exit_process
     saved_state = process.current()
@@ -136,7 +136,7 @@ def call_cli(*overrides: str, cwd: Path, env: dict | None = None,
         sys.argv = saved_argv
         os.environ.clear()
         os.environ.update(saved_env)
-        signal.signal(signal.SIGTERM, saved_sigterm)
+        restore_signal_handlers(saved_signals)
         HydraConfig.instance().cfg = saved_hydra_config
         for logger, level, handlers, propagate, disabled in saved_loggers:
             for handler in logger.handlers:
@@ -161,3 +161,29 @@ def fresh_state(state):
     return process.ProcessState(compile_cache=state.compile_cache, compile_events=state.compile_events,
                                 distributed=state.distributed, signing_keys=state.signing_keys,
                                 executable_max_bytes=state.executable_max_bytes)
+
+
+def signal_handlers() -> dict:
+    """Every signal's handler in this process that Python can read and set."""
+    import signal
+
+    handlers = {}
+    for number in signal.valid_signals():
+        if number in (signal.SIGKILL, signal.SIGSTOP):
+            continue
+        try:
+            handlers[number] = signal.getsignal(number)
+        except (OSError, ValueError):
+            continue
+    return handlers
+
+
+def restore_signal_handlers(saved: dict) -> list:
+    """Put back the handlers of ``saved`` (:func:`signal_handlers`) that changed; returns the signals that had."""
+    import signal
+
+    changed = [number for number, handler in signal_handlers().items()
+               if number in saved and handler != saved[number] and saved[number] is not None]
+    for number in changed:
+        signal.signal(number, saved[number])
+    return changed
