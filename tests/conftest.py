@@ -7,10 +7,19 @@ import os
 # the tests check what programs compute, never how fast they run, and compiling is most of the suite's time
 # (~5 s for each new program of a tiny model): a fifth off the suite. Speed is measured in benchmarks/, built as a
 # user builds.
-TEST_XLA_FLAGS = ("--xla_force_host_platform_device_count=8", "--xla_backend_optimization_level=0",
-                  "--xla_llvm_disable_expensive_passes=true")
-os.environ["XLA_FLAGS"] = " ".join([os.environ.get("XLA_FLAGS", ""), *TEST_XLA_FLAGS]).strip()
+# (tests/helpers/compile_options.py: a user's options, for a program compared bit for bit with a user's output.)
+os.environ["XLA_FLAGS"] = " ".join([os.environ.get("XLA_FLAGS", ""), "--xla_force_host_platform_device_count=8",
+                                    "--xla_backend_optimization_level=0",
+                                    "--xla_llvm_disable_expensive_passes=true"]).strip()
 os.environ.pop("MLFLOW_TRACKING_URI", None)
+
+import signal
+
+# A suite started in the background of a shell (`pytest ... &`, nohup, some CI runners) inherits SIGINT ignored,
+# and so would every process a test starts: a Ctrl-C test's run would finish instead of stopping. The tests run as
+# from a terminal, where Ctrl-C interrupts.
+if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 from pathlib import Path
 
@@ -46,6 +55,7 @@ def signals_restored():
     import warnings
 
     saved = signal_handlers()
+    saved.pop(signal.SIGALRM, None)  # pytest-timeout's, set and cleared around each test
     yield
     changed = restore_signal_handlers(saved)
     if changed:

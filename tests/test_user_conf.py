@@ -70,7 +70,7 @@ def test_the_example_experiments_the_repository_ships_run_as_their_comments_say(
         assert made.returncode == 0 and "Traceback" not in made.stderr, made.stderr
     sweep = tmp_path / "sweep"
     result = run_cli("-m", f"+experiment={name}", "tracking=none", "timing.repeats=1", f"hydra.sweep.dir={sweep}",
-                     cwd=tmp_path, timeout=600)
+                     cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     jobs = finished_jobs(sweep)
     assert len(jobs) == points and jobs[0]["record"]["swept_keys"] == swept
