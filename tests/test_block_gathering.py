@@ -51,6 +51,7 @@ def flux() -> tuple[Any, Any, dict]:
     return module, flux_family.split_weights, inputs
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("build", [sd3, flux], ids=["sd3", "flux"])
 def test_split_weights_are_gathered_one_block_at_a_time(build):
     module, split_weights, inputs = build()

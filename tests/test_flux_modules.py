@@ -296,6 +296,7 @@ def test_safetensors_are_read_with_bfloat16(tmp_path):
         load_safetensors(tmp_path / "short.safetensors")
 
 
+@pytest.mark.slow
 def test_the_full_size_architecture_has_flux1_devs_published_parameter_counts():
     """model=flux-dev-arch (benchmarks' FLUX.1 with random weights) is FLUX.1 [dev]'s shape: the parameter counts
     of black-forest-labs/FLUX.1-dev's components as diffusers / transformers count them (num_parameters()):

@@ -93,7 +93,9 @@ def test_the_flux_experiment_writes_images_forges_infotext_and_an_mlflow_run(smo
     from mlflow.tracking import MlflowClient
 
     client = MlflowClient(f"sqlite:///{work / 'outputs' / 'mlflow.db'}")
-    (run,) = client.search_runs([client.get_experiment_by_name("sdjax-runner").experiment_id])
+    # (the module's other tests re-run this run into the same store: its run is the one named as the experiment)
+    (run,) = client.search_runs([client.get_experiment_by_name("sdjax-runner").experiment_id],
+                                filter_string="tags.`mlflow.runName` = 'flux_smoke'")
     params = run.data.params
     assert params["model.family"] == "flux" and params["sampler"] == "Euler"
     assert params["scheduler.name"] == "flow_match_euler"  # what ran, though the root config's default is pndm

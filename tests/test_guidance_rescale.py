@@ -47,6 +47,7 @@ def test_the_guided_prediction_is_diffusers_rescale_noise_cfg(rescale):
         assert np.all(np.abs(spread(ours) - spread(cond)) < np.abs(spread(plain) - spread(cond)))
 
 
+@pytest.mark.slow
 def test_a_rescale_sweep_compiles_once_and_its_zero_is_the_plain_run(tmp_path, cache_dir):
     quiet = ["+experiment=smoke", "tracking=none", "metrics.clip_score.enabled=false", "compilation_cache.executables=false",
              f"paths.cache_dir={cache_dir}", "sampling.num_inference_steps=4"]

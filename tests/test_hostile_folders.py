@@ -155,6 +155,7 @@ def test_weights_past_any_published_files_size_are_refused_before_they_are_hashe
         assert time.monotonic() - started < 10
 
 
+@pytest.mark.slow
 def test_a_large_file_that_is_no_adapter_of_the_model_is_refused_from_its_header(tmp_path):
     """A 1.5 GB "LoRA" took 1.8 GB of memory before it was refused: its tensors were converted to float32 before
     they were matched to the model. Now the file is mapped, not read, and matched from its header."""

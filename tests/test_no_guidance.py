@@ -6,12 +6,15 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from helpers.cli import run_cli
 
 QUIET = ["+experiment=smoke", "tracking=none", "metrics.clip_score.enabled=false", "compilation_cache.executables=false",
          "parallelism.num_devices=2"]
 
 
+@pytest.mark.slow
 def test_guidance_of_one_or_less_runs_the_conditional_half_alone(tmp_path, cache_dir):
     sweep = tmp_path / "sweep"
     result = run_cli("-m", *QUIET, f"paths.cache_dir={cache_dir}", "sampling.guidance_scale=0,1,7.5",
@@ -30,6 +33,7 @@ def test_guidance_of_one_or_less_runs_the_conditional_half_alone(tmp_path, cache
     assert timings[0]["flops_per_batch"] < 0.75 * timings[2]["flops_per_batch"]  # one UNet batch a step, not two
 
 
+@pytest.mark.slow
 def test_the_few_step_recipes_run_lcm_and_tcd_without_guidance(tmp_path, cache_dir):
     sweep = tmp_path / "sweep"
     result = run_cli("-m", *QUIET, f"paths.cache_dir={cache_dir}", "sampler=lcm,tcd", "scheduler=sgm_uniform",

@@ -60,6 +60,7 @@ def test_euler_trailing_is_diffusers_pytorch(tiny_model_dir, steps):
     assert float(after.init_noise_sigma) == pytest.approx(float(init), rel=1e-5)
 
 
+@pytest.mark.slow
 def test_lightnings_trailing_euler_runs(tmp_path, cache_dir):
     sweep = tmp_path / "sweep"
     result = run_cli("-m", "+experiment=smoke", "tracking=none", "metrics.clip_score.enabled=false",

@@ -123,6 +123,7 @@ def test_a_vae_that_does_not_fit_or_is_no_vae_is_one_line(tmp_path, tiny_xl_dir,
     assert "load: VAE vae (its own config)" in result.stdout + result.stderr
 
 
+@pytest.mark.slow
 def test_a_flow_models_vae_swaps_as_a_folder_and_as_one_file(tmp_path):
     # tiny-sd3 (FLUX.1's 16-channel VAE module): its VAE perturbed, as a diffusers folder and as one LDM-layout file
     # under first_stage_model. (as SD 3 checkpoints carry it); the reference is the model with that folder as vae/.

@@ -65,6 +65,7 @@ def test_the_k_samplers_training_sigmas_end_where_a1111_and_comfyui_put_them():
     np.testing.assert_allclose(sigmas[:-1], np.sqrt((1 - alphas_cumprod[:-1]) / alphas_cumprod[:-1]), rtol=1e-10)
 
 
+@pytest.mark.slow
 def test_the_zero_snr_recipe_runs_and_a_k_sampler_reads_it(tmp_path, cache_dir):
     quiet = ["+experiment=smoke", "tracking=none", "metrics.clip_score.enabled=false", f"paths.cache_dir={cache_dir}",
              "parallelism.num_devices=2", "compilation_cache.executables=false"]
