@@ -47,6 +47,7 @@ def pytest_collection_modifyitems(items):
         if MODEL_FIXTURES & set(getattr(item, "fixturenames", ())) and not item.get_closest_marker("slow"):
             item.add_marker(pytest.mark.slow)
 
+
 @pytest.fixture(autouse=True)
 def signals_restored():
     """Every test leaves the signal handlers as it found them: a handler a library set in this process (SIGINT

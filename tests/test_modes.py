@@ -15,9 +15,10 @@ from PIL import Image
 
 from helpers.cli import assert_one_line_error, call_cli, run_cli
 from helpers.configs import compose_cfg
-from helpers.flax_references import file_digest, folder_digest, reference
+from helpers.flax_references import folder_digest, reference
 from helpers.images import images_of
 from helpers.published import write_published
+from sdjax_runner.files import file_sha256
 
 SIZE = 64
 SEED = 0
@@ -141,7 +142,7 @@ def test_img2img_equals_diffusers_flax_img2img_pipeline_and_a_strength_sweep_com
         return np.stack([np.stack(images) for images in out])
 
     expected = reference("img2img", diffusers_images, model=folder_digest(tiny_model_dir),
-                         init=file_digest(inputs["init"]), prompt=prompt, guidance=guidance, steps=steps, size=SIZE,
+                         init=file_sha256(inputs["init"]), prompt=prompt, guidance=guidance, steps=steps, size=SIZE,
                          seed=SEED, devices=count, points=points)
     for job, images in zip(img2img_sweep, expected, strict=True):
         assert_matches(images_of(job), list(images), exact=False)
@@ -203,8 +204,8 @@ def test_inpainting_model_equals_diffusers_flax_inpaint_pipeline(tmp_path, input
             shard(prompt_ids), shard(masks), shard(masked), replicate(params), rng, num_inference_steps=steps,
             height=SIZE, width=SIZE, guidance_scale=guidance, jit=True).images)) for guidance in guidances])
 
-    expected = reference("inpaint", diffusers_images, model=folder_digest(model_dir), init=file_digest(inputs["init"]),
-                         mask=file_digest(inputs["mask"]), prompt=prompt, steps=steps, size=SIZE, seed=SEED,
+    expected = reference("inpaint", diffusers_images, model=folder_digest(model_dir), init=file_sha256(inputs["init"]),
+                         mask=file_sha256(inputs["mask"]), prompt=prompt, steps=steps, size=SIZE, seed=SEED,
                          devices=count, guidances=guidances)
     for job, images in zip(jobs, expected, strict=True):
         assert_matches(images_of(job), list(images), exact=False)
@@ -299,7 +300,7 @@ def test_controlnet_from_a_pytorch_folder_equals_diffusers_flax_controlnet_pipel
             guidance_scale=guidance, controlnet_conditioning_scale=scale, jit=True).images)) for scale in scales])
 
     expected = reference("controlnet", diffusers_images, model=folder_digest(tiny_model_dir),
-                         controlnet=folder_digest(flax_dir), control=file_digest(inputs["control"]), prompt=prompt,
+                         controlnet=folder_digest(flax_dir), control=file_sha256(inputs["control"]), prompt=prompt,
                          guidance=guidance, steps=steps, seed=SEED, devices=count, scales=scales)
     for job, images in zip(jobs, expected, strict=False):  # the third job (scale 0) is checked below
         assert_matches(images_of(job), list(images))

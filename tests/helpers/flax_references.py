@@ -4,9 +4,10 @@ was made from.
 
 A Flax pipeline run by a test costs a compile per call (diffusers' ``jit=True`` pmaps its loop with the pipeline, the
 start step and the sizes as static arguments): the img2img test alone spent a minute on six of them. The stored images
-are the same pixels diffusers gave, not values of ours: the digest covers the model folder's files, the input images,
-every setting the test passes, the versions of diffusers, transformers, flax and jax and XLA's flags, so a change to any of them
-makes the test run diffusers' pipeline again (and say so in a warning). ``SDJAX_WRITE_REFERENCES=1`` stores what it
+are the same pixels diffusers gave, not values of ours: the digest covers the model folder's files, the input images
+(``sdjax_runner.files.file_sha256``), every setting the test passes, the versions of diffusers, transformers, flax
+and jax and XLA's flags, so a change to any of them makes the test run diffusers' pipeline again (and say so in a
+warning). ``SDJAX_WRITE_REFERENCES=1`` stores what it
 computed; commit the file with the change that needed it.
 """
 
@@ -23,6 +24,8 @@ from typing import Any
 
 import numpy as np
 
+from sdjax_runner.files import file_sha256
+
 FOLDER = Path(__file__).resolve().parent.parent / "fixtures" / "flax_references"
 LIBRARIES = ("diffusers", "transformers", "flax", "jax", "jaxlib")
 
@@ -32,12 +35,8 @@ def folder_digest(folder: Path) -> str:
     digest = hashlib.sha256()
     for path in sorted(p for p in Path(folder).rglob("*") if p.is_file()):
         digest.update(str(path.relative_to(folder)).encode() + b"\0")
-        digest.update(hashlib.sha256(path.read_bytes()).digest())
+        digest.update(bytes.fromhex(file_sha256(path)))
     return digest.hexdigest()
-
-
-def file_digest(path: Path) -> str:
-    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
 
 
 def versions() -> dict[str, str]:
