@@ -104,7 +104,9 @@ def main() -> None:
     parser.add_argument("--xl-steps", type=int, default=20)
     parser.add_argument("--out", type=Path, help="the report, rewritten after each part (a cut-off run keeps its parts)")
     parser.add_argument("--log", type=Path, help="every sweep's output, appended as it comes")
-    args = parser.parse_args()
+    # An XLA flag is a value of --xla-flag-sets, not an option of this script: argparse takes a word with a space
+    # for a value, and each set is split on spaces later anyway.
+    args = parser.parse_args([f" {word}" if word.startswith("--xla_") else word for word in sys.argv[1:]])
 
     env = dict(os.environ)
     env.pop("MLFLOW_TRACKING_URI", None)
@@ -179,7 +181,7 @@ def sd_parts(args, sweep, work: Path, report: dict, save) -> None:
     for number, flags in enumerate(args.xla_flag_sets):
         listed = ",".join(f"'{flag}'" for flag in flags.split())
         [job] = sweep(sd + eight + [f"performance.attention={best}", f"performance.xla_flags=[{listed}]"], f"f{number}")
-        flag_sets.append(dict(point(job), xla_flags=flags))
+        flag_sets.append(dict(point(job), xla_flags=flags.strip()))
         report["F_xla_flag_sets"] = flag_sets
         save()
     if args.batches:
