@@ -264,7 +264,7 @@ class SamplingConfig:
     hires: HiresConfig = field(default_factory=HiresConfig)  # A1111's Hires. fix (above)
     # With model.refiner: A1111's "Refiner switch at", diffusers' denoising_end / denoising_start -- the share of the
     # training schedule's timesteps the base denoises: a UNet call at a timestep t below round(T * (1 - switch)) (T:
-    # the schedule's 1000) runs the refiner, as both switch. 0 < switch < 1. Shapes the program.
+    # the schedule's 1000) runs the refiner, as both switch. 0 < switch < 1. A traced input: a switch sweep compiles once.
     refiner_switch: float = 0.8
 
 

@@ -134,7 +134,7 @@ class Engine:
         spec = program_spec(plan, pipeline, model.height, model.width,
                             model.controlnet.structure if model.controlnet else "", tokens, model.loaded.family,
                             model.refiner.structure if model.refiner else "")
-        say_unused_refiner(pipeline, spec, plan.refiner.switch if plan.refiner else 0.0)
+        say_unused_refiner(pipeline, spec, plan.refiner)
         if spec.prompt_chunks:
             log.info("prompts: A1111's syntax, %d chunk(s) of 75 tokens per prompt (the longest prompt's; shorter "
                      "ones padded with empty chunks)", spec.prompt_chunks)

@@ -21,6 +21,7 @@ from sdjax_runner.config.plan import Plan
 from sdjax_runner.engine.families import FAMILIES
 from sdjax_runner.engine.modes import NUMBERS, PER_IMAGE
 from sdjax_runner.engine.program import Spec
+from sdjax_runner.engine.refiner import cutoff
 from sdjax_runner.engine.tokens import PromptTokens
 
 
@@ -127,9 +128,11 @@ class Generator:
                            if name in PER_IMAGE[spec.mode]}
         numbers = {"start": np.int32(plan.start_step), "control_scale": np.float32(plan.conditioning_scale),
                    "guidance_rescale": np.float32(plan.guidance_rescale or 0.0),
-                   "hires_guidance": np.float32(plan.hires.guidance if plan.hires and plan.hires.guidance else 0.0)}
+                   "hires_guidance": np.float32(plan.hires.guidance if plan.hires and plan.hires.guidance else 0.0),
+                   "refiner_cutoff": np.int32(cutoff(plan.refiner, pipeline) if plan.refiner else 0)}
         names = (NUMBERS[spec.mode] + (("guidance_rescale",) if spec.cfg_rescale else ())
-                 + (("hires_guidance",) if spec.hires and spec.hires.guided else ()))
+                 + (("hires_guidance",) if spec.hires and spec.hires.guided else ())
+                 + (("refiner_cutoff",) if spec.refiner else ()))
         self.numbers = {name: self.place_number(numbers[name]) for name in names}
 
     def install(self, compiled: Callable, retrace: Optional[Callable[[Exception], None]] = None) -> None:

@@ -5,8 +5,9 @@
 
 :func:`generate` is one device's share of a batch; the parallel modes (:mod:`.parallel`) pmap it or run
 it under ``shard_map``. Everything in :class:`Spec` is static (it shapes the traced program); the prompt
-ids, params, keys, the guidance scale and the mode's inputs (images, start step, conditioning scale) are
-traced inputs, so new prompts, seeds, guidance, strengths or images never recompile. Each stage comes from
+ids, params, keys, the guidance scale, the refiner's switch and the mode's inputs (images, start step,
+conditioning scale) are traced inputs, so new prompts, seeds, guidance, switches, strengths or images never
+recompile. Each stage comes from
 the model's family (:data:`.families.FAMILIES`): its encoder, its modes (:data:`.modes.MODES`), its
 samplers (:data:`.samplers.SAMPLERS`) and its decoder; adding a mode, a sampler or a family is new modules
 and a registry entry.
@@ -104,7 +105,7 @@ def program_spec(plan: Any, pipeline: Any, height: int, width: int, controlnet: 
                 true_cfg=plan.true_cfg_scale, slg=plan.slg, cfg_rescale=plan.guidance_rescale is not None,
                 embeddings=tokens.embeddings.shapes if getattr(tokens, "embeddings", None) else (),
                 cfg=cfg, hires=hires_pass(plan.hires, height, width, cfg),
-                refiner=refiner_pass(plan.refiner, pipeline, refiner))
+                refiner=refiner_pass(plan.refiner, refiner))
 
 
 def hires_pass(hires: Any, height: int, width: int, cfg: bool) -> Optional[HiresPass]:
@@ -125,8 +126,9 @@ def generate(pipeline: Any, spec: Spec, ids, params: dict, key, guidance, inputs
     ((batch, 77), SDXL (batch, 2, 77); A1111's syntax: ``spec.prompt_chunks * 77`` tokens, engine/tokens.py);
     ``key``: its PRNG key (the mode's initial noise; a sampler's own noise comes from a key folded from
     it); ``inputs``: the mode's traced inputs (engine/modes: init images, masks, control images, the start
-    step, the conditioning scale; empty for text to image) and, with A1111's syntax, the prompts' token
-    weights (``prompt_weights``, ``negative_weights``); ``negative_ids``: like ``ids``, or None for the
+    step, the conditioning scale; empty for text to image), with A1111's syntax the prompts' token
+    weights (``prompt_weights``, ``negative_weights``), with SDXL's refiner its cutoff timestep
+    (``refiner_cutoff``); ``negative_ids``: like ``ids``, or None for the
     pipeline's own unconditional input."""
     family = FAMILIES[spec.family]
     second_guidance = inputs["hires_guidance"] if spec.hires and spec.hires.guided else guidance

@@ -35,19 +35,23 @@ NEGATIVE_AESTHETIC_SCORE = 2.5  # negative_aesthetic_score, A1111's sdxl_refiner
 
 @dataclass(frozen=True)
 class RefinerPass:
-    """What shapes the refiner's part of a program (a :class:`~.program.Spec` field)."""
+    """What shapes the refiner's part of a program (a :class:`~.program.Spec` field). Its switch does not: the cutoff
+    timestep is a traced input (``inputs["refiner_cutoff"]``, :func:`cutoff`), so a sweep over
+    ``sampling.refiner_switch`` compiles once."""
 
-    cutoff: int  # a UNet call at a timestep below it runs the refiner (config/refiner.Refiner.cutoff)
     aesthetic: bool  # 5 time ids with aesthetic scores, else the base's 6 size ids
     structure: str  # its modules' configs (models/refiner.LoadedRefiner.structure)
 
 
-def refiner_pass(refiner: Any, pipeline: Any, structure: str):
-    """The plan's refiner (config/refiner.Refiner, or None) for the loaded ``pipeline`` (its scheduler's length)."""
-    if refiner is None:
-        return None
-    return RefinerPass(refiner.cutoff(int(pipeline.scheduler.config.num_train_timesteps)), refiner.aesthetic,
-                       structure)
+def refiner_pass(refiner: Any, structure: str):
+    """The plan's refiner (config/refiner.Refiner, or None) as the program's shape."""
+    return None if refiner is None else RefinerPass(refiner.aesthetic, structure)
+
+
+def cutoff(refiner: Any, pipeline: Any) -> int:
+    """The timestep below which the refiner (config/refiner.Refiner) runs, on the loaded ``pipeline``'s training
+    schedule (its length)."""
+    return refiner.cutoff(int(pipeline.scheduler.config.num_train_timesteps))
 
 
 def lowest_timestep(pipeline: Any, sampler: str, sigmas: str, steps: int) -> int:
@@ -66,20 +70,20 @@ def lowest_timestep(pipeline: Any, sampler: str, sigmas: str, steps: int) -> int
     return int(np.argmin(np.abs(training - last)))
 
 
-def say_unused_refiner(pipeline: Any, spec: Any, switch: float) -> None:
-    """One line where the refiner runs on no step: even the last step's timestep (the lowest the pass reaches) is
-    at or above its cutoff -- ``sampling.refiner_switch`` past the last step. The pass it runs in is Hires. fix's
-    second where that runs, else the one pass."""
-    if spec.refiner is None:
+def say_unused_refiner(pipeline: Any, spec: Any, refiner: Any) -> None:
+    """One line where the refiner (config/refiner.Refiner, or None) runs on no step: even the last step's timestep
+    (the lowest the pass reaches) is at or above its cutoff -- ``sampling.refiner_switch`` past the last step. The
+    pass it runs in is Hires. fix's second where that runs, else the one pass."""
+    if refiner is None:
         return
     sampler, sigmas, steps = spec.sampler, spec.sigmas, spec.steps
     if spec.hires:
         sampler, sigmas, steps = (spec.hires.sampler or sampler, spec.hires.sigmas or sigmas, spec.hires.schedule)
-    lowest = lowest_timestep(pipeline, sampler, sigmas, steps)
-    if lowest >= spec.refiner.cutoff:
+    lowest, below = lowest_timestep(pipeline, sampler, sigmas, steps), cutoff(refiner, pipeline)
+    if lowest >= below:
         log.warning("sampling.refiner_switch: %g hands over at timestep %d, and the last of the %d steps runs at %d: "
                     "the refiner runs on no step, the images are the base's alone (lower sampling.refiner_switch)",
-                    switch, spec.refiner.cutoff, steps, lowest)
+                    refiner.switch, below, steps, lowest)
 
 
 def with_refiner(pipeline: Any, params: dict, ids, negative_ids, spec: Any, inputs: dict, first: Conditioning,
@@ -90,9 +94,9 @@ def with_refiner(pipeline: Any, params: dict, ids, negative_ids, spec: Any, inpu
     if spec.hires:
         sized = replace(spec, height=spec.hires.height, width=spec.hires.width)
         return first, second._replace(refiner=(conditioning(pipeline, params, ids, negative_ids, sized, inputs),
-                                               spec.refiner.cutoff))
+                                               inputs["refiner_cutoff"]))
     attached = first._replace(refiner=(conditioning(pipeline, params, ids, negative_ids, spec, inputs),
-                                       spec.refiner.cutoff))
+                                       inputs["refiner_cutoff"]))
     return attached, attached
 
 
