@@ -114,7 +114,7 @@ def test_sd_refuses_the_flow_only_schedule_in_one_line(tmp_path):
 def test_flux_samplers_from_the_command_line_as_users_name_them(tmp_path, cache_dir):
     sweep = tmp_path / "sweep"
     result = run_cli("-m", "+experiment=flux_smoke", "sampler=Euler,Heun,DPM++ 2M,LMS", "scheduler=simple,beta",
-                     "tracking=none", "metrics.clip_score.enabled=false", "parallelism.host_device_count=1",
+                     "tracking=none", "metrics.clip_score.enabled=false", "parallelism.num_devices=1",
                      "compilation_cache.executables=false", f"paths.cache_dir={cache_dir}",
                      f"hydra.sweep.dir={sweep}", cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]

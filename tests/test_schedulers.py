@@ -23,7 +23,7 @@ assert set(options("scheduler")) == set(SCHEDULERS) | set(SCHEDULES) | FLOW
 def test_every_scheduler_gives_its_own_images_from_one_model_load(tmp_path, tiny_model_dir):
     sweep_dir = tmp_path / "sweep"
     result = run_cli("-m", "+experiment=smoke", f"scheduler={','.join(SCHEDULERS)}", "tracking=none",
-                     f"hydra.sweep.dir={sweep_dir}", timeout=600, cwd=tmp_path)
+                     f"hydra.sweep.dir={sweep_dir}", cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     grids = {}
     for job, name in enumerate(SCHEDULERS):

@@ -7,6 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from helpers.cli import run_cli
@@ -63,6 +64,37 @@ def test_a_warm_start_loads_the_stored_executable_and_makes_the_same_images(tmp_
     assert damaged["clip_path"] == "traced" and damaged["clip_scores"] == first["clip_scores"]
     assert json.loads(flops.read_text())["flops_per_batch"] == first["flops_per_batch"]  # rewritten
 
+
+
+def test_the_same_xla_flags_in_another_order_key_the_same_program(monkeypatch):
+    """A process the runner starts with parallelism.host_device_count moves the device count to the end of
+    XLA_FLAGS; a program stored by a process whose flags said it first is still found (XLA reads the last value of
+    each flag, whatever the order)."""
+    from sdjax_runner.engine.executable_cache import key, xla_flag_settings
+    from sdjax_runner.engine.runtime import use_host_devices
+
+    assert xla_flag_settings("--b=1 --a=2 --b=3") == xla_flag_settings("--a=2 --b=3") == ["--a=2", "--b=3"]
+    assert xla_flag_settings("--b=1 --a=2") != xla_flag_settings("--b=3 --a=2")
+    import jax
+
+    devices, args = jax.devices()[:1], (np.zeros((2, 3), np.float32),)
+    keys = []
+    for flags in ("--xla_force_host_platform_device_count=8 --xla_cpu_enable_fast_math=false",
+                  "--xla_cpu_enable_fast_math=false --xla_force_host_platform_device_count=8"):
+        monkeypatch.setenv("XLA_FLAGS", flags)
+        keys.append(key(["a program"], args, devices))
+    monkeypatch.setenv("XLA_FLAGS", "--xla_cpu_enable_fast_math=true --xla_force_host_platform_device_count=8")
+    assert keys[0] == keys[1] != key(["a program"], args, devices)
+    # Before JAX starts, a count the flags already give leaves them as they are (in this process JAX has
+    # started: the function then only compares, so its flag arithmetic is checked on a stand-in).
+    monkeypatch.setattr("sdjax_runner.engine.runtime.jax_started", lambda: False)
+    for given, count, expected in [
+            ("--xla_force_host_platform_device_count=8 --x=1", 8, "--xla_force_host_platform_device_count=8 --x=1"),
+            ("--xla_force_host_platform_device_count=8 --x=1", 4, "--x=1 --xla_force_host_platform_device_count=4"),
+            ("--x=1", 2, "--x=1 --xla_force_host_platform_device_count=2")]:
+        monkeypatch.setenv("XLA_FLAGS", given)
+        use_host_devices(count)
+        assert os.environ["XLA_FLAGS"] == expected
 
 
 def _cache_bytes(cache: Path) -> int:

@@ -93,10 +93,20 @@ def key(program: list, args: tuple, devices: list) -> str:
         "leaves": [(tuple(leaf.shape), str(leaf.dtype), str(getattr(leaf, "sharding", ""))) for leaf in leaves],
         "program": program,
         "machine": [[d.platform, d.device_kind, d.id, d.process_index] for d in devices]
-                   + [jax.process_count(), os.environ.get("XLA_FLAGS", ""), bool(jax.config.jax_enable_x64)],
+                   + [jax.process_count(), xla_flag_settings(os.environ.get("XLA_FLAGS", "")),
+                      bool(jax.config.jax_enable_x64)],
         "code": [package_versions(), platform.python_version(), source_hash()],
     }
     return hashlib.sha256(json.dumps(facts, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def xla_flag_settings(flags: str) -> list[str]:
+    """``XLA_FLAGS`` as the settings XLA reads from it: each flag's last value, in name order -- the same flags in
+    another order (a launcher that moved the device count to the end) are the same program."""
+    settings = {}
+    for flag in flags.split():
+        settings[flag.split("=", 1)[0]] = flag
+    return [settings[name] for name in sorted(settings)]
 
 
 def program_key(generator: Any, args: tuple) -> str:

@@ -42,7 +42,11 @@ def use_host_devices(count: Optional[int]) -> None:
             log.warning("parallelism.host_device_count=%d ignored: JAX is already running with %d CPU devices",
                         count, jax.local_device_count("cpu"))
         return
-    flags = re.sub(r"--xla_force_host_platform_device_count=\S+", "", os.environ.get("XLA_FLAGS", ""))
+    given = os.environ.get("XLA_FLAGS", "")
+    counts = re.findall(r"--xla_force_host_platform_device_count=(\S+)", given)
+    if counts and counts[-1] == str(count):
+        return  # already so: the flags left as given
+    flags = re.sub(r"--xla_force_host_platform_device_count=\S+", "", given)
     os.environ["XLA_FLAGS"] = f"{flags} --xla_force_host_platform_device_count={count}".strip()
 
 
