@@ -98,7 +98,7 @@ def test_both_variants_load_with_what_the_engine_reads(variant):
     assert pipeline.vae.latent_channels == 16 and pipeline.dtype == np.float32
     assert type(pipeline.text_encoder).__name__ == "FlaxCLIPTextModel"
     assert type(pipeline.text_encoder_2).__name__ == "FlaxT5EncoderModel"
-    assert type(pipeline.tokenizer).__name__ == "CLIPTokenizer"
+    assert type(pipeline.tokenizer).__name__ == "ClipTokenizer"  # ours (models/clip_tokenizer.py)
     assert type(pipeline.tokenizer_2).__name__ == "T5TokenizerFast"
     assert "torch" not in sys.modules
 

@@ -184,7 +184,9 @@ def load_scorer(clip: Any, devices: list, executables: Optional[str] = None) -> 
     scorers = process.current().clip_scorers  # loaded and placed once per process
     if key in scorers:
         return scorers[key]
-    from transformers import CLIPImageProcessor, CLIPTokenizer
+    from transformers import CLIPImageProcessor
+
+    from sdjax_runner.models.clip_tokenizer import ClipTokenizer
 
     started = time.perf_counter()
     directory = clip_directory(clip)
@@ -198,7 +200,7 @@ def load_scorer(clip: Any, devices: list, executables: Optional[str] = None) -> 
     else:
         module, params = load_model(directory, devices)
     scorer = ClipScorer(directory, params, module, CLIPImageProcessor.from_pretrained(directory),
-                        CLIPTokenizer.from_pretrained(directory), devices, executables, time.perf_counter() - started)
+                        ClipTokenizer.from_folder(directory), devices, executables, time.perf_counter() - started)
     scorers[key] = scorer
     return scorer
 

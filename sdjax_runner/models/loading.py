@@ -36,6 +36,7 @@ from sdjax_runner.models.checkpoints import (
     find_weights,
     read_flax,
 )
+from sdjax_runner.models.clip_tokenizer import ClipTokenizer
 from sdjax_runner.models.schedulers import build_scheduler
 
 log = logging.getLogger("sdjax_runner")
@@ -89,6 +90,9 @@ class LoadedModel:
 # The exponent bits of each float format, as an unsigned integer of its width: all set is inf or NaN.
 _EXPONENTS = {("float32", 4): 0x7F800000, ("float16", 2): 0x7C00, ("bfloat16", 2): 0x7F80, ("float64", 8): 0x7FF0000000000000}
 
+
+# The CLIP tokenizer classes a folder's model_index.json may name: read with ours (models/clip_tokenizer.py)
+CLIP_TOKENIZERS = ("CLIPTokenizer", "CLIPTokenizerFast")
 
 def non_finite_weights(tree: Any) -> list[str]:
     """The paths (``unet/down_blocks_0/.../kernel``) of the leaves of ``tree`` (host arrays) holding NaN or inf:
@@ -210,8 +214,10 @@ def load_component(folder: Path, library: str, cls, model: Union[ModelConfig, We
     from transformers import FlaxPreTrainedModel
 
     is_diffusers = issubclass(cls, FlaxModelMixin)
+    if cls.__name__ in CLIP_TOKENIZERS:  # ours: transformers' CLIPTokenizer's ids (models/clip_tokenizer.py)
+        return ClipTokenizer.from_folder(folder), None, ComponentWeights("")
     if not (is_diffusers or issubclass(cls, FlaxPreTrainedModel)):
-        return cls.from_pretrained(folder), None, ComponentWeights("")  # a tokenizer or feature extractor
+        return cls.from_pretrained(folder), None, ComponentWeights("")  # a feature extractor, T5's tokenizer
     check_unet_config(folder, cls)
     found = find_weights(folder, "diffusers" if is_diffusers else "transformers", model.variant)
     size = sum(f.stat().st_size for f in found.files if f.is_file())

@@ -65,10 +65,10 @@ def load(refiner: Refiner, base: Any, activations, weights) -> LoadedRefiner:
 def same_tokenizer(path: Path, base_tokenizer: Any) -> None:
     """The refiner reads the base's second tokenizer's ids (one prompt encoding per image): its own must be the same
     tokenizer -- vocabulary, merges and padding token -- as the published refiner's is SDXL base's."""
-    from transformers import CLIPTokenizer
+    from sdjax_runner.models.clip_tokenizer import ClipTokenizer
 
     try:
-        own = CLIPTokenizer.from_pretrained(path / "tokenizer_2")
+        own = ClipTokenizer.from_folder(path / "tokenizer_2")
     except Exception as exc:
         raise UserError(KEY, f"{path}/tokenizer_2 cannot be read ({type(exc).__name__}: {one_line(exc)})",
                         ALLOWED) from exc
