@@ -117,12 +117,20 @@ def compare(folder: Path, texts: list[str]) -> list[str]:
     return differences
 
 
+def test_the_byte_alphabet_is_gpt2s_as_transformers_has_it():
+    from transformers.models.clip.tokenization_clip import bytes_to_unicode
+
+    assert byte_alphabet() == bytes_to_unicode() and len(set(byte_alphabet().values())) == 256
+
+
+@pytest.mark.slow
 def test_ids_and_text_are_clip_tokenizers_on_5000_prompts(trained_folder):
     texts = prompts(5000)
     assert len(texts) > 5000
     assert compare(trained_folder, texts) == []
 
 
+@pytest.mark.slow
 def test_sdxl_second_tokenizer_pads_with_its_own_token_and_reads_a_bang_as_transformers_does(trained_folder,
                                                                                               tmp_path):
     folder = padded_with_bang(trained_folder, tmp_path)
@@ -131,6 +139,7 @@ def test_sdxl_second_tokenizer_pads_with_its_own_token_and_reads_a_bang_as_trans
     assert compare(folder, prompts(600, seed=1) + ["wow!", "hi ! there", "!!", "a!b"]) == []
 
 
+@pytest.mark.slow
 def test_sd2s_published_tokenizer_pads_as_its_special_tokens_map_says(trained_folder, tmp_path):
     """stabilityai/stable-diffusion-2-1's tokenizer/: a config of transformers' old format (no added_tokens_decoder)
     padding with "<|endoftext|>", and a special_tokens_map.json padding with "!" -- which transformers reads."""

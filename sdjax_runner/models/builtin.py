@@ -61,9 +61,9 @@ _WORD_PATTERN = re.compile(r"'s|'t|'re|'ve|'m|'ll|'d|[a-z]+|[0-9]|[^\sa-z0-9]+")
 
 
 def _bytes_to_unicode() -> dict[int, str]:
-    from transformers.models.clip.tokenization_clip import bytes_to_unicode
+    from sdjax_runner.models.clip_tokenizer import byte_alphabet
 
-    return bytes_to_unicode()
+    return byte_alphabet()
 
 
 def _learn_merges(corpus: str, num_merges: int) -> list[tuple[str, str]]:
