@@ -67,9 +67,9 @@ def test_a_warm_start_loads_the_stored_executable_and_makes_the_same_images(tmp_
 
 
 def test_the_same_xla_flags_in_another_order_key_the_same_program(monkeypatch):
-    """A process the runner starts with parallelism.host_device_count moves the device count to the end of
-    XLA_FLAGS; a program stored by a process whose flags said it first is still found (XLA reads the last value of
-    each flag, whatever the order)."""
+    """parallelism.host_device_count appends the device count to XLA_FLAGS where they give another one; a program
+    stored by a process whose flags said it first is still found by one whose flags say it last (XLA reads the last
+    value of each flag, whatever the order)."""
     from sdjax_runner.engine.executable_cache import key, xla_flag_settings
     from sdjax_runner.engine.runtime import use_host_devices
 

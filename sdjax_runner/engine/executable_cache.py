@@ -102,7 +102,7 @@ def key(program: list, args: tuple, devices: list) -> str:
 
 def xla_flag_settings(flags: str) -> list[str]:
     """``XLA_FLAGS`` as the settings XLA reads from it: each flag's last value, in name order -- the same flags in
-    another order (a launcher that moved the device count to the end) are the same program."""
+    another order (a device count set after the other flags, by the runner or a user) are the same program."""
     settings = {}
     for flag in flags.split():
         settings[flag.split("=", 1)[0]] = flag

@@ -190,8 +190,11 @@ class ClipTokenizer:
             if truncation:
                 ids = ids[:max(limit - extra, 0)]
             rows.append([self.bos_token_id, *ids, self.eos_token_id] if add_special_tokens else ids)
-        width = {"max_length": limit, True: max(map(len, rows), default=0),
-                 "longest": max(map(len, rows), default=0)}.get(padding)
+        width = None  # padding False: each row as long as it is
+        if padding == "max_length":
+            width = limit
+        elif padding in (True, "longest"):
+            width = max(map(len, rows), default=0)
         masks = [[1] * len(row) for row in rows]
         if width is not None:
             masks = [mask + [0] * (width - len(row)) for mask, row in zip(masks, rows, strict=True)]

@@ -42,6 +42,8 @@ from sdjax_runner.models.schedulers import build_scheduler
 log = logging.getLogger("sdjax_runner")
 # Components whose weight files are at least this big get a line before they load (a full-size UNet is 3.4 GB).
 ANNOUNCE_BYTES = 200_000_000
+# The CLIP tokenizer classes a folder's model_index.json may name: read with ours (models/clip_tokenizer.py)
+CLIP_TOKENIZERS = ("CLIPTokenizer", "CLIPTokenizerFast")
 
 # The components a single-file checkpoint (model.checkpoint) holds the weights of.
 CHECKPOINT_COMPONENTS = ("unet", "vae", "text_encoder", "text_encoder_2")
@@ -90,9 +92,6 @@ class LoadedModel:
 # The exponent bits of each float format, as an unsigned integer of its width: all set is inf or NaN.
 _EXPONENTS = {("float32", 4): 0x7F800000, ("float16", 2): 0x7C00, ("bfloat16", 2): 0x7F80, ("float64", 8): 0x7FF0000000000000}
 
-
-# The CLIP tokenizer classes a folder's model_index.json may name: read with ours (models/clip_tokenizer.py)
-CLIP_TOKENIZERS = ("CLIPTokenizer", "CLIPTokenizerFast")
 
 def non_finite_weights(tree: Any) -> list[str]:
     """The paths (``unet/down_blocks_0/.../kernel``) of the leaves of ``tree`` (host arrays) holding NaN or inf:
