@@ -4,8 +4,8 @@ A component folder (``unet/``, ``vae/``, ``text_encoder/`` ...) of a diffusers-f
 holds Flax weights (``*.msgpack``), PyTorch weights as safetensors, or PyTorch pickles
 (``.bin``/``.ckpt``, which can run code when unpickled). Flax weights are read by the
 libraries' own ``from_pretrained``. Safetensors are read tensor by tensor into NumPy and
-renamed/transposed to the Flax layout with the libraries' own renaming rules
-(``diffusers`` for UNet/VAE, ``transformers`` for CLIP), checked against the module's
+renamed/transposed to the Flax layout by the libraries' naming rules, written down in
+:mod:`.nn.pytorch_names` (``diffusers`` for UNet/VAE, ``transformers`` for CLIP), checked against the module's
 parameter shapes (from ``jax.eval_shape``: nothing is initialised), and cast to the weights
 dtype as they are read -- so converting a component needs about one copy of its weights.
 """
@@ -158,16 +158,6 @@ def _keep_shapes(path: Path, shapes: dict) -> None:
         pass  # not kept: the next process traces again
 
 
-def _flax_key(pt_key: str, tensor: np.ndarray, reference: dict, library: str, prefix: str) -> tuple[tuple, np.ndarray]:
-    if library == "diffusers":
-        from diffusers.models.modeling_flax_pytorch_utils import rename_key, rename_key_and_reshape_tensor
-
-        return rename_key_and_reshape_tensor(tuple(rename_key(pt_key).split(".")), tensor, reference)
-    from transformers.modeling_flax_pytorch_utils import rename_key_and_reshape_tensor as rename_transformers_key
-
-    return rename_transformers_key(tuple(pt_key.split(".")), tensor, reference, prefix)
-
-
 class WeightsMismatch(ValueError):
     """Weights that were read but do not fit the module's parameters."""
 
@@ -216,10 +206,12 @@ def convert_tensors(tensors: Callable[[], Iterable[tuple[str, Callable[[], np.nd
     """Flax params for ``module`` from ``(PyTorch name, loader)`` pairs (``tensors()`` gives them), as host
     arrays of ``dtype`` (each tensor is loaded, renamed, checked and cast in turn; WeightsMismatch if they
     do not fit)."""
-    prefix = getattr(module, "base_model_prefix", "")
+    from sdjax_runner.models.nn.pytorch_names import PARAM_RULES
+
+    rule = PARAM_RULES[library]
 
     def use(reference: dict) -> dict:
-        renamed = ((*_flax_key(pt_key, load(), reference, library, prefix), pt_key) for pt_key, load in tensors())
+        renamed = ((*rule(pt_key, load(), reference), pt_key) for pt_key, load in tensors())
         return _fitted(reference, renamed, source, dtype)
 
     return _against_shapes(module, library, use)

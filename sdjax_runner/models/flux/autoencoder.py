@@ -21,7 +21,7 @@ import jax
 import jax.numpy as jnp
 from diffusers.models.vae_flax import FlaxDecoder, FlaxDiagonalGaussianDistribution, FlaxEncoder
 
-from sdjax_runner.models.flux import FromDiffusersConfig
+from sdjax_runner.models.nn.config import FromDiffusersConfig
 
 # The keys of diffusers' AutoencoderKL config.json; the values are FLUX.1's (black-forest-labs/FLUX.1-dev vae/).
 CONFIG_DEFAULTS: dict[str, Any] = {

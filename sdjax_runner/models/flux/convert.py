@@ -25,6 +25,7 @@ from typing import Any, Optional
 import numpy as np
 
 from sdjax_runner.models.checkpoints import WeightsMismatch, convert_tensors, param_shapes, safetensors_names
+from sdjax_runner.models.nn.pytorch_names import diffusers_param
 from sdjax_runner.tensor_files import UnreadableTensors
 from sdjax_runner.tensor_files import read_safetensors as read_safetensors_file
 
@@ -63,30 +64,13 @@ def read_safetensors(folder: Path, variant: Optional[str] = None) -> dict[str, n
     raise FileNotFoundError(f"{folder} has no diffusion_pytorch_model safetensors")
 
 
-# diffusers' renames of the VAE attention's layers (modeling_flax_pytorch_utils), for messages only.
-_ATTENTION_RENAMES = {"to_q": "query", "to_k": "key", "to_v": "value", "to_out_0": "proj_attn"}
-
-
 def _flax_key(name: str, array: np.ndarray, reference: Mapping[tuple, Any], source: str) -> tuple:
     """Where diffusers' generic renaming puts PyTorch ``name`` in a Flax tree with ``reference``'s keys (the same
     rule as checkpoints.convert_tensors uses); WeightsMismatch if it lands on a parameter of another shape."""
-    from diffusers.models.modeling_flax_pytorch_utils import rename_key, rename_key_and_reshape_tensor
-
-    def mismatch(key: tuple, shape: tuple) -> WeightsMismatch:
-        return WeightsMismatch(f"{source}: {name} has shape {tuple(array.shape)}, which as {'/'.join(key)} is "
-                               f"{shape}; the Flax model expects {tuple(reference[key].shape)}")
-
-    try:
-        key, value = rename_key_and_reshape_tensor(tuple(rename_key(name).split(".")), array, reference)
-    except AssertionError:  # diffusers asserts the shape of the attention renames (to_q -> query ...)
-        parts = tuple(rename_key(name).split("."))
-        key = parts[:-2] + (_ATTENTION_RENAMES.get(parts[-2], parts[-2]), "kernel")
-        if key not in reference:
-            raise WeightsMismatch(f"{source}: {name} has shape {tuple(array.shape)}, which does not fit the Flax "
-                                  "model") from None
-        raise mismatch(key, tuple(array.T.shape)) from None
+    key, value = diffusers_param(name, array, reference)
     if key in reference and tuple(value.shape) != tuple(reference[key].shape):
-        raise mismatch(key, tuple(value.shape))
+        raise WeightsMismatch(f"{source}: {name} has shape {tuple(array.shape)}, which as {'/'.join(key)} is "
+                              f"{tuple(value.shape)}; the Flax model expects {tuple(reference[key].shape)}")
     return key
 
 

@@ -37,7 +37,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from sdjax_runner.models.flux import FromDiffusersConfig
+from sdjax_runner.models.nn.config import FromDiffusersConfig
 
 # The keys of diffusers' FluxTransformer2DModel config.json (its __init__ arguments) and their defaults there.
 CONFIG_DEFAULTS: dict[str, Any] = {

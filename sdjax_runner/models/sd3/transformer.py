@@ -33,7 +33,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from sdjax_runner.models.flux import FromDiffusersConfig
+from sdjax_runner.models.nn.config import FromDiffusersConfig
 from sdjax_runner.models.flux.transformer import (
     AdaLayerNormContinuous,
     AdaLayerNormZero,
