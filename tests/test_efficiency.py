@@ -137,24 +137,24 @@ def test_every_run_records_flops_throughput_and_memory(smoke_run):
 @pytest.mark.parametrize("attention", ["split_head_dim", "memory_efficient", "dot_product"])
 @pytest.mark.slow
 def test_attention_implementations_match_the_default_on_cpu(tiny_model_dir, attention):
-    from sdjax_runner.models.attention import configure_unet, tracing_with
+    """performance.attention on the loaded UNet (the loader's with_scheduler sets it: models/nn/attention.py)."""
     from sdjax_runner.models.loaders import load_model
+    from sdjax_runner.models.loading import with_scheduler
 
     cfg = compose_cfg(["+experiment=smoke"])
     loaded = load_model(cfg.model, cfg.dtype)
-    unet, params = loaded.pipeline.unet, loaded.host_weights["unet"]
+    params = loaded.host_weights["unet"]
     rng = np.random.default_rng(0)
     sample = jnp.asarray(rng.standard_normal((2, 4, 8, 8)), jnp.float32)
     context = jnp.asarray(rng.standard_normal((2, 77, 32)), jnp.float32)
     timesteps = jnp.array([999, 500], jnp.int32)
 
-    def run(module, name):
-        with tracing_with(name):
-            return jax.jit(lambda p: module.apply({"params": p}, sample, timesteps, context).sample)(params)
+    def run(name):
+        unet = with_scheduler(loaded, cfg.scheduler, attention=name)[0].unet
+        assert unet.attention_implementation == name
+        return jax.jit(lambda p: unet.apply({"params": p}, sample, timesteps, context).sample)(params)
 
-    expected = run(unet, "default")
-    got = run(configure_unet(unet, attention), attention)
-    np.testing.assert_allclose(np.asarray(got), np.asarray(expected), rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(np.asarray(run(attention)), np.asarray(run("default")), rtol=1e-4, atol=1e-5)
 
 
 @pytest.mark.slow
@@ -174,7 +174,7 @@ def test_a_profiled_run_says_which_model_took_the_device_time(tmp_path):
     counts = {op["component"]: op["count"] for op in profile["top_ops"]}
     assert counts["unet"] == 4 * 8 and all(op["count"] == 8 for op in profile["top_ops"]
                                            if op["component"] in ("vae", "text_encoder"))
-    assert all("FlaxUNet2DConditionModel" in op["op_name"] for op in profile["top_ops"] if op["component"] == "unet")
+    assert all("UNet2DConditionModel" in op["op_name"] for op in profile["top_ops"] if op["component"] == "unet")
     assert sum(line["matched_s"] for line in profile["lines"].values()) == pytest.approx(profile["device_time_s"])
     assert profile["wall_s"] > 0 and "profile: device time" in result.stdout + result.stderr
 
@@ -198,7 +198,7 @@ def test_a_profile_says_what_its_instructions_do_not_account_for(tmp_path):
     path = tmp_path / "t.trace.json.gz"
     with gzip.open(path, "wt", encoding="utf-8") as file:
         json.dump(trace, file)
-    instructions = {"fusion.1": ("unet", "FlaxUNet2DConditionModel/conv"), "fusion.2": ("vae", "FlaxAutoencoderKL/x")}
+    instructions = {"fusion.1": ("unet", "UNet2DConditionModel/conv"), "fusion.2": ("vae", "AutoencoderKL/x")}
     summary = profiling.summarize(path, instructions)
     assert summary["attributed"] and math.isclose(summary["device_time_s"], 500e-6)
     assert {k: round(v["time_s"] * 1e6) for k, v in summary["components"].items()} == {"unet": 300, "vae": 200}
@@ -243,9 +243,9 @@ def test_a_profile_places_kernels_run_inside_command_buffers(tmp_path):
     path = tmp_path / "t.trace.json.gz"
     with gzip.open(path, "wt", encoding="utf-8") as file:
         json.dump(trace, file)
-    instructions = {"loop_multiply_fusion.61": ("unet", "FlaxUNet2DConditionModel/up_blocks_0/mul"),
-                    "cudnn-conv-bias-activation.631": ("unet", "FlaxUNet2DConditionModel/up_blocks_2/conv"),
-                    "loop_convert_fusion.5": ("vae", "FlaxAutoencoderKL/decoder/convert")}
+    instructions = {"loop_multiply_fusion.61": ("unet", "UNet2DConditionModel/up_blocks_0/mul"),
+                    "cudnn-conv-bias-activation.631": ("unet", "UNet2DConditionModel/up_blocks_2/conv"),
+                    "loop_convert_fusion.5": ("vae", "AutoencoderKL/decoder/convert")}
     summary = profiling.summarize(path, instructions)
     assert {k: round(v["time_s"] * 1e6) for k, v in summary["components"].items()} == {"unet": 358 + 313, "vae": 135}
     assert {k: round(v["time_s"] * 1e6) for k, v in summary["kinds"].items()} == {

@@ -96,10 +96,11 @@ def test_both_variants_load_with_what_the_engine_reads(variant):
     assert (pipeline.vae_scale_factor, pipeline.scaling_factor, pipeline.shift_factor) == (8, 0.3611, 0.1159)
     assert (pipeline.native_size, pipeline.size_multiple) == (1024, 16)
     assert pipeline.vae.latent_channels == 16 and pipeline.dtype == np.float32
-    assert type(pipeline.text_encoder).__name__ == "FlaxCLIPTextModel"
-    assert type(pipeline.text_encoder_2).__name__ == "FlaxT5EncoderModel"
-    assert type(pipeline.tokenizer).__name__ == "ClipTokenizer"  # ours (models/clip_tokenizer.py)
-    assert type(pipeline.tokenizer_2).__name__ == "T5TokenizerFast"
+    # the runner's own (models/nn/clip.py, t5.py, models/clip_tokenizer.py, models/nn/t5_tokenizer.py)
+    assert type(pipeline.text_encoder).__name__ == "CLIPTextModel" and not pipeline.text_encoder.with_projection
+    assert type(pipeline.text_encoder_2).__name__ == "T5EncoderModel"
+    assert type(pipeline.tokenizer).__name__ == "ClipTokenizer"
+    assert type(pipeline.tokenizer_2).__name__ == "T5Tokenizer"
     assert "torch" not in sys.modules
 
 
@@ -148,8 +149,9 @@ def test_text_encoders_match_diffusers_with_the_loaded_weights():
 
     @jax.jit
     def encode(params, clip_ids, t5_ids):  # params passed in, as the engine's program does
-        clip = pipeline.text_encoder(clip_ids, params=params["text_encoder"])
-        return clip.pooler_output, clip.last_hidden_state, pipeline.text_encoder_2(t5_ids, params=params["text_encoder_2"])[0]
+        clip = pipeline.text_encoder.apply({"params": params["text_encoder"]}, clip_ids)
+        t5 = pipeline.text_encoder_2.apply({"params": params["text_encoder_2"]}, t5_ids)
+        return clip.pooler_output, clip.last_hidden_state, t5.last_hidden_state
 
     pooled, clip_states, t5_states = encode(weights, ref["clip.input_ids"], ref["t5.input_ids"])
     assert np.abs(np.asarray(pooled) - ref["clip.pooled"]).max() <= 1e-5

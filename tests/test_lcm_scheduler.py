@@ -53,7 +53,7 @@ def diffusers_lcm_step(alphas_cumprod, timesteps, step_index, model_output, time
 
 @pytest.mark.parametrize("original", [50, 20])
 def test_the_timesteps_are_lcm_schedulers(original):
-    from sdjax_runner.models.traced_schedulers import lcm_timesteps
+    from sdjax_runner.models.sd.schedulers import lcm_timesteps
 
     for steps in range(1, original + 1):
         np.testing.assert_array_equal(lcm_timesteps(steps, 1000, original), diffusers_lcm_timesteps(steps, original))
@@ -72,13 +72,12 @@ def test_the_jitted_loop_steps_as_lcm_scheduler(monkeypatch, steps, prediction):
     import jax
     import jax.numpy as jnp
 
-    from sdjax_runner.models import traced_schedulers
-    from sdjax_runner.models.traced_schedulers import LCMScheduler
+    from sdjax_runner.models.sd.schedulers import LCMScheduler, ddim
 
     rng = np.random.default_rng(steps)
     shape = (2, 4, 8, 8)
     noises = rng.standard_normal((1000, *shape)).astype(np.float32)  # the noise drawn at timestep t: noises[t]
-    monkeypatch.setattr(traced_schedulers, "image_noise", lambda key, t, sample: jnp.asarray(noises)[t])
+    monkeypatch.setattr(ddim, "image_noise", lambda key, t, sample: jnp.asarray(noises)[t])
     scheduler = LCMScheduler.from_config(dict(SD_SCHEDULER, prediction_type=prediction))
     start = rng.standard_normal(shape).astype(np.float32)
 

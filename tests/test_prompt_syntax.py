@@ -187,7 +187,7 @@ def test_sd_prompt_is_its_chunks_encoded_one_by_one_with_a1111s_emphasis(tiny_mo
             parts = []
             for chunk in range(count):
                 piece = row[chunk * 77:(chunk + 1) * 77]
-                out = encoder(piece[None], params=params["text_encoder"], output_hidden_states=True)
+                out = encoder.apply({"params": params["text_encoder"]}, piece[None], output_hidden_states=True)
                 z = np.asarray(out.last_hidden_state[0]) if clip_skip == 1 else \
                     _layer_norm(np.asarray(out.hidden_states[-clip_skip][0]), norm, encoder.config.layer_norm_eps)
                 parts.append(_a1111_emphasis(z.astype(np.float64), w[chunk * 77:(chunk + 1) * 77]))
@@ -216,9 +216,10 @@ def test_sdxl_prompt_reads_both_encoders_chunk_by_chunk_and_pools_the_first(tiny
     context, pooled = [], None
     for chunk in range(count):
         window = slice(chunk * 77, (chunk + 1) * 77)
-        first = pipeline.text_encoder(ids[:, 0, window], params=params["text_encoder"], output_hidden_states=True)
-        second = pipeline.text_encoder_2(ids[:, 1, window], params=params["text_encoder_2"],
-                                         output_hidden_states=True)
+        first = pipeline.text_encoder.apply({"params": params["text_encoder"]}, ids[:, 0, window],
+                                            output_hidden_states=True)
+        second = pipeline.text_encoder_2.apply({"params": params["text_encoder_2"]}, ids[:, 1, window],
+                                               output_hidden_states=True)
         context.append(np.concatenate([
             _a1111_emphasis(np.asarray(first.hidden_states[-2][0], np.float64), weights[0, 0, window]),
             _a1111_emphasis(np.asarray(second.hidden_states[-2][0], np.float64), weights[0, 1, window])], axis=-1))

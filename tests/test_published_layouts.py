@@ -11,6 +11,7 @@ import json
 import shutil
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -228,27 +229,34 @@ def test_hub_download_fetches_the_variants_files_and_the_plain_ones_only_where_i
 
 
 def test_the_safety_checker_decides_as_diffusers_rule_does():
-    """The project's safety checker (diffusers' own fails on current JAX: jnp.clip(a_min=...)) flags the
-    images diffusers' rule flags, computed here in NumPy from the same embeddings: cosine similarity to
-    the concept embeddings minus their thresholds, rounded to 3 decimals, a 0.01 lower threshold for an
-    image near any special-care concept."""
+    """The project's safety checker (models/sd/safety_checker.py; diffusers' own fails on current JAX:
+    jnp.clip(a_min=...)) has diffusers' parameter tree and flags the images diffusers' rule flags, computed here in
+    NumPy from the same embeddings: cosine similarity to the concept embeddings minus their thresholds, rounded to
+    3 decimals, a 0.01 lower threshold for an image near any special-care concept."""
+    from diffusers.pipelines.stable_diffusion.safety_checker_flax import FlaxStableDiffusionSafetyCheckerModule
     from flax.traverse_util import flatten_dict, unflatten_dict
     from transformers import CLIPConfig
 
-    from sdjax_runner.models.safety_checker import SafetyChecker
+    from sdjax_runner.models.sd.safety_checker import SafetyChecker
 
     vision = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=4, image_size=224,
                   patch_size=32)
     config = CLIPConfig(vision_config=vision, text_config=dict(hidden_size=32, intermediate_size=64,
                                                                num_hidden_layers=1, num_attention_heads=4),
                         projection_dim=8)
-    checker = SafetyChecker(config, _do_init=False)
-    shapes = jax.eval_shape(lambda key: checker.init_weights(key, checker.input_shape), jax.random.PRNGKey(0))
+    checker = SafetyChecker.from_config(dict(config.to_dict(), architectures=["StableDiffusionSafetyChecker"]))
+    shapes = jax.eval_shape(checker.init_weights, jax.random.PRNGKey(0))
+    theirs = FlaxStableDiffusionSafetyCheckerModule(config)
+    their_shapes = jax.eval_shape(  # (its own __call__ fails on current JAX; setup makes every parameter)
+        lambda key: theirs.init(key, jnp.zeros((1, 224, 224, 3)),
+                                       method=lambda m, x: m.visual_projection(m.vision_model(x)[1]))["params"],
+        jax.random.PRNGKey(0))
+    assert jax.tree_util.tree_map(lambda s: s.shape, flatten_dict(shapes)) == \
+        jax.tree_util.tree_map(lambda s: s.shape, flatten_dict(their_shapes))
     rng = np.random.default_rng(3)
     params = flatten_dict(jax.tree_util.tree_map(lambda s: rng.standard_normal(s.shape).astype(np.float32), shapes))
     images = rng.standard_normal((16, 3, 224, 224)).astype(np.float32)
-    embeds = np.asarray(checker.module.apply({"params": unflatten_dict(params)}, images.transpose(0, 2, 3, 1),
-                                             method=lambda m, x: m.visual_projection(m.vision_model(x)[1])))
+    embeds = np.asarray(checker.apply({"params": unflatten_dict(params)}, images, method="embed"))
 
     def cosine(a, b):
         return (a / np.linalg.norm(a, axis=1, keepdims=True)) @ (b / np.linalg.norm(b, axis=1, keepdims=True)).T
@@ -261,6 +269,6 @@ def test_the_safety_checker_decides_as_diffusers_rule_does():
     adjustment = np.any(special_scores > 0, axis=1, keepdims=True) * 0.01
     expected = np.any(np.round(cosine(embeds, concepts) - params[("concept_embeds_weights",)] + adjustment, 3) > 0,
                       axis=1)
-    got = np.asarray(checker(images, unflatten_dict(params)))
+    got = np.asarray(checker.apply({"params": unflatten_dict(params)}, images))
     assert 0 < expected.sum() < len(expected)
     assert np.array_equal(got, expected)

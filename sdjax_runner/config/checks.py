@@ -21,7 +21,7 @@ from typing import Any, Optional
 
 from sdjax_runner.config import families, folder_files, hires, modes, refiner
 from sdjax_runner.config.samplers import SCHEDULES as SIGMA_SCHEDULES
-from sdjax_runner.config.schema import BUILTIN_MODELS, SCHEDULERS
+from sdjax_runner.config.schema import BUILTIN_MODELS
 from sdjax_runner.errors import UserError
 from sdjax_runner.files import FOLDER_PATHS, cannot_make_folder
 
@@ -136,18 +136,11 @@ def model(model: Any) -> None:
 
 def scheduler_overrides(name: str, overrides: dict[str, Any]) -> None:
     """Reject override keys the scheduler does not take, before anything loads."""
-    if not overrides:  # nothing to check: no need to import diffusers' schedulers yet
+    if not overrides:
         return
-    import importlib
-    import inspect
-
-    if name not in SCHEDULERS:
-        raise UserError("scheduler.name", f"unknown scheduler {name!r}", sorted(SCHEDULERS))
-    settings = getattr(importlib.import_module("diffusers"), SCHEDULERS[name])
-    accepted = [p for p in inspect.signature(settings.__init__).parameters if p not in ("self", "dtype")]
-    accepted += [ZERO_SNR_KEY] if name in ZERO_SNR else []  # the runner's (models/schedulers.py)
-    accepted += ["timestep_spacing"] if name == "ddim" else []  # likewise (models/traced_schedulers.py)
-    accepted += list(LCM_SETTINGS) if name == "lcm" else []  # LCM's own, beside DDIM's (models/traced_schedulers.py)
+    if name not in SCHEDULER_SETTINGS:
+        raise UserError("scheduler.name", f"unknown scheduler {name!r}", sorted(SCHEDULER_SETTINGS))
+    accepted = list(SCHEDULER_SETTINGS[name])
     for key in overrides:
         if key not in accepted:
             raise UserError(f"scheduler.config_overrides.{key}", f"not a {name} setting", accepted)
@@ -164,7 +157,7 @@ SCHEDULER_CHOICES = {"beta_schedule": ("linear", "scaled_linear", "squaredcos_ca
                      "prediction_type": ("epsilon", "sample", "v_prediction"),
                      "timestep_spacing": ("linspace", "leading", "trailing"),
                      "algorithm_type": ("dpmsolver++", "dpmsolver"), "solver_type": ("midpoint", "heun"),
-                     "variance_type": ("fixed_small", "fixed_large")}  # DDPM here: models/traced_schedulers.py
+                     "variance_type": ("fixed_small", "fixed_large")}  # DDPM here: models/sd/schedulers
 NARROWER_CHOICES = {(name, "prediction_type"): ("epsilon", "v_prediction") for name in ("euler", "lms", "pndm")}
 SCHEDULER_FLAGS = ("clip_sample", "set_alpha_to_one", "skip_prk_steps", "thresholding", "lower_order_final",
                    "rescale_betas_zero_snr")
@@ -172,6 +165,21 @@ SCHEDULER_FLAGS = ("clip_sample", "set_alpha_to_one", "skip_prk_steps", "thresho
 # models/schedulers.py): the schedulers that take it -- diffusers' PyTorch DDIM, DDPM, Euler and DPM-Solver do.
 ZERO_SNR = ("ddim", "ddpm", "euler", "dpm_solver_pp")
 ZERO_SNR_KEY = "rescale_betas_zero_snr"
+
+# The settings each scheduler takes (models/sd/schedulers: their SETTINGS, checked equal as they are imported).
+_COMMON_SETTINGS = ("num_train_timesteps", "beta_start", "beta_end", "beta_schedule", "trained_betas")
+_DDIM_SETTINGS = ("clip_sample", "clip_sample_range", "set_alpha_to_one", "steps_offset", "prediction_type")
+SCHEDULER_SETTINGS: dict[str, tuple[str, ...]] = {
+    "pndm": (*_COMMON_SETTINGS, "skip_prk_steps", "set_alpha_to_one", "steps_offset", "prediction_type"),
+    "ddim": (*_COMMON_SETTINGS, *_DDIM_SETTINGS, "timestep_spacing", ZERO_SNR_KEY),
+    "lms": (*_COMMON_SETTINGS, "prediction_type"),
+    "dpm_solver_pp": (*_COMMON_SETTINGS, "solver_order", "prediction_type", "thresholding", "dynamic_thresholding_ratio",
+                      "sample_max_value", "algorithm_type", "solver_type", "lower_order_final", "timestep_spacing",
+                      "steps_offset", ZERO_SNR_KEY),
+    "euler": (*_COMMON_SETTINGS, "prediction_type", "timestep_spacing", ZERO_SNR_KEY),
+    "ddpm": (*_COMMON_SETTINGS, "variance_type", "clip_sample", "prediction_type", ZERO_SNR_KEY),
+    "lcm": (*_COMMON_SETTINGS, *_DDIM_SETTINGS, "original_inference_steps", "timestep_scaling"),
+}
 BETAS = ("beta_start", "beta_end")  # 0 <= beta < 1: a beta of 1 leaves nothing of the signal
 
 

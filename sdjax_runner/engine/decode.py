@@ -6,10 +6,10 @@ from typing import Any
 
 
 def decode(pipeline: Any, params: dict, latents):
-    """diffusers' Flax pipelines' decode, the latents handed over channels-last: diffusers' ``FlaxAutoencoderKL.decode``
-    takes channels-first latents whose last axis is not the latent channels, so a latent width equal to them (a
-    32-pixel-wide SD image: 4 and 4) was read as channels-last -- the image decoded wrongly, in diffusers' own Flax
-    pipelines too (``tests/test_refiner.py`` checks a 32 x 32 SDXL image against diffusers' PyTorch pipeline)."""
+    """diffusers' Flax pipelines' decode. The VAE (models/nn/vae.py) takes channels-first latents always: diffusers'
+    own guessed the layout from the last axis, so a latent width equal to the latent channels (a 32-pixel-wide SD
+    image: 4 and 4) was decoded wrongly in its Flax pipelines (``tests/test_refiner.py`` checks a 32 x 32 SDXL image
+    against diffusers' PyTorch pipeline)."""
     latents = 1 / pipeline.vae.config.scaling_factor * latents
-    image = pipeline.vae.apply({"params": params["vae"]}, latents.transpose(0, 2, 3, 1), method=pipeline.vae.decode).sample
+    image = pipeline.vae.apply({"params": params["vae"]}, latents, method=pipeline.vae.decode)
     return (image / 2 + 0.5).clip(0, 1).transpose(0, 2, 3, 1)

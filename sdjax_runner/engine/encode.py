@@ -44,7 +44,7 @@ def negative_prompt(negative: Optional[str], pipeline: Any) -> Optional[str]:
     """
     if not hasattr(pipeline, "text_encoder_2"):
         return negative or None
-    if negative is None and not pipeline.config.get("force_zeros_for_empty_prompt", True):
+    if negative is None and not pipeline.force_zeros_for_empty_prompt:
         return ""
     return negative
 
@@ -96,10 +96,10 @@ def _hidden_states(pipeline: Any, params: dict, ids, clip_skip: int):
     """The text encoder's last hidden states (``clip_skip`` 1), or -- A1111's Clip skip -- the output of the
     ``clip_skip``-th layer from the end through the final layer norm (its ``encode_with_transformers``)."""
     if clip_skip == 1:
-        return pipeline.text_encoder(ids, params=params["text_encoder"])[0]
+        return pipeline.text_encoder.apply({"params": params["text_encoder"]}, ids).last_hidden_state
     import flax.linen as nn
 
-    hidden = pipeline.text_encoder(ids, params=params["text_encoder"], output_hidden_states=True).hidden_states
+    hidden = pipeline.text_encoder.apply({"params": params["text_encoder"]}, ids, output_hidden_states=True).hidden_states
     config = pipeline.text_encoder.config
     norm = nn.LayerNorm(epsilon=config.layer_norm_eps, dtype=pipeline.text_encoder.dtype)
     return norm.apply({"params": params["text_encoder"]["text_model"]["final_layer_norm"]}, hidden[-clip_skip])
@@ -155,13 +155,13 @@ def _sdxl_embeddings(pipeline: Any, params: dict, ids, read, weights):
     """Both encoders' penultimate hidden states side by side, and the second's pooled projection."""
     @functools.partial(embedded, pipeline, params, "text_encoder")
     def first(rows):
-        return (pipeline.text_encoder(rows, params=params["text_encoder"], output_hidden_states=True)
-                ["hidden_states"][-2],)
+        return (pipeline.text_encoder.apply({"params": params["text_encoder"]}, rows, output_hidden_states=True)
+                .hidden_states[-2],)
 
     @functools.partial(embedded, pipeline, params, "text_encoder_2")
     def second(rows):
-        out = pipeline.text_encoder_2(rows, params=params["text_encoder_2"], output_hidden_states=True)
-        return out["hidden_states"][-2], out["text_embeds"]
+        out = pipeline.text_encoder_2.apply({"params": params["text_encoder_2"]}, rows, output_hidden_states=True)
+        return out.hidden_states[-2], out.text_embeds
 
     (states,) = read(first, ids[:, 0], None if weights is None else weights[:, 0])
     states_2, pooled = read(second, ids[:, 1], None if weights is None else weights[:, 1])

@@ -249,5 +249,5 @@ class Generator:
         images = np.nan_to_num(images, nan=0.0, posinf=0.0, neginf=0.0)
         pixels = (images * 255).round().astype("uint8")  # as pipeline.numpy_to_pil does
         if getattr(self.pipeline, "safety_checker", None) is not None:  # SD 1.x/2.x only
-            pixels, _ = self.pipeline._run_safety_checker(pixels, self.safety_weights, jit=False)
+            pixels, _ = self.pipeline.run_safety_checker(pixels, self.safety_weights)
         return pixels

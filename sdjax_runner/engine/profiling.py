@@ -32,9 +32,9 @@ from typing import Any
 
 # The Flax modules (as JAX's name stack records them) that make each part of a Stable Diffusion pipeline.
 COMPONENTS = {
-    "text_encoder": ("FlaxCLIPTextModule", "FlaxCLIPTextTransformer", "FlaxCLIPTextModelWithProjectionModule"),
-    "unet": ("FlaxUNet2DConditionModel",),
-    "vae": ("FlaxAutoencoderKL",),
+    "text_encoder": ("CLIPTextModel",),
+    "unet": ("UNet2DConditionModel",),
+    "vae": ("AutoencoderKL",),
 }
 TOP = 20
 _INSTRUCTION = re.compile(r'^\s*(?:ROOT\s+)?%?([\w.\-]+)\s*=\s.*?metadata=\{[^}]*?op_name="([^"]*)"')

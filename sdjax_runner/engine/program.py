@@ -42,7 +42,7 @@ class Spec:
     batch: int  # images per device
     negative: bool  # negative prompt ids are an input (else the pipeline's own unconditional input)
     parallel: str  # "pmap" or "sharded" (engine/parallel.py)
-    attention: str  # performance.attention (models/attention.py)
+    attention: str  # performance.attention (models/nn/attention.py)
     scheduler: str  # scheduler.name; its config_overrides and the prediction type below
     scheduler_overrides: tuple = ()
     prediction_type: Optional[str] = None

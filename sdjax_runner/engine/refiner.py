@@ -108,8 +108,9 @@ def conditioning(pipeline: Any, params: dict, ids, negative_ids, spec: Any, inpu
 
     @functools.partial(embedded, pipeline, params, "text_encoder_2")
     def second(rows):
-        out = refiner.text_encoder_2(rows, params=params["refiner"]["text_encoder_2"], output_hidden_states=True)
-        return out["hidden_states"][-2], out["text_embeds"]
+        out = refiner.text_encoder_2.apply({"params": params["refiner"]["text_encoder_2"]}, rows,
+                                           output_hidden_states=True)
+        return out.hidden_states[-2], out.text_embeds
 
     def read(rows, weights):
         return read_chunks(second, rows[:, 1], spec.prompt_chunks, None if weights is None else weights[:, 1])

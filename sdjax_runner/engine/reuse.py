@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import dataclasses
 import gc
 import logging
 import time
@@ -39,7 +40,6 @@ from sdjax_runner.engine.generate import Generator
 from sdjax_runner.engine.program import Spec
 from sdjax_runner.engine.tokens import TOKENS
 from sdjax_runner.errors import UserError
-from sdjax_runner.models.attention import tracing_with
 from sdjax_runner.models.loaders import load_model
 from sdjax_runner.models.loading import LoadedModel, non_finite_weights
 
@@ -249,13 +249,15 @@ class ReuseCache:
                 entry.controlnet_weights = mode.place_params(entry.controlnet.host_weights, devices)
                 entry.controlnet_on = placement
             params["controlnet"] = entry.controlnet_weights
-            pipeline.controlnet = entry.controlnet.module  # read by the program (engine/samplers/unet.py)
+            # read by the program (engine/samplers/unet.py), with the run's attention
+            pipeline.controlnet = entry.controlnet.module.clone(attention=plan.attention)
         if entry.refiner is not None and plan.refiner is not None:
             if entry.refiner_on != placement:
                 entry.refiner_weights = mode.place_params(entry.refiner.host_weights, devices)
                 entry.refiner_on = placement
             params["refiner"] = entry.refiner_weights
-            pipeline.refiner = entry.refiner  # its modules, read by the program (engine/refiner.py)
+            # its modules, read by the program (engine/refiner.py), its UNet with the run's attention
+            pipeline.refiner = dataclasses.replace(entry.refiner, unet=entry.refiner.unet.clone(attention=plan.attention))
         jax.block_until_ready(params)
         replicate_s = time.perf_counter() - started
 
@@ -289,8 +291,7 @@ class ReuseCache:
         """(compiled function, trace+lower seconds, XLA compile seconds, served by the persistent cache);
         ``fresh``: compiled by XLA here, not served by the persistent cache (to be stored whole)."""
         started = time.perf_counter()
-        with tracing_with(prepared.attention):
-            lowered = lower()
+        lowered = lower()
         traced = time.perf_counter()
         hits = compile_cache.hits()  # only the XLA compile of this program counts
         with compile_cache.bypassed() if fresh else contextlib.nullcontext():
@@ -324,22 +325,17 @@ class ReuseCache:
 
         if prepared.compile_key not in self.flops_of:
             step_flops = FAMILIES[prepared.entry.loaded.family].step_flops
-            with tracing_with(prepared.attention):
-                loops = [(steps, step_flops(prepared.pipeline, prepared.entry.loaded.host_weights, images, height, width,
-                                            tokens)) for steps, height, width, images in passes]
+            loops = [(steps, step_flops(prepared.pipeline, prepared.entry.loaded.host_weights, images, height, width,
+                                        tokens)) for steps, height, width, images in passes]
             self.flops_of[prepared.compile_key] = efficiency.batch_flops(compiled, loops, num_devices)
         return self.flops_of[prepared.compile_key]
 
 
 def with_vae(pipeline: Any, module: Any) -> Any:
-    """``pipeline`` running the VAE ``module``: a diffusers Flax pipeline's attribute set (its modules are shared
-    with the pipelines made from it, which are made again), a flow model's dataclass replaced with the module's
-    scaling and shift factors."""
-    import dataclasses
-
-    if dataclasses.is_dataclass(pipeline) and not isinstance(pipeline, type):
-        shift = getattr(module, "shift_factor", None)
-        return dataclasses.replace(pipeline, vae=module, scaling_factor=float(module.scaling_factor),
-                                   shift_factor=float(shift) if shift is not None else 0.0)
-    pipeline.vae = module
-    return pipeline
+    """``pipeline`` (a dataclass) running the VAE ``module``; a flow model's with the module's scaling and shift
+    factors."""
+    if not hasattr(pipeline, "scaling_factor"):  # the SD family's reads them from the VAE's config
+        return dataclasses.replace(pipeline, vae=module)
+    shift = getattr(module, "shift_factor", None)
+    return dataclasses.replace(pipeline, vae=module, scaling_factor=float(module.scaling_factor),
+                               shift_factor=float(shift) if shift is not None else 0.0)

@@ -88,13 +88,13 @@ def available_devices(mode: str) -> int:
 
 def silence_libraries() -> None:
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    from diffusers.utils import logging as diffusers_logging
-    from transformers.utils import logging as transformers_logging
-
-    diffusers_logging.set_verbosity_error()
-    diffusers_logging.disable_progress_bar()
-    transformers_logging.set_verbosity_error()
-    transformers_logging.disable_progress_bar()
+    # diffusers and transformers are no dependencies of the runner (the built-in models' writer and the tests'
+    # references import them): their verbosity is what they read as they are imported, and set where they were.
+    for library in ("diffusers", "transformers"):
+        os.environ.setdefault(f"{library.upper()}_VERBOSITY", "error")
+        if f"{library}.utils.logging" in sys.modules:
+            sys.modules[f"{library}.utils.logging"].set_verbosity_error()
+            sys.modules[f"{library}.utils.logging"].disable_progress_bar()
     for name in ("absl", internals.JAX_BACKEND_LOGGER, "huggingface_hub"):
         logging.getLogger(name).setLevel(logging.ERROR)
     for module in ("diffusers", "transformers", "flax", "jax"):

@@ -1,8 +1,9 @@
 """Text-image agreement: the CLIP score of each image against its own prompt, in JAX.
 
-``score = max(100 * cos(E_image, E_text), 0)`` with transformers' Flax CLIP (``FlaxCLIPModel``) --
-the definition of torchmetrics' ``CLIPScore`` and of diffusers' evaluation guide. Images are
-preprocessed by the CLIP model's own ``CLIPImageProcessor`` (resize, centre crop, normalise) and
+``score = max(100 * cos(E_image, E_text), 0)`` with the runner's CLIP (models/nn/clip.py: transformers'
+``FlaxCLIPModel`` number for number) -- the definition of torchmetrics' ``CLIPScore`` and of diffusers' evaluation
+guide. Images are preprocessed as the CLIP model's own ``CLIPImageProcessor`` config says (resize, centre crop,
+normalise: models/nn/clip.CLIPImagePreprocessor) and
 prompts tokenized by its tokenizer (77 tokens, truncated). The batch is sharded over this process's
 devices (``NamedSharding`` along ``data``, params replicated), as generation is.
 
@@ -10,7 +11,7 @@ The CLIP model is a built-in random one (``tiny-random-clip``, for tests and the
 scores are numbers, not judgements), a local directory, or a hub id (Flax weights, or PyTorch
 safetensors converted without torch). A process loads and compiles it once; with
 ``compilation_cache.executables`` the compiled scoring program is also kept across processes
-(:mod:`sdjax_runner.engine.executable_cache`), so a warm start neither builds transformers' model
+(:mod:`sdjax_runner.engine.executable_cache`), so a warm start neither builds the model
 nor traces it: the weights file is read as it is and handed to the stored program.
 """
 
@@ -39,8 +40,8 @@ class ClipScorer:
 
     directory: Path
     params: Any  # placed on ``devices``
-    module: Any  # FlaxCLIPModel; None while the params are the weights file's own tree, read directly
-    processor: Any  # CLIPImageProcessor
+    module: Any  # models/nn/clip.CLIPModel; None while the params are the weights file's own tree, read directly
+    processor: Any  # models/nn/clip.CLIPImagePreprocessor
     tokenizer: Any
     devices: list
     executables: Optional[str]  # compilation_cache.dir where scoring programs are kept, or None
@@ -51,7 +52,7 @@ class ClipScorer:
     def facts(self) -> list:
         """What, besides its arguments, determines the scoring program: the model's class and config."""
         config = json.loads((self.directory / "config.json").read_text(encoding="utf-8"))
-        return ["clip_score", "FlaxCLIPModel", config]
+        return ["clip_score", "CLIPModel", config]
 
     def score(self, pixels, ids, mask) -> np.ndarray:
         from jax.errors import JaxRuntimeError
@@ -92,7 +93,7 @@ class ClipScorer:
         return executable_cache.load(self.executables, self._key(inputs), self.devices, (self.params, *inputs))
 
     def _compiled(self, inputs: tuple) -> Callable:
-        """Trace and compile with transformers' own model and loading (and keep the executable)."""
+        """Trace and compile with the model and its loading (and keep the executable)."""
         import jax
         import jax.numpy as jnp
 
@@ -100,7 +101,7 @@ class ClipScorer:
 
         if self.module is None:  # read directly, which only a stored program may take as they are
             self.module, self.params = load_model(self.directory, self.devices)
-            self.programs.clear()  # made for the file's own tree, which transformers' loading may rename
+            self.programs.clear()  # made for the file's own tree, which the loading may rename
             stored = self._stored(inputs)
             if stored is not None:
                 return stored
@@ -108,8 +109,8 @@ class ClipScorer:
         self.compile_path = "traced"
 
         def score(params, pixel_values, input_ids, attention_mask):
-            image = module.get_image_features(pixel_values, params=params)
-            text = module.get_text_features(input_ids, attention_mask, params=params)
+            image = module.apply({"params": params}, pixel_values, method="image_features")
+            text = module.apply({"params": params}, input_ids, attention_mask, method="text_features")
             image = image / jnp.linalg.norm(image, axis=-1, keepdims=True)
             text = text / jnp.linalg.norm(text, axis=-1, keepdims=True)
             return jnp.maximum(100.0 * jnp.sum(image * text, axis=-1), 0.0)
@@ -155,18 +156,18 @@ def clip_directory(clip: Any) -> Path:
 
 
 def load_model(directory: Path, devices: list) -> tuple[Any, Any]:
-    """(FlaxCLIPModel, its params placed on ``devices``), as transformers loads them: Flax weights, or
-    PyTorch safetensors converted without torch."""
-    from transformers import FlaxCLIPModel
-
+    """(the CLIP model, models/nn/clip.CLIPModel; its params placed on ``devices``): Flax weights, or PyTorch
+    safetensors converted without torch."""
     from sdjax_runner.engine.sharded import replicate_sharded
-    from sdjax_runner.models.checkpoints import convert_safetensors, find_weights
+    from sdjax_runner.models.checkpoints import convert_safetensors, find_weights, read_flax
+    from sdjax_runner.models.loading import read_config
+    from sdjax_runner.models.nn.clip import CLIPModel
 
     found = find_weights(directory, "transformers", None)
+    module = CLIPModel.from_config(read_config(directory))
     if found.format == "flax":
-        module, params = FlaxCLIPModel.from_pretrained(directory, _do_init=False)
+        params = read_flax(found.files[0], module, "transformers")
     elif found.format == "safetensors":
-        module = FlaxCLIPModel(FlaxCLIPModel.config_class.from_pretrained(directory), _do_init=False)
         params = convert_safetensors(found.files, module, "transformers", np.dtype(np.float32))
     else:
         from sdjax_runner.errors import UserError
@@ -179,14 +180,14 @@ def load_model(directory: Path, devices: list) -> tuple[Any, Any]:
 def load_scorer(clip: Any, devices: list, executables: Optional[str] = None) -> ClipScorer:
     """The CLIP model on ``devices``, loaded once per process. With ``executables`` (a
     compilation_cache.dir), scoring programs are kept there, and a single Flax weights file is first
-    read as it is: a stored program that takes it needs neither transformers' model nor tracing."""
+    read as it is: a stored program that takes it needs neither the model nor tracing."""
     key = (str(clip.model), clip.builtin, clip.revision, tuple(d.id for d in devices), executables)
     scorers = process.current().clip_scorers  # loaded and placed once per process
     if key in scorers:
         return scorers[key]
-    from transformers import CLIPImageProcessor
-
     from sdjax_runner.models.clip_tokenizer import ClipTokenizer
+    from sdjax_runner.models.loading import read_config
+    from sdjax_runner.models.nn.clip import CLIPImagePreprocessor
 
     started = time.perf_counter()
     directory = clip_directory(clip)
@@ -199,7 +200,8 @@ def load_scorer(clip: Any, devices: list, executables: Optional[str] = None) -> 
         module, params = None, replicate_sharded(msgpack_restore(weights.read_bytes()), devices)
     else:
         module, params = load_model(directory, devices)
-    scorer = ClipScorer(directory, params, module, CLIPImageProcessor.from_pretrained(directory),
+    processor = CLIPImagePreprocessor.from_config(read_config(directory, "preprocessor_config.json"))
+    scorer = ClipScorer(directory, params, module, processor,
                         ClipTokenizer.from_folder(directory), devices, executables, time.perf_counter() - started)
     scorers[key] = scorer
     return scorer
@@ -211,7 +213,7 @@ def clip_scores(scorer: ClipScorer, images: list, prompts: list[str]) -> np.ndar
 
     from sdjax_runner.engine.sharded import global_array
 
-    pixels = scorer.processor(images=[image.convert("RGB") for image in images], return_tensors="np")["pixel_values"]
+    pixels = scorer.processor([image.convert("RGB") for image in images])
     distinct = list(dict.fromkeys(prompts))  # each prompt tokenized once, however many images it has
     row = {prompt: number for number, prompt in enumerate(distinct)}
     rows = [row[prompt] for prompt in prompts]

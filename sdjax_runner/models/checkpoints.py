@@ -106,10 +106,7 @@ def param_shapes(module: Any, library: str) -> dict:
         except (OSError, ValueError, TypeError, AttributeError):
             pass  # damaged: traced again and rewritten below
     key = jax.random.PRNGKey(0)
-    positions = getattr(module.config, "max_position_embeddings", None)
-    if library == "transformers" and positions:  # CLIP text encoders take the token shape
-        shapes = jax.eval_shape(lambda k: module.init_weights(k, (1, positions)), key)
-    elif library == "transformers":  # the safety checker: its image shape
+    if hasattr(module, "input_shape"):  # transformers' Flax classes (the built-in models' writer): their input's shape
         shapes = jax.eval_shape(lambda k: module.init_weights(k, module.input_shape), key)
     else:
         shapes = jax.eval_shape(module.init_weights, key)
@@ -229,15 +226,23 @@ def check_flax_size(file: Path, reference: dict) -> None:
 
 
 def read_flax(file: Path, module: Any, library: str) -> dict:
-    """A Flax weights file (msgpack) as host arrays, checked against ``module``'s parameter shapes
-    (WeightsMismatch). What diffusers' ``from_pretrained`` does, less the copy of every array onto a
-    device and back."""
+    """A Flax weights file (msgpack; or, where ``file`` is absent, the shards its ``.index.json`` lists, as
+    transformers writes a large model's) as host arrays, checked against ``module``'s parameter shapes
+    (WeightsMismatch). What the libraries' ``from_pretrained`` does, less the copy of every array onto a device
+    and back."""
     from flax.serialization import msgpack_restore
     from flax.traverse_util import flatten_dict
 
+    index = file.with_name(file.name + ".index.json")
+    shards = [file] if file.is_file() or not index.is_file() else \
+        read_index(index, MODEL_KEY, "a model folder as transformers writes it")
+
     def use(reference: dict) -> dict:
-        check_flax_size(file, reference)
-        stored = flatten_dict(msgpack_restore(file.read_bytes()))
+        stored: dict[tuple, Any] = {}
+        for shard in shards:  # transformers' shards hold "a/b/c" keys, whole files nested ones: both flattened
+            check_flax_size(shard, reference)
+            for key, value in flatten_dict(msgpack_restore(shard.read_bytes())).items():
+                stored[tuple(part for name in key for part in str(name).split("/"))] = value
         return _fitted(reference, ((key, value, "/".join(key)) for key, value in stored.items()), file.name)
 
     return _against_shapes(module, library, use)

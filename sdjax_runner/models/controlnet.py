@@ -74,8 +74,6 @@ def check_fits(config: dict, unet_config: Any, path: Path) -> None:
 
 def load(value: str, cache_dir: str, unet_config: Any, activations, weights) -> LoadedControlNet:
     """The ControlNet, its weights as host arrays (``weights`` dtype), computing in ``activations``."""
-    from diffusers import FlaxControlNetModel
-
     from sdjax_runner.models.loading import WeightChoice, load_component
 
     started = time.perf_counter()
@@ -83,7 +81,7 @@ def load(value: str, cache_dir: str, unet_config: Any, activations, weights) -> 
     config = read_config(path)
     check_fits(config, unet_config, path)
     try:
-        module, params, found = load_component(path, "diffusers", FlaxControlNetModel,
+        module, params, found = load_component(path, "ControlNetModel",
                                                WeightChoice(variant=None, allow_pickle=False), activations, weights)
     except UserError as exc:  # said of the model's folder: here it is the ControlNet's
         raise UserError(KEY, exc.problem, exc.allowed or ALLOWED) from None

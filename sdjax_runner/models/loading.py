@@ -12,8 +12,8 @@ state stays float32.
 
 from __future__ import annotations
 
+import functools
 import importlib.util
-import inspect
 import json
 import logging
 import os
@@ -45,15 +45,83 @@ ANNOUNCE_BYTES = 200_000_000
 # The CLIP tokenizer classes a folder's model_index.json may name: read with ours (models/clip_tokenizer.py)
 CLIP_TOKENIZERS = ("CLIPTokenizer", "CLIPTokenizerFast")
 
-# The components a single-file checkpoint (model.checkpoint) holds the weights of.
+# Components a single-file checkpoint (model.checkpoint) holds the weights of.
 CHECKPOINT_COMPONENTS = ("unet", "vae", "text_encoder", "text_encoder_2")
-# model_index.json's pipeline class (with or without "Flax") -> the Flax pipeline that runs it, for the SD
-# family (config/families.py). An inpainting model's pipeline (runwayml/stable-diffusion-inpainting) holds the
-# same components: the runner reads its modules and runs its own program (engine/modes/inpaint.py).
-PIPELINES = {"StableDiffusionPipeline": "FlaxStableDiffusionPipeline",
-             "StableDiffusionInpaintPipeline": "FlaxStableDiffusionPipeline",
-             "StableDiffusionXLPipeline": "FlaxStableDiffusionXLPipeline",
-             "StableDiffusionXLInpaintPipeline": "FlaxStableDiffusionXLPipeline"}
+# model_index.json's pipeline class (with or without "Flax") of the SD family (config/families.py) -> whether it is
+# SDXL's (two text encoders). An inpainting model's pipeline (runwayml/stable-diffusion-inpainting) holds the same
+# components: the runner reads its modules and runs its own program (engine/modes/inpaint.py).
+PIPELINES = {"StableDiffusionPipeline": False, "StableDiffusionInpaintPipeline": False,
+             "StableDiffusionXLPipeline": True, "StableDiffusionXLInpaintPipeline": True}
+# The components of an SD pipeline the runner reads (the scheduler is built apart: models/schedulers.py).
+SD_COMPONENTS = ("unet", "vae", "text_encoder", "tokenizer", "safety_checker", "feature_extractor")
+SDXL_COMPONENTS = ("unet", "vae", "text_encoder", "text_encoder_2", "tokenizer", "tokenizer_2")
+
+
+@dataclass(frozen=True)
+class ModuleKind:
+    """How a published model class is read: ``build(config.json as a dict, dtype)`` makes the runner's own module
+    (models/nn, models/sd); ``naming``: whose file names and PyTorch parameter names its folder holds (diffusers'
+    or transformers', models/nn/pytorch_names.py); ``float32``: it computes in float32 whatever the activations
+    dtype (transformers' classes, as diffusers' Flax pipelines load them: only their weights are cast)."""
+
+    build: Callable[[dict, Any], Any]
+    naming: str
+    float32: bool = False
+
+
+def _unet(config: dict, dtype: Any) -> Any:
+    from sdjax_runner.models.sd.unet import UNet2DConditionModel
+
+    return UNet2DConditionModel.from_config(config, dtype=dtype)
+
+
+def _controlnet(config: dict, dtype: Any) -> Any:
+    from sdjax_runner.models.sd.controlnet import ControlNetModel
+
+    return ControlNetModel.from_config(config, dtype=dtype)
+
+
+def _vae(config: dict, dtype: Any) -> Any:
+    from sdjax_runner.models.nn.vae import AutoencoderKL
+
+    return AutoencoderKL.from_config(config, dtype=dtype)
+
+
+def _clip_text(with_projection: bool) -> Callable[[dict, Any], Any]:
+    def build(config: dict, dtype: Any) -> Any:
+        from sdjax_runner.models.nn.clip import CLIPTextModel
+
+        return CLIPTextModel.from_config(config, with_projection=with_projection, dtype=dtype)
+
+    return build
+
+
+def _t5(config: dict, dtype: Any) -> Any:
+    from sdjax_runner.models.nn.t5 import T5EncoderModel
+
+    return T5EncoderModel.from_config(config, dtype=dtype)
+
+
+def _safety_checker(config: dict, dtype: Any) -> Any:
+    from sdjax_runner.models.sd.safety_checker import SafetyChecker
+
+    return SafetyChecker.from_config(config, dtype=dtype)
+
+
+# The published model classes a component may be (model_index.json's name, without "Flax") -> how it is read.
+MODULE_KINDS: dict[str, ModuleKind] = {
+    "UNet2DConditionModel": ModuleKind(_unet, "diffusers"),
+    "ControlNetModel": ModuleKind(_controlnet, "diffusers"),
+    "AutoencoderKL": ModuleKind(_vae, "diffusers"),
+    "CLIPTextModel": ModuleKind(_clip_text(False), "transformers", float32=True),
+    "CLIPTextModelWithProjection": ModuleKind(_clip_text(True), "transformers", float32=True),
+    "T5EncoderModel": ModuleKind(_t5, "transformers", float32=True),
+    "StableDiffusionSafetyChecker": ModuleKind(_safety_checker, "transformers", float32=True),
+}
+# The other classes a component may be: tokenizers and the safety checker's image preprocessing.
+T5_TOKENIZERS = ("T5TokenizerFast", "T5Tokenizer")
+IMAGE_PROCESSORS = ("CLIPImageProcessor", "CLIPFeatureExtractor")
+READABLE_CLASSES = (*MODULE_KINDS, *CLIP_TOKENIZERS, *T5_TOKENIZERS, *IMAGE_PROCESSORS)
 
 
 @dataclass
@@ -138,43 +206,37 @@ def to_host(tree, dtype: np.dtype):
     return jax.tree_util.tree_map(convert, tree)
 
 
-def pipeline_class(directory: Path, index: dict):
-    """The Flax pipeline class that runs an SD-family folder (config/families.py checked the name)."""
-    import diffusers
-
-    return getattr(diffusers, PIPELINES[index["_class_name"].removeprefix("Flax")])
-
-
-def component_kinds() -> tuple[type, ...]:
-    """What a pipeline component may be: a Flax model (diffusers' or transformers'), a tokenizer, a
-    feature extractor or image processor, or a scheduler."""
-    from diffusers import FlaxModelMixin
-    from diffusers.schedulers.scheduling_utils_flax import FlaxSchedulerMixin
-    from transformers import FlaxPreTrainedModel, PreTrainedTokenizerBase
-    from transformers.feature_extraction_utils import FeatureExtractionMixin
-    from transformers.image_processing_base import ImageProcessingMixin
-
-    return (FlaxModelMixin, FlaxPreTrainedModel, PreTrainedTokenizerBase, FeatureExtractionMixin,
-            ImageProcessingMixin, FlaxSchedulerMixin)
+def read_config(folder: Path, file: str = "config.json") -> dict:
+    """A component's JSON config as a dict (ValueError where it is not one: said as the component's)."""
+    config = json.loads((folder / file).read_text(encoding="utf-8"))
+    if not isinstance(config, dict):
+        raise ValueError(f"{folder.name}/{file} is not a JSON object")
+    return config
 
 
-def from_config(cls, folder: Path, activations):
-    """``cls`` built from ``folder``'s config, no weights (they come from a file read apart)."""
-    from diffusers import FlaxModelMixin
+def build_module(folder: Path, class_name: str, activations) -> Any:
+    """The runner's module for component ``folder`` (``class_name``: :data:`MODULE_KINDS`), no weights: a config it
+    cannot compute is one line."""
+    import jax.numpy as jnp
 
-    if issubclass(cls, FlaxModelMixin):
-        return cls.from_config(cls.load_config(folder), dtype=activations)
-    return cls(cls.config_class.from_pretrained(folder), _do_init=False)
+    kind = MODULE_KINDS[class_name]
+    config = read_config(folder)
+    check_unet_config(folder, class_name, config)
+    try:
+        return kind.build(config, jnp.float32 if kind.float32 else activations)
+    except ValueError as exc:
+        raise UserError(sources.KEY, f"{folder.name}/config.json: {exc}",
+                        f"a {class_name} config the runner computes") from None
 
 
-def check_unet_config(folder: Path, cls) -> None:
+def check_unet_config(folder: Path, class_name: str, config: dict) -> None:
     """A UNet config the Flax UNet would run wrongly -- settings it ignores, weights it would drop -- is one line
     (models/unet_config.py). Other components: nothing to check."""
     from sdjax_runner.models.unet_config import unsupported
 
-    if cls.__name__ != "FlaxUNet2DConditionModel":
+    if class_name != "UNet2DConditionModel":
         return
-    found = unsupported(cls.load_config(folder))
+    found = unsupported(config)
     if found:
         raise UserError(sources.KEY, f"{folder.name}/config.json sets {found[0]}, which the Flax UNet does not compute"
                         + (f" (and {len(found) - 1} more)" if len(found) > 1 else ""),
@@ -206,40 +268,44 @@ class WeightChoice(NamedTuple):
     allow_pickle: bool = False
 
 
-def load_component(folder: Path, library: str, cls, model: Union[ModelConfig, WeightChoice], activations,
+def load_component(folder: Path, class_name: str, model: Union[ModelConfig, WeightChoice], activations,
                    weights: np.dtype):
-    """(module, host params or None, the weight files read) for one component folder."""
-    from diffusers import FlaxModelMixin
-    from transformers import FlaxPreTrainedModel
-
-    is_diffusers = issubclass(cls, FlaxModelMixin)
-    if cls.__name__ in CLIP_TOKENIZERS:  # ours: transformers' CLIPTokenizer's ids (models/clip_tokenizer.py)
+    """(module, host params or None, the weight files read) for one component folder; ``class_name``: the
+    published class model_index.json names (without "Flax"), one of :data:`READABLE_CLASSES`."""
+    if class_name in CLIP_TOKENIZERS:  # ours: transformers' CLIPTokenizer's ids (models/clip_tokenizer.py)
         return ClipTokenizer.from_folder(folder), None, ComponentWeights("")
-    if not (is_diffusers or issubclass(cls, FlaxPreTrainedModel)):
-        return cls.from_pretrained(folder), None, ComponentWeights("")  # a feature extractor, T5's tokenizer
-    check_unet_config(folder, cls)
-    found = find_weights(folder, "diffusers" if is_diffusers else "transformers", model.variant)
+    if class_name in T5_TOKENIZERS:  # ours: T5TokenizerFast's ids (models/nn/t5_tokenizer.py)
+        from sdjax_runner.models.nn.t5_tokenizer import T5Tokenizer
+
+        return T5Tokenizer.from_folder(folder), None, ComponentWeights("")
+    if class_name in IMAGE_PROCESSORS:  # ours: CLIPImageProcessor's pixels (models/nn/clip.py)
+        from sdjax_runner.models.nn.clip import CLIPImagePreprocessor
+
+        return (CLIPImagePreprocessor.from_config(read_config(folder, "preprocessor_config.json")), None,
+                ComponentWeights(""))
+    module = build_module(folder, class_name, activations)
+    naming = MODULE_KINDS[class_name].naming
+    found = find_weights(folder, naming, model.variant)
     size = sum(f.stat().st_size for f in found.files if f.is_file())
     if size >= ANNOUNCE_BYTES:  # seconds or more: say so before it starts
         log.info("load: %s/ (%.1f GB of %s weights%s) ...", folder.name, size / 1e9, found.format,
                  ", converting to Flax" if found.format == "safetensors" else "")
-    if found.format == "flax" and is_diffusers and found.files[0].is_file():  # one file, not shards
-        module = from_config(cls, folder, activations)
-        try:
-            params = read_flax(found.files[0], module, "diffusers")
-        except WeightsMismatch as exc:
-            raise UserError(sources.KEY, f"{folder.name}/ does not match its config.json: {exc}") from None
-    elif found.format == "flax":
-        # As diffusers' FlaxDiffusionPipeline.from_pretrained does: transformers models keep their own dtype.
-        module, params = (cls.from_pretrained(folder, dtype=activations) if is_diffusers
-                          else cls.from_pretrained(folder, _do_init=False))
-    elif found.format == "safetensors":
-        module = from_config(cls, folder, activations)
-        try:
-            params = convert_safetensors(found.files, module, "diffusers" if is_diffusers else "transformers", weights)
-        except ValueError as exc:
-            raise UserError(sources.KEY, f"{folder.name}/ does not match its config.json: {exc}") from None
-    elif found.format == "pickle":
+    try:
+        params = _read_weights(folder, found, module, naming, model, weights)
+    except WeightsMismatch as exc:
+        raise UserError(sources.KEY, f"{folder.name}/ does not match its config.json: {exc}") from None
+    return module, to_host(params, weights), found
+
+
+def _read_weights(folder: Path, found: ComponentWeights, module: Any, naming: str,
+                  model: Union[ModelConfig, WeightChoice], weights: np.dtype) -> Any:
+    """The weights ``found`` in ``folder`` as Flax params of ``module`` (checked against its shapes); PyTorch
+    tensors cast to ``weights`` as they are read."""
+    if found.format == "flax":
+        return read_flax(found.files[0], module, naming)
+    if found.format == "safetensors":
+        return convert_safetensors(found.files, module, naming, weights)
+    if found.format == "pickle":
         names = ", ".join(f.name for f in found.files)
         if not model.allow_pickle:
             raise UserError("model.allow_pickle", f"{folder.name}/ has only pickle weights ({names}); unpickling "
@@ -247,35 +313,37 @@ def load_component(folder: Path, library: str, cls, model: Union[ModelConfig, We
         if importlib.util.find_spec("torch") is None:
             raise UserError("model.allow_pickle", f"loading {folder.name}/{names} needs torch, which is not installed",
                             "pip install torch, or convert the weights to safetensors")
-        if is_diffusers:
-            module, params = cls.from_pretrained(folder, dtype=activations, from_pt=True)
-        else:
-            module = cls.from_pretrained(folder, from_pt=True)
-            params = module.params
-    else:
-        raise UserError(sources.KEY, f"{folder} has no weights (looked for Flax .msgpack, PyTorch .safetensors "
-                        "and, with model.allow_pickle, .bin files)", "a complete diffusers-format pipeline")
-    return module, to_host(params, weights), found
+        return convert_tensors(lambda: _pickled_tensors(found.files), module, naming, weights, names)
+    raise UserError(sources.KEY, f"{folder} has no weights (looked for Flax .msgpack, PyTorch .safetensors "
+                    "and, with model.allow_pickle, .bin files)", "a complete diffusers-format pipeline")
 
 
-def load_from_checkpoint(folder: Path, name: str, library: str, cls, checkpoint, activations,
+def _pickled_tensors(files: tuple[Path, ...]) -> Iterable[tuple[str, Callable[[], np.ndarray]]]:
+    """(name, loader) of PyTorch pickles' tensors -- model.allow_pickle=true, the user's choice; torch's
+    ``weights_only`` unpickler (tensors and containers only) reads them."""
+    import torch  # type: ignore[import-not-found]  # (no dependency: the user's own install)
+
+    def array(tensor: Any) -> np.ndarray:
+        return tensor.float().numpy() if tensor.dtype == torch.bfloat16 else tensor.numpy()
+
+    for file in files:
+        for name, tensor in torch.load(file, map_location="cpu", weights_only=True).items():
+            yield name, functools.partial(array, tensor)
+
+
+def load_from_checkpoint(folder: Path, name: str, class_name: str, checkpoint, activations,
                          weights: np.dtype, tensors: Optional[Callable[[Any], Iterable]] = None):
     """(module, host params, the checkpoint) for component ``name``: its config from the base model's
     ``folder``, its weights from the single-file ``checkpoint``: ``tensors(module)`` gives its (PyTorch name,
     loader) pairs -- by default the LDM layout's (:mod:`.single_file`)."""
-    from diffusers import FlaxModelMixin
-
     from sdjax_runner.config import weight_files
     from sdjax_runner.models import single_file
 
-    is_diffusers = issubclass(cls, FlaxModelMixin)
-    check_unet_config(folder, cls)
-    module = from_config(cls, folder, activations)
+    module = build_module(folder, class_name, activations)
     base = folder.parent
     named = tensors or (lambda module: single_file.component_tensors(checkpoint, name))
     try:
-        params = convert_tensors(lambda: named(module), module,
-                                 "diffusers" if is_diffusers else "transformers", weights,
+        params = convert_tensors(lambda: named(module), module, MODULE_KINDS[class_name].naming, weights,
                                  f"{checkpoint.path.name} ({name})")
     except ValueError as exc:
         raise UserError(weight_files.KEY, f"does not fit the base model {base} "
@@ -293,15 +361,15 @@ def unloadable(directory: Path, name: str, exc: BaseException) -> UserError:
                      "a complete diffusers-format component folder")
 
 
-def load_component_or_say_why(directory: Path, name: str, library: str, cls, model: ModelConfig, activations,
+def load_component_or_say_why(directory: Path, name: str, class_name: str, model: ModelConfig, activations,
                               weights: np.dtype, checkpoint=None, tensors=None):
     """load_component, or load_from_checkpoint where a single-file ``checkpoint`` gives the component (SD's: by
     :data:`CHECKPOINT_COMPONENTS`; another family passes ``tensors``, its reader of the file's tensors)."""
     try:
         if checkpoint is not None and (tensors is not None or name in CHECKPOINT_COMPONENTS):
-            return load_from_checkpoint(directory / name, name, library, cls, checkpoint, activations, weights,
+            return load_from_checkpoint(directory / name, name, class_name, checkpoint, activations, weights,
                                         tensors)
-        return load_component(directory / name, library, cls, model, activations, weights)
+        return load_component(directory / name, class_name, model, activations, weights)
     except UserError:
         raise
     except Exception as exc:  # the folder is input: whatever it holds is one line, never a traceback
@@ -314,6 +382,8 @@ def load_sd(directory: Path, index: dict, model: ModelConfig, dtype: DtypeConfig
     checkpoint whose weights replace the folder's (model.checkpoint), or None."""
     import jax.numpy as jnp
 
+    from sdjax_runner.models.sd.pipeline import SDPipeline, SDXLPipeline
+
     if checkpoint is not None:
         from sdjax_runner.models import single_file
 
@@ -322,33 +392,26 @@ def load_sd(directory: Path, index: dict, model: ModelConfig, dtype: DtypeConfig
         if extra:
             log.warning("model.checkpoint: %d tensor(s) of %s are not weights of this pipeline and are not "
                         "used, e.g. %s", len(extra), checkpoint.path.name, ", ".join(extra[:3]))
-    cls = pipeline_class(directory, index)
-    kinds = component_kinds()
-    accepted = inspect.signature(cls.__init__).parameters
+    xl = PIPELINES[index["_class_name"].removeprefix("Flax")]
     activations = getattr(jnp, dtype.activations_dtype.name)
     weights = numpy_dtype(dtype.weights_dtype.name)
     modules: dict[str, Any] = {}
     params: dict[str, Any] = {}
     formats: dict[str, str] = {}
     variant_components = []
-    for name in accepted:
-        if name in ("self", "dtype", "scheduler"):
-            continue
+    for name in SDXL_COMPONENTS if xl else SD_COMPONENTS:
         if name in ("safety_checker", "feature_extractor") and not model.safety_checker:
-            modules[name] = None
             continue
         spec = model_index.entry(directory, index, name)
         if spec is None:
             if name == "safety_checker":
                 raise UserError("model.safety_checker", f"{directory} has no safety checker", "false")
-            modules[name] = None
-            continue
-        component = model_index.component_class(directory, name, *spec, kinds)
-        if name == "safety_checker":  # diffusers' own fails on current JAX (models/safety_checker.py)
-            from sdjax_runner.models.safety_checker import REPLACEMENTS
-
-            component = REPLACEMENTS.get(component, component)
-        module, module_params, found = load_component_or_say_why(directory, name, spec[0], component, model,
+            if name == "feature_extractor":
+                continue
+            raise UserError(sources.KEY, f"{directory / model_index.FILE} names no {name!r} component",
+                            "a complete pipeline folder")
+        class_name = model_index.component_class(directory, name, *spec, READABLE_CLASSES)
+        module, module_params, found = load_component_or_say_why(directory, name, class_name, model,
                                                                  component_dtype(directory, name, activations),
                                                                  weights, checkpoint)
         modules[name] = module
@@ -359,11 +422,6 @@ def load_sd(directory: Path, index: dict, model: ModelConfig, dtype: DtypeConfig
     spec = model_index.entry(directory, index, "scheduler")
     if spec is None:
         raise UserError(sources.KEY, f"{directory / model_index.FILE} names no scheduler", "a complete pipeline folder")
-    scheduler_class = model_index.component_class(directory, "scheduler", *spec, kinds)
-    try:
-        scheduler, _ = scheduler_class.from_pretrained(directory, subfolder="scheduler")
-    except (OSError, ValueError, TypeError, KeyError) as exc:
-        raise unloadable(directory, "scheduler", exc) from exc
     if checkpoint is not None and checkpoint_sha256 is not None:
         from sdjax_runner.files import file_sha256
 
@@ -372,41 +430,21 @@ def load_sd(directory: Path, index: dict, model: ModelConfig, dtype: DtypeConfig
             raise UserError("model.checkpoint", f"{checkpoint.path} changed since the run was planned (sha256 "
                             f"{checkpoint_sha256[:12]} -> {now[:12]}); it is not run under the old file's hash",
                             "run again")
-    pipeline = cls(**modules, scheduler=scheduler, dtype=activations)
-    _keep_config_readable(pipeline.unet)
-    if "text_encoder_2" in modules:  # SDXL: what an empty negative prompt means (engine/encode.py)
-        pipeline.register_to_config(force_zeros_for_empty_prompt=bool(
-            model_index.setting(index, "force_zeros_for_empty_prompt", True)))
+    if xl:  # what an empty negative prompt means (engine/encode.py)
+        modules["force_zeros_for_empty_prompt"] = bool(model_index.setting(index, "force_zeros_for_empty_prompt",
+                                                                           True))
+    pipeline = (SDXLPipeline if xl else SDPipeline)(**modules, scheduler=None, dtype=activations)
     safety = params.pop("safety_checker", None)
     return LoadedModel(pipeline, params, safety, 0.0, str(directory), formats, tuple(variant_components), "sd")
-
-
-def _keep_config_readable(unet) -> None:
-    """diffusers' Flax SD pipeline rewrites the config of a UNet saved before diffusers 0.9 with a
-    ``sample_size`` under 64 (``new_config["sample_size"] = 64``, as its PyTorch pipeline does) but stores
-    it as Flax's FrozenDict, whose keys are no attributes: ``unet.config.in_channels`` then fails in its
-    own generate function. Keep the rewritten values, in diffusers' config dict."""
-    from diffusers.configuration_utils import FrozenDict
-
-    if not isinstance(unet._internal_dict, FrozenDict):
-        unet._internal_dict = FrozenDict(unet._internal_dict)
 
 
 def with_scheduler(loaded: LoadedModel, scheduler: SchedulerConfig, prediction_type: Any = None,
                    attention: str = "default"):
     """A pipeline sharing ``loaded``'s modules (the UNet set up for ``attention``) with the configured
     scheduler, and the scheduler's float32 state."""
-    from sdjax_runner.models.attention import configure_unet
-
     overrides = dict(scheduler.config_overrides)
     if prediction_type is not None and "prediction_type" not in overrides:
         overrides["prediction_type"] = getattr(prediction_type, "name", prediction_type)
     sched, state = build_scheduler(scheduler.name, overrides, loaded.path)
-    p = loaded.pipeline
-    names = [n for n in inspect.signature(type(p).__init__).parameters if n not in ("self", "scheduler", "dtype")]
-    modules = {n: getattr(p, n, None) for n in names}
-    modules["unet"] = configure_unet(p.unet, attention)
-    pipeline = type(p)(**modules, scheduler=sched, dtype=p.dtype)
-    if "force_zeros_for_empty_prompt" in p.config:
-        pipeline.register_to_config(force_zeros_for_empty_prompt=p.config["force_zeros_for_empty_prompt"])
+    pipeline = loaded.pipeline.with_modules(unet=loaded.pipeline.unet.clone(attention=attention), scheduler=sched)
     return pipeline, to_host(state, np.dtype(np.float32))  # the scheduler state is never cast

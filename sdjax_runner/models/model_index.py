@@ -2,10 +2,10 @@
 
 The file names, for each component, a library and a class. diffusers' own loader imports whatever
 library the file names -- and with ``python -m`` the working directory is on ``sys.path``, so a
-model folder could run a Python file of its own. Here only the libraries this runner knows are
-looked up, by an explicit table, and a class must be one of that library's own (found as an
-attribute of the library's module, never imported by the name in the file). A malformed entry is
-one line naming the file and the component.
+model folder could run a Python file of its own. Here nothing is imported by a name in the file: the
+libraries it may name are a fixed list, and a class must be one the runner reads with its own code
+(models/loading.py's table of published class names). A malformed entry is one line naming the file and
+the component.
 
 Besides its components, a published index carries pipeline settings: SD 2.x and pipelines saved by
 newer diffusers ``"requires_safety_checker": false``, SDXL ``"force_zeros_for_empty_prompt": true``
@@ -30,12 +30,8 @@ FILE = "model_index.json"
 # libraries read such a file whole, so a larger one -- a sparse file costs no disk -- could take all
 # of the host's memory before anything fails.
 MAX_TEXT_BYTES = 64 * 2**20
-# model_index.json's library name -> the module its classes are looked up in.
-LIBRARIES = {
-    "diffusers": "diffusers",
-    "transformers": "transformers",
-    "stable_diffusion": "diffusers.pipelines.stable_diffusion",  # the safety checker's
-}
+# The libraries model_index.json may name ("stable_diffusion": the safety checker's).
+LIBRARIES = ("diffusers", "transformers", "stable_diffusion")
 # Pipeline settings a published model_index.json carries beside its components: name -> the types its
 # value may have (diffusers' StableDiffusion[XL]Pipeline register them with register_to_config).
 SETTINGS: dict[str, tuple[type, ...]] = {
@@ -136,18 +132,11 @@ def entry(directory: Path, index: dict[str, Any], name: str) -> Optional[tuple[s
     return library, class_name
 
 
-def component_class(directory: Path, name: str, library: str, class_name: str, kinds: tuple[type, ...]):
-    """The Flax class diffusers' loader would use for the entry, looked up in the library's module;
-    it must be one of ``kinds`` (models, tokenizers, schedulers, ...)."""
-    import importlib
-
-    from diffusers.pipelines.pipeline_flax_utils import import_flax_or_no_model
-
-    module = importlib.import_module(LIBRARIES[library])
-    try:
-        cls = import_flax_or_no_model(module, class_name.removeprefix("Flax"))
-    except (ValueError, AttributeError):
-        cls = None
-    if not (isinstance(cls, type) and issubclass(cls, kinds)):
+def component_class(directory: Path, name: str, library: str, class_name: str, readable: tuple[str, ...]) -> str:
+    """The class the entry names (without "Flax"), which must be one the runner reads (``readable``:
+    models/loading.READABLE_CLASSES, its own modules, tokenizers and image preprocessing). Nothing is imported by
+    the name in the file."""
+    bare = class_name.removeprefix("Flax")
+    if bare not in readable:
         raise _bad(directory, f"component {name!r}: {library} has no loadable class {class_name!r}")
-    return cls
+    return bare

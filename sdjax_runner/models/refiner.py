@@ -29,9 +29,6 @@ class LoadedRefiner:
 def load(refiner: Refiner, base: Any, activations, weights) -> LoadedRefiner:
     """The refiner of the plan, its weights as host arrays (``weights`` dtype) computing in ``activations``; ``base``:
     the loaded model's pipeline, which it must fit."""
-    from diffusers import FlaxUNet2DConditionModel
-    from transformers import FlaxCLIPTextModelWithProjection
-
     from sdjax_runner.models.loading import WeightChoice, load_component
 
     started = time.perf_counter()
@@ -46,18 +43,16 @@ def load(refiner: Refiner, base: Any, activations, weights) -> LoadedRefiner:
     same_tokenizer(path, base.tokenizer_2)
     choice = WeightChoice(variant=None, allow_pickle=False)
     modules, params = {}, {}
-    for name, library, cls in (("unet", "diffusers", FlaxUNet2DConditionModel),
-                               ("text_encoder_2", "transformers", FlaxCLIPTextModelWithProjection)):
+    for name, class_name in (("unet", "UNet2DConditionModel"), ("text_encoder_2", "CLIPTextModelWithProjection")):
         try:
-            modules[name], params[name], _ = load_component(path / name, library, cls, choice, activations, weights)
+            modules[name], params[name], _ = load_component(path / name, class_name, choice, activations, weights)
         except UserError as exc:  # said of the model's folder: here it is the refiner's
             raise UserError(KEY, exc.problem, exc.allowed or ALLOWED) from None
         except Exception as exc:  # the folder is input: whatever it holds is one line
             raise UserError(KEY, f"{path}/{name} cannot be loaded ({type(exc).__name__}: {one_line(exc)})",
                             ALLOWED) from exc
     check_fits(modules["unet"].config, modules["text_encoder_2"].config, base, refiner.aesthetic, path)
-    structure = json.dumps([{k: v for k, v in dict(module.config if name == "unet" else module.config.to_dict()).items()
-                             if not k.startswith("_")} for name, module in modules.items()], sort_keys=True, default=str)
+    structure = json.dumps([dict(module.config) for module in modules.values()], sort_keys=True, default=str)
     return LoadedRefiner(modules["unet"], modules["text_encoder_2"], params, str(path), structure,
                          time.perf_counter() - started)
 

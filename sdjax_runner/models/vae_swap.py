@@ -105,8 +105,8 @@ def _folder(path: Path, family: str, base_module: Any, activations: Any, weights
     vae_dtype = loading.component_dtype(path.parent, path.name, activations)
     vae_weights = np.dtype(np.float32) if vae_dtype != activations else weights
     if family == "sd":
-        module, params, _ = loading.load_component(path, "diffusers", type(base_module),
-                                                   loading.WeightChoice(), vae_dtype, vae_weights)
+        module, params, _ = loading.load_component(path, "AutoencoderKL", loading.WeightChoice(), vae_dtype,
+                                                   vae_weights)
         return SwappedVae(module, params, "folder")
     from sdjax_runner.models.flux import pipeline as flux
     from sdjax_runner.models.flux.autoencoder import FlaxFluxAutoencoderKL

@@ -280,11 +280,13 @@ def grid_shape(count: int, rows: Optional[int] = None, cols: Optional[int] = Non
 
 
 def make_grid(images: Sequence[Image.Image], rows: int, cols: int) -> Image.Image:
-    from diffusers.utils import make_image_grid
-
-    blank = Image.new(images[0].mode, images[0].size)
-    cells = list(images) + [blank] * (rows * cols - len(images))
-    return make_image_grid(cells, rows=rows, cols=cols)
+    """The images row by row in an RGB grid of ``rows`` x ``cols`` cells of the first image's size, the cells past
+    the images black (as diffusers' ``make_image_grid`` lays them out)."""
+    width, height = images[0].size
+    grid = Image.new("RGB", (cols * width, rows * height))
+    for number, image in enumerate(images):
+        grid.paste(image, box=(number % cols * width, number // cols * height))
+    return grid
 
 
 class DamagedRecord(UserError):

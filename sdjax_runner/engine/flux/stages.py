@@ -79,8 +79,8 @@ def image_ids(height: int, width: int) -> np.ndarray:
 
 def _embeddings(pipeline: Any, params: dict, ids) -> tuple[Any, Any]:
     clip, t5 = ids[:, :CLIP_TOKENS], ids[:, CLIP_TOKENS:]
-    pooled = pipeline.text_encoder(clip, params=params["text_encoder"]).pooler_output
-    states = pipeline.text_encoder_2(t5, params=params["text_encoder_2"])[0]
+    pooled = pipeline.text_encoder.apply({"params": params["text_encoder"]}, clip).pooler_output
+    states = pipeline.text_encoder_2.apply({"params": params["text_encoder_2"]}, t5).last_hidden_state
     return states.astype(pipeline.dtype), pooled.astype(pipeline.dtype)
 
 

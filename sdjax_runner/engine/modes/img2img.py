@@ -16,8 +16,8 @@ def encode_image(pipeline: Any, params: dict, image, key):
     posterior drawn with ``key``, scaled by the VAE's scaling factor."""
     import jax.numpy as jnp
 
-    posterior = pipeline.vae.apply({"params": params["vae"]}, image, method=pipeline.vae.encode).latent_dist
-    latents = posterior.sample(key=key).transpose((0, 3, 1, 2))
+    posterior = pipeline.vae.apply({"params": params["vae"]}, image, method=pipeline.vae.encode)
+    latents = posterior.sample(key).transpose((0, 3, 1, 2))
     return (pipeline.vae.config.scaling_factor * latents).astype(jnp.float32)
 
 

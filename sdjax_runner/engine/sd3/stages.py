@@ -70,13 +70,13 @@ def embeddings(pipeline: Any, params: dict, ids, text_tokens: int) -> tuple[Any,
     batch, width = ids.shape[0], pipeline.transformer.joint_attention_dim
     states, pooled = [], []
     for name, part in (("text_encoder", ids[:, :CLIP_TOKENS]), ("text_encoder_2", ids[:, CLIP_TOKENS:2 * CLIP_TOKENS])):
-        out = getattr(pipeline, name)(part, params=params[name], output_hidden_states=True)
+        out = getattr(pipeline, name).apply({"params": params[name]}, part, output_hidden_states=True)
         states.append(out.hidden_states[-2])  # the penultimate layer (diffusers' clip_skip None)
         pooled.append(out.text_embeds)
     clip = jnp.concatenate(states, axis=-1)
     clip = jnp.pad(clip, ((0, 0), (0, 0), (0, width - clip.shape[-1])))
     if pipeline.text_encoder_3 is not None:
-        t5 = pipeline.text_encoder_3(ids[:, 2 * CLIP_TOKENS:], params=params["text_encoder_3"])[0]
+        t5 = pipeline.text_encoder_3.apply({"params": params["text_encoder_3"]}, ids[:, 2 * CLIP_TOKENS:]).last_hidden_state
     else:  # diffusers' _get_t5_prompt_embeds without text_encoder_3
         t5 = jnp.zeros((batch, text_tokens, width), clip.dtype)
     context = jnp.concatenate([clip, t5.astype(clip.dtype)], axis=1)

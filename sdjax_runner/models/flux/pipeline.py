@@ -10,10 +10,10 @@ The folder's ``model_index.json`` names seven components, each read as follows:
   :mod:`.convert`, which refuses any name, shape or missing parameter that does not fit. A folder whose
   component holds Flax weights of these modules instead (``diffusion_flax_model.msgpack``, diffusers' Flax
   file name: the built-in ``tiny-random-flux`` is written so) has them read and checked against the shapes.
-* ``text_encoder/`` (``CLIPTextModel``) and ``text_encoder_2/`` (``T5EncoderModel``): transformers' Flax classes,
-  loaded as the SD family loads its CLIP text encoders (:func:`sdjax_runner.models.loading.load_component`: Flax
-  weights with transformers' loader, PyTorch safetensors -- sharded T5 included -- converted with transformers'
-  renaming by :mod:`sdjax_runner.models.checkpoints`). They compute in float32 whatever the activations
+* ``text_encoder/`` (``CLIPTextModel``) and ``text_encoder_2/`` (``T5EncoderModel``): the runner's own modules
+  (models/nn), loaded as the SD family loads its CLIP text encoders (:func:`sdjax_runner.models.loading.
+  load_component`: Flax weights read and checked against the module's shapes, PyTorch safetensors -- sharded T5
+  included -- converted with transformers' naming by :mod:`sdjax_runner.models.checkpoints`). They compute in float32 whatever the activations
   dtype, as the SD family's text encoders do (their weights are cast to the weights dtype).
 * ``tokenizer/`` (``CLIPTokenizer``) and ``tokenizer_2/`` (``T5TokenizerFast``, read from ``tokenizer.json``,
   offline and without sentencepiece: :func:`t5_tokenizer`).
@@ -42,7 +42,7 @@ from sdjax_runner.console import error_line
 from sdjax_runner.errors import UserError
 from sdjax_runner.models import loading, model_index, sources
 from sdjax_runner.models.checkpoints import WeightsMismatch, read_flax, safetensors_files, safetensors_names
-from sdjax_runner.models.flux.t5 import compatible_flax_t5, t5_tokenizer
+from sdjax_runner.models.flux.t5 import t5_tokenizer
 
 log = logging.getLogger("sdjax_runner")
 
@@ -100,10 +100,11 @@ class FluxPipeline:
     * ``vae``: :class:`~.autoencoder.FlaxFluxAutoencoderKL` (``vae.dtype``: float32 where the activations are
       float16 and its config says ``force_upcast``, else ``dtype``): ``vae.apply({"params": p}, latents,
       method=vae.decode)``.
-    * ``text_encoder``: transformers' ``FlaxCLIPTextModel`` built without weights (``_do_init=False``):
-      ``text_encoder(input_ids, params=p).pooler_output`` is diffusers' ``pooled_prompt_embeds``.
-    * ``text_encoder_2``: transformers' ``FlaxT5EncoderModel`` likewise: ``text_encoder_2(input_ids, params=p)[0]``
-      is ``prompt_embeds`` (no attention mask, as FluxPipeline calls it).
+    * ``text_encoder``: the runner's CLIP text encoder (:class:`~sdjax_runner.models.nn.clip.CLIPTextModel`):
+      ``text_encoder.apply({"params": p}, input_ids).pooler_output`` is diffusers' ``pooled_prompt_embeds``.
+    * ``text_encoder_2``: the runner's T5 encoder (:class:`~sdjax_runner.models.nn.t5.T5EncoderModel`):
+      ``text_encoder_2.apply({"params": p}, input_ids).last_hidden_state`` is ``prompt_embeds`` (no attention
+      mask, as FluxPipeline calls it).
     * ``tokenizer``: the ``CLIPTokenizer`` (77 tokens); ``tokenizer_2``: the ``T5TokenizerFast``.
     * ``scheduler_config``: the ``FlowMatchEulerDiscreteScheduler`` config's ``num_train_timesteps``, ``shift``,
       ``use_dynamic_shifting``, ``base_shift``, ``max_shift``, ``base_image_seq_len``, ``max_image_seq_len``
@@ -169,8 +170,6 @@ def load_flux(directory: Path, index: dict, model: ModelConfig, dtype: DtypeConf
     vae_weights = np.dtype(np.float32) if vae_dtype != activations else weights  # upcast: float32 throughout
     vae, vae_params, vae_files = load_own(directory, "vae", model.variant, vae_dtype, vae_weights)
 
-    compatible_flax_t5()
-    kinds = loading.component_kinds()
     modules: dict[str, Any] = {}
     params: dict[str, Any] = {"transformer": transformer_params, "vae": vae_params}
     files: dict[str, tuple[Path, ...]] = {"transformer": transformer_files, "vae": vae_files}
@@ -178,8 +177,7 @@ def load_flux(directory: Path, index: dict, model: ModelConfig, dtype: DtypeConf
     if checkpoint is not None:
         formats["transformer"] = "single_file"
     for name in ("text_encoder", "text_encoder_2", "tokenizer"):
-        cls = model_index.component_class(directory, name, "transformers", classes[name], kinds)
-        module, module_params, found = loading.load_component_or_say_why(directory, name, "transformers", cls, model,
+        module, module_params, found = loading.load_component_or_say_why(directory, name, classes[name], model,
                                                                          activations, weights)
         modules[name] = module
         if module_params is not None:

@@ -115,7 +115,7 @@ def load_sd3(directory: Path, index: dict, model: ModelConfig, dtype: DtypeConfi
     and the text encoders' and VAE's where the file holds them, the rest from the folder."""
     import jax.numpy as jnp
 
-    from sdjax_runner.models.flux.t5 import compatible_flax_t5, t5_tokenizer
+    from sdjax_runner.models.flux.t5 import t5_tokenizer
 
     if model.safety_checker:
         raise UserError("model.safety_checker", f"{directory} is an SD 3 pipeline, which has no safety checker",
@@ -132,17 +132,14 @@ def load_sd3(directory: Path, index: dict, model: ModelConfig, dtype: DtypeConfi
     schedule = flux.scheduler_config(directory, WHAT)
     transformer, vae, params, files = own_components(directory, model, activations, weights, checkpoint, from_file)
 
-    compatible_flax_t5()
-    kinds = loading.component_kinds()
     loaded: dict[str, Any] = {}
     formats = {name: "flax" if found[0].name == flux.FLAX_WEIGHTS else "safetensors" for name, found in files.items()}
     for name in ("text_encoder", "text_encoder_2", "text_encoder_3", "tokenizer", "tokenizer_2"):
         if name not in classes:
             continue
-        cls = model_index.component_class(directory, name, "transformers", classes[name], kinds)
         inside = name in from_file
         module, module_params, found = loading.load_component_or_say_why(
-            directory, name, "transformers", cls, model, activations, weights, checkpoint if inside else None,
+            directory, name, classes[name], model, activations, weights, checkpoint if inside else None,
             encoder_tensors(checkpoint, name) if inside else None)
         loaded[name] = module
         if module_params is not None:

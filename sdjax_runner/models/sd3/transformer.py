@@ -33,7 +33,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from sdjax_runner.models.nn.config import FromDiffusersConfig
 from sdjax_runner.models.flux.transformer import (
     AdaLayerNormContinuous,
     AdaLayerNormZero,
@@ -42,6 +41,7 @@ from sdjax_runner.models.flux.transformer import (
     TimeTextEmbedding,
     layer_norm,
 )
+from sdjax_runner.models.nn.config import FromDiffusersConfig
 
 # The keys of diffusers' SD3Transformer2DModel config.json (its __init__ arguments) and their defaults there.
 CONFIG_DEFAULTS: dict[str, Any] = {
