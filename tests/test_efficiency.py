@@ -39,15 +39,18 @@ def test_flops_per_batch_is_xlas_count_of_the_whole_unrolled_sampling_loop(tiny_
     session, prepared, generator, plan = prepared_tiny([f"parallelism={mode}", "parallelism.per_device_batch_size=2"])
     flops = session.flops(prepared, generator.compiled, ((plan.num_inference_steps, 64, 64, 2),), plan.num_devices)
 
-    # The reference: the generate function for the whole batch with the loop unrolled (diffusers'
-    # DEBUG switch turns fori_loop into a Python loop), counted by XLA on one program.
-    module = sys.modules[type(prepared.pipeline).__module__]
-    weights = dict(prepared.entry.loaded.host_weights, scheduler=prepared.entry.pipelines[next(iter(prepared.entry.pipelines))][1])
-    ids = jnp.asarray(prepared.pipeline.prepare_inputs(list(plan.batch_prompts(0))))
+    # The reference: diffusers 0.39's own Flax pipeline on the same folder, its generate function for the whole
+    # batch with the loop unrolled (its DEBUG switch turns fori_loop into a Python loop), counted by XLA.
+    from diffusers import FlaxStableDiffusionPipeline
+
+    pipeline, weights = FlaxStableDiffusionPipeline.from_pretrained(str(tiny_model_dir), dtype=jnp.float32,
+                                                                   safety_checker=None, feature_extractor=None)
+    module = sys.modules[type(pipeline).__module__]
+    ids = jnp.asarray(pipeline.prepare_inputs(list(plan.batch_prompts(0))))
     shapes = jax.tree_util.tree_map(lambda x: jax.ShapeDtypeStruct(np.shape(x), np.asarray(x).dtype), weights)
     module.DEBUG = True
     try:
-        lowered = jax.jit(lambda i, p, k, g: prepared.pipeline._generate(i, p, k, plan.num_inference_steps, 64, 64, g)
+        lowered = jax.jit(lambda i, p, k, g: pipeline._generate(i, p, k, plan.num_inference_steps, 64, 64, g)
                           ).lower(ids, shapes, jax.random.PRNGKey(0), jnp.float32(7.5))
     finally:
         module.DEBUG = False

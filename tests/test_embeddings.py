@@ -106,12 +106,8 @@ def test_input_embeddings_are_the_vectors_numpy_reads(sd):
     wide = dict(weights["text_encoder"])
     wide["text_model"] = dict(wide["text_model"], embeddings=dict(
         wide["text_model"]["embeddings"], token_embedding={"embedding": jnp.asarray(extended)}))
-    import copy
-
-    config = copy.deepcopy(pipeline.text_encoder.config)
-    config.vocab_size = extended.shape[0]
-    extended_encoder = type(pipeline.text_encoder)(config, _do_init=False)
-    reference = np.asarray(extended_encoder(jnp.asarray(ids), params=wide)[0])
+    extended_encoder = pipeline.text_encoder.clone(vocab_size=extended.shape[0])
+    reference = np.asarray(extended_encoder.apply({"params": wide}, jnp.asarray(ids)).last_hidden_state)
     assert np.allclose(states(["a shiny photo of three"]), reference, atol=1e-6)
     assert not np.allclose(reference, states(["a shiny photo of three"], False), atol=1e-3)
 

@@ -140,8 +140,11 @@ def test_clip_skip_is_a1111s_and_round_trips_through_the_png(smoke_run, tmp_path
     expected = (hidden - mean) / np.sqrt(var + encoder.config.layer_norm_eps) * np.asarray(norm["scale"]) \
         + np.asarray(norm["bias"])
 
-    class Pipeline:
-        text_encoder = encoder
+    from sdjax_runner.models.loading import read_config
+    from sdjax_runner.models.nn.clip import CLIPTextModel
+
+    class Pipeline:  # the runner's encoder, on transformers' weights
+        text_encoder = CLIPTextModel.from_config(read_config(tiny_model_dir / "text_encoder"))
 
     got = _hidden_states(Pipeline, {"text_encoder": encoder.params}, jnp.asarray(ids), 2)
     np.testing.assert_allclose(np.asarray(got), expected, rtol=1e-4, atol=1e-4)

@@ -90,3 +90,18 @@ def test_flax_weights_in_transformers_shards_load_as_the_whole_file(tmp_path):
     got = flatten_dict(read_flax(sharded / "flax_model.msgpack", module, "transformers"))
     assert got.keys() == expected.keys() == flatten_dict(params).keys()
     assert all(np.array_equal(got[key], expected[key]) for key in expected)
+
+
+@pytest.mark.parametrize(("saved", "sample_size", "read"), [("0.6.0", 32, 64), ("0.8.0.dev0", 32, 64),
+                                                             ("0.9.0", 32, 32), ("0.6.0", 96, 96), (None, 32, 32)])
+def test_a_unet_saved_before_diffusers_0_9_with_a_small_sample_size_is_read_as_64(tmp_path, saved, sample_size, read):
+    """diffusers' Flax SD pipeline's rule (CompVis' SD 1.x configs say 32; their images are 512 px)."""
+    import json
+
+    from sdjax_runner.models.loading import _old_sample_size
+    from sdjax_runner.models.sd.unet import UNet2DConditionModel
+
+    (tmp_path / "unet").mkdir()
+    config = {"sample_size": sample_size, **({"_diffusers_version": saved} if saved else {})}
+    (tmp_path / "unet" / "config.json").write_text(json.dumps(config))
+    assert _old_sample_size(tmp_path, UNet2DConditionModel(sample_size=sample_size)).config.sample_size == read

@@ -35,9 +35,9 @@ def test_every_parameter_of_the_full_size_architecture_comes_from_exactly_one_ch
     from sdjax_runner.config import weight_files
     from sdjax_runner.models import single_file
     from sdjax_runner.models.builtin import SPECS, architecture
-    from sdjax_runner.models.checkpoints import _flax_key
+    from sdjax_runner.models.nn.pytorch_names import PARAM_RULES
 
-    modules, shapes = architecture(name)
+    _, shapes = architecture(name)
     layers = SPECS[name]["unet"]["layers_per_block"]
     params = {c: jax.tree_util.tree_map(lambda s: _zero_strided(s.shape), tree) for c, tree in shapes.items()}
     state = ldm_state(params, layers, 4, SPECS[name]["xl"], cast=False)
@@ -53,8 +53,7 @@ def test_every_parameter_of_the_full_size_architecture_comes_from_exactly_one_ch
         reference = flatten_dict(shapes[component])
         library = "diffusers" if component in ("unet", "vae") else "transformers"
         for pt_name, transform in names:
-            flax_key, array = _flax_key(pt_name, transform(value), reference, library,
-                                        getattr(modules[component], "base_model_prefix", ""))
+            flax_key, array = PARAM_RULES[library](pt_name, transform(value), reference)
             assert flax_key not in found[component], flax_key  # no parameter written twice
             found[component][flax_key] = array.shape
     for component, tree in shapes.items():

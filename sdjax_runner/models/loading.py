@@ -419,9 +419,7 @@ def load_sd(directory: Path, index: dict, model: ModelConfig, dtype: DtypeConfig
             params[name], formats[name] = module_params, found.format
             if model.variant and any(f".{model.variant}." in f.name for f in found.files):
                 variant_components.append(name)
-    spec = model_index.entry(directory, index, "scheduler")
-    if spec is None:
-        raise UserError(sources.KEY, f"{directory / model_index.FILE} names no scheduler", "a complete pipeline folder")
+    scheduler = own_scheduler(directory, index)
     if checkpoint is not None and checkpoint_sha256 is not None:
         from sdjax_runner.files import file_sha256
 
@@ -433,9 +431,38 @@ def load_sd(directory: Path, index: dict, model: ModelConfig, dtype: DtypeConfig
     if xl:  # what an empty negative prompt means (engine/encode.py)
         modules["force_zeros_for_empty_prompt"] = bool(model_index.setting(index, "force_zeros_for_empty_prompt",
                                                                            True))
-    pipeline = (SDXLPipeline if xl else SDPipeline)(**modules, scheduler=None, dtype=activations)
+    modules["unet"] = _old_sample_size(directory, modules["unet"])
+    pipeline = (SDXLPipeline if xl else SDPipeline)(**modules, scheduler=scheduler, dtype=activations)
     safety = params.pop("safety_checker", None)
     return LoadedModel(pipeline, params, safety, 0.0, str(directory), formats, tuple(variant_components), "sd")
+
+
+def own_scheduler(directory: Path, index: dict) -> Any:
+    """The scheduler the folder names (models/sd/schedulers; a run replaces it with its scheduler.name's,
+    :func:`with_scheduler`): what the loaded model's training schedule is read from (the refiner's cutoff)."""
+    from sdjax_runner.models.sd.schedulers import SCHEDULER_CLASSES
+
+    spec = model_index.entry(directory, index, "scheduler")
+    if spec is None:
+        raise UserError(sources.KEY, f"{directory / model_index.FILE} names no scheduler", "a complete pipeline folder")
+    class_name = model_index.component_class(directory, "scheduler", *spec, tuple(SCHEDULER_CLASSES))
+    try:
+        return SCHEDULER_CLASSES[class_name].from_config(read_config(directory / "scheduler",
+                                                                     "scheduler_config.json"))
+    except (OSError, ValueError, TypeError, KeyError) as exc:
+        raise unloadable(directory, "scheduler", exc) from exc
+
+
+def _old_sample_size(directory: Path, unet: Any) -> Any:
+    """diffusers' Flax SD pipeline's rule for a UNet config saved before diffusers 0.9 with a ``sample_size`` under
+    64 (CompVis' SD 1.x checkpoints say 32): read as 64, as its PyTorch pipeline does too (the native size only)."""
+    import re
+
+    saved = str(read_config(directory / "unet").get("_diffusers_version") or "")
+    parts = tuple(int(p) for p in re.findall(r"\d+", saved)[:2])
+    if saved and parts < (0, 9) and unet.sample_size < 64:
+        return unet.clone(sample_size=64)
+    return unet
 
 
 def with_scheduler(loaded: LoadedModel, scheduler: SchedulerConfig, prediction_type: Any = None,

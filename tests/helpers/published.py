@@ -110,15 +110,15 @@ def write_published(tiny_dir: Path, target: Path, kind: str, index_changes: dict
 
 def _write_safety_checker(folder: Path) -> None:
     """Random tiny weights for SD 1.5's safety checker, under PyTorch's names."""
+    import json
+
     import jax
     from flax.traverse_util import flatten_dict, unflatten_dict
-    from transformers import CLIPConfig
 
-    from sdjax_runner.models.safety_checker import SafetyChecker
+    from sdjax_runner.models.sd.safety_checker import SafetyChecker
 
-    config = CLIPConfig.from_pretrained(folder)
-    module = SafetyChecker(config, _do_init=False)
-    shapes = jax.eval_shape(lambda key: module.init_weights(key, module.input_shape), jax.random.PRNGKey(0))
+    module = SafetyChecker.from_config(json.loads((folder / "config.json").read_text(encoding="utf-8")))
+    shapes = jax.eval_shape(module.init_weights, jax.random.PRNGKey(0))
     rng = np.random.default_rng(7)
     params = {path: 0.02 * rng.standard_normal(leaf.shape).astype(np.float32)
               for path, leaf in flatten_dict(shapes).items()}

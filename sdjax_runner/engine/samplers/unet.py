@@ -52,7 +52,7 @@ def _unet(pipeline: Any, params: dict, conditioning: Conditioning, model_input, 
         image, scale = conditioning.control
         down, mid = pipeline.controlnet.apply({"params": params["controlnet"]}, model_input, timesteps,
                                               encoder_hidden_states=conditioning.context, controlnet_cond=image,
-                                              conditioning_scale=scale, return_dict=False)
+                                              conditioning_scale=scale)
         extra.update(down_block_additional_residuals=down, mid_block_additional_residual=mid)
     if conditioning.concat is not None:
         model_input = jnp.concatenate([model_input, conditioning.concat], axis=1)
