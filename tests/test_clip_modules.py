@@ -143,6 +143,7 @@ def _ids(end: int, length: int = 9) -> tuple[np.ndarray, np.ndarray]:
 
 # -- parameter trees -----------------------------------------------------------------------------------------------
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["sd15", "sd21", "sdxl-2"])  # SDXL's first encoder is SD 1.5's CLIP-L
 def test_published_text_encoders_have_transformers_parameter_tree(name):
     config = TEXT_CONFIGS[name]
@@ -168,6 +169,7 @@ def test_fixture_text_encoders_have_transformers_parameter_tree(name):
         jax.eval_shape(lambda k: theirs.init_weights(k, (1, 1)), key))
 
 
+@pytest.mark.slow
 def test_vit_l_14_clip_has_transformers_parameter_tree():
     key = jax.random.PRNGKey(0)
     theirs = FlaxCLIPModel(CLIPConfig(**VIT_L_14), _do_init=False)
@@ -195,6 +197,7 @@ def test_random_initialisation_is_transformers_own():
 
 # -- outputs -------------------------------------------------------------------------------------------------------
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["sd15", "sd21", "sdxl-2"])
 def test_text_encoder_outputs_match_transformers(name):
     """Every output, with a mask and given positions, and with the wrapper's defaults (mask all ones, positions
@@ -241,6 +244,7 @@ def test_text_encoder_outputs_match_transformers(name):
                                   np.asarray(got[0].last_hidden_state)[np.arange(len(ids)), first_end])
 
 
+@pytest.mark.slow
 def test_bfloat16_text_encoder_with_modern_end_token_matches_transformers():
     """bfloat16 activations, and a transformers 4.57 config's end token (the last id, FLUX.1's and SD 3's
     encoders'): the pooled state is at its first occurrence, not at the largest id."""
@@ -263,6 +267,7 @@ def test_bfloat16_text_encoder_with_modern_end_token_matches_transformers():
                                   np.asarray(got.last_hidden_state, np.float32)[np.arange(len(ids)), ends])
 
 
+@pytest.mark.slow
 def test_clip_model_matches_transformers():
     """Text and image features (the CLIP score's inputs), the logits, and the vision tower on its own."""
     theirs = FlaxCLIPModel(CLIPConfig(**SMALL_CLIP), seed=4)

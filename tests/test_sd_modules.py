@@ -181,6 +181,7 @@ def assert_same(ours: Any, theirs: Any, exact: bool = True, relative: float = 1e
 # -- parameter trees ---------------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", _tiered(UNETS, ("sdxl", "sdxl_refiner", "sd15_inpainting")))
 def test_unet_parameter_tree_is_diffusers(name):
     """At full size (tracing only; SDXL's 70 transformer blocks take seconds to trace, so it and the refiner are in
@@ -200,6 +201,7 @@ def test_controlnet_parameter_tree_is_diffusers(config):
     assert _shapes(ours) == _shapes(theirs)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", _tiered(["sdxl", "sdxl_refiner", "controlnet"], ("sdxl_refiner",)))
 def test_initialisation_is_diffusers_program(name):
     """``init_weights`` lowers to diffusers' own program (same initialisers at the same names, the same dummy
@@ -285,6 +287,7 @@ def _unet_pair(case: str) -> tuple[Any, Any, Any, dict, dict]:
     return ours, reference, _run_unet(train), _random_params(reference), inputs
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", _tiered([case for case in UNET_CASES if case not in PUBLISHED_CASES], SLOW_PROGRAMS))
 def test_unet_is_diffusers_program(case):
     """Under ``jax.jit`` our UNet lowers to diffusers' own program, op for op: the same program, compiled alike,
@@ -295,6 +298,7 @@ def test_unet_is_diffusers_program(case):
 
 @pytest.mark.parametrize("case", _tiered(UNET_CASES, [*SLOW_OUTPUTS, *(c for c in UNET_CASES
                                                                         if c not in PUBLISHED_CASES)]))
+@pytest.mark.slow
 def test_unet_outputs_equal_diffusers(case):
     """Diffusers' program, compiled and run (CPU, float32 unless said): bit for bit diffusers' outputs."""
     ours, reference, run, params, inputs = _unet_pair(case)
@@ -457,6 +461,7 @@ def _run_controlnet(scale: float):
     return run
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("order", "scale"), [("rgb", 1.0), ("bgr", 0.5)])
 def test_controlnet_equals_diffusers(order, scale):
     """Both channel orders, a conditioning scale other than 1: diffusers' program, and its outputs bit for bit."""

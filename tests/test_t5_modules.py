@@ -145,6 +145,7 @@ def _inputs(vocab: int, length: int, seed: int) -> tuple[np.ndarray, np.ndarray]
 
 @pytest.mark.parametrize("name", ["gated-gelu", "relu", *(pytest.param(name, marks=pytest.mark.slow)
                                                           for name in ("gated-silu", "dense_act_fn set"))])
+@pytest.mark.slow
 def test_outputs_are_flax_t5s_bit_for_bit(flax_t5, name):
     """The same random weights, ids and mask: the last state and every hidden state equal under jax.jit, float32
     (the tolerance asserted is 1e-6 of the largest value; the outputs are in fact identical). 200 tokens: offsets
@@ -371,6 +372,7 @@ def compare(folder: Path, texts: list[str], others: int = 500, batch: int = 100)
     return differences
 
 
+@pytest.mark.slow
 def test_the_repositorys_t5_tokenizer_gives_t5tokenizerfasts_ids_on_3000_prompts():
     texts = prompts(3000)
     assert len(texts) > 3000

@@ -112,6 +112,7 @@ def test_published_sd_configs_have_diffusers_parameter_tree(name):
     assert ours.config.scaling_factor == config.get("scaling_factor", 0.18215)
 
 
+@pytest.mark.slow
 def test_random_initialisation_is_diffusers_own():
     """The same key gives diffusers' random parameters, value for value (one block: an init runs op by op)."""
     key = jax.random.PRNGKey(3)
@@ -126,6 +127,7 @@ def test_random_initialisation_is_diffusers_own():
 
 # -- outputs -------------------------------------------------------------------------------------------------------
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16], ids=["float32", "bfloat16"])
 def test_sd_vae_matches_flax_autoencoder_kl(dtype):
     theirs = FlaxAutoencoderKL.from_config(SMALL_SD, dtype=dtype)
@@ -147,6 +149,7 @@ def test_sd_vae_matches_flax_autoencoder_kl(dtype):
         _assert_same(ours_out, theirs_out)
 
 
+@pytest.mark.slow
 def test_16_channel_vae_matches_flax_encoder_and_decoder():
     """FLUX.1's / SD 3's VAE (no quant convolutions) against diffusers' blocks as the old FLUX module used them."""
     ours = FlaxFluxAutoencoderKL.from_config(SMALL_FLUX)
