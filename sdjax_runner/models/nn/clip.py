@@ -30,8 +30,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Callable, Mapping, Sequence
-from functools import partial
+from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar, NamedTuple, Optional
 
 import flax.linen as nn
@@ -42,25 +41,8 @@ from flax.linen import combine_masks, make_causal_mask
 from flax.linen.attention import dot_product_attention_weights
 from jax import lax
 
+from sdjax_runner.models.nn.activations import ACTIVATIONS
 from sdjax_runner.models.nn.config import Config, FromDiffusersConfig, config_fields
-
-
-def quick_gelu(x: jax.Array) -> jax.Array:
-    """OpenAI CLIP's GELU approximation, ``x * sigmoid(1.702 x)`` (SD 1.x's CLIP-L)."""
-    return x * jax.nn.sigmoid(1.702 * x)
-
-
-# ``hidden_act`` values: transformers' Flax ACT2FN (modeling_flax_utils.py), the same functions.
-ACTIVATIONS: dict[str, Callable[[jax.Array], jax.Array]] = {
-    "gelu": partial(nn.gelu, approximate=False),
-    "relu": nn.relu,
-    "silu": nn.swish,
-    "swish": nn.swish,
-    "gelu_new": partial(nn.gelu, approximate=True),
-    "quick_gelu": quick_gelu,
-    "gelu_pytorch_tanh": partial(nn.gelu, approximate=True),
-    "tanh": nn.tanh,
-}
 
 # The keys of transformers' CLIPTextConfig config.json that change what is computed, with its defaults.
 TEXT_CONFIG_DEFAULTS: dict[str, Any] = {

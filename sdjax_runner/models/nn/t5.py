@@ -29,8 +29,7 @@ Dropout is left out: inference is deterministic. Nothing here imports transforme
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Mapping
-from functools import partial
+from collections.abc import Mapping
 from typing import Any, ClassVar, NamedTuple, Optional
 
 import flax.linen as nn
@@ -38,19 +37,8 @@ import jax
 import jax.numpy as jnp
 from flax.linen.attention import dot_product_attention_weights
 
+from sdjax_runner.models.nn.activations import ACTIVATIONS
 from sdjax_runner.models.nn.config import Config, FromDiffusersConfig
-
-# ``dense_act_fn`` values: transformers' Flax ACT2FN (modeling_flax_utils.py), the same functions.
-ACTIVATIONS: dict[str, Callable[[jax.Array], jax.Array]] = {
-    "gelu": partial(nn.gelu, approximate=False),
-    "relu": nn.relu,
-    "silu": nn.swish,
-    "swish": nn.swish,
-    "gelu_new": partial(nn.gelu, approximate=True),
-    "quick_gelu": lambda x: x * jax.nn.sigmoid(1.702 * x),
-    "gelu_pytorch_tanh": partial(nn.gelu, approximate=True),
-    "tanh": nn.tanh,
-}
 
 # The keys of transformers' T5Config config.json that change what the encoder computes, with T5Config's defaults.
 # ``dense_act_fn`` and ``is_gated_act`` follow from ``feed_forward_proj`` where a config leaves them out (T5Config
