@@ -49,8 +49,12 @@ def made_from(make: Callable, parts: dict[str, Any]) -> str:
     """The digest of ``make``'s source, ``parts`` (strings, numbers, lists, dicts: what else the reference depends
     on -- folder and file digests, prompts, settings), the libraries' versions and XLA's flags (the tests' compile
     options, tests/conftest.py: they change how XLA rounds)."""
+    from sdjax_runner.engine.executable_cache import xla_flag_settings
+
+    # XLA's flags as the settings they are (each flag's last value, by name): the same flags in another order or
+    # written twice -- a device count a run set again -- are the same compile options
     text = json.dumps({"code": inspect.getsource(make), "parts": parts, "versions": versions(),
-                       "xla_flags": os.environ.get("XLA_FLAGS", "")}, sort_keys=True, default=str)
+                       "xla_flags": xla_flag_settings(os.environ.get("XLA_FLAGS", ""))}, sort_keys=True, default=str)
     return hashlib.sha256(text.encode()).hexdigest()
 
 
