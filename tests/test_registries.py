@@ -80,6 +80,42 @@ def test_each_family_is_one_entry_in_config_models_and_engine():
         assert ENGINE[name].name == name and set(ENGINE[name].modes) >= set(entry.modes), name
 
 
+def test_no_code_outside_the_family_registries_branches_on_a_familys_name():
+    """What differs between families is a field of their entries (config/families.py, models/loaders.py,
+    engine/families.py), so a new family is its entries and its package: no ``family == "flux"`` elsewhere. Read
+    from the source: any comparison of a family's name with something named for a family, or a name membership
+    test, outside the three registries."""
+    import ast
+    from pathlib import Path
+
+    package = Path(families.__file__).resolve().parents[1]
+    registries = {package / "config" / "families.py", package / "models" / "loaders.py",
+                  package / "engine" / "families.py",
+                  # (not a branch of ours: which family another tool's infotext comes from, by Forge's own marks --
+                  # "Distilled CFG Scale" is FLUX.1's, "Shift" SD 3's -- or a model name of a family)
+                  package / "config" / "infotext.py"}
+    names = set(families.FAMILIES)
+
+    def mentions_family(node: ast.AST) -> bool:
+        return any("family" in (getattr(n, "attr", None) or getattr(n, "id", None) or "").lower()
+                   for n in ast.walk(node))
+
+    def family_names(node: ast.AST) -> bool:
+        return any(isinstance(n, ast.Constant) and n.value in names for n in ast.walk(node))
+
+    found = []
+    for path in sorted(package.rglob("*.py")):
+        if path in registries:
+            continue
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Compare):
+                sides = [node.left, *node.comparators]
+                if any(map(mentions_family, sides)) and any(map(family_names, sides)):
+                    found.append(f"{path.relative_to(package)}:{node.lineno}")
+    assert len(list(package.rglob("*.py"))) > 100
+    assert not found, f"branches on a family's name outside the registries: {found}"
+
+
 def test_a_pipeline_no_family_runs_is_one_line_naming_the_pipelines_that_run():
     from sdjax_runner.errors import UserError
 

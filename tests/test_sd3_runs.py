@@ -180,13 +180,12 @@ def test_a_single_file_with_the_text_encoders_and_vae_inside_gives_diffusers_ima
     # text_encoders.*, the VAE under first_stage_model.), its text encoders and VAE perturbed from the folder's:
     # diffusers' StableDiffusion3Pipeline.from_single_file reads them (CLIP-L's projection the identity) and made
     # single_file.npz's images. Ours must be those, not the base folder's.
-    from sdjax_runner.config.weight_files import open_checkpoint
-    from sdjax_runner.models.sd3.single_file import components_inside
+    from sdjax_runner.config.weight_files import open_checkpoint, sd3_components_inside
 
     single = FIXTURES / "tiny-sd3-all-in-one.safetensors"
     checkpoint = open_checkpoint(single)
     assert checkpoint.architecture == "sd3.5-medium"
-    assert components_inside(checkpoint.keys) == ("text_encoder", "text_encoder_2", "text_encoder_3", "vae")
+    assert sd3_components_inside(checkpoint.keys) == ("text_encoder", "text_encoder_2", "text_encoder_3", "vae")
     with np.load(FIXTURES / "single_file.npz") as data:
         expected, latents = data["images"], data["latents"]
     with np.load(FIXTURES / "pipeline.npz") as data:

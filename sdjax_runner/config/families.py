@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
-from sdjax_runner.config import samplers
+from sdjax_runner.config import samplers, weight_files
 from sdjax_runner.config.modes import MODES
 from sdjax_runner.errors import UserError
 from sdjax_runner.files import read_json
@@ -50,6 +50,22 @@ class FamilyEntry:
     # whether scheduler.config_overrides mean anything to it: the SD family's diffusers schedulers take them; the
     # flow families step on their own schedule, read from the model's scheduler_config.json (shift, dynamic shift)
     scheduler_settings: bool = True
+    # what it takes that not every family does: sampling.true_cfg_scale (FLUX.1's true CFG with a negative prompt),
+    # prompts.embeddings (textual inversion: the SD family's CLIP tokens), sampling.guidance_rescale (diffusers'
+    # CFG rescale, the SD family's); a family without one refuses the key in one line
+    true_cfg: bool = False
+    embeddings: bool = False
+    guidance_rescale: bool = False
+    refiner: bool = False  # model.refiner: an SDXL refiner taking over the last steps (config/refiner.py)
+    # whether the sampler's scheduler replaces the scheduler group's whatever it says (FLUX.1 steps with its own
+    # flow scheduler's config: config/plan.py; the records name it)
+    sampler_names_scheduler: bool = False
+    # whether it reads A1111's prompt syntax (emphasis, BREAK) on its CLIP tokens; one that reads prompts as written
+    # (FLUX.1, SD 3: read_as_written) has its prompts written unescaped into the infotext (record/rundir.py)
+    a1111_prompts: bool = True
+    # (a single-file checkpoint's tensor names) -> the components whose weights it gives (model.checkpoint), the base
+    # folder giving the rest; None: the whole pipeline's (the SD family's files: the base gives only configs)
+    checkpoint_holds: Optional[Callable[[Any], tuple[str, ...]]] = None
     # (a model folder on disk) -> (the largest height/width it takes, why) or None: a size past it is one line
     # before anything loads (SD 3's position table; the engine checks the loaded model again)
     largest_side: Optional[Callable[[Path], Optional[tuple[int, str]]]] = None
@@ -136,21 +152,27 @@ FAMILIES = _registry(
     FamilyEntry("sd", "Stable Diffusion 1.x, 2.x and XL: CLIP text encoder(s), UNet, VAE",
                 ("StableDiffusionPipeline", "StableDiffusionInpaintPipeline", "StableDiffusionXLPipeline",
                  "StableDiffusionXLInpaintPipeline"), tiny="tiny-random",
-                builtins=("tiny-random", "tiny-random-xl", "sd-v1-arch", "sdxl-arch", "tiny-random-inpaint")),
+                builtins=("tiny-random", "tiny-random-xl", "sd-v1-arch", "sdxl-arch", "tiny-random-inpaint"),
+                embeddings=True, guidance_rescale=True, refiner=True),
     # diffusers' FluxPipeline defaults: 28 steps, guidance 3.5 ([schnell] reads none: its check is the engine's,
     # once the transformer's config says which it is).
     FamilyEntry("flux", "FLUX.1: CLIP-L and T5 text encoders, a flow-matching transformer, a 16-channel VAE",
                 ("FluxPipeline",), tiny="tiny-random-flux", modes=("txt2img",), builtins=("tiny-random-flux", "tiny-random-flux-schnell",
                                                                         "flux-dev-arch"),
                 steps=28, guidance=3.5, check=_flux_values, sampling=samplers.resolve_flow, t5_tokens=512,
+                checkpoint_holds=lambda keys: ("transformer",), a1111_prompts=False, true_cfg=True,
+                sampler_names_scheduler=True,
                 scheduler_settings=False),
     # diffusers' StableDiffusion3Pipeline defaults: 28 steps, guidance 7.0, 256 T5 tokens.
     FamilyEntry("sd3", "Stable Diffusion 3 / 3.5: CLIP-L, CLIP-G and T5 text encoders, an MMDiT, a 16-channel VAE",
                 ("StableDiffusion3Pipeline",), tiny="tiny-random-sd3", modes=("txt2img",),
                 builtins=("tiny-random-sd3", "sd3.5-large-arch"), steps=28, guidance=7.0, check=_sd3_values,
                 sampling=samplers.resolve_flow, t5_tokens=256, t5_optional=True, scheduler_settings=False,
+                checkpoint_holds=lambda keys: ("transformer",) + weight_files.sd3_components_inside(keys),
+                a1111_prompts=False,
                 largest_side=_sd3_largest_side),
 )
+DEFAULT = "sd"  # a model's family where nothing says another (planned); records name only another
 PIPELINES = {pipeline: entry.name for entry in FAMILIES.values() for pipeline in entry.pipelines}
 BUILTINS = {builtin: entry.name for entry in FAMILIES.values() for builtin in entry.builtins}
 # The most T5 tokens a prompt may take (prompts.max_sequence_length): diffusers' bound for FLUX.1 and SD 3.
@@ -202,7 +224,7 @@ def planned(model: Any) -> FamilyEntry:
             found = FAMILY_OF[open_checkpoint(Path(checkpoint).expanduser()).architecture]
         except UserError:  # not there, or no checkpoint: the plan says so in its own line (plan.checkpoint_record)
             found = None
-    return FAMILIES[found or "sd"]
+    return FAMILIES[found or DEFAULT]
 
 
 def with_defaults(config: Any) -> Any:
@@ -214,14 +236,14 @@ def with_defaults(config: Any) -> Any:
     family = planned(config.model)
     sampling, prompts = config.sampling, config.prompts
     length = prompts.max_sequence_length
-    if family.name != "flux" and config.sampling.true_cfg_scale is not None:
+    if not family.true_cfg and config.sampling.true_cfg_scale is not None:
         raise UserError("sampling.true_cfg_scale", f"{config.sampling.true_cfg_scale}: {config.model.name}'s "
                         "classifier-free guidance is sampling.guidance_scale", "null")
-    if config.prompts.embeddings and family.name != "sd":
+    if config.prompts.embeddings and not family.embeddings:
         raise UserError("prompts.embeddings", f"{len(config.prompts.embeddings)} path(s): textual-inversion embeddings "
                         f"are the SD family's CLIP tokens; {config.model.name} is a {family.name} model", "[]")
     rescale = config.sampling.guidance_rescale
-    if rescale is not None and family.name != "sd":
+    if rescale is not None and not family.guidance_rescale:
         raise UserError("sampling.guidance_rescale", f"{rescale}: CFG rescale is the SD family's (diffusers' "
                         f"guidance_rescale); {config.model.name} is a {family.name} model", "null")
     if rescale is not None and not (math.isfinite(rescale) and 0 <= rescale <= 1):

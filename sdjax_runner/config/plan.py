@@ -323,7 +323,7 @@ def make_plan(config: RunConfig, available_devices: int, checked: Optional[Check
                                config.sampling.eta)
     scheduler = config.scheduler
     guidance = families.guidance(config)
-    if family.name == "flux":  # its own scheduler's config, whatever the schedule (engine/flux/)
+    if family.sampler_names_scheduler:  # its own scheduler's config, whatever the schedule (FLUX.1: engine/flux/)
         scheduler = SchedulerConfig(name=sampling.scheduler, config_overrides={})
     elif scheduler.name != sampling.scheduler or scheduler.name in samplers.SCHEDULES:
         # DDIM / PLMS named by sampler=; a k sampler's sigma schedule: the model's own training schedule is read
@@ -380,8 +380,8 @@ def make_plan(config: RunConfig, available_devices: int, checked: Optional[Check
                     **({"strength": str(strength)} if strength is not None else {}),
                     **{"sampling.guidance_scale": str(guidance)},  # the family's default where null
                     # FLUX.1 steps with its own scheduler whatever the (default) scheduler group says
-                    **({"scheduler.name": sampling.scheduler} if family.name == "flux" and sampling.sigmas is None
-                       else {}),
+                    **({"scheduler.name": sampling.scheduler}
+                       if family.sampler_names_scheduler and sampling.sigmas is None else {}),
                     sampler=sampling.label),  # what ran, as A1111 spells it (the config's value is in its artifact)
         lora=adapters,
         checkpoint=checkpoint,

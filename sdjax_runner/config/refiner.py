@@ -69,7 +69,7 @@ def check(cfg: Any, family: Any) -> Optional[Refiner]:
 
 
 def _runs_here(cfg: Any, family: Any) -> None:
-    if family.name != "sd":
+    if not family.refiner:
         raise UserError(KEY, f"a refiner takes over from an SDXL base; this run's model is {family.title}",
                         "null, or an SDXL base model")
     if cfg.mode.name not in MODES:

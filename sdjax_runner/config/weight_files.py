@@ -179,3 +179,25 @@ def embedding_files(paths) -> list[Path]:
                          "pickled embeddings", "a .safetensors embedding (convert it first)")
         files.append(path)
     return files
+
+
+# --- what a flow model's single-file checkpoint holds besides its transformer ------------------------------
+
+# SD 3's components a file may hold besides the MMDiT: component -> its tensors' prefix (models/sd3/single_file.py
+# reads them from there).
+SD3_INSIDE = {"text_encoder": "text_encoders.clip_l.transformer.", "text_encoder_2": "text_encoders.clip_g.transformer.",
+              "text_encoder_3": "text_encoders.t5xxl.transformer.", "vae": "first_stage_model."}
+# The tensor that says a component is there (diffusers' is_clip_sd3_model, is_open_clip_sd3_model,
+# is_t5_in_single_file; any first_stage_model tensor for the VAE).
+SD3_MARKERS = {"text_encoder": "text_encoders.clip_l.transformer.text_model.embeddings.position_embedding.weight",
+               "text_encoder_2": "text_encoders.clip_g.transformer.text_model.embeddings.position_embedding.weight",
+               "text_encoder_3": "text_encoders.t5xxl.transformer.shared.weight"}
+
+
+def sd3_components_inside(keys) -> tuple[str, ...]:
+    """The components besides the transformer whose weights an SD 3 file holds, in :data:`SD3_INSIDE`'s order."""
+    names = set(keys)
+    found = [name for name, marker in SD3_MARKERS.items() if marker in names]
+    if any(key.startswith(SD3_INSIDE["vae"]) for key in names):
+        found.append("vae")
+    return tuple(name for name in SD3_INSIDE if name in found)

@@ -60,6 +60,10 @@ class Family:
         lambda pipeline, specs: (pipeline, lambda component, key: False)
     # (pipeline) -> its scheduler's shift where the records name it (SD 3: Forge's "Shift"), else None
     shift: Callable[[Any], Optional[float]] = lambda pipeline: None
+    # (plan) -> whether the SD samplers' classifier-free guidance runs (Spec.cfg): the SD family's only with a
+    # guidance scale over 1 (A1111's and diffusers' rule: the conditional half alone otherwise); the flow families
+    # guide inside their own samplers, and their programs take the flag as set
+    runs_cfg: Callable[[Any], bool] = lambda plan: True
     # (conditioning, height, width) -> the conditioning for images of that size (Hires. fix's second pass, engine/
     # hires.py: SDXL's size conditioning); the default: the same
     at_size: Callable[[Conditioning, int, int], Conditioning] = lambda conditioning, height, width: conditioning
@@ -98,6 +102,7 @@ FAMILIES: dict[str, Family] = {
     "sd": Family("sd", check_loaded=sd_check_loaded, with_scheduler=with_scheduler, tokens=sd_tokens,
                  negative=negative_text, encode=sd_encode, modes=MODES, samplers=SAMPLERS, decode=decode,
                  structure=sd_structure, step_flops=efficiency.unet_step_flops,
+                 runs_cfg=lambda plan: plan.guidance_scale > 1,
                  at_size=lambda conditioning, height, width: with_time_ids(conditioning, height, width,
                                                                            conditioning.context.dtype)),
     # FLUX.1 (engine/flux/): guidance-distilled, no negative prompt; text to image with the flow-matching Euler.

@@ -92,7 +92,7 @@ def program_spec(plan: Any, pipeline: Any, height: int, width: int, controlnet: 
     stepping = plan.sampling.sampler == "scheduler"  # else the diffusers scheduler steps nothing: not in the key
     tokens = tokens or FAMILIES[family].tokens(pipeline, plan)
     chunks = tokens.chunk_count(plan.prompts + (plan.negative or "",))
-    cfg = family != "sd" or plan.guidance_scale > 1
+    cfg = FAMILIES[family].runs_cfg(plan)
     return Spec(steps=plan.num_inference_steps, height=height, width=width, batch=plan.per_device_batch_size,
                 negative=FAMILIES[family].negative(plan.negative, pipeline, chunks) is not None, parallel=plan.mode,
                 attention=plan.attention, scheduler=plan.scheduler.name if stepping else "",

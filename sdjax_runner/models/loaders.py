@@ -7,21 +7,44 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
+
+import numpy as np
 
 from sdjax_runner.config import families
 from sdjax_runner.config.schema import DtypeConfig, ModelConfig
-from sdjax_runner.models import model_index, sources
+from sdjax_runner.models import loading, model_index, sources
+from sdjax_runner.models.flux import pipeline as flux
 from sdjax_runner.models.flux.pipeline import load_flux
 from sdjax_runner.models.loading import LoadedModel, load_sd
 from sdjax_runner.models.sd3.pipeline import load_sd3
 
 log = logging.getLogger("sdjax_runner")
 
-# Each family's loader (config/families.py): (folder, its model_index.json, model config, dtype, opened
-# single-file checkpoint or None, its planned hash) -> LoadedModel.
-LOADERS = {"sd": load_sd, "flux": load_flux, "sd3": load_sd3}
+
+
+@dataclass(frozen=True)
+class FamilyLoader:
+    """How one model family (config/families.py) is read from disk."""
+
+    # (folder, its model_index.json, model config, dtype, opened single-file checkpoint or None, its planned hash)
+    # -> LoadedModel
+    load: Callable[..., LoadedModel]
+    # (a diffusers VAE folder, the activations dtype, the weights' NumPy dtype) -> (module, host weights): another
+    # VAE for a loaded model, as a folder (model.vae: models/vae_swap.py)
+    read_vae_folder: Callable[[Path, Any, np.dtype], tuple[Any, dict]]
+    # (the model's own VAE module, a single file's tensors under diffusers' names, the weights' dtype, the file's
+    # name) -> host weights: another VAE as one file
+    vae_from_state: Callable[[Any, dict, np.dtype, str], dict]
+
+
+LOADERS = {"sd": FamilyLoader(load_sd, loading.read_vae_folder, loading.vae_from_state),
+           "flux": FamilyLoader(load_flux, flux.read_vae_folder, flux.vae_from_state),
+           # SD 3's VAE is FLUX.1's module (16 latent channels, no quant convs), read alike
+           "sd3": FamilyLoader(load_sd3, flux.read_vae_folder, flux.vae_from_state)}
 if tuple(LOADERS) != tuple(families.FAMILIES):
     raise RuntimeError(f"models/loaders loads {tuple(LOADERS)}, config/families.py lists {tuple(families.FAMILIES)}")
 
@@ -43,6 +66,6 @@ def load_model(model: ModelConfig, dtype: DtypeConfig, checkpoint_sha256: Option
     directory = sources.resolve(model, model.allow_pickle)
     index = model_index.read(directory)  # untrusted: checked before anything is imported or loaded
     family = families.family_of(str(index["_class_name"]), directory)
-    loaded = LOADERS[family.name](directory, index, model, dtype, checkpoint, checkpoint_sha256)
+    loaded = LOADERS[family.name].load(directory, index, model, dtype, checkpoint, checkpoint_sha256)
     loaded.load_s = time.perf_counter() - started
     return loaded

@@ -141,20 +141,15 @@ class LoadedModel:
 
     @property
     def native_size(self) -> int:
-        """The height and width the model was made for: an SD UNet's sample_size x the VAE's factor; a
-        pipeline of the runner's own (FLUX.1's) says its own."""
-        if self.family != "sd":
-            return int(self.pipeline.native_size)
-        return self.pipeline.unet.config.sample_size * self.pipeline.vae_scale_factor
+        """The height and width the model was made for (its pipeline says: SD's UNet sample size times the VAE's
+        factor, FLUX.1's and SD 3's their transformer's)."""
+        return int(self.pipeline.native_size)
 
     @property
     def size_multiple(self) -> int:
-        """Height/width must be multiples of this: VAE factor x the UNet's down-sampling (FLUX.1: x its 2x2
-        packing)."""
-        if self.family != "sd":
-            return int(self.pipeline.size_multiple)
-        levels = len(self.pipeline.unet.config.block_out_channels)
-        return self.pipeline.vae_scale_factor * 2 ** (levels - 1)
+        """Height/width must be multiples of this (its pipeline says: the VAE's factor times the UNet's
+        down-sampling, or times a transformer's patch size)."""
+        return int(self.pipeline.size_multiple)
 
 
 # The exponent bits of each float format, as an unsigned integer of its width: all set is inf or NaN.
@@ -374,6 +369,22 @@ def load_component_or_say_why(directory: Path, name: str, class_name: str, model
         raise
     except Exception as exc:  # the folder is input: whatever it holds is one line, never a traceback
         raise unloadable(directory, name, exc) from exc
+
+
+def read_vae_folder(path: Path, activations: Any, weights: np.dtype) -> tuple[Any, dict]:
+    """(module, host weights) of a diffusers VAE folder as an SD model's VAE (``model.vae``): its own module
+    from its config.json, in ``activations``, its weights (Flax or PyTorch safetensors) in ``weights``."""
+    module, params, _ = load_component(path, "AutoencoderKL", WeightChoice(), activations, weights)
+    return module, params
+
+
+def vae_from_state(module: Any, state: dict, weights: np.dtype, source: str) -> dict:
+    """Host weights for an SD model's own VAE ``module`` from a single file's tensors under diffusers' names."""
+    from sdjax_runner.models.checkpoints import convert_tensors
+
+    params = convert_tensors(lambda: ((name, functools.partial(np.array, array)) for name, array in state.items()),
+                             module, "diffusers", weights, source)
+    return to_host(params, weights)
 
 
 def load_sd(directory: Path, index: dict, model: ModelConfig, dtype: DtypeConfig, checkpoint: Any,

@@ -10,6 +10,7 @@ line naming the repository, the files and the command that fetches them.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Optional
 
 from sdjax_runner.config.checks import is_local
 from sdjax_runner.config.folder_files import check_folder
@@ -18,8 +19,6 @@ from sdjax_runner.errors import UserError
 from sdjax_runner.models.checkpoints import FLAX_FILES, PT_STEMS, find_weights, safetensors_names
 
 KEY = "model.pretrained_model_name_or_path"
-# What a single-file checkpoint holds the weights of, by model family (the base gives the rest).
-CHECKPOINT_COMPONENTS: dict[str, tuple[str, ...]] = {"flux": ("transformer",), "sd3": ("transformer",)}
 # Everything but weights (what a single-file checkpoint's base model gives), and the Flax weights.
 CONFIG_PATTERNS = ["model_index.json", "*/*.json", "*/*.txt"]
 FIRST_PATTERNS = CONFIG_PATTERNS + [f"*/{name}" for name in FLAX_FILES.values()]
@@ -71,19 +70,21 @@ def _snapshot(model: ModelConfig, patterns: list[str]) -> Path:
                         "a cached hub model, or a local directory") from None
 
 
-def checkpoint_components(model: ModelConfig) -> tuple[str, ...]:
-    """The components of a flow model whose weights ``model.checkpoint`` gives (none without one): FLUX.1's
-    transformer; SD 3's transformer and the text encoders and VAE the file holds (models/sd3/single_file.py),
-    told from its header."""
+def checkpoint_components(model: ModelConfig) -> Optional[tuple[str, ...]]:
+    """The components whose weights ``model.checkpoint`` gives, told from its header by its family's rule
+    (config/families.py's ``checkpoint_holds``: FLUX.1's transformer; SD 3's transformer and the text encoders and
+    VAE the file holds); none without a checkpoint; None where the file gives the whole pipeline's (the SD
+    family's)."""
+    from sdjax_runner.config.families import FAMILIES
+
     if not model.checkpoint:
         return ()
-    components = CHECKPOINT_COMPONENTS.get(model.family or "sd", ())
-    if model.family == "sd3":
-        from sdjax_runner.config.weight_files import open_checkpoint
-        from sdjax_runner.models.sd3.single_file import components_inside
+    holds = FAMILIES[model.family or "sd"].checkpoint_holds
+    if holds is None:
+        return None
+    from sdjax_runner.config.weight_files import open_checkpoint
 
-        components += components_inside(open_checkpoint(Path(model.checkpoint).expanduser()).keys)
-    return components
+    return holds(open_checkpoint(Path(model.checkpoint).expanduser()).keys)
 
 
 def resolve(model: ModelConfig, allow_pickle: bool = False) -> Path:
@@ -100,13 +101,13 @@ def resolve(model: ModelConfig, allow_pickle: bool = False) -> Path:
         raise UserError(KEY, f"{name} has no model_index.json: not a diffusers-format pipeline",
                         "a diffusers pipeline repository")
     check_folder(directory, KEY, "a diffusers pipeline repository, its files as diffusers writes them")
-    if model.checkpoint and model.family not in CHECKPOINT_COMPONENTS:  # the weights come from the checkpoint
+    in_file = checkpoint_components(model)
+    if in_file is None:  # every component's weights come from the checkpoint
         return directory
     # No Flax weights: fall back to the PyTorch ones, as safetensors -- the variant's where the repository
     # has them (model.variant=fp16: half the download, the fp32 files not fetched), else the plain ones. A FLUX.1
     # or SD 3 single-file checkpoint holds the transformer (SD 3's maybe its text encoders and VAE): the other
     # components' weights come from the base.
-    in_file = checkpoint_components(model)
     with_weights = {name: library for name, library in weight_components(directory).items() if name not in in_file}
     for variant in ([model.variant] if model.variant else []) + [None]:
         lacking = [(component, library) for component, library in with_weights.items()

@@ -15,7 +15,6 @@ keeps the model and swaps only this component (engine/reuse.py), so a sweep over
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
@@ -77,9 +76,9 @@ def load_vae(path: Path, base_module: Any, family: str, model_path: str, dtype: 
 
 
 def _single_file(path: Path, family: str, module: Any, activations: Any, weights: np.dtype) -> SwappedVae:
-    """The model's own VAE module with the file's weights (LDM names, bare or under first_stage_model.)."""
-    from sdjax_runner.models.checkpoints import convert_tensors
-    from sdjax_runner.models.loading import to_host
+    """The model's own VAE module with the file's weights (LDM names, bare or under first_stage_model.), converted
+    by its family's rule (models/loaders.py)."""
+    from sdjax_runner.models.loaders import LOADERS
     from sdjax_runner.models.single_file import vae_tensors
     from sdjax_runner.tensor_files import read_safetensors
 
@@ -88,32 +87,18 @@ def _single_file(path: Path, family: str, module: Any, activations: Any, weights
     levels = len(_config(module)["block_out_channels"])
     state = vae_tensors(tensors, prefix, levels, path.name)
     vae_weights = np.dtype(np.float32) if module.dtype != activations else weights
-    if family == "sd":
-        params = convert_tensors(lambda: ((name, functools.partial(np.array, array)) for name, array in state.items()),
-                                 module, "diffusers", vae_weights, path.name)
-        return SwappedVae(module, to_host(params, vae_weights), "single_file")
-    from sdjax_runner.models.flux.convert import convert_vae
-    from sdjax_runner.models.flux.pipeline import in_memory
-
-    return SwappedVae(module, in_memory(convert_vae(state, module, vae_weights)), "single_file")
+    return SwappedVae(module, LOADERS[family].vae_from_state(module, state, vae_weights, path.name), "single_file")
 
 
 def _folder(path: Path, family: str, base_module: Any, activations: Any, weights: np.dtype) -> SwappedVae:
-    """A diffusers VAE folder: its own module from its config.json, in the dtype its config asks for."""
+    """A diffusers VAE folder: its own module from its config.json, in the dtype its config asks for, read by its
+    family's rule (models/loaders.py)."""
     from sdjax_runner.models import loading
+    from sdjax_runner.models.loaders import LOADERS
 
     vae_dtype = loading.component_dtype(path.parent, path.name, activations)
     vae_weights = np.dtype(np.float32) if vae_dtype != activations else weights
-    if family == "sd":
-        module, params, _ = loading.load_component(path, "AutoencoderKL", loading.WeightChoice(), vae_dtype,
-                                                   vae_weights)
-        return SwappedVae(module, params, "folder")
-    from sdjax_runner.models.flux import pipeline as flux
-    from sdjax_runner.models.flux.autoencoder import FlaxFluxAutoencoderKL
-    from sdjax_runner.models.flux.convert import convert_vae
-
-    modules = {path.name: (FlaxFluxAutoencoderKL.from_config, convert_vae, "AutoencoderKL")}
-    module, params, _ = flux.load_own(path.parent, path.name, None, vae_dtype, vae_weights, modules, "VAE")
+    module, params = LOADERS[family].read_vae_folder(path, vae_dtype, vae_weights)
     return SwappedVae(module, params, "folder")
 
 

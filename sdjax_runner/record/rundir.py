@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, Any, Optional
 from PIL import Image
 from PIL.PngImagePlugin import PngInfo
 
+from sdjax_runner.config import families
 from sdjax_runner.config.prompt_syntax import escape
 from sdjax_runner.console import one_line
 from sdjax_runner.errors import UserError
@@ -159,10 +160,6 @@ def ti_hashes(embeddings: str) -> str:
     return json.dumps(", ".join(f"{name}: {sha}" for name, _, sha in pairs), ensure_ascii=False)
 
 
-# The families whose prompts are read as written (no A1111 emphasis): their infotext writes the prompt unescaped.
-WRITTEN = ("flux", "sd3")
-
-
 def first_pass_size(meta: ImageRecord) -> str:
     """A1111's ``Size``, WxH: the first pass's where Hires. fix upscaled the image, else the image's."""
     if meta.first_pass_width is not None:
@@ -182,7 +179,9 @@ def a1111_parameters(meta: ImageRecord) -> str:
     upscaler`` (and where given ``Hires sampler``, ``Hires schedule type``, ``Hires CFG Scale``), as A1111 writes
     them, with ``Size`` the first pass's; SDXL's refiner ``Refiner: NAME [HASH]`` and ``Refiner switch at``."""
     def text(prompt: str) -> str:
-        return _flat(prompt) if meta.prompt_syntax == "a1111" or meta.family in WRITTEN else escape(_flat(prompt))
+        family = families.FAMILIES[meta.family or families.DEFAULT]
+        as_written = meta.prompt_syntax == "a1111" or not family.a1111_prompts
+        return _flat(prompt) if as_written else escape(_flat(prompt))
 
     lines = [text(str(meta.prompt))]
     if meta.negative_prompt:
@@ -379,7 +378,7 @@ def image_meta(plan: Plan, height: int, width: int, guidance: str = "cfg", shift
         controlnet=plan.controlnet or None,
         conditioning_scale=plan.conditioning_scale if plan.controlnet else None,
         model=plan.model.name,
-        family=plan.family if plan.family != "sd" else None,
+        family=plan.family if plan.family != families.DEFAULT else None,
         model_path=str(plan.model.pretrained_model_name_or_path),
         dtype=plan.dtype.weights_dtype.name,
         height=height,

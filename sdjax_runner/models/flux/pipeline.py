@@ -385,6 +385,24 @@ def flax_weights(file: Path, module: Any, weights: np.dtype) -> dict:
     return loading.to_host(params, weights)
 
 
+def read_vae_folder(path: Path, activations: Any, weights: np.dtype) -> tuple[Any, dict]:
+    """(module, host weights) of a diffusers VAE folder as a flow model's VAE (``model.vae``; FLUX.1's and SD 3's
+    alike): the runner's own module from its config.json, the PyTorch safetensors converted."""
+    from sdjax_runner.models.flux.autoencoder import FlaxFluxAutoencoderKL
+    from sdjax_runner.models.flux.convert import convert_vae
+
+    modules = {path.name: (FlaxFluxAutoencoderKL.from_config, convert_vae, "AutoencoderKL")}
+    module, params, _ = load_own(path.parent, path.name, None, activations, weights, modules, "VAE")
+    return module, params
+
+
+def vae_from_state(module: Any, state: dict, weights: np.dtype, source: str) -> dict:
+    """Host weights for a flow model's own VAE ``module`` from a single file's tensors under diffusers' names."""
+    from sdjax_runner.models.flux.convert import convert_vae
+
+    return in_memory(convert_vae(state, module, weights))
+
+
 def in_memory(tree: Any) -> Any:
     """``tree`` with every array that still views a memory-mapped weights file copied into memory: the
     converter casts in place where the dtype already fits, and a host weight must not change (or fault) when the

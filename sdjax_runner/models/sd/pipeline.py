@@ -37,6 +37,16 @@ class SDPipeline:
         """Pixels per latent along a side: 2 ** (the VAE's levels - 1), 8 for every published SD VAE."""
         return 2 ** (len(self.vae.config.block_out_channels) - 1)
 
+    @property
+    def native_size(self) -> int:
+        """The height and width the model was made for: the UNet's ``sample_size`` times the VAE's factor."""
+        return int(self.unet.config.sample_size) * self.vae_scale_factor
+
+    @property
+    def size_multiple(self) -> int:
+        """Height and width must be multiples of this: the VAE's factor times the UNet's down-sampling."""
+        return self.vae_scale_factor * 2 ** (len(self.unet.config.block_out_channels) - 1)
+
     def with_modules(self, **changes: Any) -> SDPipeline:
         """A copy with ``changes`` (module or scheduler) replaced; the modules themselves are shared."""
         return dataclasses.replace(self, **changes)

@@ -166,13 +166,13 @@ def load_sd3(directory: Path, index: dict, model: ModelConfig, dtype: DtypeConfi
 
 def from_checkpoint(checkpoint: Any, t5: bool) -> tuple[str, ...]:
     """The components whose weights a single-file checkpoint gives: its MMDiT, and the text encoders and VAE it
-    holds (models/sd3/single_file.components_inside) -- T5 only where the base folder has one (its config and
+    holds (config/weight_files.sd3_components_inside) -- T5 only where the base folder has one (its config and
     tokenizer come from there; otherwise the file's T5 is left unread, said in the log)."""
-    from sdjax_runner.models.sd3.single_file import components_inside
+    from sdjax_runner.config.weight_files import sd3_components_inside
 
     if checkpoint is None:
         return ()
-    inside = components_inside(checkpoint.keys)
+    inside = sd3_components_inside(checkpoint.keys)
     if "text_encoder_3" in inside and not t5:
         log.info("load: %s holds a T5 encoder, which is not read: the base folder has no text_encoder_3 to give "
                  "its config and tokenizer", checkpoint.path.name)

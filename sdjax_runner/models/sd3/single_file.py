@@ -8,8 +8,8 @@ modulation have their halves swapped (Stability's order is shift, scale; diffuse
 scale, shift).
 
 A file may also hold the text encoders and the VAE (Stability AI's ``sd3_medium_incl_clips*.safetensors``,
-ComfyUI's saves), each under its prefix (:data:`INSIDE`), as diffusers' ``StableDiffusion3Pipeline.from_single_file``
-reads them (``convert_ldm_clip_checkpoint``, ``convert_sd3_t5_checkpoint_to_diffusers``,
+ComfyUI's saves), each under its prefix (config/weight_files.py's ``SD3_INSIDE``), as diffusers'
+``StableDiffusion3Pipeline.from_single_file`` reads them (``convert_ldm_clip_checkpoint``, ``convert_sd3_t5_checkpoint_to_diffusers``,
 ``convert_ldm_vae_checkpoint``): the CLIPs and T5 in Hugging Face names under the prefix, CLIP-L's projection
 replaced by the identity (diffusers does so for every SD 3 file), the VAE in the LDM layout
 (models/single_file.vae_name). Those found replace the base folder's; the rest come from the folder (tested:
@@ -22,6 +22,7 @@ from collections.abc import Callable, Iterator, Mapping
 
 import numpy as np
 
+from sdjax_runner.config.weight_files import SD3_INSIDE
 from sdjax_runner.models.checkpoints import WeightsMismatch
 
 PREFIX = "model.diffusion_model."
@@ -87,31 +88,12 @@ def diffusers_state_dict(checkpoint: Mapping[str, np.ndarray], source: str) -> d
     return out
 
 
-# Components a file may hold besides the MMDiT: component -> its tensors' prefix.
-INSIDE = {"text_encoder": "text_encoders.clip_l.transformer.", "text_encoder_2": "text_encoders.clip_g.transformer.",
-          "text_encoder_3": "text_encoders.t5xxl.transformer.", "vae": "first_stage_model."}
-# The tensor that says a component is there (diffusers' is_clip_sd3_model, is_open_clip_sd3_model,
-# is_t5_in_single_file; any first_stage_model tensor for the VAE).
-MARKERS = {"text_encoder": "text_encoders.clip_l.transformer.text_model.embeddings.position_embedding.weight",
-           "text_encoder_2": "text_encoders.clip_g.transformer.text_model.embeddings.position_embedding.weight",
-           "text_encoder_3": "text_encoders.t5xxl.transformer.shared.weight"}
-
-
-def components_inside(keys) -> tuple[str, ...]:
-    """The components besides the transformer whose weights the file holds, in :data:`INSIDE`'s order."""
-    names = set(keys)
-    found = [name for name, marker in MARKERS.items() if marker in names]
-    if any(key.startswith(INSIDE["vae"]) for key in names):
-        found.append("vae")
-    return tuple(name for name in INSIDE if name in found)
-
-
 def encoder_tensors(tensors: Mapping[str, np.ndarray], component: str,
                     hidden_size: int) -> Iterator[tuple[str, Callable[[], np.ndarray]]]:
     """(Hugging Face name, loader) of a text encoder's tensors in the file (its prefix taken off), read when the
     loader is called; CLIP-L's ``text_projection.weight`` is the identity of its ``hidden_size``, as diffusers
     sets it."""
-    prefix = INSIDE[component]
+    prefix = SD3_INSIDE[component]
     for key in tensors:
         if key.startswith(prefix) and not (component == "text_encoder" and key == prefix + "text_projection.weight"):
             yield key[len(prefix):], functools.partial(np.array, tensors[key])
@@ -125,4 +107,4 @@ def vae_state_dict(tensors: Mapping[str, np.ndarray], levels: int, source: str) 
     know (the VAE's training loss, which some files carry, is left out)."""
     from sdjax_runner.models.single_file import vae_tensors
 
-    return vae_tensors(tensors, INSIDE["vae"], levels, source)
+    return vae_tensors(tensors, SD3_INSIDE["vae"], levels, source)
