@@ -98,10 +98,12 @@ def test_a_unet_saved_before_diffusers_0_9_with_a_small_sample_size_is_read_as_6
     """diffusers' Flax SD pipeline's rule (CompVis' SD 1.x configs say 32; their images are 512 px)."""
     import json
 
-    from sdjax_runner.models.loading import _old_sample_size
-    from sdjax_runner.models.sd.unet import UNet2DConditionModel
+    import jax.numpy as jnp
+
+    from sdjax_runner.models.loading import build_module
 
     (tmp_path / "unet").mkdir()
     config = {"sample_size": sample_size, **({"_diffusers_version": saved} if saved else {})}
     (tmp_path / "unet" / "config.json").write_text(json.dumps(config))
-    assert _old_sample_size(tmp_path, UNet2DConditionModel(sample_size=sample_size)).config.sample_size == read
+    # as the loader builds every UNet (a pipeline's, a refiner's) from its folder
+    assert build_module(tmp_path / "unet", "UNet2DConditionModel", jnp.float32).config.sample_size == read

@@ -26,7 +26,8 @@ from sdjax_runner.engine.sd3 import family as sd3
 from sdjax_runner.engine.sd3 import stages as sd3_stages
 from sdjax_runner.engine.tokens import PromptTokens
 from sdjax_runner.models.checkpoints import config_dict
-from sdjax_runner.models.loading import LoadedModel, with_scheduler
+from sdjax_runner.models.loading import LoadedModel
+from sdjax_runner.models.sd.loading import with_scheduler
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,7 @@
 """Model config -> a loaded model, whatever its family: the folder is resolved (a built-in model, a local path or
 a hub snapshot: :mod:`.sources`), its ``model_index.json`` read as untrusted input (:mod:`.model_index`) and the
 pipeline class it names routed to its family's loader (:data:`LOADERS`; config/families.py names the families):
-the SD family's in :mod:`.loading`, FLUX.1's in :mod:`.flux.pipeline`, SD 3's in :mod:`.sd3.pipeline`."""
+the SD family's in :mod:`.sd.loading`, FLUX.1's in :mod:`.flux.pipeline`, SD 3's in :mod:`.sd3.pipeline`."""
 
 from __future__ import annotations
 
@@ -16,10 +16,12 @@ import numpy as np
 
 from sdjax_runner.config import families
 from sdjax_runner.config.schema import DtypeConfig, ModelConfig
-from sdjax_runner.models import loading, model_index, sources
+from sdjax_runner.models import model_index, sources
 from sdjax_runner.models.flux import pipeline as flux
 from sdjax_runner.models.flux.pipeline import load_flux
-from sdjax_runner.models.loading import LoadedModel, load_sd
+from sdjax_runner.models.loading import LoadedModel
+from sdjax_runner.models.sd import loading as sd
+from sdjax_runner.models.sd.loading import load_sd
 from sdjax_runner.models.sd3.pipeline import load_sd3
 
 log = logging.getLogger("sdjax_runner")
@@ -41,7 +43,7 @@ class FamilyLoader:
     vae_from_state: Callable[[Any, dict, np.dtype, str], dict]
 
 
-LOADERS = {"sd": FamilyLoader(load_sd, loading.read_vae_folder, loading.vae_from_state),
+LOADERS = {"sd": FamilyLoader(load_sd, sd.read_vae_folder, sd.vae_from_state),
            "flux": FamilyLoader(load_flux, flux.read_vae_folder, flux.vae_from_state),
            # SD 3's VAE is FLUX.1's module (16 latent channels, no quant convs), read alike
            "sd3": FamilyLoader(load_sd3, flux.read_vae_folder, flux.vae_from_state)}

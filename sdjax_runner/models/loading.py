@@ -1,13 +1,13 @@
-"""Model config -> pipeline modules and their params as host arrays, whatever format the weights are in.
+"""A pipeline folder's components -> the runner's modules and their params as host arrays, whatever format the
+weights are in; every family's loader (models/sd/loading.py, models/flux/pipeline.py, models/sd3/pipeline.py) reads
+its components with these.
 
-The model's directory (a built-in model, a local path or a hub snapshot, see
-:mod:`.sources`) is read component by component, each as diffusers' Flax
-``from_pretrained`` reads it: Flax weights with the libraries' own loaders; components that
-only have PyTorch safetensors are converted without torch (:mod:`.checkpoints`),
-one at a time. Pickles are refused unless ``model.allow_pickle``. SD 1.x/2.x and SDXL
-pipelines are told apart by ``model_index.json``. Params come back as host (NumPy) arrays in
-the requested weights dtype -- ready to be replicated from host memory -- and the scheduler
-state stays float32.
+Each component folder is read as diffusers' and transformers' ``from_pretrained`` read it: the published class its
+``model_index.json`` names becomes the runner's own module (:data:`MODULE_KINDS`) from its ``config.json``; Flax
+weights are read whole or in shards, components that only have PyTorch safetensors are converted without torch
+(:mod:`.checkpoints`), one at a time; pickles are refused unless ``model.allow_pickle``. Params come back as host
+(NumPy) arrays in the requested weights dtype -- ready to be placed from host memory. :class:`LoadedModel` is what a
+family's loader returns.
 """
 
 from __future__ import annotations
@@ -24,10 +24,10 @@ from typing import Any, NamedTuple, Optional, Union
 
 import numpy as np
 
-from sdjax_runner.config.schema import DtypeConfig, ModelConfig, SchedulerConfig
+from sdjax_runner.config.schema import ModelConfig
 from sdjax_runner.console import error_line
 from sdjax_runner.errors import UserError
-from sdjax_runner.models import model_index, sources
+from sdjax_runner.models import sources
 from sdjax_runner.models.checkpoints import (
     ComponentWeights,
     WeightsMismatch,
@@ -37,7 +37,6 @@ from sdjax_runner.models.checkpoints import (
     read_flax,
 )
 from sdjax_runner.models.clip_tokenizer import ClipTokenizer
-from sdjax_runner.models.schedulers import build_scheduler
 
 log = logging.getLogger("sdjax_runner")
 # Components whose weight files are at least this big get a line before they load (a full-size UNet is 3.4 GB).
@@ -45,16 +44,6 @@ ANNOUNCE_BYTES = 200_000_000
 # The CLIP tokenizer classes a folder's model_index.json may name: read with ours (models/clip_tokenizer.py)
 CLIP_TOKENIZERS = ("CLIPTokenizer", "CLIPTokenizerFast")
 
-# Components a single-file checkpoint (model.checkpoint) holds the weights of.
-CHECKPOINT_COMPONENTS = ("unet", "vae", "text_encoder", "text_encoder_2")
-# model_index.json's pipeline class (with or without "Flax") of the SD family (config/families.py) -> whether it is
-# SDXL's (two text encoders). An inpainting model's pipeline (runwayml/stable-diffusion-inpainting) holds the same
-# components: the runner reads its modules and runs its own program (engine/modes/inpaint.py).
-PIPELINES = {"StableDiffusionPipeline": False, "StableDiffusionInpaintPipeline": False,
-             "StableDiffusionXLPipeline": True, "StableDiffusionXLInpaintPipeline": True}
-# The components of an SD pipeline the runner reads (the scheduler is built apart: models/schedulers.py).
-SD_COMPONENTS = ("unet", "vae", "text_encoder", "tokenizer", "safety_checker", "feature_extractor")
-SDXL_COMPONENTS = ("unet", "vae", "text_encoder", "text_encoder_2", "tokenizer", "tokenizer_2")
 
 
 @dataclass(frozen=True)
@@ -67,12 +56,13 @@ class ModuleKind:
     build: Callable[[dict, Any], Any]
     naming: str
     float32: bool = False
+    computes: str = ""  # what a config it refuses could be instead (the one line's allowed values)
 
 
 def _unet(config: dict, dtype: Any) -> Any:
-    from sdjax_runner.models.sd.unet import UNet2DConditionModel
+    from sdjax_runner.models.sd.unet import UNet2DConditionModel, saved_sample_size
 
-    return UNet2DConditionModel.from_config(config, dtype=dtype)
+    return UNet2DConditionModel.from_config(dict(config, sample_size=saved_sample_size(config)), dtype=dtype)
 
 
 def _controlnet(config: dict, dtype: Any) -> Any:
@@ -110,7 +100,9 @@ def _safety_checker(config: dict, dtype: Any) -> Any:
 
 # The published model classes a component may be (model_index.json's name, without "Flax") -> how it is read.
 MODULE_KINDS: dict[str, ModuleKind] = {
-    "UNet2DConditionModel": ModuleKind(_unet, "diffusers"),
+    "UNet2DConditionModel": ModuleKind(_unet, "diffusers", computes=(
+        "a Stable Diffusion 1.x / 2.x / XL UNet (an LCM model's own UNet does not run yet: its LoRA, LCM-LoRA, on the "
+        "base model does)")),
     "ControlNetModel": ModuleKind(_controlnet, "diffusers"),
     "AutoencoderKL": ModuleKind(_vae, "diffusers"),
     "CLIPTextModel": ModuleKind(_clip_text(False), "transformers", float32=True),
@@ -216,27 +208,11 @@ def build_module(folder: Path, class_name: str, activations) -> Any:
 
     kind = MODULE_KINDS[class_name]
     config = read_config(folder)
-    check_unet_config(folder, class_name, config)
     try:
         return kind.build(config, jnp.float32 if kind.float32 else activations)
     except ValueError as exc:
         raise UserError(sources.KEY, f"{folder.name}/config.json: {exc}",
-                        f"a {class_name} config the runner computes") from None
-
-
-def check_unet_config(folder: Path, class_name: str, config: dict) -> None:
-    """A UNet config the Flax UNet would run wrongly -- settings it ignores, weights it would drop -- is one line
-    (models/unet_config.py). Other components: nothing to check."""
-    from sdjax_runner.models.unet_config import unsupported
-
-    if class_name != "UNet2DConditionModel":
-        return
-    found = unsupported(config)
-    if found:
-        raise UserError(sources.KEY, f"{folder.name}/config.json sets {found[0]}, which the Flax UNet does not compute"
-                        + (f" (and {len(found) - 1} more)" if len(found) > 1 else ""),
-                        "a Stable Diffusion 1.x / 2.x / XL UNet (an LCM model's own UNet does not run yet: its LoRA, "
-                        "LCM-LoRA, on the base model does)")
+                        kind.computes or f"a {class_name} config the runner computes") from None
 
 
 def component_dtype(directory: Path, name: str, activations):
@@ -358,10 +334,10 @@ def unloadable(directory: Path, name: str, exc: BaseException) -> UserError:
 
 def load_component_or_say_why(directory: Path, name: str, class_name: str, model: ModelConfig, activations,
                               weights: np.dtype, checkpoint=None, tensors=None):
-    """load_component, or load_from_checkpoint where a single-file ``checkpoint`` gives the component (SD's: by
-    :data:`CHECKPOINT_COMPONENTS`; another family passes ``tensors``, its reader of the file's tensors)."""
+    """load_component, or load_from_checkpoint where a single-file ``checkpoint`` gives the component (the family's
+    loader passes it for those: ``tensors``, its reader of the file's tensors; by default the LDM layout's)."""
     try:
-        if checkpoint is not None and (tensors is not None or name in CHECKPOINT_COMPONENTS):
+        if checkpoint is not None:
             return load_from_checkpoint(directory / name, name, class_name, checkpoint, activations, weights,
                                         tensors)
         return load_component(directory / name, class_name, model, activations, weights)
@@ -369,120 +345,3 @@ def load_component_or_say_why(directory: Path, name: str, class_name: str, model
         raise
     except Exception as exc:  # the folder is input: whatever it holds is one line, never a traceback
         raise unloadable(directory, name, exc) from exc
-
-
-def read_vae_folder(path: Path, activations: Any, weights: np.dtype) -> tuple[Any, dict]:
-    """(module, host weights) of a diffusers VAE folder as an SD model's VAE (``model.vae``): its own module
-    from its config.json, in ``activations``, its weights (Flax or PyTorch safetensors) in ``weights``."""
-    module, params, _ = load_component(path, "AutoencoderKL", WeightChoice(), activations, weights)
-    return module, params
-
-
-def vae_from_state(module: Any, state: dict, weights: np.dtype, source: str) -> dict:
-    """Host weights for an SD model's own VAE ``module`` from a single file's tensors under diffusers' names."""
-    from sdjax_runner.models.checkpoints import convert_tensors
-
-    params = convert_tensors(lambda: ((name, functools.partial(np.array, array)) for name, array in state.items()),
-                             module, "diffusers", weights, source)
-    return to_host(params, weights)
-
-
-def load_sd(directory: Path, index: dict, model: ModelConfig, dtype: DtypeConfig, checkpoint: Any,
-            checkpoint_sha256: Optional[str]) -> LoadedModel:
-    """An SD 1.x/2.x/XL pipeline folder read component by component; ``checkpoint``: the opened single-file
-    checkpoint whose weights replace the folder's (model.checkpoint), or None."""
-    import jax.numpy as jnp
-
-    from sdjax_runner.models.sd.pipeline import SDPipeline, SDXLPipeline
-
-    if checkpoint is not None:
-        from sdjax_runner.models import single_file
-
-        checkpoint = single_file.on_base(checkpoint, directory)
-        extra = single_file.unrecognised(checkpoint)
-        if extra:
-            log.warning("model.checkpoint: %d tensor(s) of %s are not weights of this pipeline and are not "
-                        "used, e.g. %s", len(extra), checkpoint.path.name, ", ".join(extra[:3]))
-    xl = PIPELINES[index["_class_name"].removeprefix("Flax")]
-    activations = getattr(jnp, dtype.activations_dtype.name)
-    weights = numpy_dtype(dtype.weights_dtype.name)
-    modules: dict[str, Any] = {}
-    params: dict[str, Any] = {}
-    formats: dict[str, str] = {}
-    variant_components = []
-    for name in SDXL_COMPONENTS if xl else SD_COMPONENTS:
-        if name in ("safety_checker", "feature_extractor") and not model.safety_checker:
-            continue
-        spec = model_index.entry(directory, index, name)
-        if spec is None:
-            if name == "safety_checker":
-                raise UserError("model.safety_checker", f"{directory} has no safety checker", "false")
-            if name == "feature_extractor":
-                continue
-            raise UserError(sources.KEY, f"{directory / model_index.FILE} names no {name!r} component",
-                            "a complete pipeline folder")
-        class_name = model_index.component_class(directory, name, *spec, READABLE_CLASSES)
-        module, module_params, found = load_component_or_say_why(directory, name, class_name, model,
-                                                                 component_dtype(directory, name, activations),
-                                                                 weights, checkpoint)
-        modules[name] = module
-        if module_params is not None:
-            params[name], formats[name] = module_params, found.format
-            if model.variant and any(f".{model.variant}." in f.name for f in found.files):
-                variant_components.append(name)
-    scheduler = own_scheduler(directory, index)
-    if checkpoint is not None and checkpoint_sha256 is not None:
-        from sdjax_runner.files import file_sha256
-
-        now = file_sha256(checkpoint.path)
-        if now != checkpoint_sha256:
-            raise UserError("model.checkpoint", f"{checkpoint.path} changed since the run was planned (sha256 "
-                            f"{checkpoint_sha256[:12]} -> {now[:12]}); it is not run under the old file's hash",
-                            "run again")
-    if xl:  # what an empty negative prompt means (engine/encode.py)
-        modules["force_zeros_for_empty_prompt"] = bool(model_index.setting(index, "force_zeros_for_empty_prompt",
-                                                                           True))
-    modules["unet"] = _old_sample_size(directory, modules["unet"])
-    pipeline = (SDXLPipeline if xl else SDPipeline)(**modules, scheduler=scheduler, dtype=activations)
-    safety = params.pop("safety_checker", None)
-    return LoadedModel(pipeline, params, safety, 0.0, str(directory), formats, tuple(variant_components), "sd")
-
-
-def own_scheduler(directory: Path, index: dict) -> Any:
-    """The scheduler the folder names (models/sd/schedulers; a run replaces it with its scheduler.name's,
-    :func:`with_scheduler`): what the loaded model's training schedule is read from (the refiner's cutoff)."""
-    from sdjax_runner.models.sd.schedulers import SCHEDULER_CLASSES
-
-    spec = model_index.entry(directory, index, "scheduler")
-    if spec is None:
-        raise UserError(sources.KEY, f"{directory / model_index.FILE} names no scheduler", "a complete pipeline folder")
-    class_name = model_index.component_class(directory, "scheduler", *spec, tuple(SCHEDULER_CLASSES))
-    try:
-        return SCHEDULER_CLASSES[class_name].from_config(read_config(directory / "scheduler",
-                                                                     "scheduler_config.json"))
-    except (OSError, ValueError, TypeError, KeyError) as exc:
-        raise unloadable(directory, "scheduler", exc) from exc
-
-
-def _old_sample_size(directory: Path, unet: Any) -> Any:
-    """diffusers' Flax SD pipeline's rule for a UNet config saved before diffusers 0.9 with a ``sample_size`` under
-    64 (CompVis' SD 1.x checkpoints say 32): read as 64, as its PyTorch pipeline does too (the native size only)."""
-    import re
-
-    saved = str(read_config(directory / "unet").get("_diffusers_version") or "")
-    parts = tuple(int(p) for p in re.findall(r"\d+", saved)[:2])
-    if saved and parts < (0, 9) and unet.sample_size < 64:
-        return unet.clone(sample_size=64)
-    return unet
-
-
-def with_scheduler(loaded: LoadedModel, scheduler: SchedulerConfig, prediction_type: Any = None,
-                   attention: str = "default"):
-    """A pipeline sharing ``loaded``'s modules (the UNet set up for ``attention``) with the configured
-    scheduler, and the scheduler's float32 state."""
-    overrides = dict(scheduler.config_overrides)
-    if prediction_type is not None and "prediction_type" not in overrides:
-        overrides["prediction_type"] = getattr(prediction_type, "name", prediction_type)
-    sched, state = build_scheduler(scheduler.name, overrides, loaded.path)
-    pipeline = loaded.pipeline.with_modules(unet=loaded.pipeline.unet.clone(attention=attention), scheduler=sched)
-    return pipeline, to_host(state, np.dtype(np.float32))  # the scheduler state is never cast

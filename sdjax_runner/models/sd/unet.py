@@ -38,7 +38,42 @@ import numpy as np
 from sdjax_runner.models.nn.attention import IMPLEMENTATIONS
 from sdjax_runner.models.nn.attention import attention as multihead_attention
 from sdjax_runner.models.nn.config import FromDiffusersConfig
-from sdjax_runner.models.unet_config import NEUTRAL
+
+# What a UNet's config.json may ask that this UNet (diffusers' Flax UNet's arithmetic) does not compute: the keys of
+# diffusers' PyTorch UNet2DConditionModel, each with the values at which PyTorch computes what this UNet computes
+# (its default, or what the Flax class hard-codes), and what the key is. Another value is refused in one line
+# (from_config): loaded and run, such a model would drop the weights of what it turns on -- an LCM model's guidance
+# embedding, class embeddings, other normalisation -- and make wrong images, silently. Keys that change only
+# precision (``upcast_attention``, SD 2.1's) are not listed (UNET_FREE).
+NEUTRAL: dict[str, tuple[tuple[Any, ...], str]] = {
+    "time_cond_proj_dim": ((None,), "an LCM model's guidance embedding (w, added to the time embedding)"),
+    "class_embed_type": ((None,), "class embeddings (an upscaler's noise level, unCLIP's image embedding)"),
+    "num_class_embeds": ((None,), "class embeddings"),
+    "encoder_hid_dim": ((None,), "a projection of the text encoder's states (DeepFloyd IF, Kandinsky)"),
+    "encoder_hid_dim_type": ((None,), "a projection of the text encoder's states"),
+    "addition_embed_type": ((None, "text_time"), "added embeddings other than SDXL's text_time"),
+    "center_input_sample": ((False,), "centring the input sample"),
+    "conv_in_kernel": ((3,), "the input convolution's window"),
+    "conv_out_kernel": ((3,), "the output convolution's window"),
+    "resnet_time_scale_shift": (("default",), "scale-shift time conditioning in the resnets"),
+    "time_embedding_type": (("positional",), "Fourier time embeddings"),
+    "time_embedding_dim": ((None,), "another time embedding width"),
+    "time_embedding_act_fn": ((None,), "an activation on the time embedding"),
+    "timestep_post_act": ((None,), "an activation after the time embedding"),
+    "act_fn": (("silu",), "another activation"),
+    "norm_num_groups": ((32,), "another group-norm group count"),
+    "norm_eps": ((1e-5,), "another group-norm epsilon"),
+    "attention_type": (("default",), "gated attention (GLIGEN)"),
+    "class_embeddings_concat": ((False,), "class embeddings concatenated"),
+    "dual_cross_attention": ((False,), "dual cross-attention"),
+    "resnet_skip_time_act": ((False,), "the resnets' skipped time activation"),
+    "resnet_out_scale_factor": ((1, 1.0), "scaled resnet outputs"),
+    "cross_attention_norm": ((None,), "normalised cross-attention inputs"),
+    "mid_block_type": (("UNetMidBlock2DCrossAttn",), "another middle block"),
+    "reverse_transformer_layers_per_block": ((None,), "per-block transformer depths in the up blocks"),
+    "downsample_padding": ((1,), "another downsampling padding"),
+    "mid_block_scale_factor": ((1, 1.0), "a scaled middle block"),
+}
 
 # The keys of diffusers' FlaxUNet2DConditionModel config.json and their defaults there.
 CONFIG_DEFAULTS: dict[str, Any] = {
@@ -69,7 +104,7 @@ CONFIG_DEFAULTS: dict[str, Any] = {
 PER_LEVEL = ("only_cross_attention", "attention_head_dim", "num_attention_heads", "transformer_layers_per_block")
 CONFIG_TUPLES = ("down_block_types", "up_block_types", "block_out_channels", *PER_LEVEL)
 # Keys of published (PyTorch) UNet configs that are no Flax UNet keys, with the values at which PyTorch computes
-# what this UNet computes (models/unet_config.py); any other value is refused by from_config.
+# what this UNet computes (NEUTRAL); any other value is refused by from_config.
 UNET_NEUTRAL = {key: value for key, value in NEUTRAL.items() if key not in CONFIG_DEFAULTS}
 # Published keys that change nothing here whatever their value: attention upcasting (precision only; diffusers'
 # Flax UNet has none), the cross-attention-only flag of a mid block type this UNet does not build.
@@ -77,6 +112,18 @@ UNET_FREE = ("upcast_attention", "mid_block_only_cross_attention")
 GROUPS = 32  # every GroupNorm's group count, fixed in diffusers' Flax blocks
 DOWN_BLOCKS = ("CrossAttnDownBlock2D", "DownBlock2D")
 UP_BLOCKS = ("CrossAttnUpBlock2D", "UpBlock2D")
+
+
+def saved_sample_size(config: Mapping[str, Any]) -> Any:
+    """A saved config.json's ``sample_size`` as diffusers' Flax SD pipeline reads it: one saved before diffusers
+    0.9 with a ``sample_size`` under 64 (CompVis' SD 1.x configs say 32; their images are 512 px) reads as 64, as
+    its PyTorch pipeline does too (it sets only the native size); any other as saved (the default where absent)."""
+    import re
+
+    size = config.get("sample_size", CONFIG_DEFAULTS["sample_size"])
+    saved = str(config.get("_diffusers_version") or "")
+    parts = tuple(int(p) for p in re.findall(r"\d+", saved)[:2])
+    return 64 if saved and parts < (0, 9) and isinstance(size, int) and size < 64 else size
 
 
 class UNetOutput(NamedTuple):
