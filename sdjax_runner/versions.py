@@ -3,12 +3,15 @@ and part of every cache key (stored executables, parameter shapes)."""
 
 from __future__ import annotations
 
+import functools
 from importlib import metadata
 
-PACKAGES = ("jax", "jaxlib", "flax", "diffusers", "transformers", "numpy")
+# The model code is the runner's own (issue #60): diffusers and transformers decide no pixel any more.
+PACKAGES = ("jax", "jaxlib", "flax", "numpy")
 
 
-def package_versions() -> dict[str, str]:
+@functools.cache
+def _installed() -> dict[str, str]:
     versions = {}
     for name in PACKAGES:
         try:
@@ -16,3 +19,8 @@ def package_versions() -> dict[str, str]:
         except metadata.PackageNotFoundError:
             versions[name] = "not installed"
     return versions
+
+
+def package_versions() -> dict[str, str]:
+    """``{package: version}`` of :data:`PACKAGES` (read once per process: what is imported does not change)."""
+    return dict(_installed())
