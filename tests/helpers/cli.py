@@ -6,6 +6,7 @@ import os
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 # What only a process of its own can run: an environment JAX, XLA, Python or Ray read when they start, another
@@ -40,15 +41,19 @@ def run_cli(*overrides: str, cwd: Path, env: dict | None = None, timeout: int | 
     ~3 s a call."""
     if process is None:
         process = timeout is not None or needs_a_process(overrides, env)
+    started = time.perf_counter()
     if not process:
-        return call_cli(*overrides, cwd=cwd, env=env, command=command)
-    if os.environ.get("SDJAX_TEST_PROCESS_LOG"):  # which tests start processes, and why (the suite's time)
+        result = call_cli(*overrides, cwd=cwd, env=env, command=command)
+    else:
+        full_env = {k: v for k, v in os.environ.items() if k not in ("HYDRA_FULL_ERROR", "MLFLOW_TRACKING_URI")}
+        full_env.update(env or {})
+        result = subprocess.run([sys.executable, "-m", "sdjax_runner", *([command] if command else []), *overrides],
+                                cwd=cwd, env=full_env, capture_output=True, text=True, timeout=timeout or 300)
+    if os.environ.get("SDJAX_TEST_PROCESS_LOG"):  # which tests run what, where and for how long (the suite's time)
         with open(os.environ["SDJAX_TEST_PROCESS_LOG"], "a", encoding="utf-8") as log:
-            log.write(f"{os.environ.get('PYTEST_CURRENT_TEST', '?')}\t{command or ''}\t{' '.join(overrides)[:300]}\n")
-    full_env = {k: v for k, v in os.environ.items() if k not in ("HYDRA_FULL_ERROR", "MLFLOW_TRACKING_URI")}
-    full_env.update(env or {})
-    return subprocess.run([sys.executable, "-m", "sdjax_runner", *([command] if command else []), *overrides], cwd=cwd, env=full_env,
-                          capture_output=True, text=True, timeout=timeout or 300)
+            log.write(f"{os.environ.get('PYTEST_CURRENT_TEST', '?')}\t{'process' if process else 'in-process'}\t"
+                      f"{time.perf_counter() - started:.2f}\t{command or ''}\t{' '.join(overrides)[:400]}\n")
+    return result
 
 
 def assert_one_line_error(result: subprocess.CompletedProcess, expected: str) -> None:
