@@ -50,7 +50,7 @@ def run_cli(*overrides: str, cwd: Path, env: dict | None = None, timeout: int | 
         result = subprocess.run([sys.executable, "-m", "sdjax_runner", *([command] if command else []), *overrides],
                                 cwd=cwd, env=full_env, capture_output=True, text=True, timeout=timeout or 300)
     if os.environ.get("SDJAX_TEST_PROCESS_LOG"):  # which tests run what, where and for how long (the suite's time)
-        with open(os.environ["SDJAX_TEST_PROCESS_LOG"], "a", encoding="utf-8") as log:
+        with open(os.environ["SDJAX_TEST_PROCESS_LOG"], "a", encoding="utf-8", errors="backslashreplace") as log:
             log.write(f"{os.environ.get('PYTEST_CURRENT_TEST', '?')}\t{'process' if process else 'in-process'}\t"
                       f"{time.perf_counter() - started:.2f}\t{command or ''}\t{' '.join(overrides)[:400]}\n")
     return result
