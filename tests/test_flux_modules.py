@@ -302,21 +302,22 @@ def test_the_full_size_architecture_has_flux1_devs_published_parameter_counts():
     of black-forest-labs/FLUX.1-dev's components as diffusers / transformers count them (num_parameters()):
     transformer 11,901,408,320; T5-XXL encoder 4,762,310,656; CLIP-L text model 123,060,480; VAE 83,819,683."""
     import jax
-    from transformers import CLIPTextConfig, FlaxCLIPTextModel, FlaxT5EncoderModel, T5Config
+    import jax.numpy as jnp
 
+    from sdjax_runner.models import published_layout
     from sdjax_runner.models.builtin import FLUX_SPECS
     from sdjax_runner.models.checkpoints import param_shapes
     from sdjax_runner.models.flux.autoencoder import FlaxFluxAutoencoderKL
-    from sdjax_runner.models.flux.t5 import compatible_flax_t5
     from sdjax_runner.models.flux.transformer import FlaxFluxTransformer
+    from sdjax_runner.models.loading import MODULE_KINDS
 
     def count(tree) -> int:
         return sum(int(np.prod(leaf.shape)) for leaf in jax.tree_util.tree_leaves(tree))
 
-    compatible_flax_t5()
     spec = FLUX_SPECS["flux-dev-arch"]
-    t5 = FlaxT5EncoderModel(T5Config(**spec["t5"], is_encoder_decoder=False, use_cache=False), _do_init=False)
-    clip = FlaxCLIPTextModel(CLIPTextConfig(max_position_embeddings=77, **spec["clip"]), _do_init=False)
+    # the text encoders as the built-in's config.json files describe them, built as the loader builds them
+    t5 = MODULE_KINDS["T5EncoderModel"].build(published_layout.t5_config(spec["t5"]), jnp.float32)
+    clip = MODULE_KINDS["CLIPTextModel"].build(published_layout.clip_text_config(spec["clip"]), jnp.float32)
     assert count(param_shapes(FlaxFluxTransformer.from_config(spec["transformer"]), "diffusers")) == 11_901_408_320
     assert count(param_shapes(t5, "transformers")) == 4_762_310_656
     assert count(param_shapes(clip, "transformers")) == 123_060_480

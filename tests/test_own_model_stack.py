@@ -5,6 +5,7 @@ transformers wrote in shards load as the whole file does."""
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -24,9 +25,8 @@ def _imported(stderr: str) -> set[str]:
 @pytest.mark.slow
 @pytest.mark.parametrize("model", ["tiny-sd", "tiny-flux-dev"])
 def test_a_run_imports_no_diffusers_transformers_or_torch(tmp_path, tiny_model_dir, model):
-    """(The built-in models are written by diffusers' and transformers' save_pretrained the first time they are
-    built, issue #60's remaining part: here the session's built folder, and the committed PyTorch-layout FLUX.1
-    folder, are run as a user's local folders.)"""
+    """(The session's built-in folder, and the committed PyTorch-layout FLUX.1 folder, are run as a user's local
+    folders; building a built-in imports neither library either: tests/test_builtin_writer.py.)"""
     folder = tiny_model_dir if model == "tiny-sd" else FIXTURES / "flux" / model
     experiment = "smoke" if model == "tiny-sd" else "flux_smoke"
     result = subprocess.run([sys.executable, "-X", "importtime", "-m", "sdjax_runner", f"+experiment={experiment}",
@@ -42,6 +42,22 @@ def test_a_run_imports_no_diffusers_transformers_or_torch(tmp_path, tiny_model_d
 
 
 @pytest.mark.slow
+def test_neither_diffusers_nor_transformers_is_a_dependency_of_the_runtime():
+    """So transformers 5 (no Flax) installs beside the runner (checked on 2026-11-28: ``pip install --dry-run .
+    "transformers>=5"`` resolves, transformers 5.15.1); the test extra keeps their last Flax releases as references."""
+    import tomllib
+
+    project = tomllib.loads((Path(__file__).resolve().parents[1] / "pyproject.toml").read_text())["project"]
+
+    def names(requirements: list[str]) -> set[str]:
+        return {re.split(r"[<>=!\[; ]", requirement, maxsplit=1)[0].lower() for requirement in requirements}
+
+    assert len(project["dependencies"]) > 10
+    assert not names(project["dependencies"]) & LIBRARIES
+    assert names(project["optional-dependencies"]["test"]) >= {"diffusers", "transformers"}
+    assert "torch" not in names(project["optional-dependencies"]["test"])
+
+
 def test_the_loaded_sd_pipeline_is_the_runners_own(tiny_model_dir, tiny_xl_dir):
     from helpers.configs import compose_cfg
     from sdjax_runner.models.loaders import load_model

@@ -83,11 +83,13 @@ def test_the_sd35_large_architecture_has_diffusers_parameter_counts():
     environment of tests/helpers/make_flux_reference.py): SD3Transformer2DModel 8,056,627,520 parameters plus its
     89,653,248-value pos_embed buffer (a parameter here), CLIPTextModelWithProjection 123,650,304 (CLIP-L) and
     694,659,840 (bigG), AutoencoderKL 83,819,683."""
-    from transformers import CLIPTextConfig, FlaxCLIPTextModelWithProjection
+    import jax.numpy as jnp
 
+    from sdjax_runner.models import published_layout
     from sdjax_runner.models.builtin import SD3_SPECS
     from sdjax_runner.models.checkpoints import param_shapes
     from sdjax_runner.models.flux.autoencoder import FlaxFluxAutoencoderKL
+    from sdjax_runner.models.loading import MODULE_KINDS
 
     def count(tree) -> int:
         return sum(int(np.prod(leaf.shape)) for leaf in jax.tree_util.tree_leaves(tree))
@@ -96,6 +98,7 @@ def test_the_sd35_large_architecture_has_diffusers_parameter_counts():
     assert count(param_shapes(FlaxSD3Transformer.from_config(spec["transformer"]), "diffusers")) == \
         8_056_627_520 + 89_653_248
     for clip, expected in ((spec["clip"], 123_650_304), (spec["clip_2"], 694_659_840)):
-        model = FlaxCLIPTextModelWithProjection(CLIPTextConfig(max_position_embeddings=77, **clip), _do_init=False)
+        # as the built-in's config.json describes the encoder, built as the loader builds it
+        model = MODULE_KINDS["CLIPTextModelWithProjection"].build(published_layout.clip_text_config(clip), jnp.float32)
         assert count(param_shapes(model, "transformers")) == expected
     assert count(param_shapes(FlaxFluxAutoencoderKL.from_config(spec["vae"]), "diffusers")) == 83_819_683

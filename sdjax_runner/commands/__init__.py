@@ -36,7 +36,7 @@ def command_parser(name: str, doc: str) -> argparse.ArgumentParser:
 
 
 # What every command imports: a Python without them (the system's, the venv not activated) gets one line.
-REQUIRED = ("hydra", "omegaconf", "jax", "flax", "diffusers", "transformers", "mlflow", "PIL", "numpy")
+REQUIRED = ("hydra", "omegaconf", "jax", "flax", "mlflow", "PIL", "numpy")
 
 
 def missing_dependency() -> str | None:

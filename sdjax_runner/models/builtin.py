@@ -11,13 +11,14 @@ full-size ones for benchmarks.
 * ``tiny-random-flux``: a structurally complete FLUX.1 [dev] pipeline in diffusers' layout (CLIP tokenizer and
   text encoder, a T5 tokenizer and encoder, the flow-matching transformer with a guidance embedder, the
   16-channel VAE, FLUX.1-dev's scheduler config): the transformer and VAE as Flax weights of the runner's own
-  modules (models/flux/), the text encoders as transformers' Flax weights, the T5 tokenizer a small unigram
+  modules (models/flux/), the text encoders in transformers' Flax layout, the T5 tokenizer a small unigram
   model built with the ``tokenizers`` library (no sentencepiece, no hub).
 * ``tiny-random-clip``: a small random CLIP (text and vision towers, the CLIP tokenizer and image
   processor) for the CLIP score metric in tests and the smoke run.
 
-Each is written once with ``save_pretrained`` and afterwards loaded exactly like a hub model,
-so the runner's real loading path is what the tests exercise. Everything is derived from fixed
+Each is written once, in diffusers' and transformers' published layout (models/published_layout.py: the files
+their ``save_pretrained`` wrote, byte for byte, with neither library), and afterwards loaded exactly like a hub
+model, so the runner's real loading path is what the tests exercise. Everything is derived from fixed
 seeds: two builds produce identical files.
 """
 
@@ -109,23 +110,15 @@ def _vocabulary() -> tuple[list[str], list[tuple[str, str]]]:
     return tokens + ["<|startoftext|>", "<|endoftext|>"], merges
 
 
-def _write_tokenizer(directory: Path, pad_token: str = "<|endoftext|>") -> int:
-    """Write a CLIP tokenizer (vocab.json, merges.txt) laid out like openai/clip's."""
-    from transformers import CLIPTokenizer
+def _write_tokenizer(directory: Path, pad_token: str = "<|endoftext|>", pad_as_text: bool = False) -> int:
+    """Write a CLIP tokenizer (vocab.json, merges.txt and transformers' two JSON files) laid out like
+    openai/clip's; its vocabulary size. ``pad_as_text``: published_layout.clip_tokenizer's (the FLUX.1 and SD 3
+    built-ins' tokenizers were written so)."""
+    from sdjax_runner.models import published_layout
 
     tokens, merges = _vocabulary()
-    directory.mkdir(parents=True)
-    (directory / "vocab.json").write_text(json.dumps({t: i for i, t in enumerate(tokens)}), encoding="utf-8")
-    merges_text = "#version: 0.2\n" + "\n".join(" ".join(m) for m in merges) + "\n"
-    (directory / "merges.txt").write_text(merges_text, encoding="utf-8")
-    # Round-trip through CLIPTokenizer so tokenizer_config.json etc. are the library's own.
-    tokenizer = CLIPTokenizer(
-        str(directory / "vocab.json"), str(directory / "merges.txt"), model_max_length=77, pad_token=pad_token
-    )
-    tokenizer.save_pretrained(directory)
+    published_layout.clip_tokenizer(directory, tokens, merges, pad_token, pad_as_text=pad_as_text)
     return len(tokens)
-
-
 
 
 def _random_params(shape_tree, seed: int, dtype=None, draw_dtype: str = "float64", fixed=None):
@@ -406,51 +399,74 @@ def remove_abandoned_builds(target: Path) -> list[Path]:
     return removed
 
 
-def architecture(name: str):
-    """(pipeline modules, their parameter shapes) of built-in ``name``, with no weights."""
-    from diffusers import FlaxAutoencoderKL, FlaxUNet2DConditionModel
-    from transformers import CLIPTextConfig, FlaxCLIPTextModel, FlaxCLIPTextModelWithProjection
+def _clip_text_config(spec: dict, vocab_size: int) -> dict:
+    """A CLIP text encoder's config.json keys (transformers' CLIPTextConfig) for the built-in tokenizer."""
+    from sdjax_runner.models import published_layout
 
+    return published_layout.clip_text_config({"vocab_size": vocab_size, "max_position_embeddings": 77, **spec,
+                                              "bos_token_id": vocab_size - 2, "eos_token_id": vocab_size - 1,
+                                              "pad_token_id": vocab_size - 1})
+
+
+def _unet_config(spec: dict) -> dict:
+    from sdjax_runner.models.sd.unet import CONFIG_DEFAULTS
+
+    return dict(CONFIG_DEFAULTS, in_channels=9 if spec.get("inpaint") else 4, out_channels=4, **spec["unet"])
+
+
+def _vae_config(spec: dict) -> dict:
+    from sdjax_runner.models.nn.vae import CONFIG_DEFAULTS
+    from sdjax_runner.models.published_layout import FLAX_VAE_KEYS
+
+    return dict({key: CONFIG_DEFAULTS[key] for key in FLAX_VAE_KEYS}, in_channels=3, out_channels=3,
+                latent_channels=4, down_block_types=("DownEncoderBlock2D",) * 4,
+                up_block_types=("UpDecoderBlock2D",) * 4, **spec["vae"])
+
+
+def _module(class_name: str, config: dict) -> Any:
+    """The runner's module for a component config, as the loader builds it (models/loading.py's MODULE_KINDS)."""
+    import jax.numpy as jnp
+
+    from sdjax_runner.models.loading import MODULE_KINDS
+
+    return MODULE_KINDS[class_name].build(config, jnp.float32)
+
+
+def _shapes(class_name: str, config: dict) -> Any:
     from sdjax_runner.models.checkpoints import param_shapes
+    from sdjax_runner.models.loading import MODULE_KINDS
 
-    spec = SPECS[name]
+    return param_shapes(_module(class_name, config), MODULE_KINDS[class_name].naming)
+
+
+def _text_encoders(spec: dict) -> list[tuple[str, str, dict]]:
+    """(component, published class, config) of an SD built-in's text encoders."""
     size = len(_vocabulary()[0])  # the tokenizer's ids end with <|startoftext|>, <|endoftext|>
-    modules: dict[str, Any] = {}
-    shapes: dict[str, Any] = {}
-    for number, text in enumerate(spec["text"]):
-        config = CLIPTextConfig(**{"vocab_size": size, "max_position_embeddings": 77, **text},
-                                bos_token_id=size - 2, eos_token_id=size - 1, pad_token_id=size - 1)
-        cls = FlaxCLIPTextModelWithProjection if spec["xl"] and number == 1 else FlaxCLIPTextModel
-        encoder = cls(config, _do_init=False)
-        component = "text_encoder" if number == 0 else "text_encoder_2"
-        modules[component] = encoder
-        shapes[component] = param_shapes(encoder, "transformers")
-    modules["unet"] = FlaxUNet2DConditionModel(in_channels=9 if spec.get("inpaint") else 4, out_channels=4,
-                                               **spec["unet"])
-    modules["vae"] = FlaxAutoencoderKL(in_channels=3, out_channels=3, latent_channels=4,
-                                       down_block_types=("DownEncoderBlock2D",) * 4,
-                                       up_block_types=("UpDecoderBlock2D",) * 4, **spec["vae"])
-    for component in ("unet", "vae"):
-        shapes[component] = param_shapes(modules[component], "diffusers")
+    return [("text_encoder" if number == 0 else "text_encoder_2",
+             "CLIPTextModelWithProjection" if spec["xl"] and number == 1 else "CLIPTextModel",
+             _clip_text_config(text, size)) for number, text in enumerate(spec["text"])]
+
+
+def architecture(name: str):
+    """(the runner's modules of built-in ``name``'s pipeline, their parameter shapes), with no weights."""
+    spec = SPECS[name]
+    classes = {component: (cls, config) for component, cls, config in _text_encoders(spec)}
+    classes["unet"] = ("UNet2DConditionModel", _unet_config(spec))
+    classes["vae"] = ("AutoencoderKL", _vae_config(spec))
+    modules = {component: _module(cls, config) for component, (cls, config) in classes.items()}
+    shapes = {component: _shapes(cls, config) for component, (cls, config) in classes.items()}
     return modules, shapes
 
 
 def _build_into(directory: Path, spec: dict) -> None:
     import ml_dtypes
     import numpy as np
-    from diffusers import (
-        FlaxEulerDiscreteScheduler,
-        FlaxPNDMScheduler,
-        FlaxStableDiffusionInpaintPipeline,
-        FlaxStableDiffusionPipeline,
-        FlaxStableDiffusionXLPipeline,
-    )
-    from transformers import CLIPTokenizer
+
+    from sdjax_runner.models import published_layout
 
     name = next(n for n, s in SPECS.items() if s is spec)
-    _write_tokenizer(directory / "_tokenizer")
-    tokenizer = CLIPTokenizer.from_pretrained(directory / "_tokenizer")
-    modules, shapes = architecture(name)
+    _write_tokenizer(directory / "tokenizer")
+    _, shapes = architecture(name)
     full_size = spec["save_dtype"] != "float32"
     dtype = np.dtype(ml_dtypes.bfloat16) if spec["save_dtype"] == "bfloat16" else np.dtype(np.float32)
     params = {
@@ -464,60 +480,70 @@ def _build_into(directory: Path, spec: dict) -> None:
             norm = params[component]["text_model"]["final_layer_norm"]
             norm["bias"] = (0.1 * np.random.default_rng(SEED + 30 + number).standard_normal(norm["bias"].shape)
                             ).astype(dtype)
+    for component, cls, config in _text_encoders(spec):
+        published_layout.transformers_model(directory / component, cls, config, params[component])
+    published_layout.diffusers_component(directory / "unet", "FlaxUNet2DConditionModel", _unet_config(spec), {},
+                                         params["unet"])
+    published_layout.diffusers_component(directory / "vae", "FlaxAutoencoderKL", _vae_config(spec), {},
+                                         params["vae"])
+    components: dict[str, list[Any]] = {"text_encoder": ["transformers", "FlaxCLIPTextModel"],
+                                        "tokenizer": ["transformers", "CLIPTokenizer"],
+                                        "unet": ["diffusers", "FlaxUNet2DConditionModel"],
+                                        "vae": ["diffusers", "FlaxAutoencoderKL"]}
     if spec["xl"]:
-        _write_tokenizer(directory / "_tokenizer_2", pad_token="!")  # SDXL's second tokenizer pads with "!"
-        pipeline = FlaxStableDiffusionXLPipeline(
-            text_encoder=modules["text_encoder"], text_encoder_2=modules["text_encoder_2"], vae=modules["vae"],
-            tokenizer=tokenizer, tokenizer_2=CLIPTokenizer.from_pretrained(directory / "_tokenizer_2"),
-            unet=modules["unet"], scheduler=FlaxEulerDiscreteScheduler(**XL_SCHEDULER))
+        _write_tokenizer(directory / "tokenizer_2", pad_token="!")  # SDXL's second tokenizer pads with "!"
+        published_layout.scheduler(directory / "scheduler", "FlaxEulerDiscreteScheduler", XL_SCHEDULER)
+        components.update(scheduler=["diffusers", "FlaxEulerDiscreteScheduler"],
+                          text_encoder_2=["transformers", "FlaxCLIPTextModelWithProjection"],
+                          tokenizer_2=["transformers", "CLIPTokenizer"])
+        pipeline = "FlaxStableDiffusionXLPipeline"
     else:
-        pipeline = (FlaxStableDiffusionInpaintPipeline if spec.get("inpaint") else FlaxStableDiffusionPipeline)(
-            vae=modules["vae"], text_encoder=modules["text_encoder"], tokenizer=tokenizer, unet=modules["unet"],
-            scheduler=FlaxPNDMScheduler(**SD_SCHEDULER), safety_checker=None, feature_extractor=None)
-    pipeline.save_pretrained(directory, params=params)
-    for staging in directory.glob("_tokenizer*"):
-        shutil.rmtree(staging)
+        published_layout.scheduler(directory / "scheduler", "FlaxPNDMScheduler", SD_SCHEDULER)
+        components.update(scheduler=["diffusers", "FlaxPNDMScheduler"], safety_checker=[None, None],
+                          feature_extractor=[None, None])
+        pipeline = "FlaxStableDiffusionInpaintPipeline" if spec.get("inpaint") else "FlaxStableDiffusionPipeline"
+    published_layout.model_index(directory, pipeline, components)
 
 
 def _build_clip_into(directory: Path, spec: dict) -> None:
-    import jax
-    from transformers import CLIPConfig, CLIPImageProcessor, CLIPTokenizer, FlaxCLIPModel
+    from sdjax_runner.models import published_layout
+    from sdjax_runner.models.checkpoints import param_shapes
+    from sdjax_runner.models.nn.clip import CLIPModel
 
-    _write_tokenizer(directory / "_tokenizer")
-    size = len(_vocabulary()[0])
+    size = _write_tokenizer(directory)
     text = dict(spec["text"], vocab_size=size, max_position_embeddings=77, bos_token_id=size - 2,
                 eos_token_id=size - 1, pad_token_id=size - 1)
-    config = CLIPConfig(text_config=text, vision_config=spec["vision"], projection_dim=spec["projection_dim"])
-    module = FlaxCLIPModel(config, _do_init=False)
-    shapes = jax.eval_shape(lambda key: module.init_weights(key, module.input_shape), jax.random.PRNGKey(0))
-    module.save_pretrained(directory, params=_random_params(shapes, SEED + 10))
-    CLIPTokenizer.from_pretrained(directory / "_tokenizer").save_pretrained(directory)
-    image_size = spec["vision"]["image_size"]
-    CLIPImageProcessor(size={"shortest_edge": image_size},
-                       crop_size={"height": image_size, "width": image_size}).save_pretrained(directory)
-    shutil.rmtree(directory / "_tokenizer")
+    config = published_layout.clip_model_config(text, spec["vision"], spec["projection_dim"])
+    shapes = param_shapes(CLIPModel.from_config(config), "transformers")
+    published_layout.transformers_model(directory, "CLIPModel", config, _random_params(shapes, SEED + 10))
+    published_layout.clip_image_processor(directory, spec["vision"]["image_size"])
 
 
-def controlnet_architecture(name: str):
-    """(FlaxControlNetModel, its parameter shapes) of built-in ControlNet ``name``, with no weights."""
-    from diffusers import FlaxControlNetModel
-
-    from sdjax_runner.models.checkpoints import param_shapes
+def _controlnet_config(name: str) -> dict:
+    from sdjax_runner.models.sd.controlnet import CONFIG_DEFAULTS
 
     spec = CONTROLNET_SPECS[name]
     unet = SPECS[spec["base"]]["unet"]
-    module = FlaxControlNetModel(
-        sample_size=unet["sample_size"], in_channels=4, down_block_types=unet["down_block_types"],
-        block_out_channels=unet["block_out_channels"], layers_per_block=unet["layers_per_block"],
-        attention_head_dim=unet["attention_head_dim"], cross_attention_dim=unet["cross_attention_dim"],
-        conditioning_embedding_out_channels=spec["conditioning_embedding_out_channels"])
-    return module, param_shapes(module, "diffusers")
+    return dict(CONFIG_DEFAULTS, sample_size=unet["sample_size"], in_channels=4,
+                down_block_types=unet["down_block_types"], block_out_channels=unet["block_out_channels"],
+                layers_per_block=unet["layers_per_block"], attention_head_dim=unet["attention_head_dim"],
+                cross_attention_dim=unet["cross_attention_dim"],
+                conditioning_embedding_out_channels=spec["conditioning_embedding_out_channels"])
+
+
+def controlnet_architecture(name: str):
+    """(the runner's ControlNet module, its parameter shapes) of built-in ControlNet ``name``, with no weights."""
+    config = _controlnet_config(name)
+    return _module("ControlNetModel", config), _shapes("ControlNetModel", config)
 
 
 def _build_controlnet_into(directory: Path, spec: dict) -> None:
+    from sdjax_runner.models import published_layout
+
     name = next(n for n, s in CONTROLNET_SPECS.items() if s is spec)
-    module, shapes = controlnet_architecture(name)
-    module.save_pretrained(directory, params=_random_params(shapes, SEED + 20))
+    _, shapes = controlnet_architecture(name)
+    published_layout.diffusers_component(directory, "FlaxControlNetModel", _controlnet_config(name), {},
+                                         _random_params(shapes, SEED + 20))
 
 
 # --- FLUX.1 --------------------------------------------------------------------------------------
@@ -546,7 +572,8 @@ def _write_t5_tokenizer(directory: Path) -> int:
     """A T5TokenizerFast laid out as the hub's FLUX.1 tokenizer_2/ (tokenizer.json, tokenizer_config.json,
     special_tokens_map.json): sentencepiece's normalizer, Metaspace pre-tokenizer and an appended ``</s>``."""
     from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
-    from transformers import T5TokenizerFast
+
+    from sdjax_runner.models import published_layout
 
     pieces = _t5_pieces()
     tokenizer = Tokenizer(models.Unigram(pieces, unk_id=2, byte_fallback=False))
@@ -556,9 +583,7 @@ def _write_t5_tokenizer(directory: Path) -> int:
     tokenizer.decoder = decoders.Metaspace(replacement="\u2581", prepend_scheme="always")
     tokenizer.post_processor = processors.TemplateProcessing(single="$A </s>", pair="$A </s> $B </s>",
                                                             special_tokens=[("</s>", 1)])
-    fast = T5TokenizerFast(tokenizer_object=tokenizer, eos_token="</s>", unk_token="<unk>", pad_token="<pad>",
-                           extra_ids=0, model_max_length=512)
-    fast.save_pretrained(directory)
+    published_layout.t5_tokenizer(directory, tokenizer, _T5_SPECIALS)
     return len(pieces)
 
 
@@ -579,15 +604,22 @@ def _save_flow_scheduler(directory: Path, config: dict) -> None:
 
 
 def _save_t5(directory: Path, name: str, config: dict, vocab_size: int, seed: int, dtype: Any, draw: str) -> None:
-    """A T5 encoder (transformers' Flax class) with random weights, as a FLUX.1 or SD 3 folder holds it."""
-    from transformers import FlaxT5EncoderModel, T5Config
+    """A T5 encoder (transformers' T5EncoderModel layout) with random weights, as a FLUX.1 or SD 3 folder holds it."""
+    from sdjax_runner.models import published_layout
 
-    from sdjax_runner.models.checkpoints import param_shapes
+    t5 = published_layout.t5_config({"vocab_size": vocab_size, **config})
+    published_layout.transformers_model(directory / name, "T5EncoderModel", t5,
+                                        _random_params(_shapes("T5EncoderModel", t5), seed, dtype, draw))
 
-    t5 = FlaxT5EncoderModel(T5Config(**{"vocab_size": vocab_size, **config}, pad_token_id=0, eos_token_id=1,
-                                     decoder_start_token_id=0, is_encoder_decoder=False, use_cache=False),
-                            _do_init=False)
-    t5.save_pretrained(directory / name, params=_random_params(param_shapes(t5, "transformers"), seed, dtype, draw))
+
+def _save_clip_text(directory: Path, name: str, cls: str, spec: dict, vocab_size: int, seed: int, dtype: Any,
+                    draw: str) -> None:
+    """A CLIP text encoder (transformers' layout for ``cls``) with random weights."""
+    from sdjax_runner.models import published_layout
+
+    config = _clip_text_config(spec, vocab_size)
+    published_layout.transformers_model(directory / name, cls, config,
+                                        _random_params(_shapes(cls, config), seed, dtype, draw))
 
 
 def _saved_dtypes(spec: dict) -> tuple[Any, str]:
@@ -603,23 +635,15 @@ def _saved_dtypes(spec: dict) -> tuple[Any, str]:
 
 def _build_flux_into(directory: Path, spec: dict) -> None:
     """A FLUX.1 folder in diffusers' layout: model_index.json, each component's config and weights."""
-    from transformers import CLIPTextConfig, CLIPTokenizer, FlaxCLIPTextModel
-
     from sdjax_runner.models.checkpoints import param_shapes
     from sdjax_runner.models.flux.autoencoder import FlaxFluxAutoencoderKL
-    from sdjax_runner.models.flux.t5 import compatible_flax_t5
     from sdjax_runner.models.flux.transformer import FlaxFluxTransformer
 
-    compatible_flax_t5()  # T5's shapes are traced through its init
-    _write_tokenizer(directory / "tokenizer")
+    _write_tokenizer(directory / "tokenizer", pad_as_text=True)
     clip_size = len(_vocabulary()[0])
     t5_size = _write_t5_tokenizer(directory / "tokenizer_2")
     dtype, draw = _saved_dtypes(spec)
-    clip_config = {"vocab_size": clip_size, "max_position_embeddings": 77, **spec["clip"]}
-    clip = FlaxCLIPTextModel(CLIPTextConfig(**clip_config, bos_token_id=clip_size - 2, eos_token_id=clip_size - 1,
-                                            pad_token_id=clip_size - 1), _do_init=False)
-    clip.save_pretrained(directory / "text_encoder",
-                         params=_random_params(param_shapes(clip, "transformers"), SEED + 40, dtype, draw))
+    _save_clip_text(directory, "text_encoder", "CLIPTextModel", spec["clip"], clip_size, SEED + 40, dtype, draw)
     _save_t5(directory, "text_encoder_2", spec["t5"], t5_size, SEED + 41, dtype, draw)
     own: tuple[tuple[str, Any, str], ...] = (("transformer", FlaxFluxTransformer, "FluxTransformer2DModel"),
                                              ("vae", FlaxFluxAutoencoderKL, "AutoencoderKL"))
@@ -634,32 +658,23 @@ def _build_flux_into(directory: Path, spec: dict) -> None:
              "tokenizer": ["transformers", "CLIPTokenizer"], "tokenizer_2": ["transformers", "T5TokenizerFast"],
              "transformer": ["diffusers", "FluxTransformer2DModel"], "vae": ["diffusers", "AutoencoderKL"]}
     (directory / "model_index.json").write_text(json.dumps(index, indent=2), encoding="utf-8")
-    CLIPTokenizer.from_pretrained(directory / "tokenizer")  # the tokenizer reads back
 
 
 def _build_sd3_into(directory: Path, spec: dict) -> None:
     """An SD 3 folder in diffusers' layout: model_index.json, each component's config and weights (the
     transformer's position table the sine-cosine one diffusers saves, not random)."""
-    from transformers import CLIPTextConfig, FlaxCLIPTextModelWithProjection
-
     from sdjax_runner.models.checkpoints import param_shapes
     from sdjax_runner.models.flux.autoencoder import FlaxFluxAutoencoderKL
-    from sdjax_runner.models.flux.t5 import compatible_flax_t5
     from sdjax_runner.models.sd3.transformer import FlaxSD3Transformer, sincos_table
 
-    compatible_flax_t5()
-    _write_tokenizer(directory / "tokenizer")
-    _write_tokenizer(directory / "tokenizer_2")
+    _write_tokenizer(directory / "tokenizer", pad_as_text=True)
+    _write_tokenizer(directory / "tokenizer_2", pad_as_text=True)
     clip_size = len(_vocabulary()[0])
     t5_size = _write_t5_tokenizer(directory / "tokenizer_3")
     dtype, draw = _saved_dtypes(spec)
     for number, (name, clip_spec) in enumerate((("text_encoder", spec["clip"]), ("text_encoder_2", spec["clip_2"]))):
-        clip_config = CLIPTextConfig(**{"vocab_size": clip_size, "max_position_embeddings": 77, **clip_spec},
-                                     bos_token_id=clip_size - 2, eos_token_id=clip_size - 1,
-                                     pad_token_id=clip_size - 1)
-        clip = FlaxCLIPTextModelWithProjection(clip_config, _do_init=False)
-        clip.save_pretrained(directory / name,
-                             params=_random_params(param_shapes(clip, "transformers"), SEED + 50 + number, dtype, draw))
+        _save_clip_text(directory, name, "CLIPTextModelWithProjection", clip_spec, clip_size, SEED + 50 + number,
+                        dtype, draw)
     _save_t5(directory, "text_encoder_3", spec["t5"], t5_size, SEED + 52, dtype, draw)
     own: tuple[tuple[str, Any, str], ...] = (("transformer", FlaxSD3Transformer, "SD3Transformer2DModel"),
                                              ("vae", FlaxFluxAutoencoderKL, "AutoencoderKL"))

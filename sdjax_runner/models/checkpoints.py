@@ -105,11 +105,7 @@ def param_shapes(module: Any, library: str) -> dict:
                                    for k, (shape, dtype) in stored.items()})
         except (OSError, ValueError, TypeError, AttributeError):
             pass  # damaged: traced again and rewritten below
-    key = jax.random.PRNGKey(0)
-    if hasattr(module, "input_shape"):  # transformers' Flax classes (the built-in models' writer): their input's shape
-        shapes = jax.eval_shape(lambda k: module.init_weights(k, module.input_shape), key)
-    else:
-        shapes = jax.eval_shape(module.init_weights, key)
+    shapes = jax.eval_shape(module.init_weights, jax.random.PRNGKey(0))
     if path is not None:
         _keep_shapes(path, shapes)
     return shapes

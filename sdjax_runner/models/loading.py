@@ -24,10 +24,10 @@ from typing import Any, NamedTuple, Optional, Union
 
 import numpy as np
 
+from sdjax_runner.config.families import MODEL_KEY
 from sdjax_runner.config.schema import ModelConfig
 from sdjax_runner.console import error_line
 from sdjax_runner.errors import UserError
-from sdjax_runner.models import sources
 from sdjax_runner.models.checkpoints import (
     ComponentWeights,
     WeightsMismatch,
@@ -211,7 +211,7 @@ def build_module(folder: Path, class_name: str, activations) -> Any:
     try:
         return kind.build(config, jnp.float32 if kind.float32 else activations)
     except ValueError as exc:
-        raise UserError(sources.KEY, f"{folder.name}/config.json: {exc}",
+        raise UserError(MODEL_KEY, f"{folder.name}/config.json: {exc}",
                         kind.computes or f"a {class_name} config the runner computes") from None
 
 
@@ -264,7 +264,7 @@ def load_component(folder: Path, class_name: str, model: Union[ModelConfig, Weig
     try:
         params = _read_weights(folder, found, module, naming, model, weights)
     except WeightsMismatch as exc:
-        raise UserError(sources.KEY, f"{folder.name}/ does not match its config.json: {exc}") from None
+        raise UserError(MODEL_KEY, f"{folder.name}/ does not match its config.json: {exc}") from None
     return module, to_host(params, weights), found
 
 
@@ -285,7 +285,7 @@ def _read_weights(folder: Path, found: ComponentWeights, module: Any, naming: st
             raise UserError("model.allow_pickle", f"loading {folder.name}/{names} needs torch, which is not installed",
                             "pip install torch, or convert the weights to safetensors")
         return convert_tensors(lambda: _pickled_tensors(found.files), module, naming, weights, names)
-    raise UserError(sources.KEY, f"{folder} has no weights (looked for Flax .msgpack, PyTorch .safetensors "
+    raise UserError(MODEL_KEY, f"{folder} has no weights (looked for Flax .msgpack, PyTorch .safetensors "
                     "and, with model.allow_pickle, .bin files)", "a complete diffusers-format pipeline")
 
 
@@ -328,7 +328,7 @@ def unloadable(directory: Path, name: str, exc: BaseException) -> UserError:
     """One line for a component folder that cannot be loaded: truncated weights, a config that is
     not JSON, a missing file."""
     detail = error_line(exc, 200)
-    return UserError(sources.KEY, f"{directory / name}/: cannot be loaded ({type(exc).__name__}: {detail})",
+    return UserError(MODEL_KEY, f"{directory / name}/: cannot be loaded ({type(exc).__name__}: {detail})",
                      "a complete diffusers-format component folder")
 
 
