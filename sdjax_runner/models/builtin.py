@@ -458,15 +458,11 @@ def architecture(name: str):
     return modules, shapes
 
 
-def _build_into(directory: Path, spec: dict) -> None:
+def sd_weights(spec: dict, shapes: dict) -> dict:
+    """An SD built-in's random weights for its components' ``shapes`` (architecture's), drawn from fixed seeds."""
     import ml_dtypes
     import numpy as np
 
-    from sdjax_runner.models import published_layout
-
-    name = next(n for n, s in SPECS.items() if s is spec)
-    _write_tokenizer(directory / "tokenizer")
-    _, shapes = architecture(name)
     full_size = spec["save_dtype"] != "float32"
     dtype = np.dtype(ml_dtypes.bfloat16) if spec["save_dtype"] == "bfloat16" else np.dtype(np.float32)
     params = {
@@ -480,6 +476,16 @@ def _build_into(directory: Path, spec: dict) -> None:
             norm = params[component]["text_model"]["final_layer_norm"]
             norm["bias"] = (0.1 * np.random.default_rng(SEED + 30 + number).standard_normal(norm["bias"].shape)
                             ).astype(dtype)
+    return params
+
+
+def _build_into(directory: Path, spec: dict) -> None:
+    from sdjax_runner.models import published_layout
+
+    name = next(n for n, s in SPECS.items() if s is spec)
+    _write_tokenizer(directory / "tokenizer")
+    _, shapes = architecture(name)
+    params = sd_weights(spec, shapes)
     for component, cls, config in _text_encoders(spec):
         published_layout.transformers_model(directory / component, cls, config, params[component])
     published_layout.diffusers_component(directory / "unet", "FlaxUNet2DConditionModel", _unet_config(spec), {},
@@ -571,9 +577,17 @@ def _t5_pieces() -> list[tuple[str, float]]:
 def _write_t5_tokenizer(directory: Path) -> int:
     """A T5TokenizerFast laid out as the hub's FLUX.1 tokenizer_2/ (tokenizer.json, tokenizer_config.json,
     special_tokens_map.json): sentencepiece's normalizer, Metaspace pre-tokenizer and an appended ``</s>``."""
-    from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
-
     from sdjax_runner.models import published_layout
+
+    tokenizer = t5_tokenizer_model()
+    published_layout.t5_tokenizer(directory, tokenizer, _T5_SPECIALS)
+    return tokenizer.get_vocab_size(with_added_tokens=False)
+
+
+def t5_tokenizer_model() -> Any:
+    """The built-in T5 tokenizer (a ``tokenizers.Tokenizer``): a unigram model of :func:`_t5_pieces` with
+    sentencepiece's normalizer, the Metaspace pre-tokenizer and an appended ``</s>``, as T5TokenizerFast has it."""
+    from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
 
     pieces = _t5_pieces()
     tokenizer = Tokenizer(models.Unigram(pieces, unk_id=2, byte_fallback=False))
@@ -583,8 +597,7 @@ def _write_t5_tokenizer(directory: Path) -> int:
     tokenizer.decoder = decoders.Metaspace(replacement="\u2581", prepend_scheme="always")
     tokenizer.post_processor = processors.TemplateProcessing(single="$A </s>", pair="$A </s> $B </s>",
                                                             special_tokens=[("</s>", 1)])
-    published_layout.t5_tokenizer(directory, tokenizer, _T5_SPECIALS)
-    return len(pieces)
+    return tokenizer
 
 
 def _save_own(directory: Path, name: str, class_name: str, config: dict, params: Any) -> None:

@@ -24,11 +24,10 @@ from sdjax_runner.models.builtin import (
     SPECS,
     XL_SCHEDULER,
     _random_params,
-    _save_flow_scheduler,
-    _save_own,
     _saved_dtypes,
-    _t5_pieces,
     _vocabulary,
+    sd_weights,
+    t5_tokenizer_model,
 )
 from sdjax_runner.models.nn.t5 import relative_position_bucket
 
@@ -60,16 +59,10 @@ def build(name: str, target: Path) -> Path:
     compatible_flax_t5()
     staging = Path(tempfile.mkdtemp(dir=Path(target).parent))
     try:
-        if name in CLIP_SPECS:
-            _build_clip_into(staging, CLIP_SPECS[name])
-        elif name in CONTROLNET_SPECS:
-            _build_controlnet_into(staging, CONTROLNET_SPECS[name])
-        elif name in FLUX_SPECS:
-            _build_flux_into(staging, FLUX_SPECS[name])
-        elif name in SD3_SPECS:
-            _build_sd3_into(staging, SD3_SPECS[name])
-        else:
-            _build_into(staging, SPECS[name])
+        writers = ((CLIP_SPECS, _build_clip_into), (CONTROLNET_SPECS, _build_controlnet_into),
+                   (FLUX_SPECS, _build_flux_into), (SD3_SPECS, _build_sd3_into), (SPECS, _build_into))
+        specs, write = next((specs, write) for specs, write in writers if name in specs)
+        write(staging, specs[name])
         staging.rename(target)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
@@ -122,8 +115,6 @@ def architecture(name: str):
 
 
 def _build_into(directory: Path, spec: dict) -> None:
-    import ml_dtypes
-    import numpy as np
     from diffusers import (
         FlaxEulerDiscreteScheduler,
         FlaxPNDMScheduler,
@@ -137,19 +128,7 @@ def _build_into(directory: Path, spec: dict) -> None:
     _write_tokenizer(directory / "_tokenizer")
     tokenizer = CLIPTokenizer.from_pretrained(directory / "_tokenizer")
     modules, shapes = architecture(name)
-    full_size = spec["save_dtype"] != "float32"
-    dtype = np.dtype(ml_dtypes.bfloat16) if spec["save_dtype"] == "bfloat16" else np.dtype(np.float32)
-    params = {
-        component: _random_params(shapes[component], SEED + number, dtype, "float32" if full_size else "float64")
-        for number, component in enumerate(["text_encoder", "unet", "vae", "text_encoder_2"]) if component in shapes
-    }
-    for number, component in enumerate(["text_encoder", "text_encoder_2"]):
-        # CLIP's final layer norm has a bias; with none, every token's output would have mean zero, and so
-        # would a chunk's -- which A1111's emphasis divides by (engine/encode.py: emphasis).
-        if component in params:
-            norm = params[component]["text_model"]["final_layer_norm"]
-            norm["bias"] = (0.1 * np.random.default_rng(SEED + 30 + number).standard_normal(norm["bias"].shape)
-                            ).astype(dtype)
+    params = sd_weights(spec, shapes)  # the runner's seeded draws: what is compared is how the files are laid out
     if spec["xl"]:
         _write_tokenizer(directory / "_tokenizer_2", pad_token="!")  # SDXL's second tokenizer pads with "!"
         pipeline = FlaxStableDiffusionXLPipeline(
@@ -208,21 +187,14 @@ def _build_controlnet_into(directory: Path, spec: dict) -> None:
 def _write_t5_tokenizer(directory: Path) -> int:
     """A T5TokenizerFast laid out as the hub's FLUX.1 tokenizer_2/ (tokenizer.json, tokenizer_config.json,
     special_tokens_map.json): sentencepiece's normalizer, Metaspace pre-tokenizer and an appended ``</s>``."""
-    from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
     from transformers import T5TokenizerFast
 
-    pieces = _t5_pieces()
-    tokenizer = Tokenizer(models.Unigram(pieces, unk_id=2, byte_fallback=False))
-    tokenizer.normalizer = normalizers.Sequence([normalizers.Strip(left=False, right=True),
-                                                 normalizers.Replace(Regex(" {2,}"), "\u2581")])
-    tokenizer.pre_tokenizer = pre_tokenizers.Metaspace(replacement="\u2581", prepend_scheme="always")
-    tokenizer.decoder = decoders.Metaspace(replacement="\u2581", prepend_scheme="always")
-    tokenizer.post_processor = processors.TemplateProcessing(single="$A </s>", pair="$A </s> $B </s>",
-                                                            special_tokens=[("</s>", 1)])
+    tokenizer = t5_tokenizer_model()  # the runner's tokenizer model; what is compared is how it is saved
+    pieces = tokenizer.get_vocab_size(with_added_tokens=False)
     fast = T5TokenizerFast(tokenizer_object=tokenizer, eos_token="</s>", unk_token="<unk>", pad_token="<pad>",
                            extra_ids=0, model_max_length=512)
     fast.save_pretrained(directory)
-    return len(pieces)
+    return pieces
 
 
 def _save_t5(directory: Path, name: str, config: dict, vocab_size: int, seed: int, dtype: Any, draw: str) -> None:
@@ -237,13 +209,15 @@ def _save_t5(directory: Path, name: str, config: dict, vocab_size: int, seed: in
 
 
 def _build_flux_into(directory: Path, spec: dict) -> None:
-    """A FLUX.1 folder in diffusers' layout: model_index.json, each component's config and weights."""
+    """A FLUX.1 folder: its transformer, VAE, scheduler and model_index.json were the runner's own before issue
+    #60 too (models/builtin.py writes them); the text encoders and tokenizers, transformers' save_pretrained."""
     from transformers import CLIPTextConfig, CLIPTokenizer, FlaxCLIPTextModel
 
-    from sdjax_runner.models.flux.autoencoder import FlaxFluxAutoencoderKL
-    from sdjax_runner.models.flux.transformer import FlaxFluxTransformer
+    from sdjax_runner.models import builtin
 
-    compatible_flax_t5()  # T5's shapes are traced through its init
+    builtin._build_flux_into(directory, spec)
+    for name in ("text_encoder", "text_encoder_2", "tokenizer", "tokenizer_2"):
+        shutil.rmtree(directory / name)
     _write_tokenizer(directory / "tokenizer")
     clip_size = len(_vocabulary()[0])
     t5_size = _write_t5_tokenizer(directory / "tokenizer_2")
@@ -254,31 +228,19 @@ def _build_flux_into(directory: Path, spec: dict) -> None:
     clip.save_pretrained(directory / "text_encoder",
                          params=_random_params(_library_shapes(clip, "transformers"), SEED + 40, dtype, draw))
     _save_t5(directory, "text_encoder_2", spec["t5"], t5_size, SEED + 41, dtype, draw)
-    own: tuple[tuple[str, Any, str], ...] = (("transformer", FlaxFluxTransformer, "FluxTransformer2DModel"),
-                                             ("vae", FlaxFluxAutoencoderKL, "AutoencoderKL"))
-    for number, (name, cls, class_name) in enumerate(own):
-        module = cls.from_config(spec[name])
-        _save_own(directory, name, class_name, spec[name],
-                  _random_params(_library_shapes(module, "diffusers"), SEED + 42 + number, dtype, draw))
-    _save_flow_scheduler(directory, spec["scheduler"])
-    index = {"_class_name": "FluxPipeline", "_diffusers_version": "0.39.0",
-             "scheduler": ["diffusers", "FlowMatchEulerDiscreteScheduler"],
-             "text_encoder": ["transformers", "CLIPTextModel"], "text_encoder_2": ["transformers", "T5EncoderModel"],
-             "tokenizer": ["transformers", "CLIPTokenizer"], "tokenizer_2": ["transformers", "T5TokenizerFast"],
-             "transformer": ["diffusers", "FluxTransformer2DModel"], "vae": ["diffusers", "AutoencoderKL"]}
-    (directory / "model_index.json").write_text(json.dumps(index, indent=2), encoding="utf-8")
     CLIPTokenizer.from_pretrained(directory / "tokenizer")  # the tokenizer reads back
 
 
 def _build_sd3_into(directory: Path, spec: dict) -> None:
-    """An SD 3 folder in diffusers' layout: model_index.json, each component's config and weights (the
-    transformer's position table the sine-cosine one diffusers saves, not random)."""
+    """An SD 3 folder: its MMDiT, VAE, scheduler and model_index.json were the runner's own before issue #60 too;
+    the text encoders and tokenizers, transformers' save_pretrained."""
     from transformers import CLIPTextConfig, FlaxCLIPTextModelWithProjection
 
-    from sdjax_runner.models.flux.autoencoder import FlaxFluxAutoencoderKL
-    from sdjax_runner.models.sd3.transformer import FlaxSD3Transformer, sincos_table
+    from sdjax_runner.models import builtin
 
-    compatible_flax_t5()
+    builtin._build_sd3_into(directory, spec)
+    for name in ("text_encoder", "text_encoder_2", "text_encoder_3", "tokenizer", "tokenizer_2", "tokenizer_3"):
+        shutil.rmtree(directory / name)
     _write_tokenizer(directory / "tokenizer")
     _write_tokenizer(directory / "tokenizer_2")
     clip_size = len(_vocabulary()[0])
@@ -290,23 +252,6 @@ def _build_sd3_into(directory: Path, spec: dict) -> None:
                                      pad_token_id=clip_size - 1)
         clip = FlaxCLIPTextModelWithProjection(clip_config, _do_init=False)
         clip.save_pretrained(directory / name,
-                             params=_random_params(_library_shapes(clip, "transformers"), SEED + 50 + number, dtype, draw))
+                             params=_random_params(_library_shapes(clip, "transformers"), SEED + 50 + number, dtype,
+                                                   draw))
     _save_t5(directory, "text_encoder_3", spec["t5"], t5_size, SEED + 52, dtype, draw)
-    own: tuple[tuple[str, Any, str], ...] = (("transformer", FlaxSD3Transformer, "SD3Transformer2DModel"),
-                                             ("vae", FlaxFluxAutoencoderKL, "AutoencoderKL"))
-    for number, (name, cls, class_name) in enumerate(own):
-        module = cls.from_config(spec[name])
-        tables = {("pos_embed", "pos_embed"): sincos_table(module.inner_dim, module.pos_embed_max_size,
-                                                           module.sample_size // module.patch_size)
-                  } if name == "transformer" else None
-        _save_own(directory, name, class_name, spec[name],
-                  _random_params(_library_shapes(module, "diffusers"), SEED + 53 + number, dtype, draw, tables))
-    _save_flow_scheduler(directory, spec["scheduler"])
-    index = {"_class_name": "StableDiffusion3Pipeline", "_diffusers_version": "0.39.0",
-             "scheduler": ["diffusers", "FlowMatchEulerDiscreteScheduler"],
-             "text_encoder": ["transformers", "CLIPTextModelWithProjection"],
-             "text_encoder_2": ["transformers", "CLIPTextModelWithProjection"],
-             "text_encoder_3": ["transformers", "T5EncoderModel"], "tokenizer": ["transformers", "CLIPTokenizer"],
-             "tokenizer_2": ["transformers", "CLIPTokenizer"], "tokenizer_3": ["transformers", "T5TokenizerFast"],
-             "transformer": ["diffusers", "SD3Transformer2DModel"], "vae": ["diffusers", "AutoencoderKL"]}
-    (directory / "model_index.json").write_text(json.dumps(index, indent=2), encoding="utf-8")
