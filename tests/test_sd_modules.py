@@ -414,6 +414,24 @@ def test_attention_implementations_agree(implementation):
     np.testing.assert_allclose(out, default, rtol=1e-5, atol=1e-5 * float(jnp.abs(default).max()))
 
 
+@pytest.mark.parametrize("implementation", [i for i in IMPLEMENTATIONS if i != "cudnn_flash"])
+def test_split_head_attention_is_the_same_function_on_the_flow_families_layout(implementation):
+    """attend (FLUX.1's and SD 3's blocks: heads split out, (B, T, N, H)) is attention on the same heads; its
+    dot_product is jax.nn.dot_product_attention on the inputs as given (what those blocks called before)."""
+    from sdjax_runner.models.nn.attention import attend
+
+    keys = jax.random.split(jax.random.PRNGKey(3), 3)
+    query = jax.random.normal(keys[0], (2, 20, 4, 8))
+    key, value = (jax.random.normal(k, (2, 9, 4, 8)) for k in keys[1:])
+    out = jax.jit(lambda q, k, v: attend(q, k, v, implementation))(query, key, value)
+    flat = attention(query.reshape(2, 20, 32), key.reshape(2, 9, 32), value.reshape(2, 9, 32), 4)
+    assert out.shape == query.shape and out.dtype == query.dtype
+    np.testing.assert_allclose(out.reshape(2, 20, 32), flat, rtol=1e-5, atol=1e-5 * float(jnp.abs(flat).max()))
+    if implementation == "dot_product":
+        direct = jax.jit(lambda q, k, v: jax.nn.dot_product_attention(q, k, v, scale=1 / 8 ** 0.5))(query, key, value)
+        assert np.array_equal(out, direct)
+
+
 def test_cudnn_flash_attention_is_jaxs_cudnn_kernel_on_the_same_layout(monkeypatch):
     """``cudnn_flash`` is jax.nn.dot_product_attention's cuDNN implementation (NVIDIA GPUs only: measured in
     benchmarks/full_size.py on one, docs/benchmarks.md), given the heads as (B, T, N, H) -- checked here on any

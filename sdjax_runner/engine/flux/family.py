@@ -13,8 +13,9 @@ from sdjax_runner.engine.flux import stages
 from sdjax_runner.errors import UserError
 from sdjax_runner.models.checkpoints import config_dict
 
-# performance.attention -> the transformer's jax.nn.dot_product_attention implementation (None: XLA's).
-ATTENTION = {"default": None, "dot_product": None, "cudnn_flash": "cudnn"}
+# performance.attention -> the transformer's (models/nn/attention.py's attend): its default is XLA's
+# jax.nn.dot_product_attention, as diffusers' PyTorch reference attends with scaled_dot_product_attention.
+ATTENTION = {"default": "dot_product", "dot_product": "dot_product", "cudnn_flash": "cudnn_flash"}
 
 
 class FluxTokens:

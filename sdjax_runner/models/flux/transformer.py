@@ -37,6 +37,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from sdjax_runner.models.nn.attention import attend
 from sdjax_runner.models.nn.config import FromDiffusersConfig
 
 # The keys of diffusers' FluxTransformer2DModel config.json (its __init__ arguments) and their defaults there.
@@ -267,12 +268,13 @@ class FluxAttention(nn.Module):
     ``to_out_0`` (torch: ``to_out.0``), the text part through ``to_add_out``; returns ``(x, context)``.
     Otherwise (single-stream, diffusers' ``pre_only``): no output projection; returns the heads concatenated.
 
-    ``implementation`` goes to ``jax.nn.dot_product_attention`` (None: XLA's; "cudnn": cuDNN's fused kernel)."""
+    ``implementation``: models/nn/attention.py's (``dot_product``: XLA's ``jax.nn.dot_product_attention``,
+    ``cudnn_flash``: cuDNN's fused kernel)."""
 
     heads: int
     head_dim: int
     joint: bool
-    implementation: Optional[str] = None
+    implementation: str = "dot_product"
     dtype: Any = jnp.float32
     param_dtype: Any = jnp.float32
 
@@ -302,8 +304,7 @@ class FluxAttention(nn.Module):
             value = jnp.concatenate([self._heads(self._dense(inner, "add_v_proj")(context)), value], axis=1)
         cos, sin = rope
         query, key = apply_rope(query, cos, sin), apply_rope(key, cos, sin)
-        out = jax.nn.dot_product_attention(query, key, value, scale=1 / math.sqrt(self.head_dim),
-                                           implementation=self.implementation)  # type: ignore[arg-type]
+        out = attend(query, key, value, self.implementation)
         out = out.reshape(*out.shape[:2], inner).astype(query.dtype)
         if not self.joint:
             return out
@@ -326,7 +327,7 @@ class FluxTransformerBlock(nn.Module):
     dim: int
     heads: int
     head_dim: int
-    implementation: Optional[str] = None
+    implementation: str = "dot_product"
     dtype: Any = jnp.float32
     param_dtype: Any = jnp.float32
 
@@ -362,7 +363,7 @@ class FluxSingleTransformerBlock(nn.Module):
     heads: int
     head_dim: int
     mlp_ratio: float = 4.0
-    implementation: Optional[str] = None
+    implementation: str = "dot_product"
     dtype: Any = jnp.float32
     param_dtype: Any = jnp.float32
 
@@ -390,7 +391,7 @@ class FlaxFluxTransformer(FromDiffusersConfig, nn.Module):
     """FLUX.1's transformer: diffusers' ``FluxTransformer2DModel`` (dev: ``guidance_embeds=True``; schnell:
     ``False``) in flax.linen. The fields up to ``axes_dims_rope`` are diffusers' config.json keys (build it from a
     config with :meth:`from_config`); ``dtype`` is the activations' dtype, ``param_dtype`` the parameters' at
-    initialisation; ``attention_implementation`` goes to ``jax.nn.dot_product_attention``.
+    initialisation; ``attention_implementation``: models/nn/attention.py's (:func:`attend`).
 
     ``__call__(hidden_states, encoder_hidden_states, pooled_projections, timestep, img_ids, txt_ids, guidance)``
     is diffusers' ``forward`` (``return_dict=False``, no ControlNet residuals, no IP-Adapter): ``hidden_states``
@@ -412,7 +413,7 @@ class FlaxFluxTransformer(FromDiffusersConfig, nn.Module):
     axes_dims_rope: tuple[int, ...] = (16, 56, 56)
     dtype: Any = jnp.float32
     param_dtype: Any = jnp.float32
-    attention_implementation: Optional[str] = None
+    attention_implementation: str = "dot_product"
     # Weights split across devices (parallelism.params=sharded, engine/sharded.py): (block list name, a block's
     # params as this device holds them) -> the block's whole params. None: the weights arrive whole. Either way
     # each block's params pass an optimization barrier with the previous block's output before use, so a

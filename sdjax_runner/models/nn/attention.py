@@ -2,7 +2,9 @@
 ``FlaxAttention`` computes it and two of JAX's own.
 
 :func:`attention` takes the projected queries, keys and values with the heads side by side in the last axis and
-returns the heads' outputs the same way (the output projection is the caller's). The implementations
+returns the heads' outputs the same way (the output projection is the caller's); :func:`attend` takes them with the
+heads split out (FLUX.1's and SD 3's blocks). The UNet, the ControlNet, the MMDiT and FLUX.1's blocks all attend
+through these. The implementations
 (:data:`IMPLEMENTATIONS`, the runner's ``performance.attention`` values):
 
 * ``default``: diffusers 0.39's ``FlaxAttention`` as it runs by default -- the heads folded into the batch axis,
@@ -56,6 +58,27 @@ def attention(query: jax.Array, key: jax.Array, value: jax.Array, heads: int,
     out = jax.nn.dot_product_attention(query.reshape(split), key.reshape(split), value.reshape(split), scale=scale,
                                        implementation="cudnn" if implementation == "cudnn_flash" else None)
     return out.reshape(batch, -1, query.shape[-1])
+
+
+def attend(query: jax.Array, key: jax.Array, value: jax.Array, implementation: str = "dot_product") -> jax.Array:
+    """:func:`attention` for inputs with the heads split out, ``(batch, tokens, heads, head_dim)`` -- the layout of
+    the flow families' transformers (FLUX.1's and SD 3's blocks, whose per-head norms and rotary embeddings work on
+    it) -- returning the same layout. Scores scaled by ``1 / sqrt(head_dim)``. ``dot_product`` and
+    ``cudnn_flash`` call ``jax.nn.dot_product_attention`` on the inputs as they are (diffusers' PyTorch
+    ``scaled_dot_product_attention``, which those families' references use); the others run :func:`attention`'s
+    on the heads side by side."""
+    if implementation not in IMPLEMENTATIONS:
+        raise ValueError(f"attention implementation {implementation!r} is not one of {', '.join(IMPLEMENTATIONS)}")
+    batch, tokens, heads, head_dim = query.shape
+    if implementation in ("dot_product", "cudnn_flash"):
+        return jax.nn.dot_product_attention(query, key, value, scale=1 / math.sqrt(head_dim),
+                                            implementation="cudnn" if implementation == "cudnn_flash" else None)
+
+    def flat(x: jax.Array) -> jax.Array:
+        return x.reshape(*x.shape[:2], heads * head_dim)
+
+    out = attention(flat(query), flat(key), flat(value), heads, implementation)
+    return out.reshape(batch, tokens, heads, head_dim)
 
 
 def heads_to_batch(x: jax.Array, heads: int) -> jax.Array:

@@ -24,7 +24,6 @@ Numerics follow models/flux/transformer.py: norms, the softmax and the sinusoids
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Sequence
 from typing import Any, ClassVar, Optional
 
@@ -41,6 +40,7 @@ from sdjax_runner.models.flux.transformer import (
     TimeTextEmbedding,
     layer_norm,
 )
+from sdjax_runner.models.nn.attention import attend
 from sdjax_runner.models.nn.config import FromDiffusersConfig
 
 # The keys of diffusers' SD3Transformer2DModel config.json (its __init__ arguments) and their defaults there.
@@ -140,7 +140,7 @@ class JointAttention(nn.Module):
     head_dim: int
     qk_norm: bool
     context_pre_only: bool = False
-    implementation: Optional[str] = None
+    implementation: str = "dot_product"
     dtype: Any = jnp.float32
     param_dtype: Any = jnp.float32
 
@@ -161,8 +161,7 @@ class JointAttention(nn.Module):
             query = jnp.concatenate([query, self._project(context, "add_q_proj", "norm_added_q")], axis=1)
             key = jnp.concatenate([key, self._project(context, "add_k_proj", "norm_added_k")], axis=1)
             value = jnp.concatenate([value, self._project(context, "add_v_proj", None)], axis=1)
-        out = jax.nn.dot_product_attention(query, key, value, scale=1 / math.sqrt(self.head_dim),
-                                           implementation=self.implementation)  # type: ignore[arg-type]
+        out = attend(query, key, value, self.implementation)
         out = out.reshape(*out.shape[:2], self.heads * self.head_dim).astype(query.dtype)
         image = x.shape[1]
         x_out = self._dense(x.shape[-1], "to_out_0")(out[:, :image])
@@ -187,7 +186,7 @@ class JointTransformerBlock(nn.Module):
     context_pre_only: bool
     qk_norm: bool
     dual_attention: bool
-    implementation: Optional[str] = None
+    implementation: str = "dot_product"
     dtype: Any = jnp.float32
     param_dtype: Any = jnp.float32
 
@@ -246,7 +245,7 @@ class FlaxSD3Transformer(FromDiffusersConfig, nn.Module):
     qk_norm: Optional[str] = None
     dtype: Any = jnp.float32
     param_dtype: Any = jnp.float32
-    attention_implementation: Optional[str] = None
+    attention_implementation: str = "dot_product"
     # Weights split across devices (parallelism.params=sharded, engine/sharded.py): (block number, the block's
     # params as this device holds them) -> the block's whole params. None: the weights arrive whole. Either way
     # each block's params pass an optimization barrier with the previous block's output before use, so one
