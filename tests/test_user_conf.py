@@ -99,8 +99,8 @@ def test_help_points_at_the_docs_and_an_unknown_command_is_one_line(tmp_path):
         assert f"Docs: docs/reference/commands.md#{command}" in help_text.stdout
         assert len(help_text.stdout.splitlines()) < 60  # a short usage; the page has the rest
     assert_one_line_error(run_cli("run", "+experiment=smoke", cwd=tmp_path),
-                          "error: unknown command 'run' (allowed: runs, rerun, sync, resume, from_png, report; a run "
-                          "is python -m sdjax_runner +experiment=NAME")
+                          "error: unknown command 'run' (allowed: runs, rerun, sync, resume, from_png, report, "
+                          "evaluate; a run is python -m sdjax_runner +experiment=NAME")
 
 
 def test_a_python_without_the_projects_libraries_gets_one_line_saying_to_activate_the_venv(tmp_path):

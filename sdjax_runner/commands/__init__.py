@@ -1,4 +1,4 @@
-"""The commands, on top of the library: ``python -m sdjax_runner`` (or ``sdjax-runner``) and its six others.
+"""The commands, on top of the library: ``python -m sdjax_runner`` (or ``sdjax-runner``) and its seven others.
 
     python -m sdjax_runner +experiment=NAME [KEY=VALUE ...]   a run, or with -m a sweep (run.py)
     python -m sdjax_runner runs list | diff A B                look at runs without MLflow (runs.py)
@@ -7,6 +7,7 @@
     python -m sdjax_runner resume SWEEP_DIR                    finish a sweep cut short (resume.py)
     python -m sdjax_runner from_png IMAGE.png [KEY=VALUE ...]  make an image again from its A1111 infotext (from_png.py)
     python -m sdjax_runner report SWEEP [report.x=KEY ...]     (re)build a sweep's report.html (report.py)
+    python -m sdjax_runner evaluate A B [--clip MODEL_FOLDER]  CMMD between two image sets, paired metrics (evaluate.py)
 
 A first argument that names a command picks it; any other bare word (no Hydra override is one: they hold
 ``=`` or start with ``+``, ``~`` or ``-``) is an unknown command, one line; anything else is the run's Hydra
@@ -20,7 +21,7 @@ import re
 import sys
 from typing import NoReturn
 
-COMMANDS = ("runs", "rerun", "sync", "resume", "from_png", "report")
+COMMANDS = ("runs", "rerun", "sync", "resume", "from_png", "report", "evaluate")
 COMMANDS_PAGE = "docs/reference/commands.md"
 
 

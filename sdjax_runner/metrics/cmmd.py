@@ -1,0 +1,206 @@
+"""CMMD (Jayasumana et al. 2024, "Rethinking FID: Towards a Better Evaluation Metric for Image Generation"): the
+maximum mean discrepancy between two sets of images' CLIP image embeddings, with a Gaussian RBF kernel
+(sigma 10) scaled by 1000, in JAX.
+
+The reference is Google's own JAX code (google-research/google-research, ``cmmd/``: distance.py, embedding.py,
+io_util.py). :func:`mmd` is its distance.py's estimator term for term, in the same order and the same float
+handling: the inputs as float32 (``jnp.asarray``, JAX's float32 default), ``gamma = 1 / (2 * sigma**2)`` a Python
+float, squared distances as ``-2 x.y + |x|^2 + |y|^2`` from full matmuls at JAX's default matmul precision, the
+three kernel means, ``scale * (k_xx + k_yy - 2 k_xy)`` -- the biased (minimum-variance) estimator of Gretton et al.
+2012, Eq. 5, so ``mmd(x, x)`` is 0 and a set of one image is allowed. (JAX's default matmul precision is full
+float32 on a CPU; on an accelerator it may use fewer mantissa bits for float32 products, TF32 or bfloat16 passes
+-- the reference's too, on the same device.)
+
+:func:`image_embeddings` prepares images as the reference does (io_util.py's ``_center_crop_and_resize``, then
+embedding.py): a centre crop to a square of the shorter side, a resize to the model's image size with Pillow's
+bicubic filter (which anti-aliases), ``/ 255`` in float32, CLIP's ``(x - mean) / std``, the image embedding (the
+visual projection of the class token), divided by its L2 norm. Where it must differ:
+
+* the model: the reference runs scenic's CLIP on OpenAI's ViT-L/14@336 checkpoint (converted from the PyTorch
+  file); this runs the runner's own CLIP (models/nn/clip.py: ``CLIPModel.image_features``, transformers'
+  ``FlaxCLIPModel.get_image_features`` number for number) from a folder in transformers' layout, loaded as the
+  CLIP score loads its model (metrics/clip_score.py). ``openai/clip-vit-large-patch14-336`` is transformers'
+  conversion of the same OpenAI checkpoint (not compared here: no such weights on this machine); any other CLIP gives another metric (the tests' tiny random CLIP
+  judges nothing);
+* the image size and the mean/std are the folder's (``vision_config.image_size``, preprocessor_config.json's
+  ``image_mean``/``image_std``: 336 and OpenAI's values, the reference's, for that model);
+* the reference's second resize (``jax.image.resize`` to the size the image already has) is left out: JAX
+  skips every dimension whose size does not change, so it returns the image as it is;
+* images are converted to RGB first (the reference tiles a grayscale image to three channels, the same
+  values, and refuses one with an alpha channel); none is dropped (the reference drops the images past the
+  last whole batch of 32), and batches are padded instead.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Optional
+
+import numpy as np
+
+# The reference's constants (distance.py): the RBF kernel's bandwidth, and the factor that makes the value readable.
+SIGMA = 10.0
+SCALE = 1000.0
+# Images embedded per call of the compiled program (the reference's default batch size): one program per model.
+BATCH = 32
+
+
+def _mmd(x: Any, y: Any, sigma: float, scale: float) -> Any:
+    import jax.numpy as jnp
+
+    x = jnp.asarray(x)
+    y = jnp.asarray(y)
+    # Recomputed, not kept: as in the reference, where the n x n products would not fit twice for many images.
+    x_sqnorms = jnp.diag(jnp.matmul(x, x.T))
+    y_sqnorms = jnp.diag(jnp.matmul(y, y.T))
+    gamma = 1 / (2 * sigma**2)  # a Python float, as the reference's
+    k_xx = jnp.mean(jnp.exp(-gamma * (-2 * jnp.matmul(x, x.T) + jnp.expand_dims(x_sqnorms, 1)
+                                      + jnp.expand_dims(x_sqnorms, 0))))
+    k_xy = jnp.mean(jnp.exp(-gamma * (-2 * jnp.matmul(x, y.T) + jnp.expand_dims(x_sqnorms, 1)
+                                      + jnp.expand_dims(y_sqnorms, 0))))
+    k_yy = jnp.mean(jnp.exp(-gamma * (-2 * jnp.matmul(y, y.T) + jnp.expand_dims(y_sqnorms, 1)
+                                      + jnp.expand_dims(y_sqnorms, 0))))
+    return scale * (k_xx + k_yy - 2 * k_xy)
+
+
+@functools.cache
+def _compiled_mmd() -> Any:
+    import jax
+
+    return jax.jit(_mmd, static_argnames=("sigma", "scale"))
+
+
+def mmd(x: Any, y: Any, sigma: float = SIGMA, scale: float = SCALE) -> Any:
+    """The CMMD distance of embeddings ``x`` (n, d) and ``y`` (m, d) -- a float32 scalar array; ``float()`` it.
+    Jitted (once per shape pair); ``sigma`` and ``scale`` are Python numbers, fixed in the program as the
+    reference's constants are. ValueError for inputs that are not two (rows, d) arrays of one ``d``."""
+    x_shape, y_shape = np.shape(x), np.shape(y)
+    if len(x_shape) != 2 or len(y_shape) != 2 or x_shape[1] != y_shape[1] or not x_shape[0] or not y_shape[0]:
+        raise ValueError(f"mmd takes two (n, d) embedding arrays of one d with a row each, not {x_shape} and {y_shape}")
+    return _compiled_mmd()(x, y, sigma=float(sigma), scale=float(scale))
+
+
+def square_crop(image: Any) -> Any:
+    """The reference's centre crop (io_util.py): the largest centred square, its corner rounded down. A PIL image
+    or a uint8 (H, W, 3) array in; an RGB PIL image out."""
+    from PIL import Image
+
+    if not isinstance(image, Image.Image):
+        array = np.asarray(image)
+        if array.dtype != np.uint8 or array.ndim != 3 or array.shape[-1] != 3:
+            raise ValueError(f"CMMD takes PIL images or uint8 (H, W, 3) arrays, not {array.dtype} {array.shape}")
+        image = Image.fromarray(array)
+    if image.mode != "RGB":
+        image = image.convert("RGB")
+    width, height = image.size
+    side = min(width, height)
+    top, left = (height - side) // 2, (width - side) // 2
+    return image.crop((left, top, left + side, top + side))
+
+
+@dataclass
+class ClipEmbedder:
+    """A CLIP model placed on ``devices``, and how its images are prepared: CMMD's image embeddings."""
+
+    directory: Path
+    module: Any  # models/nn/clip.CLIPModel
+    params: Any  # replicated over ``devices``
+    processor: Any  # models/nn/clip.CLIPImagePreprocessor: a bicubic resize to size x size, rescale, normalise
+    devices: list
+
+    @property
+    def size(self) -> int:
+        return int(self.processor.crop_size[0])
+
+    def pixels(self, images: Sequence[Any]) -> np.ndarray:
+        """(N, 3, size, size) float32, channels first as ``image_features`` takes them: the reference's
+        preparation (the module's docstring)."""
+        return np.stack([self.processor.one(square_crop(image)) for image in images]).astype(np.float32)
+
+    @functools.cached_property
+    def _program(self) -> Any:
+        import jax
+        import jax.numpy as jnp
+
+        module = self.module
+
+        def embed(params: Any, pixel_values: Any) -> Any:
+            features = module.apply({"params": params}, pixel_values, method="image_features")
+            return features / jnp.linalg.norm(features, axis=-1, keepdims=True)
+
+        return jax.jit(embed)
+
+    def __call__(self, images: Sequence[Any], batch_size: int = BATCH) -> np.ndarray:
+        """(N, projection_dim) float32 unit vectors. Batches of ``batch_size`` (rounded up to a multiple of the
+        device count: one compiled program whatever N) sharded over the devices; the last padded with its own
+        last image, then dropped. ``images``: a sequence the batches are sliced from (one batch read at a time)."""
+        import jax
+
+        from sdjax_runner.engine.sharded import global_array
+
+        count, devices = len(images), len(self.devices)
+        if not count:
+            raise ValueError("CMMD needs at least one image a set")
+        batch = -(-max(1, batch_size) // devices) * devices
+        data = jax.NamedSharding(jax.sharding.Mesh(np.array(self.devices), ("data",)), jax.P("data"))
+        out = []
+        for start in range(0, count, batch):
+            pixels = self.pixels(images[start:start + batch])
+            kept = len(pixels)
+            if kept < batch:
+                pixels = np.concatenate([pixels, np.repeat(pixels[-1:], batch - kept, axis=0)])
+            out.append(np.asarray(self._program(self.params, global_array(pixels, data)))[:kept])
+        return np.concatenate(out)
+
+
+def load_embedder(clip_folder: Path, devices: Optional[list] = None) -> ClipEmbedder:
+    """The CLIP model of ``clip_folder`` (transformers' layout: config.json with a CLIPConfig,
+    preprocessor_config.json, flax_model.msgpack or model.safetensors) on ``devices`` (default: this process's),
+    loaded by metrics/clip_score.py's loader. Its errors are that loader's (UserError, ValueError, OSError)."""
+    import dataclasses
+
+    import jax
+
+    from sdjax_runner.metrics.clip_score import load_model
+    from sdjax_runner.models.loading import read_config
+    from sdjax_runner.models.nn.clip import CLIPImagePreprocessor
+
+    directory = Path(clip_folder)
+    devices = list(devices or jax.local_devices())
+    module, params = load_model(directory, devices)
+    size = int(module.vision_config["image_size"])
+    folder_processor = CLIPImagePreprocessor.from_config(read_config(directory, "preprocessor_config.json"))
+    # The reference's order: its crop (square_crop) first, then a resize of the square to the model's size.
+    processor = dataclasses.replace(folder_processor, do_resize=True, size=(("height", size), ("width", size)),
+                                    resample=3, do_center_crop=False, crop_size=(size, size))
+    return ClipEmbedder(directory, module, params, processor, devices)
+
+
+def image_embeddings(images: Sequence[Any], clip_folder: Optional[Path] = None, *,
+                     embedder: Optional[ClipEmbedder] = None, batch_size: int = BATCH) -> np.ndarray:
+    """CMMD's embeddings of ``images`` -- a uint8 (N, H, W, 3) array, or a sequence of PIL images or uint8
+    (H, W, 3) arrays of any sizes -- with the CLIP model of ``clip_folder`` (or an ``embedder`` already loaded):
+    (N, projection_dim) float32, each of norm 1."""
+    if embedder is None:
+        if clip_folder is None:
+            raise ValueError("image_embeddings needs a clip_folder or an embedder")
+        embedder = load_embedder(Path(clip_folder))
+    images = list(images)
+    return embedder(images, min(batch_size, len(images)))
+
+
+def cmmd_between(images_a: Sequence[Any], images_b: Sequence[Any], clip_folder: Optional[Path] = None, *,
+                 embedder: Optional[ClipEmbedder] = None, batch_size: int = BATCH, sigma: float = SIGMA,
+                 scale: float = SCALE) -> float:
+    """CMMD between two sets of images (each as :func:`image_embeddings` takes them), one CLIP model loaded once."""
+    if embedder is None:
+        if clip_folder is None:
+            raise ValueError("cmmd_between needs a clip_folder or an embedder")
+        embedder = load_embedder(Path(clip_folder))
+    images_a, images_b = list(images_a), list(images_b)
+    batch = min(batch_size, max(len(images_a), len(images_b)))  # one program for both sets
+    a, b = embedder(images_a, batch), embedder(images_b, batch)
+    return float(mmd(a, b, sigma, scale))
