@@ -195,10 +195,13 @@ def load_clip(folder: Path, name: str) -> Any:
 
 
 def _slot(record: ImageRecord) -> Optional[tuple]:
-    """What makes two runs' images the same image's (metrics/fidelity.py's slot, and the size); None: unmatchable."""
-    if record.index is None or record.seed is None or record.prompt is None:
+    """metrics/fidelity.py's slot of the record; None where it lacks a field of it (unmatchable)."""
+    from sdjax_runner.metrics.fidelity import slot
+
+    try:
+        return slot(record)
+    except KeyError:
         return None
-    return (record.index, str(record.seed), record.prompt, record.negative_prompt, record.height, record.width)
 
 
 def matched_pairs(a: list[ImageRecord], b: list[ImageRecord]) -> list[tuple[ImageRecord, ImageRecord]]:

@@ -25,9 +25,11 @@ class Fidelity(NamedTuple):
     ssim: float  # at most 1
 
 
-def _slot(record: ImageRecord) -> tuple:
+def slot(record: ImageRecord) -> tuple:
+    """What makes two runs' images the same image's: index, seed, prompt, negative prompt and size (KeyError
+    naming a field the record lacks). PSNR/SSIM against a reference run and ``evaluate``'s pairs both match by it."""
     return (required(record.index, "index"), str(required(record.seed, "seed")), required(record.prompt, "prompt"),
-            record.negative_prompt)
+            record.negative_prompt, record.height, record.width)
 
 
 def _pixels(run_dir: Path, record: ImageRecord) -> np.ndarray:
@@ -77,10 +79,8 @@ def compare(run_dir: Path, records: list[ImageRecord], reference_dir: Path,
             reference_records: list[ImageRecord]) -> tuple[list[Optional[Fidelity]], Quality]:
     """(per-image PSNR and SSIM aligned with ``records`` -- None where not compared, the run-level quality
     fields). ``reference_records``: the image records of the run in ``reference_dir``."""
-    by_slot = {_slot(r): r for r in reference_records}
-    found = [(i, by_slot.get(_slot(r))) for i, r in enumerate(records)]
-    pairs = [(i, ref) for i, ref in found if ref is not None and (ref.height, ref.width)
-             == (records[i].height, records[i].width)]
+    by_slot = {slot(r): r for r in reference_records}
+    pairs = [(i, ref) for i, r in enumerate(records) if (ref := by_slot.get(slot(r))) is not None]
     per_image: list[Optional[Fidelity]] = [None for _ in records]
     fields = Quality(reference=str(reference_dir), compared_images=len(pairs))
     if not pairs:

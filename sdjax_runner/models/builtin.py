@@ -423,20 +423,17 @@ def _vae_config(spec: dict) -> dict:
                 up_block_types=("UpDecoderBlock2D",) * 4, **spec["vae"])
 
 
-def _module(class_name: str, config: dict) -> Any:
-    """The runner's module for a component config, as the loader builds it (models/loading.py's MODULE_KINDS)."""
+def _module(class_name: str, config: dict) -> tuple[Any, Any]:
+    """(the runner's module for a component config, as the loader builds it -- models/loading.py's MODULE_KINDS --,
+    its parameter shapes)."""
     import jax.numpy as jnp
 
-    from sdjax_runner.models.loading import MODULE_KINDS
-
-    return MODULE_KINDS[class_name].build(config, jnp.float32)
-
-
-def _shapes(class_name: str, config: dict) -> Any:
     from sdjax_runner.models.checkpoints import param_shapes
     from sdjax_runner.models.loading import MODULE_KINDS
 
-    return param_shapes(_module(class_name, config), MODULE_KINDS[class_name].naming)
+    kind = MODULE_KINDS[class_name]
+    module = kind.build(config, jnp.float32)
+    return module, param_shapes(module, kind.naming)
 
 
 def _text_encoders(spec: dict) -> list[tuple[str, str, dict]]:
@@ -453,9 +450,9 @@ def architecture(name: str):
     classes = {component: (cls, config) for component, cls, config in _text_encoders(spec)}
     classes["unet"] = ("UNet2DConditionModel", _unet_config(spec))
     classes["vae"] = ("AutoencoderKL", _vae_config(spec))
-    modules = {component: _module(cls, config) for component, (cls, config) in classes.items()}
-    shapes = {component: _shapes(cls, config) for component, (cls, config) in classes.items()}
-    return modules, shapes
+    built = {component: _module(cls, config) for component, (cls, config) in classes.items()}
+    return ({component: module for component, (module, _) in built.items()},
+            {component: shapes for component, (_, shapes) in built.items()})
 
 
 def sd_weights(spec: dict, shapes: dict) -> dict:
@@ -488,10 +485,9 @@ def _build_into(directory: Path, spec: dict) -> None:
     params = sd_weights(spec, shapes)
     for component, cls, config in _text_encoders(spec):
         published_layout.transformers_model(directory / component, cls, config, params[component])
-    published_layout.diffusers_component(directory / "unet", "FlaxUNet2DConditionModel", _unet_config(spec), {},
+    published_layout.diffusers_component(directory / "unet", "FlaxUNet2DConditionModel", _unet_config(spec),
                                          params["unet"])
-    published_layout.diffusers_component(directory / "vae", "FlaxAutoencoderKL", _vae_config(spec), {},
-                                         params["vae"])
+    published_layout.diffusers_component(directory / "vae", "FlaxAutoencoderKL", _vae_config(spec), params["vae"])
     components: dict[str, list[Any]] = {"text_encoder": ["transformers", "FlaxCLIPTextModel"],
                                         "tokenizer": ["transformers", "CLIPTokenizer"],
                                         "unet": ["diffusers", "FlaxUNet2DConditionModel"],
@@ -539,8 +535,7 @@ def _controlnet_config(name: str) -> dict:
 
 def controlnet_architecture(name: str):
     """(the runner's ControlNet module, its parameter shapes) of built-in ControlNet ``name``, with no weights."""
-    config = _controlnet_config(name)
-    return _module("ControlNetModel", config), _shapes("ControlNetModel", config)
+    return _module("ControlNetModel", _controlnet_config(name))
 
 
 def _build_controlnet_into(directory: Path, spec: dict) -> None:
@@ -548,7 +543,7 @@ def _build_controlnet_into(directory: Path, spec: dict) -> None:
 
     name = next(n for n, s in CONTROLNET_SPECS.items() if s is spec)
     _, shapes = controlnet_architecture(name)
-    published_layout.diffusers_component(directory, "FlaxControlNetModel", _controlnet_config(name), {},
+    published_layout.diffusers_component(directory, "FlaxControlNetModel", _controlnet_config(name),
                                          _random_params(shapes, SEED + 20))
 
 
@@ -622,7 +617,7 @@ def _save_t5(directory: Path, name: str, config: dict, vocab_size: int, seed: in
 
     t5 = published_layout.t5_config({"vocab_size": vocab_size, **config})
     published_layout.transformers_model(directory / name, "T5EncoderModel", t5,
-                                        _random_params(_shapes("T5EncoderModel", t5), seed, dtype, draw))
+                                        _random_params(_module("T5EncoderModel", t5)[1], seed, dtype, draw))
 
 
 def _save_clip_text(directory: Path, name: str, cls: str, spec: dict, vocab_size: int, seed: int, dtype: Any,
@@ -632,7 +627,7 @@ def _save_clip_text(directory: Path, name: str, cls: str, spec: dict, vocab_size
 
     config = _clip_text_config(spec, vocab_size)
     published_layout.transformers_model(directory / name, cls, config,
-                                        _random_params(_shapes(cls, config), seed, dtype, draw))
+                                        _random_params(_module(cls, config)[1], seed, dtype, draw))
 
 
 def _saved_dtypes(spec: dict) -> tuple[Any, str]:

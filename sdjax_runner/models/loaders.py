@@ -65,7 +65,7 @@ def load_model(model: ModelConfig, dtype: DtypeConfig, checkpoint_sha256: Option
         log.info("load: %s (%s single-file checkpoint, %.1f GB) on the configs of %s", checkpoint.path.name,
                  ARCHITECTURES[checkpoint.architecture], checkpoint.path.stat().st_size / 1e9,
                  model.pretrained_model_name_or_path)
-    directory = sources.resolve(model, model.allow_pickle)
+    directory = sources.resolve(model, model.allow_pickle, checkpoint)
     index = model_index.read(directory)  # untrusted: checked before anything is imported or loaded
     family = families.family_of(str(index["_class_name"]), directory)
     loaded = LOADERS[family.name].load(directory, index, model, dtype, checkpoint, checkpoint_sha256)

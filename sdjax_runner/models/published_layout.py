@@ -75,26 +75,23 @@ def write_weights(path: Path, params: Any) -> None:
     path.write_bytes(to_bytes(params))
 
 
-def _plain(value: Any) -> Any:
-    return list(value) if isinstance(value, tuple) else value
-
-
-def diffusers_component(folder: Path, class_name: str, defaults: Mapping[str, Any], config: Mapping[str, Any],
-                        params: Any = None, config_name: str = "config.json") -> None:
-    """A diffusers component folder: ``config_name`` holding every key of ``defaults`` (the class's __init__
-    arguments), ``config``'s value where it has one; and ``params`` (diffusers' Flax file name) where given."""
-    unknown = set(config) - set(defaults)
-    if unknown:
-        raise ValueError(f"{class_name} takes no {sorted(unknown)}")
-    values = {key: _plain(config.get(key, default)) for key, default in defaults.items()}
-    write_json(folder / config_name, {"_class_name": class_name, "_diffusers_version": DIFFUSERS_VERSION, **values})
+def diffusers_component(folder: Path, class_name: str, config: Mapping[str, Any], params: Any = None,
+                        config_name: str = "config.json") -> None:
+    """A diffusers component folder: ``config_name`` holding ``config`` (every ``__init__`` argument of the
+    class, as diffusers writes them all) and ``params`` (diffusers' Flax file name) where given."""
+    write_json(folder / config_name, {"_class_name": class_name, "_diffusers_version": DIFFUSERS_VERSION, **config})
     if params is not None:
         write_weights(folder / "diffusion_flax_model.msgpack", params)
 
 
 def scheduler(folder: Path, class_name: str, config: Mapping[str, Any]) -> None:
-    """``scheduler/scheduler_config.json`` of diffusers' Flax scheduler ``class_name``."""
-    diffusers_component(folder, class_name, SCHEDULER_DEFAULTS[class_name], config, config_name="scheduler_config.json")
+    """``scheduler/scheduler_config.json`` of diffusers' Flax scheduler ``class_name``: its defaults, ``config``'s
+    values where it has them (ValueError for a key the class does not take)."""
+    defaults = SCHEDULER_DEFAULTS[class_name]
+    unknown = set(config) - set(defaults)
+    if unknown:
+        raise ValueError(f"{class_name} takes no {sorted(unknown)}")
+    diffusers_component(folder, class_name, {**defaults, **config}, config_name="scheduler_config.json")
 
 
 def model_index(folder: Path, pipeline: str, components: Mapping[str, Sequence[Any]]) -> None:
@@ -147,9 +144,7 @@ def clip_tokenizer(folder: Path, tokens: Sequence[str], merges: Sequence[tuple[s
     token that is not ``<|endoftext|>`` (SDXL's second tokenizer's ``!``) is an added token, not normalised.
     ``pad_as_text``: the pad token's entry in special_tokens_map.json as a tokenizer made from its two files
     writes it (its text; one read back from a saved folder writes every entry in full)."""
-    vocabulary: dict[str, int] = {}
-    for number, token in enumerate(tokens):
-        vocabulary[token] = number
+    vocabulary = {token: number for number, token in enumerate(tokens)}  # a repeated token: its last id
     start, end = tokens[-2], tokens[-1]
     write_json(folder / "vocab.json", vocabulary, ascii_only=False)
     (folder / "merges.txt").write_text("#version: 0.2\n" + "".join(f"{a} {b}\n" for a, b in merges), encoding="utf-8")

@@ -10,7 +10,7 @@ line naming the repository, the files and the command that fetches them.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
 from sdjax_runner.config.checks import is_local
 from sdjax_runner.config.folder_files import check_folder
@@ -70,11 +70,12 @@ def _snapshot(model: ModelConfig, patterns: list[str]) -> Path:
                         "a cached hub model, or a local directory") from None
 
 
-def checkpoint_components(model: ModelConfig) -> Optional[tuple[str, ...]]:
+def checkpoint_components(model: ModelConfig, opened: Any = None) -> Optional[tuple[str, ...]]:
     """The components whose weights ``model.checkpoint`` gives, told from its header by its family's rule
     (config/families.py's ``checkpoint_holds``: FLUX.1's transformer; SD 3's transformer and the text encoders and
     VAE the file holds); none without a checkpoint; None where the file gives the whole pipeline's (the SD
-    family's)."""
+    family's). ``opened``: the checkpoint already opened (config/weight_files.open_checkpoint), else it is opened
+    here (its header only)."""
     from sdjax_runner.config.families import FAMILIES
 
     if not model.checkpoint:
@@ -82,13 +83,16 @@ def checkpoint_components(model: ModelConfig) -> Optional[tuple[str, ...]]:
     holds = FAMILIES[model.family or "sd"].checkpoint_holds
     if holds is None:
         return None
-    from sdjax_runner.config.weight_files import open_checkpoint
+    if opened is None:
+        from sdjax_runner.config.weight_files import open_checkpoint
 
-    return holds(open_checkpoint(Path(model.checkpoint).expanduser()).keys)
+        opened = open_checkpoint(Path(model.checkpoint).expanduser())
+    return holds(opened.keys)
 
 
-def resolve(model: ModelConfig, allow_pickle: bool = False) -> Path:
-    """A local directory holding ``model``'s pipeline (built or fetched if need be)."""
+def resolve(model: ModelConfig, allow_pickle: bool = False, checkpoint: Any = None) -> Path:
+    """A local directory holding ``model``'s pipeline (built or fetched if need be); ``checkpoint``:
+    ``model.checkpoint`` already opened, where the caller has it."""
     from sdjax_runner.models.builtin import build_builtin
 
     name = str(model.pretrained_model_name_or_path)
@@ -101,7 +105,7 @@ def resolve(model: ModelConfig, allow_pickle: bool = False) -> Path:
         raise UserError(KEY, f"{name} has no model_index.json: not a diffusers-format pipeline",
                         "a diffusers pipeline repository")
     check_folder(directory, KEY, "a diffusers pipeline repository, its files as diffusers writes them")
-    in_file = checkpoint_components(model)
+    in_file = checkpoint_components(model, checkpoint)
     if in_file is None:  # every component's weights come from the checkpoint
         return directory
     # No Flax weights: fall back to the PyTorch ones, as safetensors -- the variant's where the repository
