@@ -123,3 +123,44 @@ def test_a_unet_saved_before_diffusers_0_9_with_a_small_sample_size_is_read_as_6
     (tmp_path / "unet" / "config.json").write_text(json.dumps(config))
     # as the loader builds every UNet (a pipeline's, a refiner's) from its folder
     assert build_module(tmp_path / "unet", "UNet2DConditionModel", jnp.float32).config.sample_size == read
+
+
+def test_applied_layers_read_their_parameters_without_tracing_initialisers():
+    """models/nn/layers.py: applying a module traces no initialiser (linen's param would trace one per parameter:
+    jax.eval_shape of it), gives linen's outputs, and a parameter of the wrong shape is linen's error still."""
+    import flax.linen as nn
+    from flax.errors import ScopeParamShapeError
+
+    from sdjax_runner.models.nn import layers
+
+    class Block(layers.Module):
+        @nn.compact
+        def __call__(self, x):
+            x = layers.GroupNorm(num_groups=2)(layers.Conv(4, (3, 3))(x))
+            return layers.Dense(3)(layers.LayerNorm()(x)) * self.param("gain", nn.initializers.ones, (3,))
+
+    class LinenBlock(nn.Module):
+        @nn.compact
+        def __call__(self, x):
+            x = nn.GroupNorm(num_groups=2)(nn.Conv(4, (3, 3))(x))
+            return nn.Dense(3)(nn.LayerNorm()(x)) * self.param("gain", nn.initializers.ones, (3,))
+
+    x = jax.random.normal(jax.random.PRNGKey(1), (1, 5, 5, 2))
+    params = Block().init(jax.random.PRNGKey(0), x)
+    linen_params = LinenBlock().init(jax.random.PRNGKey(0), x)
+    assert jax.tree_util.tree_all(jax.tree_util.tree_map(np.array_equal, params, linen_params))  # the same names
+    initialisers = []
+    original = jax.eval_shape
+    try:
+        jax.eval_shape = lambda *a, **k: initialisers.append(a) or original(*a, **k)
+        out = jax.jit(Block().apply).lower(params, x).compile()(params, x)
+        assert initialisers == []
+        jax.eval_shape = original
+        linen_out = jax.jit(LinenBlock().apply).lower(linen_params, x).compile()(linen_params, x)
+    finally:
+        jax.eval_shape = original
+    np.testing.assert_array_equal(out, linen_out)
+    wrong = jax.tree_util.tree_map(lambda a: a, params)
+    wrong["params"]["Dense_0"]["kernel"] = np.zeros((5, 3), np.float32)
+    with pytest.raises(ScopeParamShapeError, match="Dense_0"):
+        Block().apply(wrong, x)

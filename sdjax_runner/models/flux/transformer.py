@@ -37,6 +37,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from sdjax_runner.models.nn import layers
 from sdjax_runner.models.nn.attention import attend
 from sdjax_runner.models.nn.config import FromDiffusersConfig
 
@@ -106,7 +107,7 @@ def apply_rope(x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
     return (x.astype(jnp.float32) * cos + rotated.astype(jnp.float32) * sin).astype(x.dtype)
 
 
-class SiLUProjection(nn.Module):
+class SiLUProjection(layers.Module):
     """``linear_1 -> SiLU -> linear_2``: diffusers' ``TimestepEmbedding(in, dim)`` (the timestep and guidance
     embedders) and ``PixArtAlphaTextProjection(in, dim, act_fn="silu")`` (the pooled-text embedder) -- the same
     layers under the same names."""
@@ -117,11 +118,11 @@ class SiLUProjection(nn.Module):
 
     @nn.compact
     def __call__(self, x: jax.Array) -> jax.Array:
-        x = nn.Dense(self.features, dtype=self.dtype, param_dtype=self.param_dtype, name="linear_1")(x)
-        return nn.Dense(self.features, dtype=self.dtype, param_dtype=self.param_dtype, name="linear_2")(nn.silu(x))
+        x = layers.Dense(self.features, dtype=self.dtype, param_dtype=self.param_dtype, name="linear_1")(x)
+        return layers.Dense(self.features, dtype=self.dtype, param_dtype=self.param_dtype, name="linear_2")(nn.silu(x))
 
 
-class TimeTextEmbedding(nn.Module):
+class TimeTextEmbedding(layers.Module):
     """diffusers' ``CombinedTimestepTextProjEmbeddings`` (FLUX.1-schnell) or, with ``guidance_embeds``,
     ``CombinedTimestepGuidanceTextProjEmbeddings`` (FLUX.1-dev): ``timestep_embedder(sinusoid(t)) [+
     guidance_embedder(sinusoid(g))] + text_embedder(pooled)``; the sinusoids (float32) are cast to ``dtype``
@@ -153,7 +154,7 @@ class TimeTextEmbedding(nn.Module):
 
 
 def layer_norm(x: jax.Array, eps: float = 1e-6) -> jax.Array:
-    """``torch.nn.LayerNorm(dim, elementwise_affine=False, eps)``: over the last axis, in float32 (two-pass
+    """``torch.layers.LayerNorm(dim, elementwise_affine=False, eps)``: over the last axis, in float32 (two-pass
     variance, as torch), cast back."""
     x32 = x.astype(jnp.float32)
     mean = x32.mean(axis=-1, keepdims=True)
@@ -162,8 +163,8 @@ def layer_norm(x: jax.Array, eps: float = 1e-6) -> jax.Array:
     return (centred * jax.lax.rsqrt(var + eps)).astype(x.dtype)
 
 
-class RMSNorm(nn.Module):
-    """``torch.nn.RMSNorm(dim, eps, elementwise_affine=True)`` (FluxAttention's q/k norms): ``x / sqrt(mean(x^2) +
+class RMSNorm(layers.Module):
+    """``torch.layers.RMSNorm(dim, eps, elementwise_affine=True)`` (FluxAttention's q/k norms): ``x / sqrt(mean(x^2) +
     eps) * scale`` over the last axis, in float32, cast to ``dtype``. Parameter ``scale`` (torch: ``weight``)."""
 
     eps: float = 1e-6
@@ -178,7 +179,7 @@ class RMSNorm(nn.Module):
         return (normed * scale.astype(jnp.float32)).astype(self.dtype)
 
 
-class AdaLayerNormZero(nn.Module):
+class AdaLayerNormZero(layers.Module):
     """diffusers' ``AdaLayerNormZero(dim)`` (the double-stream blocks' ``norm1`` / ``norm1_context``):
     ``linear(silu(temb))`` split in six -- shift, scale, gate for the attention, shift, scale, gate for the MLP --
     and ``LayerNorm(x) * (1 + scale) + shift``. Returns ``(x, gate_msa, shift_mlp, scale_mlp, gate_mlp)``, the
@@ -190,13 +191,13 @@ class AdaLayerNormZero(nn.Module):
 
     @nn.compact
     def __call__(self, x: jax.Array, temb: jax.Array) -> tuple[jax.Array, ...]:
-        emb = nn.Dense(6 * self.dim, dtype=self.dtype, param_dtype=self.param_dtype, name="linear")(nn.silu(temb))
+        emb = layers.Dense(6 * self.dim, dtype=self.dtype, param_dtype=self.param_dtype, name="linear")(nn.silu(temb))
         shift_msa, scale_msa, gate_msa, shift_mlp, scale_mlp, gate_mlp = jnp.split(emb, 6, axis=-1)
         x = layer_norm(x) * (1 + scale_msa[:, None]) + shift_msa[:, None]
         return x, gate_msa, shift_mlp, scale_mlp, gate_mlp
 
 
-class AdaLayerNormZeroSingle(nn.Module):
+class AdaLayerNormZeroSingle(layers.Module):
     """diffusers' ``AdaLayerNormZeroSingle(dim)`` (the single-stream blocks' ``norm``): ``linear(silu(temb))``
     split in three -- shift, scale, gate -- and ``LayerNorm(x) * (1 + scale) + shift``. Returns ``(x, gate)``."""
 
@@ -206,12 +207,12 @@ class AdaLayerNormZeroSingle(nn.Module):
 
     @nn.compact
     def __call__(self, x: jax.Array, temb: jax.Array) -> tuple[jax.Array, jax.Array]:
-        emb = nn.Dense(3 * self.dim, dtype=self.dtype, param_dtype=self.param_dtype, name="linear")(nn.silu(temb))
+        emb = layers.Dense(3 * self.dim, dtype=self.dtype, param_dtype=self.param_dtype, name="linear")(nn.silu(temb))
         shift, scale, gate = jnp.split(emb, 3, axis=-1)
         return layer_norm(x) * (1 + scale[:, None]) + shift[:, None], gate
 
 
-class AdaLayerNormContinuous(nn.Module):
+class AdaLayerNormContinuous(layers.Module):
     """diffusers' ``AdaLayerNormContinuous(dim, dim, elementwise_affine=False, eps=1e-6)`` (the final ``norm_out``):
     ``linear(silu(temb))`` split in two -- *scale first, then shift* (the reverse of AdaLayerNormZero's order) --
     and ``LayerNorm(x) * (1 + scale) + shift``."""
@@ -222,7 +223,7 @@ class AdaLayerNormContinuous(nn.Module):
 
     @nn.compact
     def __call__(self, x: jax.Array, temb: jax.Array) -> jax.Array:
-        emb = nn.Dense(2 * self.dim, dtype=self.dtype, param_dtype=self.param_dtype, name="linear")(nn.silu(temb))
+        emb = layers.Dense(2 * self.dim, dtype=self.dtype, param_dtype=self.param_dtype, name="linear")(nn.silu(temb))
         scale, shift = jnp.split(emb, 2, axis=-1)
         return layer_norm(x) * (1 + scale[:, None]) + shift[:, None]
 
@@ -230,7 +231,7 @@ class AdaLayerNormContinuous(nn.Module):
 # -- attention and feed-forward -----------------------------------------------------------------------------------
 
 
-class FeedForward(nn.Module):
+class FeedForward(layers.Module):
     """diffusers' ``FeedForward(dim, dim_out=dim, activation_fn="gelu-approximate")``: ``net.0.proj`` (dim -> 4 dim),
     tanh-approximate GELU, ``net.2`` (4 dim -> dim); the Flax names are ``net_0/proj`` and ``net_2``."""
 
@@ -242,10 +243,10 @@ class FeedForward(nn.Module):
     @nn.compact
     def __call__(self, x: jax.Array) -> jax.Array:
         x = _GELUProjection(self.dim * self.mult, dtype=self.dtype, param_dtype=self.param_dtype, name="net_0")(x)
-        return nn.Dense(self.dim, dtype=self.dtype, param_dtype=self.param_dtype, name="net_2")(x)
+        return layers.Dense(self.dim, dtype=self.dtype, param_dtype=self.param_dtype, name="net_2")(x)
 
 
-class _GELUProjection(nn.Module):
+class _GELUProjection(layers.Module):
     """diffusers' ``GELU(dim_in, dim_out, approximate="tanh")``: a Linear ``proj``, then GELU (tanh form)."""
 
     features: int
@@ -254,11 +255,11 @@ class _GELUProjection(nn.Module):
 
     @nn.compact
     def __call__(self, x: jax.Array) -> jax.Array:
-        x = nn.Dense(self.features, dtype=self.dtype, param_dtype=self.param_dtype, name="proj")(x)
+        x = layers.Dense(self.features, dtype=self.dtype, param_dtype=self.param_dtype, name="proj")(x)
         return nn.gelu(x, approximate=True)
 
 
-class FluxAttention(nn.Module):
+class FluxAttention(layers.Module):
     """diffusers' ``FluxAttention`` with ``FluxAttnProcessor``. ``to_q/k/v`` (with bias), per-head RMS norms
     ``norm_q``/``norm_k`` (eps 1e-6), rotary embeddings on queries and keys, scaled dot-product attention
     (``softmax(q k^T / sqrt(head_dim)) v``, logits and softmax in float32).
@@ -278,8 +279,8 @@ class FluxAttention(nn.Module):
     dtype: Any = jnp.float32
     param_dtype: Any = jnp.float32
 
-    def _dense(self, features: int, name: str) -> nn.Dense:
-        return nn.Dense(features, dtype=self.dtype, param_dtype=self.param_dtype, name=name)
+    def _dense(self, features: int, name: str) -> layers.Dense:
+        return layers.Dense(features, dtype=self.dtype, param_dtype=self.param_dtype, name=name)
 
     def _norm(self, name: str) -> RMSNorm:
         return RMSNorm(eps=1e-6, dtype=self.dtype, param_dtype=self.param_dtype, name=name)
@@ -318,7 +319,7 @@ class FluxAttention(nn.Module):
 # -- blocks (diffusers/models/transformers/transformer_flux.py) ----------------------------------------------------
 
 
-class FluxTransformerBlock(nn.Module):
+class FluxTransformerBlock(layers.Module):
     """diffusers' ``FluxTransformerBlock`` (double stream): image ``x`` and text ``context`` each get an
     AdaLayerNormZero (``norm1``, ``norm1_context``), attend jointly (``attn``), and each adds its gated attention
     output and its gated feed-forward (``ff``, ``ff_context``) of ``LayerNorm(.) * (1 + scale_mlp) + shift_mlp``.
@@ -353,7 +354,7 @@ class FluxTransformerBlock(nn.Module):
         return context, x
 
 
-class FluxSingleTransformerBlock(nn.Module):
+class FluxSingleTransformerBlock(layers.Module):
     """diffusers' ``FluxSingleTransformerBlock`` (single stream) over ``[context; x]``: AdaLayerNormZeroSingle
     (``norm``), then in parallel attention (``attn``, no output projection) and ``proj_mlp`` (dim -> 4 dim) + tanh
     GELU; the two concatenated go through ``proj_out`` (5 dim -> dim), gated, added to the input. Returns
@@ -374,10 +375,10 @@ class FluxSingleTransformerBlock(nn.Module):
         text = context.shape[1]
         hidden = jnp.concatenate([context, x], axis=1)
         norm, gate = AdaLayerNormZeroSingle(self.dim, name="norm", **kw)(hidden, temb)
-        mlp = nn.gelu(nn.Dense(int(self.dim * self.mlp_ratio), name="proj_mlp", **kw)(norm), approximate=True)
+        mlp = nn.gelu(layers.Dense(int(self.dim * self.mlp_ratio), name="proj_mlp", **kw)(norm), approximate=True)
         attn = FluxAttention(self.heads, self.head_dim, joint=False, implementation=self.implementation,
                              name="attn", **kw)(norm, rope)
-        out = nn.Dense(self.dim, name="proj_out", **kw)(jnp.concatenate([attn, mlp], axis=-1))
+        out = layers.Dense(self.dim, name="proj_out", **kw)(jnp.concatenate([attn, mlp], axis=-1))
         hidden = hidden + gate[:, None] * out
         if hidden.dtype == jnp.float16:
             hidden = jnp.clip(hidden, -65504, 65504)
@@ -387,7 +388,7 @@ class FluxSingleTransformerBlock(nn.Module):
 # -- the model ------------------------------------------------------------------------------------------------------
 
 
-class FlaxFluxTransformer(FromDiffusersConfig, nn.Module):
+class FlaxFluxTransformer(FromDiffusersConfig, layers.Module):
     """FLUX.1's transformer: diffusers' ``FluxTransformer2DModel`` (dev: ``guidance_embeds=True``; schnell:
     ``False``) in flax.linen. The fields up to ``axes_dims_rope`` are diffusers' config.json keys (build it from a
     config with :meth:`from_config`); ``dtype`` is the activations' dtype, ``param_dtype`` the parameters' at
@@ -442,8 +443,8 @@ class FlaxFluxTransformer(FromDiffusersConfig, nn.Module):
         dim, heads, head_dim = self.inner_dim, self.num_attention_heads, self.attention_head_dim
         out_channels = self.out_channels or self.in_channels
         self.time_text_embed = TimeTextEmbedding(dim, self.guidance_embeds, **kw)
-        self.context_embedder = nn.Dense(dim, **kw)
-        self.x_embedder = nn.Dense(dim, **kw)
+        self.context_embedder = layers.Dense(dim, **kw)
+        self.x_embedder = layers.Dense(dim, **kw)
         self.transformer_blocks = [
             FluxTransformerBlock(dim, heads, head_dim, implementation=self.attention_implementation, **kw)
             for _ in range(self.num_layers)]
@@ -451,7 +452,7 @@ class FlaxFluxTransformer(FromDiffusersConfig, nn.Module):
             FluxSingleTransformerBlock(dim, heads, head_dim, implementation=self.attention_implementation, **kw)
             for _ in range(self.num_single_layers)]
         self.norm_out = AdaLayerNormContinuous(dim, **kw)
-        self.proj_out = nn.Dense(self.patch_size * self.patch_size * out_channels, **kw)
+        self.proj_out = layers.Dense(self.patch_size * self.patch_size * out_channels, **kw)
 
     def __call__(self, hidden_states: jax.Array, encoder_hidden_states: jax.Array, pooled_projections: jax.Array,
                  timestep: jax.Array, img_ids: jax.Array, txt_ids: jax.Array,

@@ -33,7 +33,6 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar, NamedTuple, Optional
 
-import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -41,6 +40,7 @@ from flax.linen import combine_masks, make_causal_mask
 from flax.linen.attention import dot_product_attention_weights
 from jax import lax
 
+from sdjax_runner.models.nn import layers
 from sdjax_runner.models.nn.activations import ACTIVATIONS
 from sdjax_runner.models.nn.config import Config, FromDiffusersConfig, config_fields
 
@@ -188,7 +188,7 @@ class _Tower:
     causal_positions: int = 0
 
 
-class _Attention(nn.Module):
+class _Attention(layers.Module):
     """Multi-head self-attention (``FlaxCLIPAttention``), masked causally in the text tower."""
 
     tower: _Tower
@@ -199,10 +199,10 @@ class _Attention(nn.Module):
         self.num_heads = self.tower.num_attention_heads
         self.head_dim = self.embed_dim // self.num_heads
         init = jax.nn.initializers.normal(0.01)
-        self.k_proj = nn.Dense(self.embed_dim, dtype=self.dtype, kernel_init=init)
-        self.v_proj = nn.Dense(self.embed_dim, dtype=self.dtype, kernel_init=init)
-        self.q_proj = nn.Dense(self.embed_dim, dtype=self.dtype, kernel_init=init)
-        self.out_proj = nn.Dense(self.embed_dim, dtype=self.dtype, kernel_init=init)
+        self.k_proj = layers.Dense(self.embed_dim, dtype=self.dtype, kernel_init=init)
+        self.v_proj = layers.Dense(self.embed_dim, dtype=self.dtype, kernel_init=init)
+        self.q_proj = layers.Dense(self.embed_dim, dtype=self.dtype, kernel_init=init)
+        self.out_proj = layers.Dense(self.embed_dim, dtype=self.dtype, kernel_init=init)
         if self.tower.causal_positions:
             self.causal_mask = make_causal_mask(jnp.ones((1, self.tower.causal_positions), dtype="i4"))
 
@@ -237,7 +237,7 @@ class _Attention(nn.Module):
         return self.out_proj(out.reshape(out.shape[:2] + (self.embed_dim,)))
 
 
-class _MLP(nn.Module):
+class _MLP(layers.Module):
     """fc1, the activation, fc2 (``FlaxCLIPMLP``)."""
 
     tower: _Tower
@@ -245,14 +245,14 @@ class _MLP(nn.Module):
 
     def setup(self) -> None:
         init = jax.nn.initializers.normal(0.01)
-        self.fc1 = nn.Dense(self.tower.intermediate_size, dtype=self.dtype, kernel_init=init)
-        self.fc2 = nn.Dense(self.tower.hidden_size, dtype=self.dtype, kernel_init=init)
+        self.fc1 = layers.Dense(self.tower.intermediate_size, dtype=self.dtype, kernel_init=init)
+        self.fc2 = layers.Dense(self.tower.hidden_size, dtype=self.dtype, kernel_init=init)
 
     def __call__(self, hidden_states: jax.Array) -> jax.Array:
         return self.fc2(ACTIVATIONS[self.tower.hidden_act](self.fc1(hidden_states)))
 
 
-class _EncoderLayer(nn.Module):
+class _EncoderLayer(layers.Module):
     """A pre-norm transformer layer (``FlaxCLIPEncoderLayer``): x + attn(ln1(x)), then x + mlp(ln2(x))."""
 
     tower: _Tower
@@ -260,16 +260,16 @@ class _EncoderLayer(nn.Module):
 
     def setup(self) -> None:
         self.self_attn = _Attention(self.tower, dtype=self.dtype)
-        self.layer_norm1 = nn.LayerNorm(epsilon=self.tower.layer_norm_eps, dtype=self.dtype)
+        self.layer_norm1 = layers.LayerNorm(epsilon=self.tower.layer_norm_eps, dtype=self.dtype)
         self.mlp = _MLP(self.tower, dtype=self.dtype)
-        self.layer_norm2 = nn.LayerNorm(epsilon=self.tower.layer_norm_eps, dtype=self.dtype)
+        self.layer_norm2 = layers.LayerNorm(epsilon=self.tower.layer_norm_eps, dtype=self.dtype)
 
     def __call__(self, hidden_states: jax.Array, attention_mask: Optional[jax.Array]) -> jax.Array:
         hidden_states = hidden_states + self.self_attn(self.layer_norm1(hidden_states), attention_mask)
         return hidden_states + self.mlp(self.layer_norm2(hidden_states))
 
 
-class _Layers(nn.Module):
+class _Layers(layers.Module):
     """The layers, named ``0``, ``1``, ... (``FlaxCLIPLayerCollection``, the ``encoder/layers`` scope)."""
 
     tower: _Tower
@@ -289,7 +289,7 @@ class _Layers(nn.Module):
         return hidden_states, states if output_hidden_states else None
 
 
-class _Encoder(nn.Module):
+class _Encoder(layers.Module):
     """``FlaxCLIPEncoder``: the scope ``encoder`` around ``layers``."""
 
     tower: _Tower
@@ -307,7 +307,7 @@ class _Encoder(nn.Module):
 # The text tower
 
 
-class _TextEmbeddings(nn.Module):
+class _TextEmbeddings(layers.Module):
     """Token plus position embeddings (``FlaxCLIPTextEmbeddings``; float32 tables, added in float32)."""
 
     vocab_size: int
@@ -317,14 +317,14 @@ class _TextEmbeddings(nn.Module):
 
     def setup(self) -> None:
         init = jax.nn.initializers.normal()
-        self.token_embedding = nn.Embed(self.vocab_size, self.hidden_size, embedding_init=init)
-        self.position_embedding = nn.Embed(self.max_position_embeddings, self.hidden_size, embedding_init=init)
+        self.token_embedding = layers.Embed(self.vocab_size, self.hidden_size, embedding_init=init)
+        self.position_embedding = layers.Embed(self.max_position_embeddings, self.hidden_size, embedding_init=init)
 
     def __call__(self, input_ids: jax.Array, position_ids: jax.Array) -> jax.Array:
         return self.token_embedding(input_ids.astype("i4")) + self.position_embedding(position_ids.astype("i4"))
 
 
-class _TextTransformer(nn.Module):
+class _TextTransformer(layers.Module):
     """``FlaxCLIPTextTransformer``: embeddings, encoder, final_layer_norm, and the pooled end-token state."""
 
     vocab_size: int
@@ -337,7 +337,7 @@ class _TextTransformer(nn.Module):
         self.embeddings = _TextEmbeddings(self.vocab_size, self.tower.hidden_size, self.max_position_embeddings,
                                           dtype=self.dtype)
         self.encoder = _Encoder(self.tower, dtype=self.dtype)
-        self.final_layer_norm = nn.LayerNorm(epsilon=self.tower.layer_norm_eps, dtype=self.dtype)
+        self.final_layer_norm = layers.LayerNorm(epsilon=self.tower.layer_norm_eps, dtype=self.dtype)
 
     def __call__(self, input_ids: jax.Array, attention_mask: jax.Array, position_ids: jax.Array,
                  output_hidden_states: bool = False) -> CLIPTextOutput:
@@ -382,7 +382,7 @@ def _init_rngs(rng: jax.Array) -> dict[str, jax.Array]:
     return {"params": params_rng, "dropout": dropout_rng}
 
 
-class CLIPTextModel(FromDiffusersConfig, nn.Module):
+class CLIPTextModel(FromDiffusersConfig, layers.Module):
     """CLIP's text encoder: transformers' ``FlaxCLIPTextModel``, or ``FlaxCLIPTextModelWithProjection`` with
     ``with_projection`` (SDXL's second encoder, SD 3's two, and ``text_embeds`` = ``text_projection`` of the pooled
     output, no bias).
@@ -439,7 +439,7 @@ class CLIPTextModel(FromDiffusersConfig, nn.Module):
     def setup(self) -> None:
         self.text_model = _text_transformer(self.config, self.dtype)
         if self.with_projection:
-            self.text_projection = nn.Dense(self.projection_dim, use_bias=False, dtype=self.dtype)
+            self.text_projection = layers.Dense(self.projection_dim, use_bias=False, dtype=self.dtype)
 
     def __call__(self, input_ids: Any, attention_mask: Any = None, position_ids: Any = None,
                  output_hidden_states: bool = False) -> CLIPTextOutput:
@@ -458,7 +458,7 @@ class CLIPTextModel(FromDiffusersConfig, nn.Module):
 # The vision tower
 
 
-class _VisionEmbeddings(nn.Module):
+class _VisionEmbeddings(layers.Module):
     """``FlaxCLIPVisionEmbeddings``: the class embedding, then the patches' (a strided convolution, no bias), plus
     position embeddings. Takes NHWC pixels."""
 
@@ -470,11 +470,11 @@ class _VisionEmbeddings(nn.Module):
     def setup(self) -> None:
         embed_dim, patch = self.hidden_size, self.patch_size
         self.class_embedding = self.param("class_embedding", jax.nn.initializers.normal(stddev=0.02), (embed_dim,))
-        self.patch_embedding = nn.Conv(embed_dim, kernel_size=(patch, patch), strides=(patch, patch),
+        self.patch_embedding = layers.Conv(embed_dim, kernel_size=(patch, patch), strides=(patch, patch),
                                        padding="VALID", use_bias=False, dtype=self.dtype,
                                        kernel_init=jax.nn.initializers.normal())
         num_positions = (self.image_size // patch) ** 2 + 1
-        self.position_embedding = nn.Embed(num_positions, embed_dim, embedding_init=jax.nn.initializers.normal())
+        self.position_embedding = layers.Embed(num_positions, embed_dim, embedding_init=jax.nn.initializers.normal())
         self.position_ids = jnp.expand_dims(jnp.arange(0, num_positions, dtype="i4"), axis=0)
 
     def __call__(self, pixel_values: jax.Array) -> jax.Array:
@@ -486,7 +486,7 @@ class _VisionEmbeddings(nn.Module):
         return embeddings + self.position_embedding(self.position_ids)
 
 
-class _VisionTransformer(nn.Module):
+class _VisionTransformer(layers.Module):
     """``FlaxCLIPVisionTransformer``: embeddings, pre_layrnorm (transformers' spelling), encoder, and the class
     token's state through post_layernorm pooled."""
 
@@ -499,9 +499,9 @@ class _VisionTransformer(nn.Module):
         eps = self.tower.layer_norm_eps
         self.embeddings = _VisionEmbeddings(self.tower.hidden_size, self.image_size, self.patch_size,
                                             dtype=self.dtype)
-        self.pre_layrnorm = nn.LayerNorm(epsilon=eps, dtype=self.dtype)
+        self.pre_layrnorm = layers.LayerNorm(epsilon=eps, dtype=self.dtype)
         self.encoder = _Encoder(self.tower, dtype=self.dtype)
-        self.post_layernorm = nn.LayerNorm(epsilon=eps, dtype=self.dtype)
+        self.post_layernorm = layers.LayerNorm(epsilon=eps, dtype=self.dtype)
 
     def __call__(self, pixel_values: jax.Array, output_hidden_states: bool = False) -> CLIPVisionOutput:
         hidden_states = self.pre_layrnorm(self.embeddings(pixel_values))
@@ -521,7 +521,7 @@ def _pixels(pixel_values: Any) -> jax.Array:
     return jnp.array(jnp.transpose(pixel_values, (0, 2, 3, 1)), dtype=jnp.float32)
 
 
-class CLIPVisionModel(FromDiffusersConfig, nn.Module):
+class CLIPVisionModel(FromDiffusersConfig, layers.Module):
     """CLIP's vision encoder: transformers' ``FlaxCLIPVisionModel`` (the fields: CLIPVisionConfig's config.json
     keys that change the computation, transformers' defaults; ``projection_dim`` is kept and unused).
 
@@ -596,7 +596,7 @@ def clip_tower_configs(config: Mapping[str, Any]) -> tuple[dict[str, Any], dict[
     return towers[0], towers[1]
 
 
-class CLIPModel(FromDiffusersConfig, nn.Module):
+class CLIPModel(FromDiffusersConfig, layers.Module):
     """CLIP: transformers' ``FlaxCLIPModel``, the text and vision towers, their projections (no bias) and
     ``logit_scale``. ``text_config`` and ``vision_config`` are the towers' configs (a :class:`CLIPTextModel`'s and
     a :class:`CLIPVisionModel`'s ``.config`` keys; given as dicts, they are completed with transformers' defaults
@@ -655,8 +655,8 @@ class CLIPModel(FromDiffusersConfig, nn.Module):
         self.text_model = _text_transformer(self.text_config, self.dtype)
         self.vision_model = _vision_transformer(self.vision_config, self.dtype)
         init = jax.nn.initializers.normal(0.02)
-        self.visual_projection = nn.Dense(self.projection_dim, dtype=self.dtype, kernel_init=init, use_bias=False)
-        self.text_projection = nn.Dense(self.projection_dim, dtype=self.dtype, kernel_init=init, use_bias=False)
+        self.visual_projection = layers.Dense(self.projection_dim, dtype=self.dtype, kernel_init=init, use_bias=False)
+        self.text_projection = layers.Dense(self.projection_dim, dtype=self.dtype, kernel_init=init, use_bias=False)
         self.logit_scale = self.param("logit_scale", lambda _, shape: jnp.ones(shape) * self.logit_scale_init_value,
                                       [])
 

@@ -32,11 +32,11 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any, ClassVar, NamedTuple, Optional
 
-import flax.linen as nn
 import jax
 import jax.numpy as jnp
 from flax.linen.attention import dot_product_attention_weights
 
+from sdjax_runner.models.nn import layers
 from sdjax_runner.models.nn.activations import ACTIVATIONS
 from sdjax_runner.models.nn.config import Config, FromDiffusersConfig
 
@@ -156,7 +156,7 @@ class Sizes:
     gated: bool  # is_gated_act
 
 
-class RMSNorm(nn.Module):
+class RMSNorm(layers.Module):
     """T5's layer norm (``FlaxT5LayerNorm``): ``weight * x / sqrt(mean(x^2) + eps)``, the mean of squares in
     float32, no mean subtracted, no bias. ``dtype`` is unused (kept as transformers has the field)."""
 
@@ -173,12 +173,12 @@ class RMSNorm(nn.Module):
         return self.weight * hidden_states
 
 
-def _dense(features: int, std: float, dtype: Any, name: Optional[str] = None) -> nn.Dense:
+def _dense(features: int, std: float, dtype: Any, name: Optional[str] = None) -> layers.Dense:
     """A bias-free dense layer with T5's normal initialisation (standard deviation ``std``)."""
-    return nn.Dense(features, use_bias=False, kernel_init=jax.nn.initializers.normal(std), dtype=dtype, name=name)
+    return layers.Dense(features, use_bias=False, kernel_init=jax.nn.initializers.normal(std), dtype=dtype, name=name)
 
 
-class _SelfAttention(nn.Module):
+class _SelfAttention(layers.Module):
     """``FlaxT5Attention`` of the encoder (bidirectional, no cache): q, k, v, o without bias, and, in the first
     layer, the ``relative_attention_bias`` table (buckets x heads)."""
 
@@ -197,7 +197,7 @@ class _SelfAttention(nn.Module):
         self.v = _dense(inner, inner ** -0.5, self.dtype)
         self.o = _dense(self.d_model, inner ** -0.5, self.dtype)
         if self.has_relative_attention_bias:
-            self.relative_attention_bias = nn.Embed(self.num_buckets, self.num_heads,
+            self.relative_attention_bias = layers.Embed(self.num_buckets, self.num_heads,
                                                     embedding_init=jax.nn.initializers.normal(inner ** -0.5),
                                                     dtype=self.dtype)
 
@@ -238,7 +238,7 @@ class _SelfAttention(nn.Module):
         return self.o(out), position_bias
 
 
-class _SelfAttentionLayer(nn.Module):
+class _SelfAttentionLayer(layers.Module):
     """``FlaxT5LayerSelfAttention``: ``x + SelfAttention(layer_norm(x))``."""
 
     sizes: Sizes
@@ -257,7 +257,7 @@ class _SelfAttentionLayer(nn.Module):
         return hidden_states + out, position_bias
 
 
-class _DenseActDense(nn.Module):
+class _DenseActDense(layers.Module):
     """``FlaxT5DenseActDense`` (``wo(act(wi(x)))``) or, with ``gated``, ``FlaxT5DenseGatedActDense``
     (``wo(act(wi_0(x)) * wi_1(x))``)."""
 
@@ -284,7 +284,7 @@ class _DenseActDense(nn.Module):
         return self.wo(hidden_states)
 
 
-class _FeedForwardLayer(nn.Module):
+class _FeedForwardLayer(layers.Module):
     """``FlaxT5LayerFF``: ``x + DenseReluDense(layer_norm(x))`` (transformers' name whatever the activation)."""
 
     sizes: Sizes
@@ -299,7 +299,7 @@ class _FeedForwardLayer(nn.Module):
         return hidden_states + self.DenseReluDense(self.layer_norm(hidden_states))
 
 
-class _Block(nn.Module):
+class _Block(layers.Module):
     """``FlaxT5Block`` (the scope ``layer`` of ``block/N``): the self-attention layer ``0``, the feed-forward
     layer ``1``."""
 
@@ -318,7 +318,7 @@ class _Block(nn.Module):
         return self.feed_forward(hidden_states), position_bias
 
 
-class _LayerCollection(nn.Module):
+class _LayerCollection(layers.Module):
     """``FlaxT5LayerCollection`` (the scope ``block/N``): its one child, ``layer``."""
 
     sizes: Sizes
@@ -333,7 +333,7 @@ class _LayerCollection(nn.Module):
         return self.layer(hidden_states, attention_mask, position_bias)
 
 
-class _BlockCollection(nn.Module):
+class _BlockCollection(layers.Module):
     """``FlaxT5BlockCollection`` (the scope ``block``): the layers ``0``, ``1``, ...; the first has the relative
     position table and hands its bias on."""
 
@@ -355,7 +355,7 @@ class _BlockCollection(nn.Module):
         return hidden_states, states
 
 
-class _Stack(nn.Module):
+class _Stack(layers.Module):
     """``FlaxT5Stack`` as the encoder (the scope ``encoder``): the blocks, then ``final_layer_norm``. Takes the
     embeddings (the token table is the parent's ``shared``, as in transformers)."""
 
@@ -373,7 +373,7 @@ class _Stack(nn.Module):
         return T5EncoderOutput(hidden_states, states + (hidden_states,) if output_hidden_states else None)
 
 
-class T5EncoderModel(FromDiffusersConfig, nn.Module):
+class T5EncoderModel(FromDiffusersConfig, layers.Module):
     """T5's encoder: transformers' ``FlaxT5EncoderModel`` (module docstring).
 
     The fields up to ``is_gated_act`` are T5Config's config.json keys that change the computation, with
@@ -461,7 +461,7 @@ class T5EncoderModel(FromDiffusersConfig, nn.Module):
             raise ValueError(f"T5 config: {'; '.join(problems)}")
 
     def setup(self) -> None:
-        self.shared = nn.Embed(self.vocab_size, self.d_model, embedding_init=jax.nn.initializers.normal(1.0),
+        self.shared = layers.Embed(self.vocab_size, self.d_model, embedding_init=jax.nn.initializers.normal(1.0),
                                dtype=self.dtype)
         self.encoder = _Stack(self.sizes, dtype=self.dtype)
 

@@ -34,6 +34,7 @@ import flax.struct
 import jax
 import jax.numpy as jnp
 
+from sdjax_runner.models.nn import layers
 from sdjax_runner.models.nn.config import FromDiffusersConfig
 
 # The keys of diffusers' PyTorch AutoencoderKL config.json (its __init__ arguments) and their defaults there.
@@ -64,24 +65,24 @@ EPSILON = 1e-6  # every group norm of the VAE
 
 # -- layers ------------------------------------------------------------------------------------------------------
 
-def _conv3x3(features: int, dtype: Any, name: str, strides: int = 1) -> nn.Conv:
+def _conv3x3(features: int, dtype: Any, name: str, strides: int = 1) -> layers.Conv:
     """A 3x3 convolution: padded by one pixel on every side (stride 1), or unpadded with stride 2 (the
     downsampler pads first)."""
     padding: Any = ((1, 1), (1, 1)) if strides == 1 else "VALID"
-    return nn.Conv(features, kernel_size=(3, 3), strides=(strides, strides), padding=padding, dtype=dtype, name=name)
+    return layers.Conv(features, kernel_size=(3, 3), strides=(strides, strides), padding=padding, dtype=dtype, name=name)
 
 
-def _conv1x1(features: int, dtype: Any, name: Optional[str] = None) -> nn.Conv:
+def _conv1x1(features: int, dtype: Any, name: Optional[str] = None) -> layers.Conv:
     """A 1x1 convolution (a per-pixel linear map): the residual shortcut and the quant convolutions."""
-    return nn.Conv(features, kernel_size=(1, 1), strides=(1, 1), padding="VALID", dtype=dtype, name=name)
+    return layers.Conv(features, kernel_size=(1, 1), strides=(1, 1), padding="VALID", dtype=dtype, name=name)
 
 
-def _group_norm(groups: int, name: str) -> nn.GroupNorm:
+def _group_norm(groups: int, name: str) -> layers.GroupNorm:
     """The VAE's group norm: float32 parameters and no dtype of its own (see the module docstring)."""
-    return nn.GroupNorm(num_groups=groups, epsilon=EPSILON, name=name)
+    return layers.GroupNorm(num_groups=groups, epsilon=EPSILON, name=name)
 
 
-class ResnetBlock(nn.Module):
+class ResnetBlock(layers.Module):
     """diffusers' ``ResnetBlock2D`` without a time embedding: norm, SiLU, conv, twice, plus the input (through
     a 1x1 ``conv_shortcut`` where the channel count changes)."""
 
@@ -98,7 +99,7 @@ class ResnetBlock(nn.Module):
         return h + x
 
 
-class Resample(nn.Module):
+class Resample(layers.Module):
     """Halve (``down``: pad bottom/right by one, stride-2 conv) or double (``up``: nearest, then conv) the
     spatial size; the convolution keeps the channel count."""
 
@@ -116,7 +117,7 @@ class Resample(nn.Module):
         return _conv3x3(self.channels, self.dtype, "conv")(x)
 
 
-class AttentionBlock(nn.Module):
+class AttentionBlock(layers.Module):
     """The VAE's self-attention over all pixels (diffusers' Flax ``FlaxAttentionBlock`` with one head): group
     norm, query/key/value dense layers, softmax of the scaled dot products, ``proj_attn``, plus the input."""
 
@@ -133,16 +134,16 @@ class AttentionBlock(nn.Module):
     def __call__(self, x: jax.Array) -> jax.Array:
         batch, height, width, channels = x.shape
         h = _group_norm(self.groups, "group_norm")(x).reshape((batch, height * width, channels))
-        query, key, value = (self._split_heads(nn.Dense(self.channels, dtype=self.dtype, name=name)(h))
+        query, key, value = (self._split_heads(layers.Dense(self.channels, dtype=self.dtype, name=name)(h))
                              for name in ("query", "key", "value"))
         scale = 1 / math.sqrt(math.sqrt(self.channels / self.heads))  # on q and k each: 1/sqrt(D) in all
         weights = nn.softmax(jnp.einsum("...qc,...kc->...qk", query * scale, key * scale), axis=-1)
         h = jnp.transpose(jnp.einsum("...kc,...qk->...qc", value, weights), (0, 2, 1, 3))
-        h = nn.Dense(self.channels, dtype=self.dtype, name="proj_attn")(h.reshape(h.shape[:-2] + (self.channels,)))
+        h = layers.Dense(self.channels, dtype=self.dtype, name="proj_attn")(h.reshape(h.shape[:-2] + (self.channels,)))
         return h.reshape((batch, height, width, channels)) + x
 
 
-class ResnetStack(nn.Module):
+class ResnetStack(layers.Module):
     """A ``DownEncoderBlock2D`` / ``UpDecoderBlock2D``: ``layers`` resnets (``resnets_0`` ...), then the
     optional ``downsamplers_0`` / ``upsamplers_0``."""
 
@@ -161,7 +162,7 @@ class ResnetStack(nn.Module):
         return x
 
 
-class MidBlock(nn.Module):
+class MidBlock(layers.Module):
     """``UNetMidBlock2D`` as the VAE has it: resnet, attention, resnet at constant channel count."""
 
     channels: int
@@ -175,7 +176,7 @@ class MidBlock(nn.Module):
         return ResnetBlock(self.channels, self.groups, self.dtype, name="resnets_1")(x)
 
 
-class Encoder(nn.Module):
+class Encoder(layers.Module):
     """Image (NHWC) -> the Gaussian's moments (NHWC, ``2 * latent_channels``: mean then log-variance):
     ``conv_in``, one down block per ``block_out_channels`` entry (all but the last downsample), mid block,
     norm, SiLU, ``conv_out``."""
@@ -198,7 +199,7 @@ class Encoder(nn.Module):
         return _conv3x3(2 * self.latent_channels, self.dtype, "conv_out")(x)
 
 
-class Decoder(nn.Module):
+class Decoder(layers.Module):
     """Latents (NHWC) -> image (NHWC): ``conv_in``, mid block, one up block of ``layers_per_block + 1``
     resnets per ``block_out_channels`` entry in reverse (all but the last upsample), norm, SiLU, ``conv_out``."""
 
@@ -252,7 +253,7 @@ class DiagonalGaussian:
 
 # -- the autoencoder ---------------------------------------------------------------------------------------------
 
-class AutoencoderKL(FromDiffusersConfig, nn.Module):
+class AutoencoderKL(FromDiffusersConfig, layers.Module):
     """diffusers' ``AutoencoderKL``: the fields up to ``mid_block_add_attention`` are its config.json keys with
     its defaults (build it with :meth:`from_config`, which reads PyTorch and Flax folders' configs alike);
     ``sample_size``, ``scaling_factor``, ``shift_factor``, ``latents_mean/std`` and ``force_upcast`` are the

@@ -18,6 +18,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from sdjax_runner.models.nn import layers
 from sdjax_runner.models.nn.attention import IMPLEMENTATIONS
 from sdjax_runner.models.nn.config import FromDiffusersConfig
 from sdjax_runner.models.sd.unet import (
@@ -80,7 +81,7 @@ class ControlNetOutput(NamedTuple):
     mid_block_res_sample: jax.Array
 
 
-class ControlNetConditioningEmbedding(nn.Module):
+class ControlNetConditioningEmbedding(layers.Module):
     """The control image (NHWC) to the latents' size and ``channels``: ``conv_in``, SiLU, then per step of
     ``block_out_channels`` a 3x3 convolution and a stride-2 one (``blocks_2i``, ``blocks_2i+1``), each followed
     by SiLU, then ``conv_out`` (zero-initialised). Float32, as diffusers builds it (it passes no dtype)."""
@@ -95,11 +96,11 @@ class ControlNetConditioningEmbedding(nn.Module):
         for i, (current, following) in enumerate(itertools.pairwise(self.block_out_channels)):
             x = nn.silu(conv3x3(current, f"blocks_{2 * i}", dtype)(x))
             x = nn.silu(conv3x3(following, f"blocks_{2 * i + 1}", dtype, stride=2)(x))
-        return nn.Conv(self.channels, kernel_size=(3, 3), padding=((1, 1), (1, 1)), dtype=dtype, name="conv_out",
+        return layers.Conv(self.channels, kernel_size=(3, 3), padding=((1, 1), (1, 1)), dtype=dtype, name="conv_out",
                        kernel_init=nn.initializers.zeros_init(), bias_init=nn.initializers.zeros_init())(x)
 
 
-class ControlNetModel(FromDiffusersConfig, nn.Module):
+class ControlNetModel(FromDiffusersConfig, layers.Module):
     """A ControlNet: diffusers 0.39's ``FlaxControlNetModel``, op for op (module docstring).
 
     The fields up to ``conditioning_embedding_out_channels`` are that class's config.json keys with its defaults

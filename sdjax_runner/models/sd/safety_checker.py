@@ -14,10 +14,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, ClassVar
 
-import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from sdjax_runner.models.nn import layers
 from sdjax_runner.models.nn.clip import CLIPVisionModel, FrozenConfig, clip_tower_configs
 from sdjax_runner.models.nn.config import Config
 
@@ -31,7 +31,7 @@ def cosine_similarity(a: jax.Array, b: jax.Array, eps: float = 1e-12) -> jax.Arr
     return a @ b.T
 
 
-class SafetyChecker(nn.Module):
+class SafetyChecker(layers.Module):
     """``__call__(pixel_values)`` (N, 3, H, W, the feature extractor's output) -> (N,) booleans: flagged.
     Build it with :meth:`from_config` from the folder's config.json (a CLIPConfig naming
     ``StableDiffusionSafetyChecker``)."""
@@ -57,7 +57,7 @@ class SafetyChecker(nn.Module):
 
     def setup(self) -> None:
         self.vision_model = CLIPVisionModel(**self.vision_config, dtype=self.dtype)
-        self.visual_projection = nn.Dense(self.projection_dim, use_bias=False, dtype=self.dtype)
+        self.visual_projection = layers.Dense(self.projection_dim, use_bias=False, dtype=self.dtype)
         ones = jax.nn.initializers.ones
         self.concept_embeds = self.param("concept_embeds", ones, (CONCEPTS, self.projection_dim))
         self.special_care_embeds = self.param("special_care_embeds", ones, (SPECIAL_CARE, self.projection_dim))

@@ -5,8 +5,8 @@ The parameter tree is diffusers' Flax one, name for name and shape for shape (``
 linear_1``, ``add_embedding``, ``down_blocks_0/resnets_0/conv1``, ``down_blocks_1/attentions_0/
 transformer_blocks_0/attn1/to_q``, ``.../ff/net_0/proj``, ``up_blocks_0/upsamplers_0/conv``, ...), so diffusers'
 ``diffusion_flax_model.msgpack`` folders and PyTorch weights converted to those names load unchanged. The same
-layers (``nn.Conv``, ``nn.Dense``, ``nn.GroupNorm``, ``nn.LayerNorm``) are built with the same arguments and run in
-the same order with the same casts: on the same weights and inputs the outputs are diffusers' bit for bit.
+layers (linen's ``Conv``, ``Dense``, ``GroupNorm``, ``LayerNorm``: :mod:`..nn.layers`) are built with the same
+arguments and run in the same order with the same casts: on the same weights and inputs the outputs are diffusers' bit for bit.
 
 The blocks (used by the ControlNet too, :mod:`.controlnet`):
 
@@ -35,6 +35,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from sdjax_runner.models.nn import layers
 from sdjax_runner.models.nn.attention import IMPLEMENTATIONS
 from sdjax_runner.models.nn.attention import attention as multihead_attention
 from sdjax_runner.models.nn.config import FromDiffusersConfig
@@ -183,7 +184,7 @@ def sinusoidal_embedding(timesteps: jax.Array, dim: int, flip_sin_to_cos: bool, 
     return jnp.concatenate(parts, axis=1)
 
 
-class TimestepEmbedding(nn.Module):
+class TimestepEmbedding(layers.Module):
     """``linear_1 -> SiLU -> linear_2`` to ``features`` (diffusers' ``FlaxTimestepEmbedding``): the time embedding
     and SDXL's ``add_embedding``."""
 
@@ -192,33 +193,33 @@ class TimestepEmbedding(nn.Module):
 
     @nn.compact
     def __call__(self, x: jax.Array) -> jax.Array:
-        x = nn.Dense(self.features, dtype=self.dtype, name="linear_1")(x)
-        return nn.Dense(self.features, dtype=self.dtype, name="linear_2")(nn.silu(x))
+        x = layers.Dense(self.features, dtype=self.dtype, name="linear_1")(x)
+        return layers.Dense(self.features, dtype=self.dtype, name="linear_2")(nn.silu(x))
 
 
 # -- convolutional blocks ----------------------------------------------------------------------------------------
 
 
-def group_norm(name: str) -> nn.GroupNorm:
+def group_norm(name: str) -> layers.GroupNorm:
     """diffusers' Flax GroupNorm: 32 groups, epsilon 1e-5, no dtype (it computes in float32, its parameters')."""
-    return nn.GroupNorm(num_groups=GROUPS, epsilon=1e-5, name=name)
+    return layers.GroupNorm(num_groups=GROUPS, epsilon=1e-5, name=name)
 
 
-def conv3x3(features: int, name: str, dtype: Any, stride: int = 1) -> nn.Conv:
+def conv3x3(features: int, name: str, dtype: Any, stride: int = 1) -> layers.Conv:
     """A 3x3 convolution padded by one pixel on each side."""
-    return nn.Conv(features, kernel_size=(3, 3), strides=(stride, stride), padding=((1, 1), (1, 1)), dtype=dtype,
+    return layers.Conv(features, kernel_size=(3, 3), strides=(stride, stride), padding=((1, 1), (1, 1)), dtype=dtype,
                    name=name)
 
 
-def conv1x1(features: int, name: str, dtype: Any, zero: bool = False) -> nn.Conv:
+def conv1x1(features: int, name: str, dtype: Any, zero: bool = False) -> layers.Conv:
     """A 1x1 convolution; ``zero``: kernel and bias initialised to zeros (the ControlNet's zero convolutions)."""
     if zero:
-        return nn.Conv(features, kernel_size=(1, 1), strides=(1, 1), padding="VALID", dtype=dtype, name=name,
+        return layers.Conv(features, kernel_size=(1, 1), strides=(1, 1), padding="VALID", dtype=dtype, name=name,
                        kernel_init=nn.initializers.zeros_init(), bias_init=nn.initializers.zeros_init())
-    return nn.Conv(features, kernel_size=(1, 1), strides=(1, 1), padding="VALID", dtype=dtype, name=name)
+    return layers.Conv(features, kernel_size=(1, 1), strides=(1, 1), padding="VALID", dtype=dtype, name=name)
 
 
-class ResnetBlock2D(nn.Module):
+class ResnetBlock2D(layers.Module):
     """diffusers' ``FlaxResnetBlock2D``: ``x + conv2(dropout(SiLU(norm2(conv1(SiLU(norm1(x))) + proj(SiLU(temb))))))``,
     the residual through a 1x1 ``conv_shortcut`` where the channel count changes. NHWC."""
 
@@ -229,7 +230,7 @@ class ResnetBlock2D(nn.Module):
     @nn.compact
     def __call__(self, x: jax.Array, temb: jax.Array, deterministic: bool = True) -> jax.Array:
         h = conv3x3(self.out_channels, "conv1", self.dtype)(nn.silu(group_norm("norm1")(x)))
-        temb = nn.Dense(self.out_channels, dtype=self.dtype, name="time_emb_proj")(nn.silu(temb))
+        temb = layers.Dense(self.out_channels, dtype=self.dtype, name="time_emb_proj")(nn.silu(temb))
         h = h + jnp.expand_dims(jnp.expand_dims(temb, 1), 1)
         h = nn.Dropout(self.dropout, name="dropout")(nn.silu(group_norm("norm2")(h)), deterministic)
         h = conv3x3(self.out_channels, "conv2", self.dtype)(h)
@@ -238,7 +239,7 @@ class ResnetBlock2D(nn.Module):
         return h + x
 
 
-class Downsample2D(nn.Module):
+class Downsample2D(layers.Module):
     """A 3x3 convolution of stride 2 (``downsamplers_0/conv``)."""
 
     out_channels: int
@@ -249,7 +250,7 @@ class Downsample2D(nn.Module):
         return conv3x3(self.out_channels, "conv", self.dtype, stride=2)(x)
 
 
-class Upsample2D(nn.Module):
+class Upsample2D(layers.Module):
     """Nearest-neighbour 2x upsampling, then a 3x3 convolution (``upsamplers_0/conv``)."""
 
     out_channels: int
@@ -265,7 +266,7 @@ class Upsample2D(nn.Module):
 # -- transformer -------------------------------------------------------------------------------------------------
 
 
-class Attention(nn.Module):
+class Attention(layers.Module):
     """Multi-head attention with diffusers' Flax parameter names: ``to_q`` / ``to_k`` / ``to_v`` (no bias) project
     the tokens (queries) and the context (keys and values; the tokens themselves without one), :func:`.attention`
     combines them (``implementation``), ``to_out_0`` projects back to the tokens' width."""
@@ -279,13 +280,13 @@ class Attention(nn.Module):
     def __call__(self, x: jax.Array, context: Optional[jax.Array] = None) -> jax.Array:
         context = x if context is None else context
         inner = self.heads * self.head_dim
-        query, key, value = (nn.Dense(inner, use_bias=False, dtype=self.dtype, name=name)(source)
+        query, key, value = (layers.Dense(inner, use_bias=False, dtype=self.dtype, name=name)(source)
                              for name, source in (("to_q", x), ("to_k", context), ("to_v", context)))
         out = multihead_attention(query, key, value, self.heads, self.implementation)
-        return nn.Dense(x.shape[-1], dtype=self.dtype, name="to_out_0")(out)
+        return layers.Dense(x.shape[-1], dtype=self.dtype, name="to_out_0")(out)
 
 
-class GEGLU(nn.Module):
+class GEGLU(layers.Module):
     """``proj`` to ``2 * 4 * dim``, halves ``(a, b)``, ``a * gelu(b)`` (tanh-approximated GELU, Flax's default)."""
 
     dim: int
@@ -293,11 +294,11 @@ class GEGLU(nn.Module):
 
     @nn.compact
     def __call__(self, x: jax.Array) -> jax.Array:
-        linear, gate = jnp.split(nn.Dense(self.dim * 4 * 2, dtype=self.dtype, name="proj")(x), 2, axis=2)
+        linear, gate = jnp.split(layers.Dense(self.dim * 4 * 2, dtype=self.dtype, name="proj")(x), 2, axis=2)
         return linear * nn.gelu(gate)
 
 
-class FeedForward(nn.Module):
+class FeedForward(layers.Module):
     """``net_0`` (:class:`GEGLU`) then ``net_2`` (a Dense back to ``dim``)."""
 
     dim: int
@@ -305,10 +306,10 @@ class FeedForward(nn.Module):
 
     @nn.compact
     def __call__(self, x: jax.Array) -> jax.Array:
-        return nn.Dense(self.dim, dtype=self.dtype, name="net_2")(GEGLU(self.dim, self.dtype, name="net_0")(x))
+        return layers.Dense(self.dim, dtype=self.dtype, name="net_2")(GEGLU(self.dim, self.dtype, name="net_0")(x))
 
 
-class BasicTransformerBlock(nn.Module):
+class BasicTransformerBlock(layers.Module):
     """Self-attention (on the context instead with ``only_cross_attention``), cross-attention on the context, the
     feed-forward: each on a LayerNorm (epsilon 1e-5) of the tokens, each added to them."""
 
@@ -320,8 +321,8 @@ class BasicTransformerBlock(nn.Module):
 
     @nn.compact
     def __call__(self, x: jax.Array, context: jax.Array) -> jax.Array:
-        def norm(name: str) -> nn.LayerNorm:
-            return nn.LayerNorm(epsilon=1e-5, dtype=self.dtype, name=name)
+        def norm(name: str) -> layers.LayerNorm:
+            return layers.LayerNorm(epsilon=1e-5, dtype=self.dtype, name=name)
 
         def attend(name: str) -> Attention:
             return Attention(self.heads, self.head_dim, self.implementation, self.dtype, name=name)
@@ -331,7 +332,7 @@ class BasicTransformerBlock(nn.Module):
         return FeedForward(x.shape[-1], self.dtype, name="ff")(norm("norm3")(x)) + x
 
 
-class Transformer2D(nn.Module):
+class Transformer2D(layers.Module):
     """diffusers' ``FlaxTransformer2DModel`` on NHWC features: GroupNorm, ``proj_in`` (1x1 convolution, or Dense on
     the flattened tokens with ``use_linear_projection``), ``depth`` :class:`BasicTransformerBlock` s with ``heads``
     heads of ``channels // heads`` features, ``proj_out``, plus the input."""
@@ -349,9 +350,9 @@ class Transformer2D(nn.Module):
         head_dim = channels // self.heads
         inner = self.heads * head_dim
 
-        def projection(name: str) -> Union[nn.Dense, nn.Conv]:
+        def projection(name: str) -> Union[layers.Dense, layers.Conv]:
             if self.use_linear_projection:
-                return nn.Dense(inner, dtype=self.dtype, name=name)
+                return layers.Dense(inner, dtype=self.dtype, name=name)
             return conv1x1(inner, name, self.dtype)
 
         h = group_norm("norm")(x)
@@ -393,7 +394,7 @@ def down_levels(block_types: Sequence[str], channels: Sequence[int], heads: Any,
         per_level(only_cross_attention, count), strict=True))
 
 
-class DownBlock(nn.Module):
+class DownBlock(layers.Module):
     """diffusers' ``FlaxCrossAttnDownBlock2D`` (``level.cross_attention``) or ``FlaxDownBlock2D``: ``num_layers``
     resnets (``resnets_i``), each followed by a transformer (``attentions_i``) in the first, then
     ``downsamplers_0`` unless ``add_downsample`` is false. Returns the output and each step's (the skips)."""
@@ -423,7 +424,7 @@ class DownBlock(nn.Module):
         return x, skips
 
 
-class UpBlock(nn.Module):
+class UpBlock(layers.Module):
     """diffusers' ``FlaxCrossAttnUpBlock2D`` (``level.cross_attention``) or ``FlaxUpBlock2D``: for each of
     ``num_layers`` resnets, the last remaining skip concatenated to the features (channels last), the resnet, the
     transformer in the first; then ``upsamplers_0`` unless ``add_upsample`` is false."""
@@ -451,7 +452,7 @@ class UpBlock(nn.Module):
         return x
 
 
-class MidBlock(nn.Module):
+class MidBlock(layers.Module):
     """diffusers' ``FlaxUNetMidBlock2DCrossAttn``: ``resnets_0``, ``attentions_0``, ``resnets_1``. As there, the
     first resnet never drops out (it is called without ``deterministic``), the second does when training."""
 
@@ -489,7 +490,7 @@ def level_problems(levels: Sequence[Level], with_mid_block: bool) -> list[str]:
 # -- the UNet ----------------------------------------------------------------------------------------------------
 
 
-class UNet2DConditionModel(FromDiffusersConfig, nn.Module):
+class UNet2DConditionModel(FromDiffusersConfig, layers.Module):
     """Stable Diffusion's conditional UNet: diffusers 0.39's ``FlaxUNet2DConditionModel``, op for op.
 
     The fields up to ``projection_class_embeddings_input_dim`` are that class's config.json keys with its defaults

@@ -40,6 +40,7 @@ from sdjax_runner.models.flux.transformer import (
     TimeTextEmbedding,
     layer_norm,
 )
+from sdjax_runner.models.nn import layers
 from sdjax_runner.models.nn.attention import attend
 from sdjax_runner.models.nn.config import FromDiffusersConfig
 
@@ -81,7 +82,7 @@ def sincos_table(dim: int, grid_size: int, base_size: int, interpolation_scale: 
     return np.concatenate([one_axis(grid_w), one_axis(grid_h)], axis=1).astype(np.float32)
 
 
-class PatchEmbed(nn.Module):
+class PatchEmbed(layers.Module):
     """diffusers' ``PatchEmbed`` as SD 3 builds it (``layer_norm=False``, ``flatten=True``, sincos positions with
     ``pos_embed_max_size``): ``proj`` (Conv, kernel = stride = patch) of NHWC latents to ``(B, h * w, dim)``, plus
     the centre crop of the position table (``pos_embed``, ``(1, max**2, dim)``)."""
@@ -96,7 +97,7 @@ class PatchEmbed(nn.Module):
     @nn.compact
     def __call__(self, latents: jax.Array) -> jax.Array:
         patch, size = self.patch_size, self.pos_embed_max_size
-        x = nn.Conv(self.dim, (patch, patch), strides=(patch, patch), padding="VALID", dtype=self.dtype,
+        x = layers.Conv(self.dim, (patch, patch), strides=(patch, patch), padding="VALID", dtype=self.dtype,
                     param_dtype=self.param_dtype, name="proj")(latents)
         batch, height, width, _ = x.shape
         if height > size or width > size:
@@ -109,7 +110,7 @@ class PatchEmbed(nn.Module):
         return (x.reshape(batch, height * width, -1) + crop).astype(x.dtype)
 
 
-class AdaLayerNormZeroX(nn.Module):
+class AdaLayerNormZeroX(layers.Module):
     """diffusers' ``SD35AdaLayerNormZeroX(dim)`` (SD 3.5's dual-attention blocks' ``norm1``): ``linear(silu(temb))``
     split in nine -- shift, scale, gate for the attention, for the MLP, and for the second attention -- and one
     LayerNorm modulated twice. Returns ``(x, gate_msa, shift_mlp, scale_mlp, gate_mlp, x2, gate_msa2)``."""
@@ -120,7 +121,7 @@ class AdaLayerNormZeroX(nn.Module):
 
     @nn.compact
     def __call__(self, x: jax.Array, temb: jax.Array) -> tuple[jax.Array, ...]:
-        emb = nn.Dense(9 * self.dim, dtype=self.dtype, param_dtype=self.param_dtype, name="linear")(nn.silu(temb))
+        emb = layers.Dense(9 * self.dim, dtype=self.dtype, param_dtype=self.param_dtype, name="linear")(nn.silu(temb))
         (shift_msa, scale_msa, gate_msa, shift_mlp, scale_mlp, gate_mlp, shift_msa2, scale_msa2,
          gate_msa2) = jnp.split(emb, 9, axis=-1)
         normed = layer_norm(x)
@@ -128,7 +129,7 @@ class AdaLayerNormZeroX(nn.Module):
                 normed * (1 + scale_msa2[:, None]) + shift_msa2[:, None], gate_msa2)
 
 
-class JointAttention(nn.Module):
+class JointAttention(layers.Module):
     """diffusers' ``Attention`` with ``JointAttnProcessor2_0``: ``to_q/k/v`` of the image (with bias), per-head
     RMS norms when ``qk_norm`` (SD 3.5), and -- given a ``context`` -- its own ``add_q/k/v_proj`` (and
     ``norm_added_q/k``); the sequences attend as ``[x; context]`` (image first, unlike FLUX.1) and are split
@@ -144,8 +145,8 @@ class JointAttention(nn.Module):
     dtype: Any = jnp.float32
     param_dtype: Any = jnp.float32
 
-    def _dense(self, features: int, name: str) -> nn.Dense:
-        return nn.Dense(features, dtype=self.dtype, param_dtype=self.param_dtype, name=name)
+    def _dense(self, features: int, name: str) -> layers.Dense:
+        return layers.Dense(features, dtype=self.dtype, param_dtype=self.param_dtype, name=name)
 
     def _project(self, x: jax.Array, name: str, norm: Optional[str]) -> jax.Array:
         heads = self._dense(self.heads * self.head_dim, name)(x).reshape(*x.shape[:-1], self.heads, self.head_dim)
@@ -172,7 +173,7 @@ class JointAttention(nn.Module):
         return x_out, self._dense(context.shape[-1], "to_add_out")(out[:, image:])
 
 
-class JointTransformerBlock(nn.Module):
+class JointTransformerBlock(layers.Module):
     """diffusers' ``JointTransformerBlock``: the image ``x`` modulated by ``norm1`` (AdaLayerNormZero, or
     SD35AdaLayerNormZeroX with ``dual_attention``), the text ``context`` by ``norm1_context`` (AdaLayerNormZero, or
     AdaLayerNormContinuous in the ``context_pre_only`` last block); joint attention ``attn``; with
@@ -219,7 +220,7 @@ class JointTransformerBlock(nn.Module):
         return context, x
 
 
-class FlaxSD3Transformer(FromDiffusersConfig, nn.Module):
+class FlaxSD3Transformer(FromDiffusersConfig, layers.Module):
     """SD 3 / 3.5's transformer: diffusers' ``SD3Transformer2DModel`` in flax.linen. The fields up to ``qk_norm``
     are diffusers' config.json keys (build it from a config with :meth:`from_config`); ``dtype`` is the
     activations' dtype, ``param_dtype`` the parameters' at initialisation.
@@ -278,7 +279,7 @@ class FlaxSD3Transformer(FromDiffusersConfig, nn.Module):
         self.pos_embed = PatchEmbed(dim, self.patch_size, self.pos_embed_max_size,
                                     base_size=self.sample_size // self.patch_size, **kw)
         self.time_text_embed = TimeTextEmbedding(dim, guidance_embeds=False, **kw)
-        self.context_embedder = nn.Dense(self.caption_projection_dim, **kw)
+        self.context_embedder = layers.Dense(self.caption_projection_dim, **kw)
         self.transformer_blocks = [
             JointTransformerBlock(dim, self.num_attention_heads, self.attention_head_dim,
                                   context_pre_only=i == self.num_layers - 1, qk_norm=self.qk_norm is not None,
@@ -286,7 +287,7 @@ class FlaxSD3Transformer(FromDiffusersConfig, nn.Module):
                                   implementation=self.attention_implementation, **kw)
             for i in range(self.num_layers)]
         self.norm_out = AdaLayerNormContinuous(dim, **kw)
-        self.proj_out = nn.Dense(self.patch_size * self.patch_size * (self.out_channels or self.in_channels), **kw)
+        self.proj_out = layers.Dense(self.patch_size * self.patch_size * (self.out_channels or self.in_channels), **kw)
 
     def __call__(self, hidden_states: jax.Array, encoder_hidden_states: jax.Array, pooled_projections: jax.Array,
                  timestep: jax.Array, skip_layers: Sequence[int] = ()) -> jax.Array:
