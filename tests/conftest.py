@@ -63,17 +63,25 @@ def signals_restored():
         warnings.warn(f"this test left the handlers of signals {changed} changed; put back", stacklevel=1)
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="session", autouse=True)
 def cache_dir(tmp_path_factory) -> Path:
-    """One cache for the whole session, shared by the xdist workers: each tiny model is built, and
-    each program compiled and stored, once (builds and stored executables appear whole, by rename,
-    so a worker never reads another's half-written file). Tests of the cache itself use their own."""
+    """One cache for the whole session, shared by the xdist workers, from each worker's first test on (so what a
+    test finds does not hang on which ran before it): each tiny model is built, and each program compiled and
+    stored, once (builds and stored executables appear whole, by rename, so a worker never reads another's
+    half-written file). JAX's persistent compilation cache is pointed at it here, as a run in this process would
+    point it (compilation_cache's defaults under paths.cache_dir): a program compiled again -- by a test's
+    reference module beside ours, or by a test on the other worker -- is read back, not compiled. Tests of the
+    cache itself use their own folders, in processes of their own."""
+    from sdjax_runner.config.schema import CompilationCacheConfig
+    from sdjax_runner.engine import compile_cache
+
     root = tmp_path_factory.getbasetemp()
     if os.environ.get("PYTEST_XDIST_WORKER"):
         root = root.parent  # the workers' basetemps are popen-gwN/ under the session's
     path = root / "cache"
     path.mkdir(exist_ok=True)
     os.environ["SDJAX_RUNNER_CACHE_DIR"] = str(path)
+    compile_cache.configure(CompilationCacheConfig(dir=str(path / "xla")))
     return path
 
 
