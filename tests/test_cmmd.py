@@ -220,7 +220,7 @@ def test_evaluate_pairs_two_runs_images_by_slot_with_a_bootstrap_interval_and_wi
 
 
 def test_the_bootstrap_interval_holds_the_mean_and_is_a_point_for_equal_differences():
-    from sdjax_runner.commands.evaluate import bootstrap_interval
+    from sdjax_runner.metrics.comparison import bootstrap_interval
 
     assert bootstrap_interval(np.full(5, 1.25)) == (1.25, 1.25)
     differences = np.random.default_rng(2).normal(0.5, 1.0, size=40)

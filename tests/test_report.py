@@ -98,6 +98,11 @@ def test_the_page_opens_in_a_browser_with_its_grid_table_and_plots(sweep):
         assert "CLIP score (mean) against sampling.guidance_scale" in captions
         assert any(c.startswith("PSNR to reference (dB) against seconds per image") for c in captions)
         assert page.locator("figure svg").count() == len(captions)
+        # Settings compared (comparison.json): one table per metric, a row per setting, the baseline's marked.
+        assert page.locator("table.settings").count() == 3  # CLIP score, PSNR, SSIM
+        clip_rows = page.locator('table.settings[data-metric="clip_score"] tbody tr')
+        assert clip_rows.count() == 4 and clip_rows.nth(0).get_attribute("class") == "baseline"
+        assert any(c.startswith("CLIP score per setting: mean and 95% interval") for c in captions)
         page.screenshot(path=str(sweep_dir / "screenshot.png"), full_page=True)
     assert (sweep_dir / "screenshot.png").stat().st_size > 10_000
 
@@ -186,6 +191,10 @@ def test_the_report_of_a_sweep_pulled_from_mlflow(sweep, tmp_path):
         assert all(link.endswith("?workflowType=machine_learning") for link in links)
     records = json.loads(page_data(out / "report.html"))
     assert sorted(r["label"] for r in records) == sorted(r["label"] for r in summary(sweep_dir).values())
+    # The settings judged on the parent run, and again from the pulled records: the same settings and numbers.
+    assert "comparison.json" in {a.path for a in client.list_artifacts(parent.info.run_id)}
+    pulled = json.loads((out / "comparison.json").read_text())
+    assert pulled["settings"] == json.loads((sweep_dir / "comparison.json").read_text())["settings"]
 
 
 def page_data(page: Path) -> str:
@@ -193,6 +202,61 @@ def page_data(page: Path) -> str:
     start = text.index('<script type="application/json" id="points-data">') + len(
         '<script type="application/json" id="points-data">')
     return text[start:text.index("</script>", start)]
+
+
+@pytest.mark.slow
+def test_the_settings_are_judged_with_intervals_and_paired_with_the_reference_points_setting(sweep):
+    """#61: seeds are replicates; each dtype x guidance setting gets each per-image metric's mean with its 95%
+    interval over its 16 images (2 seeds x 8), and its paired difference from the baseline -- the reference point's
+    setting -- over the images of the same seed and index. Checked against the images' own records, and the
+    intervals against SciPy's percentile bootstrap (other resamples: within a tenth of the interval's width)."""
+    import numpy as np
+    from scipy import stats
+
+    _, sweep_dir = sweep
+    judged = json.loads((sweep_dir / "comparison.json").read_text())
+    rows = summary(sweep_dir)
+    assert judged["baseline"] == {"label": "dtype=fp32 sampling.guidance_scale=5",
+                                  "setting": {"dtype": "fp32", "sampling.guidance_scale": "5"},
+                                  "chosen_by": "metrics.reference_point"}
+    assert [s["label"] for s in judged["settings"]] == [
+        f"dtype={d} sampling.guidance_scale={g}" for d in ("fp32", "bf16") for g in ("5", "7.5")]
+
+    def images(jobs):
+        return [r for job in jobs for r in json.loads((sweep_dir / str(job) / "images.json").read_text())]
+
+    def interval(values):
+        found = stats.bootstrap((np.asarray(values),), np.mean, confidence_level=0.95, n_resamples=50_000,
+                                method="percentile", random_state=np.random.default_rng(1)).confidence_interval
+        return found.low, found.high
+
+    baseline = {(r["seed"], r["index"], r["prompt"]): r for r in images(judged["settings"][0]["jobs"])}
+    for setting in judged["settings"]:
+        jobs = setting["jobs"]
+        assert sorted(rows[str(j)]["seed"] for j in jobs) == ["0", "1"] and setting["images"] == 16
+        assert {rows[str(j)]["label"].replace(f"seed={rows[str(j)]['seed']} ", "") for j in jobs} == {setting["label"]}
+        scores = [r["clip_score"] for r in images(jobs)]
+        estimate = setting["metrics"]["clip_score"]
+        assert estimate["n"] == 16 and estimate["mean"] == pytest.approx(np.mean(scores))
+        low, high = interval(scores)
+        width = high - low
+        assert abs(estimate["low"] - low) < 0.1 * width and abs(estimate["high"] - high) < 0.1 * width
+        if setting["baseline"]:
+            assert "versus_baseline" not in setting and "psnr" not in setting["metrics"]  # identical: inf, left out
+            continue
+        differences = [r["clip_score"] - baseline[(r["seed"], r["index"], r["prompt"])]["clip_score"]
+                       for r in images(jobs)]
+        versus = setting["versus_baseline"]["clip_score"]
+        assert setting["pairs"] == versus["n"] == 16 and versus["mean"] == pytest.approx(np.mean(differences))
+        assert versus["win_rate"] == pytest.approx((np.sum(np.array(differences) > 0)
+                                                    + 0.5 * np.sum(np.array(differences) == 0)) / 16)
+        assert versus["holds_zero"] == (versus["low"] <= 0 <= versus["high"])
+        low, high = interval(differences)
+        width = high - low
+        assert abs(versus["low"] - low) < 0.1 * width + 1e-9 and abs(versus["high"] - high) < 0.1 * width + 1e-9
+    # PSNR to the reference point: the bf16 settings' images against fp32's (finite), paired with the baseline's.
+    bf16 = judged["settings"][2]
+    assert bf16["metrics"]["psnr"]["n"] == 16 and bf16["metrics"]["ssim"]["mean"] < 1
 
 
 @pytest.mark.slow

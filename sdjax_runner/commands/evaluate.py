@@ -17,18 +17,16 @@ CLIP, whose CMMD values are comparable with published ones, is openai/clip-vit-l
 
 from __future__ import annotations
 
-import math
 import re
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional, overload
 
-import numpy as np
-
 from sdjax_runner import console
 from sdjax_runner.commands import command_parser
 from sdjax_runner.errors import UserError
+from sdjax_runner.metrics.comparison import BOOTSTRAP_SEED, PER_IMAGE_METRICS, RESAMPLES, matched_pairs, paired_metrics
 from sdjax_runner.record import rundir
 from sdjax_runner.records import ImageRecord
 
@@ -37,11 +35,6 @@ SET_ALLOWED = ("a run directory (images.json and images/), a sweep directory (it
 CLIP_ALLOWED = ("a CLIP model folder in transformers' layout (config.json, preprocessor_config.json, "
                 "flax_model.msgpack or model.safetensors), or a hub id in the local Hugging Face cache")
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg")
-# The per-image metrics a run's images.json may hold (records.ImageRecord's quality fields): higher is better.
-PER_IMAGE_METRICS = ("clip_score", "psnr", "ssim")
-RESAMPLES = 2000
-BOOTSTRAP_SEED = 0
-LEVEL = 0.95
 
 
 @dataclass
@@ -191,7 +184,7 @@ def load_clip(folder: Path, name: str) -> Any:
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# Paired metrics
+# Paired metrics (metrics/comparison.py's, paired by metrics/fidelity.py's slot: the same image of two runs)
 
 
 def _slot(record: ImageRecord) -> Optional[tuple]:
@@ -204,71 +197,10 @@ def _slot(record: ImageRecord) -> Optional[tuple]:
         return None
 
 
-def matched_pairs(a: list[ImageRecord], b: list[ImageRecord]) -> list[tuple[ImageRecord, ImageRecord]]:
-    """(A's record, B's record) for each of B's images whose slot A has, in B's order."""
-    by_slot = {_slot(r): r for r in a if _slot(r) is not None}
-    return [(by_slot[slot], r) for r in b if (slot := _slot(r)) is not None and slot in by_slot]
-
-
-@dataclass
-class Paired:
-    """One metric's paired comparison."""
-
-    metric: str
-    n: int  # pairs where both values are finite numbers
-    mean: float  # mean of B - A
-    low: float  # the interval's ends
-    high: float
-    higher: int  # pairs where B > A
-    ties: int
-    left_out: int  # pairs with a value that is not finite (PSNR inf: identical images)
-
-    @property
-    def win_rate(self) -> float:
-        return (self.higher + 0.5 * self.ties) / self.n
-
-
-def bootstrap_interval(differences: np.ndarray, resamples: int = RESAMPLES, seed: int = BOOTSTRAP_SEED,
-                       level: float = LEVEL) -> tuple[float, float]:
-    """The percentile bootstrap interval of the mean of ``differences``: ``resamples`` resamples with replacement
-    (NumPy's default_rng(seed)), the (1 - level)/2 and (1 + level)/2 quantiles of their means."""
-    rng = np.random.default_rng(seed)
-    picks = rng.integers(0, len(differences), size=(resamples, len(differences)))
-    means = differences[picks].mean(axis=1)
-    low, high = np.quantile(means, [(1 - level) / 2, (1 + level) / 2])
-    return float(low), float(high)
-
-
-def _number(value: Any) -> Optional[float]:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return None
-    return float(value)
-
-
-def paired_metrics(pairs: list[tuple[ImageRecord, ImageRecord]]) -> list[Paired]:
-    """Each per-image metric both records of some pair have, compared pair by pair."""
-    out = []
-    for metric in PER_IMAGE_METRICS:
-        values = [(x, y) for ra, rb in pairs
-                  if (x := _number(getattr(ra, metric))) is not None and (y := _number(getattr(rb, metric))) is not None]
-        if not values:
-            continue
-        finite = np.array([(x, y) for x, y in values if math.isfinite(x) and math.isfinite(y)], dtype=np.float64)
-        left_out = len(values) - len(finite)
-        if not len(finite):
-            out.append(Paired(metric, 0, math.nan, math.nan, math.nan, 0, 0, left_out))
-            continue
-        differences = finite[:, 1] - finite[:, 0]
-        low, high = bootstrap_interval(differences)
-        out.append(Paired(metric, len(differences), float(differences.mean()), low, high,
-                          int(np.sum(differences > 0)), int(np.sum(differences == 0)), left_out))
-    return out
-
-
 def paired_text(a: ImageSet, b: ImageSet) -> str:
     if a.kind != "run" or b.kind != "run":
         return "paired: not computed (paired metrics need two runs: A and B's images of the same slot)"
-    pairs = matched_pairs(a.records or [], b.records or [])
+    pairs = matched_pairs(a.records or [], b.records or [], _slot)
     if not pairs:
         return (f"paired: none -- no image of B has its slot in A (same index, seed, prompt, negative prompt and "
                 f"size; B has {len(b.files)})")

@@ -1,5 +1,5 @@
 """``python -m sdjax_runner report SWEEP [report.x=KEY] [report.y=KEY] [report.image=N]``: (re)build a
-sweep's report.html (record/report_page.py).
+sweep's report.html (record/report_page.py) and comparison.json (its settings judged: metrics/comparison.py).
 
 SWEEP is a sweep directory -- one that finished, or one cut short (its finished points are shown, the
 others as grey cells saying their status) -- or the MLflow run id of a sweep's parent run, whose child
@@ -101,15 +101,16 @@ def from_mlflow(run_id: str, uri: Optional[str], out: Path) -> dict[str, Any]:
 
 def build(sweep_dir: Path, record: dict[str, Any], settings: dict[str, Any]) -> Path:
     from sdjax_runner.record.report_page import mlflow_ui_of, write_page
-    from sdjax_runner.record.sweep import collect_jobs
+    from sdjax_runner.record.sweep import collect_jobs, judge_settings
 
     keys = record.get("swept_keys", [])
     rows = collect_jobs(sweep_dir, keys)
     if not rows:
         raise UserError("SWEEP", f"{sweep_dir} holds no job directories (0/, 1/, ...)", "a sweep directory")
     axes = choose(keys, settings.get("x"), settings.get("y"))
+    judged = judge_settings(sweep_dir, rows, keys, record.get("reference_point"))  # comparison.json, made again
     return write_page(sweep_dir, rows, keys, axes, image_index(settings.get("image")), record.get("reference_point"),
-                      record.get("overrides"), mlflow_ui_of(rows))
+                      record.get("overrides"), mlflow_ui_of(rows), judged)
 
 
 def main(argv: Optional[list[str]] = None) -> int:

@@ -94,8 +94,8 @@ def with_given(recorded: list[str], given: list[str]) -> list[str]:
 
 
 # What a resume writes in a sweep folder (Hydra's records and the runner's), where a link would be written through.
-WRITTEN_TOP = ("multirun.yaml", "sweep.json", "summary.csv", "summary.json", "contact_sheet.png", "report.png",
-               "report.html")
+WRITTEN_TOP = ("multirun.yaml", "sweep.json", "summary.csv", "summary.json", "comparison.json", "contact_sheet.png",
+               "report.png", "report.html")
 
 
 def links_written_through(sweep_dir: Path) -> Optional[Path]:

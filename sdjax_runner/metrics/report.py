@@ -224,3 +224,62 @@ def _draw_report(file: IO[bytes], rows: list[dict], keys: list[str], metrics: li
     figure.tight_layout(rect=(0, (0.3 + 0.16 * len(key_lines)) / figure.get_figheight(), 1, 0.97))
     figure.savefig(file, dpi=100, format="png")
     plt.close(figure)
+
+
+# -- settings judged (metrics/comparison.py's comparison.json) ----------------------------------------------------
+
+SETTING_METRICS = {"clip_score": "CLIP score", "psnr": "PSNR to reference (dB)", "ssim": "SSIM to reference"}
+
+
+def settings_plots(judged: dict, seconds: list[Optional[float]]) -> list[tuple[str, str]]:
+    """(caption, inline SVG) per per-image metric of comparison.json's settings: each setting's mean with its 95%
+    interval as an error bar, against its seconds per image (``seconds``, one per setting: the steady state's,
+    None where unmeasured) with the Pareto front over settings marked; against the settings in order where no
+    setting's seconds are known. Settings are numbered S1, S2, ... as in the page's table."""
+    with drawing({**PLAIN_TEXT, **SVG}):
+        return _settings_plots(judged, seconds)
+
+
+def _settings_plots(judged: dict, seconds: list[Optional[float]]) -> list[tuple[str, str]]:
+    import matplotlib.pyplot as plt
+
+    settings = judged.get("settings", [])
+    out = []
+    timed = any(s is not None for s in seconds)
+    for metric, name in SETTING_METRICS.items():
+        estimates = [s["metrics"].get(metric) for s in settings]
+        if not any(e and e.get("n") for e in estimates):
+            continue
+        figure, ax = plt.subplots(figsize=(5.2, 3.6))
+        points = []
+        for index, (estimate, x) in enumerate(zip(estimates, seconds, strict=True)):
+            x = x if timed else float(index)
+            if not estimate or not estimate.get("n") or x is None:
+                points.append((None, None))
+                continue
+            mean, low, high = estimate["mean"], estimate["low"], estimate["high"]
+            baseline = settings[index].get("baseline")
+            ax.errorbar([x], [mean], yerr=[[mean - low], [high - mean]], fmt="s" if baseline else "o", capsize=3,
+                        color="tab:green" if baseline else "tab:blue", markersize=5)
+            ax.annotate(f"S{index + 1}" + (" (baseline)" if baseline else ""), (x, mean), fontsize=7,
+                        xytext=(4, 3), textcoords="offset points")
+            points.append((x, mean))
+        front = pareto_front(points) if timed else []
+        if front:
+            ax.step([points[i][0] for i in front], [points[i][1] for i in front], where="post", color="tab:red",
+                    linewidth=1, label="Pareto front (settings)")
+            ax.legend(fontsize=7, loc="lower right")
+        if timed:
+            ax.set_xlabel("seconds per image (1 / images_per_s, median of the setting's points)")
+        else:
+            ax.set_xticks(range(len(settings)), [f"S{i + 1}" for i in range(len(settings))], fontsize=7)
+            ax.set_xlabel("setting")
+        ax.set_ylabel(f"{name}, mean and 95% interval")
+        front_names = ", ".join(f"S{i + 1}" for i in front)
+        unplaced = [f"S{i + 1}" for i, (estimate, x) in enumerate(zip(estimates, seconds, strict=True))
+                    if estimate and estimate.get("n") and timed and x is None]
+        out.append((f"{name} per setting: mean and 95% interval over its images (seeds and prompts are replicates)"
+                    + (f"; Pareto front over settings (red): {front_names}" if front else "")
+                    + (f"; not placed, no steady-state seconds: {', '.join(unplaced)}" if unplaced else ""),
+                    _svg(figure)))
+    return out

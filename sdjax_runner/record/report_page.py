@@ -8,6 +8,11 @@
 * **Points** -- a table of every point: swept values, status, seconds per image, MFU, CLIP score,
   PSNR/SSIM to the reference point (``reference`` in the reference point's own rows), non-finite images,
   its run directory and MLflow run; a click on a column's header sorts by it.
+* **Settings compared** -- comparison.json (metrics/comparison.py): per setting (the points that share every
+  swept value but the seed's and the prompts'), each per-image metric's mean with its 95% interval and n, and
+  its paired difference from the baseline setting on the same seeds and prompts with its interval and win rate;
+  a difference whose interval holds 0 is said to be none told apart. The same as plots: each setting's mean
+  with its interval as an error bar against its seconds per image, the Pareto front over settings marked.
 * **Quality and cost** -- metrics/report.py's plots as inline SVG: each quality metric against seconds
   per image with the Pareto front marked, and against each numeric swept key.
 
@@ -39,6 +44,7 @@ from sdjax_runner.metrics.report import (
     number,
     pareto_front,
     seconds_per_image,
+    settings_plots,
     svg_plots,
 )
 from sdjax_runner.record import rundir
@@ -73,6 +79,10 @@ table.points th[aria-sort=ascending]::after { content: " \\25B2"; }
 table.points th[aria-sort=descending]::after { content: " \\25BC"; }
 tr.failed td { color: #a00; } tr.pareto td:first-child { font-weight: bold; }
 td.reference { color: #555; font-style: italic; text-align: center; }
+table.settings { border-collapse: collapse; font-size: 13px; margin: .4em 0 1.2em; }
+table.settings th, table.settings td { border: 1px solid #ddd; padding: 3px 7px; text-align: right; }
+table.settings td.text, table.settings th.text { text-align: left; } table.settings th { background: #f0f0f0; }
+tr.baseline td { background: #f2f8f2; } td.holds-zero { color: #777; }
 figure { display: inline-block; margin: 0 1.5em 1.5em 0; vertical-align: top; }
 figure svg { max-width: 520px; height: auto; } figcaption { font-size: 12px; color: #444; max-width: 520px; }
 """
@@ -274,6 +284,77 @@ def _table(rows: list[dict], keys: list[str], page_dir: Path, mlflow_ui: Optiona
     return "\n".join(out)
 
 
+def _fmt(value: Any, shown: str = "{:.4g}") -> str:
+    return "" if value is None else shown.format(value)
+
+
+def _settings_table(judged: dict, metric: str, label: str) -> str:
+    """One metric of every setting: mean, interval and n; against the baseline, the paired difference, its
+    interval, the win rate and the pairs."""
+    header = ["setting", "values", "points", "n", "mean", "95% interval", "vs baseline: mean difference",
+              "95% interval", "win rate", "pairs"]
+    out = [f'<table class="settings" data-metric="{html.escape(metric, quote=True)}"><caption>'
+           f"{html.escape(label)}</caption><thead><tr>",
+           *(f'<th class="{"text" if i < 2 else ""}">{html.escape(h)}</th>' for i, h in enumerate(header)),
+           "</tr></thead><tbody>"]
+    for index, setting in enumerate(judged.get("settings", [])):
+        estimate = setting["metrics"].get(metric) or {}
+        versus = (setting.get("versus_baseline") or {}).get(metric)
+        cells = [f"S{index + 1}", html.escape(setting["label"]), ", ".join(f"#{j}" for j in setting["jobs"]),
+                 str(estimate.get("n", 0)), _fmt(estimate.get("mean")),
+                 f"[{_fmt(estimate.get('low'))}, {_fmt(estimate.get('high'))}]" if estimate.get("n") else ""]
+        row = [f'<td class="text">{cells[0]}</td>', f'<td class="text">{cells[1]}</td>',
+               f'<td class="text">{cells[2]}</td>', *(f"<td>{c}</td>" for c in cells[3:])]
+        if setting.get("baseline"):
+            row.append('<td class="reference" colspan="4">baseline</td>')
+        elif versus and versus.get("n"):
+            zero = versus.get("holds_zero")
+            row += [f'<td class="{"holds-zero" if zero else ""}">{_fmt(versus["mean"], "{:+.4g}")}</td>',
+                    f'<td class="{"holds-zero" if zero else ""}">[{_fmt(versus["low"], "{:+.4g}")}, '
+                    f'{_fmt(versus["high"], "{:+.4g}")}]' + (" holds 0: no difference told apart" if zero else "")
+                    + "</td>",
+                    f"<td>{_fmt(versus.get('win_rate'), '{:.2f}')}</td>", f"<td>{versus['n']}</td>"]
+        elif setting.get("pairs"):
+            row.append(f'<td class="reference" colspan="4">not compared: {setting["pairs"]} pair(s), but not both '
+                       "images of a pair have this metric (PSNR/SSIM: the reference point's own images have none)</td>")
+        else:
+            row.append('<td class="reference" colspan="4">no pairs (no image of the same seed, index and prompt '
+                       "in the baseline)</td>")
+        out.append(f'<tr class="{"baseline" if setting.get("baseline") else ""}">' + "".join(row) + "</tr>")
+    out.append("</tbody></table>")
+    return "\n".join(out)
+
+
+def _settings_section(judged: Optional[dict], rows: list[dict]) -> list[str]:
+    """The page's settings section (module docstring); what it says when there is nothing to judge."""
+    from sdjax_runner.metrics.report import SETTING_METRICS
+
+    head = '<section id="settings-section"><h2>Settings compared</h2>'
+    if not judged or not judged.get("settings"):
+        return [head, '<p class="meta">No finished point to judge (comparison.json was not written).</p>',
+                "</section>"]
+    settings = judged["settings"]
+    baseline = judged.get("baseline") or {}
+    metrics = [(m, label) for m, label in SETTING_METRICS.items() if any(s["metrics"].get(m) for s in settings)]
+    by_job = {r["job"]: r for r in rows}
+    seconds = []  # each setting's: the median of its points' steady-state seconds per image
+    for setting in settings:
+        timed = sorted(x for j in setting["jobs"] if j in by_job and (x := front_seconds(by_job[j])) is not None)
+        seconds.append(timed[len(timed) // 2] if timed else None)
+    meta = [f"{len(settings)} setting(s); seeds and prompts are replicates of a setting. Baseline: "
+            f"<code>{html.escape(str(baseline.get('label')))}</code> ({html.escape(str(baseline.get('chosen_by')))})",
+            html.escape(str(judged.get("method", "")))]
+    if not metrics:
+        return [head, *(f'<p class="meta">{m}</p>' for m in meta),
+                '<p class="meta">No point has a per-image metric (metrics.clip_score, or a reference point).</p>',
+                "</section>"]
+    plots = settings_plots(judged, seconds)
+    return [head, *(f'<p class="meta">{m}</p>' for m in meta),
+            *(_settings_table(judged, metric, label) for metric, label in metrics),
+            *(f"<figure>{svg}<figcaption>{html.escape(caption)}</figcaption></figure>" for caption, svg in plots),
+            "</section>"]
+
+
 def mlflow_ui_of(rows: list[dict]) -> Optional[str]:
     """Where the points' MLflow runs are shown: the tracking server a point logged to, else the address
     ``mlflow ui`` serves the embedded store at; None when no point has a run."""
@@ -288,7 +369,7 @@ def mlflow_ui_of(rows: list[dict]) -> Optional[str]:
 
 def write_page(sweep_dir: Path, rows: list[dict], keys: list[str], axes: Axes, image: int = 0,
                reference_point: Optional[dict] = None, overrides: Optional[list[str]] = None,
-               mlflow_ui: Optional[str] = None) -> Path:
+               mlflow_ui: Optional[str] = None, judged: Optional[dict] = None) -> Path:
     """Write ``report.html`` for the sweep's summary rows (record/sweep.py: collect_jobs) into
     the sweep directory (its links relative to it); returns its path."""
     rows = [dict(r, seconds_per_image=seconds_per_image(r), reference=is_reference(r, reference_point)) for r in rows]
@@ -314,12 +395,13 @@ def write_page(sweep_dir: Path, rows: list[dict], keys: list[str], axes: Axes, i
     body = [
         f"<h1>{html.escape(title)}</h1>", *(f'<p class="meta">{m}</p>' for m in meta),
         '<nav><a href="#grid-section">Grid</a><a href="#points-section">Points</a>'
-        '<a href="#plots-section">Quality and cost</a></nav>',
+        '<a href="#settings-section">Settings compared</a><a href="#plots-section">Quality and cost</a></nav>',
         '<section id="grid-section"><h2>Grid</h2>', f'<p class="meta">{axes_line}</p>',
         _grid(rows, axes, sweep_dir, image, unreadable), "</section>",
         '<section id="points-section"><h2>Points</h2><p class="meta">Click a column to sort by it; bold: on a '
         "Pareto front (no point is both faster and better).</p>",
         _table(rows, keys, sweep_dir, mlflow_ui, front), "</section>",
+        *_settings_section(judged, rows),
         '<section id="plots-section"><h2>Quality and cost</h2>',
         *(f"<figure>{svg}<figcaption>{html.escape(caption)}</figcaption></figure>" for caption, svg in plots),
         "" if plots else '<p class="meta">No point has a quality metric.</p>', "</section>",

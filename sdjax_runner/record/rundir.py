@@ -19,7 +19,8 @@ images.json, timings.json and quality.json are written and read as the typed rec
 :mod:`sdjax_runner.records` (ImageRecord, RunTimings, Quality), whose fields are their keys.
 
 A sweep directory holds one run directory per job (``0/``, ``1/``, ...) and sweep.json,
-summary.csv, summary.json, contact_sheet.png, report.html and (with quality metrics) report.png.
+summary.csv, summary.json, comparison.json (its settings judged: metrics/comparison.py), contact_sheet.png,
+report.html and (with quality metrics) report.png.
 """
 
 from __future__ import annotations
@@ -64,6 +65,7 @@ OVERRIDES = f"{HYDRA_DIR}/overrides.yaml"
 SWEEP = "sweep.json"
 SUMMARY_CSV = "summary.csv"
 SUMMARY_JSON = "summary.json"
+COMPARISON = "comparison.json"  # a sweep's settings with intervals and paired differences (metrics/comparison.py)
 CONTACT_SHEET = "contact_sheet.png"
 REPORT = "report.png"
 REPORT_PAGE = "report.html"  # the sweep report a person opens (record/report_page.py)

@@ -5,8 +5,10 @@ parent run and writes ``sweep.json`` into the sweep directory; each job -- in th
 or another (joblib launcher) -- reads it to link its own run as a child and to name itself
 after the values it sweeps. At the end the callback reads every job's directory, compares each
 job's images with its reference point's (``metrics.reference_point``: PSNR/SSIM, written into the
-job's images.json and quality.json and logged to its run), writes ``summary.csv``, ``summary.json``,
-``contact_sheet.png`` and ``report.png`` beside them, logs them to the parent, and ends the parent
+job's images.json and quality.json and logged to its run), judges its settings (``comparison.json``:
+metrics/comparison.py -- each metric's mean with its interval per setting, and each setting against the
+baseline on the same seeds and prompts), writes ``summary.csv``, ``summary.json``, ``contact_sheet.png``,
+``report.png`` and ``report.html`` beside them, logs them to the parent, and ends the parent
 FAILED if any job failed (the command then exits 1).
 """
 
@@ -231,13 +233,33 @@ def write_summary(sweep_dir: Path, rows: list[dict[str, Any]], keys: list[str],
         writer.writeheader()
         writer.writerows(rows)
     rundir.write_json(sweep_dir / rundir.SUMMARY_JSON, rows)
+    judged = judge_settings(sweep_dir, rows, keys, reference_point)
     if rows:
         drawn(sweep_dir / rundir.CONTACT_SHEET, lambda file: contact_sheet(rows, keys).save(file, format="PNG"))
         drawn(sweep_dir / rundir.REPORT, lambda file: write_report(
             file, [r for r in rows if r["status"] == "FINISHED"], keys, reference_point))
     report = report or {}
     write_page(sweep_dir, rows, keys, choose(keys, report.get("x"), report.get("y")), image_index(report.get("image")),
-               reference_point, overrides, mlflow_ui_of(rows))
+               reference_point, overrides, mlflow_ui_of(rows), judged)
+
+
+def judge_settings(sweep_dir: Path, rows: list[dict[str, Any]], keys: list[str],
+                   reference_point: Optional[dict[str, str]]) -> Optional[dict[str, Any]]:
+    """comparison.json: the finished points' settings judged (metrics/comparison.py), or None where it could not
+    be made (a warning; the rest of the summary is still written)."""
+    from sdjax_runner.metrics.comparison import baseline_of, compare, settings_of
+
+    try:
+        points = [(row["job"], {k: str(row.get(k, "")) for k in keys}, rundir.image_records(Path(row["dir"])))
+                  for row in rows if row["status"] == "FINISHED"]
+        settings = settings_of(points, keys)
+        judged = compare(settings, *baseline_of(settings, reference_point))
+        rundir.write_json(sweep_dir / rundir.COMPARISON, judged)
+        return judged
+    except Exception as exc:  # a damaged record: the table and the pictures are still written
+        (sweep_dir / rundir.COMPARISON).unlink(missing_ok=True)
+        log.warning("sweep: %s was not written (%s: %s)", rundir.COMPARISON, type(exc).__name__, one_line(exc, 200))
+        return None
 
 
 class _NothingDrawn(Exception):

@@ -251,14 +251,15 @@ class MlflowTracker:
             self.client.log_inputs(self.run_id, inputs)
 
     def log_sweep(self, sweep_dir: Path, rows: list[dict[str, Any]], metrics: dict[str, float]) -> None:
-        """The sweep's summary (as an MLflow table and CSV), contact sheet and report.html, on the parent run."""
+        """The sweep's summary (as an MLflow table and CSV), comparison.json, contact sheet and report.html, on the
+        parent run."""
         from PIL import Image
 
         self._log_metrics(metrics)
         if rows:
             table = {column: [str(row[column]) for row in rows] for column in rows[0]}
             self.client.log_table(self.run_id, data=table, artifact_file="summary_table.json")
-        for name in (rundir.SUMMARY_CSV, rundir.SWEEP, rundir.REPORT_PAGE):
+        for name in (rundir.SUMMARY_CSV, rundir.SWEEP, rundir.COMPARISON, rundir.REPORT_PAGE):
             if (sweep_dir / name).exists():
                 self.client.log_artifact(self.run_id, str(sweep_dir / name))
         for name in (rundir.CONTACT_SHEET, rundir.REPORT):
