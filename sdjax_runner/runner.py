@@ -130,7 +130,7 @@ def announce(plan: Plan) -> None:
              "".join(f"; {part}" for part in plan_extras(plan)))
     checks.attention(plan.attention, jax.devices()[0].platform, plan.dtype.activations_dtype.name)
     if plan.syntax == "plain":
-        hint_a1111_syntax(named_prompts(plan.prompts, plan.from_texts, plan.negative))
+        hint_a1111_syntax(named_prompts(plan.prompts, plan.prompt_names, plan.negative))
     if not plan.model.t5:
         log.info("plan: without T5 (model.t5=false): its part of the conditioning is zeros, as diffusers' "
                  "text_encoder_3=None")

@@ -93,6 +93,7 @@ def repeat(cfg: DictConfig, recorded: dict[str, Any]) -> list[str]:
                              f"recorded prompt(s) are used")
         cfg.prompts.texts = list(recorded["prompts"])
         cfg.prompts.file = None
+        cfg.prompts.set = None  # a prompt set's sample too: the recorded prompts are the run's
     revision = (recorded.get("model") or {}).get("revision")
     name = cfg.model.pretrained_model_name_or_path
     if revision and cfg.model.revision != revision and not (name and is_local(str(name))):

@@ -158,6 +158,7 @@ def overrides(info: Infotext, model_options: tuple[str, ...], dtype_options: tup
     if info.prompt:
         out.append(f"prompts.texts=[{literal(info.prompt)}]")
         out.append("prompts.file=null")
+        out.append("prompts.set=null")
     # FLUX.1's (Forge's "Distilled CFG Scale", or one of our FLUX.1 models): no negative prompt, no CFG, prompts
     # read as written; its guidance is the distilled value.
     flux = "Distilled CFG Scale" in settings or settings.get("Model") in family_models("flux")

@@ -23,7 +23,7 @@ from sdjax_runner.config.folder_files import bounded_weights
 from sdjax_runner.config.hires import Hires
 from sdjax_runner.config.input_images import ModeInputs, read_mode_inputs
 from sdjax_runner.config.modes import start_step
-from sdjax_runner.config.prompts import check_syntax, check_text, load_prompts
+from sdjax_runner.config.prompts import check_syntax, check_text, load_prompts, prompt_names, set_prompts
 from sdjax_runner.config.refiner import Refiner
 from sdjax_runner.config.samplers import Sampling
 from sdjax_runner.config.schema import (
@@ -154,7 +154,7 @@ class Plan:
     slg: Optional[tuple] = None  # SD 3's skip-layer guidance: (layers, scale, start, stop) (sampling.slg_*)
     hires: Optional[Hires] = None  # A1111's Hires. fix: the second pass (sampling.hires.*, config/hires.py)
     refiner: Optional[Refiner] = None  # SDXL's refiner (model.refiner, sampling.refiner_switch; config/refiner.py)
-    from_texts: int = 0  # how many of the prompts are prompts.texts (the rest: prompts.file's), to name them
+    prompt_names: tuple[str, ...] = ()  # the key naming each prompt in an error (config/prompts.py: prompt_names)
 
     @property
     def images_per_batch(self) -> int:
@@ -274,6 +274,7 @@ class Checked:
 
     prompts: list[str]
     inputs: ModeInputs
+    names: tuple[str, ...]  # each prompt's key in an error: prompts.texts[i], prompts.file (prompt n), prompts.set ...
 
 
 def check_values(config: RunConfig) -> Checked:
@@ -282,14 +283,17 @@ def check_values(config: RunConfig) -> Checked:
     the mode's images, read."""
     config = families.with_defaults(config)
     checks.run_values(config)
-    prompts = load_prompts(list(config.prompts.texts), config.prompts.file)
+    from_set = set_prompts(config.prompts)
+    prompts = load_prompts(list(config.prompts.texts), config.prompts.file, from_set)
+    texts = len(config.prompts.texts)
+    names = prompt_names(texts, len(prompts) - texts - len(from_set), len(from_set), config.prompts.set)
     if config.prompts.negative:
         check_text("prompts.negative", str(config.prompts.negative))
     if config.prompts.syntax.name == "a1111":
-        check_syntax(prompts, len(config.prompts.texts), config.prompts.negative)
+        check_syntax(prompts, names, config.prompts.negative)
     inputs = read_mode_inputs(config.mode.name, config.init_image, config.mask_image, config.controlnet.image,
                               len(prompts))
-    return Checked(prompts, inputs)
+    return Checked(prompts, inputs, names)
 
 
 def make_plan(config: RunConfig, available_devices: int, checked: Optional[Checked] = None) -> Plan:
@@ -407,5 +411,5 @@ def make_plan(config: RunConfig, available_devices: int, checked: Optional[Check
         slg=inert.acting_slg(families.slg(config), steps, guidance),
         hires=hires.check(config, family, sampling.sampler, checks.MAX_SIZE),
         refiner=refining,
-        from_texts=len(config.prompts.texts),
+        prompt_names=checked.names,
     )

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
 from sdjax_runner import process
 from sdjax_runner.config.prompt_syntax import CHUNK, SyntaxProblem, a1111_sign, is_break, parse_attention
@@ -66,12 +66,12 @@ def check_length(key: str, text: str) -> None:
 
 
 def file_replaces_texts(args: list[str]) -> list[str]:
-    """Command-line overrides with ``prompts.texts=[]`` added where ``prompts.file`` is given and
-    ``prompts.texts`` is not: a prompt file then means exactly its prompts, not the prompt set's
+    """Command-line overrides with ``prompts.texts=[]`` added where ``prompts.file`` (or ``prompts.set``) is given
+    and ``prompts.texts`` is not: a prompt file then means exactly its prompts, not the prompts option's
     texts followed by them. Texts given on the command line too are kept, before the file's. Added
     before Hydra composes, so the run's recorded config and overrides say what ran."""
     keys = {arg.split("=", 1)[0].lstrip("+~") for arg in args if "=" in arg and not arg.startswith("-")}
-    files = [arg.split("=", 1)[1] for arg in args if arg.split("=", 1)[0].lstrip("+") == "prompts.file"
+    files = [arg.split("=", 1)[1] for arg in args if arg.split("=", 1)[0].lstrip("+") in ("prompts.file", "prompts.set")
              and "=" in arg]
     if "prompts.texts" in keys or not files or all(v.strip() in ("", "null") for v in files):
         return args
@@ -90,34 +90,53 @@ def check_text(key: str, text: str) -> None:
     check_length(key, text)
 
 
-def load_prompts(texts: list[str], file: str | None) -> list[str]:
+def load_prompts(texts: list[str], file: str | None, from_set: Sequence[str] = ()) -> list[str]:
+    """prompts.texts, then prompts.file's prompts, then ``from_set`` (the prompt set's: :func:`set_prompts`)."""
     prompts = [str(t) for t in texts]
     for number, text in enumerate(prompts):
         check_text(f"prompts.texts[{number}]", text)
     if file:
         prompts += read_prompt_file(file)
+    prompts += list(from_set)
     if not prompts:
-        raise UserError("prompts.texts", "no prompts given", "a non-empty prompts.texts list or a prompts.file")
+        raise UserError("prompts.texts", "no prompts given",
+                        "a non-empty prompts.texts list, a prompts.file or a prompts.set")
     return prompts
 
 
-def named_prompts(prompts: list[str] | tuple[str, ...], from_texts: int,
+def set_prompts(config: Any) -> list[str]:
+    """The prompts of ``config``'s (a prompts config's) prompts.set: config/prompt_sets.py; none without one."""
+    if not getattr(config, "set", None):
+        return []
+    from sdjax_runner.config.prompt_sets import read_set
+
+    return read_set(str(config.set), [str(c) for c in config.categories or []], config.sample, int(config.sample_seed))
+
+
+def prompt_names(texts: int, file: int, from_set: int, set_name: Optional[str]) -> tuple[str, ...]:
+    """The key a one-line error names each prompt by, in load_prompts' order: ``prompts.texts[i]``, then
+    ``prompts.file (prompt n)``, then ``prompts.set (parti prompt n)``."""
+    return (*(f"prompts.texts[{i}]" for i in range(texts)), *(file_key(n) for n in range(1, file + 1)),
+            *(f"prompts.set ({set_name} prompt {n})" for n in range(1, from_set + 1)))
+
+
+def named_prompts(prompts: list[str] | tuple[str, ...], names: Sequence[str],
                   negative: Optional[str]) -> dict[str, str]:
-    """Each distinct prompt (the first ``from_texts`` from prompts.texts, the rest from prompts.file) and the
-    negative prompt -> the key a one-line error names it by (its first place)."""
+    """Each distinct prompt (``names``: :func:`prompt_names`) and the negative prompt -> the key a one-line error
+    names it by (its first place)."""
     named: dict[str, str] = {}
-    for number, text in enumerate(prompts):
-        named.setdefault(text, f"prompts.texts[{number}]" if number < from_texts else file_key(number - from_texts + 1))
+    for text, name in zip(prompts, names, strict=True):
+        named.setdefault(text, name)
     if negative:
         named.setdefault(negative, "prompts.negative")
     return named
 
 
-def check_syntax(prompts: list[str], from_texts: int, negative: str | None) -> None:
+def check_syntax(prompts: list[str], names: Sequence[str], negative: str | None) -> None:
     """``prompts.syntax=a1111``: a prompt that A1111 fails on (a weight such as ``(word:1.2.3)``,
     config/prompt_syntax.py) is one line naming it; everything A1111 reads leniently passes. So is one with
     more BREAKs than :data:`MAX_PROMPT_CHUNKS` (each ends a chunk: known before any tokenizer loads)."""
-    for text, key in named_prompts(prompts, from_texts, negative).items():
+    for text, key in named_prompts(prompts, names, negative).items():
         try:
             pieces = parse_attention(text)
         except SyntaxProblem as problem:

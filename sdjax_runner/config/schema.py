@@ -174,6 +174,15 @@ class PromptsConfig:
     # A UTF-8 text file, one prompt per line (blank lines skipped). Given on the command line, the
     # run's prompts are exactly the file's (plus prompts.texts only if those are given there too).
     file: Optional[str] = None
+    # A built-in prompt set for evaluation (config/prompt_sets.py): parti (PartiPrompts, 1,632 prompts in 12
+    # categories; Apache-2.0). Its prompts follow prompts.texts and prompts.file's; given on the command line, the
+    # run's prompts are exactly the set's (as with prompts.file). prompts=parti selects it with a sample of 64.
+    set: Optional[str] = None
+    categories: List[str] = field(default_factory=list)  # the set's categories to keep ([Animals, Vehicles]); []: all
+    # How many of the set's (kept) prompts, drawn without replacement by sample_seed and kept in the set's order;
+    # null: all of them.
+    sample: Optional[int] = None
+    sample_seed: int = 0  # the seed of the sample's draw (NumPy's default_rng): the same prompts on every machine
     negative: Optional[str] = None  # negative prompt for every image (null: the empty prompt, as in the guide)
     # How a prompt list that does not fill the last batch is completed: cycle (repeat the list; all
     # images kept) or pad (the fillers are generated to keep shapes static, then dropped).

@@ -130,7 +130,7 @@ class Engine:
         pipeline = model.loaded.pipeline
         tokens = model.family.tokens(pipeline, plan)  # read once: for the chunk count, then the batches
         if plan.syntax == "a1111":  # before the program is made: its shape grows with the chunks
-            check_chunks(named_prompts(plan.prompts, plan.from_texts, plan.negative), tokens.chunks_of)
+            check_chunks(named_prompts(plan.prompts, plan.prompt_names, plan.negative), tokens.chunks_of)
         spec = program_spec(plan, pipeline, model.height, model.width,
                             model.controlnet.structure if model.controlnet else "", tokens, model.loaded.family,
                             model.refiner.structure if model.refiner else "")

@@ -29,11 +29,13 @@ def collect(plan: Plan, model_path: str, components: tuple[str, ...] = ()) -> di
     folder's text_encoder_3 is absent where it ran without T5)."""
     model_dir = Path(model_path).expanduser().resolve()
     revision = hub_revision(model_dir)
-    file = plan.params.get("prompts.file", "null")
+    file, built_in = plan.params.get("prompts.file", "null"), plan.params.get("prompts.set", "null")
     return {
         "cwd": os.getcwd(),
-        # What the prompts are called: the prompt file's name, else the prompt set's (prompts=NAME).
-        "prompt_set": Path(file).name if file != "null" else plan.params.get("prompts.name", "prompts"),
+        # What the prompts are called: the prompt file's name, else the built-in set's (prompts.set), else the
+        # prompts option's (prompts=NAME).
+        "prompt_set": Path(file).name if file != "null" else built_in if built_in != "null"
+        else plan.params.get("prompts.name", "prompts"),
         "prompts": list(plan.prompts),
         "model": {"path": str(model_dir), "revision": revision, "components": sorted(components),
                   "weights": {} if revision else weight_files(model_dir)},
