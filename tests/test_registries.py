@@ -141,3 +141,58 @@ def test_each_family_runs_from_the_command_line_on_its_tiny_model(family, tmp_pa
     for record in records:
         with Image.open(tmp_path / "run" / record["file"]) as image:
             assert image.size == (64, 64) and np.asarray(image).std() > 0  # a picture, not a flat field
+
+
+def test_each_quality_metric_is_one_entry_that_every_reader_takes_its_fields_from():
+    """#61 item 5: metrics/registry.py. Each entry's fields are declared by the records (ImageRecord per image,
+    Quality per run); the sweep summary's columns, the report's table and plots, the judged comparison, `runs
+    list`, the tracker run's headline and `evaluate`'s pairs are the registry's; and no module but the registry,
+    the records and the metrics' own modules spells a metric's field name (read from the source)."""
+    import ast
+    import dataclasses
+    from pathlib import Path
+
+    from sdjax_runner.commands import evaluate, runs
+    from sdjax_runner.metrics import comparison, report
+    from sdjax_runner.metrics.registry import METRICS, per_image, run_fields
+    from sdjax_runner.record import catalog, report_page, sweep, tracking
+    from sdjax_runner.records import ImageRecord, Quality
+
+    image_fields = {f.name for f in dataclasses.fields(ImageRecord)}
+    quality_fields = {f.name for f in dataclasses.fields(Quality)}
+    for metric in METRICS.values():
+        assert metric.name in image_fields and {metric.run_field, *metric.more_run_fields} <= quality_fields
+        assert (Path(comparison.__file__).parents[1] / metric.module).is_file()
+    assert sweep.SUMMARY_QUALITY[:-1] == run_fields()
+    assert [n[0] for n in report_page.NUMBERS[2:-1]] == [m.run_field for m in METRICS.values()]
+    assert list(report.QUALITY) == [m.run_field for m in METRICS.values()]
+    assert list(report.SETTING_METRICS) == list(comparison.PER_IMAGE_METRICS) == list(per_image())
+    assert evaluate.PER_IMAGE_METRICS == per_image()
+    assert catalog.HEADLINE[4:] == tuple(m.run_field for m in METRICS.values())
+    assert [h[0] for h in tracking.HEADLINE[3:]] == [m.run_field for m in METRICS.values()]
+    assert [c for c, _ in runs.LIST_COLUMNS if c in run_fields()] == [m.run_field for m in METRICS.values() if m.column]
+
+    package = Path(comparison.__file__).resolve().parents[1]
+    owners = {package / "metrics" / "registry.py", package / "records.py",
+              *(package / m.module for m in METRICS.values()), package / "metrics" / "evaluate.py"}
+    names = {field for m in METRICS.values() for field in (m.name, m.run_field, *m.more_run_fields)}
+
+    def field_reads(tree: ast.AST):
+        """Constants used as a record's key: row["psnr"], row.get("psnr"), getattr(r, "psnr"), {"psnr": ...},
+        and the texts of a tuple of keys (("clip_score_mean", "psnr"))."""
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Subscript):
+                yield node.slice
+            elif isinstance(node, ast.Call) and getattr(node.func, "attr", getattr(node.func, "id", None)) in (
+                    "get", "getattr", "pop", "setdefault", "hasattr"):
+                yield from node.args[:2]
+            elif isinstance(node, ast.Dict):
+                yield from (k for k in node.keys if k is not None)
+            elif isinstance(node, ast.Tuple):
+                yield from node.elts
+
+    found = [f"{path.relative_to(package)}:{node.lineno} {node.value}"
+             for path in sorted(package.rglob("*.py")) if path not in owners
+             for node in field_reads(ast.parse(path.read_text(encoding="utf-8")))
+             if isinstance(node, ast.Constant) and node.value in names]
+    assert not found, f"a metric's field named outside its entry: {found}"

@@ -32,13 +32,14 @@ from typing import Any, Optional
 
 from sdjax_runner import console
 from sdjax_runner.commands import command_parser
+from sdjax_runner.metrics.registry import METRICS
 from sdjax_runner.record import catalog, inputs, rundir
 from sdjax_runner.records import required
 
 LIST_COLUMNS = (("started", "started"), ("status", "status"), ("name", "name"), ("model.name", "model"),
                 ("dtype.name", "dtype"), ("sampler", "sampler"), ("sampling.num_inference_steps", "steps"),
                 ("seed", "seed"), ("images_per_s", "images/s"), ("compile_s", "compile_s"),
-                ("clip_score_mean", "clip"), ("psnr", "psnr"), ("dir", "dir"))
+                *((m.run_field, m.column) for m in METRICS.values() if m.column), ("dir", "dir"))
 
 
 def _cell(value: Any) -> str:

@@ -24,10 +24,11 @@ from typing import Any, Optional
 
 import numpy as np
 
+from sdjax_runner.metrics.registry import per_image
 from sdjax_runner.records import ImageRecord, required
 
-# The per-image metrics an image record may hold (records.ImageRecord's quality fields): higher is better.
-PER_IMAGE_METRICS = ("clip_score", "psnr", "ssim")
+# The per-image metrics an image record may hold (metrics/registry.py; higher is better for each).
+PER_IMAGE_METRICS = per_image()
 # Swept keys whose values are replicates of a setting, not settings: the seed, and a prompt set's prompts.
 REPLICATE_KEYS = ("seed", "prompts", "prompts.texts", "prompts.file")
 RESAMPLES = 2000

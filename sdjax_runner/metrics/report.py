@@ -15,7 +15,10 @@ from __future__ import annotations
 import math
 from typing import IO, Any, Optional, cast
 
-QUALITY = {"clip_score_mean": "CLIP score (mean)", "psnr": "PSNR to reference (dB)", "ssim_mean": "SSIM to reference"}
+from sdjax_runner.metrics.registry import METRICS
+
+# The run-level value of each quality metric (metrics/registry.py) and its axis label.
+QUALITY = {m.run_field: m.plot_label for m in METRICS.values()}
 
 
 def number(value: Any) -> Optional[float]:
@@ -228,7 +231,7 @@ def _draw_report(file: IO[bytes], rows: list[dict], keys: list[str], metrics: li
 
 # -- settings judged (metrics/comparison.py's comparison.json) ----------------------------------------------------
 
-SETTING_METRICS = {"clip_score": "CLIP score", "psnr": "PSNR to reference (dB)", "ssim": "SSIM to reference"}
+SETTING_METRICS = {m.name: m.setting_label for m in METRICS.values()}
 
 
 def settings_plots(judged: dict, seconds: list[Optional[float]]) -> list[tuple[str, str]]:

@@ -19,12 +19,13 @@ from sdjax_runner.config.naming import SHORT_KEYS
 from sdjax_runner.config.overrides import recorded_resolver_calls
 from sdjax_runner.console import one_line
 from sdjax_runner.files import read_yaml
+from sdjax_runner.metrics.registry import METRICS
 from sdjax_runner.record import rundir
 
 # What a summary shows of a run's config and of its numbers.
 KEY_PARAMS = ("model.name", "dtype.name", "sampler", "scheduler.name", "sampling.num_inference_steps",
               "sampling.guidance_scale", "seed", "parallelism.mode")
-HEADLINE = ("images_per_s", "generate_s", "compile_s", "wall_s", "clip_score_mean", "psnr", "ssim_mean")
+HEADLINE = ("images_per_s", "generate_s", "compile_s", "wall_s", *(m.run_field for m in METRICS.values()))
 
 
 def find_runs(root: Path) -> Iterator[Path]:

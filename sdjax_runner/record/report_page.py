@@ -38,6 +38,7 @@ from sdjax_runner import console
 from sdjax_runner.config.input_images import BadImage, decoded, image_file_bytes
 from sdjax_runner.config.report_axes import Axes, axis_value
 from sdjax_runner.files import write_text
+from sdjax_runner.metrics.registry import METRICS
 from sdjax_runner.metrics.report import (
     first_call_only,
     front_seconds,
@@ -56,9 +57,10 @@ PAGE = rundir.REPORT_PAGE
 THUMBNAIL = 192  # px, the longer side of a grid cell's image
 # The table's columns after the swept keys: (row key, header, how a value is shown).
 NUMBERS = (("seconds_per_image", "s / image", "{:.4g}"), ("mfu", "MFU", "{:.1%}"),
-           ("clip_score_mean", "CLIP score", "{:.4g}"), ("psnr", "PSNR (dB)", "{:.4g}"),
-           ("ssim_mean", "SSIM", "{:.4f}"), ("non_finite_images", "non-finite images", "{:.0f}"))
-REFERENCE_METRICS = ("psnr", "ssim_mean")  # what the reference point's own rows say "reference" in
+           *((m.run_field, m.label, m.shown) for m in METRICS.values()),
+           ("non_finite_images", "non-finite images", "{:.0f}"))
+# what the reference point's own rows say "reference" in
+REFERENCE_METRICS = tuple(m.run_field for m in METRICS.values() if m.needs_reference)
 
 STYLE = """
 body { font: 14px/1.4 system-ui, sans-serif; margin: 1.5em; color: #222; }
@@ -223,9 +225,10 @@ def _cell(row: Optional[dict], page_dir: Path, image: int, unreadable: list[str]
     seconds = row.get("seconds_per_image")
     if seconds is not None:
         caption.append(f"{seconds:.3g} s/img" + (" (first call)" if first_call_only(row) else ""))
-    clip = number(row.get("clip_score_mean"))
-    if clip is not None:
-        caption.append(f"CLIP {clip:.3g}")
+    for metric in (m for m in METRICS.values() if not m.needs_reference):  # a reference point's own say "reference"
+        value = number(row.get(metric.run_field))
+        if value is not None:
+            caption.append(f"{metric.short} {value:.3g}")
     if row.get("reference"):
         caption.append("reference")
     if picture is None:
@@ -375,7 +378,7 @@ def write_page(sweep_dir: Path, rows: list[dict], keys: list[str], axes: Axes, i
     rows = [dict(r, seconds_per_image=seconds_per_image(r), reference=is_reference(r, reference_point)) for r in rows]
     finished = [r for r in rows if r["status"] == "FINISHED"]
     front: set[Any] = set()
-    for metric in ("clip_score_mean", "psnr", "ssim_mean"):
+    for metric in (m.run_field for m in METRICS.values()):
         points = [(front_seconds(r), number(r.get(metric))) for r in finished]  # steady-state seconds alone
         front.update(finished[i]["job"] for i in pareto_front(points))
     plots = svg_plots(finished, keys)

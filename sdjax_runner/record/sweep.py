@@ -30,6 +30,7 @@ from sdjax_runner.config.naming import override_value
 from sdjax_runner.config.report_axes import axis_value
 from sdjax_runner.console import one_line
 from sdjax_runner.files import replaced
+from sdjax_runner.metrics.registry import run_fields
 from sdjax_runner.record import resume, rundir
 from sdjax_runner.records import Quality
 
@@ -38,8 +39,7 @@ log = logging.getLogger("sdjax_runner")
 # steady_calls: how many timed calls a point's generate_s rests on (0: its first call's, timing.max_extra_share).
 SUMMARY_TIMINGS = ("compile_s", "trace_s", "first_batch_s", "generate_s", "steady_calls", "images_per_s", "mfu",
                    "model_reused", "compile_reused", "compile_cache_hit", "wall_s")
-SUMMARY_QUALITY = ("clip_score_mean", "clip_score_std", "psnr", "psnr_min", "ssim_mean", "ssim_min",
-                   "non_finite_images")
+SUMMARY_QUALITY = (*run_fields(), "non_finite_images")  # each metric's run-level fields (metrics/registry.py)
 CELL = 256  # contact sheet cell width in pixels
 MAX_CELL_HEIGHT = 4 * CELL  # a grid of 4 x 16 images; a 1 x 200000 grid.png does not make a sheet of gigapixels
 # status.json's texts in a row: a status is one word (FINISHED, FAILED, KILLED, ...), an error a message

@@ -18,6 +18,7 @@ from typing import Any, Optional
 
 from sdjax_runner.config.schema import TrackingConfig
 from sdjax_runner.console import one_line
+from sdjax_runner.metrics.registry import METRICS
 from sdjax_runner.record import rundir
 
 # The experiment's kind for MLflow 3's UI (model training, not GenAI): the UI redirects an experiment
@@ -30,8 +31,8 @@ DUPLICATE_KEY_ERRORS = ("UNIQUE constraint failed", "duplicate key value", "Dupl
 NOTE = "mlflow.note.content"  # the run's Description in the UI
 # The numbers a run's description ends with once it has them (metric key, label, format).
 HEADLINE = (("images_per_s", "images/s", "{:.3g}"), ("generate_s", "s/batch", "{:.3g}"),
-            ("compile_s", "compile s", "{:.3g}"), ("clip_score_mean", "CLIP score", "{:.4g}"),
-            ("psnr", "PSNR dB", "{:.4g}"), ("ssim_mean", "SSIM", "{:.4g}"))
+            ("compile_s", "compile s", "{:.3g}"),
+            *((m.run_field, m.label, m.shown) for m in METRICS.values()))  # metrics/registry.py
 
 
 def headline_line(metrics: dict[str, float]) -> str:

@@ -1,0 +1,57 @@
+"""The quality metrics, one entry each: what every reader of a run's quality takes from here -- the sweep summary's
+columns (record/sweep.py), the report's table and plots (record/report_page.py, metrics/report.py), the judged
+comparison (metrics/comparison.py), ``runs list``'s columns and the headline of a tracker run's description
+(commands/runs.py, record/tracking.py, record/catalog.py) and ``evaluate``'s paired metrics.
+
+A metric is computed by its module (``module``) into the per-image field of each image record (images.json,
+records.ImageRecord: ``name``) and the run-level fields of quality.json (records.Quality: ``run_field`` first,
+then ``more_run_fields``); both record types declare those fields. Higher is better for every metric here
+(``higher_is_better``); ``needs_reference``: computed against a reference run or the sweep's reference point
+(metrics.reference, metrics.reference_point), so a reference's own images have none. ``cost`` is what one image
+costs, measured (docs/benchmarks.md). Adding a metric: its module, its entry here, its fields in records.py.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+
+@dataclass(frozen=True)
+class Metric:
+    name: str  # the per-image field (images.json) and a setting's key in comparison.json
+    module: str  # what computes it
+    run_field: str  # quality.json's run-level value: the headline, the summary's and the report's column
+    label: str  # how a table heads it ("CLIP score")
+    short: str  # how a grid cell's caption names it ("CLIP")
+    plot_label: str  # how a plot's axis names the run-level value ("CLIP score (mean)")
+    setting_label: str  # how the judged comparison names the per-image value
+    column: Optional[str]  # `runs list`'s column head; None: not listed there
+    more_run_fields: tuple[str, ...] = ()  # the other run-level fields, in the summary after run_field
+    shown: str = "{:.4g}"  # how a value is printed
+    higher_is_better: bool = True
+    needs_reference: bool = False
+    cost: str = ""
+
+
+METRICS: dict[str, Metric] = {m.name: m for m in (
+    Metric("clip_score", "metrics/clip_score.py", "clip_score_mean", "CLIP score", "CLIP", "CLIP score (mean)",
+           "CLIP score",
+           "clip", ("clip_score_std",),
+           cost="0.008 s per sweep job on the tiny CLIP once loaded (docs/benchmarks.md, Quality metrics)"),
+    Metric("psnr", "metrics/fidelity.py", "psnr", "PSNR (dB)", "PSNR", "PSNR to reference (dB)", "PSNR to reference (dB)",
+           "psnr", ("psnr_min",), needs_reference=True,
+           cost="with SSIM, part of the 0.43 s of the smoke run's metrics (docs/benchmarks.md, Quality metrics)"),
+    Metric("ssim", "metrics/fidelity.py", "ssim_mean", "SSIM", "SSIM", "SSIM to reference", "SSIM to reference", None,
+           ("ssim_min",), shown="{:.4f}", needs_reference=True, cost="with PSNR"),
+)}
+
+
+def per_image() -> tuple[str, ...]:
+    """The per-image fields of every metric, in registry order."""
+    return tuple(METRICS)
+
+
+def run_fields() -> tuple[str, ...]:
+    """Every run-level field of every metric, in registry order (each metric's headline first)."""
+    return tuple(field for m in METRICS.values() for field in (m.run_field, *m.more_run_fields))
