@@ -167,7 +167,7 @@ def test_each_quality_metric_is_one_entry_that_every_reader_takes_its_fields_fro
     assert [n[0] for n in report_page.NUMBERS[2:-1]] == [m.run_field for m in METRICS.values()]
     assert list(report.QUALITY) == [m.run_field for m in METRICS.values()]
     assert list(report.SETTING_METRICS) == list(comparison.PER_IMAGE_METRICS) == list(per_image())
-    assert evaluate.PER_IMAGE_METRICS == per_image()
+    assert per_image() == evaluate.PER_IMAGE_METRICS
     assert catalog.HEADLINE[4:] == tuple(m.run_field for m in METRICS.values())
     assert [h[0] for h in tracking.HEADLINE[3:]] == [m.run_field for m in METRICS.values()]
     assert [c for c, _ in runs.LIST_COLUMNS if c in run_fields()] == [m.run_field for m in METRICS.values() if m.column]

@@ -23,9 +23,18 @@ SWEEP = ("dtype=fp32,bf16", "seed=0,1", "sampling.guidance_scale=5,7.5", "+metri
 @pytest.fixture(scope="module")
 def sweep(tmp_path_factory, mlflow_template) -> tuple[Path, Path]:
     """(work directory, sweep directory) of a 2 x 2 x 2 sweep logged to an embedded MLflow store."""
+    import numpy as np
+    from PIL import Image
+
     work = tmp_path_factory.mktemp("report")
     seed_store(work, mlflow_template)
-    result = run_cli("-m", "+experiment=smoke", *SWEEP, f"hydra.sweep.dir={work / 'sweep'}", cwd=work)
+    real = work / "real"  # metrics.cmmd.reference: a folder of "real" images (here: noise of two sizes)
+    real.mkdir()
+    for number, size in enumerate([(64, 64)] * 5 + [(96, 80)] * 3):
+        noise = np.random.default_rng(number).integers(0, 256, (*size, 3), dtype=np.uint8)
+        Image.fromarray(noise).save(real / f"{number:02d}.png")
+    result = run_cli("-m", "+experiment=smoke", *SWEEP, "metrics.cmmd.enabled=true", f"metrics.cmmd.reference={real}",
+                     f"hydra.sweep.dir={work / 'sweep'}", cwd=work)
     assert result.returncode == 0, result.stderr
     assert "report.html" in result.stdout + result.stderr
     return work, work / "sweep"
@@ -99,7 +108,7 @@ def test_the_page_opens_in_a_browser_with_its_grid_table_and_plots(sweep):
         assert any(c.startswith("PSNR to reference (dB) against seconds per image") for c in captions)
         assert page.locator("figure svg").count() == len(captions)
         # Settings compared (comparison.json): one table per metric, a row per setting, the baseline's marked.
-        assert page.locator("table.settings").count() == 3  # CLIP score, PSNR, SSIM
+        assert page.locator("table.settings").count() == 4  # CLIP score, PSNR, SSIM; CMMD (metrics.cmmd)
         clip_rows = page.locator('table.settings[data-metric="clip_score"] tbody tr')
         assert clip_rows.count() == 4 and clip_rows.nth(0).get_attribute("class") == "baseline"
         assert any(c.startswith("CLIP score per setting: mean and 95% interval") for c in captions)
@@ -191,7 +200,8 @@ def test_the_report_of_a_sweep_pulled_from_mlflow(sweep, tmp_path):
         assert all(link.endswith("?workflowType=machine_learning") for link in links)
     records = json.loads(page_data(out / "report.html"))
     assert sorted(r["label"] for r in records) == sorted(r["label"] for r in summary(sweep_dir).values())
-    # The settings judged on the parent run, and again from the pulled records: the same settings and numbers.
+    # The settings judged on the parent run, and again from the pulled records: the same settings and numbers (the
+    # CMMD, which the records cannot give, kept from the parent's comparison.json).
     assert "comparison.json" in {a.path for a in client.list_artifacts(parent.info.run_id)}
     pulled = json.loads((out / "comparison.json").read_text())
     assert pulled["settings"] == json.loads((sweep_dir / "comparison.json").read_text())["settings"]
@@ -257,6 +267,48 @@ def test_the_settings_are_judged_with_intervals_and_paired_with_the_reference_po
     # PSNR to the reference point: the bf16 settings' images against fp32's (finite), paired with the baseline's.
     bf16 = judged["settings"][2]
     assert bf16["metrics"]["psnr"]["n"] == 16 and bf16["metrics"]["ssim"]["mean"] < 1
+
+
+@pytest.mark.slow
+def test_cmmd_judges_each_setting_against_the_baseline_and_a_folder_of_real_images(sweep, cache_dir):
+    """metrics.cmmd: each setting's 16 images against the baseline's and against metrics.cmmd.reference's 8, with
+    the run's CLIP (the smoke experiment's tiny one): the values are metrics/cmmd.py's on those very images (its
+    estimator and embeddings are checked against the references in tests/test_cmmd.py); the folder's embeddings
+    are kept in the cache as a NumPy array, not a pickle."""
+    import numpy as np
+    from PIL import Image
+
+    from sdjax_runner.metrics.cmmd import image_embeddings, load_embedder, mmd
+
+    work, sweep_dir = sweep
+    judged = json.loads((sweep_dir / "comparison.json").read_text())
+    clip = cache_dir / "models" / "tiny-random-clip-v1"
+    assert judged["cmmd"] == {"model": str(clip), "image_size": judged["cmmd"]["image_size"],
+                              "reference": str(work / "real"), "reference_images": 8}
+    embedder = load_embedder(clip)
+
+    def embedded(files):
+        return image_embeddings([Image.open(f).convert("RGB") for f in files], embedder=embedder)
+
+    def embeddings(jobs):
+        return embedded([sweep_dir / str(job) / r["file"] for job in jobs
+                         for r in json.loads((sweep_dir / str(job) / "images.json").read_text())])
+
+    real = embedded(sorted((work / "real").glob("*.png")))
+    baseline = embeddings(judged["settings"][0]["jobs"])
+    for setting in judged["settings"]:
+        found = embeddings(setting["jobs"])
+        assert setting["cmmd"]["images"] == 16
+        assert setting["cmmd"]["versus_reference"] == pytest.approx(float(mmd(found, real)), rel=1e-5, abs=1e-6)
+        if setting["baseline"]:
+            assert "versus_baseline" not in setting["cmmd"]
+        else:
+            assert setting["cmmd"]["versus_baseline"] == pytest.approx(float(mmd(found, baseline)), rel=1e-5,
+                                                                      abs=1e-6)
+    [stored] = (cache_dir / "cmmd").glob("*.npy")
+    np.testing.assert_allclose(np.load(stored, allow_pickle=False), real, rtol=1e-6, atol=1e-7)
+    page = (sweep_dir / "report.html").read_text()
+    assert 'data-metric="cmmd"' in page and "CMMD vs baseline" in page
 
 
 @pytest.mark.slow

@@ -17,7 +17,6 @@ CLIP, whose CMMD values are comparable with published ones, is openai/clip-vit-l
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,6 +25,7 @@ from typing import Any, Optional, overload
 from sdjax_runner import console
 from sdjax_runner.commands import command_parser
 from sdjax_runner.errors import UserError
+from sdjax_runner.metrics.cmmd import cached_hub_model
 from sdjax_runner.metrics.comparison import BOOTSTRAP_SEED, PER_IMAGE_METRICS, RESAMPLES, matched_pairs, paired_metrics
 from sdjax_runner.record import rundir
 from sdjax_runner.records import ImageRecord
@@ -133,18 +133,6 @@ def default_clip() -> str:
     from sdjax_runner.config.schema import ClipScoreConfig
 
     return str(ClipScoreConfig().model)
-
-
-def cached_hub_model(repo: str) -> Optional[Path]:
-    """The local Hugging Face cache's snapshot of ``repo``, without the network; None where it has none."""
-    if not re.fullmatch(r"[\w.-]+/[\w.-]+", repo):
-        return None
-    try:
-        from huggingface_hub import snapshot_download
-
-        return Path(snapshot_download(repo, local_files_only=True))
-    except Exception:
-        return None
 
 
 def clip_folder(given: Optional[str]) -> tuple[Path, str]:

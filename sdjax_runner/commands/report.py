@@ -96,6 +96,12 @@ def from_mlflow(run_id: str, uri: Optional[str], out: Path) -> dict[str, Any]:
                         "a sweep directory, or the run id of a sweep's parent run")
     for number, child in enumerate(children):
         download_record(child.info.run_id, uri, out / str(number), outputs=True)
+    with tempfile.TemporaryDirectory() as scratch:
+        try:  # the sweep's own judgement: what the records cannot give again (its CMMD) is kept from it
+            client.download_artifacts(run_id, rundir.COMPARISON, scratch)
+            (out / rundir.COMPARISON).write_bytes((Path(scratch) / rundir.COMPARISON).read_bytes())
+        except Exception:  # a parent logged before comparison.json existed
+            pass
     return record
 
 

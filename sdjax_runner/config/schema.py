@@ -403,8 +403,23 @@ class ClipScoreConfig:
 
 
 @dataclass
+class CmmdConfig:
+    # CMMD (metrics/cmmd.py: google-research's estimator on CLIP image embeddings) in a sweep's comparison.json:
+    # each setting's images against the baseline setting's, and against a folder of real images (reference). Off by
+    # default: it embeds every image of the sweep once more, at the end, in the launching process.
+    enabled: bool = False
+    # A CLIP model folder in transformers' layout, or a hub id in the local Hugging Face cache. null:
+    # metrics.clip_score.model's. The paper's is openai/clip-vit-large-patch14-336 (values comparable with it).
+    model: Optional[str] = None
+    # A folder of .png/.jpg/.jpeg images (real ones): each setting's CMMD against them too. Their embeddings are
+    # kept under paths.cache_dir/cmmd/ (as NumPy arrays, keyed by the files' contents and the model).
+    reference: Optional[str] = None
+
+
+@dataclass
 class MetricsConfig:
     clip_score: ClipScoreConfig = field(default_factory=ClipScoreConfig)
+    cmmd: CmmdConfig = field(default_factory=CmmdConfig)
     # A run directory: each image is compared (PSNR, SSIM) with that run's image of the same slot
     # (same index, seed and prompt). null: no reference.
     reference: Optional[str] = None

@@ -204,3 +204,112 @@ def cmmd_between(images_a: Sequence[Any], images_b: Sequence[Any], clip_folder: 
     batch = min(batch_size, max(len(images_a), len(images_b)))  # one program for both sets
     a, b = embedder(images_a, batch), embedder(images_b, batch)
     return float(mmd(a, b, sigma, scale))
+
+
+# -- a sweep's settings (metrics.cmmd: comparison.json) -----------------------------------------------------------
+
+IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg")
+
+
+class ImageFiles(Sequence):
+    """Image files read as RGB when a batch asks for them (one batch in memory at a time)."""
+
+    def __init__(self, files: Sequence[Path]):
+        self.files = list(files)
+
+    def __len__(self) -> int:
+        return len(self.files)
+
+    def _read(self, file: Path) -> Any:
+        from PIL import Image
+
+        with Image.open(file) as image:
+            return image.convert("RGB")
+
+    def __getitem__(self, index: Any) -> Any:
+        if isinstance(index, slice):
+            return [self._read(file) for file in self.files[index]]
+        return self._read(self.files[index])
+
+
+def cached_hub_model(repo: str) -> Optional[Path]:
+    """The local Hugging Face cache's snapshot of ``repo``, without the network; None where it has none."""
+    import re
+
+    if not re.fullmatch(r"[\w.-]+/[\w.-]+", repo):
+        return None
+    try:
+        from huggingface_hub import snapshot_download
+
+        return Path(snapshot_download(repo, local_files_only=True))
+    except Exception:
+        return None
+
+
+def model_folder(given: str) -> Path:
+    """A CLIP model folder, or a hub id's snapshot in the local cache; ValueError naming what is missing."""
+    path = Path(given).expanduser()
+    if path.is_dir():
+        return path
+    cached = cached_hub_model(given)
+    if cached is None:
+        raise ValueError(f"{given} is no folder here, nor a hub model in the local Hugging Face cache")
+    return cached
+
+
+def _reference_key(folder: Path, files: list[Path]) -> str:
+    """What a folder's embeddings depend on: the model (its folder, config and weight files' names and sizes) and
+    every image's bytes."""
+    import hashlib
+
+    digest = hashlib.sha256(str(folder.resolve()).encode())
+    for part in sorted(folder.iterdir()):
+        if part.is_file() and (part.suffix in (".json", ".msgpack", ".safetensors")):
+            digest.update(f"{part.name}:{part.stat().st_size}".encode())
+    for file in files:
+        digest.update(file.name.encode() + hashlib.sha256(file.read_bytes()).digest())
+    return digest.hexdigest()
+
+
+def reference_embeddings(embedder: ClipEmbedder, folder: Path, cache_dir: Optional[Path]) -> np.ndarray:
+    """The embeddings of the images in ``folder`` (.png/.jpg/.jpeg, sorted by name), kept in ``cache_dir``/cmmd/ as
+    a NumPy array (read back with allow_pickle=False: data, never code) under a key of the model and the images."""
+    from sdjax_runner.files import private_folder, replaced
+
+    files = sorted(p for p in folder.iterdir() if p.suffix.lower() in IMAGE_SUFFIXES and p.is_file())
+    if not files:
+        raise ValueError(f"{folder} holds no .png/.jpg/.jpeg images")
+    stored = None
+    if cache_dir is not None:
+        stored = Path(cache_dir) / "cmmd" / f"{_reference_key(embedder.directory, files)}.npy"
+        if stored.is_file():
+            embeddings = np.load(stored, allow_pickle=False)
+            if embeddings.shape[0] == len(files):
+                return embeddings
+    embeddings = embedder(ImageFiles(files), min(BATCH, len(files)))
+    if stored is not None:
+        private_folder(stored.parent)
+        with replaced(stored) as file:
+            np.save(file, embeddings, allow_pickle=False)
+    return embeddings
+
+
+def judge_settings(files: list[list[Path]], baseline: int, model: str, reference: Optional[str],
+                   cache_dir: Optional[Path]) -> dict[str, Any]:
+    """CMMD of each setting's images (``files``, one list per setting) against the baseline setting's, and against
+    the ``reference`` folder's images where one is given: comparison.json's ``cmmd``."""
+    folder = model_folder(model)
+    embedder = load_embedder(folder)
+    batch = min(BATCH, max(len(f) for f in files))
+    embedded = [embedder(ImageFiles(f), batch) if f else None for f in files]
+    real = reference_embeddings(embedder, Path(reference).expanduser(), cache_dir) if reference else None
+    per_setting = []
+    for index, found in enumerate(embedded):
+        entry: dict[str, Any] = {"images": 0 if found is None else len(found)}
+        if found is not None and index != baseline and embedded[baseline] is not None:
+            entry["versus_baseline"] = float(mmd(found, embedded[baseline]))
+        if found is not None and real is not None:
+            entry["versus_reference"] = float(mmd(found, real))
+        per_setting.append(entry)
+    return {"model": model, "image_size": embedder.size, "reference": reference,
+            "reference_images": None if real is None else len(real), "settings": per_setting}

@@ -20,6 +20,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Hashable, Iterable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Optional
 
 import numpy as np
@@ -157,22 +158,25 @@ class Setting:
     values: dict[str, str]
     jobs: list[int] = field(default_factory=list)
     records: list[ImageRecord] = field(default_factory=list)
+    files: list[Path] = field(default_factory=list)  # its images on disk, where the points' folders were given
 
     @property
     def label(self) -> str:
         return " ".join(f"{k}={v}" for k, v in self.values.items()) or "all points"
 
 
-def settings_of(points: Iterable[tuple[int, dict[str, str], list[ImageRecord]]], keys: Sequence[str]) -> list[Setting]:
-    """The settings of a sweep's points (job, its values of the swept ``keys``, its image records), in the order
-    of their first point."""
+def settings_of(points: Iterable[tuple], keys: Sequence[str]) -> list[Setting]:
+    """The settings of a sweep's points -- (job, its values of the swept ``keys``, its image records[, its run
+    directory]) -- in the order of their first point."""
     setting_keys = [k for k in keys if k not in REPLICATE_KEYS]
     settings: dict[tuple, Setting] = {}
-    for job, values, records in points:
+    for job, values, records, *folder in points:
         wanted = {k: str(values.get(k, "")) for k in setting_keys}
         setting = settings.setdefault(tuple(wanted.values()), Setting(wanted))
         setting.jobs.append(job)
         setting.records.extend(records)
+        if folder:
+            setting.files.extend(Path(folder[0]) / str(r.file) for r in records if r.file)
     return list(settings.values())
 
 

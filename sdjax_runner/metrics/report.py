@@ -232,6 +232,7 @@ def _draw_report(file: IO[bytes], rows: list[dict], keys: list[str], metrics: li
 # -- settings judged (metrics/comparison.py's comparison.json) ----------------------------------------------------
 
 SETTING_METRICS = {m.name: m.setting_label for m in METRICS.values()}
+MAX_NAMED_SETTINGS = 30  # settings named beside their points; with more, the baseline alone (the table names all)
 
 
 def settings_plots(judged: dict, seconds: list[Optional[float]]) -> list[tuple[str, str]]:
@@ -254,7 +255,7 @@ def _settings_plots(judged: dict, seconds: list[Optional[float]]) -> list[tuple[
         if not any(e and e.get("n") for e in estimates):
             continue
         figure, ax = plt.subplots(figsize=(5.2, 3.6))
-        points = []
+        points: list[tuple[Optional[float], Optional[float]]] = []
         for index, (estimate, x) in enumerate(zip(estimates, seconds, strict=True)):
             x = x if timed else float(index)
             if not estimate or not estimate.get("n") or x is None:
@@ -264,13 +265,14 @@ def _settings_plots(judged: dict, seconds: list[Optional[float]]) -> list[tuple[
             baseline = settings[index].get("baseline")
             ax.errorbar([x], [mean], yerr=[[mean - low], [high - mean]], fmt="s" if baseline else "o", capsize=3,
                         color="tab:green" if baseline else "tab:blue", markersize=5)
-            ax.annotate(f"S{index + 1}" + (" (baseline)" if baseline else ""), (x, mean), fontsize=7,
-                        xytext=(4, 3), textcoords="offset points")
+            if baseline or len(settings) <= MAX_NAMED_SETTINGS:  # past that the names would cover the points
+                ax.annotate(f"S{index + 1}" + (" (baseline)" if baseline else ""), (x, mean), fontsize=7,
+                            xytext=(4, 3), textcoords="offset points")
             points.append((x, mean))
         front = pareto_front(points) if timed else []
         if front:
-            ax.step([points[i][0] for i in front], [points[i][1] for i in front], where="post", color="tab:red",
-                    linewidth=1, label="Pareto front (settings)")
+            ax.step([cast(float, points[i][0]) for i in front], [cast(float, points[i][1]) for i in front],
+                    where="post", color="tab:red", linewidth=1, label="Pareto front (settings)")
             ax.legend(fontsize=7, loc="lower right")
         if timed:
             ax.set_xlabel("seconds per image (1 / images_per_s, median of the setting's points)")

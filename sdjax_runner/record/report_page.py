@@ -328,6 +328,32 @@ def _settings_table(judged: dict, metric: str, label: str) -> str:
     return "\n".join(out)
 
 
+def _cmmd_table(judged: dict) -> str:
+    """metrics.cmmd's values: each setting's CMMD against the baseline's images and the reference folder's."""
+    found = judged.get("cmmd") or {}
+    if not found:
+        error = judged.get("cmmd_error")
+        return f'<p class="meta">No CMMD: {html.escape(str(error))}</p>' if error else ""
+    reference = found.get("reference")
+    head = ["setting", "values", "images", "CMMD vs baseline",
+            *([f"CMMD vs {reference} ({found.get('reference_images')} images)"] if reference else [])]
+    out = [f'<table class="settings" data-metric="cmmd"><caption>CMMD (CLIP {html.escape(str(found.get("model")))}, '
+           f'{found.get("image_size")} px; 0: the same distribution)</caption><thead><tr>',
+           *(f'<th class="{"text" if i < 2 else ""}">{html.escape(h)}</th>' for i, h in enumerate(head)),
+           "</tr></thead><tbody>"]
+    for index, setting in enumerate(judged.get("settings", [])):
+        entry = setting.get("cmmd") or {}
+        cells = [f'<td class="text">S{index + 1}</td>', f'<td class="text">{html.escape(setting["label"])}</td>',
+                 f"<td>{entry.get('images', 0)}</td>",
+                 '<td class="reference">baseline</td>' if setting.get("baseline") else
+                 f"<td>{_fmt(entry.get('versus_baseline'))}</td>"]
+        if reference:
+            cells.append(f"<td>{_fmt(entry.get('versus_reference'))}</td>")
+        out.append(f'<tr class="{"baseline" if setting.get("baseline") else ""}">' + "".join(cells) + "</tr>")
+    out.append("</tbody></table>")
+    return "\n".join(out)
+
+
 def _settings_section(judged: Optional[dict], rows: list[dict]) -> list[str]:
     """The page's settings section (module docstring); what it says when there is nothing to judge."""
     from sdjax_runner.metrics.report import SETTING_METRICS
@@ -350,10 +376,10 @@ def _settings_section(judged: Optional[dict], rows: list[dict]) -> list[str]:
     if not metrics:
         return [head, *(f'<p class="meta">{m}</p>' for m in meta),
                 '<p class="meta">No point has a per-image metric (metrics.clip_score, or a reference point).</p>',
-                "</section>"]
+                _cmmd_table(judged), "</section>"]
     plots = settings_plots(judged, seconds)
     return [head, *(f'<p class="meta">{m}</p>' for m in meta),
-            *(_settings_table(judged, metric, label) for metric, label in metrics),
+            *(_settings_table(judged, metric, label) for metric, label in metrics), _cmmd_table(judged),
             *(f"<figure>{svg}<figcaption>{html.escape(caption)}</figcaption></figure>" for caption, svg in plots),
             "</section>"]
 

@@ -219,9 +219,9 @@ def sheet_cell(grid: Path):
 
 def write_summary(sweep_dir: Path, rows: list[dict[str, Any]], keys: list[str],
                   reference_point: Optional[dict[str, str]] = None, report: Optional[dict[str, Any]] = None,
-                  overrides: Optional[list[str]] = None) -> None:
-    """summary.csv/.json, contact_sheet.png, report.png and report.html (``report``: the sweep's
-    report.x / report.y / report.image, checked when it started)."""
+                  overrides: Optional[list[str]] = None, config: Any = None) -> None:
+    """summary.csv/.json, comparison.json, contact_sheet.png, report.png and report.html (``report``: the sweep's
+    report.x / report.y / report.image, checked when it started; ``config``: the sweep's, for metrics.cmmd)."""
     from sdjax_runner.config.report_axes import choose, image_index
     from sdjax_runner.metrics.report import write_report
     from sdjax_runner.record.report_page import mlflow_ui_of, write_page
@@ -233,7 +233,7 @@ def write_summary(sweep_dir: Path, rows: list[dict[str, Any]], keys: list[str],
         writer.writeheader()
         writer.writerows(rows)
     rundir.write_json(sweep_dir / rundir.SUMMARY_JSON, rows)
-    judged = judge_settings(sweep_dir, rows, keys, reference_point)
+    judged = judge_settings(sweep_dir, rows, keys, reference_point, config)
     if rows:
         drawn(sweep_dir / rundir.CONTACT_SHEET, lambda file: contact_sheet(rows, keys).save(file, format="PNG"))
         drawn(sweep_dir / rundir.REPORT, lambda file: write_report(
@@ -244,22 +244,62 @@ def write_summary(sweep_dir: Path, rows: list[dict[str, Any]], keys: list[str],
 
 
 def judge_settings(sweep_dir: Path, rows: list[dict[str, Any]], keys: list[str],
-                   reference_point: Optional[dict[str, str]]) -> Optional[dict[str, Any]]:
-    """comparison.json: the finished points' settings judged (metrics/comparison.py), or None where it could not
-    be made (a warning; the rest of the summary is still written)."""
+                   reference_point: Optional[dict[str, str]], config: Any = None) -> Optional[dict[str, Any]]:
+    """comparison.json: the finished points' settings judged (metrics/comparison.py), with CMMD where
+    ``config.metrics.cmmd`` asks for it (else as an earlier comparison.json of the same settings had it: the report
+    command makes the file again without the sweep's config), or None where it could not be made (a warning; the
+    rest of the summary is still written)."""
     from sdjax_runner.metrics.comparison import baseline_of, compare, settings_of
 
     try:
-        points = [(row["job"], {k: str(row.get(k, "")) for k in keys}, rundir.image_records(Path(row["dir"])))
-                  for row in rows if row["status"] == "FINISHED"]
+        points = [(row["job"], {k: str(row.get(k, "")) for k in keys}, rundir.image_records(Path(row["dir"])),
+                   row["dir"]) for row in rows if row["status"] == "FINISHED"]
         settings = settings_of(points, keys)
-        judged = compare(settings, *baseline_of(settings, reference_point))
+        baseline, chosen_by = baseline_of(settings, reference_point)
+        judged = compare(settings, baseline, chosen_by)
+        if config is not None and config.metrics.cmmd.enabled:
+            with_cmmd(judged, settings, baseline, config)
+        else:
+            keep_cmmd(judged, rundir.read_json_or_empty(sweep_dir / rundir.COMPARISON))
         rundir.write_json(sweep_dir / rundir.COMPARISON, judged)
         return judged
     except Exception as exc:  # a damaged record: the table and the pictures are still written
         (sweep_dir / rundir.COMPARISON).unlink(missing_ok=True)
         log.warning("sweep: %s was not written (%s: %s)", rundir.COMPARISON, type(exc).__name__, one_line(exc, 200))
         return None
+
+
+def with_cmmd(judged: dict[str, Any], settings: list, baseline: int, config: Any) -> None:
+    """comparison.json's CMMD (metrics/cmmd.py: judge_settings); a failure is a warning and ``cmmd_error``."""
+    from sdjax_runner.metrics import cmmd
+
+    metrics = config.metrics
+    model = str(metrics.cmmd.model or metrics.clip_score.model)
+    try:
+        found = cmmd.judge_settings([s.files for s in settings], baseline, model, metrics.cmmd.reference,
+                                    Path(config.paths.cache_dir).expanduser())
+    except Exception as exc:
+        judged["cmmd_error"] = f"{type(exc).__name__}: {one_line(exc, 300)}"
+        log.warning("sweep: no CMMD (metrics.cmmd): %s", judged["cmmd_error"])
+        return
+    for setting, entry in zip(judged["settings"], found.pop("settings"), strict=True):
+        setting["cmmd"] = entry
+    judged["cmmd"] = found
+    log.info("sweep: CMMD of %d setting(s) with %s%s", len(settings), model,
+             f" and against {found['reference_images']} image(s) of {metrics.cmmd.reference}"
+             if found["reference_images"] else "")
+
+
+def keep_cmmd(judged: dict[str, Any], earlier: dict[str, Any]) -> None:
+    """An earlier comparison.json's CMMD, where it judged the same settings against the same baseline."""
+    old: list = earlier["settings"] if isinstance(earlier.get("settings"), list) else []
+    if not isinstance(earlier.get("cmmd"), dict) or earlier.get("baseline") != judged["baseline"] \
+            or [s.get("label") for s in old if isinstance(s, dict)] != [s["label"] for s in judged["settings"]]:
+        return
+    for setting, before in zip(judged["settings"], old, strict=True):
+        if isinstance(before.get("cmmd"), dict):
+            setting["cmmd"] = before["cmmd"]
+    judged["cmmd"] = earlier["cmmd"]
 
 
 class _NothingDrawn(Exception):
@@ -349,7 +389,7 @@ class SweepCallback(Callback):
             compare_with_reference_point(sweep_dir, rows, keys, record["reference_point"], config)
             rows = collect_jobs(sweep_dir, keys)
         write_summary(sweep_dir, rows, keys, record.get("reference_point"), record.get("report"),
-                      record.get("overrides"))  # disk first
+                      record.get("overrides"), config)  # disk first
         failed = [r for r in rows if r["status"] != "FINISHED"]
         process.current().sweep_result.update(jobs=len(rows), failed=failed, sweep_dir=str(sweep_dir))
         process.current().open_sweep_parent.clear()
