@@ -1,8 +1,8 @@
 """What a large sweep's report.html costs: building it, and opening it in a browser.
 
 A sweep directory of N points is written the way the runner writes one -- per point a job directory
-with .hydra/overrides.yaml, status.json, timings.json, quality.json, images.json and one 512x512 PNG
-(the image the grid shows; the others are never read) -- over three swept keys (a sampler x steps x
+with .hydra/overrides.yaml, status.json, timings.json, quality.json, images.json (8 images with their per-image
+CLIP score, PSNR and SSIM, which the settings' comparison reads) and one 512x512 PNG (the image the grid shows) -- over three swept keys (a sampler x steps x
 guidance grid, Z pages by guidance), with the CLIP/PSNR/SSIM values a sweep would have. Then, side by
 side in rounds that alternate the sizes:
 
@@ -59,10 +59,14 @@ def write_sweep(directory: Path, points: int) -> None:
         (run / "status.json").write_text(json.dumps({"status": "FINISHED", "run_id": f"{job:032x}"}))
         (run / "timings.json").write_text(json.dumps({"images_per_s": 1 / seconds, "generate_s": 8 * seconds,
                                                       "mfu": 0.4}))
-        (run / "quality.json").write_text(json.dumps({"clip_score_mean": 30 - 40 / count + rng.normal(0, 0.3),
-                                                      "psnr": 20 + count / 3, "ssim_mean": 0.5 + count / 150,
-                                                      "non_finite_images": 0}))
-        (run / "images.json").write_text(json.dumps([{"index": 0, "file": "images/0000_seed0.png", "seed": 0}]))
+        clip = 30 - 40 / count + rng.normal(0, 0.3)
+        (run / "quality.json").write_text(json.dumps({"clip_score_mean": clip, "psnr": 20 + count / 3,
+                                                      "ssim_mean": 0.5 + count / 150, "non_finite_images": 0}))
+        # 8 images a point, with the per-image values the settings' comparison reads (one PNG: the grid's)
+        (run / "images.json").write_text(json.dumps([
+            {"index": i, "file": "images/0000_seed0.png", "seed": 0, "prompt": "a prompt",
+             "clip_score": clip + rng.normal(0, 1.0), "psnr": 20 + count / 3 + rng.normal(0, 0.5),
+             "ssim": 0.5 + count / 150} for i in range(8)]))
 
 
 def build(directory: Path) -> float:

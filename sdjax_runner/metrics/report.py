@@ -256,19 +256,24 @@ def _settings_plots(judged: dict, seconds: list[Optional[float]]) -> list[tuple[
             continue
         figure, ax = plt.subplots(figsize=(5.2, 3.6))
         points: list[tuple[Optional[float], Optional[float]]] = []
+        drawn: dict[bool, list[tuple[float, float, float, float]]] = {True: [], False: []}  # baseline or not
         for index, (estimate, x) in enumerate(zip(estimates, seconds, strict=True)):
             x = x if timed else float(index)
             if not estimate or not estimate.get("n") or x is None:
                 points.append((None, None))
                 continue
             mean, low, high = estimate["mean"], estimate["low"], estimate["high"]
-            baseline = settings[index].get("baseline")
-            ax.errorbar([x], [mean], yerr=[[mean - low], [high - mean]], fmt="s" if baseline else "o", capsize=3,
-                        color="tab:green" if baseline else "tab:blue", markersize=5)
+            baseline = bool(settings[index].get("baseline"))
+            drawn[baseline].append((x, mean, mean - low, high - mean))
             if baseline or len(settings) <= MAX_NAMED_SETTINGS:  # past that the names would cover the points
                 ax.annotate(f"S{index + 1}" + (" (baseline)" if baseline else ""), (x, mean), fontsize=7,
                             xytext=(4, 3), textcoords="offset points")
             points.append((x, mean))
+        for baseline, bars in drawn.items():  # one call per kind: 200 settings draw as fast as 2
+            if bars:
+                xs, means, below, above = zip(*bars, strict=True)
+                ax.errorbar(xs, means, yerr=[below, above], fmt="s" if baseline else "o", capsize=3, linestyle="none",
+                            color="tab:green" if baseline else "tab:blue", markersize=5)
         front = pareto_front(points) if timed else []
         if front:
             ax.step([cast(float, points[i][0]) for i in front], [cast(float, points[i][1]) for i in front],
