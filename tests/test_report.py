@@ -202,7 +202,12 @@ def test_the_report_of_a_sweep_pulled_from_mlflow(sweep, tmp_path):
     assert sorted(r["label"] for r in records) == sorted(r["label"] for r in summary(sweep_dir).values())
     # The settings judged on the parent run, and again from the pulled records: the same settings and numbers (the
     # CMMD, which the records cannot give, kept from the parent's comparison.json).
-    assert "comparison.json" in {a.path for a in client.list_artifacts(parent.info.run_id)}
+    logged = {a.path for a in client.list_artifacts(parent.info.run_id)}
+    assert {"comparison.json", "comparison_table.json"} <= logged
+    table = json.loads(Path(client.download_artifacts(parent.info.run_id, "comparison_table.json",
+                                                      str(tmp_path))).read_text())
+    judged = json.loads((sweep_dir / "comparison.json").read_text())
+    assert len(table["data"]) == sum(len(s["metrics"]) for s in judged["settings"])  # a row per setting and metric
     pulled = json.loads((out / "comparison.json").read_text())
     assert pulled["settings"] == json.loads((sweep_dir / "comparison.json").read_text())["settings"]
 

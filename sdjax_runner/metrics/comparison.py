@@ -219,3 +219,19 @@ def compare(settings: list[Setting], baseline: int, chosen_by: str) -> dict[str,
 def _finite(value: float) -> Optional[float]:
     """A number as strict JSON holds it: NaN (nothing to say) as null."""
     return None if math.isnan(value) else value
+
+
+def table_rows(judged: dict[str, Any]) -> list[dict[str, Any]]:
+    """comparison.json as one row per setting and metric (an MLflow table's rows): the setting, its estimate and,
+    but for the baseline's, its paired comparison; blanks where a value is none."""
+    out = []
+    for index, setting in enumerate(judged.get("settings", [])):
+        for metric, found in setting.get("metrics", {}).items():
+            versus = (setting.get("versus_baseline") or {}).get(metric) or {}
+            out.append({"setting": f"S{index + 1}", "label": setting["label"], "baseline": setting["baseline"],
+                        "metric": metric, "n": found["n"], "mean": found["mean"], "low": found["low"],
+                        "high": found["high"], "vs_baseline_mean": versus.get("mean"),
+                        "vs_baseline_low": versus.get("low"), "vs_baseline_high": versus.get("high"),
+                        "win_rate": versus.get("win_rate"), "holds_zero": versus.get("holds_zero"),
+                        "pairs": versus.get("n")})
+    return out

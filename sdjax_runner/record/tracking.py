@@ -18,6 +18,7 @@ from typing import Any, Optional
 
 from sdjax_runner.config.schema import TrackingConfig
 from sdjax_runner.console import one_line
+from sdjax_runner.metrics.comparison import table_rows
 from sdjax_runner.metrics.registry import METRICS
 from sdjax_runner.record import rundir
 
@@ -252,14 +253,20 @@ class MlflowTracker:
             self.client.log_inputs(self.run_id, inputs)
 
     def log_sweep(self, sweep_dir: Path, rows: list[dict[str, Any]], metrics: dict[str, float]) -> None:
-        """The sweep's summary (as an MLflow table and CSV), comparison.json, contact sheet and report.html, on the
-        parent run."""
+        """The sweep's summary (as an MLflow table and CSV), comparison.json (and as a table), contact sheet and
+        report.html, on the parent run."""
         from PIL import Image
 
         self._log_metrics(metrics)
         if rows:
             table = {column: [str(row[column]) for row in rows] for column in rows[0]}
             self.client.log_table(self.run_id, data=table, artifact_file="summary_table.json")
+        judged = rundir.read_json_or_empty(sweep_dir / rundir.COMPARISON)
+        settings = table_rows(judged) if isinstance(judged.get("settings"), list) else []
+        if settings:  # the settings judged, a row per setting and metric (metrics/comparison.py)
+            table = {column: ["" if row[column] is None else str(row[column]) for row in settings]
+                     for column in settings[0]}
+            self.client.log_table(self.run_id, data=table, artifact_file="comparison_table.json")
         for name in (rundir.SUMMARY_CSV, rundir.SWEEP, rundir.COMPARISON, rundir.REPORT_PAGE):
             if (sweep_dir / name).exists():
                 self.client.log_artifact(self.run_id, str(sweep_dir / name))
