@@ -17,15 +17,14 @@ CLIP, whose CMMD values are comparable with published ones, is openai/clip-vit-l
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Optional, overload
+from typing import Any, Optional
 
 from sdjax_runner import console
 from sdjax_runner.commands import command_parser
 from sdjax_runner.errors import UserError
-from sdjax_runner.metrics.cmmd import cached_hub_model
+from sdjax_runner.metrics.cmmd import IMAGE_SUFFIXES, ImageFiles, cached_hub_model, model_folder
 from sdjax_runner.metrics.comparison import BOOTSTRAP_SEED, PER_IMAGE_METRICS, RESAMPLES, matched_pairs, paired_metrics
 from sdjax_runner.record import rundir
 from sdjax_runner.records import ImageRecord
@@ -34,7 +33,6 @@ SET_ALLOWED = ("a run directory (images.json and images/), a sweep directory (it
                "folder of .png/.jpg/.jpeg images")
 CLIP_ALLOWED = ("a CLIP model folder in transformers' layout (config.json, preprocessor_config.json, "
                 "flax_model.msgpack or model.safetensors), or a hub id in the local Hugging Face cache")
-IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg")
 
 
 @dataclass
@@ -94,38 +92,21 @@ def image_set(label: str, given: str) -> ImageSet:
     return found
 
 
-class LazyImages(Sequence):
-    """A set's images, read from disk as they are asked for (one batch at a time in memory), as RGB."""
+class LazyImages(ImageFiles):
+    """A set's images (metrics/cmmd.py's ImageFiles), an unreadable one a one-line error naming the set."""
 
     def __init__(self, found: ImageSet):
+        super().__init__(found.files)
         self.found = found
-
-    def __len__(self) -> int:
-        return len(self.found.files)
 
     def _read(self, file: Path) -> Any:
         from PIL import Image
 
         try:
-            with Image.open(file) as image:
-                return image.convert("RGB")
+            return super()._read(file)
         except (OSError, ValueError, Image.DecompressionBombError) as error:
             raise UserError(self.found.label, f"{file} is not an image Pillow can read "
                             f"({type(error).__name__}: {console.one_line(error, 120)})", SET_ALLOWED) from None
-
-    @overload
-    def __getitem__(self, index: int) -> Any: ...
-
-    @overload
-    def __getitem__(self, index: slice) -> list: ...
-
-    def __getitem__(self, index: int | slice) -> Any:
-        if isinstance(index, slice):
-            return [self._read(file) for file in self.found.files[index]]
-        return self._read(self.found.files[index])
-
-    def __iter__(self) -> Iterator[Any]:
-        return (self._read(file) for file in self.found.files)
 
 
 def default_clip() -> str:
@@ -145,14 +126,11 @@ def clip_folder(given: Optional[str]) -> tuple[Path, str]:
                             f"is not in the local Hugging Face cache: give --clip MODEL_FOLDER, or fetch it first "
                             f"(hf download {name} --include '*.json' '*.txt' 'flax_model.msgpack')", CLIP_ALLOWED)
         return folder, name
-    path = Path(given).expanduser()
-    if path.is_dir():
-        return path, str(path)
-    folder = cached_hub_model(given)
-    if folder is None:
-        raise UserError("--clip", f"{given} is no folder here, nor a hub model in the local Hugging Face cache",
-                        CLIP_ALLOWED)
-    return folder, given
+    try:
+        folder = model_folder(given)
+    except ValueError as error:  # neither a folder nor a cached hub model
+        raise UserError("--clip", str(error), CLIP_ALLOWED) from None
+    return folder, str(folder) if Path(given).expanduser().is_dir() else given
 
 
 def load_clip(folder: Path, name: str) -> Any:

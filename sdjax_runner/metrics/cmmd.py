@@ -34,10 +34,10 @@ visual projection of the class token), divided by its L2 norm. Where it must dif
 from __future__ import annotations
 
 import functools
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Optional, overload
 
 import numpy as np
 
@@ -226,10 +226,19 @@ class ImageFiles(Sequence):
         with Image.open(file) as image:
             return image.convert("RGB")
 
-    def __getitem__(self, index: Any) -> Any:
+    @overload
+    def __getitem__(self, index: int) -> Any: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> list: ...
+
+    def __getitem__(self, index: int | slice) -> Any:
         if isinstance(index, slice):
             return [self._read(file) for file in self.files[index]]
         return self._read(self.files[index])
+
+    def __iter__(self) -> Iterator[Any]:
+        return (self._read(file) for file in self.files)
 
 
 def cached_hub_model(repo: str) -> Optional[Path]:
