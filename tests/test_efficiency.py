@@ -117,6 +117,42 @@ def test_hires_flops_count_both_sampling_loops(tiny_model_dir, monkeypatch):
     assert flops == pytest.approx(lowered.cost_analysis()["flops"], rel=0.02)
 
 
+def test_a_denoiser_calls_flops_are_counted_once_per_module_function_and_shapes(monkeypatch):
+    """A sweep compiles a program per sampler or step count around the same denoiser call: its count (a trace of the
+    whole model) is made once per process, and anew for another module field (attention), size or dtype."""
+    import flax.linen as nn
+
+    class Block(nn.Module):
+        features: int
+        attention: str = "default"
+
+        @nn.compact
+        def __call__(self, x):
+            return nn.Dense(self.features)(x) * (2.0 if self.attention == "twice" else 1.0)
+
+    counted = []
+    monkeypatch.setattr(efficiency, "_COUNTED", {})
+    monkeypatch.setattr(efficiency, "cost_flops", lambda lowered: counted.append(1) or efficiency._flops(
+        lowered.cost_analysis()))
+
+    def flops(module, rows, dtype=jnp.float32):
+        x = jax.ShapeDtypeStruct((rows, 16), dtype)
+        shapes = jax.eval_shape(module.init, jax.random.PRNGKey(0), x)["params"]
+        return efficiency.call_flops(module, lambda p, v: module.apply({"params": p}, v), shapes, x)
+
+    first = flops(Block(8), 4)
+    fresh = jax.jit(lambda p, v: Block(8).apply({"params": p}, v)).lower(
+        jax.eval_shape(Block(8).init, jax.random.PRNGKey(0), jnp.zeros((4, 16)))["params"],
+        jax.ShapeDtypeStruct((4, 16), jnp.float32)).cost_analysis()["flops"]
+    assert first == fresh > 0 and len(counted) == 1
+    assert flops(Block(8), 4) == first and len(counted) == 1  # the same call: kept
+    assert flops(Block(8, attention="twice"), 4) > first and len(counted) == 2  # another field
+    assert flops(Block(8), 8) > first and len(counted) == 3  # another size
+    assert flops(Block(16), 4) > first and len(counted) == 4
+    flops(Block(8), 4, jnp.bfloat16)
+    assert len(counted) == 5
+
+
 def test_efficiency_arithmetic_and_the_peak_table():
     assert efficiency.peak_tflops("NVIDIA H100 80GB HBM3", "bfloat16", None) == 989.4
     assert efficiency.peak_tflops("NVIDIA H100 PCIe", "bfloat16", None) == 756.0

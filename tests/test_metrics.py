@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from helpers.cli import run_cli
+from helpers.cli import ONE_DEVICE, run_cli
 from helpers.mlflow_store import sweep_runs
 
 
@@ -104,7 +104,7 @@ def test_fidelity_reads_images_a_chunk_at_a_time_and_gets_the_same_numbers(smoke
 def test_a_dtype_sweep_is_compared_with_its_fp32_reference_point_and_reported(tmp_path, tiny_model_dir):
     sweep = tmp_path / "sweep"
     result = run_cli("-m", "+experiment=smoke", "dtype=fp32,bf16,fp16", "seed=0,1", "+metrics.reference_point.dtype=fp32",
-                     f"hydra.sweep.dir={sweep}", cwd=tmp_path)
+                     *ONE_DEVICE, f"hydra.sweep.dir={sweep}", cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     with open(sweep / "summary.csv", newline="") as f:
         rows = {(r["dtype"], r["seed"]): r for r in csv.DictReader(f)}

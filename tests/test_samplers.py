@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 from helpers import k_reference
-from helpers.cli import assert_one_line_error, call_cli, run_cli
+from helpers.cli import ONE_DEVICE, assert_one_line_error, call_cli, run_cli
 from sdjax_runner.config import samplers as names
 from sdjax_runner.engine.samplers import sigmas as schedules
 from sdjax_runner.engine.samplers.k_samplers import K_SAMPLERS, key_noise
@@ -280,8 +280,8 @@ def _job_images(job_dir):
 @pytest.mark.slow
 def test_samplers_through_the_unet_as_users_name_them(tmp_path, tiny_model_dir):
     sweep = tmp_path / "sweep"
-    result = run_cli("-m", "+experiment=smoke", "sampler=Euler a,DPM++ 2M Karras,dpmpp_2m,uni_pc", "tracking=none", "compilation_cache.executables=false",
-                     f"hydra.sweep.dir={sweep}", cwd=tmp_path)
+    result = run_cli("-m", "+experiment=smoke", "sampler=Euler a,DPM++ 2M Karras,dpmpp_2m,uni_pc", "tracking=none",
+                     "compilation_cache.executables=false", *ONE_DEVICE, f"hydra.sweep.dir={sweep}", cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     jobs = [sweep / str(n) for n in range(4)]
     params = []
@@ -299,12 +299,13 @@ def test_samplers_through_the_unet_as_users_name_them(tmp_path, tiny_model_dir):
 
     # An ancestral run is repeatable bit for bit in a run of its own (a fresh process state: no program or key
     # carried over from the sweep).
-    again = run_cli("+experiment=smoke", "sampler=Euler a", "tracking=none", f"hydra.run.dir={tmp_path / 'again'}",
+    again = run_cli("+experiment=smoke", "sampler=Euler a", "tracking=none", *ONE_DEVICE,
+                    f"hydra.run.dir={tmp_path / 'again'}",
                     cwd=tmp_path)
     assert again.returncode == 0, again.stderr
     assert {r["pixels_sha256"] for r in _job_images(tmp_path / "again")[0]} == params[0]
     # DDIM with eta: diffusers' Flax DDIM computes sigma_t but adds no noise; here eta 1 is another picture.
-    ddim = run_cli("-m", "+experiment=smoke", "sampler=DDIM", "sampling.eta=0,1", "tracking=none",
+    ddim = run_cli("-m", "+experiment=smoke", "sampler=DDIM", "sampling.eta=0,1", "tracking=none", *ONE_DEVICE,
                    f"hydra.sweep.dir={tmp_path / 'ddim'}", cwd=tmp_path)
     assert ddim.returncode == 0, ddim.stderr
     hashes = [{r["pixels_sha256"] for r in _job_images(tmp_path / "ddim" / job)[0]} for job in ("0", "1")]
@@ -314,7 +315,7 @@ def test_samplers_through_the_unet_as_users_name_them(tmp_path, tiny_model_dir):
     assert ", Eta DDIM: 1.0" in texts[0]["parameters"]
     # v-prediction in bf16 and fp16: finite, every image its own.
     v = run_cli("-m", "+experiment=smoke", "sampler=DPM++ 2M SDE Karras", "model.prediction_type=v_prediction",
-                "dtype=bf16,fp16", "tracking=none", f"hydra.sweep.dir={tmp_path / 'v'}", cwd=tmp_path)
+                "dtype=bf16,fp16", "tracking=none", *ONE_DEVICE, f"hydra.sweep.dir={tmp_path / 'v'}", cwd=tmp_path)
     assert v.returncode == 0, v.stderr
     for job in ("0", "1"):
         records, _ = _job_images(tmp_path / "v" / job)

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from helpers.cli import run_cli
+from helpers.cli import ONE_DEVICE, run_cli
 from helpers.configs import options
 from sdjax_runner.config.samplers import FLOW_ONLY_SCHEDULES, FLOW_SCHEDULER, SCHEDULES
 from sdjax_runner.config.schema import SCHEDULERS as DIFFUSERS
@@ -22,7 +22,7 @@ assert set(options("scheduler")) == set(SCHEDULERS) | set(SCHEDULES) | FLOW
 @pytest.mark.slow
 def test_every_scheduler_gives_its_own_images_from_one_model_load(tmp_path, tiny_model_dir):
     sweep_dir = tmp_path / "sweep"
-    result = run_cli("-m", "+experiment=smoke", f"scheduler={','.join(SCHEDULERS)}", "tracking=none",
+    result = run_cli("-m", "+experiment=smoke", f"scheduler={','.join(SCHEDULERS)}", "tracking=none", *ONE_DEVICE,
                      f"hydra.sweep.dir={sweep_dir}", cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     grids = {}

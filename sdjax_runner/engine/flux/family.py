@@ -95,7 +95,7 @@ def step_flops(pipeline: Any, params: dict, per_device_images: int, height: int,
     import jax
     import jax.numpy as jnp
 
-    from sdjax_runner.engine.efficiency import cost_flops
+    from sdjax_runner.engine.efficiency import call_flops
 
     batch, factor = per_device_images, pipeline.vae_scale_factor
     seq = stages.image_seq_len(height, width, factor)
@@ -112,4 +112,4 @@ def step_flops(pipeline: Any, params: dict, per_device_images: int, height: int,
     def apply(p, x, c, y, t, i, j, g):
         return transformer.apply({"params": p}, x, c, y, t, i, j, guidance=g)
 
-    return cost_flops(jax.jit(apply).lower(shapes, hidden, context, pooled, timestep, img_ids, txt_ids, guidance))
+    return call_flops(transformer, apply, shapes, hidden, context, pooled, timestep, img_ids, txt_ids, guidance)

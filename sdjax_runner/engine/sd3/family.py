@@ -82,7 +82,7 @@ def step_flops(pipeline: Any, params: dict, per_device_images: int, height: int,
     batch); ``tokens``: T5's sequence length (the conditioning is 77 CLIP tokens plus these)."""
     import jax
 
-    from sdjax_runner.engine.efficiency import cost_flops
+    from sdjax_runner.engine.efficiency import call_flops
 
     batch, factor = 2 * per_device_images, pipeline.vae_scale_factor
     transformer = pipeline.transformer
@@ -96,4 +96,4 @@ def step_flops(pipeline: Any, params: dict, per_device_images: int, height: int,
     def apply(p, x, c, y, t):
         return transformer.apply({"params": p}, x, c, y, t)
 
-    return cost_flops(jax.jit(apply).lower(shapes, hidden, context, pooled, timestep))
+    return call_flops(transformer, apply, shapes, hidden, context, pooled, timestep)
