@@ -40,6 +40,8 @@ class ProcessState:
     distributed: Optional[tuple] = None  # engine/distributed.py: the multi-host settings it was initialised with
     shapes_dir: Optional[Path] = None  # models/checkpoints.py: where module shapes are kept; None: not kept
     clip_scorers: dict[tuple, ClipScorer] = field(default_factory=dict)  # metrics/: (source, devices) -> scorer
+    # engine/efficiency.py: XLA's FLOP count of a denoiser call, by module, function, shapes and backend.
+    call_flops: dict[tuple, Optional[float]] = field(default_factory=dict)
     hinted_prompts: set[tuple] = field(default_factory=set)  # config/prompts.py: prompts a syntax hint named
     # record/fresh_dirs.py: run folders this process made, with the parents it made for them (removed again
     # if the run is refused).

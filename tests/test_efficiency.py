@@ -131,7 +131,9 @@ def test_a_denoiser_calls_flops_are_counted_once_per_module_function_and_shapes(
             return nn.Dense(self.features)(x) * (2.0 if self.attention == "twice" else 1.0)
 
     counted = []
-    monkeypatch.setattr(efficiency, "_COUNTED", {})
+    from sdjax_runner import process
+
+    monkeypatch.setattr(process.current(), "call_flops", {})
     monkeypatch.setattr(efficiency, "cost_flops", lambda lowered: counted.append(1) or efficiency._flops(
         lowered.cost_analysis()))
 

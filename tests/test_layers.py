@@ -113,3 +113,16 @@ def test_what_a_process_keeps_between_jobs_lives_in_process_py():
     """The reuse cache, scorers, cache settings, claimed folders, a sweep's result ... are fields of
     ``process.ProcessState``; no other module keeps state of its own."""
     assert _process_state_outside_its_home() == []
+
+
+def test_no_module_imports_torch_diffusers_or_transformers():
+    """The runtime is the runner's own (issue #60): those libraries are references in the test extra only; a module
+    that imports one, at its top or inside a function, is named here."""
+    importing = []
+    for name, path in _modules().items():
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            roots = [alias.name.split(".")[0] for alias in node.names] if isinstance(node, ast.Import) else \
+                [node.module.split(".")[0]] if isinstance(node, ast.ImportFrom) and node.module and not node.level \
+                else []
+            importing += [f"{name}: {root}" for root in roots if root in ("torch", "diffusers", "transformers")]
+    assert importing == []

@@ -139,7 +139,8 @@ class ModelConfig:
     # null: as the model's scheduler config says; set it for v-prediction models (SD 2.x 768) so that
     # whatever scheduler is chosen predicts the same thing the UNet was trained on.
     prediction_type: Optional[PredictionType] = None
-    # Load .bin/.ckpt pickles (needs torch). Unpickling can run code, so it is off.
+    # Read a folder's .bin/.ckpt pickles (PyTorch's zip format) with the runner's restricted reader, which imports
+    # and runs nothing from the file (models/torch_pickle.py; no torch). Off: pickles are refused, as a pickle is code.
     allow_pickle: bool = False
     # The model family (config/families.py): sd (SD 1.x/2.x/XL), flux (FLUX.1) or sd3 (SD 3 / 3.5). null: read from the folder's
     # model_index.json when it is on disk (a local folder, a built-in model), else sd. Set it for a hub id

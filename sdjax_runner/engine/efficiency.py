@@ -54,13 +54,13 @@ def cost_flops(lowered: Any) -> Optional[float]:
     return _flops(lowered.cost_analysis())
 
 
-# XLA's count of one denoiser call, by what decides it: the module (its fields, as its repr shows them: the config,
-# dtypes, the attention implementation), the function applying it, the argument shapes and the backend. Counting
-# traces and lowers the whole model (~0.7 s for the tiny UNet, seconds for a full-size one), and a sweep over
-# samplers, step counts or guidance compiles a program per point around the same call: it is counted once per
-# process. A module with a callable field (a gather function) shows an address in its repr, and is counted anew.
-_COUNTED: dict[tuple, Optional[float]] = {}
-_MAX_COUNTED = 256
+# XLA's count of one denoiser call is decided by the module (its fields, as its repr shows them: the config, dtypes,
+# the attention implementation), the function applying it, the argument shapes and the backend. Counting traces and
+# lowers the whole model (~0.3 s for the tiny UNet, seconds for a full-size one), and a sweep over samplers, step
+# counts or guidance compiles a program per point around the same call: the process keeps each count
+# (process.ProcessState.call_flops). A module with a callable field (a gather function) shows an address in its
+# repr, and is counted anew.
+MAX_COUNTED = 256
 
 
 def call_flops(module: Any, apply: Any, *shapes: Any) -> Optional[float]:
@@ -68,15 +68,18 @@ def call_flops(module: Any, apply: Any, *shapes: Any) -> Optional[float]:
     where ``apply`` applies ``module``; counted once per process for the same module, function and shapes."""
     import jax
 
+    from sdjax_runner import process
+
+    counted = process.current().call_flops
     leaves, tree = jax.tree_util.tree_flatten(shapes)
     code = apply.__code__
     key = (jax.default_backend(), type(module).__module__, type(module).__qualname__, repr(module),
            code.co_filename, code.co_firstlineno, str(tree), tuple((leaf.shape, str(leaf.dtype)) for leaf in leaves))
-    if key not in _COUNTED:
-        if len(_COUNTED) >= _MAX_COUNTED:
-            _COUNTED.pop(next(iter(_COUNTED)))
-        _COUNTED[key] = cost_flops(jax.jit(apply).lower(*shapes))
-    return _COUNTED[key]
+    if key not in counted:
+        if len(counted) >= MAX_COUNTED:
+            counted.pop(next(iter(counted)))
+        counted[key] = cost_flops(jax.jit(apply).lower(*shapes))
+    return counted[key]
 
 
 def unet_step_flops(pipeline: Any, params: dict, per_device_images: float, height: int, width: int,

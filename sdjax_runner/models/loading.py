@@ -12,8 +12,6 @@ family's loader returns.
 
 from __future__ import annotations
 
-import functools
-import importlib.util
 import json
 import logging
 import os
@@ -280,26 +278,23 @@ def _read_weights(folder: Path, found: ComponentWeights, module: Any, naming: st
         names = ", ".join(f.name for f in found.files)
         if not model.allow_pickle:
             raise UserError("model.allow_pickle", f"{folder.name}/ has only pickle weights ({names}); unpickling "
-                            "can run code, so they are not loaded", "true to load them anyway (needs torch)")
-        if importlib.util.find_spec("torch") is None:
-            raise UserError("model.allow_pickle", f"loading {folder.name}/{names} needs torch, which is not installed",
-                            "pip install torch, or convert the weights to safetensors")
-        return convert_tensors(lambda: _pickled_tensors(found.files), module, naming, weights, names)
+                            "can run code, so they are not loaded", "true to read their tensors anyway: nothing "
+                            "in the file is imported or run")
+        return convert_tensors(lambda: _pickled_tensors(folder, found.files), module, naming, weights, names)
     raise UserError(MODEL_KEY, f"{folder} has no weights (looked for Flax .msgpack, PyTorch .safetensors "
                     "and, with model.allow_pickle, .bin files)", "a complete diffusers-format pipeline")
 
 
-def _pickled_tensors(files: tuple[Path, ...]) -> Iterable[tuple[str, Callable[[], np.ndarray]]]:
-    """(name, loader) of PyTorch pickles' tensors -- model.allow_pickle=true, the user's choice; torch's
-    ``weights_only`` unpickler (tensors and containers only) reads them."""
-    import torch  # type: ignore[import-not-found]  # (no dependency: the user's own install)
+def _pickled_tensors(folder: Path, files: tuple[Path, ...]) -> Iterable[tuple[str, Callable[[], np.ndarray]]]:
+    """(name, loader) of PyTorch pickles' tensors -- model.allow_pickle=true, the user's choice -- read by
+    :mod:`.torch_pickle`, which imports nothing the file names (no torch either)."""
+    from sdjax_runner.models import torch_pickle
 
-    def array(tensor: Any) -> np.ndarray:
-        return tensor.float().numpy() if tensor.dtype == torch.bfloat16 else tensor.numpy()
-
-    for file in files:
-        for name, tensor in torch.load(file, map_location="cpu", weights_only=True).items():
-            yield name, functools.partial(array, tensor)
+    try:
+        yield from torch_pickle.pickled_tensors(files)
+    except torch_pickle.NotAStateDict as exc:
+        raise UserError("model.allow_pickle", f"{folder.name}/ is not read: {exc}",
+                        "false, with the weights as safetensors") from None
 
 
 def load_from_checkpoint(folder: Path, name: str, class_name: str, checkpoint, activations,
