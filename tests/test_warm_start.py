@@ -10,14 +10,16 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from helpers.cli import run_cli
+from helpers.cli import ONE_DEVICE, run_cli
 
 SMOKE = ["+experiment=smoke", "tracking=none"]
 
 
-def _run(tmp_path: Path, cache: Path, name: str, *extra: str) -> dict:
+def _run(tmp_path: Path, cache: Path, name: str, *extra: str, devices: tuple[str, ...] = ONE_DEVICE) -> dict:
+    """A smoke run with ``cache``; on one device (the cache is the subject) unless ``devices`` says otherwise."""
     run_dir = tmp_path / name
-    result = run_cli(*SMOKE, *extra, f"compilation_cache.dir={cache}", f"hydra.run.dir={run_dir}", cwd=tmp_path)
+    result = run_cli(*SMOKE, *devices, *extra, f"compilation_cache.dir={cache}", f"hydra.run.dir={run_dir}",
+                     cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     timings = json.loads((run_dir / "timings.json").read_text())
     records = json.loads((run_dir / "images.json").read_text())
@@ -58,9 +60,15 @@ def test_a_warm_start_loads_the_stored_executable_and_makes_the_same_images(tmp_
     assert other["compile_path"] == "traced" and len(_generate_programs(cache)) == 2
     assert other["clip_path"] == "executable_cache"  # the same 8 images to score: the same scoring program
 
-    for damaged_file in [stored, flops, clip_program] + shapes:  # damaged: ignored, traced and counted again, same images
+    # The generate program's file holding the CLIP score's (signed by this cache, compiled for all 8 devices where
+    # this run uses one: XLA would end the process loading it), the rest damaged: each ignored, traced and counted
+    # again, the same images.
+    stored.write_bytes(clip_program.read_bytes())
+    for damaged_file in [flops, clip_program] + shapes:
         damaged_file.write_bytes(b"not what it should be")
     damaged = _run(tmp_path, cache, "damaged")
+    assert f"stored executable {stored.name} not usable: it was compiled for 8 devices, this program runs on 1" \
+        in damaged["log"]
     assert damaged["compile_path"] == "traced" and "not usable" in damaged["log"]
     assert damaged["hashes"] == first["hashes"] and damaged["flops_per_batch"] == first["flops_per_batch"]
     assert damaged["clip_path"] == "traced" and damaged["clip_scores"] == first["clip_scores"]
@@ -107,8 +115,8 @@ def _cache_bytes(cache: Path) -> int:
 @pytest.mark.slow
 def test_the_sharded_path_keeps_its_executable_too_and_the_cache_stays_within_its_bound(tmp_path):
     cache = tmp_path / "xla"
-    first = _run(tmp_path, cache, "first", "parallelism=sharded")
-    warm = _run(tmp_path, cache, "warm", "parallelism=sharded")
+    first = _run(tmp_path, cache, "first", "parallelism=sharded", devices=())
+    warm = _run(tmp_path, cache, "warm", "parallelism=sharded", devices=())
     assert (first["compile_path"], warm["compile_path"]) == ("traced", "executable_cache")
     assert warm["hashes"] == first["hashes"]
     [sharded] = _generate_programs(cache)
@@ -117,13 +125,13 @@ def test_the_sharded_path_keeps_its_executable_too_and_the_cache_stays_within_it
     # least recently used entries go -- the sharded program -- and the CLIP score's program, used by
     # this run too, stays.
     bounded = "compilation_cache.max_size_gb=0.003"
-    pmap = _run(tmp_path, cache, "pmap", bounded)
+    pmap = _run(tmp_path, cache, "pmap", bounded, devices=())
     assert pmap["compile_path"] == "traced" and pmap["hashes"] == first["hashes"]
     assert pmap["clip_path"] == "executable_cache"
     assert not sharded.exists() and not sharded.with_suffix(".flops.json").exists()
     assert len(_generate_programs(cache)) == 1 and len(list((cache / "executables").glob("*.pkl"))) == 2
     assert _cache_bytes(cache) <= 3_000_000
-    again = _run(tmp_path, cache, "again", bounded)  # what stayed is what the next run uses
+    again = _run(tmp_path, cache, "again", bounded, devices=())  # what stayed is what the next run uses
     assert (again["compile_path"], again["clip_path"]) == ("executable_cache", "executable_cache")
     assert again["hashes"] == first["hashes"] and _cache_bytes(cache) <= 3_000_000
 
@@ -187,7 +195,7 @@ import contextlib, sys
 from sdjax_runner.engine import compile_cache
 compile_cache.bypassed = lambda: contextlib.nullcontext(False)
 compile_cache.hits = lambda: 0
-sys.argv = ["sdjax_runner", *{SMOKE!r}, "compilation_cache.dir={cache}", "hydra.run.dir={tmp_path / 'bad'}"]
+sys.argv = ["sdjax_runner", *{SMOKE + list(ONE_DEVICE)!r}, "compilation_cache.dir={cache}", "hydra.run.dir={tmp_path / 'bad'}"]
 from sdjax_runner.commands.run import main
 main()
 """

@@ -189,7 +189,7 @@ class Engine:
         log.info("compile: %.1f s (+ %.1f s tracing)%s", compile_s, trace_s,
                  ", from the persistent compilation cache" if cache_hit else "")
         if program.key and not cache_hit:
-            executable_cache.save(generator.plan.compilation_cache.dir, program.key, compiled)
+            executable_cache.save(generator.plan.compilation_cache.dir, program.key, compiled, generator.devices)
         generator.install(compiled)
         program.facts = CompileFacts("traced", trace_s, compile_s, cache_hit)
 

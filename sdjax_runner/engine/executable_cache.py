@@ -211,6 +211,17 @@ def load(directory: str, key: str, devices: list, args: tuple) -> Optional[Any]:
         return None
     try:
         stored = pickle.loads(payload)
+        # Checked before XLA sees it: XLA ends the process (no exception) on a program for another device count.
+        if "num_devices" not in stored:
+            log.info("compile: stored executable %s was kept by an earlier runner (no device count); tracing",
+                     path.name)
+            discard(directory, key)
+            return None
+        if stored["num_devices"] != len(devices):
+            log.warning("compile: stored executable %s not usable: it was compiled for %s devices, this program runs "
+                        "on %d; removed, tracing instead", path.name, stored["num_devices"], len(devices))
+            discard(directory, key)
+            return None
         compiled = deserialize_and_load(stored["executable"], stored["in_tree"], stored["out_tree"],
                                         execution_devices=devices)
     except Exception as exc:  # a damaged or foreign file: trace instead, and overwrite it
@@ -237,14 +248,16 @@ def discard(directory: str, key: str) -> None:
         pass
 
 
-def save(directory: str, key: str, compiled: Any) -> bool:
-    """Store ``compiled`` (atomically); False if it cannot be serialized or written (the run goes on)."""
+def save(directory: str, key: str, compiled: Any, devices: list) -> bool:
+    """Store ``compiled``, a program for ``devices`` (atomically); False if it cannot be serialized or written (the
+    run goes on)."""
     from jax.experimental.serialize_executable import serialize
 
     path = _path(directory, key)
     try:
         executable, in_tree, out_tree = serialize(compiled)
-        data = pickle.dumps({"executable": executable, "in_tree": in_tree, "out_tree": out_tree})
+        data = pickle.dumps({"executable": executable, "in_tree": in_tree, "out_tree": out_tree,
+                             "num_devices": len(devices)})
         largest = process.current().executable_max_bytes
         if largest is not None and len(data) > largest:
             log.info("compile: executable not kept (%.1f MB is more than compilation_cache.max_size_gb)", len(data) / 1e6)

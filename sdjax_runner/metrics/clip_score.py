@@ -122,7 +122,7 @@ class ClipScorer:
         with compile_cache.bypassed():  # to be stored whole (see executable_cache)
             compiled = lowered.compile()
         if compile_cache.hits() == hits:  # one the persistent cache served would not reload
-            executable_cache.save(self.executables, self._key(inputs), compiled)
+            executable_cache.save(self.executables, self._key(inputs), compiled, self.devices)
         return compiled
 
 
