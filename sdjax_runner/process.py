@@ -3,8 +3,9 @@ first use; the run command records its start-up settings in it (:func:`start`). 
 a sweep's jobs one after another in one process, so what is expensive to make -- the engine's models and
 compiled programs, the CLIP scorers -- is kept here, with the settings the process was configured with
 (JAX's caches, multi-host initialisation: JAX holds those once per process) and what a sweep under way
-needs at its end. The layers above put their own objects in it (typed here for readers only: this module
-imports none of them). The interpreter's garbage-collection state is the one exception: it mirrors the
+needs at its end. The layers above put their own objects in it, typed where they are made and read
+(``engine.engine.current()``, ``metrics.clip_score.load_scorer``): this module names none of their types, not even
+for a type checker, so it closes no import circle (tests/test_layers.py). The interpreter's garbage-collection state is the one exception: it mirrors the
 ``gc`` module's own, in interpreter.py."""
 
 from __future__ import annotations
@@ -13,11 +14,7 @@ import collections
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Optional
-
-if TYPE_CHECKING:
-    from sdjax_runner.engine.engine import Engine
-    from sdjax_runner.metrics.clip_score import ClipScorer
+from typing import Any, Optional
 
 
 @dataclass
@@ -29,7 +26,7 @@ class ProcessState:
     command_line: list[str] = field(default_factory=list)
     show_tracebacks: bool = False
     # engine/: the models, placed weights and programs it holds (engine/engine.py, engine/reuse.py).
-    engine: Optional[Engine] = None
+    engine: Any = None  # engine.engine.Engine, made and typed by engine.engine.current()
     # engine/compile_cache.py: the persistent cache settings JAX was given (it reads them at its first
     # compile) and the cache events JAX reported (hits).
     compile_cache: Optional[tuple] = None
@@ -39,7 +36,8 @@ class ProcessState:
     executable_max_bytes: Optional[int] = None
     distributed: Optional[tuple] = None  # engine/distributed.py: the multi-host settings it was initialised with
     shapes_dir: Optional[Path] = None  # models/checkpoints.py: where module shapes are kept; None: not kept
-    clip_scorers: dict[tuple, ClipScorer] = field(default_factory=dict)  # metrics/: (source, devices) -> scorer
+    # metrics/clip_score.py: (source, devices) -> ClipScorer, made and typed by load_scorer
+    clip_scorers: dict[tuple, Any] = field(default_factory=dict)
     # engine/efficiency.py: XLA's FLOP count of a denoiser call, by module, function, shapes and backend.
     call_flops: dict[tuple, Optional[float]] = field(default_factory=dict)
     hinted_prompts: set[tuple] = field(default_factory=set)  # config/prompts.py: prompts a syntax hint named
