@@ -154,6 +154,7 @@ class ImageRecord(_Record):
     non_finite: Optional[bool] = None  # whether the pipeline's output had NaN or infinite pixels (written as 0)
     # Its quality (metrics/evaluate.py), after it is written: optional, where measured.
     clip_score: Optional[float] = None  # CLIP score against its prompt (100 x cosine similarity, at least 0)
+    pick_score: Optional[float] = None  # PickScore for its prompt (exp(logit_scale) x cosine similarity)
     psnr: Optional[float] = None  # dB against the reference's image of the same slot; Infinity: identical
     ssim: Optional[float] = None  # SSIM against that image, at most 1
 
@@ -265,6 +266,12 @@ class Quality(_Record):
     clip_score_s: Optional[float] = None  # s: scoring, loading included
     clip_score_compile_path: Optional[str] = None  # "traced", "executable_cache" or "reused"
     clip_model: Optional[str] = None  # metrics.clip_score.model
+    # PickScore (metrics/pick_score.py): exp(logit_scale) x the cosine similarity of image and prompt, on PickScore's CLIP.
+    pick_score_mean: Optional[float] = None  # over the run's images
+    pick_score_std: Optional[float] = None  # their standard deviation
+    pick_score_error: Optional[str] = None  # why there is no PickScore (the model could not be loaded or run)
+    pick_score_s: Optional[float] = None  # s: scoring, loading included
+    pick_model: Optional[str] = None  # metrics.pick_score.model
     # Fidelity to a reference (metrics/fidelity.py): metrics.reference, or a sweep's reference point.
     reference: Optional[str] = None  # the reference run's directory
     reference_error: Optional[str] = None  # why nothing was compared

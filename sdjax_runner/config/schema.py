@@ -404,6 +404,21 @@ class ClipScoreConfig:
 
 
 @dataclass
+class PickScoreConfig:
+    # PickScore (metrics/pick_score.py; Kirstain et al. 2023): a CLIP ViT-H/14 fine-tuned on people's choices between
+    # images of one prompt, scoring each image for its prompt as exp(logit_scale) x cosine similarity (about 18-23 on
+    # the published model; differences between settings are what it judges). Off by default: a second, ViT-H-sized
+    # CLIP over every image.
+    enabled: bool = False
+    # transformers' CLIPModel layout (safetensors or Flax weights): a hub id in the local Hugging Face cache, or a folder
+    model: str = "yuvalkirstain/PickScore_v1"
+    # Where its tokenizer and image processor are: the published model has none of its own and uses LAION's CLIP-H's
+    # (its README). null: the model folder's own.
+    processor: Optional[str] = "laion/CLIP-ViT-H-14-laion2B-s32B-b79K"
+    revision: Optional[str] = None  # a hub branch, tag or commit of the model
+
+
+@dataclass
 class CmmdConfig:
     # CMMD (metrics/cmmd.py: google-research's estimator on CLIP image embeddings) in a sweep's comparison.json:
     # each setting's images against the baseline setting's, and against a folder of real images (reference). Off by
@@ -420,6 +435,7 @@ class CmmdConfig:
 @dataclass
 class MetricsConfig:
     clip_score: ClipScoreConfig = field(default_factory=ClipScoreConfig)
+    pick_score: PickScoreConfig = field(default_factory=PickScoreConfig)
     cmmd: CmmdConfig = field(default_factory=CmmdConfig)
     # A run directory: each image is compared (PSNR, SSIM) with that run's image of the same slot
     # (same index, seed and prompt). null: no reference.

@@ -46,13 +46,16 @@ class ClipScorer:
     devices: list
     executables: Optional[str]  # compilation_cache.dir where scoring programs are kept, or None
     load_s: float
+    # What it computes of the cosine similarity of image and prompt: "clip_score" (100 x, at least 0) or "pick_score"
+    # (exp(logit_scale) x: metrics/pick_score.py)
+    formula: str = "clip_score"
     programs: dict = field(default_factory=dict)  # input shapes -> compiled (params, pixels, ids, mask) -> scores
     compile_path: str = ""  # how the last scoring program came: "reused", "executable_cache" or "traced"
 
     def facts(self) -> list:
         """What, besides its arguments, determines the scoring program: the model's class and config."""
         config = json.loads((self.directory / "config.json").read_text(encoding="utf-8"))
-        return ["clip_score", "CLIPModel", config]
+        return [self.formula, "CLIPModel", config]
 
     def score(self, pixels, ids, mask) -> np.ndarray:
         from jax.errors import JaxRuntimeError
@@ -105,7 +108,7 @@ class ClipScorer:
             stored = self._stored(inputs)
             if stored is not None:
                 return stored
-        module = self.module
+        module, pick = self.module, self.formula == "pick_score"
         self.compile_path = "traced"
 
         def score(params, pixel_values, input_ids, attention_mask):
@@ -113,7 +116,8 @@ class ClipScorer:
             text = module.apply({"params": params}, input_ids, attention_mask, method="text_features")
             image = image / jnp.linalg.norm(image, axis=-1, keepdims=True)
             text = text / jnp.linalg.norm(text, axis=-1, keepdims=True)
-            return jnp.maximum(100.0 * jnp.sum(image * text, axis=-1), 0.0)
+            cosine = jnp.sum(image * text, axis=-1)
+            return jnp.exp(params["logit_scale"]) * cosine if pick else jnp.maximum(100.0 * cosine, 0.0)
 
         lowered = jax.jit(score).lower(self.params, *inputs)
         if self.executables is None:
@@ -128,14 +132,17 @@ class ClipScorer:
 
 
 
-def clip_directory(clip: Any) -> Path:
-    """A local directory holding the CLIP model ``clip`` (a ClipScoreConfig) names, built or fetched if need be."""
+def clip_directory(clip: Any, key: str = "metrics.clip_score.model", source: Optional[str] = None) -> Path:
+    """A local directory holding the CLIP model ``clip`` (a ClipScoreConfig, PickScoreConfig) names -- or ``source``
+    (a folder or hub id with its tokenizer and image processor) -- built or fetched if need be; ``key`` is what a
+    one-line error names."""
     from sdjax_runner.errors import UserError
     from sdjax_runner.models.builtin import build_builtin
 
-    source = str(clip.model)
-    if clip.builtin:
-        return build_builtin(clip.builtin, Path(source).expanduser())
+    builtin = None if source else getattr(clip, "builtin", None)
+    source = str(source or clip.model)
+    if builtin:
+        return build_builtin(builtin, Path(source).expanduser())
     path = Path(source).expanduser()
     if path.is_dir():
         return path
@@ -149,13 +156,13 @@ def clip_directory(clip: Any) -> Path:
                                                allow_patterns=patterns + ["model.safetensors", "model-*.safetensors",
                                                                           "model.safetensors.index.json"]))
     except Exception as exc:
-        raise UserError("metrics.clip_score.model", f"{source} could not be loaded ({type(exc).__name__}); fetch it "
+        raise UserError(key, f"{source} could not be loaded ({type(exc).__name__}); fetch it "
                         f"first with: hf download {source} --include '*.json' '*.txt' 'flax_model.msgpack'",
                         "a cached hub CLIP model, or a local directory") from None
     return directory
 
 
-def load_model(directory: Path, devices: list) -> tuple[Any, Any]:
+def load_model(directory: Path, devices: list, key: str = "metrics.clip_score.model") -> tuple[Any, Any]:
     """(the CLIP model, models/nn/clip.CLIPModel; its params placed on ``devices``): Flax weights, or PyTorch
     safetensors converted without torch."""
     from sdjax_runner.engine.sharded import replicate_sharded
@@ -172,16 +179,21 @@ def load_model(directory: Path, devices: list) -> tuple[Any, Any]:
     else:
         from sdjax_runner.errors import UserError
 
-        raise UserError("metrics.clip_score.model", f"{directory} has no Flax or safetensors CLIP weights",
+        raise UserError(key, f"{directory} has no Flax or safetensors CLIP weights",
                         "a CLIP model directory (flax_model.msgpack or model.safetensors)")
     return module, replicate_sharded(params, devices)
 
 
-def load_scorer(clip: Any, devices: list, executables: Optional[str] = None) -> ClipScorer:
-    """The CLIP model on ``devices``, loaded once per process. With ``executables`` (a
-    compilation_cache.dir), scoring programs are kept there, and a single Flax weights file is first
-    read as it is: a stored program that takes it needs neither the model nor tracing."""
-    key = (str(clip.model), clip.builtin, clip.revision, tuple(d.id for d in devices), executables)
+def load_scorer(clip: Any, devices: list, executables: Optional[str] = None, formula: str = "clip_score",
+                config_key: str = "metrics.clip_score.model") -> ClipScorer:
+    """The CLIP model ``clip`` names (a ClipScoreConfig; a PickScoreConfig, whose ``processor`` folder has the
+    tokenizer and image processor) on ``devices``, computing ``formula``, loaded once per process. With
+    ``executables`` (a compilation_cache.dir), scoring programs are kept there, and a single Flax weights file is
+    first read as it is: a stored program that takes it needs neither the model nor tracing. ``config_key``: what a
+    one-line error names."""
+    processor_source = getattr(clip, "processor", None)
+    key = (formula, str(clip.model), getattr(clip, "builtin", None), clip.revision, processor_source,
+           tuple(d.id for d in devices), executables)
     scorers = process.current().clip_scorers  # loaded and placed once per process
     if key in scorers:
         return scorers[key]
@@ -190,7 +202,8 @@ def load_scorer(clip: Any, devices: list, executables: Optional[str] = None) -> 
     from sdjax_runner.models.nn.clip import CLIPImagePreprocessor
 
     started = time.perf_counter()
-    directory = clip_directory(clip)
+    directory = clip_directory(clip, config_key)
+    processing = clip_directory(clip, config_key, processor_source) if processor_source else directory
     weights = directory / "flax_model.msgpack"
     if executables is not None and weights.is_file():
         from flax.serialization import msgpack_restore
@@ -199,10 +212,10 @@ def load_scorer(clip: Any, devices: list, executables: Optional[str] = None) -> 
 
         module, params = None, replicate_sharded(msgpack_restore(weights.read_bytes()), devices)
     else:
-        module, params = load_model(directory, devices)
-    processor = CLIPImagePreprocessor.from_config(read_config(directory, "preprocessor_config.json"))
-    scorer = ClipScorer(directory, params, module, processor,
-                        ClipTokenizer.from_folder(directory), devices, executables, time.perf_counter() - started)
+        module, params = load_model(directory, devices, config_key)
+    processor = CLIPImagePreprocessor.from_config(read_config(processing, "preprocessor_config.json"))
+    scorer = ClipScorer(directory, params, module, processor, ClipTokenizer.from_folder(processing), devices,
+                        executables, time.perf_counter() - started, formula)
     scorers[key] = scorer
     return scorer
 

@@ -1,5 +1,5 @@
-"""A job's quality metrics, after its images are on disk: CLIP score and, with ``metrics.reference``,
-PSNR/SSIM against the reference run. Per-image values are added to the image records (images.json);
+"""A job's quality metrics, after its images are on disk: CLIP score, PickScore (``metrics.pick_score.enabled``)
+and, with ``metrics.reference``, PSNR/SSIM against the reference run. Per-image values are added to the image records (images.json);
 the run-level ones go to quality.json and the tracker. Nothing here fails the run: a metric that
 cannot be computed is reported once and named in quality.json (``*_error``)."""
 
@@ -47,19 +47,29 @@ def evaluate(metrics: Any, run_dir: Path, images: list, records: list[ImageRecor
     prompts.syntax -- with A1111's, CLIP scores an image against its prompt's text without the syntax
     (``a (red:1.3) car`` as ``a red car``)."""
     from sdjax_runner.config.prompt_syntax import plain_text
+    from sdjax_runner.metrics import pick_score
     from sdjax_runner.metrics.clip_score import score_run
 
     started = time.perf_counter()
     quality = Quality()
-    if metrics.clip_score.enabled and records:
+    texts: list[str] = []
+    if (metrics.clip_score.enabled or metrics.pick_score.enabled) and records:
         text = plain_text if syntax == "a1111" else str
         prompts = [required(r.prompt, "prompt") for r in records]
         read = {prompt: text(prompt) for prompt in dict.fromkeys(prompts)}  # once per prompt
-        scores, quality = score_run(metrics.clip_score, images, [read[prompt] for prompt in prompts], executables)
+        texts = [read[prompt] for prompt in prompts]
+    if metrics.clip_score.enabled and records:
+        scores, quality = score_run(metrics.clip_score, images, texts, executables)
         quality.clip_model = str(metrics.clip_score.model)
         if scores is not None:
             for record, score in zip(records, scores, strict=True):
                 record.clip_score = float(score)
+    if metrics.pick_score.enabled and records:
+        picked, pick_quality = pick_score.score_run(metrics.pick_score, images, texts, executables)
+        quality = quality.updated(pick_quality)
+        if picked is not None:
+            for record, score in zip(records, picked, strict=True):
+                record.pick_score = float(score)
     if metrics.reference and records:
         if all((run_dir / required(r.file, "file")).exists() for r in records):
             quality = quality.updated(with_reference(run_dir, records, Path(metrics.reference).expanduser(),
@@ -69,9 +79,9 @@ def evaluate(metrics: Any, run_dir: Path, images: list, records: list[ImageRecor
                         metrics.reference)
             quality.reference, quality.reference_error = str(metrics.reference), "output.save_images=false"
     quality.metrics_s = time.perf_counter() - started
-    if quality.clip_score_mean is not None or quality.psnr is not None:
-        log.info("metrics: %s (%.2f s)", ", ".join(
-            f"{label} {value:.4g}" for value, label in
-            ((quality.clip_score_mean, "CLIP score"), (quality.psnr, "PSNR"), (quality.ssim_mean, "SSIM"))
-            if value is not None), quality.metrics_s)
+    said = [f"{label} {value:.4g}" for value, label in
+            ((quality.clip_score_mean, "CLIP score"), (quality.pick_score_mean, "PickScore"), (quality.psnr, "PSNR"),
+             (quality.ssim_mean, "SSIM")) if value is not None]
+    if said:
+        log.info("metrics: %s (%.2f s)", ", ".join(said), quality.metrics_s)
     return quality

@@ -170,7 +170,8 @@ def _fitted(reference: dict, tensors: Iterable[tuple[tuple, np.ndarray, str]], s
         if value.shape != reference[key].shape:
             raise WeightsMismatch(f"{source}: {name} has shape {value.shape}, the Flax model expects "
                                   f"{reference[key].shape}")
-        params[key] = value if dtype is None else np.ascontiguousarray(value, dtype=dtype)
+        # (np.asarray, not np.ascontiguousarray: that one makes a 0-d array -- CLIP's logit_scale -- 1-d)
+        params[key] = value if dtype is None else np.asarray(value, dtype=dtype, order="C")
     missing = sorted("/".join(k) for k in reference if k not in params)
     if missing:
         raise WeightsMismatch(f"{len(missing)} parameter(s) not in {source}, e.g. {', '.join(missing[:3])}")
