@@ -155,6 +155,7 @@ class ImageRecord(_Record):
     # Its quality (metrics/evaluate.py), after it is written: optional, where measured.
     clip_score: Optional[float] = None  # CLIP score against its prompt (100 x cosine similarity, at least 0)
     pick_score: Optional[float] = None  # PickScore for its prompt (exp(logit_scale) x cosine similarity)
+    aesthetic: Optional[float] = None  # the LAION aesthetic predictor's score (AVA's 1-10 scale)
     psnr: Optional[float] = None  # dB against the reference's image of the same slot; Infinity: identical
     ssim: Optional[float] = None  # SSIM against that image, at most 1
 
@@ -272,6 +273,11 @@ class Quality(_Record):
     pick_score_error: Optional[str] = None  # why there is no PickScore (the model could not be loaded or run)
     pick_score_s: Optional[float] = None  # s: scoring, loading included
     pick_model: Optional[str] = None  # metrics.pick_score.model
+    # The LAION aesthetic predictor (metrics/aesthetic.py): the predicted mean rating on AVA's 1-10 scale.
+    aesthetic_mean: Optional[float] = None  # over the run's images
+    aesthetic_std: Optional[float] = None  # their standard deviation
+    aesthetic_error: Optional[str] = None  # why there is no aesthetic score (the predictor or CLIP could not be had)
+    aesthetic_s: Optional[float] = None  # s: scoring, loading included
     # Fidelity to a reference (metrics/fidelity.py): metrics.reference, or a sweep's reference point.
     reference: Optional[str] = None  # the reference run's directory
     reference_error: Optional[str] = None  # why nothing was compared

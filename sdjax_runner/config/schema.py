@@ -419,6 +419,19 @@ class PickScoreConfig:
 
 
 @dataclass
+class AestheticConfig:
+    # The LAION aesthetic predictor (metrics/aesthetic.py): each image's predicted mean rating on AVA's 1-10 scale, from
+    # its CLIP ViT-L/14 embedding. Off by default.
+    enabled: bool = False
+    # The predictor's weights as .safetensors (the published sac+logos+ava1-l14-linearMSE.pth converted once:
+    # docs/guides/comparing.md, "Aesthetic score"; the runner reads no pickle here)
+    model: Optional[str] = None
+    # The CLIP it reads embeddings from (a hub id in the local cache, or a folder in transformers' layout): the
+    # published predictor was trained on openai/clip-vit-large-patch14's
+    clip: str = "openai/clip-vit-large-patch14"
+
+
+@dataclass
 class CmmdConfig:
     # CMMD (metrics/cmmd.py: google-research's estimator on CLIP image embeddings) in a sweep's comparison.json:
     # each setting's images against the baseline setting's, and against a folder of real images (reference). Off by
@@ -436,6 +449,7 @@ class CmmdConfig:
 class MetricsConfig:
     clip_score: ClipScoreConfig = field(default_factory=ClipScoreConfig)
     pick_score: PickScoreConfig = field(default_factory=PickScoreConfig)
+    aesthetic: AestheticConfig = field(default_factory=AestheticConfig)
     cmmd: CmmdConfig = field(default_factory=CmmdConfig)
     # A run directory: each image is compared (PSNR, SSIM) with that run's image of the same slot
     # (same index, seed and prompt). null: no reference.

@@ -222,10 +222,6 @@ def load_scorer(clip: Any, devices: list, executables: Optional[str] = None, for
 
 def clip_scores(scorer: ClipScorer, images: list, prompts: list[str]) -> np.ndarray:
     """One score per (image, prompt) pair; the batch is padded to a multiple of the device count."""
-    import jax
-
-    from sdjax_runner.engine.sharded import global_array
-
     pixels = scorer.processor([image.convert("RGB") for image in images])
     distinct = list(dict.fromkeys(prompts))  # each prompt tokenized once, however many images it has
     row = {prompt: number for number, prompt in enumerate(distinct)}
@@ -233,17 +229,23 @@ def clip_scores(scorer: ClipScorer, images: list, prompts: list[str]) -> np.ndar
     tokens = scorer.tokenizer(distinct, padding="max_length", truncation=True,
                               max_length=scorer.tokenizer.model_max_length, return_tensors="np")
     tokens = {key: np.asarray(tokens[key])[rows] for key in ("input_ids", "attention_mask")}
-    count, devices = len(images), len(scorer.devices)
-    padded = -(-count // devices) * devices
-    data = jax.NamedSharding(jax.sharding.Mesh(np.array(scorer.devices), ("data",)), jax.P("data"))
+    out = scorer.score(*place_batch(scorer.devices, pixels.astype(np.float32), tokens["input_ids"].astype(np.int32),
+                                    tokens["attention_mask"].astype(np.int32)))
+    return out[:len(images)]
 
-    def place(array: np.ndarray):
-        array = np.concatenate([array, np.repeat(array[-1:], padded - count, axis=0)]) if padded > count else array
-        return global_array(array, data)
 
-    out = scorer.score(place(pixels.astype(np.float32)), place(tokens["input_ids"].astype(np.int32)),
-                       place(tokens["attention_mask"].astype(np.int32)))
-    return out[:count]
+def place_batch(devices: list, *arrays: np.ndarray) -> list:
+    """``arrays`` (one row per image) sharded along ``data`` over ``devices``, each padded with copies of its last row
+    to a multiple of the device count (the caller drops what the padding gives)."""
+    import jax
+
+    from sdjax_runner.engine.sharded import global_array
+
+    count = len(arrays[0])
+    padded = -(-count // len(devices)) * len(devices)
+    data = jax.NamedSharding(jax.sharding.Mesh(np.array(devices), ("data",)), jax.P("data"))
+    return [global_array(np.concatenate([array, np.repeat(array[-1:], padded - count, axis=0)])
+                         if padded > count else array, data) for array in arrays]
 
 
 def score_run(clip: Any, images: list, prompts: list[str], executables: Optional[str] = None

@@ -1,5 +1,5 @@
-"""A job's quality metrics, after its images are on disk: CLIP score, PickScore (``metrics.pick_score.enabled``)
-and, with ``metrics.reference``, PSNR/SSIM against the reference run. Per-image values are added to the image records (images.json);
+"""A job's quality metrics, after its images are on disk: CLIP score, PickScore (``metrics.pick_score.enabled``),
+the aesthetic score (``metrics.aesthetic.enabled``) and, with ``metrics.reference``, PSNR/SSIM against the reference run. Per-image values are added to the image records (images.json);
 the run-level ones go to quality.json and the tracker. Nothing here fails the run: a metric that
 cannot be computed is reported once and named in quality.json (``*_error``)."""
 
@@ -47,7 +47,7 @@ def evaluate(metrics: Any, run_dir: Path, images: list, records: list[ImageRecor
     prompts.syntax -- with A1111's, CLIP scores an image against its prompt's text without the syntax
     (``a (red:1.3) car`` as ``a red car``)."""
     from sdjax_runner.config.prompt_syntax import plain_text
-    from sdjax_runner.metrics import pick_score
+    from sdjax_runner.metrics import aesthetic, pick_score
     from sdjax_runner.metrics.clip_score import score_run
 
     started = time.perf_counter()
@@ -70,6 +70,12 @@ def evaluate(metrics: Any, run_dir: Path, images: list, records: list[ImageRecor
         if picked is not None:
             for record, score in zip(records, picked, strict=True):
                 record.pick_score = float(score)
+    if metrics.aesthetic.enabled and records:
+        rated, aesthetic_quality = aesthetic.score_run(metrics.aesthetic, images)
+        quality = quality.updated(aesthetic_quality)
+        if rated is not None:
+            for record, score in zip(records, rated, strict=True):
+                record.aesthetic = float(score)
     if metrics.reference and records:
         if all((run_dir / required(r.file, "file")).exists() for r in records):
             quality = quality.updated(with_reference(run_dir, records, Path(metrics.reference).expanduser(),
@@ -80,8 +86,9 @@ def evaluate(metrics: Any, run_dir: Path, images: list, records: list[ImageRecor
             quality.reference, quality.reference_error = str(metrics.reference), "output.save_images=false"
     quality.metrics_s = time.perf_counter() - started
     said = [f"{label} {value:.4g}" for value, label in
-            ((quality.clip_score_mean, "CLIP score"), (quality.pick_score_mean, "PickScore"), (quality.psnr, "PSNR"),
-             (quality.ssim_mean, "SSIM")) if value is not None]
+            ((quality.clip_score_mean, "CLIP score"), (quality.pick_score_mean, "PickScore"),
+             (quality.aesthetic_mean, "aesthetic score"), (quality.psnr, "PSNR"), (quality.ssim_mean, "SSIM"))
+            if value is not None]
     if said:
         log.info("metrics: %s (%.2f s)", ", ".join(said), quality.metrics_s)
     return quality
