@@ -36,7 +36,8 @@ class ProcessState:
     executable_max_bytes: Optional[int] = None
     distributed: Optional[tuple] = None  # engine/distributed.py: the multi-host settings it was initialised with
     shapes_dir: Optional[Path] = None  # models/checkpoints.py: where module shapes are kept; None: not kept
-    # metrics/clip_score.py: (source, devices) -> ClipScorer, made and typed by load_scorer
+    # metrics/: CLIP scorers ((formula, source, ..., devices) -> ClipScorer, made and typed by clip_score.load_scorer)
+    # and CMMD embedders (("cmmd", folder) -> cmmd.ClipEmbedder), loaded once per process
     clip_scorers: dict[tuple, Any] = field(default_factory=dict)
     # engine/efficiency.py: XLA's FLOP count of a denoiser call, by module, function, shapes and backend.
     call_flops: dict[tuple, Optional[float]] = field(default_factory=dict)

@@ -273,6 +273,13 @@ class Quality(_Record):
     pick_score_error: Optional[str] = None  # why there is no PickScore (the model could not be loaded or run)
     pick_score_s: Optional[float] = None  # s: scoring, loading included
     pick_model: Optional[str] = None  # metrics.pick_score.model
+    # CMMD (metrics/cmmd.py) of the run's images against metrics.cmmd.reference's folder of real images: a statistic
+    # of the set (0: the same distribution; compare runs of the same image count).
+    cmmd: Optional[float] = None
+    cmmd_reference: Optional[str] = None  # the folder
+    cmmd_reference_images: Optional[int] = None  # how many images it holds
+    cmmd_model: Optional[str] = None  # the CLIP (metrics.cmmd.model, else metrics.clip_score.model)
+    cmmd_error: Optional[str] = None  # why there is no CMMD
     # The LAION aesthetic predictor (metrics/aesthetic.py): the predicted mean rating on AVA's 1-10 scale.
     aesthetic_mean: Optional[float] = None  # over the run's images
     aesthetic_std: Optional[float] = None  # their standard deviation

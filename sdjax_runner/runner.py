@@ -208,7 +208,7 @@ def judge(plan: Plan, job: Job, images: list) -> Quality:
 
     non_finite = warn_non_finite(job.records, plan.dtype.name)
     quality = evaluate(plan.metrics, job.run_dir, images, job.records, executables_dir(plan), rundir.image_records,
-                       plan.syntax)
+                       plan.syntax, plan.cache_dir)
     quality.non_finite_images = non_finite
     return quality
 

@@ -261,3 +261,37 @@ def test_evaluate_reads_a_sweeps_points_and_names_bad_input_in_one_line(tiny_cli
     ]
     for arguments, expected in cases:
         assert_one_line_error(call_cli(*arguments, cwd=tmp_path, command="evaluate"), expected)
+
+
+@pytest.mark.slow
+def test_a_run_gets_its_cmmd_against_a_folder_of_real_images(tiny_clip, tmp_path):
+    """metrics.cmmd.reference on one run: quality.json's cmmd is the CMMD of its images (read back from disk) against
+    the folder's, as cmmd_between computes it; the folder's embeddings are kept; a folder without images is a
+    warning and cmmd_error, the run goes on."""
+    from helpers.cli import call_cli
+    from sdjax_runner.metrics.cmmd import cmmd_between
+
+    real = tmp_path / "real"
+    real.mkdir()
+    for number, image in enumerate(_images(5, SIZES)):
+        image.save(real / f"{number}.png")
+    common = ("+experiment=smoke", "tracking=none", "metrics.cmmd.enabled=true", f"metrics.cmmd.model={tiny_clip}",
+              "parallelism.num_devices=1", "parallelism.per_device_batch_size=4", f"paths.cache_dir={tmp_path / 'cache'}",
+              f"model.pretrained_model_name_or_path={tiny_clip.parent / 'tiny-random-v2'}")
+    result = call_cli(*common, f"metrics.cmmd.reference={real}", f"hydra.run.dir={tmp_path / 'run'}", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    quality = json.loads((tmp_path / "run" / "quality.json").read_text())
+    records = json.loads((tmp_path / "run" / "images.json").read_text())
+    ours = [Image.open(tmp_path / "run" / r["file"]).convert("RGB") for r in records]
+    theirs = [Image.open(real / f"{n}.png").convert("RGB") for n in range(len(SIZES))]
+    assert quality["cmmd"] == pytest.approx(cmmd_between(ours, theirs, tiny_clip), rel=1e-5, abs=1e-4)
+    assert quality["cmmd"] > 0 and quality["cmmd_reference_images"] == len(SIZES)
+    assert quality["cmmd_reference"] == str(real) and quality["cmmd_model"] == str(tiny_clip)
+    assert len(list((tmp_path / "cache" / "cmmd").glob("*.npy"))) == 1  # the folder's embeddings, kept
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    result = call_cli(*common, f"metrics.cmmd.reference={empty}", f"hydra.run.dir={tmp_path / 'none'}", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    quality = json.loads((tmp_path / "none" / "quality.json").read_text())
+    assert "cmmd" not in quality and "holds no .png/.jpg/.jpeg images" in quality["cmmd_error"]
+    assert "metrics: no CMMD against" in result.stdout + result.stderr

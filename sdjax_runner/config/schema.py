@@ -440,8 +440,9 @@ class CmmdConfig:
     # A CLIP model folder in transformers' layout, or a hub id in the local Hugging Face cache. null:
     # metrics.clip_score.model's. The paper's is openai/clip-vit-large-patch14-336 (values comparable with it).
     model: Optional[str] = None
-    # A folder of .png/.jpg/.jpeg images (real ones): each setting's CMMD against them too. Their embeddings are
-    # kept under paths.cache_dir/cmmd/ (as NumPy arrays, keyed by the files' contents and the model).
+    # A folder of .png/.jpg/.jpeg images (real ones): each setting's CMMD against them too, and each run's (its
+    # quality.json's cmmd). Their embeddings are kept under paths.cache_dir/cmmd/ (NumPy arrays, keyed by the files'
+    # contents and the model).
     reference: Optional[str] = None
 
 

@@ -303,6 +303,21 @@ def reference_embeddings(embedder: ClipEmbedder, folder: Path, cache_dir: Option
     return embeddings
 
 
+def against_reference(images: Sequence[Any], model: str, reference: str, cache_dir: Optional[Path]) -> dict[str, Any]:
+    """One run's CMMD against the ``reference`` folder's images (their embeddings kept in ``cache_dir``/cmmd/):
+    quality.json's ``cmmd`` fields. Errors are the loader's and ValueError (no such folder, no images)."""
+    from sdjax_runner import process
+
+    folder = model_folder(model)
+    held = process.current().clip_scorers  # a sweep's jobs share the loaded model and its programs
+    key = ("cmmd", str(folder.resolve()))
+    embedder = held[key] if key in held else held.setdefault(key, load_embedder(folder))
+    real = reference_embeddings(embedder, Path(reference).expanduser(), cache_dir)
+    found = embedder(list(images), min(BATCH, len(images)))
+    return {"cmmd": float(mmd(found, real)), "cmmd_reference": reference, "cmmd_reference_images": len(real),
+            "cmmd_model": model}
+
+
 def judge_settings(files: list[list[Path]], baseline: int, model: str, reference: Optional[str],
                    cache_dir: Optional[Path]) -> dict[str, Any]:
     """CMMD of each setting's images (``files``, one list per setting) against the baseline setting's, and against

@@ -1,5 +1,6 @@
 """A job's quality metrics, after its images are on disk: CLIP score, PickScore (``metrics.pick_score.enabled``),
-the aesthetic score (``metrics.aesthetic.enabled``) and, with ``metrics.reference``, PSNR/SSIM against the reference run. Per-image values are added to the image records (images.json);
+the aesthetic score (``metrics.aesthetic.enabled``), CMMD against a folder of real images (``metrics.cmmd.reference``)
+and, with ``metrics.reference``, PSNR/SSIM against the reference run. Per-image values are added to the image records (images.json);
 the run-level ones go to quality.json and the tracker. Nothing here fails the run: a metric that
 cannot be computed is reported once and named in quality.json (``*_error``)."""
 
@@ -39,10 +40,28 @@ def with_reference(run_dir: Path, records: list[ImageRecord], reference_dir: Pat
     return fields
 
 
+def with_cmmd(metrics: Any, images: list, cache_dir: Optional[str]) -> Quality:
+    """CMMD of ``images`` against metrics.cmmd.reference's folder (its embeddings kept under ``cache_dir``/cmmd/); a
+    failure is a warning and ``cmmd_error``."""
+    from sdjax_runner.metrics import cmmd
+
+    model = str(metrics.cmmd.model or metrics.clip_score.model)
+    try:
+        found = cmmd.against_reference(images, model, str(metrics.cmmd.reference),
+                                       Path(cache_dir).expanduser() if cache_dir else None)
+    except Exception as exc:
+        error = f"{type(exc).__name__}: {one_line(exc, 300)}"
+        log.warning("metrics: no CMMD against %s: %s", metrics.cmmd.reference, error)
+        return Quality(cmmd_reference=str(metrics.cmmd.reference), cmmd_model=model, cmmd_error=error)
+    return Quality.from_json(found)
+
+
 def evaluate(metrics: Any, run_dir: Path, images: list, records: list[ImageRecord], executables: Optional[str],
-             read_records: Callable[[Path], list[ImageRecord]], syntax: str = "plain") -> Quality:
+             read_records: Callable[[Path], list[ImageRecord]], syntax: str = "plain",
+             cache_dir: Optional[str] = None) -> Quality:
     """The run-level quality fields (and ``metrics_s``); ``records`` gain the per-image values.
-    ``executables``: where compiled scoring programs are kept (a compilation_cache.dir), or None;
+    ``executables``: where compiled scoring programs are kept (a compilation_cache.dir), or None; ``cache_dir``:
+    paths.cache_dir, where a CMMD reference folder's embeddings are kept;
     ``read_records``: reads the image records of a run directory (the reference's); ``syntax``:
     prompts.syntax -- with A1111's, CLIP scores an image against its prompt's text without the syntax
     (``a (red:1.3) car`` as ``a red car``)."""
@@ -76,6 +95,8 @@ def evaluate(metrics: Any, run_dir: Path, images: list, records: list[ImageRecor
         if rated is not None:
             for record, score in zip(records, rated, strict=True):
                 record.aesthetic = float(score)
+    if metrics.cmmd.enabled and metrics.cmmd.reference and images:
+        quality = quality.updated(with_cmmd(metrics, images, cache_dir))
     if metrics.reference and records:
         if all((run_dir / required(r.file, "file")).exists() for r in records):
             quality = quality.updated(with_reference(run_dir, records, Path(metrics.reference).expanduser(),
@@ -87,7 +108,8 @@ def evaluate(metrics: Any, run_dir: Path, images: list, records: list[ImageRecor
     quality.metrics_s = time.perf_counter() - started
     said = [f"{label} {value:.4g}" for value, label in
             ((quality.clip_score_mean, "CLIP score"), (quality.pick_score_mean, "PickScore"),
-             (quality.aesthetic_mean, "aesthetic score"), (quality.psnr, "PSNR"), (quality.ssim_mean, "SSIM"))
+             (quality.aesthetic_mean, "aesthetic score"), (quality.cmmd, "CMMD"), (quality.psnr, "PSNR"),
+             (quality.ssim_mean, "SSIM"))
             if value is not None]
     if said:
         log.info("metrics: %s (%.2f s)", ", ".join(said), quality.metrics_s)
