@@ -101,9 +101,14 @@ def test_the_page_opens_in_a_browser_with_its_grid_table_and_plots(sweep):
             dtypes = table.locator("tbody tr td:nth-child(2)").all_inner_texts()
             assert [t == "reference" for t in texts] == [d == "fp32" for d in dtypes]
 
-        # Plots: quality against seconds per image with the Pareto front, and against the numeric key.
+        # Plots: quality against seconds per image, a point per job -- seeds are swept, so the jobs are not settings
+        # and no front is drawn over them (nor is a job's row bold): the front over settings is Settings compared's --
+        # and quality against the numeric key.
         captions = page.locator("figcaption").all_inner_texts()
-        assert any(c.startswith("CLIP score (mean) against seconds per image; Pareto front (red): #") for c in captions)
+        assert any(c.startswith("CLIP score (mean) against seconds per image; a point per job; seeds and prompts are "
+                                "replicates, not settings") for c in captions)
+        assert not any("Pareto front (red)" in c for c in captions)
+        assert table.locator("tbody tr.pareto").count() == 0
         assert "CLIP score (mean) against sampling.guidance_scale" in captions
         assert any(c.startswith("PSNR to reference (dB) against seconds per image") for c in captions)
         assert page.locator("figure svg").count() == len(captions)
@@ -336,8 +341,20 @@ def test_a_point_timed_by_its_first_call_alone_is_marked_and_kept_off_the_pareto
     assert result.returncode == 0, result.stderr
     page = (copy / "report.html").read_text()
     rows = {job: classes.split() for classes, job in re.findall(r'<tr class="([^"]*)" data-job="(\d+)">', page)}
-    assert "pareto" not in rows["0"] and any("pareto" in classes for classes in rows.values())
+    assert not any("pareto" in classes for classes in rows.values())  # seeds swept: no front over jobs
     first = re.split(r'<tr class="[^"]*" data-job="0">', page, maxsplit=1)[1].split("</tr>", 1)[0]
     assert 'class="first-call"' in first and "(first call)</td>" in first
     assert "s/img (first call)" in page  # the grid's caption
-    assert "timed by their first call alone, off the front (hollow): #0" in page  # the plot's title
+    assert "timed by their first call alone (hollow): #0" in page  # the plot's title
+    # Where the jobs are settings (no seed swept), the front over them leaves job 0 out though it is the fastest.
+    from sdjax_runner.metrics.report import svg_plots
+    from sdjax_runner.record.sweep import collect_jobs
+
+    records = collect_jobs(copy, ["dtype", "seed", "sampling.guidance_scale"])  # as the report command reads them
+    seed0 = [r for r in records if str(r.get("seed")) == "0" and r["status"] == "FINISHED"]
+    assert [r["steady_calls"] for r in seed0 if r["job"] == 0] == [0]
+    captions = [caption for caption, _ in svg_plots(seed0, ["dtype", "sampling.guidance_scale"])]
+    [clip] = [c for c in captions if c.startswith("CLIP score (mean) against seconds per image")]
+    front = clip.split("Pareto front (red): ", 1)[1].split(";", 1)[0]
+    assert front != "none" and "#0" not in front.split(", ")
+    assert "timed by their first call alone, off the front (hollow): #0" in clip

@@ -110,10 +110,20 @@ def _svg(figure) -> str:
     return text[text.index("<svg"):]  # inline: without the XML declaration and doctype
 
 
+def replicated(keys: list[str]) -> bool:
+    """Whether the sweep's swept ``keys`` include replicates (seeds, prompts: metrics/comparison.py): then its jobs
+    are not settings, and a Pareto front over them would be one over seeds; the front is drawn over settings
+    (settings_plots) instead."""
+    from sdjax_runner.metrics.comparison import REPLICATE_KEYS
+
+    return any(key in REPLICATE_KEYS for key in keys)
+
+
 def _against_seconds(ax, rows: list[dict], seconds: list, values: list, cap: Optional[float], metric: str,
-                     fontsize: int) -> list[int]:
+                     fontsize: int, with_front: bool = True) -> list[int]:
     """The metric against seconds per image on ``ax``: a numbered point per job, the Pareto front as a red
-    staircase with its points ringed, inf drawn at ``cap``; returns the front (row indices, fastest first)."""
+    staircase with its points ringed (``with_front``), inf drawn at ``cap``; returns the front (row indices,
+    fastest first; none without ``with_front``)."""
     for r, x, y in zip(rows, seconds, values, strict=True):
         if x is not None and y is not None:
             first = first_call_only(r)  # hollow and grey: its seconds are its first call's, not a steady state's
@@ -121,7 +131,8 @@ def _against_seconds(ax, rows: list[dict], seconds: list, values: list, cap: Opt
                        edgecolors="tab:gray" if first else "tab:blue")
             ax.annotate(f"#{r['job']}" + (" (first call)" if first else ""), (x, y), fontsize=fontsize,
                         xytext=(3, 3), textcoords="offset points")
-    front = pareto_front([(None if first_call_only(r) else x, y) for r, x, y in zip(rows, seconds, values, strict=True)])
+    front = pareto_front([(None if first_call_only(r) else x, y) for r, x, y in zip(rows, seconds, values, strict=True)]
+                         ) if with_front else []
     if front:
         ax.step([seconds[i] for i in front], [values[i] for i in front], where="post", color="tab:red",
                 linewidth=1, label="Pareto front")
@@ -174,15 +185,19 @@ def _svg_plots(rows: list[dict], keys: list[str]) -> list[tuple[str, str]]:
 
     out = []
     seconds = [seconds_per_image(r) for r in rows]
+    with_front = not replicated(keys)
     for metric in (m for m in QUALITY if any(number(r.get(m)) is not None for r in rows)):
         values, cap = _values(rows, metric)
         figure, ax = plt.subplots(figsize=(5.2, 3.6))
-        front = _against_seconds(ax, rows, seconds, values, cap, metric, fontsize=7)
+        front = _against_seconds(ax, rows, seconds, values, cap, metric, fontsize=7, with_front=with_front)
         front_jobs = ", ".join(f"#{rows[i]['job']}" for i in front)
         first = [f"#{r['job']}" for r in rows if first_call_only(r)]
-        out.append((f"{QUALITY[metric]} against seconds per image; Pareto front (red): {front_jobs or 'none'}"
-                    + (f"; timed by their first call alone, off the front (hollow): {', '.join(first)}" if first else ""),
-                    _svg(figure)))
+        said = f"Pareto front (red): {front_jobs or 'none'}" if with_front else (
+            "a point per job; seeds and prompts are replicates, not settings: the Pareto front over settings is "
+            "under Settings compared")
+        out.append((f"{QUALITY[metric]} against seconds per image; {said}"
+                    + (f"; timed by their first call alone{', off the front' if with_front else ''} (hollow): "
+                       f"{', '.join(first)}" if first else ""), _svg(figure)))
         for key in keys:
             series = series_of(rows, values, key, keys)
             labels = _labels(series)
@@ -216,7 +231,7 @@ def _draw_report(file: IO[bytes], rows: list[dict], keys: list[str], metrics: li
     speed = [seconds_per_image(r) for r in rows]
     for row, metric in enumerate(metrics):
         values, cap = _values(rows, metric)
-        _against_seconds(axes[row][0], rows, speed, values, cap, metric, fontsize=8)
+        _against_seconds(axes[row][0], rows, speed, values, cap, metric, fontsize=8, with_front=not replicated(keys))
         for column, key in enumerate(keys, start=1):
             _against_key(axes[row][column], series_of(rows, values, key, keys), key, metric)
             if cap is not None:

@@ -44,6 +44,7 @@ from sdjax_runner.metrics.report import (
     front_seconds,
     number,
     pareto_front,
+    replicated,
     seconds_per_image,
     settings_plots,
     svg_plots,
@@ -403,8 +404,8 @@ def write_page(sweep_dir: Path, rows: list[dict], keys: list[str], axes: Axes, i
     the sweep directory (its links relative to it); returns its path."""
     rows = [dict(r, seconds_per_image=seconds_per_image(r), reference=is_reference(r, reference_point)) for r in rows]
     finished = [r for r in rows if r["status"] == "FINISHED"]
-    front: set[Any] = set()
-    for metric in (m.run_field for m in METRICS.values()):
+    front: set[Any] = set()  # jobs on a front; none where seeds or prompts are swept: jobs are not settings then
+    for metric in (m.run_field for m in METRICS.values()) if not replicated(keys) else ():
         points = [(front_seconds(r), number(r.get(metric))) for r in finished]  # steady-state seconds alone
         front.update(finished[i]["job"] for i in pareto_front(points))
     plots = svg_plots(finished, keys)
