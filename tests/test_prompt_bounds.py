@@ -95,7 +95,9 @@ def test_the_clip_score_reads_each_distinct_prompt_once(monkeypatch, tmp_path):
     monkeypatch.setattr(prompt_syntax, "plain_text", lambda text: read.append(text) or text.strip("()"))
     monkeypatch.setattr(clip_score, "score_run", lambda clip, images, prompts, executables: scored.extend(prompts)
                         or (None, Quality()))
-    metrics = type("Metrics", (), {"clip_score": type("Clip", (), {"enabled": True, "model": "m"}), "reference": None})
+    from sdjax_runner.config.schema import ClipScoreConfig, MetricsConfig
+
+    metrics = MetricsConfig(clip_score=ClipScoreConfig(enabled=True, model="m"))  # the other metrics off, as default
     records = [ImageRecord(prompt="(a red car)" if i % 2 else "(a cat)") for i in range(1000)]
     evaluate(metrics, tmp_path, [None] * 1000, records, None, lambda path: [], syntax="a1111")
     assert sorted(read) == ["(a cat)", "(a red car)"]

@@ -137,6 +137,27 @@ def size(text: str) -> tuple[int, int]:
     return int(found.group(1)), int(found.group(2))
 
 
+@dataclass
+class _Reading:
+    """What :func:`overrides` has made of an infotext so far: the settings not read yet, the numbers among them,
+    the overrides and the lines said."""
+
+    settings: dict[str, str]
+    numbers: dict[str, int | float]
+    out: list[str] = field(default_factory=list)
+    honoured: list[str] = field(default_factory=list)
+    skipped: list[str] = field(default_factory=list)
+
+    def use(self, key: str, override: str) -> None:
+        """Setting ``key`` read as ``override``."""
+        self.out.append(override)
+        self.honoured.append(f"{key}: {shown_value(self.settings.pop(key))} -> {shown_value(override)}")
+
+    def skip(self, key: str, why: str) -> None:
+        """Setting ``key`` not honoured, and why."""
+        self.skipped.append(f"{key}: {shown_value(self.settings.pop(key))}: {why}")
+
+
 def overrides(info: Infotext, model_options: tuple[str, ...], dtype_options: tuple[str, ...],
               has_init_image: bool) -> Translation:
     """The overrides that make ``info``'s image here, as far as the runner can: ``model_options`` and
@@ -144,114 +165,135 @@ def overrides(info: Infotext, model_options: tuple[str, ...], dtype_options: tup
     the config as a literal (:func:`sdjax_runner.config.overrides.literal`) or a number parsed here: no text
     of the infotext is read as Hydra's grammar or an interpolation. A setting the runner honours whose value
     is malformed is :class:`UserError`, before anything runs."""
-    out: list[str] = []
-    honoured: list[str] = []
-    skipped: list[str] = []
-    settings = dict(info.settings)
-
-    def use(key: str, override: str) -> None:
-        out.append(override)
-        honoured.append(f"{key}: {shown_value(settings.pop(key))} -> {shown_value(override)}")
-
     check_length("Prompt", info.prompt)  # before Hydra parses it (0.6 s a MB, twice)
     check_length("Negative prompt", info.negative)
-    if info.prompt:
-        out.append(f"prompts.texts=[{literal(info.prompt)}]")
-        out.append("prompts.file=null")
-        out.append("prompts.set=null")
+    settings = dict(info.settings)
+    reading = _Reading(settings, {key: number(key, settings[key]) for key in NUMBERS if key in settings})
     # FLUX.1's (Forge's "Distilled CFG Scale", or one of our FLUX.1 models): no negative prompt, no CFG, prompts
-    # read as written; its guidance is the distilled value.
+    # read as written; its guidance is the distilled value. SD 3's (ours write its Shift, or one of our SD 3
+    # models): prompts read as written.
     flux = "Distilled CFG Scale" in settings or settings.get("Model") in family_models("flux")
-    numbers = {key: number(key, settings[key]) for key in NUMBERS if key in settings}
-    # FLUX.1 runs a negative prompt only with true CFG: Forge's "CFG scale" over 1 on FLUX.
-    true_cfg = flux and numbers.get("CFG scale", 1) > 1
-    if info.negative and flux and not true_cfg:
-        skipped.append(f"Negative prompt: {shown_value(info.negative)}: FLUX.1 reads no negative prompt without "
-                       "true CFG (a CFG scale over 1)")
-    elif info.negative:
-        out.append(f"prompts.negative={literal(info.negative)}")
-    # SD 3's (ours write its Shift, or one of our SD 3 models): prompts read as written.
     sd3 = not flux and ("Shift" in settings or "Skip layer guidance" in settings
                         or settings.get("Model") in family_models("sd3"))
+    # FLUX.1 runs a negative prompt only with true CFG: Forge's "CFG scale" over 1 on FLUX.
+    true_cfg = flux and reading.numbers.get("CFG scale", 1) > 1
+    _read_prompts(info, reading, flux, sd3, true_cfg)
+    _read_guidance(reading, flux, true_cfg and bool(info.negative))
+    _read_sampling(reading)
+    if sd3:
+        sd3_settings(reading.settings, reading.numbers, reading.use, reading.skipped)
+    _read_strength(reading, has_init_image)
+    _read_models(reading, model_options, dtype_options)
+    return Translation(reading.out, reading.honoured, reading.skipped)
+
+
+def _read_prompts(info: Infotext, reading: _Reading, flux: bool, sd3: bool, true_cfg: bool) -> None:
+    """The prompt, the negative prompt (FLUX.1 reads one only with true CFG) and the syntax they are read in."""
+    if info.prompt:
+        reading.out += [f"prompts.texts=[{literal(info.prompt)}]", "prompts.file=null", "prompts.set=null"]
+    if info.negative and flux and not true_cfg:
+        reading.skipped.append(f"Negative prompt: {shown_value(info.negative)}: FLUX.1 reads no negative prompt "
+                               "without true CFG (a CFG scale over 1)")
+    elif info.negative:
+        reading.out.append(f"prompts.negative={literal(info.negative)}")
     if flux or sd3:
-        honoured.append(f"Prompt: read as written ({'FLUX.1' if flux else 'SD 3'} reads no A1111 emphasis)")
+        reading.honoured.append(f"Prompt: read as written ({'FLUX.1' if flux else 'SD 3'} reads no A1111 emphasis)")
     else:  # An infotext's prompts are in A1111's syntax (ours escape the brackets of a plain prompt for it).
-        out.append("prompts.syntax=a1111")
-        honoured.append("Prompt: A1111's syntax -> prompts.syntax=a1111")
+        reading.out.append("prompts.syntax=a1111")
+        reading.honoured.append("Prompt: A1111's syntax -> prompts.syntax=a1111")
+
+
+def _read_guidance(reading: _Reading, flux: bool, true_cfg: bool) -> None:
+    """Steps, the CFG scale (FLUX.1's true CFG, or none), the distilled guidance, the seed and the size."""
+    numbers = reading.numbers
     if "Steps" in numbers:
-        use("Steps", f"sampling.num_inference_steps={numbers['Steps']}")
-    if "CFG scale" in numbers and true_cfg and info.negative:
-        use("CFG scale", f"sampling.true_cfg_scale={numbers['CFG scale']!r}")
+        reading.use("Steps", f"sampling.num_inference_steps={numbers['Steps']}")
+    if "CFG scale" in numbers and true_cfg:
+        reading.use("CFG scale", f"sampling.true_cfg_scale={numbers['CFG scale']!r}")
     elif "CFG scale" in numbers and flux:
-        skipped.append(f"CFG scale: {settings.pop('CFG scale')}: FLUX.1 runs no classifier-free guidance "
-                       "without a negative prompt")
+        reading.skip("CFG scale", "FLUX.1 runs no classifier-free guidance without a negative prompt")
     elif "CFG scale" in numbers:
-        use("CFG scale", f"sampling.guidance_scale={numbers['CFG scale']!r}")
+        reading.use("CFG scale", f"sampling.guidance_scale={numbers['CFG scale']!r}")
     if "Distilled CFG Scale" in numbers:
-        use("Distilled CFG Scale", f"sampling.guidance_scale={numbers['Distilled CFG Scale']!r}")
+        reading.use("Distilled CFG Scale", f"sampling.guidance_scale={numbers['Distilled CFG Scale']!r}")
     if "Seed" in numbers:
-        use("Seed", f"seed={numbers['Seed']}")
-        honoured[-1] += " (JAX's random numbers from it, not torch's: an A1111 image is not remade pixel for pixel)"
-    if "Size" in settings:
-        width, height = size(settings["Size"])
-        out.extend([f"sampling.width={width}", f"sampling.height={height}"])
-        honoured.append(f"Size: {settings.pop('Size')} -> sampling.width={width} sampling.height={height}")
+        reading.use("Seed", f"seed={numbers['Seed']}")
+        reading.honoured[-1] += (" (JAX's random numbers from it, not torch's: an A1111 image is not remade pixel "
+                                 "for pixel)")
+    if "Size" in reading.settings:
+        width, height = size(reading.settings["Size"])
+        reading.out += [f"sampling.width={width}", f"sampling.height={height}"]
+        reading.honoured.append(f"Size: {reading.settings.pop('Size')} -> sampling.width={width} "
+                                f"sampling.height={height}")
+
+
+def _read_sampling(reading: _Reading) -> None:
+    """The sampler and its schedule, eta, clip skip and Forge's CFG rescale."""
+    settings, numbers = reading.settings, reading.numbers
     if "Sampler" in settings:
-        use("Sampler", sampler_override(settings["Sampler"], settings.pop("UniPC variant", None), skipped))
+        reading.use("Sampler", sampler_override(settings["Sampler"], settings.pop("UniPC variant", None),
+                                                reading.skipped))
     schedule = settings.get("Schedule type")
     if schedule is not None:
         ours = {v.lower(): k for k, v in samplers.A1111_SCHEDULES.items()}.get(schedule.lower())
         if ours:
-            use("Schedule type", f"scheduler={ours}")
+            reading.use("Schedule type", f"scheduler={ours}")
         elif schedule.lower() == "automatic":
-            honoured.append(f"Schedule type: {settings.pop('Schedule type')} -> the sampler's default (normal)")
+            reading.honoured.append(f"Schedule type: {settings.pop('Schedule type')} -> the sampler's default "
+                                    "(normal)")
     for key in ("Eta", "Eta DDIM"):
         if key in numbers:
-            use(key, f"sampling.eta={numbers[key]!r}")
+            reading.use(key, f"sampling.eta={numbers[key]!r}")
     if "Clip skip" in numbers:
-        use("Clip skip", f"prompts.clip_skip={numbers['Clip skip']}")
+        reading.use("Clip skip", f"prompts.clip_skip={numbers['Clip skip']}")
     if "Rescale CFG" in numbers:  # Forge's key (diffusers' guidance_rescale)
-        use("Rescale CFG", f"sampling.guidance_rescale={numbers['Rescale CFG']!r}")
-    if sd3:
-        sd3_settings(settings, numbers, use, skipped)
+        reading.use("Rescale CFG", f"sampling.guidance_rescale={numbers['Rescale CFG']!r}")
+
+
+def _read_strength(reading: _Reading, has_init_image: bool) -> None:
+    """Hires. fix (txt2img only) and the denoising strength: img2img's, Hires. fix's second pass's, or said."""
+    numbers = reading.numbers
     hires_fix = "Hires upscale" in numbers and not has_init_image
     if hires_fix:
-        hires_settings(settings, numbers, use, skipped)
+        hires_settings(reading.settings, numbers, reading.use, reading.skipped)
     if "Denoising strength" in numbers:
         if has_init_image:
-            use("Denoising strength", f"strength={numbers['Denoising strength']!r}")
+            reading.use("Denoising strength", f"strength={numbers['Denoising strength']!r}")
         elif hires_fix:
-            use("Denoising strength", f"sampling.hires.denoising_strength={numbers['Denoising strength']!r}")
+            reading.use("Denoising strength", f"sampling.hires.denoising_strength={numbers['Denoising strength']!r}")
         else:
-            skipped.append(f"Denoising strength: {settings.pop('Denoising strength')}: an img2img setting; give "
-                           "mode=img2img init_image=PATH to use it")
+            reading.skip("Denoising strength", "an img2img setting; give mode=img2img init_image=PATH to use it")
+
+
+def _read_models(reading: _Reading, model_options: tuple[str, ...], dtype_options: tuple[str, ...]) -> None:
+    """The model and dtype where they name the runner's options; the layout, embeddings, refiner and VAE said (not
+    found by name or hash here); the refiner's switch; every other setting said not honoured."""
+    settings = reading.settings
     if settings.get("Model") in model_options:
-        use("Model", f"model={settings['Model']}")
+        reading.use("Model", f"model={settings['Model']}")
     if "Dtype" in settings:
-        dtype_setting(settings, dtype_options, use, skipped)
+        dtype_setting(settings, dtype_options, reading.use, reading.skipped)
     for key in LAYOUT:
         if key in settings:
-            place = shown_value(settings.pop(key))
-            skipped.append(f"{key}: {place}: where this image sat in the run that made it; this run lays out "
-                           f"its images by parallelism.* (the same layout remakes it at {key.lower()} {place})")
+            place = shown_value(settings[key])
+            reading.skip(key, f"where this image sat in the run that made it; this run lays out its images by "
+                              f"parallelism.* (the same layout remakes it at {key.lower()} {place})")
     if "TI hashes" in settings:
-        skipped.append(f"TI hashes: {shown_value(settings.pop('TI hashes'))}: embeddings are not found by hash here; "
-                       "give prompts.embeddings=[PATH] to use them")
+        reading.skip("TI hashes", "embeddings are not found by hash here; give prompts.embeddings=[PATH] to use them")
     if "Refiner" in settings:  # A1111's checkpoint title "NAME [HASH]": no folder is found by it
-        skipped.append(f"Refiner: {shown_value(settings.pop('Refiner'))}: refiners are not found by name here; give "
-                       "model.refiner=PATH (a diffusers SDXL refiner folder) to run it")
-    if "Refiner switch at" in numbers:  # where a given model.refiner takes over
-        use("Refiner switch at", f"sampling.refiner_switch={numbers['Refiner switch at']!r}")
+        reading.skip("Refiner", "refiners are not found by name here; give model.refiner=PATH (a diffusers SDXL "
+                                "refiner folder) to run it")
+    if "Refiner switch at" in reading.numbers:  # where a given model.refiner takes over
+        reading.use("Refiner switch at", f"sampling.refiner_switch={reading.numbers['Refiner switch at']!r}")
     if "VAE" in settings:
         settings.pop("VAE hash", None)
-        skipped.append(f"VAE: {shown_value(settings.pop('VAE'))}: VAE files are not found by name here; give "
-                       "model.vae=PATH to run it")
+        reading.skip("VAE", "VAE files are not found by name here; give model.vae=PATH to run it")
     for key, value in settings.items():
         if key == "Model hash":
-            skipped.append(f"Model hash: {shown_value(value)}: models are not found by hash here; pick one with model=NAME")
+            reading.skipped.append(f"Model hash: {shown_value(value)}: models are not found by hash here; pick one "
+                                   "with model=NAME")
         elif key not in SILENT:
-            skipped.append(f"{key}: {shown_value(value)}: not honoured")
-    return Translation(out, honoured, skipped)
+            reading.skipped.append(f"{key}: {shown_value(value)}: not honoured")
 
 
 def sd3_settings(settings: dict[str, str], numbers: dict[str, float], use, skipped: list[str]) -> None:

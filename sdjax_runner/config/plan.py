@@ -309,33 +309,11 @@ def make_plan(config: RunConfig, available_devices: int, checked: Optional[Check
         checked = check_values(config)
     prompts = checked.prompts
     par = config.parallelism
-    num_devices = par.num_devices or available_devices
-    per_batch = num_devices * par.per_device_batch_size
-    needed = math.ceil(len(prompts) / per_batch)
-    num_batches = par.num_batches or needed
-    checks.layout(num_devices, available_devices, num_batches, needed, per_batch, len(prompts))
-    total = num_batches * per_batch
-    # pad keeps only whole copies of the prompt list; cycle keeps every slot.
-    kept = total if config.prompts.fill.name == "cycle" else len(prompts) * (total // len(prompts))
-    slots = []
-    for i in range(total):
-        batch, within = divmod(i, per_batch)
-        device, slot = divmod(within, par.per_device_batch_size)
-        slots.append(ImageSlot(i, batch, device, slot, prompts[i % len(prompts)], i < kept, i % len(prompts)))
-    checks.grid(config.output.grid_rows, config.output.grid_cols, kept)
+    layout = image_layout(config, prompts, available_devices)
     sampling = family.sampling(config.sampler, config.scheduler.name, config.sampling.num_inference_steps,
                                config.sampling.eta)
-    scheduler = config.scheduler
+    scheduler = stepping_scheduler(config.scheduler, family, sampling)
     guidance = families.guidance(config)
-    if family.sampler_names_scheduler:  # its own scheduler's config, whatever the schedule (FLUX.1: engine/flux/)
-        scheduler = SchedulerConfig(name=sampling.scheduler, config_overrides={})
-    elif scheduler.name != sampling.scheduler or scheduler.name in samplers.SCHEDULES:
-        # DDIM / PLMS named by sampler=; a k sampler's sigma schedule: the model's own training schedule is read
-        # through diffusers' Euler scheduler, which steps nothing here.
-        name = sampling.scheduler if sampling.scheduler not in samplers.SCHEDULES else "euler"
-        # zero terminal SNR is the training schedule's (the k samplers' sigmas read it): it goes along
-        zero_snr = scheduler.config_overrides.get(checks.ZERO_SNR_KEY) is True
-        scheduler = SchedulerConfig(name=name, config_overrides={checks.ZERO_SNR_KEY: True} if zero_snr else {})
     adapters = tuple(lora_record(i, spec) for i, spec in enumerate(config.lora))
     inert.zero_scale_adapters(adapters)
     inert.same_size_hires(config.sampling.hires.scale)
@@ -344,10 +322,7 @@ def make_plan(config: RunConfig, available_devices: int, checked: Optional[Check
     checkpoint = checkpoint_record(model)
     vae = vae_record(model)
     refining = refiner.check(config, family)
-    if checkpoint is not None and FAMILY_OF[checkpoint.architecture] != family.name:
-        raise UserError("model.checkpoint", f"{Path(checkpoint.path).name} is a {ARCHITECTURES[checkpoint.architecture]} "
-                        f"checkpoint, but its base {model.pretrained_model_name_or_path} is {family.title}",
-                        f"a base of its family (model.pretrained_model_name_or_path=null: {BASES[checkpoint.architecture]})")
+    check_checkpoint_family(checkpoint, model, family)
     return Plan(
         model=model,
         dtype=config.dtype,
@@ -357,10 +332,10 @@ def make_plan(config: RunConfig, available_devices: int, checked: Optional[Check
         mode=par.mode.name,
         prompts=tuple(prompts),
         negative=config.prompts.negative,  # "" is a negative prompt for SDXL (engine/encode.py: negative_prompt)
-        num_devices=num_devices,
+        num_devices=layout.num_devices,
         per_device_batch_size=par.per_device_batch_size,
-        num_batches=num_batches,
-        images=tuple(slots),
+        num_batches=layout.num_batches,
+        images=layout.slots,
         seed=config.seed,
         num_inference_steps=steps,
         guidance_scale=guidance,
@@ -378,15 +353,8 @@ def make_plan(config: RunConfig, available_devices: int, checked: Optional[Check
         peak_tflops_per_device=config.performance.peak_tflops_per_device,
         profile=config.performance.profile,
         max_models=config.reuse.max_models,
-        params=dict(flatten_params(config), **lora_params(adapters), **checkpoint_params(model, checkpoint),
-                    **({"model.vae_sha256": vae.sha256} if vae else {}),
-                    **({"model.refiner_sha256": refining.sha256} if refining else {}),
-                    **({"strength": str(strength)} if strength is not None else {}),
-                    **{"sampling.guidance_scale": str(guidance)},  # the family's default where null
-                    # FLUX.1 steps with its own scheduler whatever the (default) scheduler group says
-                    **({"scheduler.name": sampling.scheduler}
-                       if family.sampler_names_scheduler and sampling.sigmas is None else {}),
-                    sampler=sampling.label),  # what ran, as A1111 spells it (the config's value is in its artifact)
+        params=recorded_params(config, family, sampling, adapters, model, checkpoint, vae, refining, strength,
+                               guidance),
         lora=adapters,
         checkpoint=checkpoint,
         vae=vae,
@@ -413,3 +381,70 @@ def make_plan(config: RunConfig, available_devices: int, checked: Optional[Check
         refiner=refining,
         prompt_names=checked.names,
     )
+
+
+@dataclass(frozen=True)
+class ImageLayout:
+    """How a run's images lie on devices and batches (make_plan)."""
+
+    num_devices: int
+    num_batches: int
+    slots: tuple[ImageSlot, ...]
+
+
+def image_layout(config: RunConfig, prompts: list[str], available_devices: int) -> ImageLayout:
+    """Every image's slot: batch, device and place on it, its prompt, and whether it is kept (``prompts.fill=pad``
+    keeps only whole copies of the prompt list; ``cycle`` every slot); the layout checked (UserError)."""
+    par = config.parallelism
+    num_devices = par.num_devices or available_devices
+    per_batch = num_devices * par.per_device_batch_size
+    needed = math.ceil(len(prompts) / per_batch)
+    num_batches = par.num_batches or needed
+    checks.layout(num_devices, available_devices, num_batches, needed, per_batch, len(prompts))
+    total = num_batches * per_batch
+    kept = total if config.prompts.fill.name == "cycle" else len(prompts) * (total // len(prompts))
+    slots = []
+    for i in range(total):
+        batch, within = divmod(i, per_batch)
+        device, slot = divmod(within, par.per_device_batch_size)
+        slots.append(ImageSlot(i, batch, device, slot, prompts[i % len(prompts)], i < kept, i % len(prompts)))
+    checks.grid(config.output.grid_rows, config.output.grid_cols, kept)
+    return ImageLayout(num_devices, num_batches, tuple(slots))
+
+
+def stepping_scheduler(scheduler: SchedulerConfig, family: families.FamilyEntry, sampling: Sampling) -> SchedulerConfig:
+    """The diffusers scheduler the model is loaded with for ``sampling``: the family's own where its sampler names
+    it (FLUX.1: engine/flux/); DDIM / PLMS where sampler= names them; for a k sampler's sigma schedule the model's
+    training schedule, read through diffusers' Euler scheduler (which steps nothing here) with zero terminal SNR
+    kept (the k samplers' sigmas read it); else ``scheduler`` as configured."""
+    if family.sampler_names_scheduler:
+        return SchedulerConfig(name=sampling.scheduler, config_overrides={})
+    if scheduler.name != sampling.scheduler or scheduler.name in samplers.SCHEDULES:
+        name = sampling.scheduler if sampling.scheduler not in samplers.SCHEDULES else "euler"
+        zero_snr = scheduler.config_overrides.get(checks.ZERO_SNR_KEY) is True
+        return SchedulerConfig(name=name, config_overrides={checks.ZERO_SNR_KEY: True} if zero_snr else {})
+    return scheduler
+
+
+def check_checkpoint_family(checkpoint: Any, model: ModelConfig, family: families.FamilyEntry) -> None:
+    """A single-file checkpoint must be of its base model's family (UserError naming model.checkpoint)."""
+    if checkpoint is not None and FAMILY_OF[checkpoint.architecture] != family.name:
+        raise UserError("model.checkpoint", f"{Path(checkpoint.path).name} is a {ARCHITECTURES[checkpoint.architecture]} "
+                        f"checkpoint, but its base {model.pretrained_model_name_or_path} is {family.title}",
+                        f"a base of its family (model.pretrained_model_name_or_path=null: {BASES[checkpoint.architecture]})")
+
+
+def recorded_params(config: RunConfig, family: families.FamilyEntry, sampling: Sampling, adapters: tuple, model: ModelConfig,
+                    checkpoint: Any, vae: Any, refining: Any, strength: Optional[float], guidance: Any) -> dict:
+    """The run's parameters as the tracker and the records hold them: the config flattened, plus what was resolved
+    (adapter, checkpoint, VAE and refiner hashes, the strength, the guidance where the family's default applied, the
+    scheduler FLUX.1 steps with, the sampler as A1111 spells it)."""
+    return dict(flatten_params(config), **lora_params(adapters), **checkpoint_params(model, checkpoint),
+                **({"model.vae_sha256": vae.sha256} if vae else {}),
+                **({"model.refiner_sha256": refining.sha256} if refining else {}),
+                **({"strength": str(strength)} if strength is not None else {}),
+                **{"sampling.guidance_scale": str(guidance)},  # the family's default where null
+                # FLUX.1 steps with its own scheduler whatever the (default) scheduler group says
+                **({"scheduler.name": sampling.scheduler}
+                   if family.sampler_names_scheduler and sampling.sigmas is None else {}),
+                sampler=sampling.label)  # what ran, as A1111 spells it (the config's value is in its artifact)
