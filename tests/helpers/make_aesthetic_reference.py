@@ -30,16 +30,14 @@ Run from the checkout's root::
 
 from __future__ import annotations
 
-import argparse
-import importlib.metadata
 import json
-import platform
 import shutil
 from pathlib import Path
 
 import numpy as np
 import torch
 from PIL import Image
+from reference_outputs import tokenizer_main, write_outputs  # (tests/helpers/, beside this script)
 from torch import nn
 from transformers import CLIPConfig, CLIPModel, CLIPProcessor
 
@@ -118,18 +116,8 @@ def write(out: Path, tokenizer: Path) -> None:
     for path in sorted(IMAGES.glob("*.png")):
         with Image.open(path) as image:
             rows.append({"image": path.name, "aesthetic": published_aesthetic(mlp, clip, processor, image.convert("RGB"))})
-    (out / "scores.json").write_text(json.dumps(rows, indent=1) + "\n")
-    versions = {name: importlib.metadata.version(name) for name in ("torch", "transformers", "pillow", "numpy")}
-    (out / "VERSIONS.json").write_text(json.dumps({**versions, "python": platform.python_version()}, indent=1) + "\n")
-
-
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--tokenizer", type=Path, required=True, help="the runner's tiny-random-clip folder")
-    parser.add_argument("--out", type=Path, default=OUT)
-    args = parser.parse_args()
-    write(args.out, args.tokenizer)
+    write_outputs(out, rows)
 
 
 if __name__ == "__main__":
-    main()
+    tokenizer_main(__doc__, write, OUT)

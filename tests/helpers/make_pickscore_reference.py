@@ -26,17 +26,15 @@ Run from the checkout's root::
 
 from __future__ import annotations
 
-import argparse
-import importlib.metadata
 import json
 import math
-import platform
 import shutil
 from pathlib import Path
 
 import numpy as np
 import torch
 from PIL import Image
+from reference_outputs import tokenizer_main, write_outputs  # (tests/helpers/, beside this script)
 from transformers import AutoModel, AutoProcessor, CLIPConfig, CLIPModel
 
 OUT = Path(__file__).resolve().parents[1] / "fixtures" / "pickscore"
@@ -106,18 +104,8 @@ def write(out: Path, tokenizer: Path) -> None:
         with Image.open(out / "images" / name) as saved:  # scored as read back, as the runner reads its images
             [score] = published_pickscore(model, processor, prompt, [saved.convert("RGB")])
         rows.append({"image": name, "prompt": prompt, "pick_score": score})
-    (out / "scores.json").write_text(json.dumps(rows, indent=1) + "\n")
-    versions = {name: importlib.metadata.version(name) for name in ("torch", "transformers", "pillow", "numpy")}
-    (out / "VERSIONS.json").write_text(json.dumps({**versions, "python": platform.python_version()}, indent=1) + "\n")
-
-
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--tokenizer", type=Path, required=True, help="the runner's tiny-random-clip folder")
-    parser.add_argument("--out", type=Path, default=OUT)
-    args = parser.parse_args()
-    write(args.out, args.tokenizer)
+    write_outputs(out, rows)
 
 
 if __name__ == "__main__":
-    main()
+    tokenizer_main(__doc__, write, OUT)
