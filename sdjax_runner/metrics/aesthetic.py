@@ -94,9 +94,11 @@ def _predict(module: Any):
     return predict
 
 
-def score_run(config: Any, images: list) -> tuple[Optional[np.ndarray], Quality]:
-    """(each image's aesthetic score or None, the run-level quality fields) for an AestheticConfig. Never raises:
-    a predictor or CLIP that cannot be had is one warning and ``aesthetic_error``."""
+def score_run(config: Any, images: list, texts: Optional[list[str]] = None, executables: Optional[str] = None
+              ) -> tuple[Optional[np.ndarray], Quality]:
+    """(each image's aesthetic score or None, the run-level quality fields) for an AestheticConfig; ``texts`` and
+    ``executables`` (the registry's call, metrics/evaluate.py) are not read: the score is the image's alone. Never
+    raises: a predictor or CLIP that cannot be had is one warning and ``aesthetic_error``."""
     import jax
 
     from sdjax_runner.config.messages import describe

@@ -263,6 +263,8 @@ def score_run(clip: Any, images: list, prompts: list[str], executables: Optional
     except Exception as exc:
         error = describe(exc) or f"{type(exc).__name__}: {one_line(exc, 300)}"
         log.warning("metrics: no CLIP score for this run: %s", error)
-        return None, Quality(clip_score_error=error, clip_score_s=time.perf_counter() - started)
+        return None, Quality(clip_score_error=error, clip_score_s=time.perf_counter() - started,
+                             clip_model=str(clip.model))
     return scores, Quality(clip_score_mean=float(scores.mean()), clip_score_std=float(scores.std()),
-                           clip_score_s=time.perf_counter() - started, clip_score_compile_path=scorer.compile_path)
+                           clip_score_s=time.perf_counter() - started, clip_score_compile_path=scorer.compile_path,
+                           clip_model=str(clip.model))

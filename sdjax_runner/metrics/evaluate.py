@@ -56,6 +56,32 @@ def with_cmmd(metrics: Any, images: list, cache_dir: Optional[str]) -> Quality:
     return Quality.from_json(found)
 
 
+def scored(metrics: Any, images: list, records: list[ImageRecord], executables: Optional[str], syntax: str) -> Quality:
+    """Every registry metric that metrics.<its group> turns on (metrics/registry.py), by its module's score_run; each
+    record gains its value. Prompts are read once each, without A1111's syntax where ``syntax`` is a1111."""
+    import importlib
+
+    from sdjax_runner.config.prompt_syntax import plain_text
+    from sdjax_runner.metrics.registry import METRICS
+
+    on = [(m, getattr(metrics, m.group)) for m in METRICS.values() if m.group and getattr(metrics, m.group).enabled]
+    quality = Quality()
+    if not on or not records:
+        return quality
+    text = plain_text if syntax == "a1111" else str
+    prompts = [required(r.prompt, "prompt") for r in records]
+    read = {prompt: text(prompt) for prompt in dict.fromkeys(prompts)}  # once per prompt
+    texts = [read[prompt] for prompt in prompts]
+    for metric, settings in on:
+        module = importlib.import_module("sdjax_runner." + metric.module.removesuffix(".py").replace("/", "."))
+        values, found = module.score_run(settings, images, texts, executables)
+        quality = quality.updated(found)
+        if values is not None:
+            for record, value in zip(records, values, strict=True):
+                setattr(record, metric.name, float(value))
+    return quality
+
+
 def evaluate(metrics: Any, run_dir: Path, images: list, records: list[ImageRecord], executables: Optional[str],
              read_records: Callable[[Path], list[ImageRecord]], syntax: str = "plain",
              cache_dir: Optional[str] = None) -> Quality:
@@ -65,36 +91,8 @@ def evaluate(metrics: Any, run_dir: Path, images: list, records: list[ImageRecor
     ``read_records``: reads the image records of a run directory (the reference's); ``syntax``:
     prompts.syntax -- with A1111's, CLIP scores an image against its prompt's text without the syntax
     (``a (red:1.3) car`` as ``a red car``)."""
-    from sdjax_runner.config.prompt_syntax import plain_text
-    from sdjax_runner.metrics import aesthetic, pick_score
-    from sdjax_runner.metrics.clip_score import score_run
-
     started = time.perf_counter()
-    quality = Quality()
-    texts: list[str] = []
-    if (metrics.clip_score.enabled or metrics.pick_score.enabled) and records:
-        text = plain_text if syntax == "a1111" else str
-        prompts = [required(r.prompt, "prompt") for r in records]
-        read = {prompt: text(prompt) for prompt in dict.fromkeys(prompts)}  # once per prompt
-        texts = [read[prompt] for prompt in prompts]
-    if metrics.clip_score.enabled and records:
-        scores, quality = score_run(metrics.clip_score, images, texts, executables)
-        quality.clip_model = str(metrics.clip_score.model)
-        if scores is not None:
-            for record, score in zip(records, scores, strict=True):
-                record.clip_score = float(score)
-    if metrics.pick_score.enabled and records:
-        picked, pick_quality = pick_score.score_run(metrics.pick_score, images, texts, executables)
-        quality = quality.updated(pick_quality)
-        if picked is not None:
-            for record, score in zip(records, picked, strict=True):
-                record.pick_score = float(score)
-    if metrics.aesthetic.enabled and records:
-        rated, aesthetic_quality = aesthetic.score_run(metrics.aesthetic, images)
-        quality = quality.updated(aesthetic_quality)
-        if rated is not None:
-            for record, score in zip(records, rated, strict=True):
-                record.aesthetic = float(score)
+    quality = scored(metrics, images, records, executables, syntax)
     if metrics.cmmd.enabled and metrics.cmmd.reference and images:
         quality = quality.updated(with_cmmd(metrics, images, cache_dir))
     if metrics.reference and records:

@@ -8,7 +8,9 @@ records.ImageRecord: ``name``) and the run-level fields of quality.json (records
 then ``more_run_fields``); both record types declare those fields. Higher is better for every metric here
 (``higher_is_better``); ``needs_reference``: computed against a reference run or the sweep's reference point
 (metrics.reference, metrics.reference_point), so a reference's own images have none. ``cost`` is what one image
-costs, measured (docs/benchmarks.md). Adding a metric: its module, its entry here, its fields in records.py.
+costs, measured (docs/benchmarks.md); ``group``: the config group that turns it on, whose settings its module's
+``score_run`` takes (metrics/evaluate.py calls it). Adding a metric: its module, its entry here, its settings' group
+in config/schema.py, its fields in records.py.
 """
 
 from __future__ import annotations
@@ -32,18 +34,22 @@ class Metric:
     higher_is_better: bool = True
     needs_reference: bool = False
     cost: str = ""
+    # The metrics.<group> whose ``enabled`` turns it on; its module's ``score_run(group, images, texts, executables)``
+    # computes it -> (a value per image or None, its run-level quality fields). None: computed otherwise (PSNR/SSIM,
+    # against a reference).
+    group: Optional[str] = None
 
 
 METRICS: dict[str, Metric] = {m.name: m for m in (
     Metric("clip_score", "metrics/clip_score.py", "clip_score_mean", "CLIP score", "CLIP", "CLIP score (mean)",
            "CLIP score",
-           "clip", ("clip_score_std",),
+           "clip", ("clip_score_std",), group="clip_score",
            cost="0.008 s per sweep job on the tiny CLIP once loaded (docs/benchmarks.md, Quality metrics)"),
     Metric("pick_score", "metrics/pick_score.py", "pick_score_mean", "PickScore", "Pick", "PickScore (mean)",
-           "PickScore", "pick", ("pick_score_std",),
+           "PickScore", "pick", ("pick_score_std",), group="pick_score",
            cost="385 GFLOP per image at full size (CLIP ViT-H/14), 0.5% of an SD 1.x image (docs/benchmarks.md)"),
     Metric("aesthetic", "metrics/aesthetic.py", "aesthetic_mean", "Aesthetic score", "Aesth.", "Aesthetic score (mean)",
-           "Aesthetic score", "aesth", ("aesthetic_std",),
+           "Aesthetic score", "aesth", ("aesthetic_std",), group="aesthetic",
            cost="162 GFLOP per image at full size (CLIP ViT-L/14 image + MLP), 0.2% of an SD 1.x image"),
     Metric("psnr", "metrics/fidelity.py", "psnr", "PSNR (dB)", "PSNR", "PSNR to reference (dB)", "PSNR to reference (dB)",
            "psnr", ("psnr_min",), needs_reference=True,
