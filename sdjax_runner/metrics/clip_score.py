@@ -252,19 +252,31 @@ def score_run(clip: Any, images: list, prompts: list[str], executables: Optional
               ) -> tuple[Optional[np.ndarray], Quality]:
     """(per-image scores or None, the run-level quality fields). Never raises: a CLIP model that
     cannot be loaded or run gives one warning and ``clip_score_error``. ``executables``: see load_scorer."""
+    def quality(scores: Optional[np.ndarray], seconds: float, scorer: Optional[ClipScorer], error: Optional[str]):
+        if scores is None:
+            return Quality(clip_score_error=error, clip_score_s=seconds, clip_model=str(clip.model))
+        return Quality(clip_score_mean=float(scores.mean()), clip_score_std=float(scores.std()), clip_score_s=seconds,
+                       clip_score_compile_path=scorer.compile_path if scorer else None, clip_model=str(clip.model))
+
+    return scored_run(clip, images, prompts, executables, "clip_score", "metrics.clip_score.model", "CLIP score",
+                      quality)
+
+
+def scored_run(config: Any, images: list, prompts: list[str], executables: Optional[str], formula: str,
+               config_key: str, what: str, quality: Callable[..., Quality]) -> tuple[Optional[np.ndarray], Quality]:
+    """A CLIP-based metric's run (the CLIP score's, PickScore's): the scorer ``config`` names computing ``formula``
+    on each (image, prompt), and ``quality(scores or None, seconds, scorer or None, error or None)``, its run-level
+    fields. Never raises: a model that cannot be loaded or run is one warning naming ``what``."""
     import jax
 
     from sdjax_runner.config.messages import describe
 
     started = time.perf_counter()
     try:
-        scorer = load_scorer(clip, jax.local_devices(), executables)
+        scorer = load_scorer(config, jax.local_devices(), executables, formula=formula, config_key=config_key)
         scores = clip_scores(scorer, images, prompts)
     except Exception as exc:
         error = describe(exc) or f"{type(exc).__name__}: {one_line(exc, 300)}"
-        log.warning("metrics: no CLIP score for this run: %s", error)
-        return None, Quality(clip_score_error=error, clip_score_s=time.perf_counter() - started,
-                             clip_model=str(clip.model))
-    return scores, Quality(clip_score_mean=float(scores.mean()), clip_score_std=float(scores.std()),
-                           clip_score_s=time.perf_counter() - started, clip_score_compile_path=scorer.compile_path,
-                           clip_model=str(clip.model))
+        log.warning("metrics: no %s for this run: %s", what, error)
+        return None, quality(None, time.perf_counter() - started, None, error)
+    return scores, quality(scores, time.perf_counter() - started, scorer, None)

@@ -15,16 +15,12 @@ tests/helpers/make_pickscore_reference.py.
 
 from __future__ import annotations
 
-import logging
-import time
 from typing import Any, Optional
 
 import numpy as np
 
-from sdjax_runner.console import one_line
 from sdjax_runner.records import Quality
 
-log = logging.getLogger("sdjax_runner")
 KEY = "metrics.pick_score.model"
 
 
@@ -33,19 +29,12 @@ def score_run(config: Any, images: list, prompts: list[str], executables: Option
     """(each image's PickScore for its prompt or None, the run-level quality fields) for a PickScoreConfig. Never
     raises: a model that cannot be loaded or run is one warning and ``pick_score_error``. ``executables``: where the
     scoring program is kept (metrics/clip_score.load_scorer)."""
-    import jax
+    from sdjax_runner.metrics.clip_score import scored_run
 
-    from sdjax_runner.config.messages import describe
-    from sdjax_runner.metrics.clip_score import clip_scores, load_scorer
+    def quality(scores: Optional[np.ndarray], seconds: float, scorer: Any, error: Optional[str]) -> Quality:
+        if scores is None:
+            return Quality(pick_score_error=error, pick_score_s=seconds, pick_model=str(config.model))
+        return Quality(pick_score_mean=float(scores.mean()), pick_score_std=float(scores.std()), pick_score_s=seconds,
+                       pick_model=str(config.model))
 
-    started = time.perf_counter()
-    try:
-        scorer = load_scorer(config, jax.local_devices(), executables, formula="pick_score", config_key=KEY)
-        scores = clip_scores(scorer, images, prompts)
-    except Exception as exc:
-        error = describe(exc) or f"{type(exc).__name__}: {one_line(exc, 300)}"
-        log.warning("metrics: no PickScore for this run: %s", error)
-        return None, Quality(pick_score_error=error, pick_score_s=time.perf_counter() - started,
-                             pick_model=str(config.model))
-    return scores, Quality(pick_score_mean=float(scores.mean()), pick_score_std=float(scores.std()),
-                           pick_score_s=time.perf_counter() - started, pick_model=str(config.model))
+    return scored_run(config, images, prompts, executables, "pick_score", KEY, "PickScore", quality)
