@@ -311,7 +311,9 @@ def against_reference(images: Sequence[Any], model: str, reference: str, cache_d
     folder = model_folder(model)
     held = process.current().clip_scorers  # a sweep's jobs share the loaded model and its programs
     key = ("cmmd", str(folder.resolve()))
-    embedder = held[key] if key in held else held.setdefault(key, load_embedder(folder))
+    if key not in held:
+        held[key] = load_embedder(folder)
+    embedder = held[key]
     real = reference_embeddings(embedder, Path(reference).expanduser(), cache_dir)
     found = embedder(list(images), min(BATCH, len(images)))
     return {"cmmd": float(mmd(found, real)), "cmmd_reference": reference, "cmmd_reference_images": len(real),
