@@ -134,6 +134,6 @@ def smoke_run(tmp_path_factory, tiny_model_dir, mlflow_template):
     work = tmp_path_factory.mktemp("smoke")
     seed_store(work, mlflow_template)
     run_dir = work / "outputs" / "the-run"
-    result = run_cli("+experiment=smoke", f"hydra.run.dir={run_dir}", cwd=work)
+    result = run_cli("+experiment=smoke", f"hydra.run.dir={run_dir}", cwd=work, steady_timing=True)
     assert result.returncode == 0, result.stderr
     return work, run_dir, result

@@ -40,7 +40,9 @@ def _mlflow(work: Path):
 @pytest.mark.slow
 def test_single_runs_name_themselves_and_record_what_a_rerun_needs(tmp_path, cache_dir):
     (tmp_path / "prompts.txt").write_text("\n".join(PROMPTS) + "\n")
-    result = run_cli("+experiment=smoke", "seed=5", "prompts.file=prompts.txt", cwd=tmp_path, process=True)
+    # (the command line exactly as a user types it: its tags and names are checked below)
+    result = run_cli("+experiment=smoke", "seed=5", "prompts.file=prompts.txt", cwd=tmp_path, process=True,
+                     steady_timing=True)
     assert result.returncode == 0, result.stderr
     [run_dir] = (tmp_path / "outputs" / "runs").glob("*/*")
     assert run_dir.name.endswith("_smoke_seed=5_prompts.file=prompts.txt"), run_dir.name

@@ -34,7 +34,7 @@ def sweep(tmp_path_factory, mlflow_template) -> tuple[Path, Path]:
         noise = np.random.default_rng(number).integers(0, 256, (*size, 3), dtype=np.uint8)
         Image.fromarray(noise).save(real / f"{number:02d}.png")
     result = run_cli("-m", "+experiment=smoke", *SWEEP, "metrics.cmmd.enabled=true", f"metrics.cmmd.reference={real}",
-                     f"hydra.sweep.dir={work / 'sweep'}", cwd=work)
+                     f"hydra.sweep.dir={work / 'sweep'}", cwd=work, steady_timing=True)
     assert result.returncode == 0, result.stderr
     assert "report.html" in result.stdout + result.stderr
     return work, work / "sweep"

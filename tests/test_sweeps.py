@@ -51,7 +51,7 @@ def test_a_job_whose_records_are_damaged_is_a_blank_row_not_a_failed_summary(tmp
 def test_seed_sweep_loads_and_compiles_once_under_one_parent_run(tmp_path, tiny_model_dir):
     sweep_dir = tmp_path / "sweep"
     result = run_cli("-m", "+experiment=smoke", "seed=0,1,2,3", f"hydra.sweep.dir={sweep_dir}",
-                     f"compilation_cache.dir={tmp_path / 'xla'}", cwd=tmp_path)
+                     f"compilation_cache.dir={tmp_path / 'xla'}", cwd=tmp_path, steady_timing=True)
     assert result.returncode == 0, result.stderr
     jobs = [sweep_dir / str(i) for i in range(4)]
     assert all(len(list((j / "images").glob("*.png"))) == 8 for j in jobs)

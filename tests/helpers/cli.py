@@ -25,6 +25,14 @@ PROCESS_OVERRIDES = ("performance.xla_flags", "performance.gpu_", "hydra/launche
 # fifth of the time. Other images than the 8 devices' (each device draws from its own key), the same on every run.
 ONE_DEVICE = ("parallelism.num_devices=1", "parallelism.per_device_batch_size=8")
 
+# A run re-runs its batch 0 for a steady-state timing while that costs at most timing.max_extra_share (0.5) of
+# the job so far: on a new program of the tiny model, three more calls (0.6-1.5 s, a tenth to a sixth of the
+# run). run_cli leaves them out where a test reads no steady-state figure (``steady_timing=False``, the
+# default for a run or sweep whose command line sets no ``timing.`` key): the images, records and every other
+# figure are the same. The tests of the timing itself (test_timing.py, test_smoke_run.py, the sweeps' and the
+# report's figures) keep a user's default.
+NO_STEADY_TIMING = "timing.max_extra_share=0"
+
 
 def needs_a_process(overrides: tuple[str, ...], env: dict | None) -> bool:
     """Whether a command needs a process of its own (PROCESS_ENV, PROCESS_OVERRIDES, a device count but 8)."""
@@ -37,7 +45,8 @@ def needs_a_process(overrides: tuple[str, ...], env: dict | None) -> bool:
 
 
 def run_cli(*overrides: str, cwd: Path, env: dict | None = None, timeout: int | None = None,
-            command: str | None = None, process: bool | None = None) -> subprocess.CompletedProcess:
+            command: str | None = None, process: bool | None = None,
+            steady_timing: bool = False) -> subprocess.CompletedProcess:
     """``python -m sdjax_runner [COMMAND] OVERRIDES`` as a user runs it (COMMAND: runs, rerun, sync, resume, ...;
     none: a run or sweep). In a process of its own where the process is what is tested (``process=True``: the
     exit code the shell sees, no traceback from the interpreter, signals, what gets imported) or where the run
@@ -45,7 +54,11 @@ def run_cli(*overrides: str, cwd: Path, env: dict | None = None, timeout: int | 
     environment JAX reads; a ``timeout``, which only a process can be held to); else in this process
     (:func:`call_cli`, with a process's state of its own: no model, program or said-once line carried over
     from another test), which saves Python's and JAX's start-up -- the import of the model libraries alone is
-    ~3 s a call."""
+    ~3 s a call. A run or sweep makes no steady-state timing re-run unless ``steady_timing`` or its command line
+    sets a ``timing.`` key or a Hydra flag (``--cfg``, ``--config-dir``, ...; :data:`NO_STEADY_TIMING`)."""
+    timing_set = any(o.lstrip("+~").startswith(("timing.", "--")) for o in overrides)
+    if command is None and not steady_timing and not timing_set:
+        overrides = (*overrides, NO_STEADY_TIMING)
     if process is None:
         process = timeout is not None or needs_a_process(overrides, env)
     started = time.perf_counter()
@@ -166,13 +179,15 @@ def call_cli(*overrides: str, cwd: Path, env: dict | None = None,
 def fresh_state(state):
     """A process's state as a new process starts with it -- no engine, models, programs, CLIP scorers, lines said
     once, claimed folders or sweep results of an earlier command -- but for what JAX holds once per process
-    whatever the command (its persistent-cache settings and the events it reported, multi-host initialisation)
-    and the signing keys read (a cache folder's key is its file's)."""
+    whatever the command (its persistent-cache settings and the events it reported, multi-host initialisation),
+    the signing keys read (a cache folder's key is its file's) and the FLOPs of the denoiser calls counted
+    (engine/efficiency.call_flops: a pure function of the module, its inputs' shapes and the backend, which
+    costs a trace of the whole denoiser, ~0.5 s on the tiny UNet, and whose value no test's run can change)."""
     from sdjax_runner import process
 
     return process.ProcessState(compile_cache=state.compile_cache, compile_events=state.compile_events,
                                 distributed=state.distributed, signing_keys=state.signing_keys,
-                                executable_max_bytes=state.executable_max_bytes)
+                                executable_max_bytes=state.executable_max_bytes, call_flops=state.call_flops)
 
 
 def signal_handlers() -> dict:
