@@ -124,6 +124,10 @@ class ImageRecord(_Record):
     slg_start: Optional[float] = None
     slg_stop: Optional[float] = None
     guidance_rescale: Optional[float] = None  # optional, SD: CFG rescale (sampling.guidance_rescale; Forge's "Rescale CFG")
+    # optional: the guider where it is not classifier-free guidance (guider=NAME, config/guiders.py), and the settings
+    # it read ("eta=0.5 norm_threshold=15")
+    guider: Optional[str] = None
+    guider_settings: Optional[str] = None
     # optional, A1111's Hires. fix (sampling.hires.*): its scale, the steps the second pass ran, its upscaler (A1111's
     # name) and denoising strength, and the first pass's size (A1111's "Size"; height and width are the image's)
     hires_scale: Optional[float] = None

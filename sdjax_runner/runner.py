@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, Optional
 from omegaconf import DictConfig
 
 from sdjax_runner import interpreter, process
-from sdjax_runner.config import checks
+from sdjax_runner.config import checks, guiders
 from sdjax_runner.config.plan import Plan, admit, check_values, make_plan
 from sdjax_runner.engine import compile_cache, distributed, runtime
 from sdjax_runner.record import inputs, rundir
@@ -141,7 +141,8 @@ def announce(plan: Plan) -> None:
 
 def plan_extras(plan: Plan) -> list[str]:
     """What the plan line adds where it applies: Hires. fix's second pass and its size, weights split across the
-    devices, skip-layer guidance and its steps (each easy to miss, and each changing what a run costs)."""
+    devices, skip-layer guidance and its steps (each easy to miss, and each changing what a run costs), a guider
+    other than classifier-free guidance with its settings."""
     from sdjax_runner.config.inert import slg_steps
 
     extras = []
@@ -156,6 +157,8 @@ def plan_extras(plan: Plan) -> list[str]:
         layers, scale, start, stop = plan.slg
         steps = slg_steps(plan.num_inference_steps, start, stop)
         extras.append(f"skip-layer guidance on blocks {list(layers)} at {scale:g}, steps {steps[0]}..{steps[-1]}")
+    if plan.guider.name != guiders.DEFAULT:
+        extras.append(f"guider {plan.guider.label}")
     return extras
 
 

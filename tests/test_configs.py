@@ -5,6 +5,7 @@ from hydra.errors import ConfigCompositionException
 from omegaconf import OmegaConf
 
 from helpers.configs import CONF, compose_cfg
+from sdjax_runner.config.guiders import GUIDERS
 from sdjax_runner.config.messages import describe
 from sdjax_runner.config.plan import admit, make_plan
 
@@ -14,7 +15,7 @@ GROUP_OPTIONS = sorted(
     for group in CONF.iterdir()
     if group.is_dir() and group.name not in ("experiment", "hydra")
     for option in group.glob("*.yaml")
-)
+) + [("guider", name) for name in GUIDERS]  # a group filled from its registry (config/guiders.py: register)
 
 
 def test_the_config_tree_is_what_the_tests_cover():

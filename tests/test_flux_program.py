@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from helpers.compile_options import USERS_COMPILE
+from sdjax_runner.engine.guiders import Guidance
 
 pytestmark = pytest.mark.slow  # each variant's program compiles once (about 15 s)
 
@@ -47,7 +48,7 @@ def run(request):
     def one_device(ids, params, key, guidance):
         start = stages.txt2img(pipeline, params, key, spec, 1, {})
         conditioning = stages.encode(pipeline, params, ids, None, spec, {})
-        latents = stages.euler(pipeline, params, conditioning, start, guidance, spec)
+        latents = stages.euler(pipeline, params, conditioning, start, Guidance(guidance), spec)
         return start.noise, conditioning, latents, stages.decode(pipeline, params, latents)
 
     keys = batch_keys(int(ref["seed"]), 0, int(ref["num_devices"]))

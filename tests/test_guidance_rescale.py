@@ -27,16 +27,16 @@ def diffusers_rescale_noise_cfg(noise_cfg: np.ndarray, noise_pred_text: np.ndarr
 
 @pytest.mark.parametrize("rescale", [0.0, 0.3, 0.7, 1.0])
 def test_the_guided_prediction_is_diffusers_rescale_noise_cfg(rescale):
-    from sdjax_runner.engine.samplers.unet import guided
+    from sdjax_runner.engine.guiders import Guidance, guided
 
     rng = np.random.default_rng(0)
     uncond = rng.standard_normal((3, 4, 8, 8)).astype(np.float32)
     cond = (uncond + 0.5 * rng.standard_normal((3, 4, 8, 8))).astype(np.float32)
     scale = 7.5
-    plain = np.asarray(guided(uncond, cond, np.float32(scale)))
+    plain = np.asarray(guided(uncond, cond, Guidance(np.float32(scale)), 0))
     expected_cfg = uncond + scale * (cond - uncond)
     np.testing.assert_allclose(plain, expected_cfg, rtol=1e-6, atol=1e-6)
-    ours = np.asarray(guided(uncond, cond, (np.float32(scale), np.float32(rescale))))
+    ours = np.asarray(guided(uncond, cond, Guidance(np.float32(scale), rescale=np.float32(rescale)), 0))
     np.testing.assert_allclose(ours, diffusers_rescale_noise_cfg(expected_cfg, cond, rescale), rtol=1e-5, atol=1e-5)
     if rescale == 0:
         assert np.array_equal(ours, plain)  # exactly the guided prediction

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
-from sdjax_runner.config import samplers, weight_files
+from sdjax_runner.config import guiders, samplers, weight_files
 from sdjax_runner.config.modes import MODES
 from sdjax_runner.errors import UserError
 from sdjax_runner.files import read_json
@@ -57,6 +57,7 @@ class FamilyEntry:
     embeddings: bool = False
     guidance_rescale: bool = False
     refiner: bool = False  # model.refiner: an SDXL refiner taking over the last steps (config/refiner.py)
+    guiders: tuple[str, ...] = (guiders.DEFAULT,)  # the guiders (config/guiders.py) its samplers run
     # whether the sampler's scheduler replaces the scheduler group's whatever it says (FLUX.1 steps with its own
     # flow scheduler's config: config/plan.py; the records name it)
     sampler_names_scheduler: bool = False
@@ -153,7 +154,7 @@ FAMILIES = _registry(
                 ("StableDiffusionPipeline", "StableDiffusionInpaintPipeline", "StableDiffusionXLPipeline",
                  "StableDiffusionXLInpaintPipeline"), tiny="tiny-random",
                 builtins=("tiny-random", "tiny-random-xl", "sd-v1-arch", "sdxl-arch", "tiny-random-inpaint"),
-                embeddings=True, guidance_rescale=True, refiner=True),
+                embeddings=True, guidance_rescale=True, refiner=True, guiders=tuple(guiders.GUIDERS)),
     # diffusers' FluxPipeline defaults: 28 steps, guidance 3.5 ([schnell] reads none: its check is the engine's,
     # once the transformer's config says which it is).
     FamilyEntry("flux", "FLUX.1: CLIP-L and T5 text encoders, a flow-matching transformer, a 16-channel VAE",

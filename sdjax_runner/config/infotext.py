@@ -15,7 +15,7 @@ import math
 import re
 from dataclasses import dataclass, field
 
-from sdjax_runner.config import hires, samplers
+from sdjax_runner.config import guiders, hires, samplers
 from sdjax_runner.config.overrides import literal
 from sdjax_runner.config.prompts import check_length
 from sdjax_runner.config.schema import SCHEDULERS
@@ -115,7 +115,11 @@ NUMBERS = {"Steps": (WHOLE, int, "a whole number, e.g. 20"), "Clip skip": (WHOLE
            "SLG stop": (DECIMAL, float, "a number, e.g. 0.2"), "Rescale CFG": (DECIMAL, float, "a number, e.g. 0.7"),
            "Hires upscale": (DECIMAL, float, "a number, e.g. 2"), "Hires steps": (WHOLE, int, "a whole number, e.g. 20"),
            "Hires CFG Scale": (DECIMAL, float, "a number, e.g. 5"),
-           "Refiner switch at": (DECIMAL, float, "a number, e.g. 0.8")}
+           "Refiner switch at": (DECIMAL, float, "a number, e.g. 0.8"),
+           # ours: a guider's settings (record/rundir.py: guider_parts)
+           "Guider zero_init_steps": (WHOLE, int, "a whole number, e.g. 1"),
+           "Guider eta": (DECIMAL, float, "a number, e.g. 0.5"),
+           "Guider norm_threshold": (DECIMAL, float, "a number, e.g. 15")}
 
 
 def number(key: str, text: str) -> int | float:
@@ -180,6 +184,7 @@ def overrides(info: Infotext, model_options: tuple[str, ...], dtype_options: tup
     _read_prompts(info, reading, flux, sd3, true_cfg)
     _read_guidance(reading, flux, true_cfg and bool(info.negative))
     _read_sampling(reading)
+    _read_guider(reading)
     if sd3:
         sd3_settings(reading.settings, reading.numbers, reading.use, reading.skipped)
     _read_strength(reading, has_init_image)
@@ -248,6 +253,19 @@ def _read_sampling(reading: _Reading) -> None:
         reading.use("Clip skip", f"prompts.clip_skip={numbers['Clip skip']}")
     if "Rescale CFG" in numbers:  # Forge's key (diffusers' guidance_rescale)
         reading.use("Rescale CFG", f"sampling.guidance_rescale={numbers['Rescale CFG']!r}")
+
+
+def _read_guider(reading: _Reading) -> None:
+    """Ours: ``Guider: NAME`` and the settings it read, ``Guider SETTING: VALUE`` (config/guiders.py)."""
+    if "Guider" not in reading.settings:
+        return
+    name = reading.settings["Guider"].strip()
+    if name not in guiders.GUIDERS:
+        raise UserError("Guider", f"{name[:40]!r} is not a guider the runner runs", ", ".join(guiders.GUIDERS))
+    reading.use("Guider", f"guider={name}")
+    for key in guiders.GUIDERS[name].reads:
+        if f"Guider {key}" in reading.numbers:
+            reading.use(f"Guider {key}", f"guider.{key}={reading.numbers[f'Guider {key}']!r}")
 
 
 def _read_strength(reading: _Reading, has_init_image: bool) -> None:

@@ -474,6 +474,25 @@ class ReportConfig:
 
 
 @dataclass
+class GuiderConfig:
+    # How a step combines the denoiser's unconditional and conditional predictions (config/guiders.py): cfg
+    # (classifier-free guidance, the default), cfg_zero_star (CFG-Zero*), apg (adaptive projected guidance).
+    # Chosen as guider=NAME; sampling.guidance_scale is the weight each applies. The name shapes the program; the
+    # settings below are traced inputs (a sweep over them compiles once). SD family (SD 1.x/2.x/XL) for now; the
+    # flow families run cfg. A setting its guider does not read is said once and left out.
+    name: str = "cfg"
+    # cfg_zero_star: the first steps whose prediction is zero (diffusers' zero_init_steps, default 1; the paper's
+    # ~4% of the steps), counted among the steps that run (img2img's first is 0).
+    zero_init_steps: int = 1
+    # apg: the weight of the update's part parallel to the conditional prediction (diffusers' eta, default 1; at 1
+    # and norm_threshold 0 the update is plain CFG's).
+    eta: float = 1.0
+    # apg: the largest norm of the update cond - uncond per image (diffusers' adaptive_projected_guidance_rescale,
+    # default 15); 0: no cap.
+    norm_threshold: float = 15.0
+
+
+@dataclass
 class PathsConfig:
     output_root: str = "outputs"
     cache_dir: str = MISSING
@@ -502,6 +521,8 @@ class RunConfig:
     # scheduler=karras for the sigma schedule), ... (config/samplers.py has the list). null: the diffusers
     # scheduler picked by scheduler=NAME steps, as in the Diffusers JAX guide.
     sampler: Optional[str] = None
+    # How each step guides (guider=cfg, cfg_zero_star, apg; guider.* its settings): GuiderConfig above.
+    guider: GuiderConfig = field(default_factory=GuiderConfig)
     # What the sampler starts from and is steered by (engine/modes/): txt2img, img2img, inpaint, controlnet.
     mode: GenerationMode = GenerationMode.txt2img
     # img2img / inpaint: the starting image: a file, or a folder / list of files paired with the prompts
@@ -543,8 +564,10 @@ def without_null(kind: Any) -> tuple[Any, bool]:
 def register() -> None:
     """Register the schema so ``conf/config.yaml`` can list it first in its defaults, and the
     run-naming resolvers ``hydra.run.dir`` uses."""
+    from sdjax_runner.config import guiders
     from sdjax_runner.config.naming import register_resolvers
 
     register_resolvers()
     cs = ConfigStore.instance()
     cs.store(name="run_schema", node=RunConfig)
+    guiders.register(cs)

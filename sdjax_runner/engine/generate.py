@@ -19,6 +19,7 @@ import numpy as np
 
 from sdjax_runner.config.plan import Plan
 from sdjax_runner.engine.families import FAMILIES
+from sdjax_runner.engine.guiders import GUIDER_INPUT
 from sdjax_runner.engine.modes import NUMBERS, PER_IMAGE
 from sdjax_runner.engine.program import Spec
 from sdjax_runner.engine.refiner import cutoff
@@ -129,8 +130,10 @@ class Generator:
         numbers = {"start": np.int32(plan.start_step), "control_scale": np.float32(plan.conditioning_scale),
                    "guidance_rescale": np.float32(plan.guidance_rescale or 0.0),
                    "hires_guidance": np.float32(plan.hires.guidance if plan.hires and plan.hires.guidance else 0.0),
-                   "refiner_cutoff": np.int32(cutoff(plan.refiner, pipeline) if plan.refiner else 0)}
+                   "refiner_cutoff": np.int32(cutoff(plan.refiner, pipeline) if plan.refiner else 0),
+                   **{GUIDER_INPUT + key: np.float32(value) for key, value in plan.guider.settings}}
         names = (NUMBERS[spec.mode] + (("guidance_rescale",) if spec.cfg_rescale else ())
+                 + tuple(GUIDER_INPUT + key for key, _ in plan.guider.settings)
                  + (("hires_guidance",) if spec.hires and spec.hires.guided else ())
                  + (("refiner_cutoff",) if spec.refiner else ()))
         self.numbers = {name: self.place_number(numbers[name]) for name in names}

@@ -22,7 +22,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Optional
 
+from sdjax_runner.config.guiders import GUIDERS as GUIDER_ENTRIES
 from sdjax_runner.engine.families import FAMILIES
+from sdjax_runner.engine.guiders import GUIDER_INPUT, Guidance
 from sdjax_runner.engine.hires import HiresPass, second_pass
 from sdjax_runner.engine.refiner import RefinerPass, refiner_pass, with_refiner
 from sdjax_runner.engine.samplers.unet import conditional_only
@@ -59,6 +61,7 @@ class Spec:
     true_cfg: Optional[float] = None  # FLUX.1: true classifier-free guidance's scale (two denoiser calls a step)
     slg: Optional[tuple] = None  # SD 3: skip-layer guidance's (layers, scale, start, stop) (engine/sd3/stages.py)
     cfg_rescale: bool = False  # SD: CFG rescale runs (its value is a traced input, "guidance_rescale")
+    guider: str = "cfg"  # guider=NAME (engine/guiders.py); its settings are traced inputs ("guider_" + the setting)
     embeddings: tuple = ()  # SD: the textual-inversion tables' shapes (their vectors are inputs, params["embeddings"])
     # SD: classifier-free guidance runs (guidance over 1); at 1 or less the UNet sees the conditional half alone, as
     # diffusers' PyTorch pipelines do (do_classifier_free_guidance): SDXL Turbo's guidance 0 is the prompt's image
@@ -103,6 +106,7 @@ def program_spec(plan: Any, pipeline: Any, height: int, width: int, controlnet: 
                 mode=plan.generation, controlnet=controlnet, clip_skip=plan.clip_skip, prompt_chunks=chunks,
                 family=family, text_tokens=plan.max_sequence_length, params=plan.params_placement,
                 true_cfg=plan.true_cfg_scale, slg=plan.slg, cfg_rescale=plan.guidance_rescale is not None,
+                guider=plan.guider.name,
                 embeddings=tokens.embeddings.shapes if getattr(tokens, "embeddings", None) else (),
                 cfg=cfg, hires=hires_pass(plan.hires, height, width, cfg),
                 refiner=refiner_pass(plan.refiner, refiner))
@@ -131,10 +135,8 @@ def generate(pipeline: Any, spec: Spec, ids, params: dict, key, guidance, inputs
     (``refiner_cutoff``); ``negative_ids``: like ``ids``, or None for the
     pipeline's own unconditional input."""
     family = FAMILIES[spec.family]
-    second_guidance = inputs["hires_guidance"] if spec.hires and spec.hires.guided else guidance
-    if spec.cfg_rescale:  # the SD samplers' classifier-free guidance reads both (engine/samplers/unet.py: guided)
-        guidance = (guidance, inputs["guidance_rescale"])
-        second_guidance = (second_guidance, inputs["guidance_rescale"])
+    second_scale = inputs["hires_guidance"] if spec.hires and spec.hires.guided else guidance
+    guidance, second_guidance = (guiding(spec, scale, inputs) for scale in (guidance, second_scale))
     conditioning = family.encode(pipeline, params, ids, negative_ids, spec, inputs)
     start = family.modes[spec.mode](pipeline, params, key, spec, ids.shape[0], inputs)
     if start.conditioning:
@@ -150,3 +152,10 @@ def generate(pipeline: Any, spec: Spec, ids, params: dict, key, guidance, inputs
     if spec.hires:
         latents = second_pass(family, pipeline, params, upscaled, latents, second_guidance, spec, key)
     return family.decode(pipeline, params, latents)
+
+
+def guiding(spec: Spec, scale, inputs: dict) -> Guidance:
+    """The guidance the samplers apply at ``scale``: the run's guider with its settings and CFG rescale, traced
+    inputs all (engine/generate.py places them)."""
+    settings = {key: inputs[GUIDER_INPUT + key] for key in GUIDER_ENTRIES[spec.guider].reads}
+    return Guidance(scale, spec.guider, inputs["guidance_rescale"] if spec.cfg_rescale else None, settings)

@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Any, Optional
 from PIL import Image
 from PIL.PngImagePlugin import PngInfo
 
-from sdjax_runner.config import families
+from sdjax_runner.config import families, guiders
 from sdjax_runner.config.prompt_syntax import escape
 from sdjax_runner.console import one_line
 from sdjax_runner.errors import UserError
@@ -196,6 +196,7 @@ def a1111_parameters(meta: ImageRecord) -> str:
         + f"CFG scale: {meta.guidance_scale if meta.guidance_scale is not None else 1}, "
         + (f"Distilled CFG Scale: {meta.distilled_guidance}, " if meta.distilled_guidance is not None else "")
         + (f"Rescale CFG: {meta.guidance_rescale}, " if meta.guidance_rescale is not None else "")
+        + "".join(f"{part}, " for part in guider_parts(meta))
         + f"Seed: {meta.seed}, Size: {first_pass_size(meta)}, Model: {meta.model}, "
         f"Dtype: {meta.dtype}, Batch: {meta.batch}, Device: {meta.device}"
         + (f", {'Eta DDIM' if meta.sampler == 'ddim' else 'Eta'}: {meta.eta}" if meta.eta is not None else "")
@@ -351,6 +352,15 @@ def read_quality(run_dir: Path) -> Quality:
     return Quality.from_json(read_json_or_empty(run_dir / QUALITY))
 
 
+def guider_parts(meta: ImageRecord) -> list[str]:
+    """The infotext's ``Guider: NAME`` and ``Guider SETTING: VALUE`` (config/infotext.py reads them back); none for
+    classifier-free guidance."""
+    if not meta.guider:
+        return []
+    settings = (item.partition("=") for item in (meta.guider_settings or "").split())
+    return [f"Guider: {meta.guider}", *(f"Guider {key}: {value}" for key, _, value in settings)]
+
+
 def image_meta(plan: Plan, height: int, width: int, guidance: str = "cfg", shift: Optional[float] = None,
                first_pass: Optional[tuple[int, int]] = None) -> ImageRecord:
     """What every image of the run shares, for its PNG text chunks and images.json: a record without the
@@ -393,6 +403,8 @@ def image_meta(plan: Plan, height: int, width: int, guidance: str = "cfg", shift
         shift=shift,
         slg_layers=",".join(map(str, slg[0])) or None, slg_scale=slg[1], slg_start=slg[2], slg_stop=slg[3],
         guidance_rescale=plan.guidance_rescale,
+        guider=plan.guider.name if plan.guider.name != guiders.DEFAULT else None,
+        guider_settings=" ".join(f"{key}={value:g}" for key, value in plan.guider.settings) or None,
         **(hires_fields(plan.hires, first_pass) if plan.hires else {}),
         refiner=f"{plan.refiner.name}:sha256={plan.refiner.sha256[:12]}" if plan.refiner else None,
         refiner_switch=plan.refiner.switch if plan.refiner else None,

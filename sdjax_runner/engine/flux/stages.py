@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 
 from sdjax_runner.engine.encode import Conditioning
+from sdjax_runner.engine.guiders import Guidance
 from sdjax_runner.engine.modes.start import Start
 
 CLIP_TOKENS = 77
@@ -106,7 +107,8 @@ def txt2img(pipeline: Any, params: dict, key, spec: Any, batch: int, inputs: dic
     return Start(jax.random.normal(key, shape=shape, dtype=jnp.float32))
 
 
-def velocity_model(pipeline: Any, params: dict, conditioning: Conditioning, guidance, spec: Any, batch: int):
+def velocity_model(pipeline: Any, params: dict, conditioning: Conditioning, guidance: Guidance, spec: Any,
+                   batch: int):
     """``velocity(tokens, timestep)``: the transformer's prediction for packed latents at ``timestep`` (a scalar in
     [0, 1], diffusers' ``t / 1000``), conditioned on the prompt and, for [dev], the embedded ``guidance``."""
     import jax.numpy as jnp
@@ -117,7 +119,7 @@ def velocity_model(pipeline: Any, params: dict, conditioning: Conditioning, guid
     assert conditioning.added is not None  # encode's: the pooled embedding (and the negative prompt's)
     added = conditioning.added
     pooled = added["pooled"]
-    embedded = (jnp.full((batch,), guidance, dtype=jnp.float32).astype(pipeline.dtype)
+    embedded = (jnp.full((batch,), guidance.scale, dtype=jnp.float32).astype(pipeline.dtype)
                 if pipeline.guidance_embeds else None)
 
     def call(x, timestep, context, pooled):

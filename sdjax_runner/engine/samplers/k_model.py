@@ -17,16 +17,20 @@ import numpy as np
 
 from sdjax_runner.config.samplers import SAMPLERS as ENTRIES
 from sdjax_runner.engine.encode import Conditioning
+from sdjax_runner.engine.guiders import Guidance, guided
 from sdjax_runner.engine.modes.start import Start, initial, kept
 from sdjax_runner.engine.samplers import unet
 from sdjax_runner.engine.samplers.k_samplers import K_SAMPLERS, NOISE_STREAM, key_noise
 from sdjax_runner.engine.samplers.sigmas import schedule, training_sigmas
 
 
-def unet_denoiser(pipeline: Any, params: dict, conditioning: Conditioning, guidance, prediction: str,
-                  training: np.ndarray) -> Callable:
+def unet_denoiser(pipeline: Any, params: dict, conditioning: Conditioning, guidance: Guidance, prediction: str,
+                  training: np.ndarray, steps: np.ndarray, first: Any = 0) -> Callable:
+    """``steps``: the sigmas the sampler steps through; a call's step (for the guider) is the index of the nearest,
+    counted from ``first`` (the step the sampler starts at: img2img's)."""
     import jax.numpy as jnp
 
+    step_sigmas = jnp.asarray(steps, jnp.float32)
     log_sigmas = jnp.asarray(np.log(training), jnp.float32)
     positions = jnp.arange(len(training), dtype=jnp.float32)
     # SDXL's refiner switches at the training timestep whose sigma is nearest the step's (A1111's apply_refiner)
@@ -38,7 +42,7 @@ def unet_denoiser(pipeline: Any, params: dict, conditioning: Conditioning, guida
         unconditional, conditional = (None if half is None else half.astype(jnp.float32) for half in
                                       unet.halves(pipeline, params, conditioning, x / jnp.sqrt(sigma**2 + 1), t,
                                                   nearest))
-        out = unet.guided(unconditional, conditional, guidance)
+        out = guided(unconditional, conditional, guidance, jnp.argmin(jnp.abs(step_sigmas - sigma)) - first)
         if prediction == "v_prediction":
             return x / (sigma**2 + 1) - out * sigma / jnp.sqrt(sigma**2 + 1)
         if prediction == "sample":
@@ -60,7 +64,8 @@ def step_sigmas(name: str, sigmas: str, steps: int, training: np.ndarray) -> np.
 def sampler(name: str) -> Callable:
     """The denoising stage of k sampler ``name``."""
 
-    def denoise(pipeline: Any, params: dict, conditioning: Conditioning, start: Start, guidance, spec: Any, key):
+    def denoise(pipeline: Any, params: dict, conditioning: Conditioning, start: Start, guidance: Guidance, spec: Any,
+                key):
         import jax
         import jax.numpy as jnp
 
@@ -68,7 +73,7 @@ def sampler(name: str) -> Callable:
         training = training_sigmas(config)
         sigmas = step_sigmas(name, spec.sigmas, spec.steps, training)  # host values: constants of the program
         prediction = spec.prediction_type or config.get("prediction_type", "epsilon")
-        model = unet_denoiser(pipeline, params, conditioning, guidance, prediction, training)
+        model = unet_denoiser(pipeline, params, conditioning, guidance, prediction, training, sigmas, start.step)
         if start.keep is not None:
             # Inpainting with an ordinary model, as A1111 does for the k samplers: the denoised sample is the
             # init image wherever it is kept (and so is the result).

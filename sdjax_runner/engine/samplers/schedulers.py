@@ -8,12 +8,14 @@ from __future__ import annotations
 from typing import Any
 
 from sdjax_runner.engine.encode import Conditioning
+from sdjax_runner.engine.guiders import Guidance, guided
 from sdjax_runner.engine.modes.start import Start, initial, kept
 from sdjax_runner.engine.samplers import unet
 from sdjax_runner.engine.samplers.k_samplers import NOISE_STREAM, key_noise
 
 
-def denoise(pipeline: Any, params: dict, conditioning: Conditioning, start: Start, guidance, spec: Any, key=None):
+def denoise(pipeline: Any, params: dict, conditioning: Conditioning, start: Start, guidance: Guidance, spec: Any,
+            key=None):
     import jax
     import jax.numpy as jnp
 
@@ -42,7 +44,7 @@ def denoise(pipeline: Any, params: dict, conditioning: Conditioning, start: Star
         # (scale_model_input is element-wise: scaling before the halves are doubled is the same as after)
         unconditional, conditional = unet.halves(pipeline, params, conditioning,
                                                  scheduler.scale_model_input(state, latents, t), t)
-        noise = unet.guided(unconditional, conditional, guidance)
+        noise = guided(unconditional, conditional, guidance, index - start.step)
         if spec.eta and draws is not None:  # DDIM with eta (config/samplers.py allows it for DDIM alone)
             latents, state = ddim_step(scheduler, state, noise, t, latents, spec.eta, draws(index, 0))
         else:

@@ -1,7 +1,7 @@
 """What every sampler asks of the UNet: one call on the unconditional and conditional halves of a batch at
 once (the inputs doubled, SDXL's added conditioning passed along), split back into the two predictions.
-Each sampler combines them with the guidance scale in its own precision (the diffusers schedulers in the
-UNet's dtype, as diffusers does; the k samplers in float32)."""
+Each sampler combines them by the run's guider (engine/guiders.py) in its own precision (the diffusers schedulers in
+the UNet's dtype, as diffusers does; the k samplers in float32)."""
 
 from __future__ import annotations
 
@@ -59,35 +59,6 @@ def _unet(pipeline: Any, params: dict, conditioning: Conditioning, model_input, 
     unet, weights = (pipeline.unet, params["unet"]) if unet is None else (unet, weights)
     return unet.apply({"params": weights}, model_input, timesteps, encoder_hidden_states=conditioning.context,
                       **extra).sample
-
-
-def guided(unconditional, conditional, guidance):
-    """Classifier-free guidance, ``unconditional + scale * (conditional - unconditional)`` in float32 (the scale a
-    float32 ``[scale]``, as diffusers' Flax pipelines make it, so the model output reaches the sampler in float32).
-    ``guidance``: the scale, or ``(scale, rescale)`` with CFG rescale (sampling.guidance_rescale, engine/program.py):
-    :func:`rescaled`. ``unconditional`` None (no guidance, :func:`halves`): the conditional prediction."""
-    import jax.numpy as jnp
-
-    if unconditional is None:  # no classifier-free guidance (Spec.cfg): the conditional prediction itself
-        return conditional.astype(jnp.float32)
-    scale, rescale = guidance if isinstance(guidance, tuple) else (guidance, None)
-    out = unconditional + jnp.array([scale], dtype=jnp.float32) * (conditional - unconditional)
-    return out if rescale is None else rescaled(out, conditional, rescale)
-
-
-def rescaled(cfg, conditional, rescale):
-    """diffusers' ``rescale_noise_cfg`` (Lin et al. 2023, "Common Diffusion Noise Schedules and Sample Steps are
-    Flawed", eq. 15-16): each image's guided prediction scaled to the conditional prediction's standard deviation,
-    mixed in by ``rescale``: ``rescale * cfg * std(cond) / std(cfg) + (1 - rescale) * cfg``. (diffusers' torch.std is
-    Bessel-corrected, the plain one here: the correction cancels in the ratio.) At 0 the guided prediction itself,
-    exactly."""
-    import jax.numpy as jnp
-
-    axes = tuple(range(1, cfg.ndim))
-    ratio = jnp.std(conditional, axis=axes, keepdims=True) / jnp.std(cfg, axis=axes, keepdims=True)
-    factor = jnp.ravel(jnp.asarray(rescale, jnp.float32))[0]
-    blended = factor * (cfg * ratio) + (1 - factor) * cfg
-    return jnp.where(factor > 0, blended, cfg)
 
 
 def conditional_only(conditioning: Conditioning) -> Conditioning:

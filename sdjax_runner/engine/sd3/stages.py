@@ -19,6 +19,7 @@ import numpy as np
 
 from sdjax_runner.engine.encode import Conditioning
 from sdjax_runner.engine.flux.stages import decode as flux_decode
+from sdjax_runner.engine.guiders import Guidance
 from sdjax_runner.engine.modes.start import Start
 
 CLIP_TOKENS = 77
@@ -103,18 +104,19 @@ def txt2img(pipeline: Any, params: dict, key, spec: Any, batch: int, inputs: dic
     return Start(jax.random.normal(key, shape=shape, dtype=jnp.float32))
 
 
-def velocity_model(pipeline: Any, params: dict, conditioning: Conditioning, guidance, spec: Any, batch: int):
+def velocity_model(pipeline: Any, params: dict, conditioning: Conditioning, guidance: Guidance, spec: Any,
+                   batch: int):
     """``velocity(latents, sigma)``: the guided prediction for NCHW latents at ``sigma`` in [0, 1] (the transformer
     sees diffusers' ``t = sigma * 1000``, float32; FLUX.1's velocity takes sigma likewise, so the flow k samplers
     drive both): the negative and positive prompts in one batch through the transformer, ``uncond + guidance *
-    (cond - uncond)`` where ``guidance`` > 1, else the conditional prediction alone (module docstring)."""
+    (cond - uncond)`` where ``guidance.scale`` > 1, else the conditional prediction alone (module docstring)."""
     import jax.numpy as jnp
 
     added = conditioning.added
     assert added is not None  # encode's
     context = jnp.concatenate([added["negative_context"], conditioning.context])
     pooled = jnp.concatenate([added["negative_pooled"], added["pooled"]])
-    scale = jnp.ravel(jnp.asarray(guidance, pipeline.dtype))[0]  # one value (a device holds it as (1,))
+    scale = jnp.ravel(jnp.asarray(guidance.scale, pipeline.dtype))[0]  # one value (a device holds it as (1,))
 
     train = np.float32(pipeline.scheduler_config.get("num_train_timesteps", 1000))
 

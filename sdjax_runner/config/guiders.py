@@ -1,0 +1,106 @@
+"""Guiders: how a step combines the denoiser's unconditional and conditional predictions (``guider=NAME``,
+``guider.*``), one :class:`GuiderEntry` each. ``sampling.guidance_scale`` stays the weight every guider applies (the
+CFG weight, as in diffusers' guiders); a guider's own settings are traced inputs of the program, so a sweep over them
+(or over the guidance scale) compiles once, while the guider's name shapes the program.
+
+How each guider computes is engine/'s (``engine/guiders.py``: one function per entry, checked against this registry
+when imported). A guider is offered by ``guider=NAME`` through Hydra's config group ``guider``, which
+:func:`register` fills from this registry (no YAML file per guider). A new guider is an entry here and its function
+there (docs/architecture.md, "Where a new guider goes").
+
+Like classifier-free guidance itself, a guider runs where ``sampling.guidance_scale`` is over 1 (else the conditional
+prediction runs alone: config/families.py). A family runs the guiders its entry lists (``FamilyEntry.guiders``); the
+others are one line.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from sdjax_runner.errors import UserError
+
+log = logging.getLogger("sdjax_runner")
+
+DEFAULT = "cfg"
+
+
+@dataclass(frozen=True)
+class GuiderEntry:
+    """What the config knows of one guider."""
+
+    name: str  # guider=NAME
+    title: str  # what it is, with its source, for people (docs, the plan line)
+    reads: tuple[str, ...] = ()  # the guider.* settings it reads (schema.GuiderConfig's fields), each a traced input
+
+
+GUIDERS = {entry.name: entry for entry in (
+    GuiderEntry("cfg", "classifier-free guidance (Ho & Salimans 2022): uncond + g (cond - uncond)"),
+    GuiderEntry("cfg_zero_star", "CFG-Zero* (Fan et al. 2025, diffusers' ClassifierFreeZeroStarGuidance): the "
+                                 "unconditional prediction scaled by its optimal projection on the conditional one, "
+                                 "zero on the first zero_init_steps steps", ("zero_init_steps",)),
+    GuiderEntry("apg", "adaptive projected guidance (Sadat et al. 2024, diffusers' AdaptiveProjectedGuidance without "
+                       "momentum): the update's norm capped at norm_threshold, its part parallel to the conditional "
+                       "prediction weighted by eta", ("eta", "norm_threshold")),
+)}
+
+
+@dataclass(frozen=True)
+class Guider:
+    """The guider a run uses: its name and the settings it reads, as numbers (the program's traced inputs)."""
+
+    name: str = DEFAULT
+    settings: tuple[tuple[str, float], ...] = ()
+
+    @property
+    def values(self) -> dict[str, float]:
+        return dict(self.settings)
+
+    @property
+    def label(self) -> str:
+        """``apg (eta 0.5, norm_threshold 15)``: for the plan line and the records."""
+        values = ", ".join(f"{key} {value:g}" for key, value in self.settings)
+        return f"{self.name} ({values})" if values else self.name
+
+
+def check(config: Any, family: Any) -> Guider:
+    """The run's guider (``config.guider``) for a model of ``family`` (config/families.FamilyEntry); raises UserError
+    naming the key. A setting the guider does not read is said in one line and left out (a sweep over guiders with
+    one guider's setting runs its other points without it)."""
+    given = config.guider  # a schema.GuiderConfig
+    name = str(given.name)
+    if name not in GUIDERS:
+        raise UserError("guider", name, ", ".join(GUIDERS))
+    if name not in family.guiders:
+        raise UserError("guider", f"{name}: {config.model.name} is a {family.name} model, which runs "
+                        f"{', '.join(family.guiders)}", ", ".join(family.guiders))
+    entry, defaults = GUIDERS[name], type(given)()
+    for key in (f.name for f in dataclasses.fields(given) if f.name != "name"):
+        value = getattr(given, key)
+        _check_value(key, value)
+        if key not in entry.reads and value != getattr(defaults, key):
+            readers = [other.name for other in GUIDERS.values() if key in other.reads]
+            log.warning("guider.%s: %g is read by %s; guider=%s runs without it", key, value,
+                        " and ".join(readers), name)
+    return Guider(name, tuple((key, float(getattr(given, key))) for key in entry.reads))
+
+
+def _check_value(key: str, value: Any) -> None:
+    if not math.isfinite(value):
+        raise UserError(f"guider.{key}", f"must be a finite number, got {value}", ALLOWED[key])
+    if key in ("zero_init_steps", "norm_threshold") and value < 0:
+        raise UserError(f"guider.{key}", f"must be >= 0, got {value}", ALLOWED[key])
+
+
+ALLOWED = {"zero_init_steps": "0 (none), 1 (diffusers' default), 2, ...",
+           "eta": "a number: 1 keeps the parallel part (plain CFG's update), 0 drops it (diffusers' default 1)",
+           "norm_threshold": "0 (no cap) or a positive number (diffusers' default 15)"}
+
+
+def register(store: Any) -> None:
+    """Hydra's config group ``guider``: one option per entry, setting its name (``guider=apg``)."""
+    for entry in GUIDERS.values():
+        store.store(group="guider", name=entry.name, node={"name": entry.name})

@@ -1,0 +1,105 @@
+"""How a step combines the denoiser's predictions: one function per guider of config/guiders.py (``guider=NAME``).
+
+Each takes the unconditional and conditional predictions (float32, a batch of images), the guidance scale (traced),
+the guider's settings (traced numbers, by the names its entry reads) and the step's index among the steps that run
+(traced: 0 at the first), and gives the guided prediction. A sampler calls :func:`guided` with a :class:`Guidance`:
+the guider's name (static: it shapes the program), the scale, CFG rescale where it runs, and the settings.
+
+Each function transcribes diffusers' guider of the same name (diffusers/guiders/, 0.39) in JAX; tests/test_guiders.py
+holds them to a NumPy transcription of that code.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+from sdjax_runner.config.guiders import GUIDERS as ENTRIES
+
+GUIDER_INPUT = "guider_"  # a guider's setting KEY is the program's traced input guider_KEY (engine/generate.py)
+
+
+@dataclass(frozen=True)
+class Guidance:
+    """What a sampler needs to guide: ``guider`` (its name), ``scale`` (sampling.guidance_scale, traced), ``rescale``
+    (CFG rescale's traced factor, or None where it does not run) and ``settings`` (the guider's traced numbers)."""
+
+    scale: Any
+    guider: str = "cfg"
+    rescale: Optional[Any] = None
+    settings: dict = field(default_factory=dict)
+
+
+def _per_image_sum(array, keepdims: bool = True):
+    import jax.numpy as jnp
+
+    return jnp.sum(array, axis=tuple(range(1, array.ndim)), keepdims=keepdims)
+
+
+def cfg(unconditional, conditional, scale, settings: dict, step):
+    """diffusers' ClassifierFreeGuidance: ``uncond + scale * (cond - uncond)``."""
+    return unconditional + scale * (conditional - unconditional)
+
+
+def cfg_zero_star(unconditional, conditional, scale, settings: dict, step):
+    """diffusers' ClassifierFreeZeroStarGuidance: ``alpha * uncond + scale * (cond - uncond)``, alpha each image's
+    ``<cond, uncond> / (|uncond|^2 + 1e-8)``; zeros on the steps before ``zero_init_steps``."""
+    import jax.numpy as jnp
+
+    alpha = _per_image_sum(conditional * unconditional) / (_per_image_sum(unconditional**2) + 1e-8)
+    guided_ = unconditional * alpha + scale * (conditional - unconditional)
+    return jnp.where(step < settings["zero_init_steps"], jnp.zeros_like(guided_), guided_)
+
+
+def apg(unconditional, conditional, scale, settings: dict, step):
+    """diffusers' AdaptiveProjectedGuidance without momentum (``normalized_guidance``): the update ``cond - uncond``
+    with its norm capped at ``norm_threshold`` (0: no cap), split into its parts parallel and orthogonal to the
+    conditional prediction, recombined as ``orthogonal + eta * parallel``; ``uncond + scale * update``. (diffusers
+    projects in float64; float32 here.)"""
+    import jax.numpy as jnp
+
+    diff = conditional - unconditional
+    threshold = settings["norm_threshold"]
+    norm = jnp.sqrt(_per_image_sum(diff**2))
+    capped = diff * jnp.minimum(1.0, threshold / norm)
+    diff = jnp.where(threshold > 0, capped, diff)
+    unit = conditional / jnp.maximum(jnp.sqrt(_per_image_sum(conditional**2)), 1e-12)  # torch's F.normalize
+    parallel = _per_image_sum(diff * unit) * unit
+    return unconditional + scale * (diff - parallel + settings["eta"] * parallel)
+
+
+GUIDERS: dict[str, Callable] = {"cfg": cfg, "cfg_zero_star": cfg_zero_star, "apg": apg}
+assert set(GUIDERS) == set(ENTRIES), "engine/guiders.py and config/guiders.py name the same guiders"
+
+
+def guided(unconditional, conditional, guidance: Guidance, step):
+    """The guided prediction in float32: ``guidance.guider``'s, then CFG rescale where it runs (diffusers applies
+    ``rescale_noise_cfg`` after every guider). ``unconditional`` None (no classifier-free guidance, Spec.cfg): the
+    conditional prediction itself. ``step``: the step's index among those that run (0 at the first)."""
+    import jax.numpy as jnp
+
+    if unconditional is None:
+        return conditional.astype(jnp.float32)
+    if guidance.guider == "cfg":  # the guide's expression, bit for bit: a float32 [scale], as diffusers' Flax
+        # pipelines make it, promotes the predictions (in the UNet's dtype) to float32
+        out = cfg(unconditional, conditional, jnp.array([guidance.scale], dtype=jnp.float32), {}, step)
+    else:  # in float32, as diffusers' guiders compute
+        out = GUIDERS[guidance.guider](unconditional.astype(jnp.float32), conditional.astype(jnp.float32),
+                                       jnp.ravel(jnp.asarray(guidance.scale, jnp.float32))[0], guidance.settings, step)
+    return out if guidance.rescale is None else rescaled(out, conditional, guidance.rescale)
+
+
+def rescaled(cfg, conditional, rescale):
+    """diffusers' ``rescale_noise_cfg`` (Lin et al. 2023, "Common Diffusion Noise Schedules and Sample Steps are
+    Flawed", eq. 15-16): each image's guided prediction scaled to the conditional prediction's standard deviation,
+    mixed in by ``rescale``: ``rescale * cfg * std(cond) / std(cfg) + (1 - rescale) * cfg``. (diffusers' torch.std is
+    Bessel-corrected, the plain one here: the correction cancels in the ratio.) At 0 the guided prediction itself,
+    exactly."""
+    import jax.numpy as jnp
+
+    axes = tuple(range(1, cfg.ndim))
+    ratio = jnp.std(conditional, axis=axes, keepdims=True) / jnp.std(cfg, axis=axes, keepdims=True)
+    factor = jnp.ravel(jnp.asarray(rescale, jnp.float32))[0]
+    blended = factor * (cfg * ratio) + (1 - factor) * cfg
+    return jnp.where(factor > 0, blended, cfg)

@@ -1,0 +1,157 @@
+"""Guiders (guider=NAME, issue #62 item 1): each is diffusers' guider of the same name, checked against a NumPy
+transcription of diffusers' code (tests/helpers/guiders_reference.py) on fixed predictions; through the command line a
+sweep over a guider's setting compiles once, APG at eta 1 without a cap is plain CFG's images, the record and the PNG
+name the guider and from_png remakes its images; what a guider cannot run with is one line."""
+
+from __future__ import annotations
+
+import json
+import logging
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from helpers import guiders_reference as reference
+from helpers.cli import ONE_DEVICE, assert_one_line_error, call_cli, run_cli
+
+
+def predictions(seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """(unconditional, conditional) predictions of 3 images, correlated as a model's are."""
+    rng = np.random.default_rng(seed)
+    uncond = rng.standard_normal((3, 4, 8, 8)).astype(np.float32)
+    return uncond, (uncond + 0.6 * rng.standard_normal((3, 4, 8, 8))).astype(np.float32)
+
+
+def ours(name: str, scale: float, step: int = 3, **settings) -> np.ndarray:
+    from sdjax_runner.engine.guiders import Guidance, guided
+
+    uncond, cond = predictions()
+    values = {key: np.float32(value) for key, value in settings.items()}
+    return np.asarray(guided(uncond, cond, Guidance(np.float32(scale), name, settings=values), np.int32(step)))
+
+
+@pytest.mark.parametrize("scale", [0.5, 3.0, 7.5])
+def test_cfg_is_diffusers_classifier_free_guidance(scale):
+    uncond, cond = predictions()
+    np.testing.assert_allclose(ours("cfg", scale), reference.classifier_free_guidance(cond, uncond, scale),
+                               rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("scale", [3.0, 7.5])
+@pytest.mark.parametrize(("step", "zero_init_steps"), [(0, 1), (1, 1), (0, 0), (2, 3), (3, 3)])
+def test_cfg_zero_star_is_diffusers_classifier_free_zero_star_guidance(scale, step, zero_init_steps):
+    uncond, cond = predictions()
+    expected = reference.classifier_free_zero_star_guidance(cond, uncond, scale, step, zero_init_steps)
+    got = ours("cfg_zero_star", scale, step, zero_init_steps=zero_init_steps)
+    np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-5)
+    assert (step < zero_init_steps) == (not got.any())  # zeros on the first zero_init_steps steps alone
+    if step >= zero_init_steps:  # the optimal scale moves it off plain CFG
+        assert np.abs(got - reference.classifier_free_guidance(cond, uncond, scale)).max() > 1e-3
+
+
+@pytest.mark.parametrize("scale", [3.0, 7.5])
+@pytest.mark.parametrize("eta", [0.0, 0.5, 1.0])
+@pytest.mark.parametrize("norm_threshold", [0.0, 2.0, 15.0])
+def test_apg_is_diffusers_normalized_guidance(scale, eta, norm_threshold):
+    uncond, cond = predictions()
+    expected = reference.normalized_guidance(cond, uncond, scale, eta, norm_threshold)
+    np.testing.assert_allclose(ours("apg", scale, eta=eta, norm_threshold=norm_threshold), expected,
+                               rtol=1e-5, atol=1e-5)
+    if eta == 1 and norm_threshold == 0:  # the update's two parts put back together: plain CFG
+        np.testing.assert_allclose(expected, reference.classifier_free_guidance(cond, uncond, scale), atol=1e-5)
+
+
+def test_every_guider_is_in_both_registries_and_the_sd_familys():
+    from sdjax_runner.config.families import FAMILIES
+    from sdjax_runner.config.guiders import GUIDERS as ENTRIES
+    from sdjax_runner.engine.guiders import GUIDERS
+
+    assert set(ENTRIES) == set(GUIDERS) == set(FAMILIES["sd"].guiders)
+    assert FAMILIES["flux"].guiders == FAMILIES["sd3"].guiders == ("cfg",)
+
+
+def test_a_setting_the_guider_does_not_read_is_said_and_left_out(caplog):
+    from helpers.configs import compose_cfg
+    from sdjax_runner.config.plan import admit, make_plan
+
+    with caplog.at_level(logging.WARNING, logger="sdjax_runner"):
+        plan = make_plan(admit(compose_cfg(["+experiment=smoke", "guider.eta=0.5"])), 8)
+    assert plan.guider.name == "cfg" and plan.guider.settings == ()
+    assert "guider.eta: 0.5 is read by apg; guider=cfg runs without it" in caplog.text
+    plan = make_plan(admit(compose_cfg(["+experiment=smoke", "guider=apg", "guider.eta=0.5"])), 8)
+    assert plan.guider.settings == (("eta", 0.5), ("norm_threshold", 15.0))
+
+
+@pytest.mark.parametrize(("overrides", "expected"), [
+    (["guider=nope"], "error: guider=nope: no such option (allowed: apg, cfg, cfg_zero_star)"),
+    (["model=tiny-random-flux", "guider=apg"],
+     "error: guider: apg: tiny-random-flux is a flux model, which runs cfg (allowed: cfg)"),
+    (["guider=apg", "guider.norm_threshold=-1"], "error: guider.norm_threshold: must be >= 0, got -1.0"),
+    (["guider=apg", "guider.eta=inf"], "error: guider.eta: must be a finite number, got inf"),
+    (["guider=cfg_zero_star", "guider.zero_init_steps=-2"], "error: guider.zero_init_steps: must be >= 0, got -2"),
+])
+def test_what_a_guider_cannot_run_with_is_one_line(tmp_path, overrides, expected):
+    assert_one_line_error(call_cli("+experiment=smoke", "tracking=none", *overrides, cwd=tmp_path), expected)
+
+
+def _hashes(run_dir) -> list[str]:
+    return [r["pixels_sha256"] for r in json.loads((run_dir / "images.json").read_text())]
+
+
+def _pixels(run_dir) -> np.ndarray:
+    return np.stack([np.asarray(Image.open(p), dtype=np.int16) for p in sorted((run_dir / "images").glob("*.png"))])
+
+
+@pytest.mark.slow
+def test_an_apg_sweep_compiles_once_its_eta_1_is_cfg_and_from_png_remakes_it(tmp_path, cache_dir):
+    quiet = ["+experiment=smoke", "tracking=none", "metrics.clip_score.enabled=false", *ONE_DEVICE,
+             "compilation_cache.executables=false", f"paths.cache_dir={cache_dir}"]
+    sweep = tmp_path / "sweep"
+    result = run_cli("-m", *quiet, "guider=apg", "guider.norm_threshold=0", "guider.eta=1,0",
+                     f"hydra.sweep.dir={sweep}", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "; guider apg (eta 1, norm_threshold 0)" in result.stdout  # the plan line
+    plain = run_cli(*quiet, "hydra.run.dir=plain", cwd=tmp_path)
+    assert plain.returncode == 0, plain.stderr[-3000:]
+    # eta 1 without a cap recombines CFG's update: CFG's images within float32 rounding; eta 0 drops its parallel part
+    assert np.abs(_pixels(sweep / "0") - _pixels(tmp_path / "plain")).max() <= 1
+    assert np.abs(_pixels(sweep / "1") - _pixels(sweep / "0")).max() >= 2
+    timings = json.loads((sweep / "1" / "timings.json").read_text())
+    assert timings["compile_reused"] == 1  # eta is a traced input: one program for the sweep
+    record = json.loads((sweep / "1" / "images.json").read_text())[0]
+    assert (record["guider"], record["guider_settings"]) == ("apg", "eta=0 norm_threshold=0")
+    assert "guider" not in json.loads((tmp_path / "plain" / "images.json").read_text())[0]
+    png = sweep / "1" / record["file"]
+    with Image.open(png) as image:
+        assert "Guider: apg, Guider eta: 0, Guider norm_threshold: 0, " in image.text["parameters"]
+    remade = run_cli(str(png), "tracking=none", "metrics.clip_score.enabled=false", f"paths.cache_dir={cache_dir}",
+                     *ONE_DEVICE, "hydra.run.dir=from_png", command="from_png", cwd=tmp_path)
+    said = remade.stdout + remade.stderr
+    assert remade.returncode == 0, said[-3000:]
+    assert "Guider: apg -> guider=apg" in said and "Guider eta: 0 -> guider.eta=0" in said
+    assert _hashes(tmp_path / "from_png")[0] == record["pixels_sha256"]
+
+
+@pytest.mark.slow
+def test_cfg_zero_star_zeroes_its_first_steps_on_a_k_sampler_and_a_sweep_compiles_once(tmp_path, cache_dir):
+    """On a k sampler the step is the sigma's place in its schedule. With every step zeroed, Euler's derivative is
+    zero at each step: the latents stay the initial noise, the same whatever the prompt (the guidance is never
+    read); with none zeroed the prompt shows."""
+    quiet = ["+experiment=smoke", "tracking=none", "metrics.clip_score.enabled=false", *ONE_DEVICE,
+             "compilation_cache.executables=false", f"paths.cache_dir={cache_dir}", "sampler=Euler",
+             "guider=cfg_zero_star"]
+    sweep = tmp_path / "sweep"
+    result = run_cli("-m", *quiet, "guider.zero_init_steps=0,1,4", "prompts.texts=[a red cube],[a blue sphere]",
+                     f"hydra.sweep.dir={sweep}", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    jobs = {}
+    for job in sweep.glob("[0-9]"):
+        record = json.loads((job / "images.json").read_text())[0]
+        jobs[(record["guider_settings"], record["prompt"])] = _pixels(job)
+    assert len(jobs) == 6
+    compiled = [json.loads((job / "timings.json").read_text())["compile_reused"] for job in sweep.glob("[0-9]")]
+    assert sorted(compiled) == [0, 1, 1, 1, 1, 1]  # the steps zeroed and the prompts are inputs: one program
+    assert np.array_equal(jobs[("zero_init_steps=4", "a red cube")], jobs[("zero_init_steps=4", "a blue sphere")])
+    assert np.abs(jobs[("zero_init_steps=0", "a red cube")] - jobs[("zero_init_steps=0", "a blue sphere")]).max() >= 2
+    assert np.abs(jobs[("zero_init_steps=1", "a red cube")] - jobs[("zero_init_steps=0", "a red cube")]).max() >= 2
