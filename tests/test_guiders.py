@@ -67,8 +67,8 @@ def test_every_guider_is_in_both_registries_and_the_sd_familys():
     from sdjax_runner.config.guiders import GUIDERS as ENTRIES
     from sdjax_runner.engine.guiders import GUIDERS
 
-    assert set(ENTRIES) == set(GUIDERS) == set(FAMILIES["sd"].guiders)
-    assert FAMILIES["flux"].guiders == FAMILIES["sd3"].guiders == ("cfg",)
+    assert set(ENTRIES) == set(GUIDERS) == set(FAMILIES["sd"].guiders) == set(FAMILIES["sd3"].guiders)
+    assert FAMILIES["flux"].guiders == ("cfg",)  # distilled guidance; its true CFG is sampling.true_cfg_scale
 
 
 def test_a_setting_the_guider_does_not_read_is_said_and_left_out(caplog):
@@ -155,3 +155,27 @@ def test_cfg_zero_star_zeroes_its_first_steps_on_a_k_sampler_and_a_sweep_compile
     assert np.array_equal(jobs[("zero_init_steps=4", "a red cube")], jobs[("zero_init_steps=4", "a blue sphere")])
     assert np.abs(jobs[("zero_init_steps=0", "a red cube")] - jobs[("zero_init_steps=0", "a blue sphere")]).max() >= 2
     assert np.abs(jobs[("zero_init_steps=1", "a red cube")] - jobs[("zero_init_steps=0", "a red cube")]).max() >= 2
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sampler", [[], ["sampler=dpmpp_2m", "scheduler=karras"]], ids=["euler", "k sampler"])
+def test_sd3_runs_the_guiders_on_its_euler_and_a_flow_k_sampler(tmp_path, cache_dir, sampler):
+    """SD 3's flow model (the family CFG-Zero* was made for): with every step zeroed the velocity is zero and the
+    latents stay the initial noise, whatever the prompt; APG at eta 1 without a cap is CFG's images; one program for
+    each guider's sweep."""
+    quiet = ["+experiment=sd3_smoke", "tracking=none", "metrics.clip_score.enabled=false", *ONE_DEVICE,
+             "compilation_cache.executables=false", f"paths.cache_dir={cache_dir}", *sampler]
+    zero = tmp_path / "zero"
+    result = run_cli("-m", *quiet, "guider=cfg_zero_star", "guider.zero_init_steps=4,0",
+                     "prompts.texts=[a red cube],[a blue sphere]", f"hydra.sweep.dir={zero}", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    jobs = {(r["guider_settings"], r["prompt"]): _pixels(job) for job in zero.glob("[0-9]")
+            for r in json.loads((job / "images.json").read_text())[:1]}
+    assert np.array_equal(jobs[("zero_init_steps=4", "a red cube")], jobs[("zero_init_steps=4", "a blue sphere")])
+    assert np.abs(jobs[("zero_init_steps=0", "a red cube")] - jobs[("zero_init_steps=0", "a blue sphere")]).max() >= 2
+    assert sorted(json.loads((job / "timings.json").read_text())["compile_reused"] for job in zero.glob("[0-9]")) \
+        == [0, 1, 1, 1]
+    apg = run_cli(*quiet, "guider=apg", "guider.eta=1", "guider.norm_threshold=0", "hydra.run.dir=apg", cwd=tmp_path)
+    plain = run_cli(*quiet, "hydra.run.dir=plain", cwd=tmp_path)
+    assert apg.returncode == 0 and plain.returncode == 0, (apg.stderr + plain.stderr)[-3000:]
+    assert np.abs(_pixels(tmp_path / "apg") - _pixels(tmp_path / "plain")).max() <= 1

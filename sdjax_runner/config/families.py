@@ -170,7 +170,7 @@ FAMILIES = _registry(
                 builtins=("tiny-random-sd3", "sd3.5-large-arch"), steps=28, guidance=7.0, check=_sd3_values,
                 sampling=samplers.resolve_flow, t5_tokens=256, t5_optional=True, scheduler_settings=False,
                 checkpoint_holds=lambda keys: ("transformer",) + weight_files.sd3_components_inside(keys),
-                a1111_prompts=False,
+                a1111_prompts=False, guiders=tuple(guiders.GUIDERS),
                 largest_side=_sd3_largest_side),
 )
 DEFAULT = "sd"  # a model's family where nothing says another (planned); records name only another

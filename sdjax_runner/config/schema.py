@@ -478,8 +478,8 @@ class GuiderConfig:
     # How a step combines the denoiser's unconditional and conditional predictions (config/guiders.py): cfg
     # (classifier-free guidance, the default), cfg_zero_star (CFG-Zero*), apg (adaptive projected guidance).
     # Chosen as guider=NAME; sampling.guidance_scale is the weight each applies. The name shapes the program; the
-    # settings below are traced inputs (a sweep over them compiles once). SD family (SD 1.x/2.x/XL) for now; the
-    # flow families run cfg. A setting its guider does not read is said once and left out.
+    # settings below are traced inputs (a sweep over them compiles once). The SD family and SD 3 run them all;
+    # FLUX.1 runs cfg. A setting its guider does not read is said once and left out.
     name: str = "cfg"
     # cfg_zero_star: the first steps whose prediction is zero (diffusers' zero_init_steps, default 1; the paper's
     # ~4% of the steps), counted among the steps that run (img2img's first is 0).

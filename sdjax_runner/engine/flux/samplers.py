@@ -36,7 +36,7 @@ def k_sampler(name: str, family_stages: Any = stages) -> Callable:
         table, sigma = flow.flow_model(pipeline.scheduler_config, spec.height, spec.width, factor)
         sigmas = flow.schedule(spec.sigmas, spec.steps, table, sigma)  # host values: constants of the program
         tokens = stages.pack(start.noise)
-        velocity = stages.velocity_model(pipeline, params, conditioning, guidance, spec, tokens.shape[0])
+        velocity = stages.velocity_model(pipeline, params, conditioning, guidance, spec, tokens.shape[0], sigmas)
 
         def denoiser(x, sigma_now):
             return x - sigma_now * velocity(x, sigma_now).astype(jnp.float32)

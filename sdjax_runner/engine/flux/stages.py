@@ -108,9 +108,10 @@ def txt2img(pipeline: Any, params: dict, key, spec: Any, batch: int, inputs: dic
 
 
 def velocity_model(pipeline: Any, params: dict, conditioning: Conditioning, guidance: Guidance, spec: Any,
-                   batch: int):
+                   batch: int, steps: Any = None):
     """``velocity(tokens, timestep)``: the transformer's prediction for packed latents at ``timestep`` (a scalar in
-    [0, 1], diffusers' ``t / 1000``), conditioned on the prompt and, for [dev], the embedded ``guidance``."""
+    [0, 1], diffusers' ``t / 1000``), conditioned on the prompt and, for [dev], the embedded ``guidance``. FLUX.1
+    runs no guider but CFG (``steps``: the k samplers' sigmas, which SD 3's guiders read, unused here)."""
     import jax.numpy as jnp
 
     factor = pipeline.vae_scale_factor

@@ -13,13 +13,14 @@ compiles once). Latents are NCHW between the stages, NHWC inside the transformer
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Optional
 
 import numpy as np
 
+from sdjax_runner.config import guiders
 from sdjax_runner.engine.encode import Conditioning
 from sdjax_runner.engine.flux.stages import decode as flux_decode
-from sdjax_runner.engine.guiders import Guidance
+from sdjax_runner.engine.guiders import Guidance, guided
 from sdjax_runner.engine.modes.start import Start
 
 CLIP_TOKENS = 77
@@ -105,11 +106,14 @@ def txt2img(pipeline: Any, params: dict, key, spec: Any, batch: int, inputs: dic
 
 
 def velocity_model(pipeline: Any, params: dict, conditioning: Conditioning, guidance: Guidance, spec: Any,
-                   batch: int):
-    """``velocity(latents, sigma)``: the guided prediction for NCHW latents at ``sigma`` in [0, 1] (the transformer
-    sees diffusers' ``t = sigma * 1000``, float32; FLUX.1's velocity takes sigma likewise, so the flow k samplers
-    drive both): the negative and positive prompts in one batch through the transformer, ``uncond + guidance *
-    (cond - uncond)`` where ``guidance.scale`` > 1, else the conditional prediction alone (module docstring)."""
+                   batch: int, steps: Optional[np.ndarray] = None):
+    """``velocity(latents, sigma, index=None)``: the guided prediction for NCHW latents at ``sigma`` in [0, 1] (the
+    transformer sees diffusers' ``t = sigma * 1000``, float32; FLUX.1's velocity takes sigma likewise, so the flow k
+    samplers drive both): the negative and positive prompts in one batch through the transformer, combined by the
+    run's guider (``uncond + guidance * (cond - uncond)`` for CFG, in the transformer's dtype as diffusers; another
+    guider in float32, engine/guiders.py) where ``guidance.scale`` > 1, else the conditional prediction alone (module
+    docstring). The guider's step is ``index`` (the Euler loop's), else the place of ``sigma`` among ``steps`` (the
+    sigmas a k sampler steps through)."""
     import jax.numpy as jnp
 
     added = conditioning.added
@@ -129,10 +133,14 @@ def velocity_model(pipeline: Any, params: dict, conditioning: Conditioning, guid
         t = jnp.broadcast_to(jnp.asarray(sigma, jnp.float32) * train, (2 * batch,)).astype(pipeline.dtype)
         both = transformer(jnp.concatenate([x, x]), context, pooled, t)
         uncond, cond = both[:batch], both[batch:]
-        guided = uncond + scale * (cond - uncond)
+        if guidance.guider == guiders.DEFAULT:
+            combined = uncond + scale * (cond - uncond)
+        else:
+            step = index if index is not None else jnp.argmin(jnp.abs(jnp.asarray(steps, jnp.float32) - sigma))
+            combined = guided(uncond, cond, guidance, step).astype(pipeline.dtype)
         if spec.slg is not None and index is not None:
-            guided = guided + skip_layer_guidance(x, cond, t[:batch], index)
-        return jnp.where(scale > 1, guided, cond).transpose(0, 3, 1, 2)
+            combined = combined + skip_layer_guidance(x, cond, t[:batch], index)
+        return jnp.where(scale > 1, combined, cond).transpose(0, 3, 1, 2)
 
     def skip_layer_guidance(x, cond, t, index):
         """diffusers' ``(cond - cond without the skipped blocks) * skip_layer_guidance_scale`` on the steps ``i``
