@@ -67,8 +67,23 @@ def test_every_guider_is_in_both_registries_and_the_sd_familys():
     from sdjax_runner.config.guiders import GUIDERS as ENTRIES
     from sdjax_runner.engine.guiders import GUIDERS
 
-    assert set(ENTRIES) == set(GUIDERS) == set(FAMILIES["sd"].guiders) == set(FAMILIES["sd3"].guiders)
-    assert FAMILIES["flux"].guiders == ("cfg",)  # distilled guidance; its true CFG is sampling.true_cfg_scale
+    assert set(ENTRIES) == set(GUIDERS)
+    assert all(set(family.guiders) == set(GUIDERS) for family in FAMILIES.values())
+
+
+def test_a_family_that_lists_fewer_guiders_refuses_the_others_in_one_line():
+    import dataclasses
+
+    from helpers.configs import compose_cfg
+    from sdjax_runner.config import guiders
+    from sdjax_runner.config.families import FAMILIES
+    from sdjax_runner.config.plan import admit
+    from sdjax_runner.errors import UserError
+
+    config = admit(compose_cfg(["+experiment=smoke", "guider=apg"]))
+    with pytest.raises(UserError) as refused:
+        guiders.check(config, dataclasses.replace(FAMILIES["sd"], guiders=("cfg",)))
+    assert str(refused.value) == "guider: apg: tiny-random is a sd model, which runs cfg (allowed: cfg)"
 
 
 def test_a_setting_the_guider_does_not_read_is_said_and_left_out(caplog):
@@ -86,7 +101,8 @@ def test_a_setting_the_guider_does_not_read_is_said_and_left_out(caplog):
 @pytest.mark.parametrize(("overrides", "expected"), [
     (["guider=nope"], "error: guider=nope: no such option (allowed: apg, cfg, cfg_zero_star)"),
     (["model=tiny-random-flux", "guider=apg"],
-     "error: guider: apg: tiny-random-flux is a flux model, which runs cfg (allowed: cfg)"),
+     "error: guider: apg: FLUX.1 combines two predictions only with true CFG (its guidance is distilled) (allowed: "
+     "cfg, or apg with sampling.true_cfg_scale and prompts.negative)"),
     (["guider=apg", "guider.norm_threshold=-1"], "error: guider.norm_threshold: must be >= 0, got -1.0"),
     (["guider=apg", "guider.eta=inf"], "error: guider.eta: must be a finite number, got inf"),
     (["guider=cfg_zero_star", "guider.zero_init_steps=-2"], "error: guider.zero_init_steps: must be >= 0, got -2"),
@@ -179,3 +195,24 @@ def test_sd3_runs_the_guiders_on_its_euler_and_a_flow_k_sampler(tmp_path, cache_
     plain = run_cli(*quiet, "hydra.run.dir=plain", cwd=tmp_path)
     assert apg.returncode == 0 and plain.returncode == 0, (apg.stderr + plain.stderr)[-3000:]
     assert np.abs(_pixels(tmp_path / "apg") - _pixels(tmp_path / "plain")).max() <= 1
+
+
+@pytest.mark.slow
+def test_flux_true_cfg_is_traced_and_takes_the_guiders(tmp_path, cache_dir):
+    """FLUX.1 [dev]'s true CFG (FluxPipeline's true_cfg_scale, its negative prompt's prediction the unconditional
+    one): a sweep over its scale compiles once (it was a constant of the program), and a guider combines the two
+    predictions -- APG at eta 1 without a cap is true CFG's images."""
+    quiet = ["+experiment=flux_smoke", "tracking=none", "metrics.clip_score.enabled=false", *ONE_DEVICE,
+             "compilation_cache.executables=false", f"paths.cache_dir={cache_dir}", "prompts.negative=blurry"]
+    sweep = tmp_path / "sweep"
+    result = run_cli("-m", *quiet, "sampling.true_cfg_scale=2,4", f"hydra.sweep.dir={sweep}", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert [json.loads((sweep / job / "timings.json").read_text())["compile_reused"] for job in "01"] == [0, 1]
+    assert np.abs(_pixels(sweep / "0") - _pixels(sweep / "1")).max() >= 2
+    apg = run_cli(*quiet, "sampling.true_cfg_scale=4", "guider=apg", "guider.eta=1", "guider.norm_threshold=0",
+                  "hydra.run.dir=apg", cwd=tmp_path)
+    assert apg.returncode == 0, apg.stderr[-3000:]
+    assert np.abs(_pixels(tmp_path / "apg") - _pixels(sweep / "1")).max() <= 1
+    zero = run_cli(*quiet, "sampling.true_cfg_scale=4", "guider=cfg_zero_star", "hydra.run.dir=zero", cwd=tmp_path)
+    assert zero.returncode == 0, zero.stderr[-3000:]
+    assert np.abs(_pixels(tmp_path / "zero") - _pixels(sweep / "1")).max() >= 2

@@ -82,6 +82,10 @@ def _flux_values(config: Any) -> None:
         raise UserError("prompts.negative", f"{config.model.name} is FLUX.1, which is guidance-distilled: it reads a "
                         "negative prompt only with true classifier-free guidance", "null, or with "
                         "sampling.true_cfg_scale=4 (say)")
+    if config.guider.name != guiders.DEFAULT and true_cfg is None:
+        raise UserError("guider", f"{config.guider.name}: FLUX.1 combines two predictions only with true CFG "
+                        "(its guidance is distilled)", f"cfg, or {config.guider.name} with sampling.true_cfg_scale "
+                        "and prompts.negative")
     if true_cfg is not None and prompts.negative is None:
         raise UserError("sampling.true_cfg_scale", f"{true_cfg}: true classifier-free guidance needs a negative prompt",
                         "null, or with prompts.negative=TEXT")
@@ -162,6 +166,7 @@ FAMILIES = _registry(
                                                                         "flux-dev-arch"),
                 steps=28, guidance=3.5, check=_flux_values, sampling=samplers.resolve_flow, t5_tokens=512,
                 checkpoint_holds=lambda keys: ("transformer",), a1111_prompts=False, true_cfg=True,
+                guiders=tuple(guiders.GUIDERS),  # on its true CFG (_flux_values)
                 sampler_names_scheduler=True,
                 scheduler_settings=False),
     # diffusers' StableDiffusion3Pipeline defaults: 28 steps, guidance 7.0, 256 T5 tokens.

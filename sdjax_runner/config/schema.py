@@ -250,7 +250,9 @@ class SamplingConfig:
     guidance_scale: Optional[float] = None
     # FLUX.1 [dev]: true classifier-free guidance (diffusers' true_cfg_scale, Forge's "CFG scale" on FLUX): with
     # prompts.negative and a value over 1 the transformer also runs on the negative prompt, mixed as neg + scale *
-    # (pos - neg) -- two transformer calls a step. null: none (1). Shapes the program. SD: refused (guidance_scale).
+    # (pos - neg) -- two transformer calls a step (a guider other than cfg combines the two instead). null: none
+    # (1). Whether it runs shapes the program; the value is traced (a sweep compiles once). SD: refused
+    # (guidance_scale).
     true_cfg_scale: Optional[float] = None
     # Stable Diffusion: CFG rescale (diffusers' guidance_rescale, Forge's "Rescale CFG", Lin et al. 2023 for
     # v-prediction and zero-terminal-SNR models): the guided prediction cfg is replaced by rescale * cfg *
@@ -478,8 +480,8 @@ class GuiderConfig:
     # How a step combines the denoiser's unconditional and conditional predictions (config/guiders.py): cfg
     # (classifier-free guidance, the default), cfg_zero_star (CFG-Zero*), apg (adaptive projected guidance).
     # Chosen as guider=NAME; sampling.guidance_scale is the weight each applies. The name shapes the program; the
-    # settings below are traced inputs (a sweep over them compiles once). The SD family and SD 3 run them all;
-    # FLUX.1 runs cfg. A setting its guider does not read is said once and left out.
+    # settings below are traced inputs (a sweep over them compiles once). The SD family and SD 3 run them all, FLUX.1
+    # on its true CFG (sampling.true_cfg_scale). A setting its guider does not read is said once and left out.
     name: str = "cfg"
     # cfg_zero_star: the first steps whose prediction is zero (diffusers' zero_init_steps, default 1; the paper's
     # ~4% of the steps), counted among the steps that run (img2img's first is 0).

@@ -129,10 +129,12 @@ class Generator:
                            if name in PER_IMAGE[spec.mode]}
         numbers = {"start": np.int32(plan.start_step), "control_scale": np.float32(plan.conditioning_scale),
                    "guidance_rescale": np.float32(plan.guidance_rescale or 0.0),
+                   "true_cfg_scale": np.float32(plan.true_cfg_scale or 0.0),
                    "hires_guidance": np.float32(plan.hires.guidance if plan.hires and plan.hires.guidance else 0.0),
                    "refiner_cutoff": np.int32(cutoff(plan.refiner, pipeline) if plan.refiner else 0),
                    **{GUIDER_INPUT + key: np.float32(value) for key, value in plan.guider.settings}}
         names = (NUMBERS[spec.mode] + (("guidance_rescale",) if spec.cfg_rescale else ())
+                 + (("true_cfg_scale",) if spec.true_cfg else ())
                  + tuple(GUIDER_INPUT + key for key, _ in plan.guider.settings)
                  + (("hires_guidance",) if spec.hires and spec.hires.guided else ())
                  + (("refiner_cutoff",) if spec.refiner else ()))

@@ -23,12 +23,15 @@ GUIDER_INPUT = "guider_"  # a guider's setting KEY is the program's traced input
 @dataclass(frozen=True)
 class Guidance:
     """What a sampler needs to guide: ``guider`` (its name), ``scale`` (sampling.guidance_scale, traced), ``rescale``
-    (CFG rescale's traced factor, or None where it does not run) and ``settings`` (the guider's traced numbers)."""
+    (CFG rescale's traced factor, or None where it does not run), ``settings`` (the guider's traced numbers) and
+    ``true_scale`` (FLUX.1's true CFG, sampling.true_cfg_scale, traced, or None where it does not run: its ``scale``
+    is the distilled guidance the transformer embeds)."""
 
     scale: Any
     guider: str = "cfg"
     rescale: Optional[Any] = None
     settings: dict = field(default_factory=dict)
+    true_scale: Optional[Any] = None
 
 
 def _per_image_sum(array, keepdims: bool = True):

@@ -58,7 +58,7 @@ class Spec:
     family: str = "sd"  # the model's family (engine/families.py): the program's stages
     text_tokens: int = 0  # FLUX.1: T5's sequence length (prompts.max_sequence_length); 0 for SD
     params: str = "replicated"  # parallelism.params: weights whole on every device, or split (engine/sharded.py)
-    true_cfg: Optional[float] = None  # FLUX.1: true classifier-free guidance's scale (two denoiser calls a step)
+    true_cfg: bool = False  # FLUX.1: true classifier-free guidance runs (two denoiser calls a step; its scale is traced)
     slg: Optional[tuple] = None  # SD 3: skip-layer guidance's (layers, scale, start, stop) (engine/sd3/stages.py)
     cfg_rescale: bool = False  # SD: CFG rescale runs (its value is a traced input, "guidance_rescale")
     guider: str = "cfg"  # guider=NAME (engine/guiders.py); its settings are traced inputs ("guider_" + the setting)
@@ -105,7 +105,7 @@ def program_spec(plan: Any, pipeline: Any, height: int, width: int, controlnet: 
                 sampler=plan.sampling.sampler, sigmas=plan.sampling.sigmas, eta=plan.sampling.eta,
                 mode=plan.generation, controlnet=controlnet, clip_skip=plan.clip_skip, prompt_chunks=chunks,
                 family=family, text_tokens=plan.max_sequence_length, params=plan.params_placement,
-                true_cfg=plan.true_cfg_scale, slg=plan.slg, cfg_rescale=plan.guidance_rescale is not None,
+                true_cfg=plan.true_cfg_scale is not None, slg=plan.slg, cfg_rescale=plan.guidance_rescale is not None,
                 guider=plan.guider.name,
                 embeddings=tokens.embeddings.shapes if getattr(tokens, "embeddings", None) else (),
                 cfg=cfg, hires=hires_pass(plan.hires, height, width, cfg),
@@ -158,4 +158,5 @@ def guiding(spec: Spec, scale, inputs: dict) -> Guidance:
     """The guidance the samplers apply at ``scale``: the run's guider with its settings and CFG rescale, traced
     inputs all (engine/generate.py places them)."""
     settings = {key: inputs[GUIDER_INPUT + key] for key in GUIDER_ENTRIES[spec.guider].reads}
-    return Guidance(scale, spec.guider, inputs["guidance_rescale"] if spec.cfg_rescale else None, settings)
+    return Guidance(scale, spec.guider, inputs["guidance_rescale"] if spec.cfg_rescale else None, settings,
+                    inputs["true_cfg_scale"] if spec.true_cfg else None)

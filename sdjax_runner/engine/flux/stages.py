@@ -10,12 +10,14 @@ diffusers' ``guidance_scale``), [schnell] takes none; the conditioning holds one
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import numpy as np
 
+from sdjax_runner.config import guiders
 from sdjax_runner.engine.encode import Conditioning
-from sdjax_runner.engine.guiders import Guidance
+from sdjax_runner.engine.guiders import Guidance, guided
 from sdjax_runner.engine.modes.start import Start
 
 CLIP_TOKENS = 77
@@ -109,9 +111,12 @@ def txt2img(pipeline: Any, params: dict, key, spec: Any, batch: int, inputs: dic
 
 def velocity_model(pipeline: Any, params: dict, conditioning: Conditioning, guidance: Guidance, spec: Any,
                    batch: int, steps: Any = None):
-    """``velocity(tokens, timestep)``: the transformer's prediction for packed latents at ``timestep`` (a scalar in
-    [0, 1], diffusers' ``t / 1000``), conditioned on the prompt and, for [dev], the embedded ``guidance``. FLUX.1
-    runs no guider but CFG (``steps``: the k samplers' sigmas, which SD 3's guiders read, unused here)."""
+    """``velocity(tokens, timestep, index=None)``: the transformer's prediction for packed latents at ``timestep`` (a
+    scalar in [0, 1], diffusers' ``t / 1000``), conditioned on the prompt and, for [dev], the embedded ``guidance``.
+    With true CFG (``guidance.true_scale``) the negative prompt's prediction too, combined by the run's guider:
+    FluxPipeline's ``neg + true_cfg_scale * (pos - neg)`` for CFG, in the transformer's dtype; another guider in
+    float32 (engine/guiders.py), its step ``index`` (the Euler loop's), else the place of ``timestep`` among
+    ``steps`` (the sigmas a k sampler steps through)."""
     import jax.numpy as jnp
 
     factor = pipeline.vae_scale_factor
@@ -127,14 +132,19 @@ def velocity_model(pipeline: Any, params: dict, conditioning: Conditioning, guid
         return pipeline.transformer.apply({"params": params["transformer"]}, x.astype(pipeline.dtype), context,
                                           pooled, timestep, img_ids, txt_ids, guidance=embedded)
 
-    def velocity(x, timestep):
+    def velocity(x, timestep, index=None):
+        sigma = timestep
         timestep = jnp.broadcast_to(timestep, (batch,)).astype(pipeline.dtype)
         positive = call(x, timestep, conditioning.context, pooled)
-        if not getattr(spec, "true_cfg", None):
+        if guidance.true_scale is None:
             return positive
-        # FluxPipeline's true CFG: neg_noise_pred + true_cfg_scale * (noise_pred - neg_noise_pred)
         negative = call(x, timestep, added["negative_context"], added["negative_pooled"])
-        return negative + spec.true_cfg * (positive - negative)
+        scale = jnp.ravel(jnp.asarray(guidance.true_scale))[0]
+        if guidance.guider == guiders.DEFAULT:
+            # FluxPipeline's true CFG: neg_noise_pred + true_cfg_scale * (noise_pred - neg_noise_pred)
+            return negative + scale.astype(positive.dtype) * (positive - negative)
+        step = index if index is not None else jnp.argmin(jnp.abs(jnp.asarray(steps, jnp.float32) - sigma))
+        return guided(negative, positive, dataclasses.replace(guidance, scale=scale), step).astype(positive.dtype)
 
     return velocity
 
@@ -156,7 +166,7 @@ def euler(pipeline: Any, params: dict, conditioning: Conditioning, start: Start,
     velocity = velocity_model(pipeline, params, conditioning, guidance, spec, latents.shape[0])
 
     def step(index, x):
-        v = velocity(x, timesteps[index].astype(pipeline.dtype) / 1000)
+        v = velocity(x, timesteps[index].astype(pipeline.dtype) / 1000, index)
         return (x.astype(jnp.float32) + steps_dt[index] * v.astype(jnp.float32)).astype(x.dtype)
 
     latents = jax.lax.fori_loop(0, spec.steps, step, latents)
