@@ -39,6 +39,9 @@ class ProcessState:
     # metrics/: CLIP scorers ((formula, source, ..., devices) -> ClipScorer, made and typed by clip_score.load_scorer)
     # and CMMD embedders (("cmmd", folder) -> cmmd.ClipEmbedder), loaded once per process
     clip_scorers: dict[tuple, Any] = field(default_factory=dict)
+    # metrics/cmmd.py: a reference folder's embeddings, by the model and each image's path, size and mtime: a sweep's
+    # jobs find them without hashing the folder's images again
+    cmmd_references: dict[tuple, Any] = field(default_factory=dict)
     # engine/efficiency.py: XLA's FLOP count of a denoiser call, by module, function, shapes and backend.
     call_flops: dict[tuple, Optional[float]] = field(default_factory=dict)
     hinted_prompts: set[tuple] = field(default_factory=set)  # config/prompts.py: prompts a syntax hint named

@@ -295,3 +295,36 @@ def test_a_run_gets_its_cmmd_against_a_folder_of_real_images(tiny_clip, tmp_path
     quality = json.loads((tmp_path / "none" / "quality.json").read_text())
     assert "cmmd" not in quality and "holds no .png/.jpg/.jpeg images" in quality["cmmd_error"]
     assert "metrics: no CMMD against" in result.stdout + result.stderr
+
+
+def test_a_reference_folder_is_hashed_and_embedded_once_per_process_until_an_image_changes(tmp_path, monkeypatch):
+    """A sweep's jobs each ask for the reference folder's embeddings: the first hashes the images (the key of the
+    kept array) and embeds them, the others find them in the process; an image written since is seen."""
+    import os
+
+    from sdjax_runner.metrics import cmmd
+
+    hashed, embedded = [], []
+    real_key = cmmd._reference_key
+    monkeypatch.setattr(cmmd, "_reference_key", lambda *args: hashed.append(1) or real_key(*args))
+
+    class Embedder:  # a stand-in for the CLIP model: each image's mean pixel, counted
+        directory = tmp_path / "clip"
+
+        def __call__(self, images, batch):
+            embedded.append(len(images))
+            return np.stack([np.asarray(image, dtype=np.float32).mean(axis=(0, 1)) for image in images])
+
+    (tmp_path / "clip").mkdir()
+    real = tmp_path / "real"
+    real.mkdir()
+    for number, image in enumerate(_images(3, SIZES[:3])):
+        image.save(real / f"{number}.png")
+    first = cmmd.reference_embeddings(Embedder(), real, tmp_path / "cache")
+    for _ in range(3):
+        np.testing.assert_array_equal(cmmd.reference_embeddings(Embedder(), real, tmp_path / "cache"), first)
+    assert (len(hashed), embedded) == (1, [3])
+    _images(4, SIZES[:1])[0].save(real / "0.png")
+    os.utime(real / "0.png", ns=(1, 1))  # another modification time whatever the clock's resolution
+    changed = cmmd.reference_embeddings(Embedder(), real, tmp_path / "cache")
+    assert (len(hashed), embedded) == (2, [3, 3]) and not np.array_equal(changed, first)

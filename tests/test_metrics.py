@@ -48,7 +48,7 @@ def test_identical_images_give_psnr_inf_ssim_one_and_the_same_clip_scores(smoke_
     run_dir = tmp_path / "run"
     result = run_cli("+experiment=smoke", f"metrics.reference={reference_dir}", f"hydra.run.dir={run_dir}", cwd=tmp_path)
     assert result.returncode == 0, result.stderr
-    assert "metrics: CLIP score" in result.stdout and "PSNR inf, SSIM 1" in result.stdout
+    assert "metrics: CLIP score" in result.stdout and "PSNR (dB) inf, SSIM 1" in result.stdout
 
     quality = json.loads((run_dir / "quality.json").read_text())
     assert math.isinf(quality["psnr"]) and quality["ssim_mean"] == 1.0

@@ -280,14 +280,33 @@ def _reference_key(folder: Path, files: list[Path]) -> str:
     return digest.hexdigest()
 
 
+MAX_REMEMBERED_FOLDERS = 4  # reference folders whose embeddings a process keeps (a sweep has one)
+
+
 def reference_embeddings(embedder: ClipEmbedder, folder: Path, cache_dir: Optional[Path]) -> np.ndarray:
     """The embeddings of the images in ``folder`` (.png/.jpg/.jpeg, sorted by name), kept in ``cache_dir``/cmmd/ as
-    a NumPy array (read back with allow_pickle=False: data, never code) under a key of the model and the images."""
-    from sdjax_runner.files import private_folder, replaced
+    a NumPy array (read back with allow_pickle=False: data, never code) under a key of the model and the images'
+    bytes; within a process, kept by the model and each image's path, size and modification time (a sweep's jobs
+    do not hash the folder again; an image written since is)."""
+    from sdjax_runner import process
 
     files = sorted(p for p in folder.iterdir() if p.suffix.lower() in IMAGE_SUFFIXES and p.is_file())
     if not files:
         raise ValueError(f"{folder} holds no .png/.jpg/.jpeg images")
+    stamps = tuple((str(p.resolve()), p.stat().st_size, p.stat().st_mtime_ns) for p in files)
+    remembered = process.current().cmmd_references
+    key = (str(Path(embedder.directory).resolve()), stamps)
+    if key not in remembered:
+        if len(remembered) >= MAX_REMEMBERED_FOLDERS:
+            remembered.pop(next(iter(remembered)))
+        remembered[key] = _stored_embeddings(embedder, files, cache_dir)
+    return remembered[key]
+
+
+def _stored_embeddings(embedder: ClipEmbedder, files: list[Path], cache_dir: Optional[Path]) -> np.ndarray:
+    """``files``' embeddings from ``cache_dir``/cmmd/ where kept there, else computed and kept."""
+    from sdjax_runner.files import private_folder, replaced
+
     stored = None
     if cache_dir is not None:
         stored = Path(cache_dir) / "cmmd" / f"{_reference_key(embedder.directory, files)}.npy"

@@ -91,6 +91,8 @@ def evaluate(metrics: Any, run_dir: Path, images: list, records: list[ImageRecor
     ``read_records``: reads the image records of a run directory (the reference's); ``syntax``:
     prompts.syntax -- with A1111's, CLIP scores an image against its prompt's text without the syntax
     (``a (red:1.3) car`` as ``a red car``)."""
+    from sdjax_runner.metrics.registry import METRICS
+
     started = time.perf_counter()
     quality = scored(metrics, images, records, executables, syntax)
     if metrics.cmmd.enabled and metrics.cmmd.reference and images:
@@ -104,10 +106,10 @@ def evaluate(metrics: Any, run_dir: Path, images: list, records: list[ImageRecor
                         metrics.reference)
             quality.reference, quality.reference_error = str(metrics.reference), "output.save_images=false"
     quality.metrics_s = time.perf_counter() - started
+    # each metric of the registry that has a value, by its table label, then CMMD (a run-level comparison)
     said = [f"{label} {value:.4g}" for value, label in
-            ((quality.clip_score_mean, "CLIP score"), (quality.pick_score_mean, "PickScore"),
-             (quality.aesthetic_mean, "aesthetic score"), (quality.cmmd, "CMMD"), (quality.psnr, "PSNR"),
-             (quality.ssim_mean, "SSIM"))
+            [*((getattr(quality, metric.run_field), metric.label) for metric in METRICS.values()),
+             (quality.cmmd, "CMMD")]
             if value is not None]
     if said:
         log.info("metrics: %s (%.2f s)", ", ".join(said), quality.metrics_s)
