@@ -157,7 +157,7 @@ def plan_extras(plan: Plan) -> list[str]:
         layers, scale, start, stop = plan.slg
         steps = slg_steps(plan.num_inference_steps, start, stop)
         extras.append(f"skip-layer guidance on blocks {list(layers)} at {scale:g}, steps {steps[0]}..{steps[-1]}")
-    if plan.guider.name != guiders.DEFAULT:
+    if plan.guider.name != guiders.DEFAULT or plan.guider.window:
         extras.append(f"guider {plan.guider.label}")
     return extras
 

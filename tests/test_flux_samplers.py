@@ -63,6 +63,7 @@ def test_each_flow_sampler_is_comfyuis_on_a_closed_form_model(name, schedule):
     from sdjax_runner.engine.encode import Conditioning
     from sdjax_runner.engine.flux import stages
     from sdjax_runner.engine.flux.samplers import SAMPLERS
+    from sdjax_runner.engine.guiders import Guidance
     from sdjax_runner.engine.modes.start import Start
 
     height = width = 64
@@ -71,7 +72,8 @@ def test_each_flow_sampler_is_comfyuis_on_a_closed_form_model(name, schedule):
     spec = SimpleNamespace(steps=10, height=height, width=width, sigmas=schedule)
     noise = np.random.default_rng(0).standard_normal((2, 16, 8, 8)).astype(np.float32)
     conditioning = Conditioning(jnp.zeros((2, 4, 8)), {"pooled": jnp.zeros((2, 8))})
-    ours = jax.jit(lambda n: SAMPLERS[name](pipeline, {"transformer": {}}, conditioning, Start(n), 3.5, spec))(noise)
+    ours = jax.jit(lambda n: SAMPLERS[name](pipeline, {"transformer": {}}, conditioning, Start(n), Guidance(3.5),
+                                            spec))(noise)
 
     reference = comfy.model_sampling(DEV, width, height)
     sigmas = comfy.calculate_sigmas(reference, schedule, spec.steps)

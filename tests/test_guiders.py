@@ -5,6 +5,7 @@ name the guider and from_png remakes its images; what a guider cannot run with i
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 
@@ -62,6 +63,27 @@ def test_apg_is_diffusers_normalized_guidance(scale, eta, norm_threshold):
         np.testing.assert_allclose(expected, reference.classifier_free_guidance(cond, uncond, scale), atol=1e-5)
 
 
+@pytest.mark.parametrize("steps", [1, 4, 10, 28, 50])
+@pytest.mark.parametrize(("start", "stop"), [(0.0, 1.0), (0.2, 0.8), (0.0, 0.5), (0.35, 1.0), (0.29, 0.71)])
+def test_a_guiders_window_is_diffusers_and_outside_it_the_conditional_prediction(steps, start, stop):
+    """diffusers' BaseGuidance: a step guides where int(start * steps) <= step < int(stop * steps); the others give
+    pred_cond. The bounds as Python computes them for a count known when tracing, in float32 for a traced one."""
+    import jax.numpy as jnp
+
+    from sdjax_runner.engine.guiders import Guidance, guided, within
+
+    expected = [int(start * steps) <= step < int(stop * steps) for step in range(steps)]
+    assert [bool(within(step, steps, start, stop)) for step in range(steps)] == expected
+    assert [bool(within(step, jnp.int32(steps), start, stop)) for step in range(steps)] == expected
+    uncond, cond = predictions()
+    guidance = Guidance(np.float32(7.5), "apg", settings={"eta": np.float32(0.5), "norm_threshold": np.float32(0)},
+                        window=(start, stop))
+    for step in range(steps):
+        got = np.asarray(guided(uncond, cond, guidance, np.int32(step), steps))
+        np.testing.assert_array_equal(got, np.asarray(guided(uncond, cond, dataclasses.replace(guidance, window=None),
+                                                             np.int32(step))) if expected[step] else cond)
+
+
 def test_every_guider_is_in_both_registries_and_the_sd_familys():
     from sdjax_runner.config.families import FAMILIES
     from sdjax_runner.config.guiders import GUIDERS as ENTRIES
@@ -106,6 +128,11 @@ def test_a_setting_the_guider_does_not_read_is_said_and_left_out(caplog):
     (["guider=apg", "guider.norm_threshold=-1"], "error: guider.norm_threshold: must be >= 0, got -1.0"),
     (["guider=apg", "guider.eta=inf"], "error: guider.eta: must be a finite number, got inf"),
     (["guider=cfg_zero_star", "guider.zero_init_steps=-2"], "error: guider.zero_init_steps: must be >= 0, got -2"),
+    (["guider.start=0.8", "guider.stop=0.5"],
+     "error: guider.stop: start 0.8, stop 0.5 (allowed: 0 <= start < stop <= 1, fractions of the steps)"),
+    (["model=tiny-random-flux", "guider.stop=0.5"], "error: guider: cfg with a window: FLUX.1 combines two "
+     "predictions only with true CFG (its guidance is distilled) (allowed: cfg, or cfg with sampling.true_cfg_scale "
+     "and prompts.negative)"),
 ])
 def test_what_a_guider_cannot_run_with_is_one_line(tmp_path, overrides, expected):
     assert_one_line_error(call_cli("+experiment=smoke", "tracking=none", *overrides, cwd=tmp_path), expected)
@@ -147,6 +174,13 @@ def test_an_apg_sweep_compiles_once_its_eta_1_is_cfg_and_from_png_remakes_it(tmp
     assert remade.returncode == 0, said[-3000:]
     assert "Guider: apg -> guider=apg" in said and "Guider eta: 0 -> guider.eta=0" in said
     assert _hashes(tmp_path / "from_png")[0] == record["pixels_sha256"]
+    # A window: CFG on the first half of the steps alone (the conditional prediction on the others)
+    window = run_cli(*quiet, "guider.stop=0.5", "hydra.run.dir=window", cwd=tmp_path)
+    assert window.returncode == 0, window.stderr[-3000:]
+    assert "; guider cfg (start 0, stop 0.5)" in window.stdout
+    assert np.abs(_pixels(tmp_path / "window") - _pixels(tmp_path / "plain")).max() >= 2
+    record = json.loads((tmp_path / "window" / "images.json").read_text())[0]
+    assert (record["guider"], record["guider_settings"]) == ("cfg", "start=0 stop=0.5")
 
 
 @pytest.mark.slow
@@ -171,26 +205,34 @@ def test_cfg_zero_star_zeroes_its_first_steps_on_a_k_sampler_and_a_sweep_compile
     assert np.array_equal(jobs[("zero_init_steps=4", "a red cube")], jobs[("zero_init_steps=4", "a blue sphere")])
     assert np.abs(jobs[("zero_init_steps=0", "a red cube")] - jobs[("zero_init_steps=0", "a blue sphere")]).max() >= 2
     assert np.abs(jobs[("zero_init_steps=1", "a red cube")] - jobs[("zero_init_steps=0", "a red cube")]).max() >= 2
+    # one zeroed step is not four: each call's step is its sigma's place, not the first's
+    assert np.abs(jobs[("zero_init_steps=1", "a red cube")] - jobs[("zero_init_steps=4", "a red cube")]).max() >= 2
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("sampler", [[], ["sampler=dpmpp_2m", "scheduler=karras"]], ids=["euler", "k sampler"])
-def test_sd3_runs_the_guiders_on_its_euler_and_a_flow_k_sampler(tmp_path, cache_dir, sampler):
+@pytest.mark.parametrize(("sampler", "others"), [([], 0), (["sampler=dpmpp_2m", "scheduler=karras"], 1)],
+                         ids=["euler", "k sampler"])
+def test_sd3_runs_the_guiders_on_its_euler_and_a_flow_k_sampler(tmp_path, cache_dir, sampler, others):
     """SD 3's flow model (the family CFG-Zero* was made for): with every step zeroed the velocity is zero and the
-    latents stay the initial noise, whatever the prompt; APG at eta 1 without a cap is CFG's images; one program for
-    each guider's sweep."""
+    latents stay the initial noise, whatever the prompt, while fewer zeroed steps differ (on the k sampler: the step
+    is its sigma's place in the schedule); one program for the sweep. On its Euler, APG at eta 1 without a cap is
+    CFG's images."""
     quiet = ["+experiment=sd3_smoke", "tracking=none", "metrics.clip_score.enabled=false", *ONE_DEVICE,
              "compilation_cache.executables=false", f"paths.cache_dir={cache_dir}", *sampler]
     zero = tmp_path / "zero"
-    result = run_cli("-m", *quiet, "guider=cfg_zero_star", "guider.zero_init_steps=4,0",
+    result = run_cli("-m", *quiet, "guider=cfg_zero_star", f"guider.zero_init_steps=4,{others}",
                      "prompts.texts=[a red cube],[a blue sphere]", f"hydra.sweep.dir={zero}", cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
     jobs = {(r["guider_settings"], r["prompt"]): _pixels(job) for job in zero.glob("[0-9]")
             for r in json.loads((job / "images.json").read_text())[:1]}
     assert np.array_equal(jobs[("zero_init_steps=4", "a red cube")], jobs[("zero_init_steps=4", "a blue sphere")])
-    assert np.abs(jobs[("zero_init_steps=0", "a red cube")] - jobs[("zero_init_steps=0", "a blue sphere")]).max() >= 2
+    fewer = f"zero_init_steps={others}"
+    assert np.abs(jobs[(fewer, "a red cube")] - jobs[(fewer, "a blue sphere")]).max() >= 2
+    assert np.abs(jobs[(fewer, "a red cube")] - jobs[("zero_init_steps=4", "a red cube")]).max() >= 2
     assert sorted(json.loads((job / "timings.json").read_text())["compile_reused"] for job in zero.glob("[0-9]")) \
         == [0, 1, 1, 1]
+    if sampler:
+        return
     apg = run_cli(*quiet, "guider=apg", "guider.eta=1", "guider.norm_threshold=0", "hydra.run.dir=apg", cwd=tmp_path)
     plain = run_cli(*quiet, "hydra.run.dir=plain", cwd=tmp_path)
     assert apg.returncode == 0 and plain.returncode == 0, (apg.stderr + plain.stderr)[-3000:]

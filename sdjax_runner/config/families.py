@@ -82,10 +82,11 @@ def _flux_values(config: Any) -> None:
         raise UserError("prompts.negative", f"{config.model.name} is FLUX.1, which is guidance-distilled: it reads a "
                         "negative prompt only with true classifier-free guidance", "null, or with "
                         "sampling.true_cfg_scale=4 (say)")
-    if config.guider.name != guiders.DEFAULT and true_cfg is None:
-        raise UserError("guider", f"{config.guider.name}: FLUX.1 combines two predictions only with true CFG "
-                        "(its guidance is distilled)", f"cfg, or {config.guider.name} with sampling.true_cfg_scale "
-                        "and prompts.negative")
+    windowed = (config.guider.start, config.guider.stop) != (0.0, 1.0)
+    if (config.guider.name != guiders.DEFAULT or windowed) and true_cfg is None:
+        raise UserError("guider", f"{config.guider.name}{' with a window' if windowed else ''}: FLUX.1 combines two "
+                        "predictions only with true CFG (its guidance is distilled)",
+                        f"cfg, or {config.guider.name} with sampling.true_cfg_scale and prompts.negative")
     if true_cfg is not None and prompts.negative is None:
         raise UserError("sampling.true_cfg_scale", f"{true_cfg}: true classifier-free guidance needs a negative prompt",
                         "null, or with prompts.negative=TEXT")

@@ -19,7 +19,7 @@ import dataclasses
 import logging
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Optional
 
 from sdjax_runner.errors import UserError
 
@@ -48,21 +48,33 @@ GUIDERS = {entry.name: entry for entry in (
 )}
 
 
+# Every guider's window (diffusers' BaseGuidance start and stop: the guidance interval of Kynkäänniemi et al. 2024):
+# settings of every guider, not traced -- the window shapes the program (None: every step, the default program).
+WINDOW = ("start", "stop")
+
+
 @dataclass(frozen=True)
 class Guider:
-    """The guider a run uses: its name and the settings it reads, as numbers (the program's traced inputs)."""
+    """The guider a run uses: its name, the settings it reads, as numbers (the program's traced inputs), and its
+    window, (start, stop) fractions of the steps that run where it guides, or None (every step)."""
 
     name: str = DEFAULT
     settings: tuple[tuple[str, float], ...] = ()
+    window: Optional[tuple[float, float]] = None
 
     @property
     def values(self) -> dict[str, float]:
         return dict(self.settings)
 
     @property
+    def recorded(self) -> tuple[tuple[str, float], ...]:
+        """The settings and the window as the records give them."""
+        return self.settings + (tuple(zip(WINDOW, self.window, strict=True)) if self.window else ())
+
+    @property
     def label(self) -> str:
-        """``apg (eta 0.5, norm_threshold 15)``: for the plan line and the records."""
-        values = ", ".join(f"{key} {value:g}" for key, value in self.settings)
+        """``apg (eta 0.5, norm_threshold 15)``: for the plan line."""
+        values = ", ".join(f"{key} {value:g}" for key, value in self.recorded)
         return f"{self.name} ({values})" if values else self.name
 
 
@@ -78,14 +90,23 @@ def check(config: Any, family: Any) -> Guider:
         raise UserError("guider", f"{name}: {config.model.name} is a {family.name} model, which runs "
                         f"{', '.join(family.guiders)}", ", ".join(family.guiders))
     entry, defaults = GUIDERS[name], type(given)()
-    for key in (f.name for f in dataclasses.fields(given) if f.name != "name"):
+    for key in (f.name for f in dataclasses.fields(given) if f.name not in ("name", *WINDOW)):
         value = getattr(given, key)
         _check_value(key, value)
         if key not in entry.reads and value != getattr(defaults, key):
             readers = [other.name for other in GUIDERS.values() if key in other.reads]
             log.warning("guider.%s: %g is read by %s; guider=%s runs without it", key, value,
                         " and ".join(readers), name)
-    return Guider(name, tuple((key, float(getattr(given, key))) for key in entry.reads))
+    return Guider(name, tuple((key, float(getattr(given, key))) for key in entry.reads), _window(given))
+
+
+def _window(given: Any) -> Optional[tuple[float, float]]:
+    """``guider.start`` and ``guider.stop``, checked; None for the whole of the steps."""
+    start, stop = float(given.start), float(given.stop)
+    if not (math.isfinite(start) and math.isfinite(stop) and 0 <= start < stop <= 1):
+        key = "guider.start" if not (math.isfinite(start) and 0 <= start < 1) else "guider.stop"
+        raise UserError(key, f"start {start:g}, stop {stop:g}", "0 <= start < stop <= 1, fractions of the steps")
+    return None if (start, stop) == (0.0, 1.0) else (start, stop)
 
 
 def _check_value(key: str, value: Any) -> None:

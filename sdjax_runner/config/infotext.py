@@ -119,7 +119,8 @@ NUMBERS = {"Steps": (WHOLE, int, "a whole number, e.g. 20"), "Clip skip": (WHOLE
            # ours: a guider's settings (record/rundir.py: guider_parts)
            "Guider zero_init_steps": (WHOLE, int, "a whole number, e.g. 1"),
            "Guider eta": (DECIMAL, float, "a number, e.g. 0.5"),
-           "Guider norm_threshold": (DECIMAL, float, "a number, e.g. 15")}
+           "Guider norm_threshold": (DECIMAL, float, "a number, e.g. 15"),
+           "Guider start": (DECIMAL, float, "a number, e.g. 0.2"), "Guider stop": (DECIMAL, float, "a number, e.g. 0.8")}
 
 
 def number(key: str, text: str) -> int | float:
@@ -263,7 +264,7 @@ def _read_guider(reading: _Reading) -> None:
     if name not in guiders.GUIDERS:
         raise UserError("Guider", f"{name[:40]!r} is not a guider the runner runs", ", ".join(guiders.GUIDERS))
     reading.use("Guider", f"guider={name}")
-    for key in guiders.GUIDERS[name].reads:
+    for key in (*guiders.GUIDERS[name].reads, *guiders.WINDOW):
         if f"Guider {key}" in reading.numbers:
             reading.use(f"Guider {key}", f"guider.{key}={reading.numbers[f'Guider {key}']!r}")
 

@@ -492,6 +492,12 @@ class GuiderConfig:
     # apg: the largest norm of the update cond - uncond per image (diffusers' adaptive_projected_guidance_rescale,
     # default 15); 0: no cap.
     norm_threshold: float = 15.0
+    # Every guider: the window of steps where it guides, as fractions of the steps that run (diffusers' start and
+    # stop: a step i guides where int(start * steps) <= i < int(stop * steps)); outside it the conditional
+    # prediction alone, as diffusers' guiders give (the guidance interval of Kynkäänniemi et al. 2024). The window
+    # shapes the program (a sweep over it compiles per value); 0 and 1: every step.
+    start: float = 0.0
+    stop: float = 1.0
 
 
 @dataclass

@@ -32,6 +32,7 @@ class Guidance:
     rescale: Optional[Any] = None
     settings: dict = field(default_factory=dict)
     true_scale: Optional[Any] = None
+    window: Optional[tuple[float, float]] = None  # guider.start/stop: (start, stop) fractions, or None (every step)
 
 
 def _per_image_sum(array, keepdims: bool = True):
@@ -76,14 +77,36 @@ GUIDERS: dict[str, Callable] = {"cfg": cfg, "cfg_zero_star": cfg_zero_star, "apg
 assert set(GUIDERS) == set(ENTRIES), "engine/guiders.py and config/guiders.py name the same guiders"
 
 
-def guided(unconditional, conditional, guidance: Guidance, step):
+def guided(unconditional, conditional, guidance: Guidance, step, steps=None):
     """The guided prediction in float32: ``guidance.guider``'s, then CFG rescale where it runs (diffusers applies
-    ``rescale_noise_cfg`` after every guider). ``unconditional`` None (no classifier-free guidance, Spec.cfg): the
-    conditional prediction itself. ``step``: the step's index among those that run (0 at the first)."""
+    ``rescale_noise_cfg`` after every guider); outside the guider's window the conditional prediction.
+    ``unconditional`` None (no classifier-free guidance, Spec.cfg): the conditional prediction itself. ``step``: the
+    step's index among those that run (0 at the first), ``steps``: how many run (read by a window alone)."""
     import jax.numpy as jnp
 
     if unconditional is None:
         return conditional.astype(jnp.float32)
+    out = _combined(unconditional, conditional, guidance, step)
+    if guidance.window is None:
+        return out
+    return jnp.where(within(step, steps, *guidance.window), out, conditional.astype(out.dtype))
+
+
+def within(step, steps, start: float, stop: float):
+    """diffusers' BaseGuidance window: ``int(start * steps) <= step < int(stop * steps)``."""
+    import jax.numpy as jnp
+
+    if isinstance(steps, int):  # Python's int(), as diffusers computes the bounds
+        first, end = int(start * steps), int(stop * steps)
+    else:  # a traced count (img2img's steps hang on its traced start)
+        count = jnp.asarray(steps, jnp.float32)
+        first, end = jnp.floor(start * count), jnp.floor(stop * count)
+    return (first <= step) & (step < end)
+
+
+def _combined(unconditional, conditional, guidance: Guidance, step):
+    import jax.numpy as jnp
+
     if guidance.guider == "cfg":  # the guide's expression, bit for bit: a float32 [scale], as diffusers' Flax
         # pipelines make it, promotes the predictions (in the UNet's dtype) to float32
         out = cfg(unconditional, conditional, jnp.array([guidance.scale], dtype=jnp.float32), {}, step)

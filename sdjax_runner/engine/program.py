@@ -62,6 +62,7 @@ class Spec:
     slg: Optional[tuple] = None  # SD 3: skip-layer guidance's (layers, scale, start, stop) (engine/sd3/stages.py)
     cfg_rescale: bool = False  # SD: CFG rescale runs (its value is a traced input, "guidance_rescale")
     guider: str = "cfg"  # guider=NAME (engine/guiders.py); its settings are traced inputs ("guider_" + the setting)
+    guider_window: Optional[tuple[float, float]] = None  # guider.start/stop: where it guides (None: every step)
     embeddings: tuple = ()  # SD: the textual-inversion tables' shapes (their vectors are inputs, params["embeddings"])
     # SD: classifier-free guidance runs (guidance over 1); at 1 or less the UNet sees the conditional half alone, as
     # diffusers' PyTorch pipelines do (do_classifier_free_guidance): SDXL Turbo's guidance 0 is the prompt's image
@@ -106,7 +107,7 @@ def program_spec(plan: Any, pipeline: Any, height: int, width: int, controlnet: 
                 mode=plan.generation, controlnet=controlnet, clip_skip=plan.clip_skip, prompt_chunks=chunks,
                 family=family, text_tokens=plan.max_sequence_length, params=plan.params_placement,
                 true_cfg=plan.true_cfg_scale is not None, slg=plan.slg, cfg_rescale=plan.guidance_rescale is not None,
-                guider=plan.guider.name,
+                guider=plan.guider.name, guider_window=plan.guider.window,
                 embeddings=tokens.embeddings.shapes if getattr(tokens, "embeddings", None) else (),
                 cfg=cfg, hires=hires_pass(plan.hires, height, width, cfg),
                 refiner=refiner_pass(plan.refiner, refiner))
@@ -159,4 +160,4 @@ def guiding(spec: Spec, scale, inputs: dict) -> Guidance:
     inputs all (engine/generate.py places them)."""
     settings = {key: inputs[GUIDER_INPUT + key] for key in GUIDER_ENTRIES[spec.guider].reads}
     return Guidance(scale, spec.guider, inputs["guidance_rescale"] if spec.cfg_rescale else None, settings,
-                    inputs["true_cfg_scale"] if spec.true_cfg else None)
+                    inputs["true_cfg_scale"] if spec.true_cfg else None, spec.guider_window)

@@ -140,11 +140,14 @@ def velocity_model(pipeline: Any, params: dict, conditioning: Conditioning, guid
             return positive
         negative = call(x, timestep, added["negative_context"], added["negative_pooled"])
         scale = jnp.ravel(jnp.asarray(guidance.true_scale))[0]
-        if guidance.guider == guiders.DEFAULT:
+        if guidance.guider == guiders.DEFAULT and guidance.window is None:
             # FluxPipeline's true CFG: neg_noise_pred + true_cfg_scale * (noise_pred - neg_noise_pred)
             return negative + scale.astype(positive.dtype) * (positive - negative)
-        step = index if index is not None else jnp.argmin(jnp.abs(jnp.asarray(steps, jnp.float32) - sigma))
-        return guided(negative, positive, dataclasses.replace(guidance, scale=scale), step).astype(positive.dtype)
+        true_cfg = dataclasses.replace(guidance, scale=scale)
+        if index is not None:  # the Euler loop's step
+            return guided(negative, positive, true_cfg, index, spec.steps).astype(positive.dtype)
+        step = jnp.argmin(jnp.abs(jnp.asarray(steps, jnp.float32) - sigma))  # a k sampler's
+        return guided(negative, positive, true_cfg, step, len(steps) - 1).astype(positive.dtype)
 
     return velocity
 

@@ -42,7 +42,8 @@ def unet_denoiser(pipeline: Any, params: dict, conditioning: Conditioning, guida
         unconditional, conditional = (None if half is None else half.astype(jnp.float32) for half in
                                       unet.halves(pipeline, params, conditioning, x / jnp.sqrt(sigma**2 + 1), t,
                                                   nearest))
-        out = guided(unconditional, conditional, guidance, jnp.argmin(jnp.abs(step_sigmas - sigma)) - first)
+        out = guided(unconditional, conditional, guidance, jnp.argmin(jnp.abs(step_sigmas - sigma)) - first,
+                     len(steps) - 1 - first)
         if prediction == "v_prediction":
             return x / (sigma**2 + 1) - out * sigma / jnp.sqrt(sigma**2 + 1)
         if prediction == "sample":

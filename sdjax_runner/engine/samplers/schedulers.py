@@ -44,7 +44,7 @@ def denoise(pipeline: Any, params: dict, conditioning: Conditioning, start: Star
         # (scale_model_input is element-wise: scaling before the halves are doubled is the same as after)
         unconditional, conditional = unet.halves(pipeline, params, conditioning,
                                                  scheduler.scale_model_input(state, latents, t), t)
-        noise = guided(unconditional, conditional, guidance, index - start.step)
+        noise = guided(unconditional, conditional, guidance, index - start.step, spec.steps - start.step)
         if spec.eta and draws is not None:  # DDIM with eta (config/samplers.py allows it for DDIM alone)
             latents, state = ddim_step(scheduler, state, noise, t, latents, spec.eta, draws(index, 0))
         else:

@@ -133,11 +133,13 @@ def velocity_model(pipeline: Any, params: dict, conditioning: Conditioning, guid
         t = jnp.broadcast_to(jnp.asarray(sigma, jnp.float32) * train, (2 * batch,)).astype(pipeline.dtype)
         both = transformer(jnp.concatenate([x, x]), context, pooled, t)
         uncond, cond = both[:batch], both[batch:]
-        if guidance.guider == guiders.DEFAULT:
+        if guidance.guider == guiders.DEFAULT and guidance.window is None:
             combined = uncond + scale * (cond - uncond)
-        else:
-            step = index if index is not None else jnp.argmin(jnp.abs(jnp.asarray(steps, jnp.float32) - sigma))
-            combined = guided(uncond, cond, guidance, step).astype(pipeline.dtype)
+        elif index is not None:  # the Euler loop's step
+            combined = guided(uncond, cond, guidance, index, spec.steps).astype(pipeline.dtype)
+        else:  # a k sampler's: its sigma's place in the schedule
+            step = jnp.argmin(jnp.abs(jnp.asarray(steps, jnp.float32) - sigma))
+            combined = guided(uncond, cond, guidance, step, len(steps) - 1).astype(pipeline.dtype)
         if spec.slg is not None and index is not None:
             combined = combined + skip_layer_guidance(x, cond, t[:batch], index)
         return jnp.where(scale > 1, combined, cond).transpose(0, 3, 1, 2)
