@@ -96,6 +96,8 @@ def within(step, steps, start: float, stop: float):
     """diffusers' BaseGuidance window: ``int(start * steps) <= step < int(stop * steps)``."""
     import jax.numpy as jnp
 
+    first: Any
+    end: Any
     if isinstance(steps, int):  # Python's int(), as diffusers computes the bounds
         first, end = int(start * steps), int(stop * steps)
     else:  # a traced count (img2img's steps hang on its traced start)

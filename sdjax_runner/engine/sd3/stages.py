@@ -138,6 +138,7 @@ def velocity_model(pipeline: Any, params: dict, conditioning: Conditioning, guid
         elif index is not None:  # the Euler loop's step
             combined = guided(uncond, cond, guidance, index, spec.steps).astype(pipeline.dtype)
         else:  # a k sampler's: its sigma's place in the schedule
+            assert steps is not None  # the k samplers pass their sigmas
             step = jnp.argmin(jnp.abs(jnp.asarray(steps, jnp.float32) - sigma))
             combined = guided(uncond, cond, guidance, step, len(steps) - 1).astype(pipeline.dtype)
         if spec.slg is not None and index is not None:
