@@ -497,7 +497,7 @@ class GuiderConfig:
     # prediction alone, as diffusers' guiders give (the guidance interval of Kynkäänniemi et al. 2024). The window
     # shapes the program (a sweep over it compiles per value); 0 and 1: every step.
     start: float = 0.0
-    stop: float = 1.0
+    stop: float = 1.0  # the window's end (above: start), a fraction of the steps that run
 
 
 @dataclass
