@@ -33,18 +33,18 @@ class GuiderEntry:
     """What the config knows of one guider."""
 
     name: str  # guider=NAME
-    title: str  # what it is, with its source, for people (docs, the plan line)
     reads: tuple[str, ...] = ()  # the guider.* settings it reads (schema.GuiderConfig's fields), each a traced input
 
 
 GUIDERS = {entry.name: entry for entry in (
-    GuiderEntry("cfg", "classifier-free guidance (Ho & Salimans 2022): uncond + g (cond - uncond)"),
-    GuiderEntry("cfg_zero_star", "CFG-Zero* (Fan et al. 2025, diffusers' ClassifierFreeZeroStarGuidance): the "
-                                 "unconditional prediction scaled by its optimal projection on the conditional one, "
-                                 "zero on the first zero_init_steps steps", ("zero_init_steps",)),
-    GuiderEntry("apg", "adaptive projected guidance (Sadat et al. 2024, diffusers' AdaptiveProjectedGuidance without "
-                       "momentum): the update's norm capped at norm_threshold, its part parallel to the conditional "
-                       "prediction weighted by eta", ("eta", "norm_threshold")),
+    # classifier-free guidance (Ho & Salimans 2022): uncond + g (cond - uncond)
+    GuiderEntry("cfg"),
+    # CFG-Zero* (Fan et al. 2025, diffusers' ClassifierFreeZeroStarGuidance): the unconditional prediction scaled by
+    # its optimal projection on the conditional one, zero on the first zero_init_steps steps
+    GuiderEntry("cfg_zero_star", ("zero_init_steps",)),
+    # adaptive projected guidance (Sadat et al. 2024, diffusers' AdaptiveProjectedGuidance without momentum): the
+    # update's norm capped at norm_threshold, its part parallel to the conditional prediction weighted by eta
+    GuiderEntry("apg", ("eta", "norm_threshold")),
 )}
 
 
@@ -61,10 +61,6 @@ class Guider:
     name: str = DEFAULT
     settings: tuple[tuple[str, float], ...] = ()
     window: Optional[tuple[float, float]] = None
-
-    @property
-    def values(self) -> dict[str, float]:
-        return dict(self.settings)
 
     @property
     def recorded(self) -> tuple[tuple[str, float], ...]:

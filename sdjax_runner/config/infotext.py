@@ -9,6 +9,7 @@ Hydra override; every other one is said in one line, never silently dropped.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import math
@@ -18,7 +19,7 @@ from dataclasses import dataclass, field
 from sdjax_runner.config import guiders, hires, samplers
 from sdjax_runner.config.overrides import literal
 from sdjax_runner.config.prompts import check_length
-from sdjax_runner.config.schema import SCHEDULERS
+from sdjax_runner.config.schema import SCHEDULERS, GuiderConfig
 from sdjax_runner.console import shown
 from sdjax_runner.errors import UserError
 
@@ -116,11 +117,10 @@ NUMBERS = {"Steps": (WHOLE, int, "a whole number, e.g. 20"), "Clip skip": (WHOLE
            "Hires upscale": (DECIMAL, float, "a number, e.g. 2"), "Hires steps": (WHOLE, int, "a whole number, e.g. 20"),
            "Hires CFG Scale": (DECIMAL, float, "a number, e.g. 5"),
            "Refiner switch at": (DECIMAL, float, "a number, e.g. 0.8"),
-           # ours: a guider's settings (record/rundir.py: guider_parts)
-           "Guider zero_init_steps": (WHOLE, int, "a whole number, e.g. 1"),
-           "Guider eta": (DECIMAL, float, "a number, e.g. 0.5"),
-           "Guider norm_threshold": (DECIMAL, float, "a number, e.g. 15"),
-           "Guider start": (DECIMAL, float, "a number, e.g. 0.2"), "Guider stop": (DECIMAL, float, "a number, e.g. 0.8")}
+           # ours: a guider's settings, by the schema's fields (record/rundir.py: guider_parts)
+           **{f"Guider {f.name}": (WHOLE, int, f"a whole number, e.g. {f.default}") if f.type in (int, "int")
+              else (DECIMAL, float, f"a number, e.g. {f.default}")
+              for f in dataclasses.fields(GuiderConfig) if f.name != "name"}}
 
 
 def number(key: str, text: str) -> int | float:

@@ -92,6 +92,22 @@ def guided(unconditional, conditional, guidance: Guidance, step, steps=None):
     return jnp.where(within(step, steps, *guidance.window), out, conditional.astype(out.dtype))
 
 
+def place(sigma, sigmas):
+    """A k sampler's step: the index of the sigma of its schedule (``sigmas``, host constants) nearest ``sigma``."""
+    import jax.numpy as jnp
+
+    return jnp.argmin(jnp.abs(jnp.asarray(sigmas, jnp.float32) - sigma))
+
+
+def flow_step(index, sigma, sigmas, steps: int) -> tuple[Any, Any]:
+    """The guider's (step, how many run) on a flow family: the Euler loop's ``index`` of ``steps``, else ``sigma``'s
+    :func:`place` among a k sampler's ``sigmas`` (the last, 0, ends the schedule)."""
+    if index is not None:
+        return index, steps
+    assert sigmas is not None  # the k samplers pass their sigmas
+    return place(sigma, sigmas), len(sigmas) - 1
+
+
 def within(step, steps, start: float, stop: float):
     """diffusers' BaseGuidance window: ``int(start * steps) <= step < int(stop * steps)``."""
     import jax.numpy as jnp

@@ -17,7 +17,7 @@ import numpy as np
 
 from sdjax_runner.config import guiders
 from sdjax_runner.engine.encode import Conditioning
-from sdjax_runner.engine.guiders import Guidance, guided
+from sdjax_runner.engine.guiders import Guidance, flow_step, guided
 from sdjax_runner.engine.modes.start import Start
 
 CLIP_TOKENS = 77
@@ -143,11 +143,8 @@ def velocity_model(pipeline: Any, params: dict, conditioning: Conditioning, guid
         if guidance.guider == guiders.DEFAULT and guidance.window is None:
             # FluxPipeline's true CFG: neg_noise_pred + true_cfg_scale * (noise_pred - neg_noise_pred)
             return negative + scale.astype(positive.dtype) * (positive - negative)
-        true_cfg = dataclasses.replace(guidance, scale=scale)
-        if index is not None:  # the Euler loop's step
-            return guided(negative, positive, true_cfg, index, spec.steps).astype(positive.dtype)
-        step = jnp.argmin(jnp.abs(jnp.asarray(steps, jnp.float32) - sigma))  # a k sampler's
-        return guided(negative, positive, true_cfg, step, len(steps) - 1).astype(positive.dtype)
+        return guided(negative, positive, dataclasses.replace(guidance, scale=scale),
+                      *flow_step(index, sigma, steps, spec.steps)).astype(positive.dtype)
 
     return velocity
 

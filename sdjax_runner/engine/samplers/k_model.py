@@ -17,7 +17,7 @@ import numpy as np
 
 from sdjax_runner.config.samplers import SAMPLERS as ENTRIES
 from sdjax_runner.engine.encode import Conditioning
-from sdjax_runner.engine.guiders import Guidance, guided
+from sdjax_runner.engine.guiders import Guidance, guided, place
 from sdjax_runner.engine.modes.start import Start, initial, kept
 from sdjax_runner.engine.samplers import unet
 from sdjax_runner.engine.samplers.k_samplers import K_SAMPLERS, NOISE_STREAM, key_noise
@@ -30,7 +30,6 @@ def unet_denoiser(pipeline: Any, params: dict, conditioning: Conditioning, guida
     counted from ``first`` (the step the sampler starts at: img2img's)."""
     import jax.numpy as jnp
 
-    step_sigmas = jnp.asarray(steps, jnp.float32)
     log_sigmas = jnp.asarray(np.log(training), jnp.float32)
     positions = jnp.arange(len(training), dtype=jnp.float32)
     # SDXL's refiner switches at the training timestep whose sigma is nearest the step's (A1111's apply_refiner)
@@ -42,8 +41,7 @@ def unet_denoiser(pipeline: Any, params: dict, conditioning: Conditioning, guida
         unconditional, conditional = (None if half is None else half.astype(jnp.float32) for half in
                                       unet.halves(pipeline, params, conditioning, x / jnp.sqrt(sigma**2 + 1), t,
                                                   nearest))
-        out = guided(unconditional, conditional, guidance, jnp.argmin(jnp.abs(step_sigmas - sigma)) - first,
-                     len(steps) - 1 - first)
+        out = guided(unconditional, conditional, guidance, place(sigma, steps) - first, len(steps) - 1 - first)
         if prediction == "v_prediction":
             return x / (sigma**2 + 1) - out * sigma / jnp.sqrt(sigma**2 + 1)
         if prediction == "sample":

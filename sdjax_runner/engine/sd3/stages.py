@@ -20,7 +20,7 @@ import numpy as np
 from sdjax_runner.config import guiders
 from sdjax_runner.engine.encode import Conditioning
 from sdjax_runner.engine.flux.stages import decode as flux_decode
-from sdjax_runner.engine.guiders import Guidance, guided
+from sdjax_runner.engine.guiders import Guidance, flow_step, guided
 from sdjax_runner.engine.modes.start import Start
 
 CLIP_TOKENS = 77
@@ -135,12 +135,8 @@ def velocity_model(pipeline: Any, params: dict, conditioning: Conditioning, guid
         uncond, cond = both[:batch], both[batch:]
         if guidance.guider == guiders.DEFAULT and guidance.window is None:
             combined = uncond + scale * (cond - uncond)
-        elif index is not None:  # the Euler loop's step
-            combined = guided(uncond, cond, guidance, index, spec.steps).astype(pipeline.dtype)
-        else:  # a k sampler's: its sigma's place in the schedule
-            assert steps is not None  # the k samplers pass their sigmas
-            step = jnp.argmin(jnp.abs(jnp.asarray(steps, jnp.float32) - sigma))
-            combined = guided(uncond, cond, guidance, step, len(steps) - 1).astype(pipeline.dtype)
+        else:
+            combined = guided(uncond, cond, guidance, *flow_step(index, sigma, steps, spec.steps)).astype(pipeline.dtype)
         if spec.slg is not None and index is not None:
             combined = combined + skip_layer_guidance(x, cond, t[:batch], index)
         return jnp.where(scale > 1, combined, cond).transpose(0, 3, 1, 2)
