@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, Optional
 from omegaconf import DictConfig
 
 from sdjax_runner import interpreter, process
-from sdjax_runner.config import checks, guiders
+from sdjax_runner.config import checks
 from sdjax_runner.config.plan import Plan, admit, check_values, make_plan
 from sdjax_runner.engine import compile_cache, distributed, runtime
 from sdjax_runner.record import inputs, rundir
@@ -157,7 +157,7 @@ def plan_extras(plan: Plan) -> list[str]:
         layers, scale, start, stop = plan.slg
         steps = slg_steps(plan.num_inference_steps, start, stop)
         extras.append(f"skip-layer guidance on blocks {list(layers)} at {scale:g}, steps {steps[0]}..{steps[-1]}")
-    if plan.guider.name != guiders.DEFAULT or plan.guider.window:
+    if not plan.guider.plain:
         extras.append(f"guider {plan.guider.label}")
     return extras
 

@@ -63,6 +63,11 @@ class Guider:
     window: Optional[tuple[float, float]] = None
 
     @property
+    def plain(self) -> bool:
+        """Classifier-free guidance on every step: what a run without guider settings does (nothing to say)."""
+        return self.name == DEFAULT and self.window is None
+
+    @property
     def recorded(self) -> tuple[tuple[str, float], ...]:
         """The settings and the window as the records give them."""
         return self.settings + (tuple(zip(WINDOW, self.window, strict=True)) if self.window else ())

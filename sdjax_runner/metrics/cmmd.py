@@ -293,7 +293,7 @@ def reference_embeddings(embedder: ClipEmbedder, folder: Path, cache_dir: Option
     files = sorted(p for p in folder.iterdir() if p.suffix.lower() in IMAGE_SUFFIXES and p.is_file())
     if not files:
         raise ValueError(f"{folder} holds no .png/.jpg/.jpeg images")
-    stamps = tuple((str(p.resolve()), p.stat().st_size, p.stat().st_mtime_ns) for p in files)
+    stamps = tuple((str(p.resolve()), stat.st_size, stat.st_mtime_ns) for p, stat in ((p, p.stat()) for p in files))
     remembered = process.current().cmmd_references
     key = (str(Path(embedder.directory).resolve()), stamps)
     if key not in remembered:

@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Any, Optional
 from PIL import Image
 from PIL.PngImagePlugin import PngInfo
 
-from sdjax_runner.config import families, guiders
+from sdjax_runner.config import families
 from sdjax_runner.config.prompt_syntax import escape
 from sdjax_runner.console import one_line
 from sdjax_runner.errors import UserError
@@ -403,7 +403,7 @@ def image_meta(plan: Plan, height: int, width: int, guidance: str = "cfg", shift
         shift=shift,
         slg_layers=",".join(map(str, slg[0])) or None, slg_scale=slg[1], slg_start=slg[2], slg_stop=slg[3],
         guidance_rescale=plan.guidance_rescale,
-        guider=plan.guider.name if plan.guider.name != guiders.DEFAULT or plan.guider.window else None,
+        guider=None if plan.guider.plain else plan.guider.name,
         guider_settings=" ".join(f"{key}={value:g}" for key, value in plan.guider.recorded) or None,
         **(hires_fields(plan.hires, first_pass) if plan.hires else {}),
         refiner=f"{plan.refiner.name}:sha256={plan.refiner.sha256[:12]}" if plan.refiner else None,
