@@ -169,7 +169,9 @@ class ImageRecord(_Record):
     FLOAT_CHUNKS: ClassVar[tuple[str, ...]] = ("guidance_scale", "distilled_guidance", "eta", "strength",
                                               "conditioning_scale", "shift", "slg_scale", "slg_start", "slg_stop",
                                               "guidance_rescale", "hires_scale", "hires_strength",
-                                              "hires_guidance_scale", "refiner_switch")
+                                              "hires_guidance_scale", "refiner_switch",
+                                              # the metrics' per-image values (metrics/registry.py)
+                                              "clip_score", "pick_score", "aesthetic", "psnr", "ssim")
     BOOL_CHUNKS: ClassVar[tuple[str, ...]] = ("non_finite",)
 
     @classmethod

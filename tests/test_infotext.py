@@ -4,6 +4,7 @@ from one of its PNGs."""
 
 from __future__ import annotations
 
+import json
 import re
 
 import numpy as np
@@ -16,6 +17,8 @@ from helpers.configs import compose_cfg
 from helpers.images import images_of
 from sdjax_runner.config import infotext
 from sdjax_runner.config.overrides import literal
+from sdjax_runner.metrics.registry import METRICS
+from sdjax_runner.record.rundir import pixel_hash, with_texts
 
 # A1111's published docstring example (modules/infotext_utils.py, parse_generation_parameters).
 A1111_EXAMPLE = """girl with an artist's beret, determined, blue eyes, desert scene, computer monitors, heavy makeup, by Alphonse Mucha and Charlie Bowater, ((eyeshadow)), (coquettish), detailed, intricate
@@ -60,6 +63,54 @@ def test_our_pngs_infotext_reads_back_with_a1111s_rules(smoke_run):
     assert (settings["Steps"], settings["Seed"], settings["CFG scale"]) == (chunks["steps"], chunks["seed"],
                                                                            chunks["guidance_scale"])
     assert settings["Size"] == f"{chunks['width']}x{chunks['height']}"
+    # The metrics' values, once they were in: last on the line, under the registry's keys, as images.json has them;
+    # the PNG's own chunk too; the pixels as written (the chunks were copied, not the image encoded again).
+    record = next(r for r in json.loads((run_dir / "images.json").read_text()) if r["file"] == f"images/{png.name}")
+    assert list(settings)[-1] == METRICS["clip_score"].infotext
+    assert settings["CLIP score"] == METRICS["clip_score"].shown.format(record["clip_score"])
+    assert float(chunks["clip_score"]) == record["clip_score"]
+    with Image.open(png) as image:
+        image.verify()  # every chunk's CRC
+    assert pixel_hash(np.asarray(Image.open(png))) == record["pixels_sha256"]
+
+
+def png_chunks(data: bytes) -> list[tuple[bytes, bytes]]:
+    """A PNG's chunks as (type, data), read by the format's own layout (a reference apart from record/rundir.py)."""
+    import struct
+
+    chunks, at = [], 8
+    while at < len(data):
+        (length,) = struct.unpack(">I", data[at:at + 4])
+        chunks.append((data[at + 4:at + 8], data[at + 8:at + 8 + length]))
+        at += 12 + length
+    return chunks
+
+
+def test_a_pngs_texts_are_replaced_and_added_and_everything_else_is_kept_byte_for_byte(tmp_path):
+    pixels = np.random.default_rng(0).integers(0, 256, (24, 32, 3), dtype=np.uint8)
+    info = PngInfo()
+    info.add_itxt("prompt", "a cat")
+    info.add_itxt("clip_score", "")
+    info.add_text("parameters", "a cat\nSteps: 4")
+    info.add_text("parameters", "a second one, as a broken tool might write")
+    Image.fromarray(pixels).save(tmp_path / "a.png", pnginfo=info)
+    original = (tmp_path / "a.png").read_bytes()
+
+    stamped = with_texts(original, {"clip_score": "31.25", "parameters": "a cat\nSteps: 4, CLIP score: 31.25",
+                                    "psnr": "inf", "prompt": "ein Kätzchen ✓"})
+    (tmp_path / "b.png").write_bytes(stamped)
+    with Image.open(tmp_path / "b.png") as image:
+        image.verify()
+    with Image.open(tmp_path / "b.png") as image:
+        assert image.text == {"prompt": "ein Kätzchen ✓", "clip_score": "31.25", "psnr": "inf",
+                              "parameters": "a cat\nSteps: 4, CLIP score: 31.25"}
+        assert np.array_equal(np.asarray(image), pixels)
+    texts = (b"iTXt", b"tEXt", b"zTXt")
+    assert [c for c in png_chunks(stamped) if c[0] not in texts] == [c for c in png_chunks(original) if c[0] not in texts]
+    assert png_chunks(stamped)[-1] == (b"IEND", b"")
+    for broken in (original[:-6], b"GIF89a" + original[6:]):
+        with pytest.raises(ValueError):
+            with_texts(broken, {"psnr": "1"})
 
 
 @pytest.mark.slow
@@ -72,6 +123,9 @@ def test_from_png_remakes_the_runs_images(smoke_run, tmp_path):
     assert "from_png: Steps: 4 -> sampling.num_inference_steps=4" in result.stderr
     # Read with A1111's syntax (ours escapes a plain prompt's brackets): the same encoding for a plain prompt.
     assert "from_png: Prompt: A1111's syntax -> prompts.syntax=a1111" in result.stderr
+    # The CLIP score the PNG carries is said as a measurement and becomes no override.
+    measured = [line for line in result.stderr.splitlines() if "CLIP score" in line]
+    assert len(measured) == 1 and measured[0].startswith("from_png: measured, not a setting: CLIP score: ")
     for mine, theirs in zip(images_of(tmp_path / "again"), images_of(run_dir), strict=True):
         assert np.array_equal(mine, theirs)
 

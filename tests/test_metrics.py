@@ -119,6 +119,12 @@ def test_a_dtype_sweep_is_compared_with_its_fp32_reference_point_and_reported(tm
         assert quality["reference"] == fp32["dir"] and quality["reference_label"] == fp32["label"]
         records = json.loads((sweep / bf16["job"] / "images.json").read_text())
         assert len(records) == 8 and all(20 < r["psnr"] < math.inf for r in records)
+        # ... and into each image's PNG, a chunk and the infotext's last settings, as images.json has them.
+        with Image.open(sweep / bf16["job"] / records[0]["file"]) as image:
+            texts = dict(image.text)
+        assert float(texts["psnr"]) == records[0]["psnr"] and float(texts["ssim"]) == records[0]["ssim"]
+        assert texts["parameters"].endswith(f", PSNR to reference dB: {records[0]['psnr']:.4g}, "
+                                            f"SSIM to reference: {records[0]['ssim']:.4f}")
     with Image.open(sweep / "report.png") as report:
         assert report.width > 800 and np.asarray(report.convert("L")).std() > 5  # a drawn figure, not blank
 

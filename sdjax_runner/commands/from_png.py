@@ -5,12 +5,14 @@ The infotext's prompt, negative prompt, steps, sampler and schedule type, CFG sc
 skip, model and dtype (one of ours by name; our PNGs' ``Dtype: float32`` is fp32) and (with ``mode=img2img
 init_image=...``) denoising strength become overrides (config/infotext.py), each said on one line; what
 cannot be honoured (a model hash, extensions' settings, the Batch and Device an image sat on) is one line
-each. The
+each. The metric values our PNGs carry (``CLIP score: 31.2``, metrics/registry.py's ``infotext`` keys) are
+measurements, not settings: said as such, and the new image is scored anew where its metrics are on. The
 command line's own overrides come after them, so they win, and the run goes on as ``python -m
 sdjax_runner`` with all of them. Nothing runs from a file that carries no infotext."""
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 from pathlib import Path
 from typing import Optional
@@ -49,6 +51,17 @@ def options(group: str) -> tuple[str, ...]:
                         if p.name.endswith(".yaml")))
 
 
+def without_measurements(info: infotext.Infotext) -> tuple[infotext.Infotext, list[str]]:
+    """``info`` less the metric values it carries (each metric's ``infotext`` key), and those values as
+    ``KEY: VALUE`` lines."""
+    from sdjax_runner.metrics.registry import METRICS
+
+    keys = {metric.infotext for metric in METRICS.values()}
+    measured = [f"{key}: {infotext.shown_value(value)}" for key, value in info.settings.items() if key in keys]
+    settings = {key: value for key, value in info.settings.items() if key not in keys}
+    return dataclasses.replace(info, settings=settings), measured
+
+
 def main(argv: Optional[list[str]] = None) -> int:
     parser = command_parser("from_png", __doc__)
     parser.add_argument("image", nargs="?", help="a PNG carrying A1111 infotext (its 'parameters' text)")
@@ -66,7 +79,7 @@ def main(argv: Optional[list[str]] = None) -> int:
             raise UserError("IMAGE", "none given", "a PNG carrying A1111 infotext, or --infotext TEXT")
         else:
             text = read_infotext(Path(args.image).expanduser())
-        info = infotext.parse(text)
+        info, measured = without_measurements(infotext.parse(text))
         given = {o.split("=", 1)[0].lstrip("+~") for o in args.overrides if "=" in o}
         translation = infotext.overrides(info, options("model"), options("dtype"), "init_image" in given)
     except UserError as error:
@@ -76,6 +89,8 @@ def main(argv: Optional[list[str]] = None) -> int:
         print(f"from_png: {line}", file=sys.stderr)
     for line in translation.not_honoured:
         print(f"from_png: not honoured: {line}", file=sys.stderr)
+    for line in measured:
+        print(f"from_png: measured, not a setting: {line}", file=sys.stderr)
     sys.argv = [sys.argv[0], *translation.overrides, *args.overrides]
     from sdjax_runner.commands.run import entry
 

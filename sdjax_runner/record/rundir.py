@@ -28,7 +28,9 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import math
+import struct
 import time
+import zlib
 from collections.abc import Collection, Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Optional
@@ -41,6 +43,7 @@ from sdjax_runner.config.prompt_syntax import escape
 from sdjax_runner.console import one_line
 from sdjax_runner.errors import UserError
 from sdjax_runner.files import UnreadableRecord, read_config_record, read_json, replaced, write_json
+from sdjax_runner.metrics.registry import METRICS
 from sdjax_runner.records import ImageRecord, Quality, RunTimings
 
 if TYPE_CHECKING:
@@ -218,8 +221,76 @@ def a1111_parameters(meta: ImageRecord) -> str:
         + (f", Shift: {meta.shift}" if meta.shift is not None else "")
         + (f', Skip layer guidance: "{meta.slg_layers}", SLG scale: {meta.slg_scale}, SLG start: {meta.slg_start}, '
            f"SLG stop: {meta.slg_stop}" if meta.slg_layers else "")
+        + "".join(f", {part}" for part in measured_parts(meta))
     )
     return "\n".join(lines)
+
+
+def measured_parts(meta: ImageRecord) -> list[str]:
+    """The image's metric values as its infotext gives them, last (``CLIP score: 31.2``: metrics/registry.py's
+    ``infotext`` keys), once the metrics are in (:func:`stamp_measurements`); none before."""
+    return [f"{metric.infotext}: {metric.shown.format(value)}" for metric in METRICS.values()
+            if (value := getattr(meta, metric.name)) is not None]
+
+
+def measured_chunks(meta: ImageRecord) -> dict[str, str]:
+    """The image's metric values as its PNG's text chunks hold them (named as the record's fields)."""
+    return {metric.name: str(value) for metric in METRICS.values() if (value := getattr(meta, metric.name)) is not None}
+
+
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+TEXT_CHUNKS = (b"iTXt", b"tEXt", b"zTXt")
+
+
+def _png_chunk(kind: bytes, data: bytes) -> bytes:
+    return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+
+
+def _itxt(keyword: str, text: str) -> bytes:
+    """An uncompressed iTXt chunk, as Pillow's ``PngInfo.add_itxt`` writes one (no language, no translated key)."""
+    return _png_chunk(b"iTXt", keyword.encode("latin-1") + b"\0\0\0\0\0" + text.encode("utf-8"))
+
+
+def with_texts(png: bytes, texts: dict[str, str]) -> bytes:
+    """The PNG ``png`` with the text chunks of ``texts``' keywords holding these texts instead (added before IEND
+    where it had none); every other chunk, the pixels' included, byte for byte. ValueError: not a whole PNG."""
+    if not png.startswith(PNG_SIGNATURE):
+        raise ValueError("not a PNG")
+    out, at, left = [PNG_SIGNATURE], len(PNG_SIGNATURE), dict(texts)
+    while at < len(png):
+        if at + 12 > len(png):
+            raise ValueError("a PNG cut short")
+        (length,), kind = struct.unpack(">I", png[at:at + 4]), png[at + 4:at + 8]
+        end = at + 12 + length
+        if kind in TEXT_CHUNKS:
+            keyword = png[at + 8:at + 8 + length].split(b"\0", 1)[0].decode("latin-1")
+            if keyword in texts:  # replaced (the first of its keyword) or dropped (a second)
+                if keyword in left:
+                    out.append(_itxt(keyword, left.pop(keyword)))
+                at = end
+                continue
+        if kind == b"IEND":
+            out += [_itxt(keyword, text) for keyword, text in left.items()]
+            left = {}
+        out.append(png[at:end])
+        at = end
+    if left:
+        raise ValueError("a PNG without its IEND chunk")
+    return b"".join(out)
+
+
+def stamp_measurements(run_dir: Path, records: list[ImageRecord]) -> None:
+    """Each written image's PNG gains its metric values, once the metrics are in: a text chunk per value (named as
+    images.json's field) and the values at the end of the ``parameters`` line; the image data stays byte for byte
+    (its chunks are copied, not encoded again), and a PNG is replaced whole or not at all."""
+    for record in records:
+        values = measured_chunks(record)
+        path = run_dir / record.file if record.file else None
+        if not values or path is None or not path.is_file():
+            continue
+        stamped = with_texts(path.read_bytes(), {**values, "parameters": a1111_parameters(record)})
+        with replaced(path) as file:
+            file.write(stamped)
 
 
 def save_png(image: Image.Image, path: Path, record: ImageRecord) -> None:
@@ -492,9 +563,12 @@ def with_inputs(grid: Image.Image, panels: list[Image.Image], rows: int) -> Imag
 
 
 def write_run_files(run_dir: Path, plan: Plan, records: list[ImageRecord], images: list) -> float:
-    """images.json and grid.png (the mode's input images in its left columns); returns the seconds it took."""
+    """images.json, the metric values into each image's PNG (:func:`stamp_measurements`) and grid.png (the mode's
+    input images in its left columns); returns the seconds it took."""
     started = time.perf_counter()
     write_image_records(run_dir, records)
+    if plan.output.save_images:
+        stamp_measurements(run_dir, records)
     if plan.output.grid:
         rows, cols = grid_shape(len(images), plan.output.grid_rows, plan.output.grid_cols)
         panels = input_panels(plan, images[0].height, images[0].width) if images else []

@@ -5,7 +5,7 @@ parent run and writes ``sweep.json`` into the sweep directory; each job -- in th
 or another (joblib launcher) -- reads it to link its own run as a child and to name itself
 after the values it sweeps. At the end the callback reads every job's directory, compares each
 job's images with its reference point's (``metrics.reference_point``: PSNR/SSIM, written into the
-job's images.json and quality.json and logged to its run), judges its settings (``comparison.json``:
+job's images.json, its PNGs and quality.json and logged to its run), judges its settings (``comparison.json``:
 metrics/comparison.py -- each metric's mean with its interval per setting, and each setting against the
 baseline on the same seeds and prompts), writes ``summary.csv``, ``summary.json``, ``contact_sheet.png``,
 ``report.png`` and ``report.html`` beside them, logs them to the parent, and ends the parent
@@ -443,6 +443,7 @@ def compare_with_reference_point(sweep_dir: Path, rows: list[dict[str, Any]], ke
         quality_file = job_dir / rundir.QUALITY
         quality = Quality.from_json(rundir.read_json(quality_file)) if quality_file.exists() else Quality()
         rundir.write_image_records(job_dir, records)
+        rundir.stamp_measurements(job_dir, records)
         rundir.write_json(quality_file, quality.updated(fields).to_json())
         tracker = make_tracker(config.tracking, config.paths.output_root)
         if row["run_id"] and not isinstance(tracker, NullTracker):
