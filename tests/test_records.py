@@ -29,10 +29,11 @@ SMOKE_TIMINGS_KEYS = [
     "worker", "write_s"]
 SMOKE_QUALITY_KEYS = ["clip_model", "clip_score_compile_path", "clip_score_mean", "clip_score_s", "clip_score_std",
                       "metrics_s", "non_finite_images"]
-# What the image's PNG text chunks hold, in the order written (the record but its quality; then A1111's text).
+# What the image's PNG text chunks hold, in the order written (the record but its quality; then A1111's text, with
+# the metrics' values added before IEND once they are in).
 SMOKE_PNG_CHUNKS = ["negative_prompt", "seed", "steps", "guidance_scale", "scheduler", "sampler", "mode", "model",
                     "model_path", "dtype", "height", "width", "index", "batch", "device", "prompt", "file",
-                    "pixels_sha256", "non_finite", "parameters"]
+                    "pixels_sha256", "non_finite", "parameters", "clip_score"]
 
 
 def _filled(cls, skip=()):
