@@ -43,7 +43,7 @@ from sdjax_runner.config.prompt_syntax import escape
 from sdjax_runner.console import one_line
 from sdjax_runner.errors import UserError
 from sdjax_runner.files import UnreadableRecord, read_config_record, read_json, replaced, write_json
-from sdjax_runner.metrics.registry import METRICS
+from sdjax_runner.metrics.registry import METRICS, Metric
 from sdjax_runner.records import ImageRecord, Quality, RunTimings
 
 if TYPE_CHECKING:
@@ -226,16 +226,20 @@ def a1111_parameters(meta: ImageRecord) -> str:
     return "\n".join(lines)
 
 
+def measurements(meta: ImageRecord) -> list[tuple[Metric, float]]:
+    """Each registry metric (metrics/registry.py) the image has a value of, with the value: none before the metrics
+    are in (:func:`stamp_measurements`)."""
+    return [(metric, value) for metric in METRICS.values() if (value := getattr(meta, metric.name)) is not None]
+
+
 def measured_parts(meta: ImageRecord) -> list[str]:
-    """The image's metric values as its infotext gives them, last (``CLIP score: 31.2``: metrics/registry.py's
-    ``infotext`` keys), once the metrics are in (:func:`stamp_measurements`); none before."""
-    return [f"{metric.infotext}: {metric.shown.format(value)}" for metric in METRICS.values()
-            if (value := getattr(meta, metric.name)) is not None]
+    """The image's metric values as its infotext gives them, last (``CLIP score: 31.2``: the ``infotext`` keys)."""
+    return [f"{metric.infotext}: {metric.shown.format(value)}" for metric, value in measurements(meta)]
 
 
 def measured_chunks(meta: ImageRecord) -> dict[str, str]:
     """The image's metric values as its PNG's text chunks hold them (named as the record's fields)."""
-    return {metric.name: str(value) for metric in METRICS.values() if (value := getattr(meta, metric.name)) is not None}
+    return {metric.name: str(value) for metric, value in measurements(meta)}
 
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
