@@ -1,5 +1,5 @@
 """parallelism.params=sharded for the flow transformers (FLUX.1, SD 3 / 3.5): each family's ``split_weights``
-(engine/flux/family.py, engine/sd3/family.py) makes the transformer gather one block's split weights at a time.
+(families/flux/engine/family.py, families/sd3/engine/family.py) makes the transformer gather one block's split weights at a time.
 Checked on the compiled per-device program itself, on 8 CPU devices: the same numbers as gathering every weight
 whole as the program starts, in less memory -- XLA's plan holds one block whole, not all of them."""
 
@@ -13,11 +13,11 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from sdjax_runner.engine.flux import family as flux_family
-from sdjax_runner.engine.sd3 import family as sd3_family
 from sdjax_runner.engine.split import gather_tree, split_spec
-from sdjax_runner.models.flux.transformer import FlaxFluxTransformer
-from sdjax_runner.models.sd3.transformer import FlaxSD3Transformer
+from sdjax_runner.families.flux.engine import family as flux_family
+from sdjax_runner.families.flux.models.transformer import FlaxFluxTransformer
+from sdjax_runner.families.sd3.engine import family as sd3_family
+from sdjax_runner.families.sd3.models.transformer import FlaxSD3Transformer
 
 DEVICES = 8
 

@@ -185,8 +185,8 @@ def test_every_run_records_flops_throughput_and_memory(smoke_run):
 @pytest.mark.slow
 def test_attention_implementations_match_the_default_on_cpu(tiny_model_dir, attention):
     """performance.attention on the loaded UNet (the loader's with_scheduler sets it: models/nn/attention.py)."""
+    from sdjax_runner.families.sd.models.loading import with_scheduler
     from sdjax_runner.models.loaders import load_model
-    from sdjax_runner.models.sd.loading import with_scheduler
 
     cfg = compose_cfg(["+experiment=smoke"])
     loaded = load_model(cfg.model, cfg.dtype)

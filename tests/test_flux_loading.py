@@ -1,4 +1,4 @@
-"""The torch-free loader of a FLUX.1 folder in diffusers' published layout (sdjax_runner/models/flux/pipeline.py),
+"""The torch-free loader of a FLUX.1 folder in diffusers' published layout (sdjax_runner/families/flux/models/pipeline.py),
 on the committed fixtures (tests/fixtures/flux/README.md): FluxPipeline.save_pretrained folders of a tiny [dev]
 and [schnell] with diffusers' PyTorch outputs of their modules. The loaded modules, run with the loaded weights,
 must give those outputs; the tokenizers, loaded offline without sentencepiece, the same ids; a damaged folder is
@@ -17,8 +17,8 @@ import pytest
 
 from sdjax_runner.config.schema import Dtype, DtypeConfig, ModelConfig
 from sdjax_runner.errors import UserError
+from sdjax_runner.families.flux.models.pipeline import FluxPipeline, load_flux
 from sdjax_runner.models import model_index
-from sdjax_runner.models.flux.pipeline import FluxPipeline, load_flux
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "flux"
 VARIANTS = ("dev", "schnell")
@@ -195,7 +195,7 @@ def test_tokenizers_give_the_reference_ids_offline(monkeypatch):
 def test_t5_tokenizer_with_the_hubs_add_prefix_space_loads_without_sentencepiece(tmp_path):
     """The hub's FLUX.1 tokenizer_2/tokenizer_config.json sets add_prefix_space, which makes transformers rebuild
     the tokenizer from sentencepiece; tokenizer.json already prepends the space, so it is read as it is."""
-    from sdjax_runner.models.flux.t5 import t5_tokenizer
+    from sdjax_runner.families.flux.models.t5 import t5_tokenizer
 
     tokenizer_2 = shutil.copytree(folder("dev") / "tokenizer_2", tmp_path / "tokenizer_2")
     (tokenizer_2 / "spiece.model").unlink()  # the hub download fetches the JSON files only

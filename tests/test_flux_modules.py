@@ -1,4 +1,4 @@
-"""FLUX.1's Flax modules (sdjax_runner/models/flux/) against diffusers 0.39's PyTorch ones, without torch.
+"""FLUX.1's Flax modules (sdjax_runner/families/flux/models/) against diffusers 0.39's PyTorch ones, without torch.
 
 The reference numbers are committed under tests/fixtures/flux/, made with diffusers' PyTorch classes by
 tests/helpers/make_flux_reference.py: two tiny pipelines in FluxPipeline.save_pretrained's layout
@@ -24,10 +24,15 @@ import numpy as np
 import pytest
 from flax.traverse_util import flatten_dict
 
+from sdjax_runner.families.flux.models.autoencoder import FlaxFluxAutoencoderKL
+from sdjax_runner.families.flux.models.convert import (
+    convert_transformer,
+    convert_vae,
+    load_safetensors,
+    read_safetensors,
+)
+from sdjax_runner.families.flux.models.transformer import FlaxFluxTransformer, rope_tables
 from sdjax_runner.models.checkpoints import WeightsMismatch
-from sdjax_runner.models.flux.autoencoder import FlaxFluxAutoencoderKL
-from sdjax_runner.models.flux.convert import convert_transformer, convert_vae, load_safetensors, read_safetensors
-from sdjax_runner.models.flux.transformer import FlaxFluxTransformer, rope_tables
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "flux"
 VARIANTS = ("dev", "schnell")
@@ -304,11 +309,11 @@ def test_the_full_size_architecture_has_flux1_devs_published_parameter_counts():
     import jax
     import jax.numpy as jnp
 
+    from sdjax_runner.families.flux.models.autoencoder import FlaxFluxAutoencoderKL
+    from sdjax_runner.families.flux.models.transformer import FlaxFluxTransformer
     from sdjax_runner.models import published_layout
     from sdjax_runner.models.builtin import FLUX_SPECS
     from sdjax_runner.models.checkpoints import param_shapes
-    from sdjax_runner.models.flux.autoencoder import FlaxFluxAutoencoderKL
-    from sdjax_runner.models.flux.transformer import FlaxFluxTransformer
     from sdjax_runner.models.loading import MODULE_KINDS
 
     def count(tree) -> int:

@@ -1,4 +1,4 @@
-"""FLUX.1's program stages (engine/flux/stages.py) against diffusers 0.39's PyTorch FluxPipeline called with the
+"""FLUX.1's program stages (families/flux/engine/stages.py) against diffusers 0.39's PyTorch FluxPipeline called with the
 runner's noise (tests/fixtures/flux/pipeline_*.npz, made by tests/helpers/make_flux_reference.py): the
 schedule, the tokens, the conditioning and the images, for [dev] (guidance embedding, dynamic shift) and
 [schnell]."""
@@ -22,7 +22,7 @@ VARIANTS = ["dev", "schnell"]
 
 def _loaded(variant: str):
     from sdjax_runner.config.schema import DtypeConfig, ModelConfig
-    from sdjax_runner.models.flux.pipeline import load_flux
+    from sdjax_runner.families.flux.models.pipeline import load_flux
     from sdjax_runner.models.model_index import read
 
     folder = FIXTURES / f"tiny-flux-{variant}"
@@ -35,8 +35,8 @@ def run(request):
     """The stages run once per variant: each device's image as the runner computes it, and the reference."""
     import jax
 
-    from sdjax_runner.engine.flux import stages
     from sdjax_runner.engine.generate import batch_keys
+    from sdjax_runner.families.flux.engine import stages
 
     ref = dict(np.load(FIXTURES / f"pipeline_{request.param}.npz"))
     loaded = _loaded(request.param)
@@ -62,7 +62,7 @@ def run(request):
 
 
 def test_the_schedule_is_the_schedulers(run):
-    from sdjax_runner.engine.flux.stages import flow_sigmas
+    from sdjax_runner.families.flux.engine.stages import flow_sigmas
 
     sigmas = flow_sigmas(int(run.ref["steps"]), run.seq_len, run.pipeline.scheduler_config)
     assert sigmas.dtype == np.float32 and np.array_equal(sigmas, run.ref["sigmas"])

@@ -324,7 +324,7 @@ def _bfl_file(path: Path, variant: str = "dev", prefix: str = "") -> tuple[Path,
     from safetensors.numpy import save_file
 
     from helpers.bfl_layout import to_bfl
-    from sdjax_runner.models.flux.convert import read_safetensors
+    from sdjax_runner.families.flux.models.convert import read_safetensors
 
     folder = FIXTURES / f"tiny-flux-{variant}" / "transformer"
     state = {name: np.array(array) for name, array in read_safetensors(folder).items()}
@@ -334,9 +334,9 @@ def _bfl_file(path: Path, variant: str = "dev", prefix: str = "") -> tuple[Path,
 
 
 def test_a_bfl_single_file_transformer_is_renamed_to_the_folders_tensors(tmp_path):
-    from sdjax_runner.config.weight_files import open_checkpoint
-    from sdjax_runner.models.flux.convert import load_safetensors
-    from sdjax_runner.models.flux.single_file import diffusers_state_dict
+    from sdjax_runner.config.families import open_checkpoint
+    from sdjax_runner.families.flux.models.convert import load_safetensors
+    from sdjax_runner.families.flux.models.single_file import diffusers_state_dict
 
     for variant, prefix in (("dev", ""), ("schnell", "model.diffusion_model.")):
         path, state = _bfl_file(tmp_path / f"{variant}.safetensors", variant, prefix)

@@ -16,7 +16,7 @@ from helpers import comfy_flow_reference as comfy
 from helpers import k_reference
 from helpers.cli import assert_one_line_error, call_cli, run_cli
 from sdjax_runner.config.samplers import FLOW_K_SAMPLERS, FLOW_SCHEDULES
-from sdjax_runner.engine.flux import sigmas as flow
+from sdjax_runner.families.flux.engine import sigmas as flow
 
 # FLUX.1-dev's and -schnell's scheduler configs (the values the engine reads).
 DEV = {"use_dynamic_shifting": True, "base_shift": 0.5, "max_shift": 1.15, "base_image_seq_len": 256,
@@ -61,10 +61,10 @@ def test_each_flow_sampler_is_comfyuis_on_a_closed_form_model(name, schedule):
     import jax.numpy as jnp
 
     from sdjax_runner.engine.encode import Conditioning
-    from sdjax_runner.engine.flux import stages
-    from sdjax_runner.engine.flux.samplers import SAMPLERS
     from sdjax_runner.engine.guiders import Guidance
     from sdjax_runner.engine.modes.start import Start
+    from sdjax_runner.families.flux.engine import stages
+    from sdjax_runner.families.flux.engine.samplers import SAMPLERS
 
     height = width = 64
     pipeline = SimpleNamespace(transformer=ClosedFormTransformer(), vae_scale_factor=8, scheduler_config=DEV,

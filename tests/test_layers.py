@@ -1,6 +1,8 @@
 """The package's layers (docs/architecture.md), read from its source: no module imports a layer to its right and
 there is no import circle, counting the imports made inside functions and those only a type checker reads (an
-``if TYPE_CHECKING:`` import never runs, but it is a dependency a reader follows)."""
+``if TYPE_CHECKING:`` import never runs, but it is a dependency a reader follows). A model family's package
+(``families/<name>/``) is a slice through the layers: each of its parts is in the layer it is named after
+(``families/flux/engine/stages.py`` is the engine's), and nothing outside it branches on the family's name."""
 
 from __future__ import annotations
 
@@ -46,8 +48,13 @@ def _imports(path: Path, modules: dict[str, Path], type_only: bool = False) -> s
     return {name for name in found if name in modules}
 
 
+FAMILY_PARTS = ("config", "models", "engine")  # the layers a family's package has a part in
+
+
 def _layer(module: str) -> int:
     parts = module.split(".")
+    if parts[1:2] == ["families"]:  # the families' names and package docstrings: imported by anything
+        return LAYERS[parts[3]] if len(parts) > 3 else 0
     return LAYERS[parts[1]] if len(parts) > 1 else -1  # the package itself: its __init__ imports nothing
 
 
@@ -57,7 +64,76 @@ def _graph(type_only: bool = False) -> dict[str, set[str]]:
 
 
 def test_every_module_has_a_layer():
-    assert {name.split(".")[1] for name in _graph() if "." in name} <= set(LAYERS)
+    assert {name.split(".")[1] for name in _graph() if "." in name} <= set(LAYERS) | {"families"}
+    family_modules = [name.split(".") for name in _graph() if name.startswith("sdjax_runner.families.")]
+    assert {parts[3] for parts in family_modules if len(parts) > 3} <= set(FAMILY_PARTS)
+
+
+def test_each_family_is_one_package_with_an_entry_in_each_layer():
+    """``families.NAMES`` is the one list: each registry reads its layer's part of every family named there
+    (config/families.py, models/loaders.py and engine/families.py import them by name, which the import graph
+    above cannot see; here each part is checked to be there, in its layer, and to be the entry its registry has)."""
+    from sdjax_runner.config.families import FAMILIES as CONFIG
+    from sdjax_runner.engine.families import FAMILIES as ENGINE
+    from sdjax_runner.families import NAMES
+    from sdjax_runner.models.loaders import LOADERS
+
+    modules = _modules()
+    packages = sorted(path.name for path in (PACKAGE / "families").iterdir() if (path / "__init__.py").is_file())
+    assert packages == sorted(NAMES)
+    for name in NAMES:
+        entries = {f"sdjax_runner.families.{name}.config": "config", f"sdjax_runner.families.{name}.models.entry":
+                   "models", f"sdjax_runner.families.{name}.engine.entry": "engine"}
+        assert {module: _layer(module) for module in entries} == {module: LAYERS[layer] for module, layer in
+                                                                 entries.items()} and set(entries) <= set(modules)
+    assert tuple(CONFIG) == tuple(LOADERS) == tuple(ENGINE) == NAMES
+    assert all(CONFIG[name].name == ENGINE[name].name == name for name in NAMES)
+
+
+def _family_name_branches(names: tuple[str, ...], modules: dict[str, Path]) -> list[str]:
+    """Outside ``families/``: a family's name as a literal compared with (``==``, ``!=``, ``in``), looked up
+    (``X["flux"]``), passed to a call, used as a dict key or as a parameter's default."""
+    found = []
+    for module, path in modules.items():
+        if module.startswith("sdjax_runner.families"):
+            continue
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            literals: list = []
+            if isinstance(node, ast.Compare):
+                literals = [node.left, *node.comparators]
+            elif isinstance(node, ast.Subscript):
+                literals = [node.slice]
+            elif isinstance(node, ast.Call):
+                literals = [*node.args, *(keyword.value for keyword in node.keywords)]
+            elif isinstance(node, ast.Dict):
+                literals = [key for key in node.keys if key is not None]
+            elif isinstance(node, ast.arguments):
+                literals = [*node.defaults, *(default for default in node.kw_defaults if default is not None)]
+            found += [f"{module}:{literal.lineno} {ast.unparse(node).splitlines()[0][:80]}" for literal in literals
+                      if isinstance(literal, ast.Constant) and literal.value in names]
+    return found
+
+
+def test_no_branch_on_a_familys_name_outside_its_package():
+    """What a family is and does is its package's (its entries' fields); the layers iterate the registries. A
+    module elsewhere that asks whether a model is "flux" is named here."""
+    from sdjax_runner.families import NAMES
+
+    assert _family_name_branches(NAMES, _modules()) == []
+
+
+def test_the_family_branch_check_finds_each_kind_of_branch(tmp_path):
+    """The check above can fail: each kind of branch in a planted module is found, the same text in a family's
+    package is not."""
+    source = ('def run(family="sd", **settings):\n'
+              '    if family == "sd3" or REGISTRY["flux"] or pick("flux"):\n'
+              '        return {"sd": 1}\n')
+    planted = tmp_path / "planted.py"
+    planted.write_text(source)
+    found = _family_name_branches(("sd", "flux", "sd3"), {"sdjax_runner.config.planted": planted,
+                                                          "sdjax_runner.families.flux.config": planted})
+    assert [line.split(" ")[0] for line in found] == ["sdjax_runner.config.planted:1"] * 1 + \
+        ["sdjax_runner.config.planted:2"] * 3 + ["sdjax_runner.config.planted:3"]
 
 
 def test_no_module_imports_a_layer_to_its_right():

@@ -53,7 +53,7 @@ def diffusers_lcm_step(alphas_cumprod, timesteps, step_index, model_output, time
 
 @pytest.mark.parametrize("original", [50, 20])
 def test_the_timesteps_are_lcm_schedulers(original):
-    from sdjax_runner.models.sd.schedulers import lcm_timesteps
+    from sdjax_runner.families.sd.models.schedulers import lcm_timesteps
 
     for steps in range(1, original + 1):
         np.testing.assert_array_equal(lcm_timesteps(steps, 1000, original), diffusers_lcm_timesteps(steps, original))
@@ -72,7 +72,7 @@ def test_the_jitted_loop_steps_as_lcm_scheduler(monkeypatch, steps, prediction):
     import jax
     import jax.numpy as jnp
 
-    from sdjax_runner.models.sd.schedulers import LCMScheduler, ddim
+    from sdjax_runner.families.sd.models.schedulers import LCMScheduler, ddim
 
     rng = np.random.default_rng(steps)
     shape = (2, 4, 8, 8)

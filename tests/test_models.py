@@ -172,7 +172,7 @@ def test_hub_ids_load_from_the_local_cache_offline_and_a_missing_one_says_how_to
 
 
 def test_v_prediction_from_the_model_config_reaches_every_scheduler(tiny_model_dir):
-    from sdjax_runner.models.sd.loading import with_scheduler
+    from sdjax_runner.families.sd.models.loading import with_scheduler
 
     loaded = load(tiny_model_dir, **{"model.prediction_type": "v_prediction"})
     for name in ("pndm", "euler", "lms", "ddpm"):

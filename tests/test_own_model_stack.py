@@ -60,8 +60,8 @@ def test_neither_diffusers_nor_transformers_is_a_dependency_of_the_runtime():
 
 def test_the_loaded_sd_pipeline_is_the_runners_own(tiny_model_dir, tiny_xl_dir):
     from helpers.configs import compose_cfg
+    from sdjax_runner.families.sd.models.pipeline import SDPipeline, SDXLPipeline
     from sdjax_runner.models.loaders import load_model
-    from sdjax_runner.models.sd.pipeline import SDPipeline, SDXLPipeline
 
     for folder, cls in ((tiny_model_dir, SDPipeline), (tiny_xl_dir, SDXLPipeline)):
         cfg = compose_cfg(["model=local", f"model.pretrained_model_name_or_path={folder}"])

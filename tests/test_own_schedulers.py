@@ -1,4 +1,4 @@
-"""The runner's own schedulers (sdjax_runner/models/sd/schedulers, issue #60) against the ones it ran before them:
+"""The runner's own schedulers (sdjax_runner/families/sd/models/schedulers, issue #60) against the ones it ran before them:
 diffusers 0.39's FlaxPNDMScheduler and FlaxDPMSolverMultistepScheduler, and tests/helpers/traced_schedulers.py's
 DDIM, DDPM, Euler, LMS and LCM (the runner's former subclasses of diffusers' Flax ones, which keep diffusers' code
 where they do not replace it; DDIM's and Euler's kept paths also against diffusers' own classes), bit for bit
@@ -27,7 +27,7 @@ STEP_COUNTS = (1, 2, 7, 25, 50, 51)
 
 
 def ours(name: str):
-    from sdjax_runner.models.sd import schedulers
+    from sdjax_runner.families.sd.models import schedulers
 
     return {"pndm": schedulers.PNDMScheduler, "ddim": schedulers.DDIMScheduler, "lms": schedulers.LMSDiscreteScheduler,
             "dpm_solver_pp": schedulers.DPMSolverMultistepScheduler, "euler": schedulers.EulerDiscreteScheduler,
@@ -204,7 +204,7 @@ def test_every_beta_schedule_is_diffusers():
     from diffusers import FlaxDDPMScheduler
     from diffusers.schedulers.scheduling_utils_flax import CommonSchedulerState
 
-    from sdjax_runner.models.sd.schedulers import CommonState
+    from sdjax_runner.families.sd.models.schedulers import CommonState
 
     for settings in ({"beta_schedule": "linear"}, {"beta_schedule": "scaled_linear", "beta_start": 0.00085,
                                                    "beta_end": 0.012}, {"beta_schedule": "squaredcos_cap_v2"},
@@ -216,7 +216,7 @@ def test_every_beta_schedule_is_diffusers():
 
 
 def test_settings_overrides_and_bookkeeping():
-    from sdjax_runner.models.sd.schedulers import SCHEDULER_CLASSES, DDIMScheduler, EulerDiscreteScheduler
+    from sdjax_runner.families.sd.models.schedulers import SCHEDULER_CLASSES, DDIMScheduler, EulerDiscreteScheduler
 
     scheduler = EulerDiscreteScheduler.from_config(CONFIGS["sdxl"], prediction_type="v_prediction")
     assert scheduler.config.prediction_type == "v_prediction" and scheduler.config.timestep_spacing == "leading"
@@ -238,7 +238,7 @@ def test_the_package_imports_no_diffusers_and_pickles():
     import subprocess
     import sys
 
-    code = ("import sys, sdjax_runner.models.sd.schedulers; "
+    code = ("import sys, sdjax_runner.families.sd.models.schedulers; "
             "print(sorted(m for m in ('diffusers', 'torch', 'scipy') if m in sys.modules))")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert result.stdout.strip() == "[]"
@@ -277,7 +277,7 @@ def test_dynamic_thresholding_is_diffusers_pytorch():
     """diffusers' PyTorch DPMSolverMultistepScheduler._threshold_sample, in NumPy (its Flax one fails there)."""
     import jax.numpy as jnp
 
-    from sdjax_runner.models.sd.schedulers.dpm_solver import dynamic_threshold
+    from sdjax_runner.families.sd.models.schedulers.dpm_solver import dynamic_threshold
 
     x0 = LATENTS * np.float32(3)
     for ratio, max_value in ((0.995, 1.0), (0.9, 2.5), (0.5, 1.0)):
@@ -394,8 +394,8 @@ def test_zero_terminal_snr_states_are_the_registrys(tmp_path):
     ``rescale_betas_zero_snr``, and which models/schedulers.build_scheduler gives from a model folder."""
     from helpers.traced_schedulers import ZERO_SNR_FLOORED, zero_terminal_snr_state
     from helpers.traced_schedulers import rescale_zero_terminal_snr as former
+    from sdjax_runner.families.sd.models.schedulers import CommonState, rescale_zero_terminal_snr, zero_terminal_snr
     from sdjax_runner.models.schedulers import build_scheduler
-    from sdjax_runner.models.sd.schedulers import CommonState, rescale_zero_terminal_snr, zero_terminal_snr
 
     betas = np.linspace(0.00085**0.5, 0.012**0.5, 1000) ** 2
     assert_same(rescale_zero_terminal_snr(betas), former(betas), "rescale_zero_terminal_snr")

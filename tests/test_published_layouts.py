@@ -229,7 +229,7 @@ def test_hub_download_fetches_the_variants_files_and_the_plain_ones_only_where_i
 
 
 def test_the_safety_checker_decides_as_diffusers_rule_does():
-    """The project's safety checker (models/sd/safety_checker.py; diffusers' own fails on current JAX:
+    """The project's safety checker (families/sd/models/safety_checker.py; diffusers' own fails on current JAX:
     jnp.clip(a_min=...)) has diffusers' parameter tree and flags the images diffusers' rule flags, computed here in
     NumPy from the same embeddings: cosine similarity to the concept embeddings minus their thresholds, rounded to
     3 decimals, a 0.01 lower threshold for an image near any special-care concept."""
@@ -237,7 +237,7 @@ def test_the_safety_checker_decides_as_diffusers_rule_does():
     from flax.traverse_util import flatten_dict, unflatten_dict
     from transformers import CLIPConfig
 
-    from sdjax_runner.models.sd.safety_checker import SafetyChecker
+    from sdjax_runner.families.sd.models.safety_checker import SafetyChecker
 
     vision = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=4, image_size=224,
                   patch_size=32)

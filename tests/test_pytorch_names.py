@@ -51,15 +51,15 @@ def _reference_tree(kind: str, folder: Path, monkeypatch) -> dict:
                                                 if k in FlaxAutoencoderKL.__dataclass_fields__})
         return flatten_dict(jax.eval_shape(module.init_weights, key))
     if kind == "AutoencoderKL16":
-        from sdjax_runner.models.flux.autoencoder import FlaxFluxAutoencoderKL
+        from sdjax_runner.families.flux.models.autoencoder import FlaxFluxAutoencoderKL
 
         return flatten_dict(jax.eval_shape(FlaxFluxAutoencoderKL.from_config(config).init_weights, key))
     if kind == "FluxTransformer2DModel":
-        from sdjax_runner.models.flux.transformer import FlaxFluxTransformer
+        from sdjax_runner.families.flux.models.transformer import FlaxFluxTransformer
 
         return flatten_dict(jax.eval_shape(FlaxFluxTransformer.from_config(config).init_weights, key))
     if kind == "SD3Transformer2DModel":
-        from sdjax_runner.models.sd3.transformer import FlaxSD3Transformer
+        from sdjax_runner.families.sd3.models.transformer import FlaxSD3Transformer
 
         return flatten_dict(jax.eval_shape(FlaxSD3Transformer.from_config(config).init_weights, key))
     import jax.numpy as jnp

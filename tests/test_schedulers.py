@@ -71,7 +71,7 @@ def test_lms_in_the_jitted_loop_matches_the_scipy_integrated_reference():
     import jax.numpy as jnp
     from scipy import integrate
 
-    from sdjax_runner.models.sd.schedulers import LMSDiscreteScheduler as LMSScheduler
+    from sdjax_runner.families.sd.models.schedulers import LMSDiscreteScheduler as LMSScheduler
 
     scheduler = LMSScheduler(**SD_SCHEDULER)
     start = np.random.default_rng(0).standard_normal((2, 4, 8, 8)).astype(np.float32)
@@ -101,8 +101,8 @@ def test_ddpm_steps_between_inference_timesteps_and_noises_each_image_by_its_own
     import jax
     import jax.numpy as jnp
 
-    from sdjax_runner.models.sd.schedulers import DDPMScheduler
-    from sdjax_runner.models.sd.schedulers.common import image_noise
+    from sdjax_runner.families.sd.models.schedulers import DDPMScheduler
+    from sdjax_runner.families.sd.models.schedulers.common import image_noise
 
     scheduler = DDPMScheduler(**SD_SCHEDULER, clip_sample=False)
     state = scheduler.set_timesteps(scheduler.create_state(), num_inference_steps=10, shape=(2, 4, 8, 8))

@@ -1,4 +1,4 @@
-"""SD 3 / 3.5's Flax transformer (sdjax_runner/models/sd3/transformer.py) against diffusers 0.39's PyTorch
+"""SD 3 / 3.5's Flax transformer (sdjax_runner/families/sd3/models/transformer.py) against diffusers 0.39's PyTorch
 ``SD3Transformer2DModel``, without torch.
 
 The references are committed under tests/fixtures/sd3/, made with diffusers' PyTorch classes by
@@ -19,8 +19,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from sdjax_runner.models.flux.convert import convert_state_dict, read_safetensors
-from sdjax_runner.models.sd3.transformer import FlaxSD3Transformer, sincos_table
+from sdjax_runner.families.flux.models.convert import convert_state_dict, read_safetensors
+from sdjax_runner.families.sd3.models.transformer import FlaxSD3Transformer, sincos_table
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "sd3"
 VARIANTS = ("sd3", "large", "medium")
@@ -85,10 +85,10 @@ def test_the_sd35_large_architecture_has_diffusers_parameter_counts():
     694,659,840 (bigG), AutoencoderKL 83,819,683."""
     import jax.numpy as jnp
 
+    from sdjax_runner.families.flux.models.autoencoder import FlaxFluxAutoencoderKL
     from sdjax_runner.models import published_layout
     from sdjax_runner.models.builtin import SD3_SPECS
     from sdjax_runner.models.checkpoints import param_shapes
-    from sdjax_runner.models.flux.autoencoder import FlaxFluxAutoencoderKL
     from sdjax_runner.models.loading import MODULE_KINDS
 
     def count(tree) -> int:

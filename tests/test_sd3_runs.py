@@ -163,7 +163,7 @@ def test_the_sharded_path_with_split_weights_gives_the_pmap_images_bit_for_bit(t
 def test_a_single_file_transformer_in_stabilitys_layout_loads_onto_its_base(tmp_path, reference):
     # tiny-sd3's transformer in sd3.5_medium.safetensors' layout (model.diffusion_model.joint_blocks.*, a CLIP
     # tensor beside it), which diffusers' own from_single_file loads back to the same weights.
-    from sdjax_runner.config.weight_files import open_checkpoint
+    from sdjax_runner.config.families import open_checkpoint
 
     single = FIXTURES / "tiny-sd3-transformer.safetensors"
     assert open_checkpoint(single).architecture == "sd3.5-medium"
@@ -180,12 +180,13 @@ def test_a_single_file_with_the_text_encoders_and_vae_inside_gives_diffusers_ima
     # text_encoders.*, the VAE under first_stage_model.), its text encoders and VAE perturbed from the folder's:
     # diffusers' StableDiffusion3Pipeline.from_single_file reads them (CLIP-L's projection the identity) and made
     # single_file.npz's images. Ours must be those, not the base folder's.
-    from sdjax_runner.config.weight_files import open_checkpoint, sd3_components_inside
+    from sdjax_runner.config.families import open_checkpoint
+    from sdjax_runner.families.sd3.config import components_inside
 
     single = FIXTURES / "tiny-sd3-all-in-one.safetensors"
     checkpoint = open_checkpoint(single)
     assert checkpoint.architecture == "sd3.5-medium"
-    assert sd3_components_inside(checkpoint.keys) == ("text_encoder", "text_encoder_2", "text_encoder_3", "vae")
+    assert components_inside(checkpoint.keys) == ("text_encoder", "text_encoder_2", "text_encoder_3", "vae")
     with np.load(FIXTURES / "single_file.npz") as data:
         expected, latents = data["images"], data["latents"]
     with np.load(FIXTURES / "pipeline.npz") as data:

@@ -1,4 +1,4 @@
-"""The runner's own Stable Diffusion modules (sdjax_runner/models/sd/, models/nn/attention.py) against diffusers
+"""The runner's own Stable Diffusion modules (sdjax_runner/families/sd/models/, models/nn/attention.py) against diffusers
 0.39's Flax ones -- the last diffusers with Flax classes, kept as the test reference only.
 
 * Parameter trees: for the published SD 1.5, SD 2.1 (768-v: linear projections, per-level heads), SDXL base
@@ -28,9 +28,9 @@ import numpy as np
 import pytest
 from flax.traverse_util import flatten_dict, unflatten_dict
 
+from sdjax_runner.families.sd.models.controlnet import ControlNetModel
+from sdjax_runner.families.sd.models.unet import Attention, UNet2DConditionModel
 from sdjax_runner.models.nn.attention import IMPLEMENTATIONS, attention, chunked_attention
-from sdjax_runner.models.sd.controlnet import ControlNetModel
-from sdjax_runner.models.sd.unet import Attention, UNet2DConditionModel
 
 PUBLISHED = json.loads((Path(__file__).parent / "helpers" / "published_configs.json").read_text(encoding="utf-8"))
 SD15 = PUBLISHED["sd15"]["unet/config.json"]
@@ -317,7 +317,7 @@ def test_dot_product_unet_is_default_to_rounding():
 
 
 def test_timesteps_are_taken_as_diffusers_takes_them():
-    from sdjax_runner.models.sd.unet import as_timesteps
+    from sdjax_runner.families.sd.models.unet import as_timesteps
 
     def taken(value: Any) -> tuple[Any, list[float]]:
         out = as_timesteps(value)

@@ -145,7 +145,7 @@ def test_bad_checkpoints_are_one_line(tmp_path, tiny_model_dir, tiny_xl_dir):
 
     save_file({"lora_unet_x.lora_down.weight": np.zeros((2, 2), np.float32)}, str(lora_like))
     result = run_cli("+experiment=smoke", "tracking=none", f"model.checkpoint={lora_like}", cwd=tmp_path)
-    assert_one_line_error(result, f"{KEY} lora.safetensors has no model.diffusion_model.* tensors")
+    assert_one_line_error(result, f"{KEY} lora.safetensors has no tensors of a model this runner runs")
     result = run_cli("+experiment=smoke", "tracking=none", "model=single_file", cwd=tmp_path)
     assert_one_line_error(result, f"{KEY} a value is required")
     # An SDXL file on an SD 1.x base: the first tensor that does not fit is named.

@@ -24,7 +24,7 @@ import numpy as np
 import pytest
 from flax.traverse_util import flatten_dict
 
-from sdjax_runner.models.flux.t5 import t5_encoder, t5_tokenizer
+from sdjax_runner.families.flux.models.t5 import t5_encoder, t5_tokenizer
 from sdjax_runner.models.nn.t5 import T5EncoderModel, feed_forward_kind, relative_position_bucket
 from sdjax_runner.models.nn.t5_tokenizer import T5Tokenizer
 

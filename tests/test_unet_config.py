@@ -18,7 +18,7 @@ PUBLISHED = json.loads((Path(__file__).parent / "helpers" / "published_configs.j
 
 @pytest.mark.parametrize("layout", ["sd15", "sd21", "sdxl"])
 def test_the_published_unets_ask_for_nothing_the_unet_lacks(layout):
-    from sdjax_runner.models.sd.unet import UNet2DConditionModel
+    from sdjax_runner.families.sd.models.unet import UNet2DConditionModel
 
     config = PUBLISHED[layout]["unet/config.json"]
     unet = UNet2DConditionModel.from_config(config)  # refuses, in a ValueError, what it does not compute

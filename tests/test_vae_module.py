@@ -26,7 +26,7 @@ import pytest
 from diffusers.models.vae_flax import FlaxAutoencoderKL, FlaxDecoder, FlaxDiagonalGaussianDistribution, FlaxEncoder
 from flax.traverse_util import flatten_dict
 
-from sdjax_runner.models.flux.autoencoder import FlaxFluxAutoencoderKL
+from sdjax_runner.families.flux.models.autoencoder import FlaxFluxAutoencoderKL
 from sdjax_runner.models.nn.vae import AutoencoderKL, DiagonalGaussian
 
 PUBLISHED = json.loads((Path(__file__).resolve().parent / "helpers" / "published_configs.json").read_text())

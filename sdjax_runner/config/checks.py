@@ -157,7 +157,7 @@ SCHEDULER_CHOICES = {"beta_schedule": ("linear", "scaled_linear", "squaredcos_ca
                      "prediction_type": ("epsilon", "sample", "v_prediction"),
                      "timestep_spacing": ("linspace", "leading", "trailing"),
                      "algorithm_type": ("dpmsolver++", "dpmsolver"), "solver_type": ("midpoint", "heun"),
-                     "variance_type": ("fixed_small", "fixed_large")}  # DDPM here: models/sd/schedulers
+                     "variance_type": ("fixed_small", "fixed_large")}  # DDPM here: families/sd/models/schedulers
 NARROWER_CHOICES = {(name, "prediction_type"): ("epsilon", "v_prediction") for name in ("euler", "lms", "pndm")}
 SCHEDULER_FLAGS = ("clip_sample", "set_alpha_to_one", "skip_prk_steps", "thresholding", "lower_order_final",
                    "rescale_betas_zero_snr")
@@ -166,7 +166,7 @@ SCHEDULER_FLAGS = ("clip_sample", "set_alpha_to_one", "skip_prk_steps", "thresho
 ZERO_SNR = ("ddim", "ddpm", "euler", "dpm_solver_pp")
 ZERO_SNR_KEY = "rescale_betas_zero_snr"
 
-# The settings each scheduler takes (models/sd/schedulers: their SETTINGS, checked equal as they are imported).
+# The settings each scheduler takes (families/sd/models/schedulers: their SETTINGS, checked equal as they are imported).
 _COMMON_SETTINGS = ("num_train_timesteps", "beta_start", "beta_end", "beta_schedule", "trained_betas")
 _DDIM_SETTINGS = ("clip_sample", "clip_sample_range", "set_alpha_to_one", "steps_offset", "prediction_type")
 SCHEDULER_SETTINGS: dict[str, tuple[str, ...]] = {

@@ -17,6 +17,7 @@ import re
 from dataclasses import dataclass, field
 
 from sdjax_runner.config import guiders, hires, samplers
+from sdjax_runner.config.families import DEFAULT, FAMILIES, FamilyEntry
 from sdjax_runner.config.overrides import literal
 from sdjax_runner.config.prompts import check_length
 from sdjax_runner.config.schema import SCHEDULERS, GuiderConfig
@@ -56,8 +57,8 @@ def dtype_options() -> dict[str, str]:
 
 @functools.cache
 def family_models(family: str) -> frozenset[str]:
-    """The packaged model options of a family (conf/model/*.yaml with ``family: flux`` / ``sd3``): an infotext
-    naming one is read as that family's (:func:`overrides`)."""
+    """The packaged model options of a family (conf/model/*.yaml with ``family: NAME``): an infotext naming one is
+    read as that family's (:func:`line_family`)."""
     return frozenset(str(option["name"]) for option in packaged_options("model") if option.get("family") == family)
 
 
@@ -174,50 +175,54 @@ def overrides(info: Infotext, model_options: tuple[str, ...], dtype_options: tup
     check_length("Negative prompt", info.negative)
     settings = dict(info.settings)
     reading = _Reading(settings, {key: number(key, settings[key]) for key in NUMBERS if key in settings})
-    # FLUX.1's (Forge's "Distilled CFG Scale", or one of our FLUX.1 models): no negative prompt, no CFG, prompts
-    # read as written; its guidance is the distilled value. SD 3's (ours write its Shift, or one of our SD 3
-    # models): prompts read as written.
-    flux = "Distilled CFG Scale" in settings or settings.get("Model") in family_models("flux")
-    sd3 = not flux and ("Shift" in settings or "Skip layer guidance" in settings
-                        or settings.get("Model") in family_models("sd3"))
-    # FLUX.1 runs a negative prompt only with true CFG: Forge's "CFG scale" over 1 on FLUX.
-    true_cfg = flux and reading.numbers.get("CFG scale", 1) > 1
-    _read_prompts(info, reading, flux, sd3, true_cfg)
-    _read_guidance(reading, flux, true_cfg and bool(info.negative))
+    family = line_family(settings)
+    # A guidance-distilled family (FLUX.1) runs a negative prompt only with true CFG: Forge's "CFG scale" over 1.
+    true_cfg = family.true_cfg and reading.numbers.get("CFG scale", 1) > 1
+    _read_prompts(info, reading, family, true_cfg)
+    _read_guidance(reading, family, true_cfg and bool(info.negative))
     _read_sampling(reading)
     _read_guider(reading)
-    if sd3:
-        sd3_settings(reading.settings, reading.numbers, reading.use, reading.skipped)
+    if family.read_infotext is not None:
+        family.read_infotext(reading)
     _read_strength(reading, has_init_image)
     _read_models(reading, model_options, dtype_options)
     return Translation(reading.out, reading.honoured, reading.skipped)
 
 
-def _read_prompts(info: Infotext, reading: _Reading, flux: bool, sd3: bool, true_cfg: bool) -> None:
+def line_family(settings: dict[str, str]) -> FamilyEntry:
+    """The family an infotext is of: the first (in the registry's order) whose own keys it has (Forge's "Distilled
+    CFG Scale": FLUX.1; ours write SD 3's Shift) or one of whose packaged models it names, else the default."""
+    for entry in FAMILIES.values():
+        if any(key in settings for key in entry.infotext_keys) or settings.get("Model") in family_models(entry.name):
+            return entry
+    return FAMILIES[DEFAULT]
+
+
+def _read_prompts(info: Infotext, reading: _Reading, family: FamilyEntry, true_cfg: bool) -> None:
     """The prompt, the negative prompt (FLUX.1 reads one only with true CFG) and the syntax they are read in."""
     if info.prompt:
         reading.out += [f"prompts.texts=[{literal(info.prompt)}]", "prompts.file=null", "prompts.set=null"]
-    if info.negative and flux and not true_cfg:
-        reading.skipped.append(f"Negative prompt: {shown_value(info.negative)}: FLUX.1 reads no negative prompt "
-                               "without true CFG (a CFG scale over 1)")
+    if info.negative and family.true_cfg and not true_cfg:
+        reading.skipped.append(f"Negative prompt: {shown_value(info.negative)}: {family.short} reads no negative "
+                               "prompt without true CFG (a CFG scale over 1)")
     elif info.negative:
         reading.out.append(f"prompts.negative={literal(info.negative)}")
-    if flux or sd3:
-        reading.honoured.append(f"Prompt: read as written ({'FLUX.1' if flux else 'SD 3'} reads no A1111 emphasis)")
+    if not family.a1111_prompts:
+        reading.honoured.append(f"Prompt: read as written ({family.short} reads no A1111 emphasis)")
     else:  # An infotext's prompts are in A1111's syntax (ours escape the brackets of a plain prompt for it).
         reading.out.append("prompts.syntax=a1111")
         reading.honoured.append("Prompt: A1111's syntax -> prompts.syntax=a1111")
 
 
-def _read_guidance(reading: _Reading, flux: bool, true_cfg: bool) -> None:
+def _read_guidance(reading: _Reading, family: FamilyEntry, true_cfg: bool) -> None:
     """Steps, the CFG scale (FLUX.1's true CFG, or none), the distilled guidance, the seed and the size."""
     numbers = reading.numbers
     if "Steps" in numbers:
         reading.use("Steps", f"sampling.num_inference_steps={numbers['Steps']}")
     if "CFG scale" in numbers and true_cfg:
         reading.use("CFG scale", f"sampling.true_cfg_scale={numbers['CFG scale']!r}")
-    elif "CFG scale" in numbers and flux:
-        reading.skip("CFG scale", "FLUX.1 runs no classifier-free guidance without a negative prompt")
+    elif "CFG scale" in numbers and family.true_cfg:
+        reading.skip("CFG scale", f"{family.short} runs no classifier-free guidance without a negative prompt")
     elif "CFG scale" in numbers:
         reading.use("CFG scale", f"sampling.guidance_scale={numbers['CFG scale']!r}")
     if "Distilled CFG Scale" in numbers:
@@ -313,23 +318,6 @@ def _read_models(reading: _Reading, model_options: tuple[str, ...], dtype_option
                                    "with model=NAME")
         elif key not in SILENT:
             reading.skipped.append(f"{key}: {shown_value(value)}: not honoured")
-
-
-def sd3_settings(settings: dict[str, str], numbers: dict[str, float], use, skipped: list[str]) -> None:
-    """SD 3's: skip-layer guidance (``Skip layer guidance: "7,8,9"``, ``SLG scale``, ``SLG start``, ``SLG stop``)
-    honoured; ``Shift`` said (the model's scheduler config sets it)."""
-    if "Skip layer guidance" in settings:
-        layers = [part.strip() for part in settings["Skip layer guidance"].split(",")]
-        if not all(part.isascii() and part.isdigit() and len(part) < 4 for part in layers):  # not '²'
-            raise UserError("Skip layer guidance", f"{shown_value(settings['Skip layer guidance'])}",
-                            "block numbers separated by commas, e.g. \"7,8,9\"")
-        use("Skip layer guidance", f"sampling.slg_layers=[{','.join(str(int(part)) for part in layers)}]")
-        for key, name in (("SLG scale", "slg_scale"), ("SLG start", "slg_start"), ("SLG stop", "slg_stop")):
-            if key in numbers:
-                use(key, f"sampling.{name}={numbers[key]!r}")
-    if "Shift" in settings:
-        skipped.append(f"Shift: {shown_value(settings.pop('Shift'))}: the model's scheduler config sets it (its "
-                       "scheduler/scheduler_config.json)")
 
 
 def hires_settings(settings: dict[str, str], numbers: dict[str, float], use, skipped: list[str]) -> None:

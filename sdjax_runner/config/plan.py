@@ -39,13 +39,9 @@ from sdjax_runner.config.schema import (
     field_types,
 )
 from sdjax_runner.config.weight_files import (
-    ARCHITECTURES,
-    BASES,
-    FAMILY_OF,
     VAE_KEY,
     embedding_files,
     lora_header,
-    open_checkpoint,
     vae_files,
     vae_kind,
 )
@@ -227,9 +223,9 @@ def checkpoint_record(model: ModelConfig) -> Optional[CheckpointEntry]:
     base of that architecture, so the record names the configs the weights ran on."""
     if not model.checkpoint:
         return None
-    checkpoint = open_checkpoint(Path(model.checkpoint).expanduser())
+    checkpoint = families.open_checkpoint(Path(model.checkpoint).expanduser())
     if model.pretrained_model_name_or_path is None:
-        model.pretrained_model_name_or_path = BASES[checkpoint.architecture]
+        model.pretrained_model_name_or_path = checkpoint.base
     return CheckpointEntry(str(checkpoint.path), file_sha256(checkpoint.path), checkpoint.architecture)
 
 
@@ -417,7 +413,7 @@ def image_layout(config: RunConfig, prompts: list[str], available_devices: int) 
 
 def stepping_scheduler(scheduler: SchedulerConfig, family: families.FamilyEntry, sampling: Sampling) -> SchedulerConfig:
     """The diffusers scheduler the model is loaded with for ``sampling``: the family's own where its sampler names
-    it (FLUX.1: engine/flux/); DDIM / PLMS where sampler= names them; for a k sampler's sigma schedule the model's
+    it (FLUX.1: families/flux/engine/); DDIM / PLMS where sampler= names them; for a k sampler's sigma schedule the model's
     training schedule, read through diffusers' Euler scheduler (which steps nothing here) with zero terminal SNR
     kept (the k samplers' sigmas read it); else ``scheduler`` as configured."""
     if family.sampler_names_scheduler:
@@ -431,10 +427,10 @@ def stepping_scheduler(scheduler: SchedulerConfig, family: families.FamilyEntry,
 
 def check_checkpoint_family(checkpoint: Any, model: ModelConfig, family: families.FamilyEntry) -> None:
     """A single-file checkpoint must be of its base model's family (UserError naming model.checkpoint)."""
-    if checkpoint is not None and FAMILY_OF[checkpoint.architecture] != family.name:
-        raise UserError("model.checkpoint", f"{Path(checkpoint.path).name} is a {ARCHITECTURES[checkpoint.architecture]} "
+    if checkpoint is not None and checkpoint.family != family.name:
+        raise UserError("model.checkpoint", f"{Path(checkpoint.path).name} is a {checkpoint.title} "
                         f"checkpoint, but its base {model.pretrained_model_name_or_path} is {family.title}",
-                        f"a base of its family (model.pretrained_model_name_or_path=null: {BASES[checkpoint.architecture]})")
+                        f"a base of its family (model.pretrained_model_name_or_path=null: {checkpoint.base})")
 
 
 def recorded_params(config: RunConfig, family: families.FamilyEntry, sampling: Sampling, adapters: tuple, model: ModelConfig,

@@ -201,12 +201,12 @@ def resolve(sampler: Optional[str], scheduler: str, steps: Optional[int] = None,
                     _eta(eta, found, str(sampler)))
 
 
-# FLUX.1's own scheduler (diffusers' FlowMatchEulerDiscreteScheduler; engine/flux/stages.py steps it).
+# FLUX.1's own scheduler (diffusers' FlowMatchEulerDiscreteScheduler; families/flux/engine/stages.py steps it).
 FLOW_SCHEDULER = "flow_match_euler"
 # The scheduler names that leave FLUX.1 on its own schedule: its own, or the root config's default (pndm), which
 # names the SD family's scheduler and is read as "the model's own" for FLUX.1.
 FLOW_SCHEDULER_NAMES = (FLOW_SCHEDULER, "pndm")
-# The k samplers FLUX.1 runs as ComfyUI runs them on flow models (engine/flux/sigmas.py): the deterministic ones
+# The k samplers FLUX.1 runs as ComfyUI runs them on flow models (families/flux/engine/sigmas.py): the deterministic ones
 # (ComfyUI gives the ancestral and SDE samplers their own rectified-flow variants, not run here), on ComfyUI's
 # schedules over the model's flow sigmas; without a schedule named, simple (ComfyUI's FLUX workflows', Forge's).
 FLOW_K_SAMPLERS = ("euler", "heun", "dpmpp_2m", "lms")

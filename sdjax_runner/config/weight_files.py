@@ -16,23 +16,6 @@ from sdjax_runner.errors import UserError
 from sdjax_runner.files import not_a_file
 
 KEY = "model.checkpoint"
-# The base model for each architecture when none is given: configs, tokenizers and scheduler only.
-BASES = {"sd1": "stable-diffusion-v1-5/stable-diffusion-v1-5", "sd2": "stabilityai/stable-diffusion-2-1",
-         "sdxl": "stabilityai/stable-diffusion-xl-base-1.0", "flux-dev": "black-forest-labs/FLUX.1-dev",
-         "flux-schnell": "black-forest-labs/FLUX.1-schnell", "sd3": "stabilityai/stable-diffusion-3-medium-diffusers",
-         "sd3.5-large": "stabilityai/stable-diffusion-3.5-large", "sd3.5-medium": "stabilityai/stable-diffusion-3.5-medium"}
-ARCHITECTURES = {"sd1": "SD 1.x", "sd2": "SD 2.x", "sdxl": "SDXL", "flux-dev": "FLUX.1 [dev]",
-                 "flux-schnell": "FLUX.1 [schnell]", "sd3": "SD 3", "sd3.5-large": "SD 3.5 Large",
-                 "sd3.5-medium": "SD 3.5 Medium"}
-# The model family (config/families.py) of each architecture.
-FAMILY_OF = {"sd1": "sd", "sd2": "sd", "sdxl": "sd", "flux-dev": "flux", "flux-schnell": "flux", "sd3": "sd3",
-             "sd3.5-large": "sd3", "sd3.5-medium": "sd3"}
-# A FLUX.1 transformer in Black Forest Labs' own layout (flux1-dev.safetensors; ComfyUI's saves add
-# model.diffusion_model.): its double- and single-stream blocks by their original names.
-FLUX_PREFIXES = ("", "model.diffusion_model.")
-
-
-
 def safetensors_keys(path: Path, key: str, named: str, allowed: str) -> tuple[str, ...]:
     """The tensor names in ``path``'s safetensors header (safetensors also checks that the data it
     describes fills the file exactly); a file that is not one is a UserError on ``key``, its problem
@@ -55,11 +38,22 @@ def lora_header(path: Path, key: str) -> None:
 @dataclass(frozen=True)
 class Checkpoint:
     path: Path
-    architecture: str  # "sd1", "sd2", "sdxl", "flux-dev", "flux-schnell", "sd3", "sd3.5-large", "sd3.5-medium"
+    architecture: str  # its family's name for it: "sd1", "sd2", "sdxl", "flux-dev", "sd3.5-large" ...
     keys: tuple[str, ...]
     # From the base model's configs (see on_base): how LDM's flat layer numbers map to diffusers' blocks.
     layers_per_block: int = 2
     vae_levels: int = 4
+    family: str = ""  # the model family whose entry knew the file (config/families.open_checkpoint)
+    title: str = ""  # what the architecture is called ("SD 1.x", "FLUX.1 [dev]")
+    base: str = ""  # the hub id of its standard base model: configs, tokenizers and scheduler when none is given
+
+
+@dataclass(frozen=True)
+class Architecture:
+    """A single-file checkpoint's architecture as its family's entry names it (FamilyEntry.single_files)."""
+
+    title: str  # "SD 1.x"
+    base: str  # the standard base model's hub id (configs, tokenizers, scheduler): "stable-diffusion-v1-5/..."
 
 
 def safetensors_file(path: Path, key: str, wanted: str, pickled: str, allowed: str) -> None:
@@ -73,56 +67,12 @@ def safetensors_file(path: Path, key: str, wanted: str, pickled: str, allowed: s
                         "loaded and are not read", allowed)
 
 
-def open_checkpoint(path: Path) -> Checkpoint:
-    """The checkpoint's tensor names and architecture, from its header alone (milliseconds)."""
+def checkpoint_keys(path: Path) -> tuple[str, ...]:
+    """A single-file checkpoint's tensor names, from its header alone (milliseconds); which family's file it is,
+    config/families.open_checkpoint asks each family's entry."""
     safetensors_file(path, KEY, "a single-file .safetensors checkpoint", "pickle checkpoints",
                      "a .safetensors checkpoint (convert a .ckpt first)")
-    keys = safetensors_keys(path, KEY, f"{path.name}:", "a single-file .safetensors checkpoint")
-    return Checkpoint(path, detect_architecture(path, keys), keys)
-
-
-def flux_architecture(keys) -> str | None:
-    """"flux-dev" / "flux-schnell" for a FLUX.1 transformer in Black Forest Labs' layout (with or without
-    ComfyUI's model.diffusion_model. prefix; [dev] has the guidance embedder guidance_in.*), else None."""
-    for prefix in FLUX_PREFIXES:
-        inner = {k[len(prefix):] for k in keys if k.startswith(prefix)}
-        if any(k.startswith("double_blocks.") for k in inner) and any(k.startswith("single_blocks.") for k in inner):
-            return "flux-dev" if any(k.startswith("guidance_in.") for k in inner) else "flux-schnell"
-    return None
-
-
-def sd3_architecture(keys) -> str | None:
-    """"sd3.5-medium" (dual attention: x_block.attn2), "sd3.5-large" (q/k norms: ln_q) or "sd3" for an SD 3 MMDiT
-    in Stability AI's layout (sd3.5_large.safetensors: model.diffusion_model.joint_blocks.*; the text encoders
-    inside or not), else None. SD 3.5 Large Turbo has Large's keys (and base)."""
-    inner = {k.removeprefix("model.diffusion_model.") for k in keys}
-    if not any(k.startswith("joint_blocks.") for k in inner):
-        return None
-    if any(".x_block.attn2." in k for k in inner):
-        return "sd3.5-medium"
-    return "sd3.5-large" if any(".attn.ln_q." in k for k in inner) else "sd3"
-
-
-def detect_architecture(path: Path, keys) -> str:
-    names = set(keys)
-    has = lambda prefix: any(k.startswith(prefix) for k in names)  # noqa: E731
-    flux = flux_architecture(names) or sd3_architecture(names)
-    if flux is not None:
-        return flux
-    if not has("model.diffusion_model."):
-        raise UserError(KEY, f"{path.name} has no model.diffusion_model.* tensors: not a Stable Diffusion checkpoint "
-                        "in the original (LDM) layout", "an SD 1.x, 2.x or SDXL single-file checkpoint")
-    if has("conditioner.embedders.1.model.transformer."):
-        return "sdxl"
-    if has("conditioner.embedders.0.model."):
-        raise UserError(KEY, f"{path.name} is an SDXL refiner checkpoint, which this runner does not run",
-                        "an SD 1.x, 2.x or SDXL base single-file checkpoint")
-    if has("cond_stage_model.model.transformer."):
-        return "sd2"
-    if has("cond_stage_model.transformer."):
-        return "sd1"
-    raise UserError(KEY, f"{path.name} has a UNet but no text encoder this runner knows (SD 1.x, 2.x or SDXL)",
-                    "an SD 1.x, 2.x or SDXL single-file checkpoint")
+    return safetensors_keys(path, KEY, f"{path.name}:", "a single-file .safetensors checkpoint")
 
 
 VAE_KEY = "model.vae"
@@ -179,25 +129,3 @@ def embedding_files(paths) -> list[Path]:
                          "pickled embeddings", "a .safetensors embedding (convert it first)")
         files.append(path)
     return files
-
-
-# --- what a flow model's single-file checkpoint holds besides its transformer ------------------------------
-
-# SD 3's components a file may hold besides the MMDiT: component -> its tensors' prefix (models/sd3/single_file.py
-# reads them from there).
-SD3_INSIDE = {"text_encoder": "text_encoders.clip_l.transformer.", "text_encoder_2": "text_encoders.clip_g.transformer.",
-              "text_encoder_3": "text_encoders.t5xxl.transformer.", "vae": "first_stage_model."}
-# The tensor that says a component is there (diffusers' is_clip_sd3_model, is_open_clip_sd3_model,
-# is_t5_in_single_file; any first_stage_model tensor for the VAE).
-SD3_MARKERS = {"text_encoder": "text_encoders.clip_l.transformer.text_model.embeddings.position_embedding.weight",
-               "text_encoder_2": "text_encoders.clip_g.transformer.text_model.embeddings.position_embedding.weight",
-               "text_encoder_3": "text_encoders.t5xxl.transformer.shared.weight"}
-
-
-def sd3_components_inside(keys) -> tuple[str, ...]:
-    """The components besides the transformer whose weights an SD 3 file holds, in :data:`SD3_INSIDE`'s order."""
-    names = set(keys)
-    found = [name for name, marker in SD3_MARKERS.items() if marker in names]
-    if any(key.startswith(SD3_INSIDE["vae"]) for key in names):
-        found.append("vae")
-    return tuple(name for name in SD3_INSIDE if name in found)

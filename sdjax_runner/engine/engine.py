@@ -131,9 +131,9 @@ class Engine:
         tokens = model.family.tokens(pipeline, plan)  # read once: for the chunk count, then the batches
         if plan.syntax == "a1111":  # before the program is made: its shape grows with the chunks
             check_chunks(named_prompts(plan.prompts, plan.prompt_names, plan.negative), tokens.chunks_of)
-        spec = program_spec(plan, pipeline, model.height, model.width,
-                            model.controlnet.structure if model.controlnet else "", tokens, model.loaded.family,
-                            model.refiner.structure if model.refiner else "")
+        spec = program_spec(plan, pipeline, model.height, model.width, model.loaded.family,
+                            controlnet=model.controlnet.structure if model.controlnet else "", tokens=tokens,
+                            refiner=model.refiner.structure if model.refiner else "")
         say_unused_refiner(pipeline, spec, plan.refiner)
         if spec.prompt_chunks:
             log.info("prompts: A1111's syntax, %d chunk(s) of 75 tokens per prompt (the longest prompt's; shorter "

@@ -59,7 +59,7 @@ class Spec:
     text_tokens: int = 0  # FLUX.1: T5's sequence length (prompts.max_sequence_length); 0 for SD
     params: str = "replicated"  # parallelism.params: weights whole on every device, or split (engine/sharded.py)
     true_cfg: bool = False  # FLUX.1: true classifier-free guidance runs (two denoiser calls a step; its scale is traced)
-    slg: Optional[tuple] = None  # SD 3: skip-layer guidance's (layers, scale, start, stop) (engine/sd3/stages.py)
+    slg: Optional[tuple] = None  # SD 3: skip-layer guidance's (layers, scale, start, stop) (families/sd3/engine/stages.py)
     cfg_rescale: bool = False  # SD: CFG rescale runs (its value is a traced input, "guidance_rescale")
     guider: str = "cfg"  # guider=NAME (engine/guiders.py); its settings are traced inputs ("guider_" + the setting)
     guider_window: Optional[tuple[float, float]] = None  # guider.start/stop: where it guides (None: every step)
@@ -86,8 +86,8 @@ class Spec:
         return self.text_tokens or TOKENS * max(1, self.prompt_chunks)
 
 
-def program_spec(plan: Any, pipeline: Any, height: int, width: int, controlnet: str = "",
-                 tokens: Optional[Any] = None, family: str = "sd", refiner: str = "") -> Spec:
+def program_spec(plan: Any, pipeline: Any, height: int, width: int, family: str, controlnet: str = "",
+                 tokens: Optional[Any] = None, refiner: str = "") -> Spec:
     """The one place the Plan's program-relevant fields are read (``plan``: config/plan.Plan);
     ``controlnet``: the loaded ControlNet's structure; ``tokens``: reads the prompts' chunk count (and keeps
     what it read, for the generator); ``family``: the loaded model's; ``refiner``: the loaded refiner's

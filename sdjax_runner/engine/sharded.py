@@ -11,7 +11,7 @@ differently from pmap.) Global arrays are built shard by shard, so the same code
 :data:`MIN_SPLIT` elements is placed with ``NamedSharding(mesh, P(..., "data", ...))`` along its largest axis the
 device count divides (the rest stay replicated), so each device holds about 1/N of them. Inside the program a
 device gathers them (``all_gather`` over ``data``) where they are used: a family that can do so block by block says
-which weights it gathers itself (FLUX.1's transformer blocks, engine/flux/family.py: one block's weights whole at a
+which weights it gathers itself (FLUX.1's transformer blocks, families/flux/engine/family.py: one block's weights whole at a
 time); everything else is gathered per component as the program starts. The per-device program is otherwise the
 replicated one: the same numbers, the same images."""
 

@@ -1,6 +1,6 @@
 """Weights split across devices (``parallelism.params=sharded``): where each weight is split, and how a device
 makes it whole again inside the per-device program (engine/sharded.py places and lowers; a family may gather some
-weights itself, block by block: engine/flux/family.py)."""
+weights itself, block by block: families/flux/engine/family.py)."""
 
 from __future__ import annotations
 

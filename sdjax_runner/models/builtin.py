@@ -11,7 +11,7 @@ full-size ones for benchmarks.
 * ``tiny-random-flux``: a structurally complete FLUX.1 [dev] pipeline in diffusers' layout (CLIP tokenizer and
   text encoder, a T5 tokenizer and encoder, the flow-matching transformer with a guidance embedder, the
   16-channel VAE, FLUX.1-dev's scheduler config): the transformer and VAE as Flax weights of the runner's own
-  modules (models/flux/), the text encoders in transformers' Flax layout, the T5 tokenizer a small unigram
+  modules (families/flux/models/), the text encoders in transformers' Flax layout, the T5 tokenizer a small unigram
   model built with the ``tokenizers`` library (no sentencepiece, no hub).
 * ``tiny-random-clip``: a small random CLIP (text and vision towers, the CLIP tokenizer and image
   processor) for the CLIP score metric in tests and the smoke run.
@@ -257,7 +257,7 @@ CLIP_SPECS: dict[str, dict[str, Any]] = {
 CONTROLNET_SPECS: dict[str, dict[str, Any]] = {
     "tiny-random-controlnet": dict(base="tiny-random", conditioning_embedding_out_channels=(16, 16, 32, 32)),
 }
-# FLUX.1 pipelines (models/flux/): each component's config.json, as diffusers writes them (the sizes of
+# FLUX.1 pipelines (families/flux/models/): each component's config.json, as diffusers writes them (the sizes of
 # tests/fixtures/flux/tiny-flux-dev, the PyTorch reference's).
 FLUX_SPECS: dict[str, dict[str, Any]] = {
     "tiny-random-flux": dict(
@@ -301,7 +301,7 @@ FLUX_SPECS["flux-dev-arch"] = dict(
             relative_attention_num_buckets=32, relative_attention_max_distance=128, vocab_size=32128),
     save_dtype="bfloat16",
 )
-# SD 3 / 3.5 pipelines (models/sd3/): each component's config.json, as diffusers writes them (the sizes of
+# SD 3 / 3.5 pipelines (families/sd3/models/): each component's config.json, as diffusers writes them (the sizes of
 # tests/fixtures/sd3/tiny-sd3, the PyTorch reference's: SD 3.5 Medium's shape).
 SD3_SPECS: dict[str, dict[str, Any]] = {
     "tiny-random-sd3": dict(
@@ -409,7 +409,7 @@ def _clip_text_config(spec: dict, vocab_size: int) -> dict:
 
 
 def _unet_config(spec: dict) -> dict:
-    from sdjax_runner.models.sd.unet import CONFIG_DEFAULTS
+    from sdjax_runner.families.sd.models.unet import CONFIG_DEFAULTS
 
     return dict(CONFIG_DEFAULTS, in_channels=9 if spec.get("inpaint") else 4, out_channels=4, **spec["unet"])
 
@@ -522,7 +522,7 @@ def _build_clip_into(directory: Path, spec: dict) -> None:
 
 
 def _controlnet_config(name: str) -> dict:
-    from sdjax_runner.models.sd.controlnet import CONFIG_DEFAULTS
+    from sdjax_runner.families.sd.models.controlnet import CONFIG_DEFAULTS
 
     spec = CONTROLNET_SPECS[name]
     unet = SPECS[spec["base"]]["unet"]
@@ -643,9 +643,9 @@ def _saved_dtypes(spec: dict) -> tuple[Any, str]:
 
 def _build_flux_into(directory: Path, spec: dict) -> None:
     """A FLUX.1 folder in diffusers' layout: model_index.json, each component's config and weights."""
+    from sdjax_runner.families.flux.models.autoencoder import FlaxFluxAutoencoderKL
+    from sdjax_runner.families.flux.models.transformer import FlaxFluxTransformer
     from sdjax_runner.models.checkpoints import param_shapes
-    from sdjax_runner.models.flux.autoencoder import FlaxFluxAutoencoderKL
-    from sdjax_runner.models.flux.transformer import FlaxFluxTransformer
 
     _write_tokenizer(directory / "tokenizer", pad_as_text=True)
     clip_size = len(_vocabulary()[0])
@@ -671,9 +671,9 @@ def _build_flux_into(directory: Path, spec: dict) -> None:
 def _build_sd3_into(directory: Path, spec: dict) -> None:
     """An SD 3 folder in diffusers' layout: model_index.json, each component's config and weights (the
     transformer's position table the sine-cosine one diffusers saves, not random)."""
+    from sdjax_runner.families.flux.models.autoencoder import FlaxFluxAutoencoderKL
+    from sdjax_runner.families.sd3.models.transformer import FlaxSD3Transformer, sincos_table
     from sdjax_runner.models.checkpoints import param_shapes
-    from sdjax_runner.models.flux.autoencoder import FlaxFluxAutoencoderKL
-    from sdjax_runner.models.sd3.transformer import FlaxSD3Transformer, sincos_table
 
     _write_tokenizer(directory / "tokenizer", pad_as_text=True)
     _write_tokenizer(directory / "tokenizer_2", pad_as_text=True)

@@ -1,5 +1,5 @@
 """A pipeline folder's components -> the runner's modules and their params as host arrays, whatever format the
-weights are in; every family's loader (models/sd/loading.py, models/flux/pipeline.py, models/sd3/pipeline.py) reads
+weights are in; every family's loader (families/sd/models/loading.py, families/flux/models/pipeline.py, families/sd3/models/pipeline.py) reads
 its components with these.
 
 Each component folder is read as diffusers' and transformers' ``from_pretrained`` read it: the published class its
@@ -47,7 +47,7 @@ CLIP_TOKENIZERS = ("CLIPTokenizer", "CLIPTokenizerFast")
 @dataclass(frozen=True)
 class ModuleKind:
     """How a published model class is read: ``build(config.json as a dict, dtype)`` makes the runner's own module
-    (models/nn, models/sd); ``naming``: whose file names and PyTorch parameter names its folder holds (diffusers'
+    (models/nn, families/sd/models); ``naming``: whose file names and PyTorch parameter names its folder holds (diffusers'
     or transformers', models/nn/pytorch_names.py); ``float32``: it computes in float32 whatever the activations
     dtype (transformers' classes, as diffusers' Flax pipelines load them: only their weights are cast)."""
 
@@ -58,13 +58,13 @@ class ModuleKind:
 
 
 def _unet(config: dict, dtype: Any) -> Any:
-    from sdjax_runner.models.sd.unet import UNet2DConditionModel, saved_sample_size
+    from sdjax_runner.families.sd.models.unet import UNet2DConditionModel, saved_sample_size
 
     return UNet2DConditionModel.from_config(dict(config, sample_size=saved_sample_size(config)), dtype=dtype)
 
 
 def _controlnet(config: dict, dtype: Any) -> Any:
-    from sdjax_runner.models.sd.controlnet import ControlNetModel
+    from sdjax_runner.families.sd.models.controlnet import ControlNetModel
 
     return ControlNetModel.from_config(config, dtype=dtype)
 
@@ -91,7 +91,7 @@ def _t5(config: dict, dtype: Any) -> Any:
 
 
 def _safety_checker(config: dict, dtype: Any) -> Any:
-    from sdjax_runner.models.sd.safety_checker import SafetyChecker
+    from sdjax_runner.families.sd.models.safety_checker import SafetyChecker
 
     return SafetyChecker.from_config(config, dtype=dtype)
 
@@ -313,7 +313,7 @@ def load_from_checkpoint(folder: Path, name: str, class_name: str, checkpoint, a
                                  f"{checkpoint.path.name} ({name})")
     except ValueError as exc:
         raise UserError(weight_files.KEY, f"does not fit the base model {base} "
-                        f"({weight_files.ARCHITECTURES[checkpoint.architecture]} checkpoint): {exc}",
+                        f"({checkpoint.title} checkpoint): {exc}",
                         "a checkpoint of the base model's architecture (set model.pretrained_model_name_or_path "
                         "to a matching base)") from None
     return module, to_host(params, weights), ComponentWeights("single_file", (checkpoint.path,))

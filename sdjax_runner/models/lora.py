@@ -14,7 +14,7 @@ Layouts read (``A`` = down, ``B`` = up; a module's update is ``alpha / rank * B 
                       text_encoder.<path> (SD 3: text_encoder_2.<path> too)
 
     kohya FLUX.1      lora_unet_double_blocks_N_img_attn_qkv..., lora_unet_single_blocks_N_linear1...: Black Forest
-                      Labs' module names (models/flux/single_file.py's table, underscored), lora_te1_ for CLIP. A
+                      Labs' module names (families/flux/models/single_file.py's table, underscored), lora_te1_ for CLIP. A
                       fused projection's update is split as its weight is: the down factor shared, the up factor's
                       rows cut into q, k, v (and a single block's MLP input), as diffusers' kohya FLUX conversion does.
 
@@ -209,8 +209,8 @@ def read(path: str, params: dict, config_key: str, expected_sha256: Optional[str
 def _kohya_flux(modules: dict, transformer: dict, name: str, config_key: str) -> dict:
     """``modules`` with kohya's FLUX.1 transformer modules (``unet`` ``double_blocks_0_img_attn_qkv``...) renamed to
     the transformer's own (diffusers' paths, underscored), a fused projection's factors split into its parts: the
-    down factor (and alpha) shared, the up factor's rows cut as the weight's are (models/flux/single_file.py)."""
-    from sdjax_runner.models.flux import single_file as bfl
+    down factor (and alpha) shared, the up factor's rows cut as the weight's are (families/flux/models/single_file.py)."""
+    from sdjax_runner.families.flux.models import single_file as bfl
 
     width = int(np.shape(transformer["transformer_blocks_0"]["attn"]["to_q"]["kernel"])[-1])
     out = {}

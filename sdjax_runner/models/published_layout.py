@@ -27,7 +27,7 @@ DIFFUSERS_VERSION = "0.39.0"
 TRANSFORMERS_VERSION = "4.57.6"
 
 # diffusers' Flax classes' __init__ arguments that go into config.json, with their defaults there (the UNet's,
-# ControlNet's and VAE's are the runner's own modules' tables: models/sd/unet.py, models/sd/controlnet.py,
+# ControlNet's and VAE's are the runner's own modules' tables: families/sd/models/unet.py, families/sd/models/controlnet.py,
 # models/nn/vae.py).
 FLAX_VAE_KEYS = ("in_channels", "out_channels", "down_block_types", "up_block_types", "block_out_channels",
                  "layers_per_block", "act_fn", "latent_channels", "norm_num_groups", "sample_size", "scaling_factor")

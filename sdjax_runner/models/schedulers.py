@@ -7,7 +7,7 @@ from typing import Any
 from sdjax_runner.config.checks import SCHEDULER_SETTINGS, ZERO_SNR, ZERO_SNR_KEY
 from sdjax_runner.config.schema import SCHEDULERS as NAMES
 from sdjax_runner.errors import UserError
-from sdjax_runner.models.sd.schedulers import (
+from sdjax_runner.families.sd.models.schedulers import (
     DDIMScheduler,
     DDPMScheduler,
     DPMSolverMultistepScheduler,
@@ -17,11 +17,11 @@ from sdjax_runner.models.sd.schedulers import (
     PNDMScheduler,
     Scheduler,
 )
-from sdjax_runner.models.sd.schedulers.common import rescale_zero_terminal_snr
+from sdjax_runner.families.sd.models.schedulers.common import rescale_zero_terminal_snr
 
 __all__ = ["SCHEDULERS", "build_scheduler", "rescale_zero_terminal_snr", "scheduler_class"]
 
-# scheduler.name -> the runner's scheduler (models/sd/schedulers: diffusers 0.39's Flax schedulers step for step;
+# scheduler.name -> the runner's scheduler (families/sd/models/schedulers: diffusers 0.39's Flax schedulers step for step;
 # DDPM, LMS and LCM as the jitted loop runs them, DDIM's and Euler's trailing spacings, zero terminal SNR).
 SCHEDULERS = {
     "pndm": PNDMScheduler,

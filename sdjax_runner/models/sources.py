@@ -74,7 +74,7 @@ def checkpoint_components(model: ModelConfig, opened: Any = None) -> Optional[tu
     """The components whose weights ``model.checkpoint`` gives, told from its header by its family's rule
     (config/families.py's ``checkpoint_holds``: FLUX.1's transformer; SD 3's transformer and the text encoders and
     VAE the file holds); none without a checkpoint; None where the file gives the whole pipeline's (the SD
-    family's). ``opened``: the checkpoint already opened (config/weight_files.open_checkpoint), else it is opened
+    family's). ``opened``: the checkpoint already opened (config/families.open_checkpoint), else it is opened
     here (its header only)."""
     from sdjax_runner.config.families import FAMILIES
 
@@ -84,7 +84,7 @@ def checkpoint_components(model: ModelConfig, opened: Any = None) -> Optional[tu
     if holds is None:
         return None
     if opened is None:
-        from sdjax_runner.config.weight_files import open_checkpoint
+        from sdjax_runner.config.families import open_checkpoint
 
         opened = open_checkpoint(Path(model.checkpoint).expanduser())
     return holds(opened.keys)

@@ -76,7 +76,7 @@ CLIP_2 = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_att
 # SDXL-base's UNet structure at toy size (the built-in tiny-random-xl's, narrower: 32 at both levels): no attention at
 # the top level, two transformer layers deeper down, linear projections, text_time added conditioning on both
 # encoders' states (64 = 32 + 32) and on the pooled 32 + 6 time ids of 8. Widths are multiples of 32, the GroupNorm
-# groups of the real UNets, which Flax's UNet fixes and the runner's UNet requires (NEUTRAL in models/sd/unet.py).
+# groups of the real UNets, which Flax's UNet fixes and the runner's UNet requires (NEUTRAL in families/sd/models/unet.py).
 BASE_UNET = dict(sample_size=8, in_channels=4, out_channels=4, down_block_types=("DownBlock2D", "CrossAttnDownBlock2D"),
                  up_block_types=("CrossAttnUpBlock2D", "UpBlock2D"), block_out_channels=(32, 32), layers_per_block=1,
                  attention_head_dim=(2, 4), transformer_layers_per_block=(1, 2), cross_attention_dim=64,

@@ -115,7 +115,7 @@ def _write_safety_checker(folder: Path) -> None:
     import jax
     from flax.traverse_util import flatten_dict, unflatten_dict
 
-    from sdjax_runner.models.sd.safety_checker import SafetyChecker
+    from sdjax_runner.families.sd.models.safety_checker import SafetyChecker
 
     module = SafetyChecker.from_config(json.loads((folder / "config.json").read_text(encoding="utf-8")))
     shapes = jax.eval_shape(module.init_weights, jax.random.PRNGKey(0))

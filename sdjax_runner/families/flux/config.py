@@ -1,0 +1,61 @@
+"""What the config knows of FLUX.1 (config/families.py's entry for it): diffusers' FluxPipeline's defaults,
+its built-in models, and the settings it has no use for, each refused in one line."""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Optional
+
+from sdjax_runner.config import guiders, samplers
+from sdjax_runner.config.family_entry import FamilyEntry, read_as_written
+from sdjax_runner.config.weight_files import Architecture
+from sdjax_runner.errors import UserError
+
+SINGLE_FILES = {"flux-dev": Architecture("FLUX.1 [dev]", "black-forest-labs/FLUX.1-dev"),
+                "flux-schnell": Architecture("FLUX.1 [schnell]", "black-forest-labs/FLUX.1-schnell")}
+# A FLUX.1 transformer in Black Forest Labs' own layout (flux1-dev.safetensors; ComfyUI's saves add
+# model.diffusion_model.): its double- and single-stream blocks by their original names.
+PREFIXES = ("", "model.diffusion_model.")
+
+
+def architecture_of(keys: frozenset[str], name: str = "") -> Optional[str]:
+    """"flux-dev" / "flux-schnell" for a FLUX.1 transformer in Black Forest Labs' layout (with or without
+    ComfyUI's model.diffusion_model. prefix; [dev] has the guidance embedder guidance_in.*), else None."""
+    for prefix in PREFIXES:
+        inner = {k[len(prefix):] for k in keys if k.startswith(prefix)}
+        if any(k.startswith("double_blocks.") for k in inner) and any(k.startswith("single_blocks.") for k in inner):
+            return "flux-dev" if any(k.startswith("guidance_in.") for k in inner) else "flux-schnell"
+    return None
+
+
+def _flux_values(config: Any) -> None:
+    """Settings FLUX.1 has no use for, each refused in one line rather than ignored."""
+    prompts, true_cfg = config.prompts, config.sampling.true_cfg_scale
+    if true_cfg is not None and not (math.isfinite(true_cfg) and true_cfg > 1):
+        raise UserError("sampling.true_cfg_scale", f"{true_cfg}: true classifier-free guidance runs above 1",
+                        "a number over 1 (with prompts.negative), or null")
+    if prompts.negative is not None and true_cfg is None:
+        raise UserError("prompts.negative", f"{config.model.name} is FLUX.1, which is guidance-distilled: it reads a "
+                        "negative prompt only with true classifier-free guidance", "null, or with "
+                        "sampling.true_cfg_scale=4 (say)")
+    windowed = (config.guider.start, config.guider.stop) != (0.0, 1.0)
+    if (config.guider.name != guiders.DEFAULT or windowed) and true_cfg is None:
+        raise UserError("guider", f"{config.guider.name}{' with a window' if windowed else ''}: FLUX.1 combines two "
+                        "predictions only with true CFG (its guidance is distilled)",
+                        f"cfg, or {config.guider.name} with sampling.true_cfg_scale and prompts.negative")
+    if true_cfg is not None and prompts.negative is None:
+        raise UserError("sampling.true_cfg_scale", f"{true_cfg}: true classifier-free guidance needs a negative prompt",
+                        "null, or with prompts.negative=TEXT")
+    read_as_written(config, "FLUX.1", "FLUX.1 reads CLIP's pooled output, which has no layer to skip to")
+
+
+# diffusers' FluxPipeline defaults: 28 steps, guidance 3.5 ([schnell] reads none: its check is the engine's, once the
+# transformer's config says which it is).
+ENTRY = FamilyEntry("flux", "FLUX.1: CLIP-L and T5 text encoders, a flow-matching transformer, a 16-channel VAE",
+                    ("FluxPipeline",), tiny="tiny-random-flux", modes=("txt2img",),
+                    builtins=("tiny-random-flux", "tiny-random-flux-schnell", "flux-dev-arch"),
+                    steps=28, guidance=3.5, check=_flux_values, sampling=samplers.resolve_flow, t5_tokens=512,
+                    checkpoint_holds=lambda keys: ("transformer",), a1111_prompts=False, true_cfg=True,
+                    guiders=tuple(guiders.GUIDERS),  # on its true CFG (_flux_values)
+                    sampler_names_scheduler=True, scheduler_settings=False, single_files=SINGLE_FILES,
+                    architecture_of=architecture_of, short="FLUX.1", infotext_keys=("Distilled CFG Scale",))

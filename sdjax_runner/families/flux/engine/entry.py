@@ -1,0 +1,13 @@
+"""FLUX.1 as the engine runs it: guidance-distilled ([dev]) or unguided ([schnell]), a negative prompt only with
+true CFG; text to image with the flow-matching Euler and the flow k samplers (:mod:`.samplers`)."""
+
+from __future__ import annotations
+
+from sdjax_runner.engine.family import Family
+from sdjax_runner.families.flux.engine import family as flux
+from sdjax_runner.families.flux.engine import samplers, stages
+
+FAMILY = Family("flux", check_loaded=flux.check_loaded, with_scheduler=flux.with_scheduler, tokens=flux.FluxTokens,
+                negative=flux.negative, encode=stages.encode, modes={"txt2img": stages.txt2img},
+                samplers=samplers.SAMPLERS, decode=stages.decode, structure=flux.structure,
+                step_flops=flux.step_flops, guidance=flux.guidance, split_weights=flux.split_weights)

@@ -1,0 +1,192 @@
+"""FLUX.1's program stages, each what diffusers 0.39's ``FluxPipeline`` does (its ``encode_prompt``,
+``prepare_latents`` / ``_pack_latents`` / ``_prepare_latent_image_ids``, the denoising loop with
+``FlowMatchEulerDiscreteScheduler`` and ``calculate_shift``, ``_unpack_latents`` and the VAE decode), written
+for one device's share of a batch inside the traced program. ``pipeline`` is families/flux/models/pipeline.FluxPipeline,
+``params`` its placed weights by component.
+
+Prompt ids are one array per image: CLIP's 77 ids, then T5's ``max_sequence_length`` ids (:class:`FluxTokens`).
+There is no classifier-free guidance: [dev] is guidance-distilled (``guidance`` is the embedded guidance value,
+diffusers' ``guidance_scale``), [schnell] takes none; the conditioning holds one half, not two."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import numpy as np
+
+from sdjax_runner.config import guiders
+from sdjax_runner.engine.encode import Conditioning
+from sdjax_runner.engine.guiders import Guidance, flow_step, guided
+from sdjax_runner.engine.modes.start import Start
+
+CLIP_TOKENS = 77
+
+
+def image_seq_len(height: int, width: int, vae_scale_factor: int) -> int:
+    """How many image tokens a ``height`` x ``width`` image is: its latents packed 2x2."""
+    return (latent_side(height, vae_scale_factor) // 2) * (latent_side(width, vae_scale_factor) // 2)
+
+
+def latent_side(pixels: int, vae_scale_factor: int) -> int:
+    """diffusers' ``2 * (int(pixels) // (vae_scale_factor * 2))``: the latent side, even for the 2x2 packing."""
+    return 2 * (pixels // (vae_scale_factor * 2))
+
+
+def shift_mu(seq_len: int, config: dict) -> float:
+    """diffusers' ``calculate_shift``: the resolution-dependent shift, linear in the image's token count."""
+    base_len, max_len = config.get("base_image_seq_len", 256), config.get("max_image_seq_len", 4096)
+    base_shift, max_shift = config.get("base_shift", 0.5), config.get("max_shift", 1.15)
+    slope = (max_shift - base_shift) / (max_len - base_len)
+    return seq_len * slope + (base_shift - slope * base_len)
+
+
+def flow_sigmas(steps: int, seq_len: int, config: dict) -> np.ndarray:
+    """The schedule's ``steps + 1`` sigmas (the last 0), float32, as ``FluxPipeline`` sets them: ``linspace(1,
+    1/steps, steps)`` shifted -- by ``exp(mu) / (exp(mu) + 1/s - 1)`` with dynamic shifting ([dev]), else by
+    ``shift * s / (1 + (shift - 1) * s)`` ([schnell]: shift 1, unchanged). Host constants of the program."""
+    import math
+
+    base = np.linspace(1.0, 1 / steps, steps).astype(np.float32)
+    if config.get("use_dynamic_shifting", False):
+        mu = math.exp(shift_mu(seq_len, config))
+        shifted = mu / (mu + (1 / base - 1))
+    else:
+        shift = float(config.get("shift", 1.0))
+        shifted = shift * base / (1 + (shift - 1) * base)
+    return np.append(shifted.astype(np.float32), np.float32(0.0))
+
+
+def pack(latents):
+    """(batch, C, h, w) -> (batch, h/2 * w/2, 4C): 2x2 patches as tokens (diffusers' ``_pack_latents``)."""
+    batch, channels, height, width = latents.shape
+    patches = latents.reshape(batch, channels, height // 2, 2, width // 2, 2).transpose(0, 2, 4, 1, 3, 5)
+    return patches.reshape(batch, (height // 2) * (width // 2), channels * 4)
+
+
+def unpack(tokens, height: int, width: int):
+    """The inverse of :func:`pack` for latents ``height`` x ``width`` (diffusers' ``_unpack_latents``)."""
+    batch, _, features = tokens.shape
+    channels = features // 4
+    patches = tokens.reshape(batch, height // 2, width // 2, channels, 2, 2).transpose(0, 3, 1, 4, 2, 5)
+    return patches.reshape(batch, channels, height, width)
+
+
+def image_ids(height: int, width: int) -> np.ndarray:
+    """(h/2 * w/2, 3) float32 positions of the packed tokens: (0, row, column) (``_prepare_latent_image_ids``)."""
+    ids = np.zeros((height // 2, width // 2, 3), np.float32)
+    ids[..., 1] = np.arange(height // 2)[:, None]
+    ids[..., 2] = np.arange(width // 2)[None, :]
+    return ids.reshape(-1, 3)
+
+
+def _embeddings(pipeline: Any, params: dict, ids) -> tuple[Any, Any]:
+    clip, t5 = ids[:, :CLIP_TOKENS], ids[:, CLIP_TOKENS:]
+    pooled = pipeline.text_encoder.apply({"params": params["text_encoder"]}, clip).pooler_output
+    states = pipeline.text_encoder_2.apply({"params": params["text_encoder_2"]}, t5).last_hidden_state
+    return states.astype(pipeline.dtype), pooled.astype(pipeline.dtype)
+
+
+def encode(pipeline: Any, params: dict, ids, negative_ids, spec: Any, inputs: dict) -> Conditioning:
+    """``ids`` (batch, 77 + T): CLIP's pooled embedding of the first 77 (diffusers' ``pooled_prompt_embeds``)
+    and T5's last hidden states of the rest (``prompt_embeds``); with true classifier-free guidance the negative
+    prompt's alike (``negative_context``, ``negative_pooled``)."""
+    states, pooled = _embeddings(pipeline, params, ids)
+    added = {"pooled": pooled}
+    if negative_ids is not None:
+        added["negative_context"], added["negative_pooled"] = _embeddings(pipeline, params, negative_ids)
+    return Conditioning(states, added)
+
+
+def txt2img(pipeline: Any, params: dict, key, spec: Any, batch: int, inputs: dict) -> Start:
+    """The device's noise, (batch, 16, h, w) float32 standard normal: the SD family's convention with the
+    VAE's 16 latent channels (packed by the sampler)."""
+    import jax
+    import jax.numpy as jnp
+
+    factor = pipeline.vae_scale_factor
+    shape = (batch, pipeline.vae.latent_channels, latent_side(spec.height, factor), latent_side(spec.width, factor))
+    return Start(jax.random.normal(key, shape=shape, dtype=jnp.float32))
+
+
+def velocity_model(pipeline: Any, params: dict, conditioning: Conditioning, guidance: Guidance, spec: Any,
+                   batch: int, steps: Any = None):
+    """``velocity(tokens, timestep, index=None)``: the transformer's prediction for packed latents at ``timestep`` (a
+    scalar in [0, 1], diffusers' ``t / 1000``), conditioned on the prompt and, for [dev], the embedded ``guidance``.
+    With true CFG (``guidance.true_scale``) the negative prompt's prediction too, combined by the run's guider:
+    FluxPipeline's ``neg + true_cfg_scale * (pos - neg)`` for CFG, in the transformer's dtype; another guider in
+    float32 (engine/guiders.py), its step ``index`` (the Euler loop's), else the place of ``timestep`` among
+    ``steps`` (the sigmas a k sampler steps through)."""
+    import jax.numpy as jnp
+
+    factor = pipeline.vae_scale_factor
+    height, width = latent_side(spec.height, factor), latent_side(spec.width, factor)
+    img_ids, txt_ids = jnp.asarray(image_ids(height, width)), jnp.zeros((conditioning.context.shape[1], 3))
+    assert conditioning.added is not None  # encode's: the pooled embedding (and the negative prompt's)
+    added = conditioning.added
+    pooled = added["pooled"]
+    embedded = (jnp.full((batch,), guidance.scale, dtype=jnp.float32).astype(pipeline.dtype)
+                if pipeline.guidance_embeds else None)
+
+    def call(x, timestep, context, pooled):
+        return pipeline.transformer.apply({"params": params["transformer"]}, x.astype(pipeline.dtype), context,
+                                          pooled, timestep, img_ids, txt_ids, guidance=embedded)
+
+    def velocity(x, timestep, index=None):
+        sigma = timestep
+        timestep = jnp.broadcast_to(timestep, (batch,)).astype(pipeline.dtype)
+        positive = call(x, timestep, conditioning.context, pooled)
+        if guidance.true_scale is None:
+            return positive
+        negative = call(x, timestep, added["negative_context"], added["negative_pooled"])
+        scale = jnp.ravel(jnp.asarray(guidance.true_scale))[0]
+        if guidance.guider == guiders.DEFAULT and guidance.window is None:
+            # FluxPipeline's true CFG: neg_noise_pred + true_cfg_scale * (noise_pred - neg_noise_pred)
+            return negative + scale.astype(positive.dtype) * (positive - negative)
+        return guided(negative, positive, dataclasses.replace(guidance, scale=scale),
+                      *flow_step(index, sigma, steps, spec.steps)).astype(positive.dtype)
+
+    return velocity
+
+
+def euler(pipeline: Any, params: dict, conditioning: Conditioning, start: Start, guidance, spec: Any, key=None):
+    """The flow-matching Euler sampler (``FlowMatchEulerDiscreteScheduler.step``: ``x + (sigma_next - sigma) *
+    v``, in float32) over the model's schedule (:func:`flow_sigmas`), in a ``lax.fori_loop``; the transformer
+    sees each step's timestep ``sigma * 1000 / 1000`` (as the pipeline passes it) and, for [dev], ``guidance``.
+    Returns the final latents unpacked, (batch, 16, h, w)."""
+    import jax
+    import jax.numpy as jnp
+
+    factor = pipeline.vae_scale_factor
+    height, width = latent_side(spec.height, factor), latent_side(spec.width, factor)
+    sigmas = flow_sigmas(spec.steps, image_seq_len(spec.height, spec.width, factor), pipeline.scheduler_config)
+    timesteps = jnp.asarray(sigmas[:-1] * np.float32(1000))  # the scheduler's, float32
+    steps_dt = jnp.asarray(sigmas[1:] - sigmas[:-1])
+    latents = pack(start.noise)
+    velocity = velocity_model(pipeline, params, conditioning, guidance, spec, latents.shape[0])
+
+    def step(index, x):
+        v = velocity(x, timesteps[index].astype(pipeline.dtype) / 1000, index)
+        return (x.astype(jnp.float32) + steps_dt[index] * v.astype(jnp.float32)).astype(x.dtype)
+
+    latents = jax.lax.fori_loop(0, spec.steps, step, latents)
+    return unpack(latents, height, width)
+
+
+def decode(pipeline: Any, params: dict, latents):
+    """Latents -> pixels in [0, 1], (batch, H, W, 3): ``latents / scaling_factor + shift_factor`` through the
+    VAE's decoder, ``x / 2 + 0.5`` clipped (the pipeline's image processor)."""
+    latents = latents / pipeline.scaling_factor + pipeline.shift_factor
+    image = pipeline.vae.apply({"params": params["vae"]}, latents.astype(pipeline.vae.dtype),
+                               method=pipeline.vae.decode)
+    return (image.astype("float32") / 2 + 0.5).clip(0, 1).transpose(0, 2, 3, 1)
+
+
+def prompt_ids(pipeline: Any, texts: list[str], max_sequence_length: int) -> np.ndarray:
+    """(len(texts), 77 + max_sequence_length) int32 on the host: CLIP's ids padded to 77, then T5's padded (and
+    cut) to ``max_sequence_length`` -- what ``FluxPipeline.encode_prompt`` tokenizes."""
+    clip = pipeline.tokenizer(texts, padding="max_length", max_length=CLIP_TOKENS, truncation=True,
+                              return_tensors="np").input_ids
+    t5 = pipeline.tokenizer_2(texts, padding="max_length", max_length=max_sequence_length, truncation=True,
+                              return_tensors="np").input_ids
+    return np.concatenate([clip, t5], axis=1).astype(np.int32)

@@ -1,0 +1,57 @@
+"""The Stable Diffusion family (1.x, 2.x, XL; inpainting, ControlNet, the refiner) as the engine runs it: the
+stages are the engine's shared ones -- CLIP encoding (engine/encode.py), the modes (engine/modes), the SD
+samplers and k samplers on the UNet (engine/samplers), the VAE decode (engine/decode.py) -- and this entry
+says what only this family checks and measures."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sdjax_runner.config import checks, modes
+from sdjax_runner.engine import efficiency
+from sdjax_runner.engine.decode import decode
+from sdjax_runner.engine.encode import Conditioning, encode, negative_text, with_time_ids
+from sdjax_runner.engine.family import Family
+from sdjax_runner.engine.modes import MODES
+from sdjax_runner.engine.samplers import SAMPLERS
+from sdjax_runner.engine.tokens import PromptTokens
+from sdjax_runner.families.sd.models.loading import with_scheduler
+from sdjax_runner.models.checkpoints import config_dict
+from sdjax_runner.models.loading import LoadedModel
+
+
+def sd_check_loaded(plan: Any, loaded: LoadedModel) -> None:
+    pipeline = loaded.pipeline
+    modes.fits_model(plan.generation, pipeline.unet.config.in_channels, plan.model.name)
+    checks.clip_skip(plan.clip_skip, pipeline.text_encoder.config.num_hidden_layers,
+                     hasattr(pipeline, "text_encoder_2"), plan.model.name)
+
+
+def sd_tokens(pipeline: Any, plan: Any) -> PromptTokens:
+    """The prompts' tokens, with prompts.embeddings' names matched (models/embeddings.py)."""
+    from sdjax_runner.models import embeddings
+
+    return PromptTokens(pipeline, plan.syntax, embeddings.load(plan.embeddings, pipeline) if plan.embeddings else None)
+
+
+def sd_encode(pipeline: Any, params: dict, ids, negative_ids, spec: Any, inputs: dict) -> Conditioning:
+    """CLIP encoder(s) (engine/encode.py); SDXL's size conditioning added."""
+    conditioning = encode(pipeline, params, ids, negative_ids, spec.clip_skip, spec.prompt_chunks,
+                          inputs.get("prompt_weights"), inputs.get("negative_weights"))
+    return with_time_ids(conditioning, spec.height, spec.width, conditioning.context.dtype)  # SDXL only
+
+
+def sd_structure(pipeline: Any) -> list:
+    return [type(pipeline).__name__, str(pipeline.dtype), type(pipeline.scheduler).__name__,
+            config_dict(pipeline.scheduler), config_dict(pipeline.unet), config_dict(pipeline.vae),
+            str(pipeline.vae.dtype),  # float32 where an fp16 run upcasts the VAE (loading.component_dtype)
+            config_dict(getattr(pipeline, "text_encoder", None)),
+            config_dict(getattr(pipeline, "text_encoder_2", None))]
+
+
+FAMILY = Family("sd", check_loaded=sd_check_loaded, with_scheduler=with_scheduler, tokens=sd_tokens,
+                negative=negative_text, encode=sd_encode, modes=MODES, samplers=SAMPLERS, decode=decode,
+                structure=sd_structure, step_flops=efficiency.unet_step_flops,
+                runs_cfg=lambda plan: plan.guidance_scale > 1,
+                at_size=lambda conditioning, height, width: with_time_ids(conditioning, height, width,
+                                                                          conditioning.context.dtype))

@@ -1,0 +1,15 @@
+"""SD 3 / 3.5 as the engine runs it: classifier-free guidance with a negative prompt; text to image with the
+flow-matching Euler and FLUX.1's flow k samplers (families/flux/engine/samplers.py) on SD 3's velocity."""
+
+from __future__ import annotations
+
+from sdjax_runner.engine.family import Family
+from sdjax_runner.families.flux.engine import samplers as flux_samplers
+from sdjax_runner.families.sd3.engine import family as sd3
+from sdjax_runner.families.sd3.engine import stages
+
+FAMILY = Family("sd3", check_loaded=sd3.check_loaded, with_scheduler=sd3.with_scheduler, tokens=sd3.SD3Tokens,
+                negative=sd3.negative, encode=stages.encode, modes={"txt2img": stages.txt2img},
+                samplers={name: flux_samplers.k_sampler(name, stages) for name in flux_samplers.SAMPLERS},
+                decode=stages.decode, structure=sd3.structure, step_flops=sd3.step_flops,
+                split_weights=sd3.split_weights, shift=lambda pipeline: float(pipeline.scheduler_config["shift"]))

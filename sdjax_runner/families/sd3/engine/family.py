@@ -1,0 +1,99 @@
+"""What the engine needs of SD 3 / 3.5 besides its stages (:mod:`.stages`): its prompts' tokens, its checks once a
+model is loaded, its pipeline for a job's settings, what its compiled programs depend on and the FLOPs of one
+transformer call. engine/families.py's ``FAMILIES["sd3"]`` is made of these, the stages and FLUX.1's flow samplers
+(families/flux/engine/samplers.py) driven by SD 3's velocity."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Optional
+
+from sdjax_runner.errors import UserError
+from sdjax_runner.families.flux.engine.family import ATTENTION, FluxTokens
+from sdjax_runner.families.sd3.engine import stages
+from sdjax_runner.models.checkpoints import config_dict
+
+
+class SD3Tokens(FluxTokens):
+    """Prompt texts -> ids ``(batch, 77 + 77 [+ max_sequence_length])`` (stages.prompt_ids), read as written as
+    FLUX.1's are (config/families.py refuses A1111's syntax for SD 3)."""
+
+    prompt_ids = staticmethod(stages.prompt_ids)
+
+
+def check_loaded(plan: Any, loaded: Any) -> None:
+    """Skip-layer guidance's blocks are blocks of the loaded transformer; the image fits its position table
+    (a hub model's folder is on disk only now: config/families.check_side could not tell before)."""
+    transformer = loaded.pipeline.transformer
+    largest = transformer.pos_embed_max_size * transformer.patch_size * loaded.pipeline.vae_scale_factor
+    native = plan.model.resolution or loaded.native_size
+    height, width = plan.height or native, plan.width or native
+    if height and width and max(height, width) > largest:
+        raise UserError("sampling.height" if height > largest else "sampling.width",
+                        f"{height}x{width}: {plan.model.name} takes at most {largest}x{largest} (its transformer's "
+                        f"position table is {transformer.pos_embed_max_size}x{transformer.pos_embed_max_size} patches)",
+                        f"a height and width up to {largest}")
+    if plan.slg is not None:
+        blocks = loaded.pipeline.transformer.num_layers
+        outside = [layer for layer in plan.slg[0] if layer >= blocks]
+        if outside:
+            raise UserError("sampling.slg_layers", f"{list(plan.slg[0])}: {plan.model.name}'s transformer has "
+                            f"{blocks} blocks (0..{blocks - 1})", f"block numbers below {blocks}")
+
+
+def with_scheduler(loaded: Any, scheduler: Any, prediction_type: Any = None, attention: str = "default"):
+    """The pipeline for a job: its transformer set up for ``attention``; no scheduler state (the flow schedule is
+    the program's constants)."""
+    pipeline = loaded.pipeline
+    transformer = pipeline.transformer.clone(attention_implementation=ATTENTION[attention])
+    return dataclasses.replace(pipeline, transformer=transformer), {}
+
+
+def split_weights(pipeline: Any, specs: dict) -> tuple[Any, Any]:
+    """parallelism.params=sharded: the transformer gathers each block's split weights as the block runs (one block
+    whole at a time; each block has its own placement: the last one and SD 3.5 Medium's dual-attention blocks
+    differ from the rest); the rest of the weights are gathered per component."""
+    from sdjax_runner.engine.split import gather_tree
+
+    def gather_block(number: int, block: Any) -> Any:
+        return gather_tree(block, specs["transformer"][f"transformer_blocks_{number}"])
+
+    transformer = pipeline.transformer.clone(gather_blocks=gather_block)
+    return dataclasses.replace(pipeline, transformer=transformer), \
+        lambda component, key: component == "transformer" and key.startswith("transformer_blocks_")
+
+
+def negative(negative_prompt: Optional[str], pipeline: Any, chunks: int) -> str:
+    """The negative prompt, or diffusers' default "": SD 3 always runs classifier-free guidance's two halves."""
+    return negative_prompt or ""
+
+
+def structure(pipeline: Any) -> list:
+    """The configs a compiled SD 3 program depends on (engine/families.py: ``structure``)."""
+    return ["StableDiffusion3Pipeline", str(pipeline.dtype), sorted(pipeline.scheduler_config.items()),
+            pipeline.transformer.config, pipeline.vae.config, str(pipeline.vae.dtype),
+            config_dict(pipeline.text_encoder), config_dict(pipeline.text_encoder_2),
+            config_dict(pipeline.text_encoder_3)]
+
+
+def step_flops(pipeline: Any, params: dict, per_device_images: int, height: int, width: int,
+               tokens: int) -> Optional[float]:
+    """XLA's count for one guided transformer call on a device's images (the negative and positive halves in one
+    batch); ``tokens``: T5's sequence length (the conditioning is 77 CLIP tokens plus these)."""
+    import jax
+
+    from sdjax_runner.engine.efficiency import call_flops
+
+    batch, factor = 2 * per_device_images, pipeline.vae_scale_factor
+    transformer = pipeline.transformer
+    hidden = jax.ShapeDtypeStruct((batch, height // factor, width // factor, transformer.in_channels), pipeline.dtype)
+    context = jax.ShapeDtypeStruct((batch, stages.CLIP_TOKENS + tokens, transformer.joint_attention_dim),
+                                   pipeline.dtype)
+    pooled = jax.ShapeDtypeStruct((batch, transformer.pooled_projection_dim), pipeline.dtype)
+    timestep = jax.ShapeDtypeStruct((batch,), pipeline.dtype)
+    shapes = jax.tree_util.tree_map(lambda leaf: jax.ShapeDtypeStruct(leaf.shape, leaf.dtype), params["transformer"])
+
+    def apply(p, x, c, y, t):
+        return transformer.apply({"params": p}, x, c, y, t)
+
+    return call_flops(transformer, apply, shapes, hidden, context, pooled, timestep)

@@ -1,0 +1,177 @@
+"""SD 3 / 3.5's program stages, each what diffusers 0.39's ``StableDiffusion3Pipeline`` does (its
+``encode_prompt``, ``prepare_latents``, the denoising loop with classifier-free guidance and
+``FlowMatchEulerDiscreteScheduler``, the VAE decode), written for one device's share of a batch inside the
+traced program. ``pipeline`` is families/sd3/models/pipeline.SD3Pipeline, ``params`` its placed weights by component.
+
+Prompt ids are one array per image: CLIP-L's 77 ids, CLIP-G's 77, then T5's ``max_sequence_length`` (none where
+the folder has no T5). The conditioning is diffusers': the two CLIPs' penultimate states side by side, padded to
+the T5 width, then T5's states (zeros without T5) along the sequence; the pooled input the two CLIPs' projections.
+Classifier-free guidance runs as diffusers runs it: the negative prompt (diffusers' default "") and the prompt in
+one batch, ``uncond + scale * (cond - uncond)``; with a scale of 1 or less diffusers makes no unconditional call,
+and the program takes the conditional prediction as it is (the scale is a traced input: a guidance sweep
+compiles once). Latents are NCHW between the stages, NHWC inside the transformer."""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+import numpy as np
+
+from sdjax_runner.config import guiders
+from sdjax_runner.engine.encode import Conditioning
+from sdjax_runner.engine.guiders import Guidance, flow_step, guided
+from sdjax_runner.engine.modes.start import Start
+from sdjax_runner.families.flux.engine.stages import decode as flux_decode
+
+CLIP_TOKENS = 77
+decode = flux_decode  # latents / scaling_factor + shift_factor through the 16-channel VAE, as FLUX.1's
+
+
+def latent_side(pixels: int, vae_scale_factor: int) -> int:
+    return pixels // vae_scale_factor
+
+
+def pack(latents):
+    """The k samplers' view of the latents (families/flux/engine/samplers.py): SD 3's are used as they are."""
+    return latents
+
+
+def unpack(latents, height: int, width: int):
+    return latents
+
+
+def flow_sigmas(steps: int, config: dict) -> np.ndarray:
+    """The schedule's ``steps + 1`` sigmas (the last 0), float32, as ``FlowMatchEulerDiscreteScheduler.set_timesteps
+    (steps)`` makes them when the pipeline passes no sigmas: ``linspace`` from the largest to the smallest of the
+    shifted training sigmas (float32), both on the 0..1000 scale, back to 0..1 and shifted again (float64)."""
+    shift, train = float(config.get("shift", 1.0)), int(config.get("num_train_timesteps", 1000))
+    trained = np.linspace(1, train, train, dtype=np.float32)[::-1] / np.float32(train)
+    trained = (np.float32(shift) * trained / (np.float32(1) + np.float32(shift - 1) * trained)).astype(np.float32)
+    sigma_max, sigma_min = float(trained[0]), float(trained[-1])
+    sigmas = np.linspace(sigma_max * train, sigma_min * train, steps) / train
+    sigmas = shift * sigmas / (1 + (shift - 1) * sigmas)
+    return np.append(sigmas.astype(np.float32), np.float32(0.0))
+
+
+def prompt_ids(pipeline: Any, texts: list[str], max_sequence_length: int) -> np.ndarray:
+    """(len(texts), 77 + 77 [+ max_sequence_length]) int32 on the host: CLIP-L's and CLIP-G's ids padded to 77,
+    then T5's padded (and cut) to ``max_sequence_length`` -- what ``StableDiffusion3Pipeline.encode_prompt``
+    tokenizes."""
+    parts = [tokenizer(texts, padding="max_length", max_length=CLIP_TOKENS, truncation=True,
+                       return_tensors="np").input_ids for tokenizer in (pipeline.tokenizer, pipeline.tokenizer_2)]
+    if pipeline.tokenizer_3 is not None:
+        parts.append(pipeline.tokenizer_3(texts, padding="max_length", max_length=max_sequence_length,
+                                          truncation=True, return_tensors="np").input_ids)
+    return np.concatenate(parts, axis=1).astype(np.int32)
+
+
+def embeddings(pipeline: Any, params: dict, ids, text_tokens: int) -> tuple[Any, Any]:
+    """(prompt_embeds, pooled_prompt_embeds) of ``ids`` (:func:`prompt_ids`), as ``encode_prompt`` makes them."""
+    import jax.numpy as jnp
+
+    batch, width = ids.shape[0], pipeline.transformer.joint_attention_dim
+    states, pooled = [], []
+    for name, part in (("text_encoder", ids[:, :CLIP_TOKENS]), ("text_encoder_2", ids[:, CLIP_TOKENS:2 * CLIP_TOKENS])):
+        out = getattr(pipeline, name).apply({"params": params[name]}, part, output_hidden_states=True)
+        states.append(out.hidden_states[-2])  # the penultimate layer (diffusers' clip_skip None)
+        pooled.append(out.text_embeds)
+    clip = jnp.concatenate(states, axis=-1)
+    clip = jnp.pad(clip, ((0, 0), (0, 0), (0, width - clip.shape[-1])))
+    if pipeline.text_encoder_3 is not None:
+        t5 = pipeline.text_encoder_3.apply({"params": params["text_encoder_3"]}, ids[:, 2 * CLIP_TOKENS:]).last_hidden_state
+    else:  # diffusers' _get_t5_prompt_embeds without text_encoder_3
+        t5 = jnp.zeros((batch, text_tokens, width), clip.dtype)
+    context = jnp.concatenate([clip, t5.astype(clip.dtype)], axis=1)
+    return context.astype(pipeline.dtype), jnp.concatenate(pooled, axis=-1).astype(pipeline.dtype)
+
+
+def encode(pipeline: Any, params: dict, ids, negative_ids, spec: Any, inputs: dict) -> Conditioning:
+    """The prompt's conditioning (``context``, ``added["pooled"]``) and the negative prompt's
+    (``added["negative_context"]``, ``added["negative_pooled"]``): SD 3 always has one (diffusers' default "")."""
+    context, pooled = embeddings(pipeline, params, ids, spec.text_tokens)
+    negative_context, negative_pooled = embeddings(pipeline, params, negative_ids, spec.text_tokens)
+    return Conditioning(context, {"pooled": pooled, "negative_context": negative_context,
+                                  "negative_pooled": negative_pooled})
+
+
+def txt2img(pipeline: Any, params: dict, key, spec: Any, batch: int, inputs: dict) -> Start:
+    """The device's noise, (batch, 16, h, w) float32 standard normal: the SD family's convention with the VAE's 16
+    latent channels (diffusers' prepare_latents shape)."""
+    import jax
+    import jax.numpy as jnp
+
+    factor = pipeline.vae_scale_factor
+    shape = (batch, pipeline.vae.latent_channels, latent_side(spec.height, factor), latent_side(spec.width, factor))
+    return Start(jax.random.normal(key, shape=shape, dtype=jnp.float32))
+
+
+def velocity_model(pipeline: Any, params: dict, conditioning: Conditioning, guidance: Guidance, spec: Any,
+                   batch: int, steps: Optional[np.ndarray] = None):
+    """``velocity(latents, sigma, index=None)``: the guided prediction for NCHW latents at ``sigma`` in [0, 1] (the
+    transformer sees diffusers' ``t = sigma * 1000``, float32; FLUX.1's velocity takes sigma likewise, so the flow k
+    samplers drive both): the negative and positive prompts in one batch through the transformer, combined by the
+    run's guider (``uncond + guidance * (cond - uncond)`` for CFG, in the transformer's dtype as diffusers; another
+    guider in float32, engine/guiders.py) where ``guidance.scale`` > 1, else the conditional prediction alone (module
+    docstring). The guider's step is ``index`` (the Euler loop's), else the place of ``sigma`` among ``steps`` (the
+    sigmas a k sampler steps through)."""
+    import jax.numpy as jnp
+
+    added = conditioning.added
+    assert added is not None  # encode's
+    context = jnp.concatenate([added["negative_context"], conditioning.context])
+    pooled = jnp.concatenate([added["negative_pooled"], added["pooled"]])
+    scale = jnp.ravel(jnp.asarray(guidance.scale, pipeline.dtype))[0]  # one value (a device holds it as (1,))
+
+    train = np.float32(pipeline.scheduler_config.get("num_train_timesteps", 1000))
+
+    def transformer(x, context, pooled, t, skip_layers=()):
+        return pipeline.transformer.apply({"params": params["transformer"]}, x, context, pooled, t,
+                                          skip_layers=skip_layers)
+
+    def velocity(latents, sigma, index=None):
+        x = latents.transpose(0, 2, 3, 1).astype(pipeline.dtype)
+        t = jnp.broadcast_to(jnp.asarray(sigma, jnp.float32) * train, (2 * batch,)).astype(pipeline.dtype)
+        both = transformer(jnp.concatenate([x, x]), context, pooled, t)
+        uncond, cond = both[:batch], both[batch:]
+        if guidance.guider == guiders.DEFAULT and guidance.window is None:
+            combined = uncond + scale * (cond - uncond)
+        else:
+            combined = guided(uncond, cond, guidance, *flow_step(index, sigma, steps, spec.steps)).astype(pipeline.dtype)
+        if spec.slg is not None and index is not None:
+            combined = combined + skip_layer_guidance(x, cond, t[:batch], index)
+        return jnp.where(scale > 1, combined, cond).transpose(0, 3, 1, 2)
+
+    def skip_layer_guidance(x, cond, t, index):
+        """diffusers' ``(cond - cond without the skipped blocks) * skip_layer_guidance_scale`` on the steps ``i``
+        with ``start * steps < i < stop * steps`` (and guidance over 1); zero on the others, whose extra
+        transformer call is not made (``lax.cond``)."""
+        import jax
+
+        layers, slg_scale, start, stop = spec.slg
+        active = (index > spec.steps * start) & (index < spec.steps * stop) & (scale > 1)
+        skipped = jax.lax.cond(active, lambda: transformer(x, conditioning.context, added["pooled"], t, layers),
+                               lambda: cond)
+        return (cond - skipped) * jnp.asarray(slg_scale, cond.dtype)
+
+    return velocity
+
+
+def euler(pipeline: Any, params: dict, conditioning: Conditioning, start: Start, guidance, spec: Any, key=None):
+    """The flow-matching Euler sampler (``FlowMatchEulerDiscreteScheduler.step``: ``x + (sigma_next - sigma) * v`` in
+    float32) over the model's schedule (:func:`flow_sigmas`), in a ``lax.fori_loop``; the transformer sees each
+    step's timestep ``sigma * 1000`` (the scheduler's ``timesteps``) and its index (skip-layer guidance's window).
+    Returns the final latents, (batch, 16, h, w)."""
+    import jax
+    import jax.numpy as jnp
+
+    sigmas = flow_sigmas(spec.steps, pipeline.scheduler_config)
+    steps_dt = jnp.asarray(sigmas[1:] - sigmas[:-1])
+    latents = start.noise
+    velocity = velocity_model(pipeline, params, conditioning, guidance, spec, latents.shape[0])
+    sigma = jnp.asarray(sigmas[:-1])
+
+    def step(index, x):
+        v = velocity(x, sigma[index], index)
+        return (x.astype(jnp.float32) + steps_dt[index] * v.astype(jnp.float32)).astype(x.dtype)
+
+    return jax.lax.fori_loop(0, spec.steps, step, latents)
