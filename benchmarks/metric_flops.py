@@ -87,7 +87,7 @@ def generation_flops(steps: int = 50, size: int = 512) -> float:
     import jax
     import jax.numpy as jnp
 
-    from sdjax_runner.models.builtin import architecture
+    from sdjax_runner.families.sd.models.builtin import architecture
 
     modules, shapes = architecture("sd-v1-arch")
     unet = modules["unet"]

@@ -310,9 +310,9 @@ def test_the_full_size_architecture_has_flux1_devs_published_parameter_counts():
     import jax.numpy as jnp
 
     from sdjax_runner.families.flux.models.autoencoder import FlaxFluxAutoencoderKL
+    from sdjax_runner.families.flux.models.builtin import FLUX_SPECS
     from sdjax_runner.families.flux.models.transformer import FlaxFluxTransformer
     from sdjax_runner.models import published_layout
-    from sdjax_runner.models.builtin import FLUX_SPECS
     from sdjax_runner.models.checkpoints import param_shapes
     from sdjax_runner.models.loading import MODULE_KINDS
 

@@ -7,6 +7,7 @@ there is no import circle, counting the imports made inside functions and those 
 from __future__ import annotations
 
 import ast
+from importlib import import_module
 from pathlib import Path
 
 import sdjax_runner
@@ -83,11 +84,16 @@ def test_each_family_is_one_package_with_an_entry_in_each_layer():
     assert packages == sorted(NAMES)
     for name in NAMES:
         entries = {f"sdjax_runner.families.{name}.config": "config", f"sdjax_runner.families.{name}.models.entry":
-                   "models", f"sdjax_runner.families.{name}.engine.entry": "engine"}
+                   "models", f"sdjax_runner.families.{name}.models.builtin": "models",
+                   f"sdjax_runner.families.{name}.engine.entry": "engine"}
         assert {module: _layer(module) for module in entries} == {module: LAYERS[layer] for module, layer in
                                                                  entries.items()} and set(entries) <= set(modules)
     assert tuple(CONFIG) == tuple(LOADERS) == tuple(ENGINE) == NAMES
     assert all(CONFIG[name].name == ENGINE[name].name == name for name in NAMES)
+    # the built-in models its entry names are the ones its package builds (ControlNets are components, not models)
+    for name in NAMES:
+        builds = import_module(f"sdjax_runner.families.{name}.models.builtin").BUILDS
+        assert set(CONFIG[name].builtins) == {model for model, built in builds.items() if built.kind == "pipeline"}
 
 
 def _family_name_branches(names: tuple[str, ...], modules: dict[str, Path]) -> list[str]:

@@ -22,7 +22,7 @@ def param_count(tree) -> int:
 
 
 def test_full_size_architectures_have_the_published_parameter_counts():
-    from sdjax_runner.models.builtin import architecture
+    from sdjax_runner.families.sd.models.builtin import architecture
 
     _, sd = architecture("sd-v1-arch")  # shapes only: nothing is allocated
     assert {k: param_count(v) for k, v in sd.items()} == {
@@ -39,15 +39,15 @@ def test_full_size_random_weights_are_drawn_in_parallel_and_the_same_every_time(
     import ml_dtypes
     from flax.traverse_util import flatten_dict
 
-    from sdjax_runner.models.builtin import _random_params
+    from sdjax_runner.models.builtin_parts import random_params
 
     shapes = {f"block_{i}": {"kernel": np.empty((256, 512)), "bias": np.empty(512), "scale": np.empty(512)}
               for i in range(12)}
     shapes["embedding"] = {"embedding": np.empty((1000, 64))}
     bf16 = np.dtype(ml_dtypes.bfloat16)
-    first = flatten_dict(_random_params(shapes, 7, bf16, "float32"))
-    again = flatten_dict(_random_params(shapes, 7, bf16, "float32"))
-    other = flatten_dict(_random_params(shapes, 8, bf16, "float32"))
+    first = flatten_dict(random_params(shapes, 7, bf16, "float32"))
+    again = flatten_dict(random_params(shapes, 7, bf16, "float32"))
+    other = flatten_dict(random_params(shapes, 8, bf16, "float32"))
     assert first.keys() == again.keys() and all(np.array_equal(first[k], again[k]) for k in first)
     assert not np.array_equal(first["block_0", "kernel"], other["block_0", "kernel"])
     assert not np.array_equal(first["block_0", "kernel"], first["block_1", "kernel"])  # a generator per tensor

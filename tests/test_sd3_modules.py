@@ -86,8 +86,8 @@ def test_the_sd35_large_architecture_has_diffusers_parameter_counts():
     import jax.numpy as jnp
 
     from sdjax_runner.families.flux.models.autoencoder import FlaxFluxAutoencoderKL
+    from sdjax_runner.families.sd3.models.builtin import SD3_SPECS
     from sdjax_runner.models import published_layout
-    from sdjax_runner.models.builtin import SD3_SPECS
     from sdjax_runner.models.checkpoints import param_shapes
     from sdjax_runner.models.loading import MODULE_KINDS
 

@@ -33,8 +33,8 @@ def test_every_parameter_of_the_full_size_architecture_comes_from_exactly_one_ch
     from flax.traverse_util import flatten_dict
 
     from sdjax_runner.config import weight_files
+    from sdjax_runner.families.sd.models.builtin import SPECS, architecture
     from sdjax_runner.models import single_file
-    from sdjax_runner.models.builtin import SPECS, architecture
     from sdjax_runner.models.nn.pytorch_names import PARAM_RULES
 
     _, shapes = architecture(name)

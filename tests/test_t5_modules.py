@@ -463,9 +463,9 @@ def test_sentinels_missing_from_tokenizer_json_are_added_as_transformers_adds_th
 
 def test_the_built_in_models_tokenizer_reads_the_same(tmp_path):
     """model=tiny-random-flux's tokenizer_2/ (models/builtin.py: a word-level unigram, saved with extra_ids 0)."""
-    from sdjax_runner.models.builtin import _write_t5_tokenizer
+    from sdjax_runner.models.builtin_parts import write_t5_tokenizer
 
-    _write_t5_tokenizer(tmp_path / "tokenizer_2")
+    write_t5_tokenizer(tmp_path / "tokenizer_2")
     assert compare(tmp_path / "tokenizer_2", prompts(200, seed=13)) == []
 
 

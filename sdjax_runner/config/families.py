@@ -17,7 +17,7 @@ from importlib import import_module
 from pathlib import Path
 from typing import Any, Optional
 
-from sdjax_runner.config import samplers, weight_files
+from sdjax_runner.config import weight_files
 from sdjax_runner.config.family_entry import MAX_INDEX_BYTES, FamilyEntry
 from sdjax_runner.errors import UserError
 from sdjax_runner.families import NAMES
@@ -27,29 +27,17 @@ MODEL_KEY = "model.pretrained_model_name_or_path"
 
 
 def slg(config: Any) -> Optional[tuple]:
-    """Skip-layer guidance (SD 3.5's: ``FamilyEntry.skip_layer_guidance``) as the program takes it -- (layers, scale, start, stop) -- or None; each bad
-    setting one line (sampling.slg_*)."""
-    sampling = config.sampling
-    layers = sampling.slg_layers
+    """Skip-layer guidance as the program takes it -- (layers, scale, start, stop) -- or None: the family's own
+    reading (``FamilyEntry.skip_layer_guidance``: SD 3.5's), each bad setting one line (sampling.slg_*); a family
+    without one refuses sampling.slg_layers."""
+    layers = config.sampling.slg_layers
     if layers is None:
         return None
-    if not planned(config.model).skip_layer_guidance:
+    family = planned(config.model)
+    if family.skip_layer_guidance is None:
         raise UserError("sampling.slg_layers", f"{list(layers)}: skip-layer guidance is SD 3.5's; {config.model.name} "
                         "is not an SD 3 model", "null")
-    if not layers or len(set(layers)) != len(layers) or any(layer < 0 for layer in layers):
-        raise UserError("sampling.slg_layers", f"{list(layers)}", "distinct transformer block numbers, e.g. [7, 8, 9] "
-                        "(SD 3.5 Medium's card), or null")
-    if not (math.isfinite(sampling.slg_scale) and math.isfinite(sampling.slg_start) and math.isfinite(sampling.slg_stop)
-            and 0 <= sampling.slg_start < sampling.slg_stop <= 1):
-        raise UserError("sampling.slg_start", f"{sampling.slg_start}..{sampling.slg_stop} with scale "
-                        f"{sampling.slg_scale}", "0 <= slg_start < slg_stop <= 1 (fractions of the steps), a finite "
-                        "slg_scale")
-    sampler = config.sampler
-    if samplers.resolve_flow(sampler, config.scheduler.name).sigmas is not None:
-        raise UserError("sampling.slg_layers", f"{list(layers)} with sampler {sampler} and scheduler "
-                        f"{config.scheduler.name}: skip-layer guidance counts the model's own schedule's steps",
-                        "the flow-matching Euler on the model's schedule (sampler=euler, or null), or null")
-    return tuple(layers), float(sampling.slg_scale), float(sampling.slg_start), float(sampling.slg_stop)
+    return family.skip_layer_guidance(config)
 
 
 # Each family's entry is a module of the config layer inside its package (families/<name>/config.py)
@@ -104,6 +92,12 @@ def open_checkpoint(path: Path) -> weight_files.Checkpoint:
     raise UserError(weight_files.KEY, f"{path.name} has no tensors of a model this runner runs, in its original "
                     "single-file layout",
                     f"a single-file checkpoint of {', '.join(titles)}")
+
+
+def architecture(name: str) -> tuple[FamilyEntry, weight_files.Architecture]:
+    """The family whose single files have architecture ``name`` (a record's, ``CheckpointEntry.architecture``),
+    and what its entry says of it."""
+    return next((entry, entry.single_files[name]) for entry in FAMILIES.values() if name in entry.single_files)
 
 
 def planned(model: Any) -> FamilyEntry:

@@ -427,10 +427,13 @@ def stepping_scheduler(scheduler: SchedulerConfig, family: families.FamilyEntry,
 
 def check_checkpoint_family(checkpoint: Any, model: ModelConfig, family: families.FamilyEntry) -> None:
     """A single-file checkpoint must be of its base model's family (UserError naming model.checkpoint)."""
-    if checkpoint is not None and checkpoint.family != family.name:
-        raise UserError("model.checkpoint", f"{Path(checkpoint.path).name} is a {checkpoint.title} "
+    if checkpoint is None:
+        return
+    owner, known = families.architecture(checkpoint.architecture)
+    if owner.name != family.name:
+        raise UserError("model.checkpoint", f"{Path(checkpoint.path).name} is a {known.title} "
                         f"checkpoint, but its base {model.pretrained_model_name_or_path} is {family.title}",
-                        f"a base of its family (model.pretrained_model_name_or_path=null: {checkpoint.base})")
+                        f"a base of its family (model.pretrained_model_name_or_path=null: {known.base})")
 
 
 def recorded_params(config: RunConfig, family: families.FamilyEntry, sampling: Sampling, adapters: tuple, model: ModelConfig,

@@ -34,9 +34,9 @@ class LoadedControlNet:
 
 def folder(value: str, cache_dir: str) -> Path:
     """Where ControlNet ``value`` is (a built-in one is built there on first use)."""
-    from sdjax_runner.models.builtin import CONTROLNET_SPECS, build_builtin
+    from sdjax_runner.models.builtin import BUILDS, build_builtin
 
-    if value in CONTROLNET_SPECS:
+    if value in BUILDS and BUILDS[value].kind == "controlnet":
         return build_builtin(value, Path(cache_dir).expanduser() / "models" / f"{value}-v1")
     path = Path(value).expanduser()
     if not path.is_dir():

@@ -1,7 +1,7 @@
 """The built-in tiny models written as they were before issue #60, with diffusers' and transformers' own Flax
 classes and ``save_pretrained`` (diffusers 0.39, transformers 4.57): the reference the runner's own writer
 (sdjax_runner/models/published_layout.py) must equal byte for byte (tests/test_builtin_writer.py). A test helper:
-the runtime imports neither library. The specs, seeds and random draws are the runner's (models/builtin.py); what
+the runtime imports neither library. The specs, seeds and random draws are the runner's (models/builtin.py, models/builtin_parts.py and the families' builtin.py); what
 is here is only how the libraries lay the files out."""
 
 from __future__ import annotations
@@ -14,21 +14,14 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from sdjax_runner.models.builtin import (
-    CLIP_SPECS,
-    CONTROLNET_SPECS,
-    FLUX_SPECS,
-    SD3_SPECS,
-    SD_SCHEDULER,
-    SEED,
-    SPECS,
-    XL_SCHEDULER,
-    _random_params,
-    _saved_dtypes,
-    _vocabulary,
-    sd_weights,
-    t5_tokenizer_model,
-)
+from sdjax_runner.families.flux.models.builtin import FLUX_SPECS
+from sdjax_runner.families.sd.models.builtin import CONTROLNET_SPECS, SD_SCHEDULER, SPECS, XL_SCHEDULER, sd_weights
+from sdjax_runner.families.sd3.models.builtin import SD3_SPECS
+from sdjax_runner.models.builtin import CLIP_SPECS
+from sdjax_runner.models.builtin_parts import SEED, t5_tokenizer_model
+from sdjax_runner.models.builtin_parts import clip_vocabulary as _vocabulary
+from sdjax_runner.models.builtin_parts import random_params as _random_params
+from sdjax_runner.models.builtin_parts import saved_dtypes as _saved_dtypes
 from sdjax_runner.models.nn.t5 import relative_position_bucket
 
 
@@ -213,9 +206,9 @@ def _build_flux_into(directory: Path, spec: dict) -> None:
     #60 too (models/builtin.py writes them); the text encoders and tokenizers, transformers' save_pretrained."""
     from transformers import CLIPTextConfig, CLIPTokenizer, FlaxCLIPTextModel
 
-    from sdjax_runner.models import builtin
+    from sdjax_runner.families.flux.models.builtin import build_flux_into
 
-    builtin._build_flux_into(directory, spec)
+    build_flux_into(directory, spec)
     for name in ("text_encoder", "text_encoder_2", "tokenizer", "tokenizer_2"):
         shutil.rmtree(directory / name)
     _write_tokenizer(directory / "tokenizer")
@@ -236,9 +229,9 @@ def _build_sd3_into(directory: Path, spec: dict) -> None:
     the text encoders and tokenizers, transformers' save_pretrained."""
     from transformers import CLIPTextConfig, FlaxCLIPTextModelWithProjection
 
-    from sdjax_runner.models import builtin
+    from sdjax_runner.families.sd3.models.builtin import build_sd3_into
 
-    builtin._build_sd3_into(directory, spec)
+    build_sd3_into(directory, spec)
     for name in ("text_encoder", "text_encoder_2", "text_encoder_3", "tokenizer", "tokenizer_2", "tokenizer_3"):
         shutil.rmtree(directory / name)
     _write_tokenizer(directory / "tokenizer")

@@ -6,7 +6,7 @@ diffusers' PyTorch FLUX classes, builds two tiny random-weight FLUX.1 pipelines 
 guidance embedder, FLUX.1-schnell's scheduler), saves them in the published diffusers layout and records
 what diffusers computes with them, module by module and for whole pipeline calls, as ``.npz`` files the
 JAX implementation is compared with. No hub is used: the weights come from a fixed torch seed, the CLIP
-tokenizer is the one the project's built-in tiny models use (``sdjax_runner/models/builtin.py``, its code
+tokenizer is the one the project's built-in tiny models use (``sdjax_runner/models/builtin_parts.py``, its code
 read from that file, so the runner's package need not be importable here) and the T5 tokenizer's
 sentencepiece model is trained here on a small fixed corpus. Running it twice writes identical files.
 
@@ -57,7 +57,7 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[2]
-BUILTIN = ROOT / "sdjax_runner" / "models" / "builtin.py"
+BUILTIN = ROOT / "sdjax_runner" / "models" / "builtin_parts.py"
 DEFAULT_OUT = ROOT / "tests" / "fixtures" / "flux"
 SEED = 0
 
@@ -160,11 +160,11 @@ blurry, low quality, ugly, watermark, text
 
 
 def _builtin_tokenizer_code() -> dict:
-    """The built-in models' CLIP tokenizer code (``_write_tokenizer`` and what it uses), read from
-    ``sdjax_runner/models/builtin.py`` -- the same vocabulary and merges as ``tiny-random``'s tokenizer,
+    """The built-in models' CLIP tokenizer code (``write_clip_tokenizer`` and what it uses), read from
+    ``sdjax_runner/models/builtin_parts.py`` -- the same vocabulary and merges as ``tiny-random``'s tokenizer,
     without importing the runner's package (it needs Hydra, which this environment does not have)."""
-    wanted = {"_CORPUS", "_NUM_MERGES", "_WORD_PATTERN", "_bytes_to_unicode", "_learn_merges", "_vocabulary",
-              "_write_tokenizer"}
+    wanted = {"CORPUS", "_NUM_MERGES", "_WORD_PATTERN", "_bytes_to_unicode", "_learn_merges", "clip_vocabulary",
+              "write_clip_tokenizer"}
     tree = ast.parse(BUILTIN.read_text(encoding="utf-8"))
     body = [node for node in tree.body
             if (isinstance(node, ast.FunctionDef) and node.name in wanted)
@@ -210,7 +210,7 @@ def _versions() -> dict:
 def _clip_tokenizer(staging: Path):
     from transformers import CLIPTokenizer
 
-    size = _builtin_tokenizer_code()["_write_tokenizer"](staging / "clip_tokenizer")
+    size = _builtin_tokenizer_code()["write_clip_tokenizer"](staging / "clip_tokenizer")
     return CLIPTokenizer.from_pretrained(staging / "clip_tokenizer"), size
 
 
@@ -607,7 +607,7 @@ def _readme(folder: Path, versions: dict, schedules: dict) -> str:
                     "the same). tokenizer.json's Metaspace prepends \u2581 ('always'), as sentencepiece does, and "
                     "tokenizer_config.json leaves add_prefix_space null, so loading needs neither sentencepiece "
                     "nor protobuf",
-                    "* tokenizer: the built-in tiny models' CLIPTokenizer (sdjax_runner/models/builtin.py: "
+                    "* tokenizer: the built-in tiny models' CLIPTokenizer (sdjax_runner/models/builtin_parts.py: "
                     "_write_tokenizer), pad <|endoftext|>, model_max_length 77"]
     return "\n".join([
         "# FLUX.1 PyTorch references (issue #46)",

@@ -111,7 +111,7 @@ def build_pipelines(staging: Path):
     )
     from transformers import CLIPTextConfig, CLIPTextModel, CLIPTextModelWithProjection, CLIPTokenizer
 
-    write_tokenizer = _builtin_tokenizer_code()["_write_tokenizer"]
+    write_tokenizer = _builtin_tokenizer_code()["write_clip_tokenizer"]
     size = write_tokenizer(staging / "tokenizer")
     # SDXL's second tokenizer pads with "!" (as builtin.py's _build_into writes it, and the published one is).
     if write_tokenizer(staging / "tokenizer_2", pad_token="!") != size:

@@ -130,7 +130,7 @@ def build_pipeline(staging: Path):
     )
     from transformers import CLIPTextConfig, CLIPTextModelWithProjection, CLIPTokenizer, T5EncoderModel
 
-    size = _builtin_tokenizer_code()["_write_tokenizer"](staging / "clip_tokenizer")
+    size = _builtin_tokenizer_code()["write_clip_tokenizer"](staging / "clip_tokenizer")
     tokenizer = CLIPTokenizer.from_pretrained(staging / "clip_tokenizer")
     t5_tokenizer = _t5_tokenizer(staging)
     special = dict(vocab_size=size, bos_token_id=size - 2, eos_token_id=size - 1, pad_token_id=size - 1)

@@ -4,6 +4,7 @@ and the settings it has no use for (yet), each refused in one line."""
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Any, Optional
 
@@ -36,6 +37,27 @@ def components_inside(keys) -> tuple[str, ...]:
     if any(key.startswith(INSIDE["vae"]) for key in names):
         found.append("vae")
     return tuple(name for name in INSIDE if name in found)
+
+
+def skip_layer_guidance(config: Any) -> tuple:
+    """SD 3.5's skip-layer guidance as the program takes it -- (layers, scale, start, stop) -- for a config that names
+    its layers; each bad setting one line (sampling.slg_*)."""
+    sampling = config.sampling
+    layers = sampling.slg_layers
+    if not layers or len(set(layers)) != len(layers) or any(layer < 0 for layer in layers):
+        raise UserError("sampling.slg_layers", f"{list(layers)}", "distinct transformer block numbers, e.g. [7, 8, 9] "
+                        "(SD 3.5 Medium's card), or null")
+    if not (math.isfinite(sampling.slg_scale) and math.isfinite(sampling.slg_start) and math.isfinite(sampling.slg_stop)
+            and 0 <= sampling.slg_start < sampling.slg_stop <= 1):
+        raise UserError("sampling.slg_start", f"{sampling.slg_start}..{sampling.slg_stop} with scale "
+                        f"{sampling.slg_scale}", "0 <= slg_start < slg_stop <= 1 (fractions of the steps), a finite "
+                        "slg_scale")
+    sampler = config.sampler
+    if samplers.resolve_flow(sampler, config.scheduler.name).sigmas is not None:
+        raise UserError("sampling.slg_layers", f"{list(layers)} with sampler {sampler} and scheduler "
+                        f"{config.scheduler.name}: skip-layer guidance counts the model's own schedule's steps",
+                        "the flow-matching Euler on the model's schedule (sampler=euler, or null), or null")
+    return tuple(layers), float(sampling.slg_scale), float(sampling.slg_start), float(sampling.slg_stop)
 
 
 def read_infotext(reading: Any) -> None:
@@ -92,5 +114,5 @@ ENTRY = FamilyEntry("sd3", "Stable Diffusion 3 / 3.5: CLIP-L, CLIP-G and T5 text
                     sampling=samplers.resolve_flow, t5_tokens=256, t5_optional=True, scheduler_settings=False,
                     checkpoint_holds=lambda keys: ("transformer",) + components_inside(keys),
                     a1111_prompts=False, guiders=tuple(guiders.GUIDERS), largest_side=_sd3_largest_side,
-                    skip_layer_guidance=True, single_files=SINGLE_FILES, architecture_of=architecture_of,
+                    skip_layer_guidance=skip_layer_guidance, single_files=SINGLE_FILES, architecture_of=architecture_of,
                     short="SD 3", infotext_keys=("Shift", "Skip layer guidance"), read_infotext=read_infotext)
