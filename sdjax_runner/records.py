@@ -128,6 +128,9 @@ class ImageRecord(_Record):
     # it read ("eta=0.5 norm_threshold=15")
     guider: Optional[str] = None
     guider_settings: Optional[str] = None
+    # optional: the step cache where one ran (cache=NAME, config/caches.py) and its settings, "KEY=VALUE ..."
+    cache: Optional[str] = None
+    cache_settings: Optional[str] = None
     # optional, A1111's Hires. fix (sampling.hires.*): its scale, the steps the second pass ran, its upscaler (A1111's
     # name) and denoising strength, and the first pass's size (A1111's "Size"; height and width are the image's)
     hires_scale: Optional[float] = None
@@ -196,8 +199,8 @@ class ImageRecord(_Record):
 class RunTimings(_Record):
     """timings.json: compile and steady-state timings (seconds), layout and device facts, the reuse facts of a
     sweep's process and the efficiency figures (docs/reference/outputs.md#timing). A complete run writes every
-    field but the last two, null where a figure could not be measured; a run stopped early writes the timings
-    it got to, ``batches_done`` and ``partial``."""
+    field but the last two and a step cache's counts (written where a cache ran), null where a figure could not be
+    measured; a run stopped early writes the timings it got to, ``batches_done`` and ``partial``."""
 
     ALWAYS: ClassVar[frozenset[str]] = frozenset()  # set below: every field of a complete run
 
@@ -226,6 +229,11 @@ class RunTimings(_Record):
     device_memory_peak_bytes: Optional[int] = None  # bytes: the devices' peak memory (null on a CPU)
     program_memory_bytes: Optional[int] = None  # bytes: the compiled program's memory, as XLA states it
     host_peak_rss_bytes: Optional[int] = None  # bytes: the process's peak resident memory
+    # A step cache (cache=NAME, config/caches.py; written only where one ran): the denoiser calls the batches made, one
+    # per step on each device, and those whose blocks after the first the cache skipped. The FLOPs, TFLOP/s and MFU
+    # above count every block of every call, so they are null where the cache skipped a call (not what ran).
+    denoiser_calls: Optional[int] = None
+    denoiser_calls_skipped: Optional[int] = None
     # The job (runner.py).
     load_s: Optional[float] = None  # s: loading the model (0 when reused)
     replicate_s: Optional[float] = None  # s: placing the weights on the devices
@@ -258,7 +266,8 @@ class RunTimings(_Record):
     partial: Optional[int] = None  # 1: these are the timings it got to
 
 
-RunTimings.ALWAYS = frozenset(RunTimings.json_keys()) - {"batches_done", "partial"}
+RunTimings.ALWAYS = frozenset(RunTimings.json_keys()) - {"batches_done", "partial", "denoiser_calls",
+                                                         "denoiser_calls_skipped"}
 
 
 @dataclass(kw_only=True)

@@ -112,10 +112,22 @@ def measured(plan: Plan, engine: Engine, program: Any) -> dict[str, Any]:
     summary = program.generator.timings.summary(plan.images_per_batch, steps)
     summary.update(program.facts.record())
     summary.update(engine.efficiency(plan, program, summary["generate_s"]))
+    summary.update(cache_counts(program.generator))
     log.info("generate: %s%s", describe(summary, plan.repeats, plan.max_extra_share),
              (f", {summary['tflops_per_s']:.3g} TFLOP/s" if summary["tflops_per_s"] else "")
              + (f", MFU {summary['mfu']:.1%}" if summary["mfu"] is not None else ""))
     return summary
+
+
+def cache_counts(generator: Any) -> dict[str, Any]:
+    """A step cache's counts of the run's denoiser calls (none without a cache); where it skipped some, the FLOPs
+    figures -- XLA's count of every block of every call -- are not what ran, and are left out (null)."""
+    if not generator.cached:
+        return {}
+    counts = {"denoiser_calls": generator.denoiser_calls, "denoiser_calls_skipped": generator.denoiser_calls_skipped}
+    if generator.denoiser_calls_skipped:
+        counts.update(flops_per_batch=None, tflops_per_s=None, mfu=None)
+    return counts
 
 
 def announce(plan: Plan) -> None:
@@ -159,6 +171,8 @@ def plan_extras(plan: Plan) -> list[str]:
         extras.append(f"skip-layer guidance on blocks {list(layers)} at {scale:g}, steps {steps[0]}..{steps[-1]}")
     if not plan.guider.plain:
         extras.append(f"guider {plan.guider.label}")
+    if not plan.cache.plain:
+        extras.append(f"step cache {plan.cache.label}")
     return extras
 
 

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
-from sdjax_runner.config import guiders, samplers
+from sdjax_runner.config import caches, guiders, samplers
 from sdjax_runner.config.modes import MODES
 from sdjax_runner.config.weight_files import Architecture
 from sdjax_runner.errors import UserError
@@ -48,6 +48,7 @@ class FamilyEntry:
     guidance_rescale: bool = False
     refiner: bool = False  # model.refiner: an SDXL refiner taking over the last steps (config/refiner.py)
     guiders: tuple[str, ...] = (guiders.DEFAULT,)  # the guiders (config/guiders.py) its samplers run
+    caches: tuple[str, ...] = (caches.DEFAULT,)  # the step caches (config/caches.py) its denoiser runs
     # whether the sampler's scheduler replaces the scheduler group's whatever it says (FLUX.1 steps with its own
     # flow scheduler's config: config/plan.py; the records name it)
     sampler_names_scheduler: bool = False

@@ -16,11 +16,11 @@ import math
 import re
 from dataclasses import dataclass, field
 
-from sdjax_runner.config import guiders, hires, samplers
+from sdjax_runner.config import caches, guiders, hires, samplers
 from sdjax_runner.config.families import DEFAULT, FAMILIES, FamilyEntry
 from sdjax_runner.config.overrides import literal
 from sdjax_runner.config.prompts import check_length
-from sdjax_runner.config.schema import SCHEDULERS, GuiderConfig
+from sdjax_runner.config.schema import SCHEDULERS, CacheConfig, GuiderConfig
 from sdjax_runner.console import shown
 from sdjax_runner.errors import UserError
 
@@ -121,7 +121,10 @@ NUMBERS = {"Steps": (WHOLE, int, "a whole number, e.g. 20"), "Clip skip": (WHOLE
            # ours: a guider's settings, by the schema's fields (record/rundir.py: guider_parts)
            **{f"Guider {f.name}": (WHOLE, int, f"a whole number, e.g. {f.default}") if f.type in (int, "int")
               else (DECIMAL, float, f"a number, e.g. {f.default}")
-              for f in dataclasses.fields(GuiderConfig) if f.name != "name"}}
+              for f in dataclasses.fields(GuiderConfig) if f.name != "name"},
+           # ours: a step cache's settings (record/rundir.py: cache_parts)
+           **{f"Step cache {f.name}": (DECIMAL, float, f"a number, e.g. {f.default}")
+              for f in dataclasses.fields(CacheConfig) if f.name != "name"}}
 
 
 def number(key: str, text: str) -> int | float:
@@ -182,6 +185,7 @@ def overrides(info: Infotext, model_options: tuple[str, ...], dtype_options: tup
     _read_guidance(reading, family, true_cfg and bool(info.negative))
     _read_sampling(reading)
     _read_guider(reading)
+    _read_cache(reading)
     if family.read_infotext is not None:
         family.read_infotext(reading)
     _read_strength(reading, has_init_image)
@@ -272,6 +276,19 @@ def _read_guider(reading: _Reading) -> None:
     for key in (*guiders.GUIDERS[name].reads, *guiders.WINDOW):
         if f"Guider {key}" in reading.numbers:
             reading.use(f"Guider {key}", f"guider.{key}={reading.numbers[f'Guider {key}']!r}")
+
+
+def _read_cache(reading: _Reading) -> None:
+    """Ours: ``Step cache: NAME`` and the settings it read, ``Step cache SETTING: VALUE`` (config/caches.py)."""
+    if "Step cache" not in reading.settings:
+        return
+    name = reading.settings["Step cache"].strip()
+    if name not in caches.CACHES:
+        raise UserError("Step cache", f"{name[:40]!r} is not a step cache the runner runs", ", ".join(caches.CACHES))
+    reading.use("Step cache", f"cache={name}")
+    for key in caches.CACHES[name].reads:
+        if f"Step cache {key}" in reading.numbers:
+            reading.use(f"Step cache {key}", f"cache.{key}={reading.numbers[f'Step cache {key}']!r}")
 
 
 def _read_strength(reading: _Reading, has_init_image: bool) -> None:

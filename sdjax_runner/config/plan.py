@@ -18,7 +18,8 @@ from typing import Any, NamedTuple, Optional
 
 from omegaconf import DictConfig, OmegaConf
 
-from sdjax_runner.config import checks, families, guiders, hires, inert, modes, refiner, samplers
+from sdjax_runner.config import caches, checks, families, guiders, hires, inert, modes, refiner, samplers
+from sdjax_runner.config.caches import Cache
 from sdjax_runner.config.folder_files import bounded_weights
 from sdjax_runner.config.guiders import Guider
 from sdjax_runner.config.hires import Hires
@@ -149,6 +150,7 @@ class Plan:
     true_cfg_scale: Optional[float] = None  # FLUX.1's true classifier-free guidance (sampling.true_cfg_scale)
     guidance_rescale: Optional[float] = None  # SD: CFG rescale (sampling.guidance_rescale)
     guider: Guider = field(default_factory=Guider)  # guider=NAME and its settings (config/guiders.py)
+    cache: Cache = field(default_factory=Cache)  # cache=NAME and its settings (config/caches.py)
     slg: Optional[tuple] = None  # SD 3's skip-layer guidance: (layers, scale, start, stop) (sampling.slg_*)
     hires: Optional[Hires] = None  # A1111's Hires. fix: the second pass (sampling.hires.*, config/hires.py)
     refiner: Optional[Refiner] = None  # SDXL's refiner (model.refiner, sampling.refiner_switch; config/refiner.py)
@@ -375,6 +377,7 @@ def make_plan(config: RunConfig, available_devices: int, checked: Optional[Check
         true_cfg_scale=config.sampling.true_cfg_scale,
         guidance_rescale=inert.acting_rescale(config.sampling.guidance_rescale, guidance),
         guider=guiders.check(config, family),
+        cache=caches.check(config, family, own_sampler=sampling.sigmas is None),
         slg=inert.acting_slg(families.slg(config), steps, guidance),
         hires=hires.check(config, family, sampling.sampler, checks.MAX_SIZE),
         refiner=refining,

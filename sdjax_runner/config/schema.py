@@ -501,6 +501,19 @@ class GuiderConfig:
 
 
 @dataclass
+class CacheConfig:
+    # A step cache (config/caches.py): none (every denoiser call runs the whole model, the default) or first_block
+    # (diffusers' FirstBlockCache: the first transformer block always runs; where its residual changed little
+    # since the last full call, the other blocks are skipped and their residual added again). Chosen as
+    # cache=NAME; FLUX.1 runs first_block on its own Euler sampler. The name shapes the program; the settings below
+    # are traced inputs (a threshold sweep compiles once). timings.json counts the calls that skipped.
+    name: str = "none"
+    # first_block: the largest relative mean absolute change of the first block's residual under which the other
+    # blocks are skipped (diffusers' FirstBlockCacheConfig threshold, default 0.05; 0 runs every block).
+    threshold: float = 0.05
+
+
+@dataclass
 class PathsConfig:
     output_root: str = "outputs"
     cache_dir: str = MISSING
@@ -531,6 +544,8 @@ class RunConfig:
     sampler: Optional[str] = None
     # How each step guides (guider=cfg, cfg_zero_star, apg; guider.* its settings): GuiderConfig above.
     guider: GuiderConfig = field(default_factory=GuiderConfig)
+    # A step cache (cache=none, first_block; cache.* its settings): CacheConfig above.
+    cache: CacheConfig = field(default_factory=CacheConfig)
     # What the sampler starts from and is steered by (engine/modes/): txt2img, img2img, inpaint, controlnet.
     mode: GenerationMode = GenerationMode.txt2img
     # img2img / inpaint: the starting image: a file, or a folder / list of files paired with the prompts
@@ -572,10 +587,11 @@ def without_null(kind: Any) -> tuple[Any, bool]:
 def register() -> None:
     """Register the schema so ``conf/config.yaml`` can list it first in its defaults, and the
     run-naming resolvers ``hydra.run.dir`` uses."""
-    from sdjax_runner.config import guiders
+    from sdjax_runner.config import caches, guiders
     from sdjax_runner.config.naming import register_resolvers
 
     register_resolvers()
     cs = ConfigStore.instance()
     cs.store(name="run_schema", node=RunConfig)
     guiders.register(cs)
+    caches.register(cs)

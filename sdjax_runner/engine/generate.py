@@ -18,6 +18,7 @@ from typing import Any, Optional
 import numpy as np
 
 from sdjax_runner.config.plan import Plan
+from sdjax_runner.engine.caches import CACHE_INPUT
 from sdjax_runner.engine.families import FAMILIES
 from sdjax_runner.engine.guiders import GUIDER_INPUT
 from sdjax_runner.engine.modes import NUMBERS, PER_IMAGE
@@ -107,6 +108,10 @@ class Generator:
         # For a stored executable: traces the program instead, should it fail at its first call.
         self.retrace: Optional[Callable[[Exception], None]] = None
         self.non_finite: set[int] = set()  # indices of images with NaN or infinite pixels (overflow)
+        # With a step cache (spec.cache): the denoiser calls its batches made, and those the cache skipped, over
+        # every device (the program returns each device's skipped calls beside its pixels: engine/program.py)
+        self.cached = not plan.cache.plain
+        self.denoiser_calls = self.denoiser_calls_skipped = 0
         self.tokens = tokens or FAMILIES[spec.family].tokens(pipeline, plan)
         self.negative_ids = None
         # Placed once: the negative prompt's token weights (A1111's syntax), the refiner's empty-prompt ids and weights
@@ -132,10 +137,12 @@ class Generator:
                    "true_cfg_scale": np.float32(plan.true_cfg_scale or 0.0),
                    "hires_guidance": np.float32(plan.hires.guidance if plan.hires and plan.hires.guidance else 0.0),
                    "refiner_cutoff": np.int32(cutoff(plan.refiner, pipeline) if plan.refiner else 0),
-                   **{GUIDER_INPUT + key: np.float32(value) for key, value in plan.guider.settings}}
+                   **{GUIDER_INPUT + key: np.float32(value) for key, value in plan.guider.settings},
+                   **{CACHE_INPUT + key: np.float32(value) for key, value in plan.cache.settings}}
         names = (NUMBERS[spec.mode] + (("guidance_rescale",) if spec.cfg_rescale else ())
                  + (("true_cfg_scale",) if spec.true_cfg else ())
                  + tuple(GUIDER_INPUT + key for key, _ in plan.guider.settings)
+                 + tuple(CACHE_INPUT + key for key, _ in plan.cache.settings)
                  + (("hires_guidance",) if spec.hires and spec.hires.guided else ())
                  + (("refiner_cutoff",) if spec.refiner else ()))
         self.numbers = {name: self.place_number(numbers[name]) for name in names}
@@ -193,12 +200,23 @@ class Generator:
         raise NotImplementedError
 
     def fetch(self, out) -> np.ndarray:
-        """The batch's images on the host, (images, H, W, 3) floats in [0, 1]."""
-        return np.asarray(out).reshape((-1, self.height, self.width, 3))
+        """The batch's images on the host, (images, H, W, 3) floats in [0, 1]; with a step cache, its counts of the
+        batch's denoiser calls taken too."""
+        if self.cached:
+            out, skipped = out
+            self.denoiser_calls += self.spec.steps * self.plan.num_devices
+            self.denoiser_calls_skipped += int(np.asarray(self.gathered(skipped)).sum())
+        return np.asarray(self.gathered(out)).reshape((-1, self.height, self.width, 3))
+
+    def gathered(self, out):
+        """One output of the program, whole on this host (a multi-process run's, from every process)."""
+        return out
 
     def _timed(self, inputs: tuple) -> tuple[Any, float]:
+        import jax
+
         started = time.perf_counter()
-        out = self.run(*inputs).block_until_ready()
+        out = jax.block_until_ready(self.run(*inputs))
         return out, time.perf_counter() - started
 
     def _first(self, inputs: tuple) -> tuple[Any, float]:

@@ -33,6 +33,9 @@ class Guidance:
     settings: dict = field(default_factory=dict)
     true_scale: Optional[Any] = None
     window: Optional[tuple[float, float]] = None  # guider.start/stop: (start, stop) fractions, or None (every step)
+    # The step cache's traced settings (cache.*, by name: engine/caches.py), or None: every denoiser call runs the
+    # whole model. Carried here because every sampler already takes how it is to call the denoiser from this.
+    cache: Optional[dict] = None
 
 
 def _per_image_sum(array, keepdims: bool = True):

@@ -19,10 +19,14 @@ so the images are the guide's (``tests/test_guide_parity.py``).
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any, Optional
 
+from sdjax_runner.config.caches import CACHES as CACHE_ENTRIES
+from sdjax_runner.config.caches import DEFAULT as CACHE_DEFAULT
 from sdjax_runner.config.guiders import GUIDERS as GUIDER_ENTRIES
+from sdjax_runner.engine.caches import CACHE_INPUT
 from sdjax_runner.engine.families import FAMILIES
 from sdjax_runner.engine.guiders import GUIDER_INPUT, Guidance
 from sdjax_runner.engine.hires import HiresPass, second_pass
@@ -63,6 +67,7 @@ class Spec:
     cfg_rescale: bool = False  # SD: CFG rescale runs (its value is a traced input, "guidance_rescale")
     guider: str = "cfg"  # guider=NAME (engine/guiders.py); its settings are traced inputs ("guider_" + the setting)
     guider_window: Optional[tuple[float, float]] = None  # guider.start/stop: where it guides (None: every step)
+    cache: str = "none"  # cache=NAME (config/caches.py); its settings are traced inputs ("cache_" + the setting)
     embeddings: tuple = ()  # SD: the textual-inversion tables' shapes (their vectors are inputs, params["embeddings"])
     # SD: classifier-free guidance runs (guidance over 1); at 1 or less the UNet sees the conditional half alone, as
     # diffusers' PyTorch pipelines do (do_classifier_free_guidance): SDXL Turbo's guidance 0 is the prompt's image
@@ -107,7 +112,7 @@ def program_spec(plan: Any, pipeline: Any, height: int, width: int, family: str,
                 mode=plan.generation, controlnet=controlnet, clip_skip=plan.clip_skip, prompt_chunks=chunks,
                 family=family, text_tokens=plan.max_sequence_length, params=plan.params_placement,
                 true_cfg=plan.true_cfg_scale is not None, slg=plan.slg, cfg_rescale=plan.guidance_rescale is not None,
-                guider=plan.guider.name, guider_window=plan.guider.window,
+                guider=plan.guider.name, guider_window=plan.guider.window, cache=plan.cache.name,
                 embeddings=tokens.embeddings.shapes if getattr(tokens, "embeddings", None) else (),
                 cfg=cfg, hires=hires_pass(plan.hires, height, width, cfg),
                 refiner=refiner_pass(plan.refiner, refiner))
@@ -127,7 +132,8 @@ def hires_pass(hires: Any, height: int, width: int, cfg: bool) -> Optional[Hires
 
 def generate(pipeline: Any, spec: Spec, ids, params: dict, key, guidance, inputs: dict,
              negative_ids: Optional[Any] = None):
-    """One device's images, (batch, height, width, 3) floats in [0, 1]. ``ids``: its prompts' token ids
+    """One device's images, (batch, height, width, 3) floats in [0, 1] -- with a step cache (``spec.cache``),
+    ``(images, (1,) int32 denoiser calls the cache skipped)``. ``ids``: its prompts' token ids
     ((batch, 77), SDXL (batch, 2, 77); A1111's syntax: ``spec.prompt_chunks * 77`` tokens, engine/tokens.py);
     ``key``: its PRNG key (the mode's initial noise; a sampler's own noise comes from a key folded from
     it); ``inputs``: the mode's traced inputs (engine/modes: init images, masks, control images, the start
@@ -138,6 +144,7 @@ def generate(pipeline: Any, spec: Spec, ids, params: dict, key, guidance, inputs
     family = FAMILIES[spec.family]
     second_scale = inputs["hires_guidance"] if spec.hires and spec.hires.guided else guidance
     guidance, second_guidance = (guiding(spec, scale, inputs) for scale in (guidance, second_scale))
+    second_guidance = dataclasses.replace(second_guidance, cache=None)  # the cache runs in the first pass
     conditioning = family.encode(pipeline, params, ids, negative_ids, spec, inputs)
     start = family.modes[spec.mode](pipeline, params, key, spec, ids.shape[0], inputs)
     if start.conditioning:
@@ -150,14 +157,23 @@ def generate(pipeline: Any, spec: Spec, ids, params: dict, key, guidance, inputs
     if spec.hires and not spec.hires.cfg:  # the second pass likewise, by its own guidance
         upscaled = conditional_only(upscaled)
     latents = family.samplers[spec.sampler](pipeline, params, conditioning, start, guidance, spec, key)
+    if spec.cache != CACHE_DEFAULT:  # the sampler says how many denoiser calls its cache skipped
+        latents, skipped = latents
     if spec.hires:
         latents = second_pass(family, pipeline, params, upscaled, latents, second_guidance, spec, key)
-    return family.decode(pipeline, params, latents)
+    pixels = family.decode(pipeline, params, latents)
+    if spec.cache != CACHE_DEFAULT:  # (pixels, this device's skipped calls with a leading axis: sharded's concat)
+        import jax.numpy as jnp
+
+        return pixels, jnp.reshape(skipped, (1,))
+    return pixels
 
 
 def guiding(spec: Spec, scale, inputs: dict) -> Guidance:
     """The guidance the samplers apply at ``scale``: the run's guider with its settings and CFG rescale, traced
     inputs all (engine/generate.py places them)."""
     settings = {key: inputs[GUIDER_INPUT + key] for key in GUIDER_ENTRIES[spec.guider].reads}
+    cache = ({key: inputs[CACHE_INPUT + key] for key in CACHE_ENTRIES[spec.cache].reads}
+             if spec.cache != CACHE_DEFAULT else None)
     return Guidance(scale, spec.guider, inputs["guidance_rescale"] if spec.cfg_rescale else None, settings,
-                    inputs["true_cfg_scale"] if spec.true_cfg else None, spec.guider_window)
+                    inputs["true_cfg_scale"] if spec.true_cfg else None, spec.guider_window, cache)

@@ -125,10 +125,10 @@ class ShardedGenerator(Generator):
         assert self.compiled is not None  # installed by engine/engine.py
         return self.compiled(*self._args(ids, keys, inputs))
 
-    def fetch(self, out) -> np.ndarray:
+    def gathered(self, out):
         import jax
         from jax.experimental import multihost_utils
 
         if jax.process_count() > 1:
             out = multihost_utils.process_allgather(out, tiled=True)
-        return np.asarray(out)
+        return out

@@ -200,6 +200,7 @@ def a1111_parameters(meta: ImageRecord) -> str:
         + (f"Distilled CFG Scale: {meta.distilled_guidance}, " if meta.distilled_guidance is not None else "")
         + (f"Rescale CFG: {meta.guidance_rescale}, " if meta.guidance_rescale is not None else "")
         + "".join(f"{part}, " for part in guider_parts(meta))
+        + "".join(f"{part}, " for part in cache_parts(meta))
         + f"Seed: {meta.seed}, Size: {first_pass_size(meta)}, Model: {meta.model}, "
         f"Dtype: {meta.dtype}, Batch: {meta.batch}, Device: {meta.device}"
         + (f", {'Eta DDIM' if meta.sampler == 'ddim' else 'Eta'}: {meta.eta}" if meta.eta is not None else "")
@@ -436,6 +437,15 @@ def guider_parts(meta: ImageRecord) -> list[str]:
     return [f"Guider: {meta.guider}", *(f"Guider {key}: {value}" for key, _, value in settings)]
 
 
+def cache_parts(meta: ImageRecord) -> list[str]:
+    """The infotext's ``Step cache: NAME`` and ``Step cache SETTING: VALUE`` (config/infotext.py reads them back);
+    none without a cache."""
+    if not meta.cache:
+        return []
+    settings = (item.partition("=") for item in (meta.cache_settings or "").split())
+    return [f"Step cache: {meta.cache}", *(f"Step cache {key}: {value}" for key, _, value in settings)]
+
+
 def image_meta(plan: Plan, height: int, width: int, guidance: str = "cfg", shift: Optional[float] = None,
                first_pass: Optional[tuple[int, int]] = None) -> ImageRecord:
     """What every image of the run shares, for its PNG text chunks and images.json: a record without the
@@ -480,6 +490,8 @@ def image_meta(plan: Plan, height: int, width: int, guidance: str = "cfg", shift
         guidance_rescale=plan.guidance_rescale,
         guider=None if plan.guider.plain else plan.guider.name,
         guider_settings=" ".join(f"{key}={value:g}" for key, value in plan.guider.recorded) or None,
+        cache=None if plan.cache.plain else plan.cache.name,
+        cache_settings=" ".join(f"{key}={value:g}" for key, value in plan.cache.settings) or None,
         **(hires_fields(plan.hires, first_pass) if plan.hires else {}),
         refiner=f"{plan.refiner.name}:sha256={plan.refiner.sha256[:12]}" if plan.refiner else None,
         refiner_switch=plan.refiner.switch if plan.refiner else None,

@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 from typing import Any, Optional
 
-from sdjax_runner.config import guiders, samplers
+from sdjax_runner.config import caches, guiders, samplers
 from sdjax_runner.config.family_entry import FamilyEntry, read_as_written
 from sdjax_runner.config.weight_files import Architecture
 from sdjax_runner.errors import UserError
@@ -58,4 +58,5 @@ ENTRY = FamilyEntry("flux", "FLUX.1: CLIP-L and T5 text encoders, a flow-matchin
                     checkpoint_holds=lambda keys: ("transformer",), a1111_prompts=False, true_cfg=True,
                     guiders=tuple(guiders.GUIDERS),  # on its true CFG (_flux_values)
                     sampler_names_scheduler=True, scheduler_settings=False, single_files=SINGLE_FILES,
-                    architecture_of=architecture_of, short="FLUX.1", infotext_keys=("Distilled CFG Scale",))
+                    architecture_of=architecture_of, short="FLUX.1", infotext_keys=("Distilled CFG Scale",),
+                    caches=tuple(caches.CACHES))  # on its own Euler sampler (config/caches.check)

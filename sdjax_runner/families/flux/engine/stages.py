@@ -16,9 +16,11 @@ from typing import Any
 import numpy as np
 
 from sdjax_runner.config import guiders
+from sdjax_runner.engine.caches import Cached
 from sdjax_runner.engine.encode import Conditioning
 from sdjax_runner.engine.guiders import Guidance, flow_step, guided
 from sdjax_runner.engine.modes.start import Start
+from sdjax_runner.models.nn.step_cache import first_block_state
 
 CLIP_TOKENS = 77
 
@@ -109,6 +111,27 @@ def txt2img(pipeline: Any, params: dict, key, spec: Any, batch: int, inputs: dic
     return Start(jax.random.normal(key, shape=shape, dtype=jnp.float32))
 
 
+def transformer_call(pipeline: Any, params: dict, conditioning: Conditioning, guidance: Guidance, spec: Any,
+                     batch: int):
+    """``call(x, timestep, context, pooled, first_block=None)``: the transformer on packed latents ``x`` at
+    ``timestep`` ((batch,) in [0, 1]) with the image's and text's position ids and, for [dev], the embedded
+    ``guidance``; ``first_block``: First-Block Cache's (state, threshold), then ``(prediction, state, skipped)``."""
+    import jax.numpy as jnp
+
+    factor = pipeline.vae_scale_factor
+    height, width = latent_side(spec.height, factor), latent_side(spec.width, factor)
+    img_ids, txt_ids = jnp.asarray(image_ids(height, width)), jnp.zeros((conditioning.context.shape[1], 3))
+    embedded = (jnp.full((batch,), guidance.scale, dtype=jnp.float32).astype(pipeline.dtype)
+                if pipeline.guidance_embeds else None)
+
+    def call(x, timestep, context, pooled, first_block=None):
+        cached = {"first_block": first_block} if first_block is not None else {}  # (a plain call: the plain module's)
+        return pipeline.transformer.apply({"params": params["transformer"]}, x.astype(pipeline.dtype), context,
+                                          pooled, timestep, img_ids, txt_ids, guidance=embedded, **cached)
+
+    return call
+
+
 def velocity_model(pipeline: Any, params: dict, conditioning: Conditioning, guidance: Guidance, spec: Any,
                    batch: int, steps: Any = None):
     """``velocity(tokens, timestep, index=None)``: the transformer's prediction for packed latents at ``timestep`` (a
@@ -119,18 +142,10 @@ def velocity_model(pipeline: Any, params: dict, conditioning: Conditioning, guid
     ``steps`` (the sigmas a k sampler steps through)."""
     import jax.numpy as jnp
 
-    factor = pipeline.vae_scale_factor
-    height, width = latent_side(spec.height, factor), latent_side(spec.width, factor)
-    img_ids, txt_ids = jnp.asarray(image_ids(height, width)), jnp.zeros((conditioning.context.shape[1], 3))
+    call = transformer_call(pipeline, params, conditioning, guidance, spec, batch)
     assert conditioning.added is not None  # encode's: the pooled embedding (and the negative prompt's)
     added = conditioning.added
     pooled = added["pooled"]
-    embedded = (jnp.full((batch,), guidance.scale, dtype=jnp.float32).astype(pipeline.dtype)
-                if pipeline.guidance_embeds else None)
-
-    def call(x, timestep, context, pooled):
-        return pipeline.transformer.apply({"params": params["transformer"]}, x.astype(pipeline.dtype), context,
-                                          pooled, timestep, img_ids, txt_ids, guidance=embedded)
 
     def velocity(x, timestep, index=None):
         sigma = timestep
@@ -163,6 +178,8 @@ def euler(pipeline: Any, params: dict, conditioning: Conditioning, start: Start,
     timesteps = jnp.asarray(sigmas[:-1] * np.float32(1000))  # the scheduler's, float32
     steps_dt = jnp.asarray(sigmas[1:] - sigmas[:-1])
     latents = pack(start.noise)
+    if guidance.cache is not None:  # the step cache (config/caches.py) runs in this loop's transformer calls
+        return euler_with_first_block(pipeline, params, conditioning, latents, guidance, spec, timesteps, steps_dt)
     velocity = velocity_model(pipeline, params, conditioning, guidance, spec, latents.shape[0])
 
     def step(index, x):
@@ -171,6 +188,34 @@ def euler(pipeline: Any, params: dict, conditioning: Conditioning, start: Start,
 
     latents = jax.lax.fori_loop(0, spec.steps, step, latents)
     return unpack(latents, height, width)
+
+
+def euler_with_first_block(pipeline: Any, params: dict, conditioning: Conditioning, latents, guidance: Guidance,
+                           spec: Any, timesteps, steps_dt) -> Cached:
+    """:func:`euler`'s loop with First-Block Cache (models/nn/step_cache.py) in its transformer calls, its state
+    carried from step to step (the loop's one call a step: no true CFG, config/caches.check); returns the final
+    latents unpacked and the calls whose blocks after the first were skipped."""
+    import jax
+    import jax.numpy as jnp
+
+    batch = latents.shape[0]
+    call = transformer_call(pipeline, params, conditioning, guidance, spec, batch)
+    assert conditioning.added is not None and guidance.cache is not None  # encode's pooled embedding; euler's test
+    pooled, threshold = conditioning.added["pooled"], guidance.cache["threshold"]
+    width = pipeline.transformer.inner_dim
+    state = first_block_state((batch, latents.shape[1], width), (batch, conditioning.context.shape[1], width),
+                              pipeline.dtype)
+
+    def step(index, carry):
+        x, state, skipped = carry
+        timestep = jnp.broadcast_to(timesteps[index].astype(pipeline.dtype) / 1000, (batch,)).astype(pipeline.dtype)
+        v, state, skip = call(x, timestep, conditioning.context, pooled, first_block=(state, threshold))
+        x = (x.astype(jnp.float32) + steps_dt[index] * v.astype(jnp.float32)).astype(x.dtype)
+        return x, state, skipped + skip
+
+    latents, _, skipped = jax.lax.fori_loop(0, spec.steps, step, (latents, state, jnp.int32(0)))
+    factor = pipeline.vae_scale_factor
+    return Cached(unpack(latents, latent_side(spec.height, factor), latent_side(spec.width, factor)), skipped)
 
 
 def decode(pipeline: Any, params: dict, latents):

@@ -40,6 +40,7 @@ import numpy as np
 from sdjax_runner.models.nn import layers
 from sdjax_runner.models.nn.attention import attend
 from sdjax_runner.models.nn.config import FromDiffusersConfig
+from sdjax_runner.models.nn.step_cache import FirstBlockState, first_block_call
 
 # The keys of diffusers' FluxTransformer2DModel config.json (its __init__ arguments) and their defaults there.
 CONFIG_DEFAULTS: dict[str, Any] = {
@@ -456,7 +457,10 @@ class FlaxFluxTransformer(FromDiffusersConfig, layers.Module):
 
     def __call__(self, hidden_states: jax.Array, encoder_hidden_states: jax.Array, pooled_projections: jax.Array,
                  timestep: jax.Array, img_ids: jax.Array, txt_ids: jax.Array,
-                 guidance: Optional[jax.Array] = None) -> jax.Array:
+                 guidance: Optional[jax.Array] = None, first_block: Optional[tuple[FirstBlockState, Any]] = None
+                 ) -> Any:
+        """The prediction; with ``first_block`` -- (the cache's state, its threshold: models/nn/step_cache.py) --
+        ``(prediction, the new state, 1 where the blocks after the first were skipped)``."""
         if img_ids.ndim != 2 or txt_ids.ndim != 2:
             raise ValueError(f"img_ids and txt_ids must be 2-D (seq, 3), got {img_ids.shape} and {txt_ids.shape}")
         x = self.x_embedder(hidden_states)
@@ -471,25 +475,37 @@ class FlaxFluxTransformer(FromDiffusersConfig, layers.Module):
                 context, x = block(x, context, temb, rope)
             for single in self.single_transformer_blocks:
                 context, x = single(x, context, temb, rope)
+        elif first_block is not None:
+            state, threshold = first_block
+            blocks = self._block_list()
+            context, x, state, skipped = first_block_call(
+                lambda x, context: self._blocks(x, context, temb, rope, blocks[:1]),
+                lambda x, context: self._blocks(x, context, temb, rope, blocks[1:]), x, context, state, threshold)
+            return self.proj_out(self.norm_out(x, temb)), state, skipped
         else:
-            context, x = self._blocks(x, context, temb, rope)
+            context, x = self._blocks(x, context, temb, rope, self._block_list())
         return self.proj_out(self.norm_out(x, temb))
 
-    def _blocks(self, x: jax.Array, context: jax.Array, temb: jax.Array, rope: Any) -> tuple[Any, Any]:
-        """The blocks in order, each a pure function of its params: block i's params pass an optimization barrier
-        with block i - 1's output, then ``gather_blocks`` (weights split across devices) makes them whole -- so
-        XLA cannot gather every block's weights at once."""
+    def _block_list(self) -> list[tuple[str, int, Any]]:
+        """Every block in the order it runs: (its list's name, its index there, its class)."""
+        return [(kind, i, cls) for kind, count, cls in (
+            ("transformer_blocks", self.num_layers, FluxTransformerBlock),
+            ("single_transformer_blocks", self.num_single_layers, FluxSingleTransformerBlock)) for i in range(count)]
+
+    def _blocks(self, x: jax.Array, context: jax.Array, temb: jax.Array, rope: Any,
+                blocks: list[tuple[str, int, Any]]) -> tuple[Any, Any]:
+        """``blocks`` (of :meth:`_block_list`) in order, each a pure function of its params: block i's params pass
+        an optimization barrier with block i - 1's output, then ``gather_blocks`` (weights split across devices)
+        makes them whole -- so XLA cannot gather every block's weights at once."""
         params = self.variables["params"]
         gather = self.gather_blocks or (lambda kind, block: block)
         kw = dict(dtype=self.dtype, param_dtype=self.param_dtype, implementation=self.attention_implementation)
         dim, heads, head_dim = self.inner_dim, self.num_attention_heads, self.attention_head_dim
-        for kind, count, cls in (("transformer_blocks", self.num_layers, FluxTransformerBlock),
-                                 ("single_transformer_blocks", self.num_single_layers, FluxSingleTransformerBlock)):
-            for i in range(count):
-                shards, x, context = jax.lax.optimization_barrier((params[f"{kind}_{i}"], x, context))
-                block = cls(dim, heads, head_dim, **kw, parent=None)  # detached: a pure function of its params
-                out: Any = block.apply({"params": gather(kind, shards)}, x, context, temb, rope)
-                context, x = out
+        for kind, i, cls in blocks:
+            shards, x, context = jax.lax.optimization_barrier((params[f"{kind}_{i}"], x, context))
+            block = cls(dim, heads, head_dim, **kw, parent=None)  # detached: a pure function of its params
+            out: Any = block.apply({"params": gather(kind, shards)}, x, context, temb, rope)
+            context, x = out
         return context, x
 
     def dummy_inputs(self) -> dict[str, Any]:

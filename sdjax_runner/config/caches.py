@@ -1,0 +1,101 @@
+"""Step caches: a denoiser call that reuses what an earlier step computed instead of running the whole model
+(``cache=NAME``, ``cache.*``), one :class:`CacheEntry` each. The cache's name shapes the program; its settings are
+traced inputs, so a sweep over them (a threshold sweep) compiles once, and the skip is decided on the device, in
+the one compiled program (``lax.cond``).
+
+How each cache computes is the family's (a family lists the caches it runs: ``FamilyEntry.caches``; FLUX.1's
+transformer runs ``first_block``, families/flux/models/transformer.py). A cache is offered by ``cache=NAME``
+through Hydra's config group ``cache``, which :func:`register` fills from this registry (no YAML file per cache).
+A new cache is an entry here and its computation in the families that run it (docs/architecture.md, "Where a new
+piece goes").
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from sdjax_runner.errors import UserError
+
+log = logging.getLogger("sdjax_runner")
+
+DEFAULT = "none"
+
+
+@dataclass(frozen=True)
+class CacheEntry:
+    """What the config knows of one step cache."""
+
+    name: str  # cache=NAME
+    title: str  # what it is, for people (the plan line, the docs)
+    reads: tuple[str, ...] = ()  # the cache.* settings it reads (schema.CacheConfig's fields), each a traced input
+
+
+CACHES = {entry.name: entry for entry in (
+    CacheEntry("none", "no step cache: every denoiser call runs the whole model"),
+    # First-Block Cache (ParaAttention; diffusers' FirstBlockCacheConfig / apply_first_block_cache): the first
+    # transformer block always runs; where its output's residual changed by a relative mean absolute difference of
+    # at most the threshold since the last call that ran every block, the other blocks are skipped and the residual
+    # they added then is added again
+    CacheEntry("first_block", "First-Block Cache (diffusers' FirstBlockCacheConfig)", ("threshold",)),
+)}
+
+
+@dataclass(frozen=True)
+class Cache:
+    """The step cache a run uses: its name and the settings it reads, as numbers (the program's traced inputs)."""
+
+    name: str = DEFAULT
+    settings: tuple[tuple[str, float], ...] = ()
+
+    @property
+    def plain(self) -> bool:
+        """No cache: what a run without cache settings does (nothing to say, nothing recorded)."""
+        return self.name == DEFAULT
+
+    @property
+    def label(self) -> str:
+        """``first_block (threshold 0.05)``: for the plan line."""
+        values = ", ".join(f"{key} {value:g}" for key, value in self.settings)
+        return f"{self.name} ({values})" if values else self.name
+
+
+def check(config: Any, family: Any, own_sampler: bool) -> Cache:
+    """The run's step cache (``config.cache``) for a model of ``family`` (config/families.FamilyEntry) whose sampler
+    is the model's own (``own_sampler``: the cache carries its state through that sampler's steps); raises
+    UserError naming the key. A setting the cache does not read is said in one line and left out."""
+    given = config.cache  # a schema.CacheConfig
+    name = str(given.name)
+    if name not in CACHES:
+        raise UserError("cache", name, ", ".join(CACHES))
+    if name not in family.caches:
+        raise UserError("cache", f"{name}: {config.model.name} is a {family.title.split(':')[0]} model, which runs "
+                        f"{', '.join(family.caches)}", ", ".join(family.caches))
+    entry, defaults = CACHES[name], type(given)()
+    if name != DEFAULT and not own_sampler:
+        raise UserError("cache", f"{name} with sampler {config.sampler}: the cache's state is carried through the "
+                        "model's own sampler's steps", "the model's own sampler (sampler=null or euler), or none")
+    if name != DEFAULT and getattr(config.sampling, "true_cfg_scale", None) is not None:
+        raise UserError("cache", f"{name} with sampling.true_cfg_scale: true CFG makes two transformer calls a step, "
+                        "whose caches diffusers keeps apart; not run here yet", "none, or without true CFG")
+    for key in (f.name for f in dataclasses.fields(given) if f.name != "name"):
+        value = getattr(given, key)
+        if not (math.isfinite(value) and value >= 0):
+            raise UserError(f"cache.{key}", f"{value}", ALLOWED[key])
+        if key not in entry.reads and value != getattr(defaults, key):
+            log.warning("cache.%s: %g is read by %s; cache=%s runs without it", key, value,
+                        " and ".join(other.name for other in CACHES.values() if key in other.reads), name)
+    return Cache(name, tuple((key, float(getattr(given, key))) for key in entry.reads))
+
+
+ALLOWED = {"threshold": "a number >= 0: the first block's relative change under which the other blocks are skipped "
+                        "(diffusers' default 0.05; 0 runs every block)"}
+
+
+def register(store: Any) -> None:
+    """Hydra's config group ``cache``: one option per entry, setting its name (``cache=first_block``)."""
+    for entry in CACHES.values():
+        store.store(group="cache", name=entry.name, node={"name": entry.name})

@@ -1,0 +1,58 @@
+"""Step caches inside a model's call (config/caches.py names them), for any family whose transformer runs its
+blocks in order: First-Block Cache as diffusers' ``FirstBlockCacheConfig`` hooks run it
+(diffusers/hooks/first_block_cache.py), in JAX, the skip decided on the device with ``lax.cond``.
+
+The first ("head") block always runs. Its residual -- its image-token output minus its input -- is compared with
+the residual of the last call that ran every block: the mean absolute difference relative to that residual's mean
+absolute value. Over the threshold (or on the first call, where there is no earlier residual: the relative change
+is infinite), the other blocks run, and the call keeps its head residual and what the other blocks added to the
+head's outputs (the "tail residuals", image and text tokens). Otherwise the other blocks are skipped: the head's
+outputs plus the kept tail residuals stand for their outputs, and the kept head residual stays the one compared
+with (diffusers updates it only on a call that runs every block)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+
+class FirstBlockState(NamedTuple):
+    """What First-Block Cache carries from one call to the next (zeros before the first call)."""
+
+    residual: Any  # the head block's image residual at the last call that ran every block
+    tail: Any  # what the other blocks added to the head's image output then
+    tail_context: Any  # ... and to its text output
+
+
+def first_block_state(x_shape: tuple, context_shape: tuple, dtype: Any) -> FirstBlockState:
+    """The state before the first call: every residual zero, so the first call runs every block."""
+    return FirstBlockState(jnp.zeros(x_shape, dtype), jnp.zeros(x_shape, dtype), jnp.zeros(context_shape, dtype))
+
+
+def relative_change(residual, previous):
+    """diffusers' ``(residual - previous).abs().mean() / previous.abs().mean()``, in float32."""
+    residual, previous = residual.astype(jnp.float32), previous.astype(jnp.float32)
+    return jnp.mean(jnp.abs(residual - previous)) / jnp.mean(jnp.abs(previous))
+
+
+def first_block_call(head: Callable, rest: Callable, x, context, state: FirstBlockState, threshold):
+    """One model call's blocks under First-Block Cache: ``head(x, context)`` and ``rest(x, context)`` each return
+    ``(context, x)`` (the blocks' output convention); returns ``(context, x, new state, skipped)``, ``skipped`` 1
+    where the other blocks did not run (int32)."""
+    head_context, head_x = head(x, context)
+    residual = head_x - x
+    # A change over the threshold runs every block; so does a change that is not a number (no earlier residual).
+    runs = jnp.logical_not(relative_change(residual, state.residual) <= threshold)
+
+    def every_block(_):
+        out_context, out_x = rest(head_x, head_context)
+        kept = FirstBlockState(residual, out_x - head_x, out_context - head_context)
+        return out_context, out_x, kept, jnp.int32(0)
+
+    def head_only(_):
+        return head_context + state.tail_context, head_x + state.tail, state, jnp.int32(1)
+
+    return jax.lax.cond(runs, every_block, head_only, None)

@@ -1,0 +1,159 @@
+"""Make the PyTorch reference for First-Block Cache on FLUX.1 (issue #62) in ``tests/fixtures/step_cache/``.
+
+The runner never imports torch. This script runs in the reference environment of make_flux_reference.py (its
+docstring says how to make it): it loads the published tiny FLUX.1 [dev] folder (``tests/fixtures/flux/
+tiny-flux-dev``, made by that script) with diffusers' PyTorch ``FluxPipeline``, turns on diffusers' own First-Block
+Cache (``pipeline.transformer.enable_cache(FirstBlockCacheConfig(threshold=T))``, diffusers/hooks/
+first_block_cache.py) and calls it from the runner's noise (make_flux_reference.runner_noise: seed 0, one image on
+each of 2 devices) at each threshold, recording the images and, call by call, whether the hooks skipped the
+transformer's blocks after the first.
+
+The runner decides per device (each device's batch is its own program's), so the pipeline is called once per
+device's image, the cache fresh for each call. ``first_block.npz`` holds, per threshold, ``images_T`` (device,
+H, W, 3), ``skipped_T`` (device, step), ``changes_T`` (device, step: the relative change the hooks compared with
+T, NaN on the first call) and the settings; ``VERSIONS.json`` the libraries it ran with. Running it again writes
+identical files.
+
+Run from the checkout's root::
+
+    /work/refvenv/bin/python tests/helpers/make_step_cache_reference.py
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from make_flux_reference import (
+    HEIGHT,
+    MAX_SEQUENCE_LENGTH,
+    NUM_DEVICES,
+    PROMPT,
+    SEED,
+    VARIANTS,
+    WIDTH,
+    _save_npz,
+    _versions,
+    quiet_deterministic_torch,
+    runner_noise,
+)
+
+ROOT = Path(__file__).resolve().parents[2]
+FOLDER = ROOT / "tests" / "fixtures" / "flux" / "tiny-flux-dev"
+DEFAULT_OUT = ROOT / "tests" / "fixtures" / "step_cache"
+# 0: every block of every call (the plain pipeline); a million: every call after the first skips; between: a mix
+# (the tiny random model's first block changes by 0.3 to 0.75 from step to step; each threshold at least 0.01 from
+# every change it is compared with, so float32 rounding cannot flip a decision)
+THRESHOLDS = (0.0, 0.05, 0.38, 0.6, 1e6)
+STEPS = 8  # more than make_flux_reference's 4: room for a mix of calls that run and calls that skip
+
+
+def _load():
+    import torch
+    from diffusers import FluxPipeline
+
+    pipeline = FluxPipeline.from_pretrained(FOLDER, torch_dtype=torch.float32)
+    for module in (pipeline.transformer, pipeline.vae, pipeline.text_encoder, pipeline.text_encoder_2):
+        for parameter in module.parameters():  # aligned memory (make_flux_reference's README: an ulp otherwise)
+            parameter.data = parameter.data.clone()
+    return pipeline
+
+
+def _head_state(pipeline):
+    """The First-Block Cache's shared state, as its head block's hook holds it (the transformer's first block)."""
+    registry = pipeline.transformer.transformer_blocks[0]._diffusers_hook
+    return registry.get_hook("fbc_leader_block_hook").state_manager.get_state()
+
+
+def _changes(changes: list[float]):
+    """Record each relative change diffusers' head hook compares with the threshold (NaN for a call with no earlier
+    residual): its own ``_should_compute_remaining_blocks``, wrapped."""
+    from diffusers.hooks.first_block_cache import FBCHeadBlockHook
+
+    original = FBCHeadBlockHook._should_compute_remaining_blocks
+
+    def recording(self, hidden_states_residual):
+        state = self.state_manager.get_state()
+        previous = state.head_block_residual
+        changes.append(float("nan") if previous is None else float(
+            (hidden_states_residual - previous).abs().mean() / previous.abs().mean()))
+        return original(self, hidden_states_residual)
+
+    FBCHeadBlockHook._should_compute_remaining_blocks = recording
+    return original
+
+
+def _call(pipeline, threshold: float, latents_unpacked: np.ndarray) -> tuple[np.ndarray, list[bool], list[float]]:
+    """One image from its noise with the cache at ``threshold``, fresh; the image, the calls that skipped and the
+    relative changes the hooks compared with the threshold."""
+    import torch
+    from diffusers import FirstBlockCacheConfig
+    from diffusers.hooks.first_block_cache import FBCHeadBlockHook
+
+    spec = VARIANTS["dev"]
+    pipeline.transformer.enable_cache(FirstBlockCacheConfig(threshold=threshold))
+    skipped: list[bool] = []
+    changes: list[float] = []
+    original = _changes(changes)
+    handle = pipeline.transformer.register_forward_hook(
+        lambda module, args, output: skipped.append(not _head_state(pipeline).should_compute))
+    try:
+        batch, channels, h, w = latents_unpacked.shape
+        packed = pipeline._pack_latents(torch.from_numpy(latents_unpacked), batch, channels, h, w)
+        with torch.no_grad():
+            images = pipeline(prompt=[PROMPT] * batch, height=HEIGHT, width=WIDTH,
+                              num_inference_steps=STEPS, guidance_scale=spec["guidance_scale"],
+                              max_sequence_length=MAX_SEQUENCE_LENGTH, latents=packed, output_type="np").images
+    finally:
+        handle.remove()
+        pipeline.transformer.disable_cache()
+        FBCHeadBlockHook._should_compute_remaining_blocks = original
+    if len(skipped) != STEPS:
+        raise RuntimeError(f"threshold {threshold}: {len(skipped)} transformer calls for {STEPS} steps")
+    return np.asarray(images[0], dtype=np.float32), skipped, changes
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="the fixture folder")
+    args = parser.parse_args(argv)
+    quiet_deterministic_torch()
+    pipeline = _load()
+    noise = runner_noise()
+    spec = VARIANTS["dev"]
+    out: dict[str, np.ndarray] = {
+        "prompt": np.asarray(PROMPT), "steps": np.asarray(STEPS, dtype=np.int64),
+        "guidance_scale": np.asarray(spec["guidance_scale"], dtype=np.float64),
+        "height": np.asarray(HEIGHT, dtype=np.int64), "width": np.asarray(WIDTH, dtype=np.int64),
+        "max_sequence_length": np.asarray(MAX_SEQUENCE_LENGTH, dtype=np.int64),
+        "seed": np.asarray(SEED, dtype=np.int64), "num_devices": np.asarray(NUM_DEVICES, dtype=np.int64),
+        "thresholds": np.asarray(THRESHOLDS, dtype=np.float64)}
+    plain = np.stack([_call(pipeline, 0.0, noise[i:i + 1])[0] for i in range(NUM_DEVICES)])
+    for threshold in THRESHOLDS:
+        calls = [_call(pipeline, threshold, noise[i:i + 1]) for i in range(NUM_DEVICES)]
+        out[f"images_{threshold:g}"] = np.stack([image for image, _, _ in calls])
+        out[f"skipped_{threshold:g}"] = np.asarray([skipped for _, skipped, _ in calls], dtype=np.bool_)
+        out[f"changes_{threshold:g}"] = np.asarray([changes for _, _, changes in calls], dtype=np.float64)
+        print(f"threshold {threshold:g}: skipped {out[f'skipped_{threshold:g}'].astype(int).tolist()}, "
+              f"largest difference from the plain images {np.abs(out[f'images_{threshold:g}'] - plain).max():.4f}")
+    if out["skipped_0"].any() or not np.array_equal(out["images_0"], plain):
+        raise RuntimeError("threshold 0 skipped a call")
+    args.out.mkdir(parents=True, exist_ok=True)
+    _save_npz(args.out / "first_block.npz", out)
+    (args.out / "VERSIONS.json").write_text(json.dumps(_versions(), indent=2) + "\n", encoding="utf-8")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
