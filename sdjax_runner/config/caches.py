@@ -12,15 +12,12 @@ piece goes").
 
 from __future__ import annotations
 
-import dataclasses
-import logging
 import math
 from dataclasses import dataclass
 from typing import Any
 
+from sdjax_runner.config import choices
 from sdjax_runner.errors import UserError
-
-log = logging.getLogger("sdjax_runner")
 
 DEFAULT = "none"
 
@@ -69,26 +66,19 @@ def check(config: Any, family: Any, own_sampler: bool) -> Cache:
     UserError naming the key. A setting the cache does not read is said in one line and left out."""
     given = config.cache  # a schema.CacheConfig
     name = str(given.name)
-    if name not in CACHES:
-        raise UserError("cache", name, ", ".join(CACHES))
-    if name not in family.caches:
-        raise UserError("cache", f"{name}: {config.model.name} is a {family.title.split(':')[0]} model, which runs "
-                        f"{', '.join(family.caches)}", ", ".join(family.caches))
-    entry, defaults = CACHES[name], type(given)()
+    choices.chosen("cache", name, CACHES, family.caches, config, family)
     if name != DEFAULT and not own_sampler:
         raise UserError("cache", f"{name} with sampler {config.sampler}: the cache's state is carried through the "
                         "model's own sampler's steps", "the model's own sampler (sampler=null or euler), or none")
     if name != DEFAULT and getattr(config.sampling, "true_cfg_scale", None) is not None:
         raise UserError("cache", f"{name} with sampling.true_cfg_scale: true CFG makes two transformer calls a step, "
                         "whose caches diffusers keeps apart; not run here yet", "none, or without true CFG")
-    for key in (f.name for f in dataclasses.fields(given) if f.name != "name"):
-        value = getattr(given, key)
-        if not (math.isfinite(value) and value >= 0):
-            raise UserError(f"cache.{key}", f"{value}", ALLOWED[key])
-        if key not in entry.reads and value != getattr(defaults, key):
-            log.warning("cache.%s: %g is read by %s; cache=%s runs without it", key, value,
-                        " and ".join(other.name for other in CACHES.values() if key in other.reads), name)
-    return Cache(name, tuple((key, float(getattr(given, key))) for key in entry.reads))
+    return Cache(name, choices.settings_read("cache", given, name, CACHES, _check_value))
+
+
+def _check_value(key: str, value: Any) -> None:
+    if not (math.isfinite(value) and value >= 0):
+        raise UserError(f"cache.{key}", f"{value}", ALLOWED[key])
 
 
 ALLOWED = {"threshold": "a number >= 0: the first block's relative change under which the other blocks are skipped "

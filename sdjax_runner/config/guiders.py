@@ -15,15 +15,12 @@ others are one line.
 
 from __future__ import annotations
 
-import dataclasses
-import logging
 import math
 from dataclasses import dataclass
 from typing import Any, Optional
 
+from sdjax_runner.config import choices
 from sdjax_runner.errors import UserError
-
-log = logging.getLogger("sdjax_runner")
 
 DEFAULT = "cfg"
 
@@ -85,20 +82,9 @@ def check(config: Any, family: Any) -> Guider:
     one guider's setting runs its other points without it)."""
     given = config.guider  # a schema.GuiderConfig
     name = str(given.name)
-    if name not in GUIDERS:
-        raise UserError("guider", name, ", ".join(GUIDERS))
-    if name not in family.guiders:
-        raise UserError("guider", f"{name}: {config.model.name} is a {family.name} model, which runs "
-                        f"{', '.join(family.guiders)}", ", ".join(family.guiders))
-    entry, defaults = GUIDERS[name], type(given)()
-    for key in (f.name for f in dataclasses.fields(given) if f.name not in ("name", *WINDOW)):
-        value = getattr(given, key)
-        _check_value(key, value)
-        if key not in entry.reads and value != getattr(defaults, key):
-            readers = [other.name for other in GUIDERS.values() if key in other.reads]
-            log.warning("guider.%s: %g is read by %s; guider=%s runs without it", key, value,
-                        " and ".join(readers), name)
-    return Guider(name, tuple((key, float(getattr(given, key))) for key in entry.reads), _window(given))
+    choices.chosen("guider", name, GUIDERS, family.guiders, config, family)
+    return Guider(name, choices.settings_read("guider", given, name, GUIDERS, _check_value, apart=WINDOW),
+                  _window(given))
 
 
 def _window(given: Any) -> Optional[tuple[float, float]]:

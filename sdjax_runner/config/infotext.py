@@ -267,28 +267,27 @@ def _read_sampling(reading: _Reading) -> None:
 
 def _read_guider(reading: _Reading) -> None:
     """Ours: ``Guider: NAME`` and the settings it read, ``Guider SETTING: VALUE`` (config/guiders.py)."""
-    if "Guider" not in reading.settings:
-        return
-    name = reading.settings["Guider"].strip()
-    if name not in guiders.GUIDERS:
-        raise UserError("Guider", f"{name[:40]!r} is not a guider the runner runs", ", ".join(guiders.GUIDERS))
-    reading.use("Guider", f"guider={name}")
-    for key in (*guiders.GUIDERS[name].reads, *guiders.WINDOW):
-        if f"Guider {key}" in reading.numbers:
-            reading.use(f"Guider {key}", f"guider.{key}={reading.numbers[f'Guider {key}']!r}")
+    _read_choice(reading, "Guider", "guider", guiders.GUIDERS, "a guider", guiders.WINDOW)
 
 
 def _read_cache(reading: _Reading) -> None:
     """Ours: ``Step cache: NAME`` and the settings it read, ``Step cache SETTING: VALUE`` (config/caches.py)."""
-    if "Step cache" not in reading.settings:
+    _read_choice(reading, "Step cache", "cache", caches.CACHES, "a step cache")
+
+
+def _read_choice(reading: _Reading, label: str, group: str, registry: dict, what: str,
+                 every_entry: tuple[str, ...] = ()) -> None:
+    """``LABEL: NAME`` -> ``group=NAME`` (an entry of ``registry``), and ``LABEL SETTING: VALUE`` -> ``group.SETTING``
+    for the settings it reads and those of ``every_entry``."""
+    if label not in reading.settings:
         return
-    name = reading.settings["Step cache"].strip()
-    if name not in caches.CACHES:
-        raise UserError("Step cache", f"{name[:40]!r} is not a step cache the runner runs", ", ".join(caches.CACHES))
-    reading.use("Step cache", f"cache={name}")
-    for key in caches.CACHES[name].reads:
-        if f"Step cache {key}" in reading.numbers:
-            reading.use(f"Step cache {key}", f"cache.{key}={reading.numbers[f'Step cache {key}']!r}")
+    name = reading.settings[label].strip()
+    if name not in registry:
+        raise UserError(label, f"{name[:40]!r} is not {what} the runner runs", ", ".join(registry))
+    reading.use(label, f"{group}={name}")
+    for key in (*registry[name].reads, *every_entry):
+        if f"{label} {key}" in reading.numbers:
+            reading.use(f"{label} {key}", f"{group}.{key}={reading.numbers[f'{label} {key}']!r}")
 
 
 def _read_strength(reading: _Reading, has_init_image: bool) -> None:
