@@ -114,6 +114,95 @@ def test_first_block_call_is_diffusers_first_block_cache_call_for_call(threshold
         assert not any(bool(s) for s in skipped)
 
 
+class DiffusersMagCache:
+    """diffusers 0.39's MagCache hooks (hooks/mag_cache.py), transcribed in NumPy for a stack of blocks run by
+    ``blocks`` (``(hidden_states, encoder_hidden_states) -> (encoder_hidden_states, hidden_states)``): MagCacheState's
+    fields, MagCacheHeadHook.new_forward's decision and its skipped output, MagCacheBlockHook.new_forward's tail
+    (the residual kept, the step advanced; the state reset after the last step)."""
+
+    def __init__(self, threshold: float, max_skip_steps: int, retention_ratio: float, steps: int, ratios):
+        self.threshold, self.max_skip_steps, self.retention_ratio, self.steps = (threshold, max_skip_steps,
+                                                                                 retention_ratio, steps)
+        self.ratios = np.asarray(ratios, np.float32)
+        self.previous_residual = None
+        self.accumulated_ratio, self.accumulated_err, self.accumulated_steps, self.step_index = 1.0, 0.0, 0, 0
+
+    def __call__(self, blocks, hidden_states, encoder_hidden_states):
+        should_compute = True
+        current_step = self.step_index
+        current_scale = self.ratios[current_step] if current_step < len(self.ratios) else np.float32(1.0)
+        retention_step = int(self.retention_ratio * self.steps + 0.5)
+        if current_step >= retention_step:
+            self.accumulated_ratio = np.float32(self.accumulated_ratio * current_scale)
+            self.accumulated_steps += 1
+            self.accumulated_err = np.float32(self.accumulated_err + np.float32(abs(np.float32(1.0)
+                                                                                    - self.accumulated_ratio)))
+            if (self.previous_residual is not None and self.accumulated_err <= self.threshold
+                    and self.accumulated_steps <= self.max_skip_steps):
+                should_compute = False
+            else:
+                self.accumulated_ratio, self.accumulated_steps, self.accumulated_err = 1.0, 0, 0.0
+        if not should_compute:
+            out = (encoder_hidden_states, hidden_states + self.previous_residual)
+        else:
+            out = blocks(hidden_states, encoder_hidden_states)
+            self.previous_residual = out[1] - hidden_states
+        self.step_index += 1
+        if self.step_index >= self.steps:
+            self.step_index, self.previous_residual = 0, None
+            self.accumulated_ratio, self.accumulated_steps, self.accumulated_err = 1.0, 0, 0.0
+        return out[0], out[1], not should_compute
+
+
+@pytest.mark.parametrize(("threshold", "max_skip_steps", "retention_ratio", "steps"), [
+    (0.06, 3, 0.2, 8), (0.3, 3, 0.2, 8), (1.0, 2, 0.0, 12), (0.1, 1, 0.5, 12), (0.0, 3, 0.2, 28), (0.06, 3, 0.2, 1)])
+def test_mag_cache_call_is_diffusers_mag_cache_call_for_call(threshold, max_skip_steps, retention_ratio, steps):
+    import jax
+    import jax.numpy as jnp
+
+    from sdjax_runner.families.flux.engine.stages import MAG_RATIOS
+    from sdjax_runner.models.nn.step_cache import mag_cache_call, mag_ratios, mag_state
+
+    head, rest = _toy_blocks()
+
+    def blocks(x, context, np=np):
+        head_context, head_x = head(x, context, np=np)
+        return rest(head_x, head_context, np=np)
+
+    # diffusers' nearest_interp, as published: round(arange(steps) * (28 - 1) / (steps - 1)), the last for 1 step
+    indices = ([27] if steps == 1 else np.round(np.arange(steps) * (27 / (steps - 1))).astype(int))
+    ratios = np.asarray(MAG_RATIOS, np.float32)[indices]
+    assert np.array_equal(mag_ratios(MAG_RATIOS, steps), ratios)
+    rng = np.random.default_rng(2)
+    start, context = rng.standard_normal((2, 4, 6)), rng.standard_normal((2, 3, 6))
+    inputs = [start + 0.1 * i * rng.standard_normal((2, 4, 6)) for i in range(steps)]
+    reference = DiffusersMagCache(threshold, max_skip_steps, retention_ratio, steps, ratios)
+    expected = [reference(blocks, x, context) for x in inputs]
+
+    @jax.jit
+    def calls(xs, context, threshold, max_skip_steps, retention_ratio):
+        retention_step = jnp.floor(retention_ratio * steps + 0.5)
+
+        def one(state, scanned):
+            index, x = scanned
+            out_context, out_x, state, skipped = mag_cache_call(
+                lambda x, c: blocks(x, c, np=jnp), x, context, state, index, jnp.asarray(ratios)[index], threshold,
+                max_skip_steps, retention_step)
+            return state, (out_context, out_x, skipped)
+
+        return jax.lax.scan(one, mag_state(xs.shape[1:], jnp.float32), (jnp.arange(steps), xs))[1]
+
+    got_context, got_x, skipped = calls(jnp.asarray(np.stack(inputs), jnp.float32), jnp.asarray(context, jnp.float32),
+                                        jnp.float32(threshold), jnp.float32(max_skip_steps),
+                                        jnp.float32(retention_ratio))
+    assert [bool(s) for s in skipped] == [e[2] for e in expected]
+    for i, (out_context, out_x, _) in enumerate(expected):
+        np.testing.assert_allclose(got_x[i], out_x, rtol=0, atol=2e-5)
+        np.testing.assert_allclose(got_context[i], out_context, rtol=0, atol=2e-5)
+    if (threshold, steps) == (0.3, 8):  # a threshold the accumulated error passes: some calls skip, not all
+        assert 0 < sum(e[2] for e in expected) < steps
+
+
 QUIET = ("tracking=none", "metrics.clip_score.enabled=false", "timing.max_extra_share=0")
 
 
@@ -198,6 +287,9 @@ def test_the_records_and_the_infotext_name_the_cache_and_from_png_remakes_the_im
      "error: cache: first_block with sampler dpmpp_2m: the cache's state is carried through the model's own "
      "sampler's steps"),
     (["+experiment=flux_smoke", "cache=first_block", "cache.threshold=-1"], "error: cache.threshold: -1.0 (allowed: "),
+    (["+experiment=flux_smoke", "cache=magcache", "cache.retention_ratio=1.5"],
+     "error: cache.retention_ratio: 1.5 (allowed: a number from 0 to 1"),
+    (["+experiment=flux_smoke", "cache=magcache", "cache.max_skip_steps=-1"], "error: cache.max_skip_steps: -1 (allowed: "),
     (["+experiment=flux_smoke", "cache=first_block", "sampling.true_cfg_scale=4", "prompts.negative=blurry"],
      "error: cache: first_block with sampling.true_cfg_scale: true CFG makes two transformer calls a step"),
 ])
@@ -241,3 +333,46 @@ def test_first_block_skips_as_diffusers_hooks_skip_and_gives_the_pipelines_image
         for record, pixels in zip(records, _pixels(job), strict=True):
             difference = np.abs(pixels / 255 - images[record["device"]]).max()
             assert difference <= 2 / 255, (threshold, difference)
+
+
+@pytest.mark.slow
+def test_magcache_skips_as_diffusers_hooks_skip_and_gives_the_pipelines_images(tmp_path, cache_dir):
+    """MagCache with FLUX.1's published ratios on the published tiny FLUX.1 [dev] folder, from the reference's noise:
+    at each of its (threshold, max_skip_steps, retention_ratio) the calls diffusers' hooks skipped (the decision
+    reads the ratios alone, so the count says the schedule) and its images within 2/255. The settings sharing a
+    max_skip_steps and retention_ratio run as one threshold sweep, which compiles once; the last runs alone."""
+    ref = dict(np.load(REFERENCE / "magcache.npz"))
+    settings = [(float(t), int(k), float(r)) for t, k, r in ref["settings"]]
+    common = ("model=local", f"model.pretrained_model_name_or_path={FLUX / 'tiny-flux-dev'}", "dtype=fp32",
+              f"prompts.texts=[{ref['prompt']}]", f"seed={int(ref['seed'])}",
+              f"sampling.num_inference_steps={int(ref['steps'])}", f"sampling.guidance_scale={float(ref['guidance_scale'])}",
+              f"sampling.height={int(ref['height'])}", f"sampling.width={int(ref['width'])}",
+              f"prompts.max_sequence_length={int(ref['max_sequence_length'])}",
+              f"parallelism.num_devices={int(ref['num_devices'])}", "cache=magcache", *QUIET,
+              f"paths.cache_dir={cache_dir}")
+    swept = [s for s in settings if s[1:] == settings[0][1:]]
+    assert len(swept) == 3 and len({s[0] for s in swept}) == 3
+    sweep = run_cli("-m", *common, "cache.threshold=" + ",".join(f"{t:g}" for t, _, _ in swept),
+                    f"cache.max_skip_steps={swept[0][1]}", f"cache.retention_ratio={swept[0][2]:g}",
+                    "hydra.sweep.dir=sweep", cwd=tmp_path)
+    assert sweep.returncode == 0, sweep.stderr[-3000:]
+    (alone,) = (s for s in settings if s not in swept)
+    single = run_cli(*common, f"cache.threshold={alone[0]:g}", f"cache.max_skip_steps={alone[1]}",
+                     f"cache.retention_ratio={alone[2]:g}", "hydra.run.dir=alone", cwd=tmp_path)
+    assert single.returncode == 0, single.stderr[-3000:]
+    jobs = sorted((tmp_path / "sweep").glob("[0-9]")) + [tmp_path / "alone"]
+    reused = []
+    for job in jobs:
+        records = _records(job)
+        values = dict(item.split("=") for item in records[0]["cache_settings"].split())
+        number = settings.index((float(values["threshold"]), int(float(values["max_skip_steps"])),
+                                 float(values["retention_ratio"])))
+        timings = json.loads((job / "timings.json").read_text())
+        assert timings["denoiser_calls_skipped"] == int(ref[f"skipped_{number}"].sum()), number
+        if job.parent.name == "sweep":
+            reused.append(timings["compile_reused"])
+        for record, pixels in zip(records, _pixels(job), strict=True):
+            difference = np.abs(pixels / 255 - ref[f"images_{number}"][record["device"]]).max()
+            assert difference <= 2 / 255, (number, difference)
+    assert sorted(reused) == [0, 1, 1]  # every setting a traced input: one program for the sweep
+    assert len({int(ref[f"skipped_{n}"].sum()) for n in range(len(settings))}) >= 3

@@ -29,6 +29,8 @@ class CacheEntry:
     name: str  # cache=NAME
     title: str  # what it is, for people (the plan line, the docs)
     reads: tuple[str, ...] = ()  # the cache.* settings it reads (schema.CacheConfig's fields), each a traced input
+    # its own defaults where they are not the schema's (cache=NAME sets them; cache.KEY=VALUE overrides)
+    defaults: tuple[tuple[str, float], ...] = ()
 
 
 CACHES = {entry.name: entry for entry in (
@@ -38,6 +40,12 @@ CACHES = {entry.name: entry for entry in (
     # at most the threshold since the last call that ran every block, the other blocks are skipped and the residual
     # they added then is added again
     CacheEntry("first_block", "First-Block Cache (diffusers' FirstBlockCacheConfig)", ("threshold",)),
+    # MagCache (Ma et al. 2025; diffusers' MagCacheConfig / apply_mag_cache): from the retention step on, the model's
+    # published magnitude ratio of each step multiplies an accumulated ratio whose distance from 1 adds to an
+    # accumulated error; while that error is at most the threshold and at most max_skip_steps calls have
+    # accumulated, a call skips every block and adds the whole stack's residual of the last full call to its input
+    CacheEntry("magcache", "MagCache (diffusers' MagCacheConfig, the model's published ratios)",
+               ("threshold", "max_skip_steps", "retention_ratio"), (("threshold", 0.06),)),
 )}
 
 
@@ -77,15 +85,19 @@ def check(config: Any, family: Any, own_sampler: bool) -> Cache:
 
 
 def _check_value(key: str, value: Any) -> None:
-    if not (math.isfinite(value) and value >= 0):
+    if not (math.isfinite(value) and value >= 0) or (key == "retention_ratio" and value > 1):
         raise UserError(f"cache.{key}", f"{value}", ALLOWED[key])
 
 
-ALLOWED = {"threshold": "a number >= 0: the first block's relative change under which the other blocks are skipped "
-                        "(diffusers' default 0.05; 0 runs every block)"}
+ALLOWED = {"threshold": "a number >= 0: first_block's largest relative change of the first block, magcache's largest "
+                        "accumulated error, under which blocks are skipped (diffusers' defaults 0.05 and 0.06; 0 runs "
+                        "every block)",
+           "max_skip_steps": "a whole number >= 0: magcache's most calls skipped in a row (diffusers' default 3)",
+           "retention_ratio": "a number from 0 to 1: magcache's share of the first steps that always run (diffusers' "
+                              "default 0.2)"}
 
 
 def register(store: Any) -> None:
     """Hydra's config group ``cache``: one option per entry, setting its name (``cache=first_block``)."""
     for entry in CACHES.values():
-        store.store(group="cache", name=entry.name, node={"name": entry.name})
+        store.store(group="cache", name=entry.name, node={"name": entry.name, **dict(entry.defaults)})

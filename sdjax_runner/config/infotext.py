@@ -123,7 +123,8 @@ NUMBERS = {"Steps": (WHOLE, int, "a whole number, e.g. 20"), "Clip skip": (WHOLE
               else (DECIMAL, float, f"a number, e.g. {f.default}")
               for f in dataclasses.fields(GuiderConfig) if f.name != "name"},
            # ours: a step cache's settings (record/rundir.py: cache_parts)
-           **{f"Step cache {f.name}": (DECIMAL, float, f"a number, e.g. {f.default}")
+           **{f"Step cache {f.name}": (WHOLE, int, f"a whole number, e.g. {f.default}") if f.type in (int, "int")
+              else (DECIMAL, float, f"a number, e.g. {f.default}")
               for f in dataclasses.fields(CacheConfig) if f.name != "name"}}
 
 

@@ -502,15 +502,22 @@ class GuiderConfig:
 
 @dataclass
 class CacheConfig:
-    # A step cache (config/caches.py): none (every denoiser call runs the whole model, the default) or first_block
+    # A step cache (config/caches.py): none (every denoiser call runs the whole model, the default), first_block
     # (diffusers' FirstBlockCache: the first transformer block always runs; where its residual changed little
-    # since the last full call, the other blocks are skipped and their residual added again). Chosen as
-    # cache=NAME; FLUX.1 runs first_block on its own Euler sampler. The name shapes the program; the settings below
+    # since the last full call, the other blocks are skipped and their residual added again) or magcache (diffusers'
+    # MagCache: calls skipped by the model's published magnitude ratios, the last full call's residual added).
+    # Chosen as cache=NAME; FLUX.1 runs both on its own Euler sampler. The name shapes the program; the settings below
     # are traced inputs (a threshold sweep compiles once). timings.json counts the calls that skipped.
     name: str = "none"
     # first_block: the largest relative mean absolute change of the first block's residual under which the other
-    # blocks are skipped (diffusers' FirstBlockCacheConfig threshold, default 0.05; 0 runs every block).
+    # blocks are skipped (diffusers' FirstBlockCacheConfig threshold, default 0.05; 0 runs every block). magcache:
+    # the largest accumulated error under which a call is skipped (cache=magcache sets diffusers' 0.06).
     threshold: float = 0.05
+    # magcache: the most calls skipped in a row (diffusers' MagCacheConfig max_skip_steps, the paper's K).
+    max_skip_steps: int = 3
+    # magcache: the share of the first steps that always run (diffusers' retention_ratio: steps before
+    # int(retention_ratio * steps + 0.5) never skip).
+    retention_ratio: float = 0.2
 
 
 @dataclass

@@ -1,4 +1,5 @@
-"""Make the PyTorch reference for First-Block Cache on FLUX.1 (issue #62) in ``tests/fixtures/step_cache/``.
+"""Make the PyTorch references for First-Block Cache and MagCache on FLUX.1 (issue #62) in
+``tests/fixtures/step_cache/``.
 
 The runner never imports torch. This script runs in the reference environment of make_flux_reference.py (its
 docstring says how to make it): it loads the published tiny FLUX.1 [dev] folder (``tests/fixtures/flux/
@@ -12,7 +13,8 @@ The runner decides per device (each device's batch is its own program's), so the
 device's image, the cache fresh for each call. ``first_block.npz`` holds, per threshold, ``images_T`` (device,
 H, W, 3), ``skipped_T`` (device, step), ``changes_T`` (device, step: the relative change the hooks compared with
 T, NaN on the first call) and the settings; ``VERSIONS.json`` the libraries it ran with. Running it again writes
-identical files.
+identical files. ``magcache.npz`` holds the same for MagCache (``MagCacheConfig`` with diffusers' FLUX_MAG_RATIOS) at
+each of ``settings`` (threshold, max_skip_steps, retention_ratio): ``images_N`` and ``skipped_N``.
 
 Run from the checkout's root::
 
@@ -57,6 +59,10 @@ DEFAULT_OUT = ROOT / "tests" / "fixtures" / "step_cache"
 # every change it is compared with, so float32 rounding cannot flip a decision)
 THRESHOLDS = (0.0, 0.05, 0.38, 0.6, 1e6)
 STEPS = 8  # more than make_flux_reference's 4: room for a mix of calls that run and calls that skip
+# MagCache: (threshold, max_skip_steps, retention_ratio) with diffusers' FLUX_MAG_RATIOS: its defaults and two
+# thresholds that let more or fewer calls skip (a threshold sweep in the test), and one that skips every call it may
+# from the first step, two in a row at most
+MAG_SETTINGS = ((0.06, 3, 0.2), (0.3, 3, 0.2), (0.02, 3, 0.2), (1.0, 2, 0.0))
 
 
 def _load():
@@ -70,10 +76,40 @@ def _load():
     return pipeline
 
 
-def _head_state(pipeline):
-    """The First-Block Cache's shared state, as its head block's hook holds it (the transformer's first block)."""
+def _head_state(pipeline, hook: str = "fbc_leader_block_hook"):
+    """A cache's shared state, as its head block's hook holds it (the transformer's first block)."""
     registry = pipeline.transformer.transformer_blocks[0]._diffusers_hook
-    return registry.get_hook("fbc_leader_block_hook").state_manager.get_state()
+    return registry.get_hook(hook).state_manager.get_state()
+
+
+def _call_mag(pipeline, settings: tuple, latents_unpacked: np.ndarray) -> tuple[np.ndarray, list[bool]]:
+    """One image from its noise with MagCache at ``settings`` (FLUX.1's published ratios), fresh; the image and the
+    calls that skipped."""
+    import torch
+    from diffusers import MagCacheConfig
+    from diffusers.hooks.mag_cache import FLUX_MAG_RATIOS
+
+    threshold, max_skip_steps, retention_ratio = settings
+    pipeline.transformer.enable_cache(MagCacheConfig(threshold=threshold, max_skip_steps=max_skip_steps,
+                                                     retention_ratio=retention_ratio, num_inference_steps=STEPS,
+                                                     mag_ratios=FLUX_MAG_RATIOS))
+    skipped: list[bool] = []
+    handle = pipeline.transformer.register_forward_hook(
+        lambda module, args, output: skipped.append(not _head_state(pipeline, "mag_cache_leader_block_hook")
+                                                    .should_compute))
+    try:
+        batch, channels, h, w = latents_unpacked.shape
+        packed = pipeline._pack_latents(torch.from_numpy(latents_unpacked), batch, channels, h, w)
+        with torch.no_grad():
+            images = pipeline(prompt=[PROMPT] * batch, height=HEIGHT, width=WIDTH, num_inference_steps=STEPS,
+                              guidance_scale=VARIANTS["dev"]["guidance_scale"], max_sequence_length=MAX_SEQUENCE_LENGTH,
+                              latents=packed, output_type="np").images
+    finally:
+        handle.remove()
+        pipeline.transformer.disable_cache()
+    if len(skipped) != STEPS:
+        raise RuntimeError(f"MagCache {settings}: {len(skipped)} transformer calls for {STEPS} steps")
+    return np.asarray(images[0], dtype=np.float32), skipped
 
 
 def _changes(changes: list[float]):
@@ -149,8 +185,18 @@ def main(argv: list[str] | None = None) -> int:
               f"largest difference from the plain images {np.abs(out[f'images_{threshold:g}'] - plain).max():.4f}")
     if out["skipped_0"].any() or not np.array_equal(out["images_0"], plain):
         raise RuntimeError("threshold 0 skipped a call")
+    mag: dict[str, np.ndarray] = {key: out[key] for key in ("prompt", "steps", "guidance_scale", "height", "width",
+                                                            "max_sequence_length", "seed", "num_devices")}
+    mag["settings"] = np.asarray(MAG_SETTINGS, dtype=np.float64)
+    for number, settings in enumerate(MAG_SETTINGS):
+        calls = [_call_mag(pipeline, settings, noise[i:i + 1]) for i in range(NUM_DEVICES)]
+        mag[f"images_{number}"] = np.stack([image for image, _ in calls])
+        mag[f"skipped_{number}"] = np.asarray([skipped for _, skipped in calls], dtype=np.bool_)
+        print(f"MagCache {settings}: skipped {mag[f'skipped_{number}'].astype(int).tolist()}, largest difference "
+              f"from the plain images {np.abs(mag[f'images_{number}'] - plain).max():.4f}")
     args.out.mkdir(parents=True, exist_ok=True)
     _save_npz(args.out / "first_block.npz", out)
+    _save_npz(args.out / "magcache.npz", mag)
     (args.out / "VERSIONS.json").write_text(json.dumps(_versions(), indent=2) + "\n", encoding="utf-8")
     return 0
 

@@ -56,3 +56,63 @@ def first_block_call(head: Callable, rest: Callable, x, context, state: FirstBlo
         return head_context + state.tail_context, head_x + state.tail, state, jnp.int32(1)
 
     return jax.lax.cond(runs, every_block, head_only, None)
+
+
+# -- MagCache ----------------------------------------------------------------------------------------------------------
+
+
+class MagState(NamedTuple):
+    """What MagCache carries from one call to the next (diffusers' MagCacheState; :func:`mag_state` before the first)."""
+
+    residual: Any  # the whole stack's image residual (last block's output minus first block's input), last full call
+    primed: Any  # bool: a full call has run (diffusers: previous_residual is not None)
+    ratio: Any  # float32: the accumulated magnitude ratio since the last full call
+    error: Any  # float32: the accumulated error
+    steps: Any  # int32: the calls accumulated
+
+
+def mag_state(x_shape: tuple, dtype: Any) -> MagState:
+    return MagState(jnp.zeros(x_shape, dtype), jnp.bool_(False), jnp.float32(1.0), jnp.float32(0.0), jnp.int32(0))
+
+
+def mag_ratios(published, steps: int):
+    """diffusers' ``nearest_interp``: a model's published magnitude ratios (one per step of its calibration run)
+    at ``steps`` steps, the nearest ratio for each (NumPy's round, half to even, as torch.round)."""
+    import numpy as np
+
+    published = np.asarray(published, np.float32)
+    if steps == 1:
+        return published[-1:]
+    scale = (len(published) - 1) / (steps - 1)
+    return published[np.round(np.arange(steps, dtype=np.float32) * np.float32(scale)).astype(np.int64)]
+
+
+def mag_cache_call(blocks: Callable, x, context, state: MagState, step, ratio, threshold, max_skip_steps,
+                   retention_step):
+    """One model call's blocks under MagCache (diffusers' MagCacheHeadHook and MagCacheBlockHook,
+    diffusers/hooks/mag_cache.py): from step ``retention_step`` on (diffusers' ``int(retention_ratio * steps +
+    0.5)``) the step's ``ratio`` multiplies the accumulated ratio and ``|1 - accumulated ratio|`` adds to the
+    accumulated error; where a full call has run, the error is at most ``threshold`` and at most ``max_skip_steps``
+    calls have accumulated, the blocks are skipped and the first block's input plus the kept residual stands for the
+    last block's output (the text tokens pass as they came). Otherwise the blocks run, the accumulators restart
+    (from the retention step on) and the call keeps its residual. ``blocks(x, context)`` runs every block, returning
+    ``(context, x)``; returns ``(context, x, new state, skipped)``."""
+    counting = step >= retention_step
+    ratio_now = state.ratio * ratio
+    steps_now = state.steps + 1
+    error_now = state.error + jnp.abs(1.0 - ratio_now)
+    skips = counting & state.primed & (error_now <= threshold) & (steps_now <= max_skip_steps)
+    restart = counting & jnp.logical_not(skips)
+    kept = (jnp.where(restart, 1.0, jnp.where(counting, ratio_now, state.ratio)).astype(jnp.float32),
+            jnp.where(restart, 0.0, jnp.where(counting, error_now, state.error)).astype(jnp.float32),
+            jnp.where(restart, 0, jnp.where(counting, steps_now, state.steps)).astype(jnp.int32))
+
+    def every_block(_):
+        out_context, out_x = blocks(x, context)
+        return out_context, out_x, out_x - x, jnp.int32(0)
+
+    def reused(_):
+        return context, x + state.residual, state.residual, jnp.int32(1)
+
+    out_context, out_x, residual, skipped = jax.lax.cond(skips, reused, every_block, None)
+    return out_context, out_x, MagState(residual, jnp.bool_(True), *kept), skipped

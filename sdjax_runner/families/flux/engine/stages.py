@@ -20,7 +20,7 @@ from sdjax_runner.engine.caches import Cached
 from sdjax_runner.engine.encode import Conditioning
 from sdjax_runner.engine.guiders import Guidance, flow_step, guided
 from sdjax_runner.engine.modes.start import Start
-from sdjax_runner.models.nn.step_cache import first_block_state
+from sdjax_runner.models.nn.step_cache import first_block_call, first_block_state, mag_cache_call, mag_ratios, mag_state
 
 CLIP_TOKENS = 77
 
@@ -113,9 +113,9 @@ def txt2img(pipeline: Any, params: dict, key, spec: Any, batch: int, inputs: dic
 
 def transformer_call(pipeline: Any, params: dict, conditioning: Conditioning, guidance: Guidance, spec: Any,
                      batch: int):
-    """``call(x, timestep, context, pooled, first_block=None)``: the transformer on packed latents ``x`` at
+    """``call(x, timestep, context, pooled, around_blocks=None)``: the transformer on packed latents ``x`` at
     ``timestep`` ((batch,) in [0, 1]) with the image's and text's position ids and, for [dev], the embedded
-    ``guidance``; ``first_block``: First-Block Cache's (state, threshold), then ``(prediction, state, skipped)``."""
+    ``guidance``; ``around_blocks``: a step cache's call (the transformer's), then ``(prediction, its result)``."""
     import jax.numpy as jnp
 
     factor = pipeline.vae_scale_factor
@@ -124,8 +124,8 @@ def transformer_call(pipeline: Any, params: dict, conditioning: Conditioning, gu
     embedded = (jnp.full((batch,), guidance.scale, dtype=jnp.float32).astype(pipeline.dtype)
                 if pipeline.guidance_embeds else None)
 
-    def call(x, timestep, context, pooled, first_block=None):
-        cached = {"first_block": first_block} if first_block is not None else {}  # (a plain call: the plain module's)
+    def call(x, timestep, context, pooled, around_blocks=None):
+        cached = {"around_blocks": around_blocks} if around_blocks is not None else {}  # (plain: the plain module's)
         return pipeline.transformer.apply({"params": params["transformer"]}, x.astype(pipeline.dtype), context,
                                           pooled, timestep, img_ids, txt_ids, guidance=embedded, **cached)
 
@@ -179,7 +179,7 @@ def euler(pipeline: Any, params: dict, conditioning: Conditioning, start: Start,
     steps_dt = jnp.asarray(sigmas[1:] - sigmas[:-1])
     latents = pack(start.noise)
     if guidance.cache is not None:  # the step cache (config/caches.py) runs in this loop's transformer calls
-        return euler_with_first_block(pipeline, params, conditioning, latents, guidance, spec, timesteps, steps_dt)
+        return euler_with_cache(pipeline, params, conditioning, latents, guidance, spec, timesteps, steps_dt)
     velocity = velocity_model(pipeline, params, conditioning, guidance, spec, latents.shape[0])
 
     def step(index, x):
@@ -190,32 +190,84 @@ def euler(pipeline: Any, params: dict, conditioning: Conditioning, start: Start,
     return unpack(latents, height, width)
 
 
-def euler_with_first_block(pipeline: Any, params: dict, conditioning: Conditioning, latents, guidance: Guidance,
-                           spec: Any, timesteps, steps_dt) -> Cached:
-    """:func:`euler`'s loop with First-Block Cache (models/nn/step_cache.py) in its transformer calls, its state
+def euler_with_cache(pipeline: Any, params: dict, conditioning: Conditioning, latents, guidance: Guidance,
+                     spec: Any, timesteps, steps_dt) -> Cached:
+    """:func:`euler`'s loop with a step cache (:data:`CACHES`, by ``spec.cache``) in its transformer calls, its state
     carried from step to step (the loop's one call a step: no true CFG, config/caches.check); returns the final
-    latents unpacked and the calls whose blocks after the first were skipped."""
+    latents unpacked and the calls whose blocks the cache skipped."""
     import jax
     import jax.numpy as jnp
 
     batch = latents.shape[0]
     call = transformer_call(pipeline, params, conditioning, guidance, spec, batch)
     assert conditioning.added is not None and guidance.cache is not None  # encode's pooled embedding; euler's test
-    pooled, threshold = conditioning.added["pooled"], guidance.cache["threshold"]
-    width = pipeline.transformer.inner_dim
-    state = first_block_state((batch, latents.shape[1], width), (batch, conditioning.context.shape[1], width),
-                              pipeline.dtype)
+    pooled = conditioning.added["pooled"]
+    state, around = CACHES[spec.cache](pipeline, conditioning, latents.shape, guidance.cache, spec)
 
     def step(index, carry):
         x, state, skipped = carry
         timestep = jnp.broadcast_to(timesteps[index].astype(pipeline.dtype) / 1000, (batch,)).astype(pipeline.dtype)
-        v, state, skip = call(x, timestep, conditioning.context, pooled, first_block=(state, threshold))
+        v, (state, skip) = call(x, timestep, conditioning.context, pooled, around_blocks=around(index, state))
         x = (x.astype(jnp.float32) + steps_dt[index] * v.astype(jnp.float32)).astype(x.dtype)
         return x, state, skipped + skip
 
     latents, _, skipped = jax.lax.fori_loop(0, spec.steps, step, (latents, state, jnp.int32(0)))
     factor = pipeline.vae_scale_factor
     return Cached(unpack(latents, latent_side(spec.height, factor), latent_side(spec.width, factor)), skipped)
+
+
+def first_block(pipeline: Any, conditioning: Conditioning, shape: tuple, settings: dict, spec: Any):
+    """First-Block Cache (models/nn/step_cache.py): its state before the first call, and each step's call."""
+    width = pipeline.transformer.inner_dim
+    state = first_block_state(shape[:2] + (width,), (shape[0], conditioning.context.shape[1], width), pipeline.dtype)
+
+    def around(index, state):
+        def blocks(head, rest, x, context):
+            out_context, out_x, state_after, skipped = first_block_call(head, rest, x, context, state,
+                                                                        settings["threshold"])
+            return out_context, out_x, (state_after, skipped)
+
+        return blocks
+
+    return state, around
+
+
+# FLUX.1's magnitude ratios, one per step of a 28-step FLUX.1 [dev] run (MagCache's calibration; diffusers'
+# hooks/mag_cache.py FLUX_MAG_RATIOS, for [dev] and [schnell]); a run of another step count reads the nearest
+MAG_RATIOS = (1.0, 1.21094, 1.11719, 1.07812, 1.0625, 1.03906, 1.03125, 1.03906, 1.02344, 1.03125, 1.02344, 0.98047,
+              1.01562, 1.00781, 1.0, 1.00781, 1.0, 1.00781, 1.0, 1.0, 0.99609, 0.99609, 0.98047, 0.98828, 0.96484,
+              0.95703, 0.93359, 0.89062)
+
+
+def mag_cache(pipeline: Any, conditioning: Conditioning, shape: tuple, settings: dict, spec: Any):
+    """MagCache (models/nn/step_cache.py) with FLUX.1's ratios: its state before the first call, and each step's
+    call."""
+    import jax.numpy as jnp
+
+    ratios = jnp.asarray(mag_ratios(MAG_RATIOS, spec.steps))
+    state = mag_state(shape[:2] + (pipeline.transformer.inner_dim,), pipeline.dtype)
+    # diffusers' int(retention_ratio * num_inference_steps + 0.5), the ratio a traced input
+    retention_step = jnp.floor(settings["retention_ratio"] * spec.steps + 0.5)
+
+    def around(index, state):
+        def blocks(head, rest, x, context):
+            def every_block(x, context):
+                head_context, head_x = head(x, context)
+                return rest(head_x, head_context)
+
+            out_context, out_x, state_after, skipped = mag_cache_call(
+                every_block, x, context, state, index, ratios[index], settings["threshold"],
+                settings["max_skip_steps"], retention_step)
+            return out_context, out_x, (state_after, skipped)
+
+        return blocks
+
+    return state, around
+
+
+# The step caches FLUX.1's Euler runs (config/caches.py names them; FamilyEntry.caches lists them): (pipeline,
+# conditioning, the packed latents' shape, the cache's traced settings, spec) -> (state, (step, state) -> the call)
+CACHES = {"first_block": first_block, "magcache": mag_cache}
 
 
 def decode(pipeline: Any, params: dict, latents):

@@ -40,7 +40,6 @@ import numpy as np
 from sdjax_runner.models.nn import layers
 from sdjax_runner.models.nn.attention import attend
 from sdjax_runner.models.nn.config import FromDiffusersConfig
-from sdjax_runner.models.nn.step_cache import FirstBlockState, first_block_call
 
 # The keys of diffusers' FluxTransformer2DModel config.json (its __init__ arguments) and their defaults there.
 CONFIG_DEFAULTS: dict[str, Any] = {
@@ -457,10 +456,10 @@ class FlaxFluxTransformer(FromDiffusersConfig, layers.Module):
 
     def __call__(self, hidden_states: jax.Array, encoder_hidden_states: jax.Array, pooled_projections: jax.Array,
                  timestep: jax.Array, img_ids: jax.Array, txt_ids: jax.Array,
-                 guidance: Optional[jax.Array] = None, first_block: Optional[tuple[FirstBlockState, Any]] = None
-                 ) -> Any:
-        """The prediction; with ``first_block`` -- (the cache's state, its threshold: models/nn/step_cache.py) --
-        ``(prediction, the new state, 1 where the blocks after the first were skipped)``."""
+                 guidance: Optional[jax.Array] = None, around_blocks: Optional[Callable] = None) -> Any:
+        """The prediction; with ``around_blocks`` -- a step cache (models/nn/step_cache.py): ``(head, rest, x,
+        context) -> (context, x, what the cache returns)``, ``head`` and ``rest`` running the first block and the
+        others -- ``(prediction, what the cache returned)``."""
         if img_ids.ndim != 2 or txt_ids.ndim != 2:
             raise ValueError(f"img_ids and txt_ids must be 2-D (seq, 3), got {img_ids.shape} and {txt_ids.shape}")
         x = self.x_embedder(hidden_states)
@@ -475,13 +474,12 @@ class FlaxFluxTransformer(FromDiffusersConfig, layers.Module):
                 context, x = block(x, context, temb, rope)
             for single in self.single_transformer_blocks:
                 context, x = single(x, context, temb, rope)
-        elif first_block is not None:
-            state, threshold = first_block
+        elif around_blocks is not None:
             blocks = self._block_list()
-            context, x, state, skipped = first_block_call(
-                lambda x, context: self._blocks(x, context, temb, rope, blocks[:1]),
-                lambda x, context: self._blocks(x, context, temb, rope, blocks[1:]), x, context, state, threshold)
-            return self.proj_out(self.norm_out(x, temb)), state, skipped
+            context, x, cached = around_blocks(lambda x, context: self._blocks(x, context, temb, rope, blocks[:1]),
+                                               lambda x, context: self._blocks(x, context, temb, rope, blocks[1:]),
+                                               x, context)
+            return self.proj_out(self.norm_out(x, temb)), cached
         else:
             context, x = self._blocks(x, context, temb, rope, self._block_list())
         return self.proj_out(self.norm_out(x, temb))
