@@ -48,6 +48,52 @@ def pytest_collection_modifyitems(items):
             item.add_marker(pytest.mark.slow)
 
 
+# XLA's CPU backend maps each compiled kernel's code into memory of its own -- three mappings a kernel, some 500 for
+# the smoke run's program -- and a test worker that keeps what hundreds of tests compiled reaches the kernel's limit
+# on a process's mappings (vm.max_map_count, 65,530 by default): XLA's next mmap then fails and the worker dies in a
+# compile or a serialize (a segfault, seen twice at 97% of the suite). After a module that leaves the process holding
+# more than half of the limit, what keeps compiled programs alive is let go -- the engine (its models and programs:
+# engine/reuse.py), the CLIP scorers, JAX's own caches -- and a later test compiles (or loads) again.
+MAPPINGS_SHARE = 0.5
+
+
+def mappings() -> tuple[int, int]:
+    """(this process's memory mappings, the most it may have); (0, 1) where /proc does not say."""
+    try:
+        with open(f"/proc/{os.getpid()}/maps", "rb") as maps:
+            count = sum(1 for _ in maps)
+        limit = int(Path("/proc/sys/vm/max_map_count").read_text())
+    except (OSError, ValueError):
+        return 0, 1
+    return count, limit
+
+
+@pytest.fixture(scope="module", autouse=True)
+def compiled_code_bounded(request):
+    """``SDJAX_TEST_MAPPINGS=FILE``: each module's mappings, and those once let go, appended to FILE."""
+    yield
+    count, limit = mappings()
+    log = os.environ.get("SDJAX_TEST_MAPPINGS")
+    if log:
+        with open(log, "a", encoding="utf-8") as out:
+            out.write(f"{os.getpid()} {request.module.__name__} {count} {limit}\n")
+    if count > MAPPINGS_SHARE * limit:
+        import gc
+
+        import jax
+
+        from sdjax_runner import process
+
+        state = process.current()
+        state.engine = None
+        state.clip_scorers.clear()
+        jax.clear_caches()
+        gc.collect()
+        if log:
+            with open(log, "a", encoding="utf-8") as out:
+                out.write(f"{os.getpid()} let go: {mappings()[0]}\n")
+
+
 @pytest.fixture(autouse=True)
 def signals_restored():
     """Every test leaves the signal handlers as it found them: a handler a library set in this process (SIGINT
