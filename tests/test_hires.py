@@ -95,6 +95,13 @@ def batch_images(overrides: list[str]) -> tuple[np.ndarray, object]:
 ENGINE: dict = {}  # one engine for the module: the tiny models load once
 
 
+@pytest.fixture(scope="module", autouse=True)
+def engine_let_go():
+    """The module's engine and its programs go with the module (each holds compiled code: tests/conftest.py)."""
+    yield
+    ENGINE.clear()
+
+
 REFINER_PAIR = Path(__file__).parent / "fixtures" / "refiner"
 
 
