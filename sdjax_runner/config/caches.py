@@ -64,8 +64,7 @@ class Cache:
     @property
     def label(self) -> str:
         """``first_block (threshold 0.05)``: for the plan line."""
-        values = ", ".join(f"{key} {value:g}" for key, value in self.settings)
-        return f"{self.name} ({values})" if values else self.name
+        return choices.label(self.name, self.settings)
 
 
 def check(config: Any, family: Any, own_sampler: bool) -> Cache:

@@ -15,6 +15,12 @@ from sdjax_runner.errors import UserError
 log = logging.getLogger("sdjax_runner")
 
 
+def label(name: str, settings: tuple[tuple[str, float], ...]) -> str:
+    """``apg (eta 0.5, norm_threshold 15)``: an entry and its settings for the plan line."""
+    values = ", ".join(f"{key} {value:g}" for key, value in settings)
+    return f"{name} ({values})" if values else name
+
+
 def chosen(group: str, name: str, registry: Mapping[str, Any], runs_here: tuple[str, ...], config: Any,
            family: Any) -> Any:
     """``registry``'s entry ``name`` (``group=NAME``), one the family runs (``runs_here``); else UserError on

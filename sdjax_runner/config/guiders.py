@@ -72,8 +72,7 @@ class Guider:
     @property
     def label(self) -> str:
         """``apg (eta 0.5, norm_threshold 15)``: for the plan line."""
-        values = ", ".join(f"{key} {value:g}" for key, value in self.recorded)
-        return f"{self.name} ({values})" if values else self.name
+        return choices.label(self.name, self.recorded)
 
 
 def check(config: Any, family: Any) -> Guider:

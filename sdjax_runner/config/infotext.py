@@ -108,6 +108,14 @@ class Translation:
 WHOLE = re.compile(r"[0-9]{1,12}")
 SIGNED = re.compile(r"-?[0-9]{1,20}")
 DECIMAL = re.compile(r"[+-]?(?:[0-9]{1,12}(?:\.[0-9]{0,12})?|\.[0-9]{1,12})(?:[eE][+-]?[0-9]{1,3})?")
+
+
+def _setting_numbers(label: str, schema: type) -> dict[str, tuple]:
+    """``LABEL SETTING`` for each field of ``schema`` (a settings group) but its name, read as its type's number."""
+    return {f"{label} {f.name}": (WHOLE, int, f"a whole number, e.g. {f.default}") if f.type in (int, "int")
+            else (DECIMAL, float, f"a number, e.g. {f.default}") for f in dataclasses.fields(schema) if f.name != "name"}
+
+
 NUMBERS = {"Steps": (WHOLE, int, "a whole number, e.g. 20"), "Clip skip": (WHOLE, int, "a whole number, e.g. 2"),
            "Seed": (SIGNED, int, "a whole number, e.g. 1234"), "CFG scale": (DECIMAL, float, "a number, e.g. 7.5"),
            "Eta": (DECIMAL, float, "a number, e.g. 0.5"), "Eta DDIM": (DECIMAL, float, "a number, e.g. 0.5"),
@@ -118,14 +126,8 @@ NUMBERS = {"Steps": (WHOLE, int, "a whole number, e.g. 20"), "Clip skip": (WHOLE
            "Hires upscale": (DECIMAL, float, "a number, e.g. 2"), "Hires steps": (WHOLE, int, "a whole number, e.g. 20"),
            "Hires CFG Scale": (DECIMAL, float, "a number, e.g. 5"),
            "Refiner switch at": (DECIMAL, float, "a number, e.g. 0.8"),
-           # ours: a guider's settings, by the schema's fields (record/rundir.py: guider_parts)
-           **{f"Guider {f.name}": (WHOLE, int, f"a whole number, e.g. {f.default}") if f.type in (int, "int")
-              else (DECIMAL, float, f"a number, e.g. {f.default}")
-              for f in dataclasses.fields(GuiderConfig) if f.name != "name"},
-           # ours: a step cache's settings (record/rundir.py: cache_parts)
-           **{f"Step cache {f.name}": (WHOLE, int, f"a whole number, e.g. {f.default}") if f.type in (int, "int")
-              else (DECIMAL, float, f"a number, e.g. {f.default}")
-              for f in dataclasses.fields(CacheConfig) if f.name != "name"}}
+           # ours: a guider's and a step cache's settings, by the schema's fields (record/rundir.py: choice_parts)
+           **_setting_numbers("Guider", GuiderConfig), **_setting_numbers("Step cache", CacheConfig)}
 
 
 def number(key: str, text: str) -> int | float:

@@ -17,6 +17,7 @@ from typing import Any, Optional
 
 import numpy as np
 
+from sdjax_runner.config.caches import DEFAULT as CACHE_DEFAULT
 from sdjax_runner.config.plan import Plan
 from sdjax_runner.engine.caches import CACHE_INPUT
 from sdjax_runner.engine.families import FAMILIES
@@ -108,9 +109,8 @@ class Generator:
         # For a stored executable: traces the program instead, should it fail at its first call.
         self.retrace: Optional[Callable[[Exception], None]] = None
         self.non_finite: set[int] = set()  # indices of images with NaN or infinite pixels (overflow)
-        # With a step cache (spec.cache): the denoiser calls its batches made, and those the cache skipped, over
-        # every device (the program returns each device's skipped calls beside its pixels: engine/program.py)
-        self.cached = not plan.cache.plain
+        # With a step cache (cached): the denoiser calls its batches made, and those the cache skipped, over every
+        # device (the program returns each device's skipped calls beside its pixels: engine/program.py)
         self.denoiser_calls = self.denoiser_calls_skipped = 0
         self.tokens = tokens or FAMILIES[spec.family].tokens(pipeline, plan)
         self.negative_ids = None
@@ -146,6 +146,11 @@ class Generator:
                  + (("hires_guidance",) if spec.hires and spec.hires.guided else ())
                  + (("refiner_cutoff",) if spec.refiner else ()))
         self.numbers = {name: self.place_number(numbers[name]) for name in names}
+
+    @property
+    def cached(self) -> bool:
+        """Whether the program runs a step cache (``spec.cache``), and so returns the skipped calls too."""
+        return self.spec.cache != CACHE_DEFAULT
 
     def install(self, compiled: Callable, retrace: Optional[Callable[[Exception], None]] = None) -> None:
         """Run batches with ``compiled`` (engine/engine.py compiles or finds it); ``retrace``, for a stored

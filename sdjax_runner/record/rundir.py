@@ -199,8 +199,8 @@ def a1111_parameters(meta: ImageRecord) -> str:
         + f"CFG scale: {meta.guidance_scale if meta.guidance_scale is not None else 1}, "
         + (f"Distilled CFG Scale: {meta.distilled_guidance}, " if meta.distilled_guidance is not None else "")
         + (f"Rescale CFG: {meta.guidance_rescale}, " if meta.guidance_rescale is not None else "")
-        + "".join(f"{part}, " for part in guider_parts(meta))
-        + "".join(f"{part}, " for part in cache_parts(meta))
+        + "".join(f"{part}, " for part in choice_parts("Guider", meta.guider, meta.guider_settings))
+        + "".join(f"{part}, " for part in choice_parts("Step cache", meta.cache, meta.cache_settings))
         + f"Seed: {meta.seed}, Size: {first_pass_size(meta)}, Model: {meta.model}, "
         f"Dtype: {meta.dtype}, Batch: {meta.batch}, Device: {meta.device}"
         + (f", {'Eta DDIM' if meta.sampler == 'ddim' else 'Eta'}: {meta.eta}" if meta.eta is not None else "")
@@ -428,22 +428,14 @@ def read_quality(run_dir: Path) -> Quality:
     return Quality.from_json(read_json_or_empty(run_dir / QUALITY))
 
 
-def guider_parts(meta: ImageRecord) -> list[str]:
-    """The infotext's ``Guider: NAME`` and ``Guider SETTING: VALUE`` (config/infotext.py reads them back); none for
-    classifier-free guidance."""
-    if not meta.guider:
+def choice_parts(label: str, name: Optional[str], settings: Optional[str]) -> list[str]:
+    """The infotext's ``LABEL: NAME`` and ``LABEL SETTING: VALUE`` for a guider or a step cache (``settings``: the
+    record's "KEY=VALUE ..."; config/infotext.py reads them back); none where the record names none (classifier-free
+    guidance, no cache)."""
+    if not name:
         return []
-    settings = (item.partition("=") for item in (meta.guider_settings or "").split())
-    return [f"Guider: {meta.guider}", *(f"Guider {key}: {value}" for key, _, value in settings)]
-
-
-def cache_parts(meta: ImageRecord) -> list[str]:
-    """The infotext's ``Step cache: NAME`` and ``Step cache SETTING: VALUE`` (config/infotext.py reads them back);
-    none without a cache."""
-    if not meta.cache:
-        return []
-    settings = (item.partition("=") for item in (meta.cache_settings or "").split())
-    return [f"Step cache: {meta.cache}", *(f"Step cache {key}: {value}" for key, _, value in settings)]
+    pairs = (item.partition("=") for item in (settings or "").split())
+    return [f"{label}: {name}", *(f"{label} {key}: {value}" for key, _, value in pairs)]
 
 
 def image_meta(plan: Plan, height: int, width: int, guidance: str = "cfg", shift: Optional[float] = None,
