@@ -131,6 +131,7 @@ class ImageRecord(_Record):
     # optional: the step cache where one ran (cache=NAME, config/caches.py) and its settings, "KEY=VALUE ..."
     cache: Optional[str] = None
     cache_settings: Optional[str] = None
+    quantize: Optional[str] = None  # optional: the denoiser's weights quantized (quantize=NAME, config/quantizers.py)
     # optional, A1111's Hires. fix (sampling.hires.*): its scale, the steps the second pass ran, its upscaler (A1111's
     # name) and denoising strength, and the first pass's size (A1111's "Size"; height and width are the image's)
     hires_scale: Optional[float] = None
@@ -260,6 +261,8 @@ class RunTimings(_Record):
     num_devices: Optional[int] = None  # devices the batch is spread over
     per_device_batch_size: Optional[int] = None  # images per device per batch
     param_bytes_per_device: Optional[int] = None  # bytes of one device's copy of the weights
+    # of which the denoiser's (the UNet or transformer): what quantize=NAME shrinks (config/quantizers.py)
+    denoiser_param_bytes_per_device: Optional[int] = None
     wall_s: Optional[float] = None  # s: the job from its start to its records written
     # A run stopped early only (record/job.py: keep_partial).
     batches_done: Optional[int] = None  # batches finished before it stopped

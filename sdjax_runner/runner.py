@@ -18,6 +18,8 @@ from omegaconf import DictConfig
 from sdjax_runner import interpreter, process
 from sdjax_runner.config import checks
 from sdjax_runner.config.plan import Plan, admit, check_values, make_plan
+from sdjax_runner.config.quantizers import DEFAULT as QUANTIZE_DEFAULT
+from sdjax_runner.config.quantizers import QUANTIZERS
 from sdjax_runner.engine import compile_cache, distributed, runtime
 from sdjax_runner.record import inputs, rundir
 from sdjax_runner.record.job import Job
@@ -94,6 +96,7 @@ def _run(plan: Plan, job: Job, run_name: str, tags: dict[str, str], started: flo
         images_per_batch=plan.images_per_batch, num_batches=plan.num_batches, num_devices=plan.num_devices,
         per_device_batch_size=plan.per_device_batch_size,
         param_bytes_per_device=param_bytes_per_device(prepared.entry.placed_weights),
+        denoiser_param_bytes_per_device=param_bytes_per_device(prepared.entry.placed_weights[model.family.denoiser]),
         wall_s=time.perf_counter() - started)
     log.info("write: %d image(s)%s to %s in %.2f s", len(job.records), " + grid" if plan.output.grid else "",
              job.run_dir, write_s)
@@ -173,6 +176,8 @@ def plan_extras(plan: Plan) -> list[str]:
         extras.append(f"guider {plan.guider.label}")
     if not plan.cache.plain:
         extras.append(f"step cache {plan.cache.label}")
+    if plan.quantize != QUANTIZE_DEFAULT:
+        extras.append(f"quantize {plan.quantize}: {QUANTIZERS[plan.quantize].title}")
     return extras
 
 

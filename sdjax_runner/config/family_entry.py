@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
-from sdjax_runner.config import caches, guiders, samplers
+from sdjax_runner.config import caches, guiders, quantizers, samplers
 from sdjax_runner.config.modes import MODES
 from sdjax_runner.config.weight_files import Architecture
 from sdjax_runner.errors import UserError
@@ -49,6 +49,9 @@ class FamilyEntry:
     refiner: bool = False  # model.refiner: an SDXL refiner taking over the last steps (config/refiner.py)
     guiders: tuple[str, ...] = (guiders.DEFAULT,)  # the guiders (config/guiders.py) its samplers run
     caches: tuple[str, ...] = (caches.DEFAULT,)  # the step caches (config/caches.py) its denoiser runs
+    # the quantizers (config/quantizers.py) its denoiser takes: every one where the denoiser is the runner's own Flax
+    # modules (Qwix quantizes their matrix multiplications: models/quantize.py)
+    quantizers: tuple[str, ...] = tuple(quantizers.QUANTIZERS)
     # whether the sampler's scheduler replaces the scheduler group's whatever it says (FLUX.1 steps with its own
     # flow scheduler's config: config/plan.py; the records name it)
     sampler_names_scheduler: bool = False

@@ -16,7 +16,7 @@ import math
 import re
 from dataclasses import dataclass, field
 
-from sdjax_runner.config import caches, guiders, hires, samplers
+from sdjax_runner.config import caches, guiders, hires, quantizers, samplers
 from sdjax_runner.config.families import DEFAULT, FAMILIES, FamilyEntry
 from sdjax_runner.config.overrides import literal
 from sdjax_runner.config.prompts import check_length
@@ -189,6 +189,7 @@ def overrides(info: Infotext, model_options: tuple[str, ...], dtype_options: tup
     _read_sampling(reading)
     _read_guider(reading)
     _read_cache(reading)
+    _read_choice(reading, "Quantize", "quantize", quantizers.QUANTIZERS, "a quantizer")  # ours: quantize=NAME
     if family.read_infotext is not None:
         family.read_infotext(reading)
     _read_strength(reading, has_init_image)

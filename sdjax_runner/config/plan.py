@@ -18,7 +18,7 @@ from typing import Any, NamedTuple, Optional
 
 from omegaconf import DictConfig, OmegaConf
 
-from sdjax_runner.config import caches, checks, families, guiders, hires, inert, modes, refiner, samplers
+from sdjax_runner.config import caches, checks, families, guiders, hires, inert, modes, quantizers, refiner, samplers
 from sdjax_runner.config.caches import Cache
 from sdjax_runner.config.folder_files import bounded_weights
 from sdjax_runner.config.guiders import Guider
@@ -151,6 +151,7 @@ class Plan:
     guidance_rescale: Optional[float] = None  # SD: CFG rescale (sampling.guidance_rescale)
     guider: Guider = field(default_factory=Guider)  # guider=NAME and its settings (config/guiders.py)
     cache: Cache = field(default_factory=Cache)  # cache=NAME and its settings (config/caches.py)
+    quantize: str = "none"  # quantize=NAME: the denoiser's weights quantized (config/quantizers.py)
     slg: Optional[tuple] = None  # SD 3's skip-layer guidance: (layers, scale, start, stop) (sampling.slg_*)
     hires: Optional[Hires] = None  # A1111's Hires. fix: the second pass (sampling.hires.*, config/hires.py)
     refiner: Optional[Refiner] = None  # SDXL's refiner (model.refiner, sampling.refiner_switch; config/refiner.py)
@@ -378,6 +379,7 @@ def make_plan(config: RunConfig, available_devices: int, checked: Optional[Check
         guidance_rescale=inert.acting_rescale(config.sampling.guidance_rescale, guidance),
         guider=guiders.check(config, family),
         cache=caches.check(config, family, own_sampler=sampling.sigmas is None),
+        quantize=quantizers.check(config, family),
         slg=inert.acting_slg(families.slg(config), steps, guidance),
         hires=hires.check(config, family, sampling.sampler, checks.MAX_SIZE),
         refiner=refining,

@@ -553,6 +553,11 @@ class RunConfig:
     guider: GuiderConfig = field(default_factory=GuiderConfig)
     # A step cache (cache=none, first_block; cache.* its settings): CacheConfig above.
     cache: CacheConfig = field(default_factory=CacheConfig)
+    # Quantized weights for the denoiser (config/quantizers.py): none (as loaded, the default), int8 or fp8
+    # (weight-only: one scale per output channel, the matrix multiplications' weights), int8_dynamic (int8 weights
+    # and activations). Quantized once on the host, after LoRA merging and VAE swaps, and placed so: each device
+    # holds the quantized copy. Another value is another program; a sweep over it loads the model once.
+    quantize: str = "none"
     # What the sampler starts from and is steered by (engine/modes/): txt2img, img2img, inpaint, controlnet.
     mode: GenerationMode = GenerationMode.txt2img
     # img2img / inpaint: the starting image: a file, or a folder / list of files paired with the prompts

@@ -14,8 +14,6 @@ import resource
 import sys
 from typing import Any, Optional
 
-from sdjax_runner.engine.tokens import TOKENS
-
 # Dense peak FLOP/s per device (one JAX device), from the vendors' data sheets.
 # fp32 on NVIDIA is the TF32 tensor-core peak: JAX's default matmul precision there.
 PEAK_TFLOPS = {  # device_kind substring -> {activations dtype: TFLOP/s}
@@ -82,32 +80,20 @@ def call_flops(module: Any, apply: Any, *shapes: Any) -> Optional[float]:
     return counted[key]
 
 
-def unet_step_flops(pipeline: Any, params: dict, per_device_images: float, height: int, width: int,
-                    tokens: int = TOKENS) -> Optional[float]:
-    """XLA's count for one guided UNet application (the batch doubled for classifier-free guidance);
-    ``tokens``: the prompt's length as the UNet reads it (77, or 77 per chunk with A1111's syntax)."""
+def step_flops(call: Any, component: str, pipeline: Any, params: dict) -> Optional[float]:
+    """XLA's count for one denoiser call (``call``: an engine/family.DenoiserCall of the pipeline's ``component``)
+    with ``params``, the host weights. None on GPUs (jaxlib 0.11.2, H100): there only the compiled program has a cost analysis, and it leaves
+    out the cuDNN/cuBLAS custom calls that do most of the work (measured: 1.9 TFLOP counted for a ~640 TFLOP batch),
+    so no FLOPs and no MFU are reported rather than wrong ones."""
     import jax
-    import jax.numpy as jnp
 
-    unet, batch = pipeline.unet, round(2 * per_device_images)  # (a half image each: no guidance, one batch)
-    factor = pipeline.vae_scale_factor
-    latents = jax.ShapeDtypeStruct((batch, unet.config.in_channels, height // factor, width // factor), jnp.float32)
-    steps = jax.ShapeDtypeStruct((batch,), jnp.int32)
-    context = jax.ShapeDtypeStruct((batch, tokens, unet.config.cross_attention_dim), jnp.float32)  # CLIP outputs fp32
-    added = None
-    if getattr(unet.config, "addition_embed_type", None) == "text_time":
-        embeds = pipeline.text_encoder_2.config.projection_dim
-        added = {"text_embeds": jax.ShapeDtypeStruct((batch, embeds), jnp.float32),
-                 "time_ids": jax.ShapeDtypeStruct((batch, 6), jnp.float32)}
-    shapes = jax.tree_util.tree_map(lambda leaf: jax.ShapeDtypeStruct(leaf.shape, leaf.dtype), params["unet"])
+    module = getattr(pipeline, component)
+    shapes = jax.tree_util.tree_map(lambda leaf: jax.ShapeDtypeStruct(leaf.shape, leaf.dtype), params[component])
 
-    def apply(p, x, t, c, a):
-        return unet.apply({"params": p}, x, t, encoder_hidden_states=c, added_cond_kwargs=a).sample
+    def apply(p, args, kwargs):
+        return module.apply({"params": p}, *args, **kwargs)
 
-    # None on GPUs (jaxlib 0.11.2, H100): there only the compiled program has a cost analysis, and it
-    # leaves out the cuDNN/cuBLAS custom calls that do most of the work (measured: 1.9 TFLOP counted
-    # for a ~640 TFLOP batch), so no FLOPs and no MFU are reported rather than wrong ones.
-    return call_flops(unet, apply, shapes, latents, steps, context, added)
+    return call_flops(module, apply, shapes, call.args, call.kwargs)
 
 
 def batch_flops(compiled: Any, loops: list[tuple[int, Optional[float]]], num_devices: int) -> Optional[float]:

@@ -7,11 +7,21 @@ on, the FLOPs of one denoiser call). Each family's package makes its own (``fami
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from sdjax_runner.engine.encode import Conditioning
 from sdjax_runner.models.loading import LoadedModel
+
+
+@dataclass(frozen=True)
+class DenoiserCall:
+    """One call of a family's denoiser, as shapes: ``getattr(pipeline, family.denoiser).apply({"params": params},
+    *args, **kwargs)`` with ``params = weights[family.denoiser]`` -- what engine/efficiency.py counts the FLOPs of
+    and Qwix traces to learn how each weight is multiplied (models/quantize.py)."""
+
+    args: tuple  # jax.ShapeDtypeStructs (or pytrees of them, or None)
+    kwargs: dict = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -33,8 +43,10 @@ class Family:
     samplers: Mapping[str, Callable]  # stage 3 per sampler (engine/samplers): -> the final latents
     decode: Callable[[Any, dict, Any], Any]  # stage 4: (pipeline, params, latents) -> pixels in [0, 1]
     structure: Callable[[Any], list]  # the pipeline's configs its compiled programs depend on
-    # (pipeline, host weights, images per device, height, width, tokens) -> FLOPs of one guided denoiser call
-    step_flops: Callable[..., Any]
+    # (pipeline, images per device, height, width, tokens) -> one guided denoiser call on a device's images, as
+    # shapes (engine/efficiency.step_flops counts it; models/quantize.py traces it)
+    denoiser_call: Callable[[Any, Any, int, int, int], DenoiserCall]
+    denoiser: str = "transformer"  # the denoiser's pipeline attribute and weights' key ("unet" for the SD family)
     # (pipeline) -> how it reads sampling.guidance_scale: "cfg" (classifier-free guidance), "distilled" (embedded
     # in the denoiser: FLUX.1 [dev]) or "none" ([schnell]); the records say it so (record/rundir.py)
     guidance: Callable[[Any], str] = lambda pipeline: "cfg"

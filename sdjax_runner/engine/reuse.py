@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from sdjax_runner.config.plan import Plan
+from sdjax_runner.config.quantizers import DEFAULT as QUANTIZE_DEFAULT
 from sdjax_runner.console import shown
 from sdjax_runner.engine import compile_cache
 from sdjax_runner.engine.families import FAMILIES
@@ -77,6 +78,9 @@ class ModelEntry:
     vae_structure: str = ""  # a swapped VAE folder's config (its programs differ); "" the model's own config
     embeddings_on: tuple = ()  # (prompts.embeddings' files and hashes, placement) ``embeddings`` are placed for
     embeddings: Any = None  # their tables, placed (params["embeddings"])
+    quantized_key: tuple = ()  # (quantize=NAME, the LoRA adapters and scales merged first) ``quantized_weights`` are for
+    quantized_weights: Any = None  # the denoiser's host weights, quantized (models/quantize.py)
+    quantized_component: str = ""  # which component they are ("unet", "transformer")
 
 
 # Compiled programs a process keeps (an executable is host memory of a few MB to some hundred MB).
@@ -217,18 +221,19 @@ class ReuseCache:
         prompts' textual-inversion embeddings as their tokens read them (models/embeddings.Embeddings), or None."""
         import jax
 
-        pipeline_key = (spec.scheduler, spec.scheduler_overrides, spec.prediction_type, spec.attention)
+        pipeline_key = (spec.scheduler, spec.scheduler_overrides, spec.prediction_type, spec.attention, spec.quantize)
         if pipeline_key not in entry.pipelines:
-            entry.pipelines[pipeline_key] = FAMILIES[entry.loaded.family].with_scheduler(
+            made, made_state = FAMILIES[entry.loaded.family].with_scheduler(
                 entry.loaded, plan.scheduler, plan.model.prediction_type, plan.attention)
+            entry.pipelines[pipeline_key] = (quantized_pipeline(made, spec), made_state)
         pipeline, state = entry.pipelines[pipeline_key]
 
         started = time.perf_counter()
         placement = (plan.mode, tuple(d.id for d in devices))
-        weights_on = placement + (plan.params_placement,)
+        weights_on = placement + (plan.params_placement, self.quantized(plan, entry, pipeline, spec))
         if entry.placed_on != weights_on:
             entry.placed_weights = None  # one placed copy per model at a time
-            entry.placed_weights = mode.place_weights(entry.loaded.host_weights, devices, plan.params_placement)
+            entry.placed_weights = mode.place_weights(host_weights(entry), devices, plan.params_placement)
             entry.placed_on = weights_on
         elif entry.vae_stale:  # another VAE since the weights were placed: only it is placed again
             vae = mode.place_weights({"vae": entry.loaded.host_weights["vae"]}, devices, plan.params_placement)
@@ -243,7 +248,7 @@ class ReuseCache:
                          ", ".join(shown(e.name) for e in plan.embeddings))
             params["embeddings"] = entry.embeddings
         if plan.lora:  # merged on the devices; the scales are inputs, so no new program
-            params = self.with_lora(plan, entry, mode, devices, placement, params)
+            params = self.with_lora(plan, entry, mode, devices, placement, params, entry.quantized_component)
         if entry.controlnet is not None and plan.controlnet:
             if entry.controlnet_on != placement:
                 entry.controlnet_weights = mode.place_params(entry.controlnet.host_weights, devices)
@@ -265,19 +270,50 @@ class ReuseCache:
         return Prepared(pipeline, params, plan.attention, entry.loaded.safety_weights, self.programs.get(compile_key),
                         entry, compile_key, 0.0 if reused else entry.loaded.load_s, replicate_s)
 
+    def quantized(self, plan: Plan, entry: ModelEntry, pipeline: Any, spec: Spec) -> tuple:
+        """What the denoiser's weights are quantized for (quantize=NAME: config/quantizers.py), made on the host
+        when that changes -- the plan's LoRA adapters merged at their scales first, then quantized
+        (models/quantize.py) -- and kept on ``entry`` (one quantized copy at a time); () for none."""
+        if spec.quantize == QUANTIZE_DEFAULT:
+            entry.quantized_key, entry.quantized_weights, entry.quantized_component = (), None, ""
+            return ()
+        from sdjax_runner.models import lora, quantize
+
+        key = (spec.quantize, tuple((adapter.path, adapter.sha256, adapter.scale) for adapter in plan.lora))
+        if entry.quantized_key != key:
+            entry.quantized_key, entry.quantized_weights = (), None
+            gc.collect()  # the old copy goes before the new one is made
+            started = time.perf_counter()
+            family = FAMILIES[entry.loaded.family]
+            call, component = family.denoiser_call(pipeline, 1, spec.height, spec.width, spec.prompt_tokens), family.denoiser
+            weights = entry.loaded.host_weights[component]
+            if plan.lora:
+                adapters = [lora.read(given.path, entry.loaded.host_weights, f"lora.{index}.path", given.sha256)
+                            for index, given in enumerate(plan.lora)]
+                weights = lora.merged_on_host(weights, component, adapters, [given.scale for given in plan.lora])
+            entry.quantized_weights = quantize.quantized_weights(getattr(pipeline, component), weights, call.args,
+                                                                 call.kwargs)
+            entry.quantized_component, entry.quantized_key = component, key
+            log.info("quantize: %s weights of the %s in %.1f s%s", spec.quantize, component,
+                     time.perf_counter() - started, ", LoRA merged first" if plan.lora else "")
+        return key
+
+
     def with_lora(self, plan: Plan, entry: ModelEntry, mode: type[Generator], devices: list, placement: tuple,
-                  params: dict) -> dict:
+                  params: dict, merged_already: str = "") -> dict:
         """``params`` with the plan's LoRA adapters merged at their scales; the adapters are read and
-        placed once per model and placement (a scale sweep only merges again)."""
+        placed once per model and placement (a scale sweep only merges again). ``merged_already``: a component
+        whose weights came merged (quantized after merging on the host: :meth:`quantized`), left as placed."""
         from sdjax_runner.models import lora
 
-        key = (tuple((adapter.path, adapter.sha256) for adapter in plan.lora), placement)
+        key = (tuple((adapter.path, adapter.sha256) for adapter in plan.lora), placement, merged_already)
         if entry.lora_on != key:
             entry.lora_factors, entry.lora_on = {}, ()
             for index, given in enumerate(plan.lora):
                 adapter = lora.read(given.path, entry.loaded.host_weights, f"lora.{index}.path", given.sha256)
                 for (component, kernel_path), pair in adapter.factors.items():
-                    entry.lora_factors[(component, kernel_path, index)] = mode.place_params(pair, devices)
+                    if component != merged_already:
+                        entry.lora_factors[(component, kernel_path, index)] = mode.place_params(pair, devices)
             entry.lora_on = key
         merged = lora.merged_params(params, entry.lora_factors, [given.scale for given in plan.lora], plan.mode)
         for index, given in enumerate(plan.lora):
@@ -324,11 +360,30 @@ class ReuseCache:
         from sdjax_runner.engine import efficiency
 
         if prepared.compile_key not in self.flops_of:
-            step_flops = FAMILIES[prepared.entry.loaded.family].step_flops
-            loops = [(steps, step_flops(prepared.pipeline, prepared.entry.loaded.host_weights, images, height, width,
-                                        tokens)) for steps, height, width, images in passes]
+            family = FAMILIES[prepared.entry.loaded.family]
+            loops = [(steps, efficiency.step_flops(family.denoiser_call(prepared.pipeline, images, height, width, tokens),
+                                                   family.denoiser, prepared.pipeline, host_weights(prepared.entry)))
+                     for steps, height, width, images in passes]
             self.flops_of[prepared.compile_key] = efficiency.batch_flops(compiled, loops, num_devices)
         return self.flops_of[prepared.compile_key]
+
+
+def host_weights(entry: ModelEntry) -> dict:
+    """The weights to place: the model's, with the denoiser's quantized where the job quantizes (its
+    :meth:`ReuseCache.quantized` made them)."""
+    if not entry.quantized_component:
+        return entry.loaded.host_weights
+    return dict(entry.loaded.host_weights, **{entry.quantized_component: entry.quantized_weights})
+
+
+def quantized_pipeline(pipeline: Any, spec: Spec) -> Any:
+    """``pipeline`` (a dataclass) whose denoiser Qwix runs quantized (``spec.quantize``; none: ``pipeline``)."""
+    if spec.quantize == QUANTIZE_DEFAULT:
+        return pipeline
+    from sdjax_runner.models.quantize import quantized_module
+
+    component = FAMILIES[spec.family].denoiser
+    return dataclasses.replace(pipeline, **{component: quantized_module(getattr(pipeline, component), spec.quantize)})
 
 
 def with_vae(pipeline: Any, module: Any) -> Any:

@@ -97,6 +97,6 @@ def silence_libraries() -> None:
             sys.modules[f"{library}.utils.logging"].disable_progress_bar()
     for name in ("absl", internals.JAX_BACKEND_LOGGER, "huggingface_hub"):
         logging.getLogger(name).setLevel(logging.ERROR)
-    for module in ("diffusers", "transformers", "flax", "jax"):
+    for module in ("diffusers", "transformers", "flax", "jax", "qwix"):
         warnings.filterwarnings("ignore", category=FutureWarning, module=module)
         warnings.filterwarnings("ignore", category=DeprecationWarning, module=module)

@@ -248,6 +248,23 @@ def merge(kernel, factors: list[tuple[Any, Any]], scales):
     return (kernel.astype(jnp.float32) + update.reshape(kernel.shape)).astype(kernel.dtype)
 
 
+def merged_on_host(tree: dict, component: str, adapters: list, scales: list[float]) -> dict:
+    """``tree`` (``component``'s host weights) with each adapter's factors for it merged at its scale, on the host's
+    CPU (:func:`merge`): for weights quantized after merging (models/quantize.py)."""
+    import jax
+
+    grouped: dict[tuple, list] = {}
+    for index, adapter in enumerate(adapters):
+        for (owner, path_), pair in adapter.factors.items():
+            if owner == component:
+                grouped.setdefault(path_, []).append((scales[index], pair))
+    with jax.default_device(jax.local_devices(backend="cpu")[0]):
+        for path_, entries in grouped.items():
+            merged = merge(_leaf(tree, path_), [pair for _, pair in entries], [scale for scale, _ in entries])
+            tree = _replaced(tree, path_, np.asarray(merged))
+    return tree
+
+
 def merged_params(params: dict, placed_factors: dict, scales: list[float], mode: str) -> dict:
     """``params`` (placed) with every adapted kernel merged on the devices; other leaves shared.
     ``placed_factors``: (component, kernel path, adapter index) -> placed (down, up)."""

@@ -40,6 +40,7 @@ from PIL.PngImagePlugin import PngInfo
 
 from sdjax_runner.config import families
 from sdjax_runner.config.prompt_syntax import escape
+from sdjax_runner.config.quantizers import DEFAULT as QUANTIZE_DEFAULT
 from sdjax_runner.console import one_line
 from sdjax_runner.errors import UserError
 from sdjax_runner.files import UnreadableRecord, read_config_record, read_json, replaced, write_json
@@ -201,6 +202,7 @@ def a1111_parameters(meta: ImageRecord) -> str:
         + (f"Rescale CFG: {meta.guidance_rescale}, " if meta.guidance_rescale is not None else "")
         + "".join(f"{part}, " for part in choice_parts("Guider", meta.guider, meta.guider_settings))
         + "".join(f"{part}, " for part in choice_parts("Step cache", meta.cache, meta.cache_settings))
+        + "".join(f"{part}, " for part in choice_parts("Quantize", meta.quantize, None))
         + f"Seed: {meta.seed}, Size: {first_pass_size(meta)}, Model: {meta.model}, "
         f"Dtype: {meta.dtype}, Batch: {meta.batch}, Device: {meta.device}"
         + (f", {'Eta DDIM' if meta.sampler == 'ddim' else 'Eta'}: {meta.eta}" if meta.eta is not None else "")
@@ -484,6 +486,7 @@ def image_meta(plan: Plan, height: int, width: int, guidance: str = "cfg", shift
         guider_settings=" ".join(f"{key}={value:g}" for key, value in plan.guider.recorded) or None,
         cache=None if plan.cache.plain else plan.cache.name,
         cache_settings=" ".join(f"{key}={value:g}" for key, value in plan.cache.settings) or None,
+        quantize=None if plan.quantize == QUANTIZE_DEFAULT else plan.quantize,
         **(hires_fields(plan.hires, first_pass) if plan.hires else {}),
         refiner=f"{plan.refiner.name}:sha256={plan.refiner.sha256[:12]}" if plan.refiner else None,
         refiner_switch=plan.refiner.switch if plan.refiner else None,

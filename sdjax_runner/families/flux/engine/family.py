@@ -9,6 +9,7 @@ from typing import Any, Optional
 
 import numpy as np
 
+from sdjax_runner.engine.family import DenoiserCall
 from sdjax_runner.errors import UserError
 from sdjax_runner.families.flux.engine import stages
 from sdjax_runner.models.checkpoints import config_dict
@@ -88,14 +89,11 @@ def structure(pipeline: Any) -> list:
             config_dict(pipeline.text_encoder), config_dict(pipeline.text_encoder_2)]
 
 
-def step_flops(pipeline: Any, params: dict, per_device_images: int, height: int, width: int,
-               tokens: int) -> Optional[float]:
-    """XLA's count for one transformer call on a device's images (no guidance batch: FLUX.1 is distilled);
-    ``tokens``: T5's sequence length."""
+def transformer_call(pipeline: Any, per_device_images: int, height: int, width: int, tokens: int) -> DenoiserCall:
+    """One transformer call on a device's images (no guidance batch: FLUX.1 is distilled); ``tokens``: T5's
+    sequence length."""
     import jax
     import jax.numpy as jnp
-
-    from sdjax_runner.engine.efficiency import call_flops
 
     batch, factor = per_device_images, pipeline.vae_scale_factor
     seq = stages.image_seq_len(height, width, factor)
@@ -107,9 +105,4 @@ def step_flops(pipeline: Any, params: dict, per_device_images: int, height: int,
     guidance = timestep if pipeline.guidance_embeds else None
     img_ids = jax.ShapeDtypeStruct((seq, 3), jnp.float32)
     txt_ids = jax.ShapeDtypeStruct((tokens, 3), jnp.float32)
-    shapes = jax.tree_util.tree_map(lambda leaf: jax.ShapeDtypeStruct(leaf.shape, leaf.dtype), params["transformer"])
-
-    def apply(p, x, c, y, t, i, j, g):
-        return transformer.apply({"params": p}, x, c, y, t, i, j, guidance=g)
-
-    return call_flops(transformer, apply, shapes, hidden, context, pooled, timestep, img_ids, txt_ids, guidance)
+    return DenoiserCall((hidden, context, pooled, timestep, img_ids, txt_ids), {"guidance": guidance})

@@ -8,10 +8,9 @@ from __future__ import annotations
 from typing import Any
 
 from sdjax_runner.config import checks, modes
-from sdjax_runner.engine import efficiency
 from sdjax_runner.engine.decode import decode
 from sdjax_runner.engine.encode import Conditioning, encode, negative_text, with_time_ids
-from sdjax_runner.engine.family import Family
+from sdjax_runner.engine.family import DenoiserCall, Family
 from sdjax_runner.engine.modes import MODES
 from sdjax_runner.engine.samplers import SAMPLERS
 from sdjax_runner.engine.tokens import PromptTokens
@@ -41,6 +40,25 @@ def sd_encode(pipeline: Any, params: dict, ids, negative_ids, spec: Any, inputs:
     return with_time_ids(conditioning, spec.height, spec.width, conditioning.context.dtype)  # SDXL only
 
 
+def unet_call(pipeline: Any, per_device_images: float, height: int, width: int, tokens: int) -> DenoiserCall:
+    """One guided UNet application (the batch doubled for classifier-free guidance); ``tokens``: the prompt's length
+    as the UNet reads it (77, or 77 per chunk with A1111's syntax)."""
+    import jax
+    import jax.numpy as jnp
+
+    unet, batch = pipeline.unet, round(2 * per_device_images)  # (a half image each: no guidance, one batch)
+    factor = pipeline.vae_scale_factor
+    latents = jax.ShapeDtypeStruct((batch, unet.config.in_channels, height // factor, width // factor), jnp.float32)
+    steps = jax.ShapeDtypeStruct((batch,), jnp.int32)
+    context = jax.ShapeDtypeStruct((batch, tokens, unet.config.cross_attention_dim), jnp.float32)  # CLIP outputs fp32
+    added = None
+    if getattr(unet.config, "addition_embed_type", None) == "text_time":
+        embeds = pipeline.text_encoder_2.config.projection_dim
+        added = {"text_embeds": jax.ShapeDtypeStruct((batch, embeds), jnp.float32),
+                 "time_ids": jax.ShapeDtypeStruct((batch, 6), jnp.float32)}
+    return DenoiserCall((latents, steps), {"encoder_hidden_states": context, "added_cond_kwargs": added})
+
+
 def sd_structure(pipeline: Any) -> list:
     return [type(pipeline).__name__, str(pipeline.dtype), type(pipeline.scheduler).__name__,
             config_dict(pipeline.scheduler), config_dict(pipeline.unet), config_dict(pipeline.vae),
@@ -51,7 +69,7 @@ def sd_structure(pipeline: Any) -> list:
 
 FAMILY = Family("sd", check_loaded=sd_check_loaded, with_scheduler=with_scheduler, tokens=sd_tokens,
                 negative=negative_text, encode=sd_encode, modes=MODES, samplers=SAMPLERS, decode=decode,
-                structure=sd_structure, step_flops=efficiency.unet_step_flops,
+                structure=sd_structure, denoiser_call=unet_call, denoiser="unet",
                 runs_cfg=lambda plan: plan.guidance_scale > 1,
                 at_size=lambda conditioning, height, width: with_time_ids(conditioning, height, width,
                                                                           conditioning.context.dtype))

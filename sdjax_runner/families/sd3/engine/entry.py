@@ -11,5 +11,5 @@ from sdjax_runner.families.sd3.engine import stages
 FAMILY = Family("sd3", check_loaded=sd3.check_loaded, with_scheduler=sd3.with_scheduler, tokens=sd3.SD3Tokens,
                 negative=sd3.negative, encode=stages.encode, modes={"txt2img": stages.txt2img},
                 samplers={name: flux_samplers.k_sampler(name, stages) for name in flux_samplers.SAMPLERS},
-                decode=stages.decode, structure=sd3.structure, step_flops=sd3.step_flops,
+                decode=stages.decode, structure=sd3.structure, denoiser_call=sd3.transformer_call,
                 split_weights=sd3.split_weights, shift=lambda pipeline: float(pipeline.scheduler_config["shift"]))

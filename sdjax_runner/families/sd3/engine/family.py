@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Optional
 
+from sdjax_runner.engine.family import DenoiserCall
 from sdjax_runner.errors import UserError
 from sdjax_runner.families.flux.engine.family import ATTENTION, FluxTokens
 from sdjax_runner.families.sd3.engine import stages
@@ -76,13 +77,10 @@ def structure(pipeline: Any) -> list:
             config_dict(pipeline.text_encoder_3)]
 
 
-def step_flops(pipeline: Any, params: dict, per_device_images: int, height: int, width: int,
-               tokens: int) -> Optional[float]:
-    """XLA's count for one guided transformer call on a device's images (the negative and positive halves in one
-    batch); ``tokens``: T5's sequence length (the conditioning is 77 CLIP tokens plus these)."""
+def transformer_call(pipeline: Any, per_device_images: int, height: int, width: int, tokens: int) -> DenoiserCall:
+    """One guided transformer call on a device's images (the negative and positive halves in one batch);
+    ``tokens``: T5's sequence length (the conditioning is 77 CLIP tokens plus these)."""
     import jax
-
-    from sdjax_runner.engine.efficiency import call_flops
 
     batch, factor = 2 * per_device_images, pipeline.vae_scale_factor
     transformer = pipeline.transformer
@@ -91,9 +89,4 @@ def step_flops(pipeline: Any, params: dict, per_device_images: int, height: int,
                                    pipeline.dtype)
     pooled = jax.ShapeDtypeStruct((batch, transformer.pooled_projection_dim), pipeline.dtype)
     timestep = jax.ShapeDtypeStruct((batch,), pipeline.dtype)
-    shapes = jax.tree_util.tree_map(lambda leaf: jax.ShapeDtypeStruct(leaf.shape, leaf.dtype), params["transformer"])
-
-    def apply(p, x, c, y, t):
-        return transformer.apply({"params": p}, x, c, y, t)
-
-    return call_flops(transformer, apply, shapes, hidden, context, pooled, timestep)
+    return DenoiserCall((hidden, context, pooled, timestep))
