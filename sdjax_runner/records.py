@@ -231,8 +231,8 @@ class RunTimings(_Record):
     program_memory_bytes: Optional[int] = None  # bytes: the compiled program's memory, as XLA states it
     host_peak_rss_bytes: Optional[int] = None  # bytes: the process's peak resident memory
     # A step cache (cache=NAME, config/caches.py; written only where one ran): the denoiser calls the batches made, one
-    # per step on each device, and those whose blocks after the first the cache skipped. The FLOPs, TFLOP/s and MFU
-    # above count every block of every call, so they are null where the cache skipped a call (not what ran).
+    # per step on each device, and those whose blocks the cache skipped (all but the first for first_block). The
+    # FLOPs, TFLOP/s and MFU above count what ran: a skipped call's skipped blocks left out (Engine.efficiency).
     denoiser_calls: Optional[int] = None
     denoiser_calls_skipped: Optional[int] = None
     # The job (runner.py).

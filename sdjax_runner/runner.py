@@ -123,14 +123,11 @@ def measured(plan: Plan, engine: Engine, program: Any) -> dict[str, Any]:
 
 
 def cache_counts(generator: Any) -> dict[str, Any]:
-    """A step cache's counts of the run's denoiser calls (none without a cache); where it skipped some, the FLOPs
-    figures -- XLA's count of every block of every call -- are not what ran, and are left out (null)."""
+    """A step cache's counts of the run's denoiser calls (none without a cache): the FLOPs figures beside them count
+    what ran (Engine.efficiency)."""
     if not generator.cached:
         return {}
-    counts = {"denoiser_calls": generator.denoiser_calls, "denoiser_calls_skipped": generator.denoiser_calls_skipped}
-    if generator.denoiser_calls_skipped:
-        counts.update(flops_per_batch=None, tflops_per_s=None, mfu=None)
-    return counts
+    return {"denoiser_calls": generator.denoiser_calls, "denoiser_calls_skipped": generator.denoiser_calls_skipped}
 
 
 def announce(plan: Plan) -> None:

@@ -234,9 +234,37 @@ def threshold_sweep(tmp_path_factory, cache_dir):
     return work, sweep
 
 
+def transformer_call_flops(cache_dir: Path) -> tuple[float, float]:
+    """XLA's count (JAX's cost analysis of the lowered call) for one call of the tiny FLUX.1 transformer on the
+    sweep's shapes (one image a device a call), whole and with only its first block run (what First-Block
+    Cache runs in a skipped call)."""
+    import jax
+    import jax.numpy as jnp
+
+    from helpers.configs import compose_cfg
+    from sdjax_runner.config.plan import admit, make_plan
+    from sdjax_runner.engine.engine import Engine
+    from sdjax_runner.families.flux.engine.stages import image_seq_len
+
+    plan = make_plan(admit(compose_cfg(["+experiment=flux_smoke", f"paths.cache_dir={cache_dir}"])), jax.device_count())
+    loaded = Engine().load(plan, "cpu").loaded
+    transformer, params = loaded.pipeline.transformer, loaded.host_weights["transformer"]
+    seq, tokens, batch = image_seq_len(32, 32, loaded.pipeline.vae_scale_factor), 16, 1  # 32x32 images; T5's 16
+    shapes = [jax.ShapeDtypeStruct(shape, jnp.float32) for shape in (
+        (batch, seq, transformer.in_channels), (batch, tokens, transformer.joint_attention_dim),
+        (batch, transformer.pooled_projection_dim), (batch,), (seq, 3), (tokens, 3), (batch,))]
+
+    def count(around):
+        def call(p, x, c, y, t, i, j, g):
+            return transformer.apply({"params": p}, x, c, y, t, i, j, guidance=g, around_blocks=around)
+        return float(jax.jit(call).lower(params, *shapes).cost_analysis()["flops"])
+
+    return count(None), count(lambda head, rest, x, c: (*head(x, c), None))
+
+
 @pytest.mark.slow
 def test_a_threshold_sweep_compiles_once_zero_is_the_plain_run_and_a_large_one_skips_every_later_call(
-        threshold_sweep):
+        threshold_sweep, cache_dir):
     work, sweep = threshold_sweep
     jobs = {float(_records(job)[0]["cache_settings"].split("=")[1]): job for job in (work / "sweep").glob("[0-9]")}
     assert sorted(jobs) == [0.0, 0.05, 1e6]
@@ -248,8 +276,12 @@ def test_a_threshold_sweep_compiles_once_zero_is_the_plain_run_and_a_large_one_s
     assert timings[0.0]["denoiser_calls_skipped"] == 0
     # every step's change is below a million: each device runs its first call whole, then the head block alone
     assert timings[1e6]["denoiser_calls_skipped"] == (steps - 1) * devices
-    assert timings[1e6]["flops_per_batch"] is None and timings[1e6]["mfu"] is None  # not what ran
-    assert timings[0.0]["flops_per_batch"] is not None
+    # the FLOPs count what ran: each skipped call still ran the embedders, the first block and the output layers
+    whole, head_only = transformer_call_flops(cache_dir)
+    skipped_per_batch = (steps - 1) * devices
+    assert timings[1e6]["flops_per_batch"] == pytest.approx(
+        timings[0.0]["flops_per_batch"] - skipped_per_batch * (whole - head_only), rel=1e-9)
+    assert 0 < head_only < whole and timings[1e6]["tflops_per_s"] is not None
     plain = _pixels(work / "plain")
     assert all(np.array_equal(a, b) for a, b in zip(_pixels(jobs[0.0]), plain, strict=True))
     assert not any(np.array_equal(a, b) for a, b in zip(_pixels(jobs[1e6]), plain, strict=True))

@@ -61,9 +61,10 @@ def cost_flops(lowered: Any) -> Optional[float]:
 MAX_COUNTED = 256
 
 
-def call_flops(module: Any, apply: Any, *shapes: Any) -> Optional[float]:
+def call_flops(module: Any, apply: Any, *shapes: Any, variant: str = "") -> Optional[float]:
     """:func:`cost_flops` of ``jax.jit(apply)`` lowered on ``shapes`` (ShapeDtypeStructs, in pytrees, or None),
-    where ``apply`` applies ``module``; counted once per process for the same module, function and shapes."""
+    where ``apply`` applies ``module``; counted once per process for the same module, function, ``variant`` (what
+    the function closes over that changes what it computes) and shapes."""
     import jax
 
     from sdjax_runner import process
@@ -72,7 +73,8 @@ def call_flops(module: Any, apply: Any, *shapes: Any) -> Optional[float]:
     leaves, tree = jax.tree_util.tree_flatten(shapes)
     code = apply.__code__
     key = (jax.default_backend(), type(module).__module__, type(module).__qualname__, repr(module),
-           code.co_filename, code.co_firstlineno, str(tree), tuple((leaf.shape, str(leaf.dtype)) for leaf in leaves))
+           code.co_filename, code.co_firstlineno, variant, str(tree),
+           tuple((leaf.shape, str(leaf.dtype)) for leaf in leaves))
     if key not in counted:
         if len(counted) >= MAX_COUNTED:
             counted.pop(next(iter(counted)))
@@ -80,9 +82,11 @@ def call_flops(module: Any, apply: Any, *shapes: Any) -> Optional[float]:
     return counted[key]
 
 
-def step_flops(call: Any, component: str, pipeline: Any, params: dict) -> Optional[float]:
+def step_flops(call: Any, component: str, pipeline: Any, params: dict, skipped: Optional[tuple[str, Any]] = None
+               ) -> Optional[float]:
     """XLA's count for one denoiser call (``call``: an engine/family.DenoiserCall of the pipeline's ``component``)
-    with ``params``, the host weights. None on GPUs (jaxlib 0.11.2, H100): there only the compiled program has a cost analysis, and it leaves
+    with ``params``, the host weights; ``skipped``: (a step cache's name, what a call it skipped runs: the
+    denoiser's ``around_blocks``) -- the count of such a call. None on GPUs (jaxlib 0.11.2, H100): there only the compiled program has a cost analysis, and it leaves
     out the cuDNN/cuBLAS custom calls that do most of the work (measured: 1.9 TFLOP counted for a ~640 TFLOP batch),
     so no FLOPs and no MFU are reported rather than wrong ones."""
     import jax
@@ -90,10 +94,24 @@ def step_flops(call: Any, component: str, pipeline: Any, params: dict) -> Option
     module = getattr(pipeline, component)
     shapes = jax.tree_util.tree_map(lambda leaf: jax.ShapeDtypeStruct(leaf.shape, leaf.dtype), params[component])
 
-    def apply(p, args, kwargs):
-        return module.apply({"params": p}, *args, **kwargs)
+    around = {} if skipped is None else {"around_blocks": skipped[1]}
 
-    return call_flops(module, apply, shapes, call.args, call.kwargs)
+    def apply(p, args, kwargs):
+        return module.apply({"params": p}, *args, **kwargs, **around)
+
+    return call_flops(module, apply, shapes, call.args, call.kwargs, variant=skipped[0] if skipped else "")
+
+
+def executed_flops(flops: Optional[float], saved_per_call: Optional[float], calls: int, skipped: int, steps: int,
+                   num_devices: int) -> Optional[float]:
+    """FLOPs of one batch as it ran under a step cache: ``flops`` (every call whole) less what the skipped calls did
+    not run (``saved_per_call``: a whole call's count less a skipped one's), at the run's share of skipped calls
+    (``skipped`` of ``calls``, every batch's, ``steps`` x ``num_devices`` a batch); None where either is unknown."""
+    if flops is None or not skipped:
+        return flops
+    if saved_per_call is None or not calls:
+        return None
+    return flops - saved_per_call * skipped / calls * steps * num_devices
 
 
 def batch_flops(compiled: Any, loops: list[tuple[int, Optional[float]]], num_devices: int) -> Optional[float]:

@@ -207,6 +207,11 @@ class Engine:
                                                            plan.num_devices, spec.prompt_tokens)
         if program.key and flops is not None:  # a warm start needs no FLOPs lowering
             executable_cache.save_flops(plan.compilation_cache.dir, program.key, flops)
+        if generator.cached and generator.denoiser_calls_skipped:  # a step cache skipped calls: count what ran
+            saved = None if spec.hires else self.reuse.saved_per_skipped_call(
+                program.prepared, spec.cache, images * spec.calls_per_step, spec.height, spec.width, spec.prompt_tokens)
+            flops = efficiency.executed_flops(flops, saved, generator.denoiser_calls, generator.denoiser_calls_skipped,
+                                              spec.steps, plan.num_devices)
         devices = generator.devices
         peak = efficiency.peak_tflops(devices[0].device_kind, plan.dtype.activations_dtype.name,
                                       plan.peak_tflops_per_device)

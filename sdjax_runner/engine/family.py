@@ -47,6 +47,9 @@ class Family:
     # shapes (engine/efficiency.step_flops counts it; models/quantize.py traces it)
     denoiser_call: Callable[[Any, Any, int, int, int], DenoiserCall]
     denoiser: str = "transformer"  # the denoiser's pipeline attribute and weights' key ("unet" for the SD family)
+    # per step cache it runs (config/caches.py): what a call the cache skipped still runs, as the denoiser's
+    # ``around_blocks`` argument -- counted for the executed FLOPs of a cached run (engine/efficiency.py)
+    skipped_calls: Mapping[str, Callable] = field(default_factory=dict)
     # (pipeline) -> how it reads sampling.guidance_scale: "cfg" (classifier-free guidance), "distilled" (embedded
     # in the denoiser: FLUX.1 [dev]) or "none" ([schnell]); the records say it so (record/rundir.py)
     guidance: Callable[[Any], str] = lambda pipeline: "cfg"

@@ -367,6 +367,20 @@ class ReuseCache:
             self.flops_of[prepared.compile_key] = efficiency.batch_flops(compiled, loops, num_devices)
         return self.flops_of[prepared.compile_key]
 
+    @staticmethod
+    def saved_per_skipped_call(prepared: Prepared, cache: str, images: float, height: int, width: int,
+                               tokens: int) -> Any:
+        """FLOPs a denoiser call that step cache ``cache`` skipped did not run: a whole call's count less that of
+        what such a call still runs (the family's ``skipped_calls``); None where either is unknown."""
+        from sdjax_runner.engine import efficiency
+
+        family = FAMILIES[prepared.entry.loaded.family]
+        call, weights = family.denoiser_call(prepared.pipeline, images, height, width, tokens), host_weights(prepared.entry)
+        whole = efficiency.step_flops(call, family.denoiser, prepared.pipeline, weights)
+        skipped = efficiency.step_flops(call, family.denoiser, prepared.pipeline, weights,
+                                        (cache, family.skipped_calls[cache]))
+        return None if whole is None or skipped is None else whole - skipped
+
 
 def host_weights(entry: ModelEntry) -> dict:
     """The weights to place: the model's, with the denoiser's quantized where the job quantizes (its

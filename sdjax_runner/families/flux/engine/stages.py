@@ -269,6 +269,12 @@ def mag_cache(pipeline: Any, conditioning: Conditioning, shape: tuple, settings:
 # conditioning, the packed latents' shape, the cache's traced settings, spec) -> (state, (step, state) -> the call)
 CACHES = {"first_block": first_block, "magcache": mag_cache}
 
+# What a call a cache skipped runs of the blocks, as the transformer's ``around_blocks`` (the embedders and the
+# output layers run in every call): First-Block Cache still runs the first block, MagCache none -- the FLOPs of
+# such a call are counted with it (engine/efficiency.py: the executed FLOPs of a cached run).
+SKIPPED_CALLS = {"first_block": lambda head, rest, x, context: (*head(x, context), None),
+                 "magcache": lambda head, rest, x, context: (context, x, None)}
+
 
 def decode(pipeline: Any, params: dict, latents):
     """Latents -> pixels in [0, 1], (batch, H, W, 3): ``latents / scaling_factor + shift_factor`` through the
