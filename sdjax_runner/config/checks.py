@@ -388,7 +388,7 @@ def run_values(cfg: Any) -> None:
     height, width = sampling.height or cfg.model.resolution, sampling.width or cfg.model.resolution
     if height and width:
         families.check_side(cfg, family, height, width)
-    modes.check(cfg, chosen.sampler)
+    modes.check(cfg, chosen.sampler, family.start_step)
     second = hires.check(cfg, family, chosen.sampler, MAX_SIZE)
     if chosen.sampler == "scheduler" and chosen.scheduler == "lcm":
         lcm_steps(cfg, overrides, second)

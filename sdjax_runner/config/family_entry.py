@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from sdjax_runner.config import caches, guiders, quantizers, samplers
-from sdjax_runner.config.modes import MODES
+from sdjax_runner.config.modes import MODES, start_step
 from sdjax_runner.config.weight_files import Architecture
 from sdjax_runner.errors import UserError
 
@@ -26,6 +26,9 @@ class FamilyEntry:
     pipelines: tuple[str, ...]  # model_index.json's pipeline class names it runs (without diffusers' "Flax")
     tiny: str  # its tiny built-in model (model=NAME, random weights): what its CPU runs in the tests use
     modes: tuple[str, ...] = tuple(MODES)  # the modes (config/modes.py) it runs
+    # (steps, strength or None) -> the step an img2img or inpaint run starts at: its diffusers pipelines' rule
+    # (the SD family's Flax pipelines: config/modes.start_step; the flow families' PyTorch ones: flow_start_step)
+    start_step: Callable[[int, Optional[float]], int] = start_step
     builtins: tuple[str, ...] = ()  # the built-in models (models/builtin.py) of the family
     steps: int = 50  # sampling.num_inference_steps when null: its diffusers pipeline's default
     guidance: float = 7.5  # sampling.guidance_scale when null: likewise

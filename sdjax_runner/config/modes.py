@@ -98,9 +98,20 @@ def start_step(steps: int, strength: Optional[float]) -> int:
     return max(steps - min(int(steps * strength), steps), 0)
 
 
-def check(cfg: Any, sampler: str) -> None:
+def flow_start_step(steps: int, strength: Optional[float]) -> int:
+    """:func:`start_step` as diffusers' PyTorch flow pipelines have it (FluxImg2ImgPipeline.get_timesteps,
+    StableDiffusion3Img2ImgPipeline's alike): ``init_timestep = min(steps * strength, steps)`` unrounded, ``t_start =
+    int(max(steps - init_timestep, 0))`` -- one step earlier than the Flax rule wherever ``steps * strength`` is not
+    whole (4 steps at 0.6: start 1, the last 3 run; the Flax pipelines run 2)."""
+    if strength is None:
+        return 0
+    return int(max(steps - min(steps * strength, steps), 0))
+
+
+def check(cfg: Any, sampler: str, start: Callable[[int, Optional[float]], int] = start_step) -> None:
     """The mode's keys of the typed config ``cfg`` (plan.admit): present where needed, in range.
-    ``sampler``: the resolved sampler's name (UniPC needs two steps to run)."""
+    ``sampler``: the resolved sampler's name (UniPC needs two steps to run); ``start``: the family's start rule
+    (FamilyEntry.start_step)."""
     entry = MODES[cfg.mode.name]
     values = {"init_image": cfg.init_image, "mask_image": cfg.mask_image, "controlnet.model": cfg.controlnet.model,
               "controlnet.image": cfg.controlnet.image}
@@ -114,7 +125,7 @@ def check(cfg: Any, sampler: str) -> None:
         log.warning("%s: set, but mode=%s does not read %s", ", ".join(unused), entry.name,
                     "it" if len(unused) == 1 else "them")
     if cfg.strength is not None:
-        check_strength(cfg, entry, sampler)
+        check_strength(cfg, entry, sampler, start)
     if entry.check is not None:
         entry.check(cfg)
     scale = cfg.controlnet.conditioning_scale
@@ -123,13 +134,14 @@ def check(cfg: Any, sampler: str) -> None:
                         "0 (no control) .. 1 (full) .. 2")
 
 
-def check_strength(cfg: Any, entry: ModeEntry, sampler: str) -> None:
-    """``strength`` in (0, 1], and leaving ``sampler`` the steps it needs to run."""
+def check_strength(cfg: Any, entry: ModeEntry, sampler: str,
+                   start: Callable[[int, Optional[float]], int] = start_step) -> None:
+    """``strength`` in (0, 1], and leaving ``sampler`` the steps it needs to run (from ``start``, the family's rule)."""
     if not (math.isfinite(cfg.strength) and 0 < cfg.strength <= 1):
         raise UserError("strength", f"must be in (0, 1], got {cfg.strength}",
                         "0.3 (little change) .. 1.0 (from pure noise)")
     steps = cfg.sampling.num_inference_steps
-    runs = steps - start_step(steps, cfg.strength)
+    runs = steps - start(steps, cfg.strength)
     least = MIN_STEPS.get(sampler, 1)
     if entry.default_strength is not None and runs < least:
         raise UserError("strength", f"{cfg.strength} of {steps} steps runs {runs} step(s) (int(steps * strength)); "

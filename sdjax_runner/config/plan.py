@@ -24,7 +24,6 @@ from sdjax_runner.config.folder_files import bounded_weights
 from sdjax_runner.config.guiders import Guider
 from sdjax_runner.config.hires import Hires
 from sdjax_runner.config.input_images import ModeInputs, read_mode_inputs
-from sdjax_runner.config.modes import start_step
 from sdjax_runner.config.prompts import check_syntax, check_text, load_prompts, prompt_names, set_prompts
 from sdjax_runner.config.refiner import Refiner
 from sdjax_runner.config.samplers import Sampling
@@ -363,7 +362,7 @@ def make_plan(config: RunConfig, available_devices: int, checked: Optional[Check
                                          config.prompts.negative),
         generation=config.mode.name,
         strength=strength,
-        start_step=start_step(steps, strength),
+        start_step=family.start_step(steps, strength),
         inputs=checked.inputs,
         resize_mode=config.resize_mode.name,
         controlnet=config.controlnet.model if "controlnet.model" in modes.MODES[config.mode.name].needs else None,

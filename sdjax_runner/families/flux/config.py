@@ -8,6 +8,7 @@ from typing import Any, Optional
 
 from sdjax_runner.config import caches, guiders, samplers
 from sdjax_runner.config.family_entry import FamilyEntry, read_as_written
+from sdjax_runner.config.modes import flow_start_step
 from sdjax_runner.config.weight_files import Architecture
 from sdjax_runner.errors import UserError
 
@@ -52,7 +53,8 @@ def _flux_values(config: Any) -> None:
 # diffusers' FluxPipeline defaults: 28 steps, guidance 3.5 ([schnell] reads none: its check is the engine's, once the
 # transformer's config says which it is).
 ENTRY = FamilyEntry("flux", "FLUX.1: CLIP-L and T5 text encoders, a flow-matching transformer, a 16-channel VAE",
-                    ("FluxPipeline",), tiny="tiny-random-flux", modes=("txt2img",),
+                    ("FluxPipeline",), tiny="tiny-random-flux", modes=("txt2img", "img2img"),
+                    start_step=flow_start_step,  # FluxImg2ImgPipeline.get_timesteps
                     builtins=("tiny-random-flux", "tiny-random-flux-schnell", "flux-dev-arch"),
                     steps=28, guidance=3.5, check=_flux_values, sampling=samplers.resolve_flow, t5_tokens=512,
                     checkpoint_holds=lambda keys: ("transformer",), a1111_prompts=False, true_cfg=True,

@@ -10,6 +10,7 @@ from typing import Any, Optional
 
 from sdjax_runner.config import guiders, samplers
 from sdjax_runner.config.family_entry import MAX_INDEX_BYTES, FamilyEntry, read_as_written
+from sdjax_runner.config.modes import flow_start_step
 from sdjax_runner.config.weight_files import Architecture
 from sdjax_runner.console import shown
 from sdjax_runner.errors import UserError
@@ -109,7 +110,8 @@ def _sd3_largest_side(folder: Path) -> Optional[tuple[int, str]]:
 
 # diffusers' StableDiffusion3Pipeline defaults: 28 steps, guidance 7.0, 256 T5 tokens.
 ENTRY = FamilyEntry("sd3", "Stable Diffusion 3 / 3.5: CLIP-L, CLIP-G and T5 text encoders, an MMDiT, a 16-channel VAE",
-                    ("StableDiffusion3Pipeline",), tiny="tiny-random-sd3", modes=("txt2img",),
+                    ("StableDiffusion3Pipeline",), tiny="tiny-random-sd3", modes=("txt2img", "img2img"),
+                    start_step=flow_start_step,  # StableDiffusion3Img2ImgPipeline.get_timesteps
                     builtins=("tiny-random-sd3", "sd3.5-large-arch"), steps=28, guidance=7.0, check=_sd3_values,
                     sampling=samplers.resolve_flow, t5_tokens=256, t5_optional=True, scheduler_settings=False,
                     checkpoint_holds=lambda keys: ("transformer",) + components_inside(keys),

@@ -22,7 +22,7 @@ from sdjax_runner.families.flux.engine import stages
 def k_sampler(name: str, family_stages: Any = stages) -> Callable:
     """The denoising stage of k sampler ``name`` on FLUX.1 (module docstring) -- or on another flow-matching
     family whose stage module (``family_stages``: SD 3's, families/sd3/engine/stages.py) has the same ``pack``, ``unpack``,
-    ``latent_side``, ``velocity_model`` (taking sigma in [0, 1]) and ``euler``; ``euler`` without a schedule
+    ``latent_side``, ``velocity_model`` (taking sigma in [0, 1]), ``noised_start`` and ``euler``; ``euler`` without a schedule
     (``spec.sigmas`` None) is diffusers' Euler on the model's own schedule."""
 
     def denoise(pipeline: Any, params: dict, conditioning: Conditioning, start: Start, guidance, spec: Any,
@@ -41,7 +41,8 @@ def k_sampler(name: str, family_stages: Any = stages) -> Callable:
         def denoiser(x, sigma_now):
             return x - sigma_now * velocity(x, sigma_now).astype(jnp.float32)
 
-        x = K_SAMPLERS[name](denoiser, tokens * sigmas[0], sigmas, lambda i, j: jnp.zeros_like(tokens))
+        first = tokens * sigmas[0] if start.image is None else stages.pack(stages.noised_start(start, sigmas))
+        x = K_SAMPLERS[name](denoiser, first, sigmas, lambda i, j: jnp.zeros_like(tokens), start=start.step)
         height, width = (stages.latent_side(side, factor) for side in (spec.height, spec.width))
         return stages.unpack(x / (1.0 - sigmas[-1]), height, width)
 

@@ -111,6 +111,37 @@ def txt2img(pipeline: Any, params: dict, key, spec: Any, batch: int, inputs: dic
     return Start(jax.random.normal(key, shape=shape, dtype=jnp.float32))
 
 
+def with_init_image(start: Start, pipeline: Any, params: dict, key, inputs: dict) -> Start:
+    """Image to image on a flow model (diffusers' FluxImg2ImgPipeline, StableDiffusion3Img2ImgPipeline): the
+    txt2img ``start``'s noise, the init image's latents -- a sample of the 16-channel VAE's posterior drawn with the
+    device's ``key`` (the SD family's convention), ``(latents - shift_factor) * scaling_factor`` -- and the start
+    step (from strength, ``inputs["start"]``: traced)."""
+    import jax.numpy as jnp
+
+    posterior = pipeline.vae.apply({"params": params["vae"]}, inputs["init"].astype(pipeline.vae.dtype),
+                                   method=pipeline.vae.encode)
+    latents = posterior.sample(key).transpose((0, 3, 1, 2)).astype(jnp.float32)
+    image = (latents - pipeline.shift_factor) * pipeline.scaling_factor
+    return start._replace(image=image, step=inputs["start"])
+
+
+def img2img(pipeline: Any, params: dict, key, spec: Any, batch: int, inputs: dict) -> Start:
+    """FLUX.1's image to image: :func:`txt2img`'s noise and the init image (:func:`with_init_image`)."""
+    return with_init_image(txt2img(pipeline, params, key, spec, batch, inputs), pipeline, params, key, inputs)
+
+
+def noised_start(start: Start, sigmas) -> Any:
+    """The latents (unpacked) a flow sampler starts from at step ``start.step`` of ``sigmas``: the noise (txt2img:
+    sigma 1), or the init image noised to that step's sigma -- ``sigma * noise + (1 - sigma) * image``
+    (FlowMatchEulerDiscreteScheduler.scale_noise; ComfyUI's CONST noise scaling), in float32."""
+    import jax.numpy as jnp
+
+    if start.image is None:
+        return start.noise
+    sigma = jnp.asarray(sigmas, jnp.float32)[start.step]
+    return sigma * start.noise + (1.0 - sigma) * start.image
+
+
 def transformer_call(pipeline: Any, params: dict, conditioning: Conditioning, guidance: Guidance, spec: Any,
                      batch: int):
     """``call(x, timestep, context, pooled, around_blocks=None)``: the transformer on packed latents ``x`` at
@@ -177,21 +208,22 @@ def euler(pipeline: Any, params: dict, conditioning: Conditioning, start: Start,
     sigmas = flow_sigmas(spec.steps, image_seq_len(spec.height, spec.width, factor), pipeline.scheduler_config)
     timesteps = jnp.asarray(sigmas[:-1] * np.float32(1000))  # the scheduler's, float32
     steps_dt = jnp.asarray(sigmas[1:] - sigmas[:-1])
-    latents = pack(start.noise)
+    latents = pack(noised_start(start, sigmas)).astype(start.noise.dtype)
     if guidance.cache is not None:  # the step cache (config/caches.py) runs in this loop's transformer calls
-        return euler_with_cache(pipeline, params, conditioning, latents, guidance, spec, timesteps, steps_dt)
+        return euler_with_cache(pipeline, params, conditioning, latents, guidance, spec, timesteps, steps_dt,
+                                start.step)
     velocity = velocity_model(pipeline, params, conditioning, guidance, spec, latents.shape[0])
 
     def step(index, x):
         v = velocity(x, timesteps[index].astype(pipeline.dtype) / 1000, index)
         return (x.astype(jnp.float32) + steps_dt[index] * v.astype(jnp.float32)).astype(x.dtype)
 
-    latents = jax.lax.fori_loop(0, spec.steps, step, latents)
+    latents = jax.lax.fori_loop(start.step, spec.steps, step, latents)  # from step 0, or img2img's start
     return unpack(latents, height, width)
 
 
 def euler_with_cache(pipeline: Any, params: dict, conditioning: Conditioning, latents, guidance: Guidance,
-                     spec: Any, timesteps, steps_dt) -> Cached:
+                     spec: Any, timesteps, steps_dt, first: Any = 0) -> Cached:
     """:func:`euler`'s loop with a step cache (:data:`CACHES`, by ``spec.cache``) in its transformer calls, its state
     carried from step to step (the loop's one call a step: no true CFG, config/caches.check); returns the final
     latents unpacked and the calls whose blocks the cache skipped."""
@@ -211,7 +243,7 @@ def euler_with_cache(pipeline: Any, params: dict, conditioning: Conditioning, la
         x = (x.astype(jnp.float32) + steps_dt[index] * v.astype(jnp.float32)).astype(x.dtype)
         return x, state, skipped + skip
 
-    latents, _, skipped = jax.lax.fori_loop(0, spec.steps, step, (latents, state, jnp.int32(0)))
+    latents, _, skipped = jax.lax.fori_loop(first, spec.steps, step, (latents, state, jnp.int32(0)))
     factor = pipeline.vae_scale_factor
     return Cached(unpack(latents, latent_side(spec.height, factor), latent_side(spec.width, factor)), skipped)
 

@@ -22,6 +22,7 @@ from sdjax_runner.engine.encode import Conditioning
 from sdjax_runner.engine.guiders import Guidance, flow_step, guided
 from sdjax_runner.engine.modes.start import Start
 from sdjax_runner.families.flux.engine.stages import decode as flux_decode
+from sdjax_runner.families.flux.engine.stages import noised_start, with_init_image
 
 CLIP_TOKENS = 77
 decode = flux_decode  # latents / scaling_factor + shift_factor through the 16-channel VAE, as FLUX.1's
@@ -105,6 +106,12 @@ def txt2img(pipeline: Any, params: dict, key, spec: Any, batch: int, inputs: dic
     return Start(jax.random.normal(key, shape=shape, dtype=jnp.float32))
 
 
+def img2img(pipeline: Any, params: dict, key, spec: Any, batch: int, inputs: dict) -> Start:
+    """SD 3's image to image (StableDiffusion3Img2ImgPipeline): :func:`txt2img`'s noise and the init image, as
+    FLUX.1's (families/flux/engine/stages.with_init_image)."""
+    return with_init_image(txt2img(pipeline, params, key, spec, batch, inputs), pipeline, params, key, inputs)
+
+
 def velocity_model(pipeline: Any, params: dict, conditioning: Conditioning, guidance: Guidance, spec: Any,
                    batch: int, steps: Optional[np.ndarray] = None):
     """``velocity(latents, sigma, index=None)``: the guided prediction for NCHW latents at ``sigma`` in [0, 1] (the
@@ -166,7 +173,7 @@ def euler(pipeline: Any, params: dict, conditioning: Conditioning, start: Start,
 
     sigmas = flow_sigmas(spec.steps, pipeline.scheduler_config)
     steps_dt = jnp.asarray(sigmas[1:] - sigmas[:-1])
-    latents = start.noise
+    latents = noised_start(start, sigmas).astype(start.noise.dtype)  # the noise, or img2img's noised image
     velocity = velocity_model(pipeline, params, conditioning, guidance, spec, latents.shape[0])
     sigma = jnp.asarray(sigmas[:-1])
 
@@ -174,4 +181,4 @@ def euler(pipeline: Any, params: dict, conditioning: Conditioning, start: Start,
         v = velocity(x, sigma[index], index)
         return (x.astype(jnp.float32) + steps_dt[index] * v.astype(jnp.float32)).astype(x.dtype)
 
-    return jax.lax.fori_loop(0, spec.steps, step, latents)
+    return jax.lax.fori_loop(start.step, spec.steps, step, latents)  # from step 0, or img2img's start

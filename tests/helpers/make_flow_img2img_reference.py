@@ -1,0 +1,164 @@
+"""Make the PyTorch references for image to image on the flow families (issue #63) in
+``tests/fixtures/flow_img2img/``.
+
+The runner never imports torch. This script runs in the reference environment of make_flux_reference.py (its
+docstring says how to make it): it loads the published tiny FLUX.1 [dev] folder (``tests/fixtures/flux/
+tiny-flux-dev``) into diffusers' PyTorch ``FluxImg2ImgPipeline`` and the tiny SD 3 folder (``tests/fixtures/sd3/
+tiny-sd3``, make_sd3_reference.py) into ``StableDiffusion3Img2ImgPipeline``, and calls each on a fixed 32x32 init
+image (``init.png``, written here) at each strength, one image per call for each of the runner's 2 devices, from
+the runner's own random draws (seed 0): the noise ``jax.random.normal(key_i, (1, 16, 4, 4))`` and the VAE
+posterior's sample ``mean + std * jax.random.normal(key_i, (1, 4, 4, 16))`` (NHWC, transposed), both from device
+i's key ``split(PRNGKey(0), 2)[i]`` (families/flux/engine/stages.py: txt2img, with_init_image). diffusers draws both
+with a torch generator: here the pipeline module's ``randn_tensor`` and ``retrieve_latents`` are given those draws
+instead, so everything else -- preprocessing, ``(latents - shift) * scaling``, ``get_timesteps``, ``scale_noise``,
+the Euler loop, guidance, the decode -- is the pipeline's own.
+
+``flux.npz`` and ``sd3.npz`` hold ``images_S`` (device, H, W, 3) in [0, 1] per strength S, and the settings;
+``VERSIONS.json`` the libraries it ran with. Running it again writes identical files.
+
+Run from the checkout's root::
+
+    /work/refvenv/bin/python tests/helpers/make_flow_img2img_reference.py
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from make_flux_reference import (
+    HEIGHT,
+    MAX_SEQUENCE_LENGTH,
+    NUM_DEVICES,
+    PROMPT,
+    SEED,
+    VARIANTS,
+    WIDTH,
+    _save_npz,
+    _versions,
+    quiet_deterministic_torch,
+)
+
+ROOT = Path(__file__).resolve().parents[2]
+DEFAULT_OUT = ROOT / "tests" / "fixtures" / "flow_img2img"
+# family -> (folder, diffusers' pipeline class, its module under diffusers.pipelines, guidance scale)
+PIPELINES = {
+    "flux": (ROOT / "tests" / "fixtures" / "flux" / "tiny-flux-dev", "FluxImg2ImgPipeline",
+             "flux.pipeline_flux_img2img", VARIANTS["dev"]["guidance_scale"]),
+    "sd3": (ROOT / "tests" / "fixtures" / "sd3" / "tiny-sd3", "StableDiffusion3Img2ImgPipeline",
+            "stable_diffusion_3.pipeline_stable_diffusion_3_img2img", 5.0),  # make_sd3_reference's GUIDANCE
+}
+STEPS = 4
+# 4 steps at 0.6: get_timesteps' start int(4 - 2.4) = 1, three steps run (the Flax rule would run two); at 0.3 two
+# run; at 1.0 all four, from the noise alone (sigma 1)
+STRENGTHS = (0.3, 0.6, 1.0)
+
+
+def init_image() -> np.ndarray:
+    """A fixed 32x32 RGB picture: smooth gradients and a square, uint8."""
+    y, x = np.mgrid[0:HEIGHT, 0:WIDTH].astype(np.float32)
+    picture = np.stack([x / (WIDTH - 1), y / (HEIGHT - 1), 0.5 + 0.5 * np.sin((x + y) / 5.0)], axis=-1)
+    picture[8:20, 10:24] = (0.9, 0.2, 0.1)
+    return np.round(picture * 255).astype(np.uint8)
+
+
+def runner_draws() -> tuple[np.ndarray, np.ndarray]:
+    """Per device, the runner's noise (NCHW) and its posterior sample's standard normal (NCHW)."""
+    import jax
+    import jax.numpy as jnp
+
+    keys = jax.random.split(jax.random.PRNGKey(SEED), NUM_DEVICES)
+    side = HEIGHT // 8
+    noise = [np.asarray(jax.random.normal(key, (1, 16, side, side), dtype=jnp.float32)) for key in keys]
+    eps = [np.asarray(jax.random.normal(key, (1, side, side, 16), dtype=jnp.float32)).transpose(0, 3, 1, 2)
+           for key in keys]
+    return np.concatenate(noise), np.concatenate(eps)
+
+
+def _load(family: str):
+    import diffusers
+    import torch
+
+    folder, name, _, _ = PIPELINES[family]
+    pipeline = getattr(diffusers, name).from_pretrained(folder, torch_dtype=torch.float32, local_files_only=True)
+    for component in pipeline.components.values():
+        if isinstance(component, torch.nn.Module):  # aligned memory (make_flux_reference's README: an ulp otherwise)
+            for parameter in component.parameters():
+                parameter.data = parameter.data.clone()
+    return pipeline
+
+
+def _call(family: str, pipeline, picture, strength: float, noise: np.ndarray, eps: np.ndarray) -> np.ndarray:
+    """One image at ``strength`` from the runner's draws for one device."""
+    import importlib
+
+    import torch
+    from PIL import Image
+
+    _, _, module_name, guidance = PIPELINES[family]
+    module = importlib.import_module(f"diffusers.pipelines.{module_name}")
+
+    def given_noise(shape, generator=None, device=None, dtype=None, layout=None):
+        assert tuple(shape) == noise.shape, (shape, noise.shape)
+        return torch.from_numpy(noise).to(dtype=dtype)
+
+    def given_sample(encoder_output, generator=None, sample_mode="sample"):
+        dist = encoder_output.latent_dist
+        return dist.mean + dist.std * torch.from_numpy(eps).to(dist.mean.dtype)
+
+    saved = module.randn_tensor, module.retrieve_latents
+    module.randn_tensor, module.retrieve_latents = given_noise, given_sample
+    try:
+        with torch.no_grad():
+            images = pipeline(prompt=PROMPT, image=Image.fromarray(picture), strength=strength,
+                              num_inference_steps=STEPS, guidance_scale=guidance,
+                              height=HEIGHT, width=WIDTH, max_sequence_length=MAX_SEQUENCE_LENGTH,
+                              output_type="np").images
+    finally:
+        module.randn_tensor, module.retrieve_latents = saved
+    return np.asarray(images[0], dtype=np.float32)
+
+
+def main(argv: list[str] | None = None) -> int:
+    from PIL import Image
+
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="the fixture folder")
+    args = parser.parse_args(argv)
+    quiet_deterministic_torch()
+    picture = init_image()
+    noise, eps = runner_draws()
+    args.out.mkdir(parents=True, exist_ok=True)
+    for family, (_, _, _, guidance) in PIPELINES.items():
+        pipeline = _load(family)
+        out: dict[str, np.ndarray] = {
+            "prompt": np.asarray(PROMPT), "steps": np.asarray(STEPS, dtype=np.int64),
+            "guidance_scale": np.asarray(guidance, dtype=np.float64),
+            "height": np.asarray(HEIGHT, dtype=np.int64), "width": np.asarray(WIDTH, dtype=np.int64),
+            "max_sequence_length": np.asarray(MAX_SEQUENCE_LENGTH, dtype=np.int64),
+            "seed": np.asarray(SEED, dtype=np.int64), "num_devices": np.asarray(NUM_DEVICES, dtype=np.int64),
+            "strengths": np.asarray(STRENGTHS, dtype=np.float64)}
+        for strength in STRENGTHS:
+            out[f"images_{strength:g}"] = np.stack([
+                _call(family, pipeline, picture, strength, noise[i:i + 1], eps[i:i + 1]) for i in range(NUM_DEVICES)])
+        print(f"{family}: largest difference between strengths 0.3 and 0.6 "
+              f"{np.abs(out['images_0.3'] - out['images_0.6']).max():.4f}")
+        _save_npz(args.out / f"{family}.npz", out)
+    Image.fromarray(picture).save(args.out / "init.png")
+    (args.out / "VERSIONS.json").write_text(json.dumps(_versions(), indent=2) + "\n", encoding="utf-8")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

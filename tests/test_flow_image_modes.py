@@ -1,0 +1,120 @@
+"""Image modes on the flow families (issue #63, item 1): FLUX.1's and SD 3's img2img as diffusers' PyTorch
+``FluxImg2ImgPipeline`` and ``StableDiffusion3Img2ImgPipeline`` run it, its strength a traced input.
+
+* the start step: diffusers' PyTorch flow pipelines' ``get_timesteps`` (``int(steps - min(steps * strength,
+  steps))``, unrounded), transcribed, for every step count and strength on a grid -- not the Flax rule the SD family
+  keeps;
+* from the command line on the published tiny FLUX.1 [dev] and SD 3 folders, the reference's prompt, init image,
+  seed and draws (tests/fixtures/flow_img2img, made by tests/helpers/make_flow_img2img_reference.py): a strength
+  sweep compiles once and each strength's images are the pipeline's within 2/255;
+* at strength 1 img2img starts from the noise alone (sigma 1): the txt2img images, on the model's Euler and on a k
+  sampler, which starts part-way down its own schedule at a lower strength.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from helpers.cli import assert_one_line_error, call_cli, run_cli
+
+FIXTURES = Path(__file__).resolve().parent / "fixtures"
+REFERENCE = FIXTURES / "flow_img2img"
+FOLDERS = {"flux": FIXTURES / "flux" / "tiny-flux-dev", "sd3": FIXTURES / "sd3" / "tiny-sd3"}
+QUIET = ("tracking=none", "metrics.clip_score.enabled=false")
+
+
+def diffusers_start(steps: int, strength: float) -> int:
+    """FluxImg2ImgPipeline.get_timesteps (diffusers 0.39; StableDiffusion3Img2ImgPipeline's, which it copies), the
+    start index it returns."""
+    init_timestep = min(steps * strength, steps)
+    return int(max(steps - init_timestep, 0))
+
+
+def test_the_flow_start_step_is_diffusers_pytorch_get_timesteps():
+    from sdjax_runner.config.families import FAMILIES
+    from sdjax_runner.config.modes import start_step
+
+    flux, sd3 = FAMILIES["flux"].start_step, FAMILIES["sd3"].start_step
+    differs = 0
+    for steps in range(1, 61):
+        for strength in np.round(np.arange(0.01, 1.001, 0.01), 2):
+            assert flux(steps, float(strength)) == diffusers_start(steps, float(strength)), (steps, strength)
+            assert sd3(steps, float(strength)) == diffusers_start(steps, float(strength)), (steps, strength)
+            differs += flux(steps, float(strength)) != start_step(steps, float(strength))
+    assert differs > 1000  # the SD family's Flax rule (int(steps * strength) rounded first) is another one
+    assert flux(4, 0.6) == 1 and start_step(4, 0.6) == 2
+
+
+def _records(job: Path) -> list[dict]:
+    return json.loads((job / "images.json").read_text())
+
+
+def _pixels(job: Path) -> list[np.ndarray]:
+    out = []
+    for record in _records(job):
+        with Image.open(job / record["file"]) as image:
+            out.append(np.asarray(image).astype(np.float64))
+    return out
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("family", ["flux", "sd3"])
+def test_img2img_is_diffusers_img2img_pipeline_and_a_strength_sweep_compiles_once(tmp_path, cache_dir, family):
+    ref = dict(np.load(REFERENCE / f"{family}.npz"))
+    strengths = [float(s) for s in ref["strengths"]]
+    result = run_cli("-m", "model=local", f"model.pretrained_model_name_or_path={FOLDERS[family]}",
+                     "dtype=fp32", f"prompts.texts=[{ref['prompt']}]", f"seed={int(ref['seed'])}",
+                     f"sampling.num_inference_steps={int(ref['steps'])}",
+                     f"sampling.guidance_scale={float(ref['guidance_scale'])}",
+                     f"sampling.height={int(ref['height'])}", f"sampling.width={int(ref['width'])}",
+                     f"prompts.max_sequence_length={int(ref['max_sequence_length'])}",
+                     f"parallelism.num_devices={int(ref['num_devices'])}", "mode=img2img",
+                     f"init_image={REFERENCE / 'init.png'}", "strength=" + ",".join(f"{s:g}" for s in strengths),
+                     "compilation_cache.executables=false", *QUIET, f"paths.cache_dir={cache_dir}",
+                     "hydra.sweep.dir=sweep", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    jobs = {_records(job)[0]["strength"]: job for job in (tmp_path / "sweep").glob("[0-9]")}
+    assert sorted(jobs) == strengths
+    reused = [json.loads((jobs[s] / "timings.json").read_text())["compile_reused"] for s in strengths]
+    assert sorted(reused) == [0, 1, 1]  # strength is a traced input: one program for the sweep
+    for strength, job in jobs.items():
+        expected = ref[f"images_{strength:g}"]
+        for record, pixels in zip(_records(job), _pixels(job), strict=True):
+            difference = np.abs(pixels / 255 - expected[record["device"]]).max()
+            assert difference <= 2 / 255, (strength, difference)
+    # the strengths' images differ well beyond that bound: the check tells them apart
+    assert np.abs(ref["images_0.3"] - ref["images_0.6"]).max() > 0.1
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("experiment", "sampler"), [("flux_smoke", "euler"), ("flux_smoke", "dpmpp_2m"),
+                                                     ("sd3_smoke", "euler")])
+def test_img2img_at_strength_1_is_txt2img_and_lower_starts_part_way(tmp_path, cache_dir, experiment, sampler):
+    common = (f"+experiment={experiment}", *QUIET, f"paths.cache_dir={cache_dir}", "parallelism.num_devices=2",
+              "compilation_cache.executables=false", f"sampler={sampler}")
+    txt2img = run_cli(*common, "hydra.run.dir=txt2img", cwd=tmp_path)
+    assert txt2img.returncode == 0, txt2img.stderr[-3000:]
+    sweep = run_cli("-m", *common, "mode=img2img", f"init_image={REFERENCE / 'init.png'}", "strength=1.0,0.5",
+                    "hydra.sweep.dir=sweep", cwd=tmp_path)
+    assert sweep.returncode == 0, sweep.stderr[-3000:]
+    jobs = {_records(job)[0]["strength"]: job for job in (tmp_path / "sweep").glob("[0-9]")}
+    plain = _pixels(tmp_path / "txt2img")
+    # sigma 1 at the first step: the noise alone, whatever the image (the program differs: a rounding at most)
+    assert max(np.abs(a - b).max() for a, b in zip(_pixels(jobs[1.0]), plain, strict=True)) <= 1
+    assert min(np.abs(a - b).mean() for a, b in zip(_pixels(jobs[0.5]), plain, strict=True)) > 2
+    record = _records(jobs[0.5])[0]
+    assert (record["mode"], record["strength"]) == ("img2img", 0.5)
+    with Image.open(jobs[0.5] / record["file"]) as image:
+        assert "Denoising strength: 0.5" in image.text["parameters"]
+
+
+@pytest.mark.parametrize(("experiment", "title"), [("flux_smoke", "tiny-random-flux is a FLUX.1"),
+                                                   ("sd3_smoke", "tiny-random-sd3 is a Stable Diffusion 3")])
+def test_what_the_flow_families_do_not_run_yet_is_one_line(tmp_path, experiment, title):
+    assert_one_line_error(call_cli(f"+experiment={experiment}", *QUIET, "mode=inpaint", "init_image=x.png",
+                                   "mask_image=m.png", cwd=tmp_path), f"error: mode: inpaint, but {title}")
