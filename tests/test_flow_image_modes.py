@@ -5,7 +5,7 @@
   steps))``, unrounded), transcribed, for every step count and strength on a grid -- not the Flax rule the SD family
   keeps;
 * from the command line on the published tiny FLUX.1 [dev] and SD 3 folders, the reference's prompt, init image,
-  seed and draws (tests/fixtures/flow_img2img, made by tests/helpers/make_flow_img2img_reference.py): a strength
+  seed and draws (tests/fixtures/flow_image_modes, made by tests/helpers/make_flow_image_modes_reference.py): a strength
   sweep compiles once and each strength's images are the pipeline's within 2/255;
 * at strength 1 img2img starts from the noise alone (sigma 1): the txt2img images, on the model's Euler and on a k
   sampler, which starts part-way down its own schedule at a lower strength.
@@ -23,7 +23,7 @@ from PIL import Image
 from helpers.cli import assert_one_line_error, call_cli, run_cli
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
-REFERENCE = FIXTURES / "flow_img2img"
+REFERENCE = FIXTURES / "flow_image_modes"
 FOLDERS = {"flux": FIXTURES / "flux" / "tiny-flux-dev", "sd3": FIXTURES / "sd3" / "tiny-sd3"}
 QUIET = ("tracking=none", "metrics.clip_score.enabled=false")
 
@@ -63,9 +63,12 @@ def _pixels(job: Path) -> list[np.ndarray]:
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("mode", ["img2img", "inpaint"])
 @pytest.mark.parametrize("family", ["flux", "sd3"])
-def test_img2img_is_diffusers_img2img_pipeline_and_a_strength_sweep_compiles_once(tmp_path, cache_dir, family):
-    ref = dict(np.load(REFERENCE / f"{family}.npz"))
+def test_each_mode_is_diffusers_pytorch_pipeline_and_a_strength_sweep_compiles_once(tmp_path, cache_dir, family, mode):
+    """FluxImg2ImgPipeline, FluxInpaintPipeline, StableDiffusion3Img2ImgPipeline, StableDiffusion3InpaintPipeline."""
+    ref = dict(np.load(REFERENCE / f"{family}_{mode}.npz"))
+    masked = [f"mask_image={REFERENCE / 'mask.png'}"] if mode == "inpaint" else []
     strengths = [float(s) for s in ref["strengths"]]
     result = run_cli("-m", "model=local", f"model.pretrained_model_name_or_path={FOLDERS[family]}",
                      "dtype=fp32", f"prompts.texts=[{ref['prompt']}]", f"seed={int(ref['seed'])}",
@@ -73,8 +76,9 @@ def test_img2img_is_diffusers_img2img_pipeline_and_a_strength_sweep_compiles_onc
                      f"sampling.guidance_scale={float(ref['guidance_scale'])}",
                      f"sampling.height={int(ref['height'])}", f"sampling.width={int(ref['width'])}",
                      f"prompts.max_sequence_length={int(ref['max_sequence_length'])}",
-                     f"parallelism.num_devices={int(ref['num_devices'])}", "mode=img2img",
-                     f"init_image={REFERENCE / 'init.png'}", "strength=" + ",".join(f"{s:g}" for s in strengths),
+                     f"parallelism.num_devices={int(ref['num_devices'])}", f"mode={mode}",
+                     f"init_image={REFERENCE / 'init.png'}", *masked,
+                     "strength=" + ",".join(f"{s:g}" for s in strengths),
                      "compilation_cache.executables=false", *QUIET, f"paths.cache_dir={cache_dir}",
                      "hydra.sweep.dir=sweep", cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
@@ -87,6 +91,9 @@ def test_img2img_is_diffusers_img2img_pipeline_and_a_strength_sweep_compiles_onc
         for record, pixels in zip(_records(job), _pixels(job), strict=True):
             difference = np.abs(pixels / 255 - expected[record["device"]]).max()
             assert difference <= 2 / 255, (strength, difference)
+    if mode == "inpaint":  # the blend after each step makes other images than img2img's: the check sees it
+        other = dict(np.load(REFERENCE / f"{family}_img2img.npz"))
+        assert all(np.abs(ref[f"images_{s:g}"] - other[f"images_{s:g}"]).max() > 0.1 for s in strengths)
     # the strengths' images differ well beyond that bound: the check tells them apart
     assert np.abs(ref["images_0.3"] - ref["images_0.6"]).max() > 0.1
 
@@ -113,8 +120,17 @@ def test_img2img_at_strength_1_is_txt2img_and_lower_starts_part_way(tmp_path, ca
         assert "Denoising strength: 0.5" in image.text["parameters"]
 
 
-@pytest.mark.parametrize(("experiment", "title"), [("flux_smoke", "tiny-random-flux is a FLUX.1"),
-                                                   ("sd3_smoke", "tiny-random-sd3 is a Stable Diffusion 3")])
-def test_what_the_flow_families_do_not_run_yet_is_one_line(tmp_path, experiment, title):
-    assert_one_line_error(call_cli(f"+experiment={experiment}", *QUIET, "mode=inpaint", "init_image=x.png",
-                                   "mask_image=m.png", cwd=tmp_path), f"error: mode: inpaint, but {title}")
+INPAINT = ("mode=inpaint", "init_image=x.png", "mask_image=m.png")
+
+
+@pytest.mark.parametrize(("overrides", "expected"), [
+    (["+experiment=flux_smoke", "mode=controlnet", "controlnet.model=c", "controlnet.image=x.png"],
+     "error: mode: controlnet, but tiny-random-flux is a FLUX.1"),
+    (["+experiment=sd3_smoke", *INPAINT, "sampler=dpmpp_2m"],
+     "error: sampler: dpmpp_2m with mode=inpaint: SD 3 inpaints on its own Euler"),
+    (["+experiment=flux_smoke", *INPAINT, "sampler=euler", "scheduler=karras"],
+     "error: sampler: euler with mode=inpaint: FLUX.1 inpaints on its own Euler"),
+    (["+experiment=flux_smoke", *INPAINT, "cache=first_block"], "error: cache: first_block with mode=inpaint"),
+])
+def test_what_the_flow_families_do_not_run_yet_is_one_line(tmp_path, overrides, expected):
+    assert_one_line_error(call_cli(*overrides, *QUIET, cwd=tmp_path), expected)

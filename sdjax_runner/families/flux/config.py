@@ -29,8 +29,23 @@ def architecture_of(keys: frozenset[str], name: str = "") -> Optional[str]:
     return None
 
 
+def flow_inpaint(config: Any, title: str) -> None:
+    """Inpainting on a flow model (FLUX.1, SD 3) sets the kept area back after each step of the model's own Euler,
+    as diffusers' inpaint pipelines do: a k sampler (which would need ComfyUI's blending of its denoised sample) and a
+    step cache (its state would not see the blend) are one line each."""
+    if config.mode.name != "inpaint":
+        return
+    if samplers.resolve_flow(config.sampler, config.scheduler.name).sigmas is not None:
+        raise UserError("sampler", f"{config.sampler} with mode=inpaint: {title} inpaints on its own Euler, as "
+                        "diffusers' inpaint pipeline does", "null (the model's Euler)")
+    if config.cache.name != caches.DEFAULT:
+        raise UserError("cache", f"{config.cache.name} with mode=inpaint: the blend after each step is not run under "
+                        "a step cache yet", "none")
+
+
 def _flux_values(config: Any) -> None:
     """Settings FLUX.1 has no use for, each refused in one line rather than ignored."""
+    flow_inpaint(config, "FLUX.1")
     prompts, true_cfg = config.prompts, config.sampling.true_cfg_scale
     if true_cfg is not None and not (math.isfinite(true_cfg) and true_cfg > 1):
         raise UserError("sampling.true_cfg_scale", f"{true_cfg}: true classifier-free guidance runs above 1",
@@ -53,7 +68,7 @@ def _flux_values(config: Any) -> None:
 # diffusers' FluxPipeline defaults: 28 steps, guidance 3.5 ([schnell] reads none: its check is the engine's, once the
 # transformer's config says which it is).
 ENTRY = FamilyEntry("flux", "FLUX.1: CLIP-L and T5 text encoders, a flow-matching transformer, a 16-channel VAE",
-                    ("FluxPipeline",), tiny="tiny-random-flux", modes=("txt2img", "img2img"),
+                    ("FluxPipeline",), tiny="tiny-random-flux", modes=("txt2img", "img2img", "inpaint"),
                     start_step=flow_start_step,  # FluxImg2ImgPipeline.get_timesteps
                     builtins=("tiny-random-flux", "tiny-random-flux-schnell", "flux-dev-arch"),
                     steps=28, guidance=3.5, check=_flux_values, sampling=samplers.resolve_flow, t5_tokens=512,

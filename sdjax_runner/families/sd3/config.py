@@ -14,6 +14,7 @@ from sdjax_runner.config.modes import flow_start_step
 from sdjax_runner.config.weight_files import Architecture
 from sdjax_runner.console import shown
 from sdjax_runner.errors import UserError
+from sdjax_runner.families.flux.config import flow_inpaint
 from sdjax_runner.files import read_json
 
 SINGLE_FILES = {"sd3": Architecture("SD 3", "stabilityai/stable-diffusion-3-medium-diffusers"),
@@ -92,6 +93,7 @@ def architecture_of(keys: frozenset[str], name: str = "") -> Optional[str]:
 
 def _sd3_values(config: Any) -> None:
     """Settings SD 3 has no use for (yet), each refused in one line rather than ignored."""
+    flow_inpaint(config, "SD 3")
     read_as_written(config, "SD 3", "SD 3 reads its CLIP encoders' penultimate layer, as diffusers does")
 
 
@@ -110,7 +112,7 @@ def _sd3_largest_side(folder: Path) -> Optional[tuple[int, str]]:
 
 # diffusers' StableDiffusion3Pipeline defaults: 28 steps, guidance 7.0, 256 T5 tokens.
 ENTRY = FamilyEntry("sd3", "Stable Diffusion 3 / 3.5: CLIP-L, CLIP-G and T5 text encoders, an MMDiT, a 16-channel VAE",
-                    ("StableDiffusion3Pipeline",), tiny="tiny-random-sd3", modes=("txt2img", "img2img"),
+                    ("StableDiffusion3Pipeline",), tiny="tiny-random-sd3", modes=("txt2img", "img2img", "inpaint"),
                     start_step=flow_start_step,  # StableDiffusion3Img2ImgPipeline.get_timesteps
                     builtins=("tiny-random-sd3", "sd3.5-large-arch"), steps=28, guidance=7.0, check=_sd3_values,
                     sampling=samplers.resolve_flow, t5_tokens=256, t5_optional=True, scheduler_settings=False,

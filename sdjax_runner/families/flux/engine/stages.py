@@ -130,6 +130,44 @@ def img2img(pipeline: Any, params: dict, key, spec: Any, batch: int, inputs: dic
     return with_init_image(txt2img(pipeline, params, key, spec, batch, inputs), pipeline, params, key, inputs)
 
 
+def with_mask(start: Start, inputs: dict) -> Start:
+    """Inpainting on a flow model (diffusers' FluxInpaintPipeline, StableDiffusion3InpaintPipeline with an
+    ordinary transformer): ``start`` (:func:`with_init_image`'s) keeping the init image where the mask is black --
+    the mask binarized at 0.5 (their mask processor) and brought to the latents' size by PyTorch's nearest
+    interpolation (latent pixel i reads mask pixel ``floor(i * H / h)``) -- as ``Start.keep``, 1 where kept."""
+    import jax.numpy as jnp
+
+    mask = (inputs["mask"] >= 0.5).astype(jnp.float32)  # (batch, 1, H, W): 1 repaints
+    height, width = start.noise.shape[-2:]
+    rows = (np.arange(height) * mask.shape[-2]) // height
+    columns = (np.arange(width) * mask.shape[-1]) // width
+    return start._replace(keep=1.0 - mask[:, :, rows][:, :, :, columns])
+
+
+def inpaint(pipeline: Any, params: dict, key, spec: Any, batch: int, inputs: dict) -> Start:
+    """FLUX.1's inpainting with an ordinary transformer: :func:`img2img`'s start and the mask (:func:`with_mask`)."""
+    return with_mask(img2img(pipeline, params, key, spec, batch, inputs), inputs)
+
+
+def kept_area(start: Start, sigmas, prepare=lambda latents: latents):
+    """``blend(index, x)``: after step ``index`` the latents ``x`` with the kept area set back to the init image
+    noised to the next step's sigma -- ``sigma * noise + (1 - sigma) * image``, the image itself after the last
+    step (sigma 0) -- as the inpaint pipelines do after each scheduler step; ``x`` unchanged without a mask.
+    ``prepare``: the sampler's view of latents (FLUX.1 packs them into tokens)."""
+    import jax.numpy as jnp
+
+    if start.keep is None:
+        return lambda index, x: x
+    keep = prepare(jnp.broadcast_to(start.keep, start.noise.shape))
+    noise, image, next_sigma = prepare(start.noise), prepare(start.image), jnp.asarray(sigmas[1:], jnp.float32)
+
+    def blend(index, x):
+        sigma = next_sigma[index]
+        return ((1 - keep) * x + keep * (sigma * noise + (1 - sigma) * image)).astype(x.dtype)
+
+    return blend
+
+
 def noised_start(start: Start, sigmas) -> Any:
     """The latents (unpacked) a flow sampler starts from at step ``start.step`` of ``sigmas``: the noise (txt2img:
     sigma 1), or the init image noised to that step's sigma -- ``sigma * noise + (1 - sigma) * image``
@@ -213,10 +251,11 @@ def euler(pipeline: Any, params: dict, conditioning: Conditioning, start: Start,
         return euler_with_cache(pipeline, params, conditioning, latents, guidance, spec, timesteps, steps_dt,
                                 start.step)
     velocity = velocity_model(pipeline, params, conditioning, guidance, spec, latents.shape[0])
+    blend = kept_area(start, sigmas, pack)  # inpainting: the kept area set back after each step
 
     def step(index, x):
         v = velocity(x, timesteps[index].astype(pipeline.dtype) / 1000, index)
-        return (x.astype(jnp.float32) + steps_dt[index] * v.astype(jnp.float32)).astype(x.dtype)
+        return blend(index, (x.astype(jnp.float32) + steps_dt[index] * v.astype(jnp.float32)).astype(x.dtype))
 
     latents = jax.lax.fori_loop(start.step, spec.steps, step, latents)  # from step 0, or img2img's start
     return unpack(latents, height, width)

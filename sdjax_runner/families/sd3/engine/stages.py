@@ -22,7 +22,7 @@ from sdjax_runner.engine.encode import Conditioning
 from sdjax_runner.engine.guiders import Guidance, flow_step, guided
 from sdjax_runner.engine.modes.start import Start
 from sdjax_runner.families.flux.engine.stages import decode as flux_decode
-from sdjax_runner.families.flux.engine.stages import noised_start, with_init_image
+from sdjax_runner.families.flux.engine.stages import kept_area, noised_start, with_init_image, with_mask
 
 CLIP_TOKENS = 77
 decode = flux_decode  # latents / scaling_factor + shift_factor through the 16-channel VAE, as FLUX.1's
@@ -112,6 +112,12 @@ def img2img(pipeline: Any, params: dict, key, spec: Any, batch: int, inputs: dic
     return with_init_image(txt2img(pipeline, params, key, spec, batch, inputs), pipeline, params, key, inputs)
 
 
+def inpaint(pipeline: Any, params: dict, key, spec: Any, batch: int, inputs: dict) -> Start:
+    """SD 3's inpainting with an ordinary transformer (StableDiffusion3InpaintPipeline): :func:`img2img`'s start and
+    the mask, as FLUX.1's (families/flux/engine/stages.with_mask)."""
+    return with_mask(img2img(pipeline, params, key, spec, batch, inputs), inputs)
+
+
 def velocity_model(pipeline: Any, params: dict, conditioning: Conditioning, guidance: Guidance, spec: Any,
                    batch: int, steps: Optional[np.ndarray] = None):
     """``velocity(latents, sigma, index=None)``: the guided prediction for NCHW latents at ``sigma`` in [0, 1] (the
@@ -176,9 +182,10 @@ def euler(pipeline: Any, params: dict, conditioning: Conditioning, start: Start,
     latents = noised_start(start, sigmas).astype(start.noise.dtype)  # the noise, or img2img's noised image
     velocity = velocity_model(pipeline, params, conditioning, guidance, spec, latents.shape[0])
     sigma = jnp.asarray(sigmas[:-1])
+    blend = kept_area(start, sigmas)  # inpainting: the kept area set back after each step
 
     def step(index, x):
         v = velocity(x, sigma[index], index)
-        return (x.astype(jnp.float32) + steps_dt[index] * v.astype(jnp.float32)).astype(x.dtype)
+        return blend(index, (x.astype(jnp.float32) + steps_dt[index] * v.astype(jnp.float32)).astype(x.dtype))
 
     return jax.lax.fori_loop(start.step, spec.steps, step, latents)  # from step 0, or img2img's start

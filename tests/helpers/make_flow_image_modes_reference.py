@@ -1,11 +1,12 @@
-"""Make the PyTorch references for image to image on the flow families (issue #63) in
-``tests/fixtures/flow_img2img/``.
+"""Make the PyTorch references for image to image and inpainting on the flow families (issue #63) in
+``tests/fixtures/flow_image_modes/``.
 
 The runner never imports torch. This script runs in the reference environment of make_flux_reference.py (its
 docstring says how to make it): it loads the published tiny FLUX.1 [dev] folder (``tests/fixtures/flux/
-tiny-flux-dev``) into diffusers' PyTorch ``FluxImg2ImgPipeline`` and the tiny SD 3 folder (``tests/fixtures/sd3/
-tiny-sd3``, make_sd3_reference.py) into ``StableDiffusion3Img2ImgPipeline``, and calls each on a fixed 32x32 init
-image (``init.png``, written here) at each strength, one image per call for each of the runner's 2 devices, from
+tiny-flux-dev``) into diffusers' PyTorch ``FluxImg2ImgPipeline`` and ``FluxInpaintPipeline`` and the tiny SD 3
+folder (``tests/fixtures/sd3/tiny-sd3``, make_sd3_reference.py) into ``StableDiffusion3Img2ImgPipeline`` and
+``StableDiffusion3InpaintPipeline``, and calls each on a fixed 32x32 init image (``init.png``, written here; the
+inpaint pipelines with ``mask.png`` too, white where they repaint) at each strength, one image per call for each of the runner's 2 devices, from
 the runner's own random draws (seed 0): the noise ``jax.random.normal(key_i, (1, 16, 4, 4))`` and the VAE
 posterior's sample ``mean + std * jax.random.normal(key_i, (1, 4, 4, 16))`` (NHWC, transposed), both from device
 i's key ``split(PRNGKey(0), 2)[i]`` (families/flux/engine/stages.py: txt2img, with_init_image). diffusers draws both
@@ -13,12 +14,19 @@ with a torch generator: here the pipeline module's ``randn_tensor`` and ``retrie
 instead, so everything else -- preprocessing, ``(latents - shift) * scaling``, ``get_timesteps``, ``scale_noise``,
 the Euler loop, guidance, the decode -- is the pipeline's own.
 
-``flux.npz`` and ``sd3.npz`` hold ``images_S`` (device, H, W, 3) in [0, 1] per strength S, and the settings;
+One departure: diffusers 0.39's ``StableDiffusion3InpaintPipeline`` decodes its final latents as ``latents /
+scaling_factor`` without adding the VAE's ``shift_factor`` back, where its txt2img and img2img pipelines (and every
+FLUX.1 pipeline) decode ``latents / scaling_factor + shift_factor``, the inverse of its own encode (reported
+upstream: huggingface/diffusers#13611, "Issue 1"; fix proposed in #14671): its latents are taken
+(``output_type="latent"``) and decoded as those pipelines decode them.
+
+``FAMILY_MODE.npz`` (``flux_img2img.npz``, ``sd3_inpaint.npz``, ...) holds ``images_S`` (device, H, W, 3) in [0, 1]
+per strength S, and the settings;
 ``VERSIONS.json`` the libraries it ran with. Running it again writes identical files.
 
 Run from the checkout's root::
 
-    /work/refvenv/bin/python tests/helpers/make_flow_img2img_reference.py
+    /work/refvenv/bin/python tests/helpers/make_flow_image_modes_reference.py
 """
 
 from __future__ import annotations
@@ -51,13 +59,19 @@ from make_flux_reference import (
 )
 
 ROOT = Path(__file__).resolve().parents[2]
-DEFAULT_OUT = ROOT / "tests" / "fixtures" / "flow_img2img"
-# family -> (folder, diffusers' pipeline class, its module under diffusers.pipelines, guidance scale)
+DEFAULT_OUT = ROOT / "tests" / "fixtures" / "flow_image_modes"
+# (family, mode) -> (folder, diffusers' pipeline class, its module under diffusers.pipelines, guidance scale)
+FLUX_FOLDER, SD3_FOLDER = ROOT / "tests" / "fixtures" / "flux" / "tiny-flux-dev", ROOT / "tests" / "fixtures" / "sd3" / "tiny-sd3"
+SD3_GUIDANCE = 5.0  # make_sd3_reference's GUIDANCE
 PIPELINES = {
-    "flux": (ROOT / "tests" / "fixtures" / "flux" / "tiny-flux-dev", "FluxImg2ImgPipeline",
-             "flux.pipeline_flux_img2img", VARIANTS["dev"]["guidance_scale"]),
-    "sd3": (ROOT / "tests" / "fixtures" / "sd3" / "tiny-sd3", "StableDiffusion3Img2ImgPipeline",
-            "stable_diffusion_3.pipeline_stable_diffusion_3_img2img", 5.0),  # make_sd3_reference's GUIDANCE
+    ("flux", "img2img"): (FLUX_FOLDER, "FluxImg2ImgPipeline", "flux.pipeline_flux_img2img",
+                          VARIANTS["dev"]["guidance_scale"]),
+    ("flux", "inpaint"): (FLUX_FOLDER, "FluxInpaintPipeline", "flux.pipeline_flux_inpaint",
+                          VARIANTS["dev"]["guidance_scale"]),
+    ("sd3", "img2img"): (SD3_FOLDER, "StableDiffusion3Img2ImgPipeline",
+                         "stable_diffusion_3.pipeline_stable_diffusion_3_img2img", SD3_GUIDANCE),
+    ("sd3", "inpaint"): (SD3_FOLDER, "StableDiffusion3InpaintPipeline",
+                         "stable_diffusion_3.pipeline_stable_diffusion_3_inpaint", SD3_GUIDANCE),
 }
 STEPS = 4
 # 4 steps at 0.6: get_timesteps' start int(4 - 2.4) = 1, three steps run (the Flax rule would run two); at 0.3 two
@@ -73,6 +87,13 @@ def init_image() -> np.ndarray:
     return np.round(picture * 255).astype(np.uint8)
 
 
+def mask_image() -> np.ndarray:
+    """A fixed 32x32 mask, white (repaint) in a rectangle off the centre, black elsewhere: uint8 grayscale."""
+    mask = np.zeros((HEIGHT, WIDTH), np.uint8)
+    mask[4:20, 12:28] = 255
+    return mask
+
+
 def runner_draws() -> tuple[np.ndarray, np.ndarray]:
     """Per device, the runner's noise (NCHW) and its posterior sample's standard normal (NCHW)."""
     import jax
@@ -86,11 +107,11 @@ def runner_draws() -> tuple[np.ndarray, np.ndarray]:
     return np.concatenate(noise), np.concatenate(eps)
 
 
-def _load(family: str):
+def _load(case: tuple[str, str]):
     import diffusers
     import torch
 
-    folder, name, _, _ = PIPELINES[family]
+    folder, name, _, _ = PIPELINES[case]
     pipeline = getattr(diffusers, name).from_pretrained(folder, torch_dtype=torch.float32, local_files_only=True)
     for component in pipeline.components.values():
         if isinstance(component, torch.nn.Module):  # aligned memory (make_flux_reference's README: an ulp otherwise)
@@ -99,14 +120,15 @@ def _load(family: str):
     return pipeline
 
 
-def _call(family: str, pipeline, picture, strength: float, noise: np.ndarray, eps: np.ndarray) -> np.ndarray:
-    """One image at ``strength`` from the runner's draws for one device."""
+def _call(case: tuple[str, str], pipeline, picture, strength: float, noise: np.ndarray, eps: np.ndarray) -> np.ndarray:
+    """One image at ``strength`` from the runner's draws for one device (inpaint: with :func:`mask_image`)."""
     import importlib
 
     import torch
     from PIL import Image
 
-    _, _, module_name, guidance = PIPELINES[family]
+    _, _, module_name, guidance = PIPELINES[case]
+    masked = {"mask_image": Image.fromarray(mask_image())} if case[1] == "inpaint" else {}
     module = importlib.import_module(f"diffusers.pipelines.{module_name}")
 
     def given_noise(shape, generator=None, device=None, dtype=None, layout=None):
@@ -119,12 +141,17 @@ def _call(family: str, pipeline, picture, strength: float, noise: np.ndarray, ep
 
     saved = module.randn_tensor, module.retrieve_latents
     module.randn_tensor, module.retrieve_latents = given_noise, given_sample
+    shift_forgotten = case == ("sd3", "inpaint")  # see the module's docstring
     try:
         with torch.no_grad():
-            images = pipeline(prompt=PROMPT, image=Image.fromarray(picture), strength=strength,
+            images = pipeline(prompt=PROMPT, image=Image.fromarray(picture), **masked, strength=strength,
                               num_inference_steps=STEPS, guidance_scale=guidance,
                               height=HEIGHT, width=WIDTH, max_sequence_length=MAX_SEQUENCE_LENGTH,
-                              output_type="np").images
+                              output_type="latent" if shift_forgotten else "np").images
+            if shift_forgotten:
+                config = pipeline.vae.config
+                decoded = pipeline.vae.decode(images / config.scaling_factor + config.shift_factor, return_dict=False)[0]
+                images = pipeline.image_processor.postprocess(decoded, output_type="np")
     finally:
         module.randn_tensor, module.retrieve_latents = saved
     return np.asarray(images[0], dtype=np.float32)
@@ -140,8 +167,8 @@ def main(argv: list[str] | None = None) -> int:
     picture = init_image()
     noise, eps = runner_draws()
     args.out.mkdir(parents=True, exist_ok=True)
-    for family, (_, _, _, guidance) in PIPELINES.items():
-        pipeline = _load(family)
+    for case, (_, _, _, guidance) in PIPELINES.items():
+        pipeline = _load(case)
         out: dict[str, np.ndarray] = {
             "prompt": np.asarray(PROMPT), "steps": np.asarray(STEPS, dtype=np.int64),
             "guidance_scale": np.asarray(guidance, dtype=np.float64),
@@ -151,11 +178,12 @@ def main(argv: list[str] | None = None) -> int:
             "strengths": np.asarray(STRENGTHS, dtype=np.float64)}
         for strength in STRENGTHS:
             out[f"images_{strength:g}"] = np.stack([
-                _call(family, pipeline, picture, strength, noise[i:i + 1], eps[i:i + 1]) for i in range(NUM_DEVICES)])
-        print(f"{family}: largest difference between strengths 0.3 and 0.6 "
+                _call(case, pipeline, picture, strength, noise[i:i + 1], eps[i:i + 1]) for i in range(NUM_DEVICES)])
+        print(f"{case}: largest difference between strengths 0.3 and 0.6 "
               f"{np.abs(out['images_0.3'] - out['images_0.6']).max():.4f}")
-        _save_npz(args.out / f"{family}.npz", out)
+        _save_npz(args.out / f"{case[0]}_{case[1]}.npz", out)
     Image.fromarray(picture).save(args.out / "init.png")
+    Image.fromarray(mask_image()).save(args.out / "mask.png")
     (args.out / "VERSIONS.json").write_text(json.dumps(_versions(), indent=2) + "\n", encoding="utf-8")
     return 0
 
