@@ -113,6 +113,9 @@ REFINER_PAIR = Path(__file__).parent / "fixtures" / "refiner"
     ("tiny-random", "DPM++ 2M", {"sampler": "Euler a", "guidance_scale": 1.0}),
     # SDXL's refiner: in the second pass alone (A1111's default), so the img2img run has it and the first pass not
     ("refiner", "Euler a", {}),
+    # the flow families (Forge runs Hires. fix on FLUX.1 and SD 3 alike): their own Euler, their img2img
+    ("tiny-random-flux", "euler", {}),
+    ("tiny-random-sd3", "euler", {}),
 ])
 def test_the_lanczos_pass_is_img2img_on_pillows_upscaled_first_pass(tmp_path, cache_dir, model, sampler, second):
     """Hires. fix = txt2img, then A1111's 8-bit first-pass image resized by Pillow (LANCZOS), then the img2img mode at
@@ -138,11 +141,18 @@ def test_the_lanczos_pass_is_img2img_on_pillows_upscaled_first_pass(tmp_path, ca
     eight_bit = (255.0 * first[0]).astype(np.uint8)
     Image.fromarray(eight_bit).resize((upscaled, upscaled), resample=Image.LANCZOS).save(tmp_path / "init.png")
     schedule, t_enc = a1111_setup_img2img_steps(hires_steps, strength)
-    # the img2img mode runs the last int(schedule * strength) steps of its schedule: t_enc + 1 of them
+    # the img2img mode runs the last t_enc + 1 steps of its schedule at a strength its family's start rule reads so
+    # (the SD family's Flax rule: int(schedule * strength) steps run; the flow families' PyTorch one: int(schedule -
+    # schedule * strength) is the start)
+    from sdjax_runner.config.families import FAMILIES
+
+    start_rule = FAMILIES[generator.spec.family].start_step
+    img2img_strength = next(s for s in ((t_enc + 1.5) / schedule, (t_enc + 0.5) / schedule)
+                            if start_rule(schedule, s) == schedule - t_enc - 1)
     img2img, _ = batch_images(common + refiner + [
         f"sampler={second.get('sampler', sampler)}", f"sampling.num_inference_steps={schedule}",
         f"sampling.height={upscaled}", f"sampling.width={upscaled}", "mode=img2img", f"init_image={tmp_path / 'init.png'}",
-        f"strength={(t_enc + 1.5) / schedule}",
+        f"strength={img2img_strength}",
         *([f"sampling.guidance_scale={second['guidance_scale']}"] if "guidance_scale" in second else [])])
     np.testing.assert_allclose(hires, img2img, rtol=0, atol=2e-4)
     assert np.abs(hires[0] - np.asarray(Image.fromarray(eight_bit).resize((upscaled, upscaled))) / 255).max() > 0.05
@@ -236,8 +246,8 @@ def test_an_a1111_infotext_with_another_upscaler_runs_lanczos_and_says_so():
     (["sampling.hires.scale=2", "mode=img2img", "init_image=x.png"],
      "error: sampling.hires.scale: 2.0: Hires. fix is a text-to-image pass, not mode=img2img's (allowed: null, or "
      "mode=txt2img)"),
-    (["model=tiny-random-flux", "sampling.hires.scale=2"],
-     "error: sampling.hires.scale: 2.0: Hires. fix's second pass is image to image, which tiny-random-flux"),
+    (["model=tiny-random-flux", "sampling.hires.scale=2", "sampling.hires.sampler=Euler a"],
+     "error: sampling.hires.sampler: Euler a: the flow models (FLUX.1, SD 3) run euler, heun, dpmpp_2m, lms"),
     (["sampling.hires.scale=1.1"],
      "error: sampling.hires.scale: 1.1 upscales the height 64 to 70 pixels, which does not fit tiny-random's "
      "down-sampling"),

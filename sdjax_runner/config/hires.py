@@ -9,6 +9,7 @@ one program). The second pass counts its steps as A1111's ``setup_img2img_steps`
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Optional
 
@@ -68,7 +69,7 @@ def check(cfg: Any, family: Any, sampler: str, max_size: int) -> Optional[Hires]
         return None
     _runs_here(cfg, family)
     _values(hires)
-    sampling = second_sampler(hires.sampler, cfg.scheduler.name)
+    sampling = second_sampler(hires.sampler, cfg.scheduler.name, family.sampling)
     entry = Hires(float(hires.scale), hires.steps or cfg.sampling.num_inference_steps, float(hires.denoising_strength),
                   hires.upscaler.name, sampling, None if hires.guidance_scale is None else float(hires.guidance_scale))
     _schedule(entry, sampling.sampler if sampling else sampler)
@@ -125,16 +126,18 @@ def _schedule(entry: Hires, runs: str) -> None:
                         f"{entry.steps / MAX_SCHEDULE:.3g} to 1, or at most {fewest} sampling.hires.steps")
 
 
-def second_sampler(name: Optional[str], scheduler: str) -> Optional[Sampling]:
-    """``sampling.hires.sampler`` resolved as ``sampler`` is (config/samplers.resolve: on ``scheduler``'s sigma
-    schedule unless the name carries one, which is its own whatever the run's): a k sampler, or None for the run's
-    own. DDIM and PLMS, which step on the pipeline's diffusers scheduler, are the run's alone."""
+def second_sampler(name: Optional[str], scheduler: str,
+                   resolver: Callable[[Optional[str], str], Sampling] = resolve) -> Optional[Sampling]:
+    """``sampling.hires.sampler`` resolved as ``sampler`` is, by the family's ``resolver`` (FamilyEntry.sampling;
+    the SD family's config/samplers.resolve: on ``scheduler``'s sigma schedule unless the name carries one, which is
+    its own whatever the run's; the flow families' resolve_flow refuses what they do not run): a k sampler, or None
+    for the run's own. DDIM and PLMS, which step on the pipeline's diffusers scheduler, are the run's alone."""
     if name is None:
         return None
     try:
-        if lookup(name)[1] is not None:  # a schedule its name carries ("DPM++ 2M Karras") is its own, whatever the run's
-            scheduler = "pndm"
-        sampling = resolve(name, scheduler)
+        if resolver is resolve and lookup(name)[1] is not None:  # a schedule its name carries ("DPM++ 2M Karras")
+            scheduler = "pndm"  # is its own, whatever the run's
+        sampling = resolver(name, scheduler)
     except UserError as error:
         raise UserError("sampling.hires.sampler", error.problem, error.allowed) from None
     if sampling.sampler == "scheduler":
