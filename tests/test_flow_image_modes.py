@@ -21,6 +21,7 @@ import pytest
 from PIL import Image
 
 from helpers.cli import assert_one_line_error, call_cli, run_cli
+from helpers.images import recorded_pixels, records_of
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 REFERENCE = FIXTURES / "flow_image_modes"
@@ -50,16 +51,10 @@ def test_the_flow_start_step_is_diffusers_pytorch_get_timesteps():
     assert flux(4, 0.6) == 1 and start_step(4, 0.6) == 2
 
 
-def _records(job: Path) -> list[dict]:
-    return json.loads((job / "images.json").read_text())
 
 
-def _pixels(job: Path) -> list[np.ndarray]:
-    out = []
-    for record in _records(job):
-        with Image.open(job / record["file"]) as image:
-            out.append(np.asarray(image).astype(np.float64))
-    return out
+def pixels_of(job: Path) -> list[np.ndarray]:
+    return [pixels.astype(np.float64) for pixels in recorded_pixels(job)]
 
 
 @pytest.mark.slow
@@ -82,13 +77,13 @@ def test_each_mode_is_diffusers_pytorch_pipeline_and_a_strength_sweep_compiles_o
                      "compilation_cache.executables=false", *QUIET, f"paths.cache_dir={cache_dir}",
                      "hydra.sweep.dir=sweep", cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
-    jobs = {_records(job)[0]["strength"]: job for job in (tmp_path / "sweep").glob("[0-9]")}
+    jobs = {records_of(job)[0]["strength"]: job for job in (tmp_path / "sweep").glob("[0-9]")}
     assert sorted(jobs) == strengths
     reused = [json.loads((jobs[s] / "timings.json").read_text())["compile_reused"] for s in strengths]
     assert sorted(reused) == [0, 1, 1]  # strength is a traced input: one program for the sweep
     for strength, job in jobs.items():
         expected = ref[f"images_{strength:g}"]
-        for record, pixels in zip(_records(job), _pixels(job), strict=True):
+        for record, pixels in zip(records_of(job), pixels_of(job), strict=True):
             difference = np.abs(pixels / 255 - expected[record["device"]]).max()
             assert difference <= 2 / 255, (strength, difference)
     if mode == "inpaint":  # the blend after each step makes other images than img2img's: the check sees it
@@ -109,12 +104,12 @@ def test_img2img_at_strength_1_is_txt2img_and_lower_starts_part_way(tmp_path, ca
     sweep = run_cli("-m", *common, "mode=img2img", f"init_image={REFERENCE / 'init.png'}", "strength=1.0,0.5",
                     "hydra.sweep.dir=sweep", cwd=tmp_path)
     assert sweep.returncode == 0, sweep.stderr[-3000:]
-    jobs = {_records(job)[0]["strength"]: job for job in (tmp_path / "sweep").glob("[0-9]")}
-    plain = _pixels(tmp_path / "txt2img")
+    jobs = {records_of(job)[0]["strength"]: job for job in (tmp_path / "sweep").glob("[0-9]")}
+    plain = pixels_of(tmp_path / "txt2img")
     # sigma 1 at the first step: the noise alone, whatever the image (the program differs: a rounding at most)
-    assert max(np.abs(a - b).max() for a, b in zip(_pixels(jobs[1.0]), plain, strict=True)) <= 1
-    assert min(np.abs(a - b).mean() for a, b in zip(_pixels(jobs[0.5]), plain, strict=True)) > 2
-    record = _records(jobs[0.5])[0]
+    assert max(np.abs(a - b).max() for a, b in zip(pixels_of(jobs[1.0]), plain, strict=True)) <= 1
+    assert min(np.abs(a - b).mean() for a, b in zip(pixels_of(jobs[0.5]), plain, strict=True)) > 2
+    record = records_of(jobs[0.5])[0]
     assert (record["mode"], record["strength"]) == ("img2img", 0.5)
     with Image.open(jobs[0.5] / record["file"]) as image:
         assert "Denoising strength: 0.5" in image.text["parameters"]

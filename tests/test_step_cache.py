@@ -21,6 +21,7 @@ import pytest
 from PIL import Image
 
 from helpers.cli import assert_one_line_error, call_cli, run_cli
+from helpers.images import recorded_pixels, records_of
 
 FLUX = Path(__file__).resolve().parent / "fixtures" / "flux"
 REFERENCE = Path(__file__).resolve().parent / "fixtures" / "step_cache"
@@ -206,16 +207,6 @@ def test_mag_cache_call_is_diffusers_mag_cache_call_for_call(threshold, max_skip
 QUIET = ("tracking=none", "metrics.clip_score.enabled=false", "timing.max_extra_share=0")
 
 
-def _records(job: Path) -> list[dict]:
-    return json.loads((job / "images.json").read_text())
-
-
-def _pixels(job: Path) -> list[np.ndarray]:
-    out = []
-    for record in _records(job):
-        with Image.open(job / record["file"]) as image:
-            out.append(np.asarray(image))
-    return out
 
 
 @pytest.fixture(scope="module")
@@ -266,7 +257,7 @@ def transformer_call_flops(cache_dir: Path) -> tuple[float, float]:
 def test_a_threshold_sweep_compiles_once_zero_is_the_plain_run_and_a_large_one_skips_every_later_call(
         threshold_sweep, cache_dir):
     work, sweep = threshold_sweep
-    jobs = {float(_records(job)[0]["cache_settings"].split("=")[1]): job for job in (work / "sweep").glob("[0-9]")}
+    jobs = {float(records_of(job)[0]["cache_settings"].split("=")[1]): job for job in (work / "sweep").glob("[0-9]")}
     assert sorted(jobs) == [0.0, 0.05, 1e6]
     timings = {threshold: json.loads((job / "timings.json").read_text()) for threshold, job in jobs.items()}
     assert sorted(t["compile_reused"] for t in timings.values()) == [0, 1, 1]  # the threshold is a traced input
@@ -282,23 +273,23 @@ def test_a_threshold_sweep_compiles_once_zero_is_the_plain_run_and_a_large_one_s
     assert timings[1e6]["flops_per_batch"] == pytest.approx(
         timings[0.0]["flops_per_batch"] - skipped_per_batch * (whole - head_only), rel=1e-9)
     assert 0 < head_only < whole and timings[1e6]["tflops_per_s"] is not None
-    plain = _pixels(work / "plain")
-    assert all(np.array_equal(a, b) for a, b in zip(_pixels(jobs[0.0]), plain, strict=True))
-    assert not any(np.array_equal(a, b) for a, b in zip(_pixels(jobs[1e6]), plain, strict=True))
+    plain = recorded_pixels(work / "plain")
+    assert all(np.array_equal(a, b) for a, b in zip(recorded_pixels(jobs[0.0]), plain, strict=True))
+    assert not any(np.array_equal(a, b) for a, b in zip(recorded_pixels(jobs[1e6]), plain, strict=True))
     assert "step cache first_block (threshold 0.05)" in sweep.stdout + sweep.stderr  # the plan line
     # the sharded mode (jit of a shard_map: each device its own state) skips as pmap does, with its images
     sharded = json.loads((work / "sharded" / "timings.json").read_text())
     assert sharded["denoiser_calls_skipped"] == timings[1e6]["denoiser_calls_skipped"]
-    assert [r["pixels_sha256"] for r in _records(work / "sharded")] == [r["pixels_sha256"] for r in _records(jobs[1e6])]
+    assert [r["pixels_sha256"] for r in records_of(work / "sharded")] == [r["pixels_sha256"] for r in records_of(jobs[1e6])]
 
 
 @pytest.mark.slow
 def test_the_records_and_the_infotext_name_the_cache_and_from_png_remakes_the_image(threshold_sweep, cache_dir):
     work, _ = threshold_sweep
-    job = next(job for job in (work / "sweep").glob("[0-9]") if _records(job)[0]["cache_settings"] == "threshold=0.05")
-    record = _records(job)[0]
+    job = next(job for job in (work / "sweep").glob("[0-9]") if records_of(job)[0]["cache_settings"] == "threshold=0.05")
+    record = records_of(job)[0]
     assert (record["cache"], record["cache_settings"]) == ("first_block", "threshold=0.05")
-    assert "cache" not in _records(work / "plain")[0]
+    assert "cache" not in records_of(work / "plain")[0]
     png = job / record["file"]
     with Image.open(png) as image:
         assert "Step cache: first_block, Step cache threshold: 0.05, " in image.text["parameters"]
@@ -309,7 +300,7 @@ def test_the_records_and_the_infotext_name_the_cache_and_from_png_remakes_the_im
     assert remade.returncode == 0, said[-3000:]
     assert "Step cache: first_block -> cache=first_block" in said
     assert "Step cache threshold: 0.05 -> cache.threshold=0.05" in said
-    assert _records(work / "from_png")[0]["pixels_sha256"] == record["pixels_sha256"]
+    assert records_of(work / "from_png")[0]["pixels_sha256"] == record["pixels_sha256"]
 
 
 @pytest.mark.parametrize(("overrides", "expected"), [
@@ -357,12 +348,12 @@ def test_first_block_skips_as_diffusers_hooks_skip_and_gives_the_pipelines_image
                      f"paths.cache_dir={cache_dir}", "hydra.sweep.dir=sweep", cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
     for job in (tmp_path / "sweep").glob("[0-9]*"):
-        records = _records(job)
+        records = records_of(job)
         threshold = float(records[0]["cache_settings"].split("=")[1])
         timings = json.loads((job / "timings.json").read_text())
         assert timings["denoiser_calls_skipped"] == int(skipped[threshold].sum()), threshold
         images = ref[f"images_{threshold:g}"]
-        for record, pixels in zip(records, _pixels(job), strict=True):
+        for record, pixels in zip(records, recorded_pixels(job), strict=True):
             difference = np.abs(pixels / 255 - images[record["device"]]).max()
             assert difference <= 2 / 255, (threshold, difference)
 
@@ -395,7 +386,7 @@ def test_magcache_skips_as_diffusers_hooks_skip_and_gives_the_pipelines_images(t
     jobs = sorted((tmp_path / "sweep").glob("[0-9]")) + [tmp_path / "alone"]
     reused = []
     for job in jobs:
-        records = _records(job)
+        records = records_of(job)
         values = dict(item.split("=") for item in records[0]["cache_settings"].split())
         number = settings.index((float(values["threshold"]), int(float(values["max_skip_steps"])),
                                  float(values["retention_ratio"])))
@@ -403,7 +394,7 @@ def test_magcache_skips_as_diffusers_hooks_skip_and_gives_the_pipelines_images(t
         assert timings["denoiser_calls_skipped"] == int(ref[f"skipped_{number}"].sum()), number
         if job.parent.name == "sweep":
             reused.append(timings["compile_reused"])
-        for record, pixels in zip(records, _pixels(job), strict=True):
+        for record, pixels in zip(records, recorded_pixels(job), strict=True):
             difference = np.abs(pixels / 255 - ref[f"images_{number}"][record["device"]]).max()
             assert difference <= 2 / 255, (number, difference)
     assert sorted(reused) == [0, 1, 1]  # every setting a traced input: one program for the sweep

@@ -33,18 +33,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 from pathlib import Path
-
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
-os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
-os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+# (importing it sets the offline and CPU-only environment, before torch, diffusers or jax load)
 from make_flux_reference import (
     HEIGHT,
     MAX_SEQUENCE_LENGTH,
