@@ -19,8 +19,9 @@ SMOKE_IMAGE_KEYS = ["batch", "clip_score", "device", "dtype", "file", "guidance_
                     "model", "model_path", "negative_prompt", "non_finite", "pixels_sha256", "prompt", "sampler",
                     "scheduler", "seed", "steps", "width"]
 SMOKE_TIMINGS_KEYS = [
-    "backend", "compile_cache_hit", "compile_path", "compile_reused", "compile_s", "device_kind",
-    "device_memory_peak_bytes", "devices", "executable_cache_hit", "first_batch_s", "flops_per_batch", "generate_s",
+    "backend", "compile_cache_hit", "compile_path", "compile_reused", "compile_s", "denoiser_param_bytes_per_device",
+    "device_kind", "device_memory_peak_bytes", "devices", "executable_cache_hit", "first_batch_s", "flops_per_batch",
+    "generate_s",
     "generate_s_from", "generate_s_max", "generate_s_min", "host", "host_peak_rss_bytes", "images_per_batch",
     "images_per_s", "load_s", "mfu", "model_reused", "num_batches", "num_devices", "num_images",
     "param_bytes_per_device", "peak_tflops_per_device", "per_device_batch_size", "pid", "process_compiles",
