@@ -298,7 +298,6 @@ class ReuseCache:
                      time.perf_counter() - started, ", LoRA merged first" if plan.lora else "")
         return key
 
-
     def with_lora(self, plan: Plan, entry: ModelEntry, mode: type[Generator], devices: list, placement: tuple,
                   params: dict, merged_already: str = "") -> dict:
         """``params`` with the plan's LoRA adapters merged at their scales; the adapters are read and
