@@ -21,7 +21,8 @@ def machine_facts(with_devices: bool = False) -> dict:
 
 
 def run_sweep(overrides: list[str], sweep_dir, env: dict, cwd, log=None) -> list[dict]:
-    """``python -m sdjax_runner -m OVERRIDES`` into ``sweep_dir``; each job's overrides and timings.json.
+    """``python -m sdjax_runner -m OVERRIDES`` into ``sweep_dir``; each job's overrides and timings.json (and its
+    quality.json under ``"quality"``, where it wrote one).
 
     ``log``: a file the sweep's output is appended to as it comes (what a run cut off by a time limit printed
     survives it); without one the output is kept in memory and its end shown if the sweep fails."""
@@ -45,7 +46,8 @@ def run_sweep(overrides: list[str], sweep_dir, env: dict, cwd, log=None) -> list
     jobs = []
     for job in sorted((p for p in Path(sweep_dir).iterdir() if p.name.isdigit()), key=lambda p: int(p.name)):
         overrides_done = (job / ".hydra" / "overrides.yaml").read_text()
-        jobs.append({"overrides": overrides_done, **json.loads((job / "timings.json").read_text())})
+        quality = json.loads((job / "quality.json").read_text()) if (job / "quality.json").is_file() else {}
+        jobs.append({"overrides": overrides_done, **json.loads((job / "timings.json").read_text()), "quality": quality})
     return jobs
 
 

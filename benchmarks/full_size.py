@@ -6,7 +6,7 @@ Needs a GPU or TPU (a full-size UNet step takes ~44 s on 2 CPU cores). Uses the 
 random-weight architectures (model=sd-v1-arch, model=sdxl-arch: the exact shapes, no hub needed),
 built on first use into $SDJAX_RUNNER_CACHE_DIR. Every part is one ``python -m sdjax_runner -m``
 process; parts A and B share a fresh persistent compilation cache, so B's compile is the warm one.
-They run in the order G, H, A, E, B, F, C, I, D (the numbers still missing first), and --out is rewritten
+They run in the order G, H, J, A, E, B, F, C, I, D (the numbers still missing first), and --out is rewritten
 after each, so a call cut off by a device's time limit keeps what it finished (--log: every sweep's output).
 
   A. SD-1.x, bf16 (--dtype), 512x512, 50 PNDM steps, guidance 7.5, 8 images as one batch on one device,
@@ -25,6 +25,11 @@ after each, so a call cut off by a device's time limit keeps what it finished (-
      1024x1024, 28 flow-matching Euler steps, guidance 3.5 (its model card's), 256 T5 tokens, 1 image per batch
      (--sd3-batches), attention default and cudnn_flash (--sd3-attention); --skip-sd3 leaves it out. Needs ~40 GB
      of device memory (an H100 or H200).
+  J. The speed-quality frontier on FLUX.1 [dev] (issue #62): G's settings (first attention of --flux-attention, one
+     image) with First-Block Cache at threshold 0.08 (ParaAttention's FLUX.1-dev point) and int8 weights (Qwix,
+     weight-only), each against the plain run (PSNR/SSIM against it, the skipped calls, the executed FLOPs, each
+     device's bytes of the transformer): cache=none,first_block x quantize=none,int8, one model load; --skip-frontier
+     leaves it out.
   I. A1111's Hires. fix on SD-1.x: --sd-size, then 2x (1024x1024 by default), DPM++ 2M Karras, 20 steps each pass
      (--hires-steps), strength 0.7, latent (bilinear) and Lanczos upscalers, --hires-batches images, best attention
      of A; --skip-hires leaves it out.
@@ -61,6 +66,17 @@ def point(job: dict) -> dict:
             **({"sampling.hires.upscaler": hires} if hires else {})}
 
 
+def frontier_point(job: dict) -> dict:
+    """Part J's point: :func:`point`, the cache and quantizer it ran, what they did (calls skipped, the transformer's
+    bytes on the device) and what they cost (PSNR, SSIM against the plain run)."""
+    def given(key: str) -> str:
+        return next((line.split("=", 1)[1] for line in job["overrides"].splitlines() if f"- {key}=" in line), "none")
+
+    return {**point(job), "cache": given("cache"), "quantize": given("quantize"),
+            **{k: job.get(k) for k in ("denoiser_calls", "denoiser_calls_skipped", "denoiser_param_bytes_per_device")},
+            **{k: job["quality"].get(k) for k in ("psnr", "psnr_min", "ssim_mean", "ssim_min")}}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--attention", nargs="+", default=["default", "split_head_dim", "cudnn_flash"])
@@ -85,6 +101,8 @@ def main() -> None:
     parser.add_argument("--sd3-batches", type=int, nargs="+", default=[1])
     parser.add_argument("--sd3-attention", nargs="+", default=["default", "cudnn_flash"])
     parser.add_argument("--sd3-tokens", type=int, default=256, help="prompts.max_sequence_length of part H")
+    parser.add_argument("--skip-frontier", action="store_true", help="leave part J out")
+    parser.add_argument("--frontier-threshold", type=float, default=0.08, help="part J: First-Block Cache's threshold")
     parser.add_argument("--skip-hires", action="store_true")
     parser.add_argument("--hires-steps", type=int, default=20,
                         help="part I: each pass's steps (A1111's 20 and Hires steps 0), SD-1.x at --sd-size, upscaled 2x")
@@ -123,8 +141,10 @@ def main() -> None:
                   f"timing.repeats={args.repeats}", "timing.max_extra_share=null",  # exact medians of `repeats` calls
                   "output.grid=false", "output.save_images=false", f"compilation_cache.dir={work / 'xla'}"]
 
-        def sweep(overrides: list[str], part: str) -> list[dict]:
-            return run_sweep(common + overrides, work / part, env, cwd=work, log=args.log)
+        def sweep(overrides: list[str], part: str, images: bool = False) -> list[dict]:
+            """``images``: the images written (a sweep judged against its reference point reads them)."""
+            base = [o for o in common if not (images and o.startswith("output.save_images="))]
+            return run_sweep(base + overrides, work / part, env, cwd=work, log=args.log)
 
         flow_parts(args, sweep, report, save)  # first: the largest models, the numbers still missing
         if not args.skip_sd:
@@ -152,6 +172,15 @@ def flow_parts(args, sweep, report: dict, save) -> None:
                 "performance.attention=" + ",".join(getattr(args, f"{prefix}_attention")),
                 "parallelism.per_device_batch_size=" + ",".join(map(str, getattr(args, f"{prefix}_batches")))]
         report[name] = [point(j) for j in sweep(flow, part)]
+        save()
+    if not (args.skip_flux or args.skip_frontier):
+        size = args.flux_size
+        frontier = [f"model={args.flux_model}", f"sampling.height={size}", f"sampling.width={size}",
+                    f"sampling.num_inference_steps={args.flux_steps}", "sampling.guidance_scale=3.5",
+                    f"prompts.max_sequence_length={args.flux_tokens}", f"performance.attention={args.flux_attention[0]}",
+                    "cache=none,first_block", f"cache.threshold={args.frontier_threshold}", "quantize=none,int8",
+                    "+metrics.reference_point={cache:none,quantize:none}"]
+        report["J_flux_dev_frontier_cache_and_int8"] = [frontier_point(j) for j in sweep(frontier, "j", images=True)]
         save()
 
 
