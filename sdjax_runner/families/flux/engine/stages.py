@@ -168,6 +168,13 @@ def kept_area(start: Start, sigmas, prepare=lambda latents: latents):
     return blend
 
 
+def euler_step(x, dt, velocity):
+    """``FlowMatchEulerDiscreteScheduler.step``: ``x + (sigma_next - sigma) * v`` in float32, back in ``x``'s dtype."""
+    import jax.numpy as jnp
+
+    return (x.astype(jnp.float32) + dt * velocity.astype(jnp.float32)).astype(x.dtype)
+
+
 def noised_start(start: Start, sigmas) -> Any:
     """The latents (unpacked) a flow sampler starts from at step ``start.step`` of ``sigmas``: the noise (txt2img:
     sigma 1), or the init image noised to that step's sigma -- ``sigma * noise + (1 - sigma) * image``
@@ -255,7 +262,7 @@ def euler(pipeline: Any, params: dict, conditioning: Conditioning, start: Start,
 
     def step(index, x):
         v = velocity(x, timesteps[index].astype(pipeline.dtype) / 1000, index)
-        return blend(index, (x.astype(jnp.float32) + steps_dt[index] * v.astype(jnp.float32)).astype(x.dtype))
+        return blend(index, euler_step(x, steps_dt[index], v))
 
     latents = jax.lax.fori_loop(start.step, spec.steps, step, latents)  # from step 0, or img2img's start
     return unpack(latents, height, width)
@@ -279,7 +286,7 @@ def euler_with_cache(pipeline: Any, params: dict, conditioning: Conditioning, la
         x, state, skipped = carry
         timestep = jnp.broadcast_to(timesteps[index].astype(pipeline.dtype) / 1000, (batch,)).astype(pipeline.dtype)
         v, (state, skip) = call(x, timestep, conditioning.context, pooled, around_blocks=around(index, state))
-        x = (x.astype(jnp.float32) + steps_dt[index] * v.astype(jnp.float32)).astype(x.dtype)
+        x = euler_step(x, steps_dt[index], v)
         return x, state, skipped + skip
 
     latents, _, skipped = jax.lax.fori_loop(first, spec.steps, step, (latents, state, jnp.int32(0)))

@@ -22,7 +22,7 @@ from sdjax_runner.engine.encode import Conditioning
 from sdjax_runner.engine.guiders import Guidance, flow_step, guided
 from sdjax_runner.engine.modes.start import Start
 from sdjax_runner.families.flux.engine.stages import decode as flux_decode
-from sdjax_runner.families.flux.engine.stages import kept_area, noised_start, with_init_image, with_mask
+from sdjax_runner.families.flux.engine.stages import euler_step, kept_area, noised_start, with_init_image, with_mask
 
 CLIP_TOKENS = 77
 decode = flux_decode  # latents / scaling_factor + shift_factor through the 16-channel VAE, as FLUX.1's
@@ -186,6 +186,6 @@ def euler(pipeline: Any, params: dict, conditioning: Conditioning, start: Start,
 
     def step(index, x):
         v = velocity(x, sigma[index], index)
-        return blend(index, (x.astype(jnp.float32) + steps_dt[index] * v.astype(jnp.float32)).astype(x.dtype))
+        return blend(index, euler_step(x, steps_dt[index], v))
 
     return jax.lax.fori_loop(start.step, spec.steps, step, latents)  # from step 0, or img2img's start
