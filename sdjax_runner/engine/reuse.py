@@ -287,15 +287,18 @@ class ReuseCache:
             family = FAMILIES[entry.loaded.family]
             call, component = family.denoiser_call(pipeline, 1, spec.height, spec.width, spec.prompt_tokens), family.denoiser
             weights = entry.loaded.host_weights[component]
+            merged = 0
             if plan.lora:
                 adapters = [lora.read(given.path, entry.loaded.host_weights, f"lora.{index}.path", given.sha256)
                             for index, given in enumerate(plan.lora)]
-                weights = lora.merged_on_host(weights, component, adapters, [given.scale for given in plan.lora])
+                weights, merged = lora.merged_on_host(weights, component, adapters,
+                                                      [given.scale for given in plan.lora])
             entry.quantized_weights = quantize.quantized_weights(getattr(pipeline, component), weights, call.args,
                                                                  call.kwargs)
             entry.quantized_component, entry.quantized_key = component, key
             log.info("quantize: %s weights of the %s in %.1f s%s", spec.quantize, component,
-                     time.perf_counter() - started, ", LoRA merged first" if plan.lora else "")
+                     time.perf_counter() - started,
+                     f", the LoRA adapters merged into {merged} of its layer(s) first" if plan.lora else "")
         return key
 
     def with_lora(self, plan: Plan, entry: ModelEntry, mode: type[Generator], devices: list, placement: tuple,

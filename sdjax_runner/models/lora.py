@@ -248,9 +248,9 @@ def merge(kernel, factors: list[tuple[Any, Any]], scales):
     return (kernel.astype(jnp.float32) + update.reshape(kernel.shape)).astype(kernel.dtype)
 
 
-def merged_on_host(tree: dict, component: str, adapters: list, scales: list[float]) -> dict:
+def merged_on_host(tree: dict, component: str, adapters: list, scales: list[float]) -> tuple[dict, int]:
     """``tree`` (``component``'s host weights) with each adapter's factors for it merged at its scale, on the host's
-    CPU (:func:`merge`): for weights quantized after merging (models/quantize.py)."""
+    CPU (:func:`merge`): for weights quantized after merging (models/quantize.py). Also the kernels it changed."""
     import jax
 
     grouped: dict[tuple, list] = {}
@@ -262,7 +262,7 @@ def merged_on_host(tree: dict, component: str, adapters: list, scales: list[floa
         for path_, entries in grouped.items():
             merged = merge(_leaf(tree, path_), [pair for _, pair in entries], [scale for scale, _ in entries])
             tree = _replaced(tree, path_, np.asarray(merged))
-    return tree
+    return tree, len(grouped)
 
 
 def merged_params(params: dict, placed_factors: dict, scales: list[float], mode: str) -> dict:
