@@ -86,9 +86,10 @@ def step_flops(call: Any, component: str, pipeline: Any, params: dict, skipped: 
                ) -> Optional[float]:
     """XLA's count for one denoiser call (``call``: an engine/family.DenoiserCall of the pipeline's ``component``)
     with ``params``, the host weights; ``skipped``: (a step cache's name, what a call it skipped runs: the
-    denoiser's ``around_blocks``) -- the count of such a call. None on GPUs (jaxlib 0.11.2, H100): there only the compiled program has a cost analysis, and it leaves
-    out the cuDNN/cuBLAS custom calls that do most of the work (measured: 1.9 TFLOP counted for a ~640 TFLOP batch),
-    so no FLOPs and no MFU are reported rather than wrong ones."""
+    denoiser's ``around_blocks``) -- the count of such a call. None on GPUs (jaxlib 0.11.2, H100): there only the
+    compiled program has a cost analysis, and it leaves out the cuDNN/cuBLAS custom calls that do most of the work
+    (measured: 1.9 TFLOP counted for a ~640 TFLOP batch), so no FLOPs and no MFU are reported rather than wrong
+    ones."""
     import jax
 
     module = getattr(pipeline, component)

@@ -9,9 +9,10 @@ post-training quantization (``qwix.PtqProvider``) of a denoiser made of the runn
   (convolutions, norms, biases, embeddings tables) as they were. Done on the host's CPU, one top-level module at a
   time, so the full-precision weights never reach a device.
 
-Qwix quantizes symmetrically: ``scale = absmax / qmax`` per channel (127 for int8, 448 for fp8 e4m3) and
-``q = round(w / scale)`` (int8; fp8 rounds to its nearest value), in the weights' dtype; tests/test_quantize.py
-checks that against a NumPy transcription."""
+Qwix quantizes symmetrically: ``scale = absmax / bound`` per channel (127.5 for int8 -- ``iinfo.max + 0.5``, the
+top bucket used whole, values saturated to [-128, 127] --, 448 for fp8 e4m3) and ``q = round(w / scale)`` (int8;
+fp8 rounds to its nearest value), in the weights' dtype; tests/test_quantize.py checks that against a NumPy
+transcription."""
 
 from __future__ import annotations
 
