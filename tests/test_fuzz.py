@@ -9,10 +9,12 @@ does not know (which the CLI would show as a traceback).
 import math
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
+from helpers.cli import assert_one_line_error, run_cli
 from helpers.configs import compose_cfg
+from helpers.mlflow_store import nothing_written
 from sdjax_runner.config.messages import describe
 from sdjax_runner.config.plan import Plan, admit, make_plan
 
@@ -37,6 +39,7 @@ OVERRIDES = st.lists(st.tuples(st.sampled_from(KEYS), VALUES), min_size=1, max_s
 
 @settings(max_examples=60, deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow])
 @given(OVERRIDES)
+@example([("prompts.texts", "${seed}")])  # found by this test: a whole list given as an interpolation
 def test_any_values_plan_or_fail_with_one_line(pairs):
     overrides = ["+experiment=smoke"] + [f"{key}={value}" for key, value in pairs]
     try:
@@ -47,3 +50,11 @@ def test_any_values_plan_or_fail_with_one_line(pairs):
         assert message.strip() and "\n" not in message, overrides
     else:
         assert isinstance(plan, Plan) and plan.images and plan.num_batches >= 1
+
+
+@pytest.mark.parametrize("override, key", [("prompts.texts=${seed}", "prompts.texts"),
+                                           ("lora=${prompts.negative}", "lora")])
+def test_a_list_given_as_an_interpolation_of_something_else_is_one_line(tmp_path, override, key):
+    result = run_cli("+experiment=smoke", override, cwd=tmp_path)
+    assert_one_line_error(result, f"error: {key}: must be a list, got ")
+    assert nothing_written(tmp_path)

@@ -15,6 +15,7 @@ from PIL import Image
 from PIL.PngImagePlugin import PngInfo
 
 from helpers.cli import assert_one_line_error, call_cli, run_cli
+from helpers.mlflow_store import nothing_written
 
 SECRET = "s3cr3t-from-the-environment"
 ENV = {"SDJAX_TEST_SECRET": SECRET}
@@ -34,13 +35,6 @@ def png_with(path: Path, parameters: str, size: tuple[int, int] = (8, 8)) -> Pat
 def files_holding(root: Path, text: str) -> list[Path]:
     needle = text.encode()
     return [p for p in root.rglob("*") if p.is_file() and needle in p.read_bytes()]
-
-
-def nothing_written(work: Path) -> bool:
-    """No run, re-run or sweep directory and no tracker run under ``work`` (its seeded store aside)."""
-    from helpers.mlflow_store import mlflow_statuses
-
-    return sorted(p.name for p in (work / "outputs").iterdir()) == ["mlflow.db"] and mlflow_statuses(work) == []
 
 
 def tree(root: Path) -> dict[str, tuple[int, int]]:

@@ -316,6 +316,31 @@ def known_keys(node: Any, schema: Any, prefix: str = "") -> None:
                 known_keys(item, typing.get_args(kind)[0], f"{prefix}{key}.{number}.")
 
 
+def lists_are_lists(config: Any, prefix: str = "") -> None:
+    """Every list key of ``config`` (a schema dataclass, as plan.admit builds it) holds a list. OmegaConf checks a
+    list's items, but a whole list given as an interpolation (``prompts.texts=${seed}``) is resolved into whatever
+    it names, unchecked."""
+    import dataclasses
+    import typing
+
+    from sdjax_runner.config.schema import field_types, without_null
+
+    for key, declared in field_types(type(config)).items():
+        kind, nullable = without_null(declared)
+        value = getattr(config, key)
+        if value is None and nullable:
+            continue
+        if dataclasses.is_dataclass(kind):
+            lists_are_lists(value, f"{prefix}{key}.")
+        elif typing.get_origin(kind) is list:
+            if not isinstance(value, list):
+                raise UserError(f"{prefix}{key}", "must be a list, got " + ("null" if value is None else repr(value)),
+                                f"a list: {prefix}{key}=[...]")
+            if dataclasses.is_dataclass(typing.get_args(kind)[0]):
+                for number, item in enumerate(value):
+                    lists_are_lists(item, f"{prefix}{key}.{number}.")
+
+
 def run_values(cfg: Any) -> None:
     """Every value of ``cfg`` (a typed RunConfig: plan.admit) that can be checked without JAX, a model or a device."""
     sampling, par = cfg.sampling, cfg.parallelism

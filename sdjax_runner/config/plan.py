@@ -197,7 +197,9 @@ def admit(cfg: DictConfig) -> RunConfig:
     values = {key: cfg[key] for key in field_types(RunConfig)}
     fields: dict[str, Any] = {key: OmegaConf.to_object(value) if OmegaConf.is_config(value) else value
                               for key, value in values.items()}
-    return families.with_defaults(RunConfig(**fields))
+    config = RunConfig(**fields)
+    checks.lists_are_lists(config)
+    return families.with_defaults(config)
 
 
 def lora_record(index: int, spec) -> LoraEntry:

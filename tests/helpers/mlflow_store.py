@@ -32,3 +32,8 @@ def sweep_runs(work: Path):
     [parent] = [r for r in runs if "mlflow.parentRunId" not in r.data.tags]
     children = sorted((r for r in runs if r is not parent), key=lambda r: r.info.run_name)
     return client, parent, children
+
+
+def nothing_written(work: Path) -> bool:
+    """No run, re-run or sweep directory and no tracker run under ``work`` (its seeded store aside)."""
+    return sorted(p.name for p in (work / "outputs").iterdir()) == ["mlflow.db"] and mlflow_statuses(work) == []
