@@ -94,6 +94,39 @@ def compiled_code_bounded(request):
                 out.write(f"{os.getpid()} let go: {mappings()[0]}\n")
 
 
+COMPILE_EVENTS = {"/jax/core/compile/jaxpr_trace_duration": "trace", "/jax/core/compile/jaxpr_to_mlir_module_duration":
+                  "lower", "/jax/core/compile/backend_compile_duration": "compile"}
+
+
+@pytest.fixture(autouse=True)
+def compile_time_logged(request):
+    """``SDJAX_TEST_COMPILE_LOG=FILE``: each test's seconds of JAX tracing, lowering and XLA compiling in this
+    process (jax.monitoring's events; a process a test starts is not counted), appended to FILE: where the suite's
+    time goes."""
+    log = os.environ.get("SDJAX_TEST_COMPILE_LOG")
+    if not log:
+        yield
+        return
+    import jax
+
+    spent = dict.fromkeys(COMPILE_EVENTS.values(), 0.0)
+
+    def listener(event: str, duration: float, **_) -> None:
+        if event in COMPILE_EVENTS:
+            spent[COMPILE_EVENTS[event]] += duration
+
+    jax.monitoring.register_event_duration_secs_listener(listener)
+    try:
+        yield
+    finally:
+        try:
+            jax.monitoring.unregister_event_duration_listener(listener)
+        except AssertionError:  # a test cleared JAX's listeners
+            pass
+        with open(log, "a", encoding="utf-8") as out:
+            out.write(f"{request.node.nodeid}\t" + "\t".join(f"{spent[k]:.2f}" for k in spent) + "\n")
+
+
 @pytest.fixture(autouse=True)
 def signals_restored():
     """Every test leaves the signal handlers as it found them: a handler a library set in this process (SIGINT
