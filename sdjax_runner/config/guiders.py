@@ -15,12 +15,15 @@ others are one line.
 
 from __future__ import annotations
 
+import logging
 import math
 from dataclasses import dataclass
 from typing import Any, Optional
 
 from sdjax_runner.config import choices
 from sdjax_runner.errors import UserError
+
+log = logging.getLogger("sdjax_runner")
 
 DEFAULT = "cfg"
 
@@ -31,6 +34,9 @@ class GuiderEntry:
 
     name: str  # guider=NAME
     reads: tuple[str, ...] = ()  # the guider.* settings it reads (schema.GuiderConfig's fields), each a traced input
+    # It adds a denoiser call on the conditional input with the self-attention of guider.layers perturbed (PAG): the
+    # static part, which shapes the program (the UNet's batch grows by a half).
+    perturbs: bool = False
 
 
 GUIDERS = {entry.name: entry for entry in (
@@ -42,12 +48,24 @@ GUIDERS = {entry.name: entry for entry in (
     # adaptive projected guidance (Sadat et al. 2024, diffusers' AdaptiveProjectedGuidance without momentum): the
     # update's norm capped at norm_threshold, its part parallel to the conditional prediction weighted by eta
     GuiderEntry("apg", ("eta", "norm_threshold")),
+    # perturbed-attention guidance (Ahn et al. 2024, diffusers' PAG pipelines): a third prediction on the conditional
+    # input with the self-attention of guider.layers replaced by the identity (each token its own value);
+    # uncond + g (cond - uncond) + s (cond - perturbed), s = scale, or max(0, scale - adaptive_scale (1000 - t))
+    GuiderEntry("pag", ("scale", "adaptive_scale"), perturbs=True),
 )}
+
+# The guiders that only combine the predictions the step already makes (no perturbed call): what a family whose
+# denoiser takes no perturbation (FLUX.1's and SD 3's transformers, for now) runs.
+COMBINING = tuple(name for name, entry in GUIDERS.items() if not entry.perturbs)
 
 
 # Every guider's window (diffusers' BaseGuidance start and stop: the guidance interval of Kynkäänniemi et al. 2024):
 # settings of every guider, not traced -- the window shapes the program (None: every step, the default program).
 WINDOW = ("start", "stop")
+# A perturbing guider's layers: patterns (regular expressions, as diffusers' pag_applied_layers) matched against the
+# denoiser's self-attention modules by their PyTorch names (down_blocks.1.attentions.0.transformer_blocks.0.attn1);
+# static: they shape the program.
+LAYERS = "layers"
 
 
 @dataclass(frozen=True)
@@ -58,6 +76,7 @@ class Guider:
     name: str = DEFAULT
     settings: tuple[tuple[str, float], ...] = ()
     window: Optional[tuple[float, float]] = None
+    layers: tuple[str, ...] = ()  # a perturbing guider's guider.layers (else empty)
 
     @property
     def plain(self) -> bool:
@@ -72,7 +91,8 @@ class Guider:
     @property
     def label(self) -> str:
         """``apg (eta 0.5, norm_threshold 15)``: for the plan line."""
-        return choices.label(self.name, self.recorded)
+        label = choices.label(self.name, self.recorded)
+        return f"{label} on {', '.join(self.layers)}" if self.layers else label
 
 
 def check(config: Any, family: Any) -> Guider:
@@ -81,9 +101,36 @@ def check(config: Any, family: Any) -> Guider:
     one guider's setting runs its other points without it)."""
     given = config.guider  # a schema.GuiderConfig
     name = str(given.name)
-    choices.chosen("guider", name, GUIDERS, family.guiders, config, family)
-    return Guider(name, choices.settings_read("guider", given, name, GUIDERS, _check_value, apart=WINDOW),
-                  _window(given))
+    entry = choices.chosen("guider", name, GUIDERS, family.guiders, config, family)
+    if entry.perturbs and config.model.refiner:
+        raise UserError("guider", f"{name} with model.refiner: the refiner's UNet takes no perturbation here",
+                        "guider=pag without a refiner, or another guider with it")
+    return Guider(name, choices.settings_read("guider", given, name, GUIDERS, _check_value, apart=(*WINDOW, LAYERS)),
+                  _window(given), _layers(given, entry))
+
+
+def _layers(given: Any, entry: GuiderEntry) -> tuple[str, ...]:
+    """``guider.layers`` for a perturbing guider, each a valid pattern (which modules they match is the loaded
+    model's: the family checks it); said and left out for another guider where set away from its default."""
+    import re
+
+    layers = tuple(str(layer) for layer in given.layers)
+    if not entry.perturbs:
+        if list(layers) != DEFAULT_LAYERS:
+            readers = [other.name for other in GUIDERS.values() if other.perturbs]
+            log.warning("guider.layers: %s is read by %s; guider=%s runs without it", list(layers),
+                        " and ".join(readers), entry.name)
+        return ()
+    if not layers:
+        raise UserError("guider.layers", "no layers", f"{ALLOWED_LAYERS}, e.g. [mid]")
+    for layer in layers:
+        try:
+            re.compile(layer)
+        except re.error as exc:
+            raise UserError("guider.layers", f"{layer[:60]!r} is no regular expression ({exc})", ALLOWED_LAYERS) from None
+        if not layer or "," in layer:
+            raise UserError("guider.layers", f"{layer[:60]!r}", f"{ALLOWED_LAYERS}, with no comma")
+    return layers
 
 
 def _window(given: Any) -> Optional[tuple[float, float]]:
@@ -98,13 +145,19 @@ def _window(given: Any) -> Optional[tuple[float, float]]:
 def _check_value(key: str, value: Any) -> None:
     if not math.isfinite(value):
         raise UserError(f"guider.{key}", f"must be a finite number, got {value}", ALLOWED[key])
-    if key in ("zero_init_steps", "norm_threshold") and value < 0:
+    if key in ("zero_init_steps", "norm_threshold", "adaptive_scale") and value < 0:
         raise UserError(f"guider.{key}", f"must be >= 0, got {value}", ALLOWED[key])
 
 
+DEFAULT_LAYERS = ["mid"]  # diffusers' PAG pipelines' default pag_applied_layers
+ALLOWED_LAYERS = ("patterns of the denoiser's self-attention modules by their PyTorch names, as diffusers' "
+                  "pag_applied_layers: mid, down_blocks.1, up_blocks.0.attentions.1, ...")
 ALLOWED = {"zero_init_steps": "0 (none), 1 (diffusers' default), 2, ...",
            "eta": "a number: 1 keeps the parallel part (plain CFG's update), 0 drops it (diffusers' default 1)",
-           "norm_threshold": "0 (no cap) or a positive number (diffusers' default 15)"}
+           "norm_threshold": "0 (no cap) or a positive number (diffusers' default 15)",
+           "scale": "a number: pag's weight of cond - perturbed (diffusers' pag_scale, default 3; 0: plain CFG's images)",
+           "adaptive_scale": "0 (a constant scale, diffusers' default) or a positive number: the scale falls by it per "
+                             "timestep below 1000"}
 
 
 def register(store: Any) -> None:

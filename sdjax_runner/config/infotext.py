@@ -111,9 +111,10 @@ DECIMAL = re.compile(r"[+-]?(?:[0-9]{1,12}(?:\.[0-9]{0,12})?|\.[0-9]{1,12})(?:[e
 
 
 def _setting_numbers(label: str, schema: type) -> dict[str, tuple]:
-    """``LABEL SETTING`` for each field of ``schema`` (a settings group) but its name, read as its type's number."""
+    """``LABEL SETTING`` for each number field of ``schema`` (a settings group), read as its type's number."""
     return {f"{label} {f.name}": (WHOLE, int, f"a whole number, e.g. {f.default}") if f.type in (int, "int")
-            else (DECIMAL, float, f"a number, e.g. {f.default}") for f in dataclasses.fields(schema) if f.name != "name"}
+            else (DECIMAL, float, f"a number, e.g. {f.default}") for f in dataclasses.fields(schema)
+            if f.type in (int, float, "int", "float")}
 
 
 NUMBERS = {"Steps": (WHOLE, int, "a whole number, e.g. 20"), "Clip skip": (WHOLE, int, "a whole number, e.g. 2"),
@@ -270,8 +271,12 @@ def _read_sampling(reading: _Reading) -> None:
 
 
 def _read_guider(reading: _Reading) -> None:
-    """Ours: ``Guider: NAME`` and the settings it read, ``Guider SETTING: VALUE`` (config/guiders.py)."""
+    """Ours: ``Guider: NAME`` and the settings it read, ``Guider SETTING: VALUE`` (config/guiders.py), and a
+    perturbing guider's ``Guider layers: PATTERN, ...``."""
     _read_choice(reading, "Guider", "guider", guiders.GUIDERS, "a guider", guiders.WINDOW)
+    if "Guider layers" in reading.settings:
+        layers = [layer.strip() for layer in reading.settings["Guider layers"].split(", ") if layer.strip()]
+        reading.use("Guider layers", f"guider.layers=[{','.join(literal(layer) for layer in layers)}]")
 
 
 def _read_cache(reading: _Reading) -> None:

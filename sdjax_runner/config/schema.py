@@ -478,10 +478,12 @@ class ReportConfig:
 @dataclass
 class GuiderConfig:
     # How a step combines the denoiser's unconditional and conditional predictions (config/guiders.py): cfg
-    # (classifier-free guidance, the default), cfg_zero_star (CFG-Zero*), apg (adaptive projected guidance).
+    # (classifier-free guidance, the default), cfg_zero_star (CFG-Zero*), apg (adaptive projected guidance), pag
+    # (perturbed-attention guidance: a third prediction with guider.layers' self-attention perturbed; SD family).
     # Chosen as guider=NAME; sampling.guidance_scale is the weight each applies. The name shapes the program; the
-    # settings below are traced inputs (a sweep over them compiles once). The SD family and SD 3 run them all, FLUX.1
-    # on its true CFG (sampling.true_cfg_scale). A setting its guider does not read is said once and left out.
+    # settings below are traced inputs (a sweep over them compiles once). The SD family runs them all, SD 3 all but
+    # pag, FLUX.1 all but pag on its true CFG (sampling.true_cfg_scale). A setting its guider does not read is said
+    # once and left out.
     name: str = "cfg"
     # cfg_zero_star: the first steps whose prediction is zero (diffusers' zero_init_steps, default 1; the paper's
     # ~4% of the steps), counted among the steps that run (img2img's first is 0).
@@ -492,6 +494,14 @@ class GuiderConfig:
     # apg: the largest norm of the update cond - uncond per image (diffusers' adaptive_projected_guidance_rescale,
     # default 15); 0: no cap.
     norm_threshold: float = 15.0
+    # pag: the weight of cond - perturbed (diffusers' pag_scale, default 3); 0 gives plain CFG's images.
+    scale: float = 3.0
+    # pag: the scale falls by this per timestep below 1000, down to 0 (diffusers' pag_adaptive_scale; 0: constant).
+    adaptive_scale: float = 0.0
+    # pag: the self-attention layers perturbed, patterns (regular expressions) matched against the denoiser's
+    # self-attention modules by their PyTorch names, as diffusers' pag_applied_layers: [mid] (its default),
+    # [down_blocks.1], [up_blocks.0.attentions.1], ... Static: a sweep over them compiles per value.
+    layers: List[str] = field(default_factory=lambda: ["mid"])
     # Every guider: the window of steps where it guides, as fractions of the steps that run (diffusers' start and
     # stop: a step i guides where int(start * steps) <= i < int(stop * steps)); outside it the conditional
     # prediction alone, as diffusers' guiders give (the guidance interval of Kynkäänniemi et al. 2024). The window

@@ -36,6 +36,9 @@ class Guidance:
     # The step cache's traced settings (cache.*, by name: engine/caches.py), or None: every denoiser call runs the
     # whole model. Carried here because every sampler already takes how it is to call the denoiser from this.
     cache: Optional[dict] = None
+    # A perturbing guider's (pag's) guider.layers: the denoiser is also called on the conditional input with the
+    # self-attention they pick perturbed (engine/samplers/unet.py), and the guider reads that third prediction.
+    perturbed: Optional[tuple[str, ...]] = None
 
 
 def _per_image_sum(array, keepdims: bool = True):
@@ -76,20 +79,44 @@ def apg(unconditional, conditional, scale, settings: dict, step):
     return unconditional + scale * (diff - parallel + settings["eta"] * parallel)
 
 
+def pag(guided_, conditional, perturbed, settings: dict, timestep):
+    """diffusers' PAG pipelines (PAGMixin's ``_apply_perturbed_attention_guidance``): ``guided_`` -- classifier-free
+    guidance's ``uncond + g (cond - uncond)``, or without it the conditional prediction -- plus ``s (cond -
+    perturbed)``, ``s`` the scale, or with ``adaptive_scale`` a > 0 ``max(0, scale - a (1000 - t))`` at the call's
+    ``timestep`` t. At s 0 ``guided_`` itself, bit for bit."""
+    import jax.numpy as jnp
+
+    scale, adaptive = settings["scale"], settings["adaptive_scale"]
+    scale = jnp.where((adaptive > 0) & (scale > 0),
+                      jnp.maximum(scale - adaptive * (1000 - jnp.asarray(timestep, jnp.float32)), 0.0), scale)
+    out = guided_ + scale * (conditional.astype(jnp.float32) - perturbed.astype(jnp.float32))
+    return jnp.where(scale == 0, guided_, out)
+
+
+# Each guider that combines the unconditional and conditional predictions; a perturbing guider (config/guiders.py:
+# GuiderEntry.perturbs) adds its term to classifier-free guidance's (PERTURBING).
 GUIDERS: dict[str, Callable] = {"cfg": cfg, "cfg_zero_star": cfg_zero_star, "apg": apg}
-assert set(GUIDERS) == set(ENTRIES), "engine/guiders.py and config/guiders.py name the same guiders"
+PERTURBING: dict[str, Callable] = {"pag": pag}
+assert set(GUIDERS) | set(PERTURBING) == set(ENTRIES), "engine/guiders.py and config/guiders.py name the same guiders"
+assert set(PERTURBING) == {name for name, entry in ENTRIES.items() if entry.perturbs}
 
 
-def guided(unconditional, conditional, guidance: Guidance, step, steps=None):
+def guided(unconditional, conditional, guidance: Guidance, step, steps=None, perturbed=None, timestep=None):
     """The guided prediction in float32: ``guidance.guider``'s, then CFG rescale where it runs (diffusers applies
     ``rescale_noise_cfg`` after every guider); outside the guider's window the conditional prediction.
-    ``unconditional`` None (no classifier-free guidance, Spec.cfg): the conditional prediction itself. ``step``: the
-    step's index among those that run (0 at the first), ``steps``: how many run (read by a window alone)."""
+    ``unconditional`` None (no classifier-free guidance, Spec.cfg): the conditional prediction itself (with a
+    perturbing guider, plus its term). ``step``: the step's index among those that run (0 at the first), ``steps``:
+    how many run (read by a window alone); ``perturbed``: a perturbing guider's third prediction (the denoiser on
+    the conditional input, perturbed), ``timestep``: the call's (read by an adaptive scale)."""
     import jax.numpy as jnp
 
     if unconditional is None:
-        return conditional.astype(jnp.float32)
-    out = _combined(unconditional, conditional, guidance, step)
+        out = conditional.astype(jnp.float32)
+        if perturbed is None:
+            return out
+        out = PERTURBING[guidance.guider](out, conditional, perturbed, guidance.settings, timestep)
+    else:
+        out = _combined(unconditional, conditional, guidance, step, perturbed, timestep)
     if guidance.window is None:
         return out
     return jnp.where(within(step, steps, *guidance.window), out, conditional.astype(out.dtype))
@@ -125,10 +152,13 @@ def within(step, steps, start: float, stop: float):
     return (first <= step) & (step < end)
 
 
-def _combined(unconditional, conditional, guidance: Guidance, step):
+def _combined(unconditional, conditional, guidance: Guidance, step, perturbed=None, timestep=None):
     import jax.numpy as jnp
 
-    if guidance.guider == "cfg":  # the guide's expression, bit for bit: a float32 [scale], as diffusers' Flax
+    if guidance.guider in PERTURBING:  # classifier-free guidance's (as below), plus the perturbed term
+        out = cfg(unconditional, conditional, jnp.array([guidance.scale], dtype=jnp.float32), {}, step)
+        out = PERTURBING[guidance.guider](out, conditional, perturbed, guidance.settings, timestep)
+    elif guidance.guider == "cfg":  # the guide's expression, bit for bit: a float32 [scale], as diffusers' Flax
         # pipelines make it, promotes the predictions (in the UNet's dtype) to float32
         out = cfg(unconditional, conditional, jnp.array([guidance.scale], dtype=jnp.float32), {}, step)
     else:  # in float32, as diffusers' guiders compute

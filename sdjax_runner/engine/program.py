@@ -67,6 +67,7 @@ class Spec:
     cfg_rescale: bool = False  # SD: CFG rescale runs (its value is a traced input, "guidance_rescale")
     guider: str = "cfg"  # guider=NAME (engine/guiders.py); its settings are traced inputs ("guider_" + the setting)
     guider_window: Optional[tuple[float, float]] = None  # guider.start/stop: where it guides (None: every step)
+    guider_layers: tuple[str, ...] = ()  # a perturbing guider's (pag's) guider.layers: its extra denoiser call
     cache: str = "none"  # cache=NAME (config/caches.py); its settings are traced inputs ("cache_" + the setting)
     quantize: str = "none"  # quantize=NAME (config/quantizers.py): the denoiser's module and weights quantized
     embeddings: tuple = ()  # SD: the textual-inversion tables' shapes (their vectors are inputs, params["embeddings"])
@@ -80,10 +81,11 @@ class Spec:
     def calls_per_step(self) -> float:
         """Denoiser batches a step runs on a device's images relative to what the family's step_flops counts: two
         with FLUX.1's true CFG; a half for the SD family without classifier-free guidance (its step FLOPs count the
-        guided, doubled batch); else one."""
+        guided, doubled batch); else one -- and a half more with a perturbing guider's call on the conditional
+        input (PAG: counted as a whole call, though its perturbed layers skip their attention's QK and softmax)."""
         if self.true_cfg:
             return 2
-        return 1 if self.cfg else 0.5
+        return (1 if self.cfg else 0.5) + (0.5 if self.guider_layers else 0)
 
     @property
     def prompt_tokens(self) -> int:
@@ -113,7 +115,8 @@ def program_spec(plan: Any, pipeline: Any, height: int, width: int, family: str,
                 mode=plan.generation, controlnet=controlnet, clip_skip=plan.clip_skip, prompt_chunks=chunks,
                 family=family, text_tokens=plan.max_sequence_length, params=plan.params_placement,
                 true_cfg=plan.true_cfg_scale is not None, slg=plan.slg, cfg_rescale=plan.guidance_rescale is not None,
-                guider=plan.guider.name, guider_window=plan.guider.window, cache=plan.cache.name, quantize=plan.quantize,
+                guider=plan.guider.name, guider_window=plan.guider.window, guider_layers=plan.guider.layers,
+                cache=plan.cache.name, quantize=plan.quantize,
                 embeddings=tokens.embeddings.shapes if getattr(tokens, "embeddings", None) else (),
                 cfg=cfg, hires=hires_pass(plan.hires, height, width, cfg),
                 refiner=refiner_pass(plan.refiner, refiner))
@@ -177,4 +180,5 @@ def guiding(spec: Spec, scale, inputs: dict) -> Guidance:
     cache = ({key: inputs[CACHE_INPUT + key] for key in CACHE_ENTRIES[spec.cache].reads}
              if spec.cache != CACHE_DEFAULT else None)
     return Guidance(scale, spec.guider, inputs["guidance_rescale"] if spec.cfg_rescale else None, settings,
-                    inputs["true_cfg_scale"] if spec.true_cfg else None, spec.guider_window, cache)
+                    inputs["true_cfg_scale"] if spec.true_cfg else None, spec.guider_window, cache,
+                    spec.guider_layers or None)

@@ -201,6 +201,7 @@ def a1111_parameters(meta: ImageRecord) -> str:
         + (f"Distilled CFG Scale: {meta.distilled_guidance}, " if meta.distilled_guidance is not None else "")
         + (f"Rescale CFG: {meta.guidance_rescale}, " if meta.guidance_rescale is not None else "")
         + "".join(f"{part}, " for part in choice_parts("Guider", meta.guider, meta.guider_settings))
+        + (f"Guider layers: {quoted(', '.join(meta.guider_layers))}, " if meta.guider_layers else "")
         + "".join(f"{part}, " for part in choice_parts("Step cache", meta.cache, meta.cache_settings))
         + "".join(f"{part}, " for part in choice_parts("Quantize", meta.quantize, None))
         + f"Seed: {meta.seed}, Size: {first_pass_size(meta)}, Model: {meta.model}, "
@@ -484,6 +485,7 @@ def image_meta(plan: Plan, height: int, width: int, guidance: str = "cfg", shift
         guidance_rescale=plan.guidance_rescale,
         guider=None if plan.guider.plain else plan.guider.name,
         guider_settings=" ".join(f"{key}={value:g}" for key, value in plan.guider.recorded) or None,
+        guider_layers=list(plan.guider.layers) or None,
         cache=None if plan.cache.plain else plan.cache.name,
         cache_settings=" ".join(f"{key}={value:g}" for key, value in plan.cache.settings) or None,
         quantize=None if plan.quantize == QUANTIZE_DEFAULT else plan.quantize,

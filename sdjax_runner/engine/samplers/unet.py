@@ -5,31 +5,62 @@ the UNet's dtype, as diffusers does; the k samplers in float32)."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Optional
 
 from sdjax_runner.engine.encode import Conditioning
+from sdjax_runner.families.sd.models.unet import Perturbed
 
 
-def halves(pipeline: Any, params: dict, conditioning: Conditioning, x, timestep, switch_timestep=None):
+def halves(pipeline: Any, params: dict, conditioning: Conditioning, x, timestep, switch_timestep=None,
+           perturbed: Optional[tuple[str, ...]] = None) -> tuple:
     """(unconditional, conditional) predictions for ``x`` (one half's inputs) at the scalar ``timestep``,
     whose dtype the UNet receives (the schedulers' integer timesteps, the k samplers' fractional ones).
     An inpainting model reads the mode's extra channels after ``x``; a ControlNet (controlnet mode) sees
     ``x`` and adds its scaled residuals to the UNet's skip connections, as diffusers' Flax ControlNet
     pipeline does. With SDXL's refiner (``conditioning.refiner``) a call whose ``switch_timestep`` (the
     training timestep the call is at, A1111's nearest one for a k sampler's sigma; ``timestep`` where None) is
-    below the cutoff runs the refiner's UNet on its own conditioning (engine/refiner.py)."""
+    below the cutoff runs the refiner's UNet on its own conditioning (engine/refiner.py). With ``perturbed`` (a
+    perturbing guider's layers: PAG) a third, the conditional input's prediction with the self-attention they pick
+    perturbed: (unconditional, conditional, perturbed), all in one call of the UNet on a batch grown by the
+    conditional rows, as diffusers' PAG pipelines make it."""
     import jax.numpy as jnp
 
-    if conditioning.context.shape[0] == x.shape[0]:  # the conditional half alone (no classifier-free guidance)
+    guided = conditioning.context.shape[0] != x.shape[0]  # else the conditional half alone (no CFG)
+    if perturbed:
+        chunks = 3 if guided else 2
+        grown = with_conditional_rows(conditioning, guided)
+        out = _switched(pipeline, params, grown, jnp.concatenate([x] * chunks), timestep, switch_timestep,
+                        Perturbed(perturbed, chunks))
+        parts = tuple(jnp.split(out, chunks, axis=0))
+        return parts if guided else (None, *parts)
+    if not guided:
         return None, _switched(pipeline, params, conditioning, x, timestep, switch_timestep)
     both = _switched(pipeline, params, conditioning, jnp.concatenate([x] * 2), timestep, switch_timestep)
     return tuple(jnp.split(both, 2, axis=0))
 
 
-def _switched(pipeline: Any, params: dict, conditioning: Conditioning, model_input, timestep, switch_timestep):
-    """The base's UNet (:func:`_unet`), or past the refiner's cutoff the refiner's (one ``lax.cond`` per call)."""
+def with_conditional_rows(conditioning: Conditioning, guided: bool) -> Conditioning:
+    """``conditioning`` with its conditional rows -- the last half of every batch-leading array (``guided``: it
+    holds the unconditional half first), else all of them -- repeated at the end: the perturbed call's inputs."""
+    import jax.numpy as jnp
+
+    def grown(array):
+        return jnp.concatenate([array, array[array.shape[0] // 2:] if guided else array])
+
+    control = conditioning.control
+    return conditioning._replace(
+        context=grown(conditioning.context),
+        added=None if conditioning.added is None else {k: grown(v) for k, v in conditioning.added.items()},
+        concat=None if conditioning.concat is None else grown(conditioning.concat),
+        control=None if control is None else (grown(control[0]), control[1]))
+
+
+def _switched(pipeline: Any, params: dict, conditioning: Conditioning, model_input, timestep, switch_timestep,
+              perturbed: Optional[Perturbed] = None):
+    """The base's UNet (:func:`_unet`), or past the refiner's cutoff the refiner's (one ``lax.cond`` per call).
+    (A perturbing guider runs without the refiner: config/guiders.py.)"""
     if conditioning.refiner is None:
-        return _unet(pipeline, params, conditioning, model_input, timestep)
+        return _unet(pipeline, params, conditioning, model_input, timestep, perturbed=perturbed)
     import jax
 
     refining, cutoff = conditioning.refiner
@@ -41,9 +72,10 @@ def _switched(pipeline: Any, params: dict, conditioning: Conditioning, model_inp
 
 
 def _unet(pipeline: Any, params: dict, conditioning: Conditioning, model_input, timestep, unet: Any = None,
-          weights: Any = None):
+          weights: Any = None, perturbed: Optional[Perturbed] = None):
     """The UNet (and a ControlNet's residuals) on ``model_input``, whose rows are the conditioning's; ``unet`` and
-    its ``weights``: another UNet than the pipeline's (SDXL's refiner)."""
+    its ``weights``: another UNet than the pipeline's (SDXL's refiner); ``perturbed``: the UNet's self-attention
+    perturbed (PAG; the ControlNet's is not, as in diffusers' PAG ControlNet pipelines)."""
     import jax.numpy as jnp
 
     timesteps = jnp.broadcast_to(timestep, model_input.shape[:1])
@@ -57,6 +89,8 @@ def _unet(pipeline: Any, params: dict, conditioning: Conditioning, model_input, 
     if conditioning.concat is not None:
         model_input = jnp.concatenate([model_input, conditioning.concat], axis=1)
     unet, weights = (pipeline.unet, params["unet"]) if unet is None else (unet, weights)
+    if perturbed is not None:
+        extra["perturbed"] = perturbed
     return unet.apply({"params": weights}, model_input, timesteps, encoder_hidden_states=conditioning.context,
                       **extra).sample
 

@@ -55,7 +55,8 @@ def _flux_values(config: Any) -> None:
                         "negative prompt only with true classifier-free guidance", "null, or with "
                         "sampling.true_cfg_scale=4 (say)")
     windowed = (config.guider.start, config.guider.stop) != (0.0, 1.0)
-    if (config.guider.name != guiders.DEFAULT or windowed) and true_cfg is None:
+    if (config.guider.name != guiders.DEFAULT or windowed) and true_cfg is None \
+            and config.guider.name in guiders.COMBINING:  # (the others: the family's list, config/guiders.check)
         raise UserError("guider", f"{config.guider.name}{' with a window' if windowed else ''}: FLUX.1 combines two "
                         "predictions only with true CFG (its guidance is distilled)",
                         f"cfg, or {config.guider.name} with sampling.true_cfg_scale and prompts.negative")
@@ -73,7 +74,7 @@ ENTRY = FamilyEntry("flux", "FLUX.1: CLIP-L and T5 text encoders, a flow-matchin
                     builtins=("tiny-random-flux", "tiny-random-flux-schnell", "flux-dev-arch"),
                     steps=28, guidance=3.5, check=_flux_values, sampling=samplers.resolve_flow, t5_tokens=512,
                     checkpoint_holds=lambda keys: ("transformer",), a1111_prompts=False, true_cfg=True,
-                    guiders=tuple(guiders.GUIDERS),  # on its true CFG (_flux_values)
+                    guiders=guiders.COMBINING,  # on its true CFG (_flux_values)
                     sampler_names_scheduler=True, scheduler_settings=False, single_files=SINGLE_FILES,
                     architecture_of=architecture_of, short="FLUX.1", infotext_keys=("Distilled CFG Scale",),
                     caches=tuple(caches.CACHES))  # on its own Euler sampler (config/caches.check)

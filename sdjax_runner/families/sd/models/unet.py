@@ -127,6 +127,49 @@ def saved_sample_size(config: Mapping[str, Any]) -> Any:
     return 64 if saved and parts < (0, 9) and isinstance(size, int) and size < 64 else size
 
 
+class Perturbed(NamedTuple):
+    """Perturbed-attention guidance's perturbation (engine/guiders.py, ``guider=pag``): in the self-attention modules
+    whose PyTorch names (:func:`torch_name`) ``layers`` match (:func:`perturbs`), the last of the batch's ``chunks``
+    equal parts attends by the identity -- each token its own value, ``to_out(to_v(x))`` -- as diffusers'
+    ``PAGCFGIdentitySelfAttnProcessor2_0`` (3 chunks: unconditional, conditional, perturbed) and
+    ``PAGIdentitySelfAttnProcessor2_0`` (2: conditional, perturbed) compute."""
+
+    layers: tuple[str, ...]
+    chunks: int
+
+
+def torch_name(path: Sequence[str]) -> str:
+    """A module's name in diffusers' PyTorch UNet from its path here: ``down_blocks_1/attentions_0/attn1`` ->
+    ``down_blocks.1.attentions.0.attn1``."""
+    import re
+
+    return ".".join(re.sub(r"_(\d+)$", r".\1", part) for part in path)
+
+
+def perturbs(layers: Sequence[str], name: str) -> bool:
+    """Whether one of ``layers`` picks the self-attention module ``name``, by diffusers' rule (PAGMixin's
+    ``_set_pag_attn_processor``): the pattern found in the name (``re.search``), unless the pattern and the name end
+    in the same number (its ``is_fake_integral_match``; a UNet's self-attention names end in ``attn1``)."""
+    import re
+
+    def fake_integral_match(layer: str) -> bool:
+        last, name_last = layer.split(".")[-1], name.split(".")[-1]
+        return last.isnumeric() and name_last.isnumeric() and last == name_last
+
+    return any(re.search(layer, name) is not None and not fake_integral_match(layer) for layer in layers)
+
+
+def self_attention_names(params: Mapping[str, Any], path: tuple[str, ...] = ()) -> list[str]:
+    """The PyTorch names of the self-attention modules (``attn1``) of a UNet's parameter tree."""
+    names = []
+    for key, value in params.items():
+        if key == "attn1":
+            names.append(torch_name((*path, key)))
+        elif isinstance(value, Mapping):
+            names.extend(self_attention_names(value, (*path, key)))
+    return names
+
+
 class UNetOutput(NamedTuple):
     """What :class:`UNet2DConditionModel` returns: ``sample``, NCHW (diffusers' ``FlaxUNet2DConditionOutput``)."""
 
@@ -275,15 +318,26 @@ class Attention(layers.Module):
     head_dim: int
     implementation: str = "default"
     dtype: Any = jnp.float32
+    # Perturbed-attention guidance: the batch's last 1/identity_chunks attends by the identity, to_out(to_v(x))
+    # (self-attention only; 0: none, the default)
+    identity_chunks: int = 0
 
     @nn.compact
     def __call__(self, x: jax.Array, context: Optional[jax.Array] = None) -> jax.Array:
+        inner, width = self.heads * self.head_dim, x.shape[-1]
+        to_q, to_k, to_v = (layers.Dense(inner, use_bias=False, dtype=self.dtype, name=name)
+                            for name in ("to_q", "to_k", "to_v"))
+        to_out = layers.Dense(width, dtype=self.dtype, name="to_out_0")
+        perturbed = None
+        if self.identity_chunks:
+            assert context is None  # (self-attention)
+            rows = x.shape[0] // self.identity_chunks
+            x, perturbed = x[:-rows], x[-rows:]
         context = x if context is None else context
-        inner = self.heads * self.head_dim
-        query, key, value = (layers.Dense(inner, use_bias=False, dtype=self.dtype, name=name)(source)
-                             for name, source in (("to_q", x), ("to_k", context), ("to_v", context)))
-        out = multihead_attention(query, key, value, self.heads, self.implementation)
-        return layers.Dense(x.shape[-1], dtype=self.dtype, name="to_out_0")(out)
+        out = to_out(multihead_attention(to_q(x), to_k(context), to_v(context), self.heads, self.implementation))
+        if perturbed is None:
+            return out
+        return jnp.concatenate([out, to_out(to_v(perturbed))])
 
 
 class GEGLU(layers.Module):
@@ -318,16 +372,21 @@ class BasicTransformerBlock(layers.Module):
     only_cross_attention: bool = False
     implementation: str = "default"
     dtype: Any = jnp.float32
+    perturbed: Optional[Perturbed] = None  # perturbed-attention guidance, where it picks this block's attn1
 
     @nn.compact
     def __call__(self, x: jax.Array, context: jax.Array) -> jax.Array:
         def norm(name: str) -> layers.LayerNorm:
             return layers.LayerNorm(epsilon=1e-5, dtype=self.dtype, name=name)
 
-        def attend(name: str) -> Attention:
-            return Attention(self.heads, self.head_dim, self.implementation, self.dtype, name=name)
+        def attend(name: str, identity_chunks: int = 0) -> Attention:
+            return Attention(self.heads, self.head_dim, self.implementation, self.dtype, identity_chunks, name=name)
 
-        x = attend("attn1")(norm("norm1")(x), context if self.only_cross_attention else None) + x
+        chunks = 0
+        if (self.perturbed is not None and not self.only_cross_attention  # (attn1 attends to the text then)
+                and perturbs(self.perturbed.layers, torch_name((*self.path, "attn1")))):
+            chunks = self.perturbed.chunks
+        x = attend("attn1", chunks)(norm("norm1")(x), context if self.only_cross_attention else None) + x
         x = attend("attn2")(norm("norm2")(x), context) + x
         return FeedForward(x.shape[-1], self.dtype, name="ff")(norm("norm3")(x)) + x
 
@@ -343,6 +402,7 @@ class Transformer2D(layers.Module):
     only_cross_attention: bool = False
     implementation: str = "default"
     dtype: Any = jnp.float32
+    perturbed: Optional[Perturbed] = None
 
     @nn.compact
     def __call__(self, x: jax.Array, context: jax.Array) -> jax.Array:
@@ -362,7 +422,7 @@ class Transformer2D(layers.Module):
             h = projection("proj_in")(h).reshape(batch, height * width, channels)
         for i in range(self.depth):
             h = BasicTransformerBlock(self.heads, head_dim, self.only_cross_attention, self.implementation, self.dtype,
-                                      name=f"transformer_blocks_{i}")(h, context)
+                                      self.perturbed, name=f"transformer_blocks_{i}")(h, context)
         if self.use_linear_projection:
             h = projection("proj_out")(h).reshape(batch, height, width, channels)
         else:
@@ -406,6 +466,7 @@ class DownBlock(layers.Module):
     dropout: float = 0.0
     implementation: str = "default"
     dtype: Any = jnp.float32
+    perturbed: Optional[Perturbed] = None
 
     @nn.compact
     def __call__(self, x: jax.Array, temb: jax.Array, context: jax.Array,
@@ -416,7 +477,7 @@ class DownBlock(layers.Module):
             x = ResnetBlock2D(level.channels, self.dropout, self.dtype, name=f"resnets_{i}")(x, temb, deterministic)
             if level.cross_attention:
                 x = Transformer2D(level.heads, level.depth, self.use_linear_projection, level.only_cross_attention,
-                                  self.implementation, self.dtype, name=f"attentions_{i}")(x, context)
+                                  self.implementation, self.dtype, self.perturbed, name=f"attentions_{i}")(x, context)
             skips += (x,)
         if self.add_downsample:
             x = Downsample2D(level.channels, self.dtype, name="downsamplers_0")(x)
@@ -436,6 +497,7 @@ class UpBlock(layers.Module):
     dropout: float = 0.0
     implementation: str = "default"
     dtype: Any = jnp.float32
+    perturbed: Optional[Perturbed] = None
 
     @nn.compact
     def __call__(self, x: jax.Array, skips: tuple[jax.Array, ...], temb: jax.Array, context: jax.Array,
@@ -446,7 +508,7 @@ class UpBlock(layers.Module):
             x = ResnetBlock2D(level.channels, self.dropout, self.dtype, name=f"resnets_{i}")(x, temb, deterministic)
             if level.cross_attention:
                 x = Transformer2D(level.heads, level.depth, self.use_linear_projection, level.only_cross_attention,
-                                  self.implementation, self.dtype, name=f"attentions_{i}")(x, context)
+                                  self.implementation, self.dtype, self.perturbed, name=f"attentions_{i}")(x, context)
         if self.add_upsample:
             x = Upsample2D(level.channels, self.dtype, name="upsamplers_0")(x)
         return x
@@ -462,12 +524,14 @@ class MidBlock(layers.Module):
     dropout: float = 0.0
     implementation: str = "default"
     dtype: Any = jnp.float32
+    perturbed: Optional[Perturbed] = None
 
     @nn.compact
     def __call__(self, x: jax.Array, temb: jax.Array, context: jax.Array, deterministic: bool = True) -> jax.Array:
         channels = x.shape[-1]
         x = ResnetBlock2D(channels, self.dropout, self.dtype, name="resnets_0")(x, temb)
         x = Transformer2D(self.heads, self.depth, self.use_linear_projection, False, self.implementation, self.dtype,
+                          self.perturbed,
                           name="attentions_0")(x, context)
         return ResnetBlock2D(channels, self.dropout, self.dtype, name="resnets_1")(x, temb, deterministic)
 
@@ -504,11 +568,13 @@ class UNet2DConditionModel(FromDiffusersConfig, layers.Module):
     adds ``add_embedding(concat(text_embeds, sinusoids(time_ids)))`` to the time embedding.
 
     ``__call__(sample, timesteps, encoder_hidden_states, added_cond_kwargs=None,
-    down_block_additional_residuals=None, mid_block_additional_residual=None, train=False)``: ``sample`` NCHW
+    down_block_additional_residuals=None, mid_block_additional_residual=None, train=False, perturbed=None)``:
+    ``sample`` NCHW
     ``(B, in_channels, H, W)`` (H and W divisible by ``2 ** (levels - 1)``), ``timesteps`` (:func:`as_timesteps`),
     ``encoder_hidden_states`` ``(B, T, cross_attention_dim)``, ``added_cond_kwargs`` SDXL's ``{"text_embeds":
     (B, D), "time_ids": (B, n)}``, the ControlNet residuals NHWC (added to the skips -- as many as there are
-    skips -- and to the middle block's output), ``train`` turns dropout on (rng ``dropout``). Returns
+    skips -- and to the middle block's output), ``train`` turns dropout on (rng ``dropout``), ``perturbed``
+    (:class:`Perturbed`) perturbs self-attention for perturbed-attention guidance. Returns
     :class:`UNetOutput` with ``sample`` NCHW ``(B, out_channels, H, W)``.
 
     Under ``jax.jit`` it lowers to diffusers' own program (tests/test_sd_modules.py compares the StableHLO
@@ -623,11 +689,12 @@ class UNet2DConditionModel(FromDiffusersConfig, layers.Module):
     def __call__(self, sample: jax.Array, timesteps: Any, encoder_hidden_states: jax.Array,
                  added_cond_kwargs: Optional[Mapping[str, Any]] = None,
                  down_block_additional_residuals: Optional[Sequence[jax.Array]] = None,
-                 mid_block_additional_residual: Optional[jax.Array] = None, train: bool = False) -> UNetOutput:
+                 mid_block_additional_residual: Optional[jax.Array] = None, train: bool = False,
+                 perturbed: Optional[Perturbed] = None) -> UNetOutput:
         self.check()
         deterministic, context = not train, encoder_hidden_states
         common = dict(use_linear_projection=self.use_linear_projection, dropout=self.dropout,
-                      implementation=self.attention_implementation, dtype=self.dtype)
+                      implementation=self.attention_implementation, dtype=self.dtype, perturbed=perturbed)
         levels = self.levels()
         temb = self.embed_time(timesteps, added_cond_kwargs)
 

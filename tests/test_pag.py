@@ -1,0 +1,141 @@
+"""Perturbed-attention guidance (``guider=pag``, issue #62 item 1) on the SD family's UNet.
+
+Against diffusers' own ``StableDiffusionXLPAGPipeline`` (PyTorch, 0.39) on the tiny SDXL base of tests/fixtures/refiner
+from the runner's initial latents (tests/fixtures/pag, made by tests/helpers/make_pag_reference.py): the default
+``mid`` layers, other layers with the adaptive scale, and without classifier-free guidance. Through the command line:
+a scale sweep compiles once and its 0 is plain CFG's images bit for bit, on a diffusers scheduler and a k sampler;
+the records and the PNG name the guider, its settings and its layers, and from_png remakes the images; what PAG
+cannot run with is one line."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from helpers.cli import ONE_DEVICE, assert_one_line_error, call_cli, run_cli
+from helpers.images import images_of
+
+FIXTURES = Path(__file__).parent / "fixtures"
+REFERENCE = np.load(FIXTURES / "pag" / "pag.npz")
+BASE = FIXTURES / "refiner" / "tiny-sdxl-base"
+# The reference's settings: the folder's Euler scheduler, 6 steps, 32 x 32, seed 0 on 2 devices (its latents are the
+# runner's), its prompt.
+SDXL = ["model.name=tiny-sdxl", f"model.pretrained_model_name_or_path={BASE}", "scheduler=euler",
+        f"sampling.num_inference_steps={int(REFERENCE['steps'])}", "sampling.height=32", "sampling.width=32", "seed=0",
+        f"prompts.texts=[{REFERENCE['prompt']}]", "parallelism.num_devices=2", "tracking=none",
+        "metrics.clip_score.enabled=false"]
+
+
+def levels_off(run_dir: Path, case: str) -> float:
+    """The largest difference, in 8-bit levels, from the reference's float images made 8-bit."""
+    got = np.stack(images_of(run_dir)).astype(np.float64)
+    return float(np.abs(got - np.round(REFERENCE[case] * 255)).max())
+
+
+def pixels(run_dir: Path) -> np.ndarray:
+    return np.stack([np.asarray(Image.open(p), dtype=np.int16) for p in sorted((run_dir / "images").glob("*.png"))])
+
+
+def hashes(run_dir: Path) -> list[str]:
+    return [r["pixels_sha256"] for r in json.loads((run_dir / "images.json").read_text())]
+
+
+@pytest.mark.slow
+def test_pag_is_diffusers_sdxl_pag_pipeline_on_its_layers_with_and_without_cfg(tmp_path):
+    for case in ("mid", "layers_adaptive", "no_cfg"):
+        settings = json.loads(str(REFERENCE[f"{case}_settings"]))
+        layers = ",".join(f"'{layer}'" for layer in settings["layers"])
+        result = run_cli(*SDXL, "guider=pag", f"sampling.guidance_scale={settings['guidance_scale']}",
+                         f"guider.scale={settings['pag_scale']}", f"guider.adaptive_scale={settings['pag_adaptive_scale']}",
+                         f"guider.layers=[{layers}]", f"hydra.run.dir={tmp_path / case}", cwd=tmp_path)
+        assert result.returncode == 0, result.stderr[-3000:]
+        assert levels_off(tmp_path / case, case) <= 1, case  # within one 8-bit level (float32 on both sides)
+    # the check tells PAG from plain CFG, and the layers apart
+    plain = run_cli(*SDXL, "sampling.guidance_scale=5", f"hydra.run.dir={tmp_path / 'plain'}", cwd=tmp_path)
+    assert plain.returncode == 0, plain.stderr[-3000:]
+    assert levels_off(tmp_path / "plain", "mid") > 1 and levels_off(tmp_path / "layers_adaptive", "mid") > 1
+
+
+@pytest.mark.slow
+def test_a_pag_scale_sweep_compiles_once_its_zero_is_plain_cfg_and_from_png_remakes_it(tmp_path, cache_dir):
+    quiet = ["+experiment=smoke", "tracking=none", "metrics.clip_score.enabled=false", *ONE_DEVICE,
+             "compilation_cache.executables=false", f"paths.cache_dir={cache_dir}"]
+    for name, sampler in (("pndm", []), ("euler_a", ["sampler=Euler a"])):  # the smoke's scheduler, a k sampler
+        sweep, plain = tmp_path / f"{name}-sweep", tmp_path / f"{name}-plain"
+        result = run_cli("-m", *quiet, *sampler, "guider=pag", "guider.scale=0,3",
+                         "guider.layers=[mid,up_blocks.1]", f"hydra.sweep.dir={sweep}", cwd=tmp_path)
+        assert result.returncode == 0, result.stderr[-3000:]
+        assert "; guider pag (scale 0, adaptive_scale 0) on mid, up_blocks.1" in result.stdout  # the plan line
+        alone = run_cli(*quiet, *sampler, f"hydra.run.dir={plain}", cwd=tmp_path)
+        assert alone.returncode == 0, alone.stderr[-3000:]
+        assert hashes(sweep / "0") == hashes(plain)  # scale 0: classifier-free guidance's images, bit for bit
+        assert np.abs(pixels(sweep / "1") - pixels(plain)).max() >= 2
+        assert json.loads((sweep / "1" / "timings.json").read_text())["compile_reused"] == 1  # the scale is traced
+    record = json.loads((sweep / "1" / "images.json").read_text())[0]
+    assert (record["guider"], record["guider_settings"], record["guider_layers"]) == \
+        ("pag", "scale=3 adaptive_scale=0", ["mid", "up_blocks.1"])
+    png = sweep / "1" / record["file"]
+    with Image.open(png) as image:
+        assert ("Guider: pag, Guider scale: 3, Guider adaptive_scale: 0, Guider layers: \"mid, up_blocks.1\", "
+                in image.text["parameters"])
+    remade = run_cli(str(png), "tracking=none", "metrics.clip_score.enabled=false", f"paths.cache_dir={cache_dir}",
+                     *ONE_DEVICE, "hydra.run.dir=from_png", command="from_png", cwd=tmp_path)
+    said = remade.stdout + remade.stderr
+    assert remade.returncode == 0, said[-3000:]
+    assert "Guider: pag -> guider=pag" in said and "Guider layers: mid, up_blocks.1 -> guider.layers=" in said
+    assert hashes(tmp_path / "from_png")[0] == record["pixels_sha256"]
+
+
+def test_layers_pick_self_attention_modules_by_their_pytorch_names_and_diffusers_rule():
+    import jax
+    from safetensors.numpy import load_file
+
+    from sdjax_runner.families.sd.models.unet import UNet2DConditionModel, perturbs, self_attention_names, torch_name
+
+    assert torch_name(("down_blocks_1", "attentions_0", "transformer_blocks_1", "attn1")) == \
+        "down_blocks.1.attentions.0.transformer_blocks.1.attn1"
+    # the names of this UNet's self-attention modules are those of diffusers' PyTorch UNet on the same config
+    pytorch: dict = {}
+    for key in load_file(BASE / "unet" / "diffusion_pytorch_model.safetensors"):
+        node = pytorch
+        for part in key.split(".")[:-1]:
+            node = node.setdefault(part, {})
+    unet = UNet2DConditionModel.from_config(json.loads((BASE / "unet" / "config.json").read_text()))
+    ours = jax.eval_shape(unet.init_weights, jax.random.PRNGKey(0))
+    names = self_attention_names(ours)
+    assert sorted(names) == sorted(self_attention_names(pytorch)) and len(names) == 2 + 2 + 4
+    assert [name for name in names if perturbs(["mid"], name)] == \
+        [f"mid_block.attentions.0.transformer_blocks.{i}.attn1" for i in (0, 1)]
+    assert {name.split(".")[0] for name in names if perturbs(["^(up|down)_blocks"], name)} == {"down_blocks", "up_blocks"}
+    assert len([name for name in names if perturbs(["transformer_blocks.1"], name)]) == 4  # (every second layer)
+    assert not any(perturbs(["attn2"], name) for name in names)  # cross-attention is never perturbed
+
+
+@pytest.mark.parametrize(("overrides", "expected"), [
+    (["model=tiny-random-flux"], "error: guider: pag: tiny-random-flux is a flux model, which runs cfg, cfg_zero_star, "
+                                 "apg"),
+    (["model=tiny-random-sd3"], "error: guider: pag: tiny-random-sd3 is a sd3 model, which runs cfg, cfg_zero_star, apg"),
+    (["guider.layers=['(']"], "error: guider.layers: '(' is no regular expression"),
+    (["guider.layers=[]"], "error: guider.layers: no layers (allowed: patterns of the denoiser's self-attention"),
+    (["guider.layers=['a,b']"], "error: guider.layers: 'a,b' (allowed: patterns"),
+    (["guider.adaptive_scale=-1"], "error: guider.adaptive_scale: must be >= 0, got -1.0"),
+    (["guider.scale=nan"], "error: guider.scale: must be a finite number, got nan"),
+    (["model.name=tiny-sdxl", f"model.pretrained_model_name_or_path={BASE}",
+      f"model.refiner={FIXTURES / 'refiner' / 'tiny-sdxl-refiner'}"],
+     "error: guider: pag with model.refiner: the refiner's UNet takes no perturbation here"),
+])
+def test_what_pag_cannot_run_with_is_one_line(tmp_path, overrides, expected):
+    assert_one_line_error(call_cli("+experiment=smoke", "tracking=none", "guider=pag", *overrides, cwd=tmp_path), expected)
+
+
+@pytest.mark.slow
+def test_layers_that_pick_none_of_the_models_are_one_line_naming_its_blocks(tmp_path, tiny_model_dir):
+    result = run_cli("+experiment=smoke", "tracking=none", "guider=pag", "guider.layers=[mid,nowhere]", *ONE_DEVICE,
+                     "hydra.run.dir=run", cwd=tmp_path)
+    assert_one_line_error(result, "error: guider.layers: 'nowhere' picks none of tiny-random's self-attention layers "
+                                  "(allowed: patterns of their names: ")
+    assert not (tmp_path / "run" / "images").exists()
