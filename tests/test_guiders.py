@@ -86,12 +86,14 @@ def test_a_guiders_window_is_diffusers_and_outside_it_the_conditional_prediction
 
 def test_every_guider_is_in_both_registries_and_in_the_families_that_run_it():
     from sdjax_runner.config.families import FAMILIES
+    from sdjax_runner.config.guiders import COMBINING
     from sdjax_runner.config.guiders import GUIDERS as ENTRIES
     from sdjax_runner.engine.guiders import GUIDERS, PERTURBING
 
     assert set(ENTRIES) == set(GUIDERS) | set(PERTURBING) and not set(GUIDERS) & set(PERTURBING)
-    assert set(FAMILIES["sd"].guiders) == set(ENTRIES)  # the flow families' transformers take no perturbation yet
-    assert all(set(FAMILIES[name].guiders) == set(GUIDERS) for name in ("flux", "sd3"))
+    assert set(FAMILIES["sd"].guiders) == set(ENTRIES)  # the flow families' transformers take no change (PAG, FreeU)
+    assert set(COMBINING) == {"cfg", "cfg_zero_star", "apg"}
+    assert all(set(FAMILIES[name].guiders) == set(COMBINING) for name in ("flux", "sd3"))
 
 
 def test_a_family_that_lists_fewer_guiders_refuses_the_others_in_one_line():
@@ -122,7 +124,7 @@ def test_a_setting_the_guider_does_not_read_is_said_and_left_out(caplog):
 
 
 @pytest.mark.parametrize(("overrides", "expected"), [
-    (["guider=nope"], "error: guider=nope: no such option (allowed: apg, cfg, cfg_zero_star, pag)"),
+    (["guider=nope"], "error: guider=nope: no such option (allowed: apg, cfg, cfg_zero_star, freeu, pag)"),
     (["model=tiny-random-flux", "guider=apg"],
      "error: guider: apg: FLUX.1 combines two predictions only with true CFG (its guidance is distilled) (allowed: "
      "cfg, or apg with sampling.true_cfg_scale and prompts.negative)"),

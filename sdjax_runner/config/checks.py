@@ -325,7 +325,8 @@ def lists_are_lists(config: Any, prefix: str = "") -> None:
 
     from sdjax_runner.config.schema import field_types, without_null
 
-    for key, declared in field_types(type(config)).items():
+    schema: Any = type(config)
+    for key, declared in field_types(schema).items():
         kind, nullable = without_null(declared)
         value = getattr(config, key)
         if value is None and nullable:

@@ -37,6 +37,14 @@ class GuiderEntry:
     # It adds a denoiser call on the conditional input with the self-attention of guider.layers perturbed (PAG): the
     # static part, which shapes the program (the UNet's batch grows by a half).
     perturbs: bool = False
+    # It reweighs the UNet's first up blocks' features by its settings (FreeU) and combines the predictions as CFG.
+    reweighs: bool = False
+
+    @property
+    def changes_the_unet(self) -> bool:
+        """Whether it runs inside the SD family's UNet (PAG, FreeU): what the flow families' transformers and SDXL's
+        refiner do not take here."""
+        return self.perturbs or self.reweighs
 
 
 GUIDERS = {entry.name: entry for entry in (
@@ -52,11 +60,14 @@ GUIDERS = {entry.name: entry for entry in (
     # input with the self-attention of guider.layers replaced by the identity (each token its own value);
     # uncond + g (cond - uncond) + s (cond - perturbed), s = scale, or max(0, scale - adaptive_scale (1000 - t))
     GuiderEntry("pag", ("scale", "adaptive_scale"), perturbs=True),
+    # FreeU (Si et al. 2024, diffusers' enable_freeu): CFG, with the UNet's first two up blocks' backbone features
+    # (half their channels) scaled by b1, b2 and their skip features' lowest frequencies by s1, s2
+    GuiderEntry("freeu", ("b1", "b2", "s1", "s2"), reweighs=True),
 )}
 
-# The guiders that only combine the predictions the step already makes (no perturbed call): what a family whose
-# denoiser takes no perturbation (FLUX.1's and SD 3's transformers, for now) runs.
-COMBINING = tuple(name for name, entry in GUIDERS.items() if not entry.perturbs)
+# The guiders that only combine the predictions the step already makes (nothing inside the UNet): what a family
+# whose denoiser takes no change (FLUX.1's and SD 3's transformers, for now) runs.
+COMBINING = tuple(name for name, entry in GUIDERS.items() if not entry.changes_the_unet)
 
 
 # Every guider's window (diffusers' BaseGuidance start and stop: the guidance interval of Kynkäänniemi et al. 2024):
@@ -102,9 +113,9 @@ def check(config: Any, family: Any) -> Guider:
     given = config.guider  # a schema.GuiderConfig
     name = str(given.name)
     entry = choices.chosen("guider", name, GUIDERS, family.guiders, config, family)
-    if entry.perturbs and config.model.refiner:
-        raise UserError("guider", f"{name} with model.refiner: the refiner's UNet takes no perturbation here",
-                        "guider=pag without a refiner, or another guider with it")
+    if entry.changes_the_unet and config.model.refiner:
+        raise UserError("guider", f"{name} with model.refiner: it runs inside the base's UNet, not the refiner's, here",
+                        f"guider={name} without a refiner, or another guider with it")
     return Guider(name, choices.settings_read("guider", given, name, GUIDERS, _check_value, apart=(*WINDOW, LAYERS)),
                   _window(given), _layers(given, entry))
 
@@ -152,10 +163,13 @@ def _check_value(key: str, value: Any) -> None:
 DEFAULT_LAYERS = ["mid"]  # diffusers' PAG pipelines' default pag_applied_layers
 ALLOWED_LAYERS = ("patterns of the denoiser's self-attention modules by their PyTorch names, as diffusers' "
                   "pag_applied_layers: mid, down_blocks.1, up_blocks.0.attentions.1, ...")
+FREEU_VALUES = ("a number (FreeU's published values: SD 1.4 and XL b1 1.3, b2 1.4, s1 0.9, s2 0.2; SD 1.5 b1 1.5, "
+                "b2 1.6; SD 2.1 b1 1.4, b2 1.6; 1: unchanged)")
 ALLOWED = {"zero_init_steps": "0 (none), 1 (diffusers' default), 2, ...",
            "eta": "a number: 1 keeps the parallel part (plain CFG's update), 0 drops it (diffusers' default 1)",
            "norm_threshold": "0 (no cap) or a positive number (diffusers' default 15)",
            "scale": "a number: pag's weight of cond - perturbed (diffusers' pag_scale, default 3; 0: plain CFG's images)",
+           **dict.fromkeys(("b1", "b2", "s1", "s2"), FREEU_VALUES),
            "adaptive_scale": "0 (a constant scale, diffusers' default) or a positive number: the scale falls by it per "
                              "timestep below 1000"}
 

@@ -479,10 +479,11 @@ class ReportConfig:
 class GuiderConfig:
     # How a step combines the denoiser's unconditional and conditional predictions (config/guiders.py): cfg
     # (classifier-free guidance, the default), cfg_zero_star (CFG-Zero*), apg (adaptive projected guidance), pag
-    # (perturbed-attention guidance: a third prediction with guider.layers' self-attention perturbed; SD family).
+    # (perturbed-attention guidance: a third prediction with guider.layers' self-attention perturbed; SD family), freeu
+    # (FreeU: CFG on a UNet whose up blocks reweigh their features; SD family).
     # Chosen as guider=NAME; sampling.guidance_scale is the weight each applies. The name shapes the program; the
     # settings below are traced inputs (a sweep over them compiles once). The SD family runs them all, SD 3 all but
-    # pag, FLUX.1 all but pag on its true CFG (sampling.true_cfg_scale). A setting its guider does not read is said
+    # pag and freeu, FLUX.1 those on its true CFG (sampling.true_cfg_scale). A setting its guider does not read is said
     # once and left out.
     name: str = "cfg"
     # cfg_zero_star: the first steps whose prediction is zero (diffusers' zero_init_steps, default 1; the paper's
@@ -502,6 +503,12 @@ class GuiderConfig:
     # self-attention modules by their PyTorch names, as diffusers' pag_applied_layers: [mid] (its default),
     # [down_blocks.1], [up_blocks.0.attentions.1], ... Static: a sweep over them compiles per value.
     layers: List[str] = field(default_factory=lambda: ["mid"])
+    # freeu: the first up block's backbone factor (half its features' channels). The defaults are FreeU's published
+    # values for SD 1.4 and SDXL (SD 1.5: b1 1.5, b2 1.6; SD 2.1: b1 1.4, b2 1.6); all four at 1: the plain UNet.
+    b1: float = 1.3
+    b2: float = 1.4  # freeu: the second up block's backbone factor
+    s1: float = 0.9  # freeu: the first up block's skip factor (the skip features' lowest frequencies)
+    s2: float = 0.2  # freeu: the second up block's skip factor
     # Every guider: the window of steps where it guides, as fractions of the steps that run (diffusers' start and
     # stop: a step i guides where int(start * steps) <= i < int(stop * steps)); outside it the conditional
     # prediction alone, as diffusers' guiders give (the guidance interval of Kynkäänniemi et al. 2024). The window

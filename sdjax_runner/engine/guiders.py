@@ -39,6 +39,8 @@ class Guidance:
     # A perturbing guider's (pag's) guider.layers: the denoiser is also called on the conditional input with the
     # self-attention they pick perturbed (engine/samplers/unet.py), and the guider reads that third prediction.
     perturbed: Optional[tuple[str, ...]] = None
+    # FreeU's factors (families/sd/models/unet.FreeU, traced) where guider=freeu: the UNet reweighs its up blocks
+    freeu: Optional[Any] = None
 
 
 def _per_image_sum(array, keepdims: bool = True):
@@ -95,7 +97,8 @@ def pag(guided_, conditional, perturbed, settings: dict, timestep):
 
 # Each guider that combines the unconditional and conditional predictions; a perturbing guider (config/guiders.py:
 # GuiderEntry.perturbs) adds its term to classifier-free guidance's (PERTURBING).
-GUIDERS: dict[str, Callable] = {"cfg": cfg, "cfg_zero_star": cfg_zero_star, "apg": apg}
+GUIDERS: dict[str, Callable] = {"cfg": cfg, "cfg_zero_star": cfg_zero_star, "apg": apg,
+                                 "freeu": cfg}  # (FreeU changes the UNet: its predictions combine as CFG's)
 PERTURBING: dict[str, Callable] = {"pag": pag}
 assert set(GUIDERS) | set(PERTURBING) == set(ENTRIES), "engine/guiders.py and config/guiders.py name the same guiders"
 assert set(PERTURBING) == {name for name, entry in ENTRIES.items() if entry.perturbs}
@@ -158,8 +161,8 @@ def _combined(unconditional, conditional, guidance: Guidance, step, perturbed=No
     if guidance.guider in PERTURBING:  # classifier-free guidance's (as below), plus the perturbed term
         out = cfg(unconditional, conditional, jnp.array([guidance.scale], dtype=jnp.float32), {}, step)
         out = PERTURBING[guidance.guider](out, conditional, perturbed, guidance.settings, timestep)
-    elif guidance.guider == "cfg":  # the guide's expression, bit for bit: a float32 [scale], as diffusers' Flax
-        # pipelines make it, promotes the predictions (in the UNet's dtype) to float32
+    elif GUIDERS[guidance.guider] is cfg:  # the guide's expression, bit for bit: a float32 [scale], as diffusers'
+        # Flax pipelines make it, promotes the predictions (in the UNet's dtype) to float32
         out = cfg(unconditional, conditional, jnp.array([guidance.scale], dtype=jnp.float32), {}, step)
     else:  # in float32, as diffusers' guiders compute
         out = GUIDERS[guidance.guider](unconditional.astype(jnp.float32), conditional.astype(jnp.float32),

@@ -38,11 +38,10 @@ def unet_denoiser(pipeline: Any, params: dict, conditioning: Conditioning, guida
     def denoiser(x, sigma):
         t = jnp.interp(jnp.log(sigma), log_sigmas, positions)
         nearest = None if sigmas is None else jnp.argmin(jnp.abs(sigmas - sigma))
-        predictions = [None if part is None else part.astype(jnp.float32) for part in
-                       unet.halves(pipeline, params, conditioning, x / jnp.sqrt(sigma**2 + 1), t, nearest,
-                                   guidance.perturbed)]
-        out = guided(*predictions[:2], guidance, place(sigma, steps) - first, len(steps) - 1 - first, *predictions[2:],
-                     timestep=t)
+        predictions = unet.halves(pipeline, params, conditioning, x / jnp.sqrt(sigma**2 + 1), t, nearest,
+                                  guidance.perturbed, guidance.freeu).as_float32()
+        out = guided(predictions.unconditional, predictions.conditional, guidance, place(sigma, steps) - first,
+                     len(steps) - 1 - first, predictions.perturbed, t)
         if prediction == "v_prediction":
             return x / (sigma**2 + 1) - out * sigma / jnp.sqrt(sigma**2 + 1)
         if prediction == "sample":

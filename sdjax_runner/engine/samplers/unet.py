@@ -5,14 +5,28 @@ the UNet's dtype, as diffusers does; the k samplers in float32)."""
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any, NamedTuple, Optional
 
 from sdjax_runner.engine.encode import Conditioning
-from sdjax_runner.families.sd.models.unet import Perturbed
+from sdjax_runner.families.sd.models.unet import FreeU, Perturbed
+
+
+class Predictions(NamedTuple):
+    """A step's UNet predictions: the unconditional one (None without classifier-free guidance), the conditional
+    one and, with a perturbing guider (PAG), the conditional input's with self-attention perturbed."""
+
+    unconditional: Any
+    conditional: Any
+    perturbed: Any = None
+
+    def as_float32(self) -> Predictions:
+        import jax.numpy as jnp
+
+        return Predictions(*(None if part is None else part.astype(jnp.float32) for part in self))
 
 
 def halves(pipeline: Any, params: dict, conditioning: Conditioning, x, timestep, switch_timestep=None,
-           perturbed: Optional[tuple[str, ...]] = None) -> tuple:
+           perturbed: Optional[tuple[str, ...]] = None, freeu: Optional[FreeU] = None) -> Predictions:
     """(unconditional, conditional) predictions for ``x`` (one half's inputs) at the scalar ``timestep``,
     whose dtype the UNet receives (the schedulers' integer timesteps, the k samplers' fractional ones).
     An inpainting model reads the mode's extra channels after ``x``; a ControlNet (controlnet mode) sees
@@ -22,7 +36,7 @@ def halves(pipeline: Any, params: dict, conditioning: Conditioning, x, timestep,
     below the cutoff runs the refiner's UNet on its own conditioning (engine/refiner.py). With ``perturbed`` (a
     perturbing guider's layers: PAG) a third, the conditional input's prediction with the self-attention they pick
     perturbed: (unconditional, conditional, perturbed), all in one call of the UNet on a batch grown by the
-    conditional rows, as diffusers' PAG pipelines make it."""
+    conditional rows, as diffusers' PAG pipelines make it. ``freeu``: the UNet's up blocks reweighed (FreeU)."""
     import jax.numpy as jnp
 
     guided = conditioning.context.shape[0] != x.shape[0]  # else the conditional half alone (no CFG)
@@ -30,13 +44,13 @@ def halves(pipeline: Any, params: dict, conditioning: Conditioning, x, timestep,
         chunks = 3 if guided else 2
         grown = with_conditional_rows(conditioning, guided)
         out = _switched(pipeline, params, grown, jnp.concatenate([x] * chunks), timestep, switch_timestep,
-                        Perturbed(perturbed, chunks))
-        parts = tuple(jnp.split(out, chunks, axis=0))
-        return parts if guided else (None, *parts)
+                        Perturbed(perturbed, chunks), freeu)
+        parts = jnp.split(out, chunks, axis=0)
+        return Predictions(*parts) if guided else Predictions(None, *parts)
     if not guided:
-        return None, _switched(pipeline, params, conditioning, x, timestep, switch_timestep)
-    both = _switched(pipeline, params, conditioning, jnp.concatenate([x] * 2), timestep, switch_timestep)
-    return tuple(jnp.split(both, 2, axis=0))
+        return Predictions(None, _switched(pipeline, params, conditioning, x, timestep, switch_timestep, freeu=freeu))
+    both = _switched(pipeline, params, conditioning, jnp.concatenate([x] * 2), timestep, switch_timestep, freeu=freeu)
+    return Predictions(*jnp.split(both, 2, axis=0))
 
 
 def with_conditional_rows(conditioning: Conditioning, guided: bool) -> Conditioning:
@@ -56,11 +70,11 @@ def with_conditional_rows(conditioning: Conditioning, guided: bool) -> Condition
 
 
 def _switched(pipeline: Any, params: dict, conditioning: Conditioning, model_input, timestep, switch_timestep,
-              perturbed: Optional[Perturbed] = None):
+              perturbed: Optional[Perturbed] = None, freeu: Optional[FreeU] = None):
     """The base's UNet (:func:`_unet`), or past the refiner's cutoff the refiner's (one ``lax.cond`` per call).
-    (A perturbing guider runs without the refiner: config/guiders.py.)"""
+    (A guider that changes the UNet runs without the refiner: config/guiders.py.)"""
     if conditioning.refiner is None:
-        return _unet(pipeline, params, conditioning, model_input, timestep, perturbed=perturbed)
+        return _unet(pipeline, params, conditioning, model_input, timestep, perturbed=perturbed, freeu=freeu)
     import jax
 
     refining, cutoff = conditioning.refiner
@@ -72,14 +86,15 @@ def _switched(pipeline: Any, params: dict, conditioning: Conditioning, model_inp
 
 
 def _unet(pipeline: Any, params: dict, conditioning: Conditioning, model_input, timestep, unet: Any = None,
-          weights: Any = None, perturbed: Optional[Perturbed] = None):
+          weights: Any = None, perturbed: Optional[Perturbed] = None, freeu: Optional[FreeU] = None):
     """The UNet (and a ControlNet's residuals) on ``model_input``, whose rows are the conditioning's; ``unet`` and
     its ``weights``: another UNet than the pipeline's (SDXL's refiner); ``perturbed``: the UNet's self-attention
-    perturbed (PAG; the ControlNet's is not, as in diffusers' PAG ControlNet pipelines)."""
+    perturbed (PAG; the ControlNet's is not, as in diffusers' PAG ControlNet pipelines); ``freeu``: its up blocks
+    reweighed."""
     import jax.numpy as jnp
 
     timesteps = jnp.broadcast_to(timestep, model_input.shape[:1])
-    extra = {} if conditioning.added is None else {"added_cond_kwargs": conditioning.added}
+    extra: dict[str, Any] = {} if conditioning.added is None else {"added_cond_kwargs": conditioning.added}
     if conditioning.control is not None:
         image, scale = conditioning.control
         down, mid = pipeline.controlnet.apply({"params": params["controlnet"]}, model_input, timesteps,
@@ -91,6 +106,8 @@ def _unet(pipeline: Any, params: dict, conditioning: Conditioning, model_input, 
     unet, weights = (pipeline.unet, params["unet"]) if unet is None else (unet, weights)
     if perturbed is not None:
         extra["perturbed"] = perturbed
+    if freeu is not None:
+        extra["freeu"] = freeu
     return unet.apply({"params": weights}, model_input, timesteps, encoder_hidden_states=conditioning.context,
                       **extra).sample
 

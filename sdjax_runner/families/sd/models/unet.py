@@ -170,6 +170,38 @@ def self_attention_names(params: Mapping[str, Any], path: tuple[str, ...] = ()) 
     return names
 
 
+class FreeU(NamedTuple):
+    """FreeU's factors (Si et al. 2024; diffusers' ``enable_freeu``, ``guider=freeu``): in the first two up blocks
+    (by index: ``b[0]``, ``s[0]`` in up block 0, the deepest; ``b[1]``, ``s[1]`` in up block 1), before each resnet,
+    the first half of the backbone features' channels is scaled by ``b`` and the skip features' lowest frequencies
+    (the centre 2 x 2 of their shifted 2-D spectrum) by ``s`` -- diffusers' ``apply_freeu`` and ``fourier_filter``.
+    Traced scalars; at b 1 and s 1 the features pass unchanged, bit for bit."""
+
+    b: tuple[Any, Any]
+    s: tuple[Any, Any]
+
+
+def fourier_filter(x: jax.Array, scale: Any) -> jax.Array:
+    """diffusers' ``fourier_filter`` (threshold 1) on NHWC features: the 2-D FFT over H and W in float32, shifted,
+    its centre 2 x 2 (rows and columns ``H // 2 - 1`` and ``H // 2``) times ``scale``, shifted back, inverse FFT, real
+    part, in ``x``'s dtype. ``scale`` 1: ``x`` itself."""
+    height, width = x.shape[1], x.shape[2]
+    spectrum = jnp.fft.fftshift(jnp.fft.fft2(x.astype(jnp.float32), axes=(1, 2)), axes=(1, 2))
+    rows = (jnp.arange(height) >= height // 2 - 1) & (jnp.arange(height) < height // 2 + 1)
+    cols = (jnp.arange(width) >= width // 2 - 1) & (jnp.arange(width) < width // 2 + 1)
+    mask = jnp.where(rows[:, None] & cols[None, :], jnp.asarray(scale, jnp.float32), 1.0)[None, :, :, None]
+    filtered = jnp.fft.ifft2(jnp.fft.ifftshift(spectrum * mask, axes=(1, 2)), axes=(1, 2)).real.astype(x.dtype)
+    return jnp.where(scale == 1, x, filtered)
+
+
+def freeu_applied(x: jax.Array, skip: jax.Array, b: Any, s: Any) -> tuple[jax.Array, jax.Array]:
+    """diffusers' ``apply_freeu`` for one up block's factors on NHWC features: the backbone ``x``'s first half of
+    channels times ``b``, the ``skip`` Fourier-filtered by ``s``."""
+    half = x.shape[-1] // 2
+    scaled = jnp.concatenate([x[..., :half] * jnp.asarray(b, x.dtype), x[..., half:]], axis=-1)
+    return jnp.where(b == 1, x, scaled), fourier_filter(skip, s)
+
+
 class UNetOutput(NamedTuple):
     """What :class:`UNet2DConditionModel` returns: ``sample``, NCHW (diffusers' ``FlaxUNet2DConditionOutput``)."""
 
@@ -501,10 +533,13 @@ class UpBlock(layers.Module):
 
     @nn.compact
     def __call__(self, x: jax.Array, skips: tuple[jax.Array, ...], temb: jax.Array, context: jax.Array,
-                 deterministic: bool = True) -> jax.Array:
+                 deterministic: bool = True, freeu: Optional[tuple[Any, Any]] = None) -> jax.Array:
         level = self.level
         for i in range(self.num_layers):
-            x = jnp.concatenate((x, skips[-1 - i]), axis=-1)
+            skip = skips[-1 - i]
+            if freeu is not None:  # FreeU's (b, s) for this block (:class:`FreeU`)
+                x, skip = freeu_applied(x, skip, *freeu)
+            x = jnp.concatenate((x, skip), axis=-1)
             x = ResnetBlock2D(level.channels, self.dropout, self.dtype, name=f"resnets_{i}")(x, temb, deterministic)
             if level.cross_attention:
                 x = Transformer2D(level.heads, level.depth, self.use_linear_projection, level.only_cross_attention,
@@ -568,13 +603,15 @@ class UNet2DConditionModel(FromDiffusersConfig, layers.Module):
     adds ``add_embedding(concat(text_embeds, sinusoids(time_ids)))`` to the time embedding.
 
     ``__call__(sample, timesteps, encoder_hidden_states, added_cond_kwargs=None,
-    down_block_additional_residuals=None, mid_block_additional_residual=None, train=False, perturbed=None)``:
+    down_block_additional_residuals=None, mid_block_additional_residual=None, train=False, perturbed=None,
+    freeu=None)``:
     ``sample`` NCHW
     ``(B, in_channels, H, W)`` (H and W divisible by ``2 ** (levels - 1)``), ``timesteps`` (:func:`as_timesteps`),
     ``encoder_hidden_states`` ``(B, T, cross_attention_dim)``, ``added_cond_kwargs`` SDXL's ``{"text_embeds":
     (B, D), "time_ids": (B, n)}``, the ControlNet residuals NHWC (added to the skips -- as many as there are
     skips -- and to the middle block's output), ``train`` turns dropout on (rng ``dropout``), ``perturbed``
-    (:class:`Perturbed`) perturbs self-attention for perturbed-attention guidance. Returns
+    (:class:`Perturbed`) perturbs self-attention for perturbed-attention guidance, ``freeu`` (:class:`FreeU`)
+    reweighs the first up blocks' features. Returns
     :class:`UNetOutput` with ``sample`` NCHW ``(B, out_channels, H, W)``.
 
     Under ``jax.jit`` it lowers to diffusers' own program (tests/test_sd_modules.py compares the StableHLO
@@ -690,7 +727,7 @@ class UNet2DConditionModel(FromDiffusersConfig, layers.Module):
                  added_cond_kwargs: Optional[Mapping[str, Any]] = None,
                  down_block_additional_residuals: Optional[Sequence[jax.Array]] = None,
                  mid_block_additional_residual: Optional[jax.Array] = None, train: bool = False,
-                 perturbed: Optional[Perturbed] = None) -> UNetOutput:
+                 perturbed: Optional[Perturbed] = None, freeu: Optional[FreeU] = None) -> UNetOutput:
         self.check()
         deterministic, context = not train, encoder_hidden_states
         common = dict(use_linear_projection=self.use_linear_projection, dropout=self.dropout,
@@ -718,8 +755,9 @@ class UNet2DConditionModel(FromDiffusersConfig, layers.Module):
             up_level = Level(level.channels, block == "CrossAttnUpBlock2D", level.heads, level.depth,
                              level.only_cross_attention)
             level_skips, skips = skips[-per_block:], skips[:-per_block]
+            block_freeu = None if freeu is None or i > 1 else (freeu.b[i], freeu.s[i])
             x = UpBlock(up_level, per_block, i < len(levels) - 1, **common, name=f"up_blocks_{i}")(
-                x, level_skips, temb, context, deterministic)
+                x, level_skips, temb, context, deterministic, block_freeu)
 
         x = conv3x3(self.out_channels, "conv_out", self.dtype)(nn.silu(group_norm("conv_norm_out")(x)))
         return UNetOutput(sample=jnp.transpose(x, (0, 3, 1, 2)))

@@ -1,11 +1,14 @@
-"""Perturbed-attention guidance (``guider=pag``, issue #62 item 1) on the SD family's UNet.
+"""The guiders that work inside the SD family's UNet (issue #62 item 1): perturbed-attention guidance (``guider=pag``)
+and FreeU (``guider=freeu``).
 
-Against diffusers' own ``StableDiffusionXLPAGPipeline`` (PyTorch, 0.39) on the tiny SDXL base of tests/fixtures/refiner
-from the runner's initial latents (tests/fixtures/pag, made by tests/helpers/make_pag_reference.py): the default
-``mid`` layers, other layers with the adaptive scale, and without classifier-free guidance. Through the command line:
-a scale sweep compiles once and its 0 is plain CFG's images bit for bit, on a diffusers scheduler and a k sampler;
-the records and the PNG name the guider, its settings and its layers, and from_png remakes the images; what PAG
-cannot run with is one line."""
+Against diffusers' own PyTorch pipelines (0.39) on the tiny SDXL base of tests/fixtures/refiner from the runner's
+initial latents: ``StableDiffusionXLPAGPipeline`` (tests/fixtures/pag, tests/helpers/make_pag_reference.py) on the
+default ``mid`` layers, other layers with the adaptive scale, and without classifier-free guidance;
+``StableDiffusionXLPipeline`` with ``enable_freeu`` (tests/fixtures/freeu, tests/helpers/make_freeu_reference.py) at
+FreeU's published SDXL and SD 1.5 factors. Through the command line: a sweep over the scales compiles once, PAG's scale
+0 and FreeU's factors 1 are plain CFG's images bit for bit, on a diffusers scheduler and a k sampler; the records and
+the PNG name the guider, its settings and its layers, and from_png remakes the images; what they cannot run with is
+one line."""
 
 from __future__ import annotations
 
@@ -30,10 +33,13 @@ SDXL = ["model.name=tiny-sdxl", f"model.pretrained_model_name_or_path={BASE}", "
         "metrics.clip_score.enabled=false"]
 
 
-def levels_off(run_dir: Path, case: str) -> float:
+FREEU = np.load(FIXTURES / "freeu" / "freeu.npz")
+
+
+def levels_off(run_dir: Path, case: str, reference=REFERENCE) -> float:
     """The largest difference, in 8-bit levels, from the reference's float images made 8-bit."""
     got = np.stack(images_of(run_dir)).astype(np.float64)
-    return float(np.abs(got - np.round(REFERENCE[case] * 255)).max())
+    return float(np.abs(got - np.round(reference[case] * 255)).max())
 
 
 def pixels(run_dir: Path) -> np.ndarray:
@@ -61,7 +67,27 @@ def test_pag_is_diffusers_sdxl_pag_pipeline_on_its_layers_with_and_without_cfg(t
 
 
 @pytest.mark.slow
-def test_a_pag_scale_sweep_compiles_once_its_zero_is_plain_cfg_and_from_png_remakes_it(tmp_path, cache_dir):
+def test_freeu_is_diffusers_enable_freeu_at_its_published_factors_from_one_program(tmp_path):
+    sdxl = [*SDXL, "sampling.height=64", "sampling.width=64", f"sampling.guidance_scale={float(FREEU['guidance_scale'])}"]
+    sweep = tmp_path / "sweep"
+    result = run_cli("-m", *sdxl, "guider=freeu", "guider.b1=1.3,1.5", "guider.b2=1.4,1.6", "guider.s1=0.9",
+                     "guider.s2=0.2", f"hydra.sweep.dir={sweep}", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    jobs = {tuple(json.loads((job / "images.json").read_text())[0]["guider_settings"].split()): job
+            for job in sweep.glob("[0-9]")}
+    published = {"sdxl": ("b1=1.3", "b2=1.4", "s1=0.9", "s2=0.2"), "sd15": ("b1=1.5", "b2=1.6", "s1=0.9", "s2=0.2")}
+    for case, settings in published.items():
+        assert levels_off(jobs[settings], case, FREEU) <= 1, case  # within one 8-bit level of diffusers'
+        assert levels_off(jobs[settings], "plain", FREEU) > 1
+    assert sorted(json.loads((job / "timings.json").read_text())["compile_reused"] for job in jobs.values()) == \
+        [0, 1, 1, 1]  # the factors are traced: one program
+    plain = run_cli(*sdxl, f"hydra.run.dir={tmp_path / 'plain'}", cwd=tmp_path)
+    assert plain.returncode == 0, plain.stderr[-3000:]
+    assert levels_off(tmp_path / "plain", "plain", FREEU) <= 1
+
+
+@pytest.mark.slow
+def test_a_pag_scale_sweep_compiles_once_its_zero_and_freeus_ones_are_plain_cfg_and_from_png_remakes_it(tmp_path, cache_dir):
     quiet = ["+experiment=smoke", "tracking=none", "metrics.clip_score.enabled=false", *ONE_DEVICE,
              "compilation_cache.executables=false", f"paths.cache_dir={cache_dir}"]
     for name, sampler in (("pndm", []), ("euler_a", ["sampler=Euler a"])):  # the smoke's scheduler, a k sampler
@@ -75,6 +101,11 @@ def test_a_pag_scale_sweep_compiles_once_its_zero_is_plain_cfg_and_from_png_rema
         assert hashes(sweep / "0") == hashes(plain)  # scale 0: classifier-free guidance's images, bit for bit
         assert np.abs(pixels(sweep / "1") - pixels(plain)).max() >= 2
         assert json.loads((sweep / "1" / "timings.json").read_text())["compile_reused"] == 1  # the scale is traced
+        unchanged = tmp_path / f"{name}-freeu"  # FreeU at factors 1: the plain UNet, bit for bit
+        result = run_cli(*quiet, *sampler, "guider=freeu", "guider.b1=1", "guider.b2=1", "guider.s1=1", "guider.s2=1",
+                         f"hydra.run.dir={unchanged}", cwd=tmp_path)
+        assert result.returncode == 0, result.stderr[-3000:]
+        assert hashes(unchanged) == hashes(plain)
     record = json.loads((sweep / "1" / "images.json").read_text())[0]
     assert (record["guider"], record["guider_settings"], record["guider_layers"]) == \
         ("pag", "scale=3 adaptive_scale=0", ["mid", "up_blocks.1"])
@@ -126,10 +157,22 @@ def test_layers_pick_self_attention_modules_by_their_pytorch_names_and_diffusers
     (["guider.scale=nan"], "error: guider.scale: must be a finite number, got nan"),
     (["model.name=tiny-sdxl", f"model.pretrained_model_name_or_path={BASE}",
       f"model.refiner={FIXTURES / 'refiner' / 'tiny-sdxl-refiner'}"],
-     "error: guider: pag with model.refiner: the refiner's UNet takes no perturbation here"),
+     "error: guider: pag with model.refiner: it runs inside the base's UNet, not the refiner's, here"),
 ])
 def test_what_pag_cannot_run_with_is_one_line(tmp_path, overrides, expected):
     assert_one_line_error(call_cli("+experiment=smoke", "tracking=none", "guider=pag", *overrides, cwd=tmp_path), expected)
+
+
+@pytest.mark.parametrize(("overrides", "expected"), [
+    (["model=tiny-random-flux"], "error: guider: freeu: tiny-random-flux is a flux model, which runs cfg, "),
+    (["guider.b1=inf"], "error: guider.b1: must be a finite number, got inf (allowed: a number (FreeU's published"),
+    (["model.name=tiny-sdxl", f"model.pretrained_model_name_or_path={BASE}",
+      f"model.refiner={FIXTURES / 'refiner' / 'tiny-sdxl-refiner'}"],
+     "error: guider: freeu with model.refiner: it runs inside the base's UNet, not the refiner's, here"),
+])
+def test_what_freeu_cannot_run_with_is_one_line(tmp_path, overrides, expected):
+    assert_one_line_error(call_cli("+experiment=smoke", "tracking=none", "guider=freeu", *overrides, cwd=tmp_path),
+                          expected)
 
 
 @pytest.mark.slow
