@@ -358,3 +358,26 @@ def test_a_point_timed_by_its_first_call_alone_is_marked_and_kept_off_the_pareto
     front = clip.split("Pareto front (red): ", 1)[1].split(";", 1)[0]
     assert front != "none" and "#0" not in front.split(", ")
     assert "timed by their first call alone, off the front (hollow): #0" in clip
+    # ... and the cost every point has, XLA's count of what ran, places them all in a plot of its own (#62 item 4)
+    [counted] = [c for c in captions if c.startswith("CLIP score (mean) against executed GFLOPs per image")]
+    untimed = counted.split("(the cost where no steady state was timed: ", 1)[1].split(")", 1)[0].split(", ")
+    assert "#0" in untimed and "; Pareto front (red): " in counted
+    assert "executed GFLOPs per image (the cost where no steady state was timed: #0" in page
+    timings = json.loads((copy / "1" / "timings.json").read_text())
+    assert float(summary(copy)["1"]["gflops_per_image"]) == pytest.approx(
+        timings["flops_per_batch"] / timings["images_per_batch"] / 1e9, rel=1e-9)
+
+
+def test_settings_without_steady_state_seconds_are_placed_by_their_executed_flops():
+    from sdjax_runner.metrics.report import SETTING_METRICS, settings_plots
+
+    metric = next(iter(SETTING_METRICS))
+    judged = {"settings": [{"metrics": {metric: {"mean": m, "low": m - 0.1, "high": m + 0.1, "n": 4}},
+                            "baseline": i == 0, "jobs": [i]} for i, m in enumerate((0.3, 0.5))]}
+    [(timed, _)] = settings_plots(judged, [0.4, 0.5])
+    assert "placed" not in timed and "Pareto front over settings (red): S1, S2" in timed
+    [(unplaced, _)] = settings_plots(judged, [0.5, None])  # no FLOPs known: as before, S2 left out and said
+    assert unplaced.endswith("; not placed, no steady-state seconds: S2")
+    [(counted, svg)] = settings_plots(judged, [0.5, None], [12.0, 20.0])
+    assert counted.endswith("; placed by executed GFLOPs per image, no steady-state seconds for S2")
+    assert "Pareto front over settings (red): S1, S2" in counted and "executed GFLOPs per image" in svg

@@ -86,6 +86,20 @@ def front_seconds(row: dict) -> Optional[float]:
     return None if first_call_only(row) else seconds_per_image(row)
 
 
+def gflops(row: dict) -> Optional[float]:
+    """A row's executed GFLOPs per image (record/sweep.py's gflops_per_image: XLA's count of what its program ran,
+    a step cache's skipped calls taken off), or None."""
+    return number(row.get("gflops_per_image"))
+
+
+def untimed_but_counted(rows: list[dict]) -> list[dict]:
+    """The rows without steady-state seconds (first call alone) where every row has executed FLOPs: their cost is
+    then plotted as the FLOPs too (a second quality-vs-cost plot; seconds from a first call are no cost to compare).
+    Empty where every row was timed in the steady state, or where some row's FLOPs are unknown."""
+    untimed = [r for r in rows if first_call_only(r)]
+    return untimed if untimed and all(gflops(r) is not None for r in rows) else []
+
+
 def pareto_front(points: list[tuple[Optional[float], Optional[float]]]) -> list[int]:
     """Indices of the (seconds, quality) points no other point beats on both (as fast or faster and at
     least as good, better in one), fastest first: the settings worth choosing between."""
@@ -120,19 +134,20 @@ def replicated(keys: list[str]) -> bool:
 
 
 def _against_seconds(ax, rows: list[dict], seconds: list, values: list, cap: Optional[float], metric: str,
-                     fontsize: int, with_front: bool = True) -> list[int]:
+                     fontsize: int, with_front: bool = True, counted: bool = False) -> list[int]:
     """The metric against seconds per image on ``ax``: a numbered point per job, the Pareto front as a red
     staircase with its points ringed (``with_front``), inf drawn at ``cap``; returns the front (row indices,
-    fastest first; none without ``with_front``)."""
+    fastest first; none without ``with_front``). ``counted``: ``seconds`` are executed GFLOPs per image instead,
+    every point placed alike."""
     for r, x, y in zip(rows, seconds, values, strict=True):
         if x is not None and y is not None:
-            first = first_call_only(r)  # hollow and grey: its seconds are its first call's, not a steady state's
+            first = first_call_only(r) and not counted  # hollow and grey: its seconds are its first call's
             ax.scatter(x, y, s=18, facecolors="none" if first else "tab:blue",
                        edgecolors="tab:gray" if first else "tab:blue")
             ax.annotate(f"#{r['job']}" + (" (first call)" if first else ""), (x, y), fontsize=fontsize,
                         xytext=(3, 3), textcoords="offset points")
-    front = pareto_front([(None if first_call_only(r) else x, y) for r, x, y in zip(rows, seconds, values, strict=True)]
-                         ) if with_front else []
+    front = pareto_front([(None if first_call_only(r) and not counted else x, y)
+                          for r, x, y in zip(rows, seconds, values, strict=True)]) if with_front else []
     if front:
         ax.step([seconds[i] for i in front], [values[i] for i in front], where="post", color="tab:red",
                 linewidth=1, label="Pareto front")
@@ -143,10 +158,13 @@ def _against_seconds(ax, rows: list[dict], seconds: list, values: list, cap: Opt
         ax.axhline(cap, color="grey", linestyle=":", linewidth=0.8)
         ax.annotate("inf: identical to the reference", (0.01, 0.97), xycoords="axes fraction", fontsize=7,
                     va="top", color="grey")
-    ax.set_xlabel("seconds per image (1 / images_per_s)")
+    ax.set_xlabel(COUNTED_AXIS if counted else "seconds per image (1 / images_per_s)")
     ax.set_ylabel(QUALITY[metric])
     ax.locator_params(axis="x", nbins=5)
     return front
+
+
+COUNTED_AXIS = "executed GFLOPs per image (XLA's count of what ran)"
 
 
 def _labels(series: dict) -> list[str]:
@@ -198,6 +216,14 @@ def _svg_plots(rows: list[dict], keys: list[str]) -> list[tuple[str, str]]:
         out.append((f"{QUALITY[metric]} against seconds per image; {said}"
                     + (f"; timed by their first call alone{', off the front' if with_front else ''} (hollow): "
                        f"{', '.join(first)}" if first else ""), _svg(figure)))
+        if untimed_but_counted(rows):  # their cost as XLA counts it, every point placed
+            figure, ax = plt.subplots(figsize=(5.2, 3.6))
+            front = _against_seconds(ax, rows, [gflops(r) for r in rows], values, cap, metric, fontsize=7,
+                                     with_front=with_front, counted=True)
+            said = (f"Pareto front (red): {', '.join(f'#{rows[i]['job']}' for i in front) or 'none'}" if with_front
+                    else "a point per job")
+            out.append((f"{QUALITY[metric]} against executed GFLOPs per image (the cost where no steady state was "
+                        f"timed: {', '.join(first)}); {said}", _svg(figure)))
         for key in keys:
             series = series_of(rows, values, key, keys)
             labels = _labels(series)
@@ -250,16 +276,25 @@ SETTING_METRICS = {m.name: m.setting_label for m in METRICS.values()}
 MAX_NAMED_SETTINGS = 30  # settings named beside their points; with more, the baseline alone (the table names all)
 
 
-def settings_plots(judged: dict, seconds: list[Optional[float]]) -> list[tuple[str, str]]:
+def settings_plots(judged: dict, seconds: list[Optional[float]],
+                   counted: Optional[list[Optional[float]]] = None) -> list[tuple[str, str]]:
     """(caption, inline SVG) per per-image metric of comparison.json's settings: each setting's mean with its 95%
     interval as an error bar, against its seconds per image (``seconds``, one per setting: the steady state's,
     None where unmeasured) with the Pareto front over settings marked; against the settings in order where no
-    setting's seconds are known. Settings are numbered S1, S2, ... as in the page's table."""
+    setting's seconds are known. Where some setting has no steady-state seconds and every setting has its
+    executed GFLOPs per image (``counted``, the median of its points'), against those instead, said in the caption.
+    Settings are numbered S1, S2, ... as in the page's table."""
+    untimed = [f"S{i + 1}" for i, x in enumerate(seconds) if x is None]
+    by_flops = bool(untimed) and counted is not None and all(x is not None for x in counted)
     with drawing({**PLAIN_TEXT, **SVG}):
-        return _settings_plots(judged, seconds)
+        plots = _settings_plots(judged, counted if by_flops and counted is not None else seconds, by_flops)
+    if by_flops:
+        plots = [(f"{caption}; placed by executed GFLOPs per image, no steady-state seconds for {', '.join(untimed)}",
+                  svg) for caption, svg in plots]
+    return plots
 
 
-def _settings_plots(judged: dict, seconds: list[Optional[float]]) -> list[tuple[str, str]]:
+def _settings_plots(judged: dict, seconds: list[Optional[float]], by_flops: bool = False) -> list[tuple[str, str]]:
     import matplotlib.pyplot as plt
 
     settings = judged.get("settings", [])
@@ -295,7 +330,8 @@ def _settings_plots(judged: dict, seconds: list[Optional[float]]) -> list[tuple[
                     where="post", color="tab:red", linewidth=1, label="Pareto front (settings)")
             ax.legend(fontsize=7, loc="lower right")
         if timed:
-            ax.set_xlabel("seconds per image (1 / images_per_s, median of the setting's points)")
+            ax.set_xlabel(f"{COUNTED_AXIS}, median of the setting's points" if by_flops
+                          else "seconds per image (1 / images_per_s, median of the setting's points)")
         else:
             ax.set_xticks(range(len(settings)), [f"S{i + 1}" for i in range(len(settings))], fontsize=7)
             ax.set_xlabel("setting")

@@ -42,6 +42,7 @@ from sdjax_runner.metrics.registry import METRICS
 from sdjax_runner.metrics.report import (
     first_call_only,
     front_seconds,
+    gflops,
     number,
     pareto_front,
     replicated,
@@ -367,10 +368,12 @@ def _settings_section(judged: Optional[dict], rows: list[dict]) -> list[str]:
     baseline = judged.get("baseline") or {}
     metrics = [(m, label) for m, label in SETTING_METRICS.items() if any(s["metrics"].get(m) for s in settings)]
     by_job = {r["job"]: r for r in rows}
-    seconds = []  # each setting's: the median of its points' steady-state seconds per image
+    seconds, counted = [], []  # each setting's: the median of its points' steady-state seconds, executed GFLOPs
     for setting in settings:
         timed = sorted(x for j in setting["jobs"] if j in by_job and (x := front_seconds(by_job[j])) is not None)
         seconds.append(timed[len(timed) // 2] if timed else None)
+        flops = sorted(x for j in setting["jobs"] if j in by_job and (x := gflops(by_job[j])) is not None)
+        counted.append(flops[len(flops) // 2] if flops else None)
     meta = [f"{len(settings)} setting(s); seeds and prompts are replicates of a setting. Baseline: "
             f"<code>{html.escape(str(baseline.get('label')))}</code> ({html.escape(str(baseline.get('chosen_by')))})",
             html.escape(str(judged.get("method", "")))]
@@ -378,7 +381,7 @@ def _settings_section(judged: Optional[dict], rows: list[dict]) -> list[str]:
         return [head, *(f'<p class="meta">{m}</p>' for m in meta),
                 '<p class="meta">No point has a per-image metric (metrics.clip_score, or a reference point).</p>',
                 _cmmd_table(judged), "</section>"]
-    plots = settings_plots(judged, seconds)
+    plots = settings_plots(judged, seconds, counted)
     return [head, *(f'<p class="meta">{m}</p>' for m in meta),
             *(_settings_table(judged, metric, label) for metric, label in metrics), _cmmd_table(judged),
             *(f"<figure>{svg}<figcaption>{html.escape(caption)}</figcaption></figure>" for caption, svg in plots),

@@ -39,6 +39,9 @@ log = logging.getLogger("sdjax_runner")
 # steady_calls: how many timed calls a point's generate_s rests on (0: its first call's, timing.max_extra_share).
 SUMMARY_TIMINGS = ("compile_s", "trace_s", "first_batch_s", "generate_s", "steady_calls", "images_per_s", "mfu",
                    "model_reused", "compile_reused", "compile_cache_hit", "wall_s")
+# gflops_per_image: XLA's count of what a point's program ran per image (flops_per_batch / images_per_batch, a step
+# cache's skipped calls taken off): its cost where no steady state was timed (metrics/report.py).
+SUMMARY_COST = ("gflops_per_image",)
 SUMMARY_QUALITY = (*run_fields(), "non_finite_images")  # each metric's run-level fields (metrics/registry.py)
 CELL = 256  # contact sheet cell width in pixels
 MAX_CELL_HEIGHT = 4 * CELL  # a grid of 4 x 16 images; a 1 x 200000 grid.png does not make a sheet of gigapixels
@@ -128,9 +131,22 @@ def collect_jobs(sweep_dir: Path, keys: list[str]) -> list[dict[str, Any]]:
                "dir": str(job_dir)}
         row.update({k: axis_value(k, values[k]) if k in values else "" for k in keys})
         row.update({k: number_field(timings.get(k, "")) for k in SUMMARY_TIMINGS})
+        row["gflops_per_image"] = gflops_per_image(timings)
         row.update({k: number_field(quality.get(k, "")) for k in SUMMARY_QUALITY})
         rows.append(row)
     return rows
+
+
+def gflops_per_image(timings: dict[str, Any]) -> Any:
+    """A point's executed GFLOPs per image from its timings.json (flops_per_batch / images_per_batch), as a summary
+    field: a number, or blank where either is missing or not a finite positive number."""
+    def positive(key: str) -> Optional[float]:
+        value = number_field(timings.get(key, ""))
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value > 0
+        return float(value) if ok else None
+
+    flops, images = positive("flops_per_batch"), positive("images_per_batch")
+    return "" if flops is None or images is None else flops / images / 1e9
 
 
 def status_fields(status: dict[str, Any]) -> dict[str, str]:
@@ -226,7 +242,7 @@ def write_summary(sweep_dir: Path, rows: list[dict[str, Any]], keys: list[str],
     from sdjax_runner.metrics.report import write_report
     from sdjax_runner.record.report_page import mlflow_ui_of, write_page
 
-    columns = ["job", "label", *keys, "status", "error", *SUMMARY_TIMINGS, *SUMMARY_QUALITY, "run_id", "experiment_id",
+    columns = ["job", "label", *keys, "status", "error", *SUMMARY_TIMINGS, *SUMMARY_COST, *SUMMARY_QUALITY, "run_id", "experiment_id",
                "dir"]
     with replaced(sweep_dir / rundir.SUMMARY_CSV, "w", newline="", encoding="utf-8", errors="backslashreplace") as f:
         writer = csv.DictWriter(f, fieldnames=columns)
