@@ -2,10 +2,10 @@
 and FreeU (``guider=freeu``).
 
 Against diffusers' own PyTorch pipelines (0.39) on the tiny SDXL base of tests/fixtures/refiner from the runner's
-initial latents: ``StableDiffusionXLPAGPipeline`` (tests/fixtures/pag, tests/helpers/make_pag_reference.py) on the
-default ``mid`` layers, other layers with the adaptive scale, and without classifier-free guidance;
-``StableDiffusionXLPipeline`` with ``enable_freeu`` (tests/fixtures/freeu, tests/helpers/make_freeu_reference.py) at
-FreeU's published SDXL and SD 1.5 factors. Through the command line: a sweep over the scales compiles once, PAG's scale
+initial latents (tests/helpers/make_unet_guiders_reference.py): ``StableDiffusionXLPAGPipeline`` (tests/fixtures/pag)
+on the default ``mid`` layers, other layers with the adaptive scale, and without classifier-free guidance;
+``StableDiffusionXLPipeline`` with ``enable_freeu`` (tests/fixtures/freeu) at FreeU's published SDXL and SD 1.5
+factors. Through the command line: a sweep over the scales compiles once, PAG's scale
 0 and FreeU's factors 1 are plain CFG's images bit for bit, on a diffusers scheduler and a k sampler; the records and
 the PNG name the guider, its settings and its layers, and from_png remakes the images; what they cannot run with is
 one line."""

@@ -158,7 +158,7 @@ def load_pipelines(out: Path):
 # --- the references ----------------------------------------------------------------------------------------
 
 
-def runner_noise() -> np.ndarray:
+def runner_noise(height: int = HEIGHT, width: int = WIDTH) -> np.ndarray:
     """The runner's initial latents for seed SEED on NUM_DEVICES devices, one image each: device i draws
     ``jax.random.normal(split(PRNGKey(seed), num_devices)[i], (1, 4, H/8, W/8), float32)``
     (make_flux_reference.runner_noise with SDXL's 4 latent channels)."""
@@ -166,7 +166,7 @@ def runner_noise() -> np.ndarray:
     import jax.numpy as jnp
 
     keys = jax.random.split(jax.random.PRNGKey(SEED), NUM_DEVICES)
-    shape = (1, LATENT_CHANNELS, HEIGHT // 8, WIDTH // 8)
+    shape = (1, LATENT_CHANNELS, height // 8, width // 8)
     return np.concatenate([np.asarray(jax.random.normal(key, shape, dtype=jnp.float32)) for key in keys])
 
 

@@ -1,0 +1,137 @@
+"""Make the PyTorch references for the guiders that work inside the UNet (issue #62 item 1): perturbed-attention
+guidance (``guider=pag``) in ``tests/fixtures/pag/`` and FreeU (``guider=freeu``) in ``tests/fixtures/freeu/``.
+
+Both run diffusers' own PyTorch pipelines (0.39) on the tiny SDXL base of ``tests/fixtures/refiner`` (made by
+``tests/helpers/make_refiner_reference.py``: diffusers' PyTorch classes, random weights, the folder's Euler scheduler)
+from the runner's initial latents for seed 0 on 2 devices (that script's ``runner_noise``), 6 steps, one prompt:
+
+* PAG: ``StableDiffusionXLPAGPipeline`` at 32 x 32 for each case of PAG_CASES -- the default ``mid`` layers with
+  classifier-free guidance; a level's every self-attention and one module by its name, with the adaptive scale; and
+  without classifier-free guidance (guidance 1: the conditional and perturbed predictions alone).
+* FreeU: ``StableDiffusionXLPipeline`` with ``unet.enable_freeu(s1, s2, b1, b2)`` at 64 x 64 (so both up blocks FreeU
+  reweighs see more than the centre of their spectrum: 4 x 4 and 8 x 8 latents) at FreeU's published SDXL and SD 1.5
+  factors, and once without FreeU.
+
+Each folder gets its ``.npz`` (float32 images in [0, 1]), ``VERSIONS.json`` and ``README.md``. Running it twice writes
+identical files.
+
+Run from the checkout's root (the reference environment of make_flux_reference.py: torch 2.14.1, diffusers 0.39.0,
+jax for the runner's noise)::
+
+    /work/refvenv/bin/python tests/helpers/make_unet_guiders_reference.py            # writes tests/fixtures/{pag,freeu}/
+    /work/refvenv/bin/python tests/helpers/make_unet_guiders_reference.py --out DIR  # DIR/pag, DIR/freeu
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from make_flux_reference import _save_npz, _versions, quiet_deterministic_torch
+from make_refiner_reference import BASE_FOLDER, runner_noise  # (it sets the offline environment)
+
+ROOT = Path(__file__).resolve().parents[2]
+BASE = ROOT / "tests" / "fixtures" / "refiner" / BASE_FOLDER
+PROMPT = "a red cube on a table"
+STEPS = 6
+PAG_SIZE, FREEU_SIZE = 32, 64
+FREEU_GUIDANCE = 5.0
+# name -> (pag_applied_layers, guidance_scale, pag_scale, pag_adaptive_scale)
+PAG_CASES = {
+    "mid": (["mid"], 5.0, 3.0, 0.0),
+    "layers_adaptive": (["down_blocks.1", "up_blocks.0.attentions.1.transformer_blocks.0.attn1"], 5.0, 4.0, 0.004),
+    "no_cfg": (["mid"], 1.0, 2.0, 0.0),
+}
+# name -> FreeU's (b1, b2, s1, s2); None: without FreeU
+FREEU_CASES = {"sdxl": (1.3, 1.4, 0.9, 0.2), "sd15": (1.5, 1.6, 0.9, 0.2), "plain": None}
+
+PAG_README = """# Perturbed-attention guidance PyTorch references
+
+Written by `tests/helpers/make_unet_guiders_reference.py` (do not edit by hand); made with
+
+    /work/refvenv/bin/python tests/helpers/make_unet_guiders_reference.py
+
+`pag.npz`: diffusers' `StableDiffusionXLPAGPipeline` on `tests/fixtures/refiner/tiny-sdxl-base`, 6 steps of the
+folder's Euler scheduler at 32 x 32, from `latents` (the runner's initial noise for seed 0 on 2 devices, as
+`tests/fixtures/refiner/refiner.npz` has it), `prompt` for both images. For each case (`mid`, `layers_adaptive`,
+`no_cfg`) the images, float32 (2, 32, 32, 3) in [0, 1], and `CASE_settings`, a JSON text of its
+`pag_applied_layers`, `guidance_scale`, `pag_scale` and `pag_adaptive_scale`. `VERSIONS.json`: the packages it ran on.
+"""
+FREEU_README = """# FreeU PyTorch references
+
+Written by `tests/helpers/make_unet_guiders_reference.py` (do not edit by hand); made with
+
+    /work/refvenv/bin/python tests/helpers/make_unet_guiders_reference.py
+
+`freeu.npz`: diffusers' `StableDiffusionXLPipeline` with `unet.enable_freeu(s1, s2, b1, b2)` on
+`tests/fixtures/refiner/tiny-sdxl-base`, 6 steps of the folder's Euler scheduler at guidance 5, 64 x 64, from `latents`
+(the runner's initial noise for seed 0 on 2 devices), `prompt` for both images. For each case (`sdxl`, `sd15`: FreeU's
+published values; `plain`: no FreeU) the images, float32 (2, 64, 64, 3) in [0, 1], and `CASE_factors`, (b1, b2, s1,
+s2). `VERSIONS.json`: the packages it ran on.
+"""
+
+
+def sdxl_images(latents: np.ndarray, size: int, guidance: float, pag: tuple | None = None,
+                freeu: tuple | None = None) -> np.ndarray:
+    """The tiny SDXL's images from ``latents``: with ``pag`` (layers, scale, adaptive scale) diffusers' PAG pipeline,
+    with ``freeu`` (b1, b2, s1, s2) FreeU enabled on its UNet."""
+    import torch
+    from diffusers import StableDiffusionXLPAGPipeline, StableDiffusionXLPipeline
+
+    common = dict(local_files_only=True, add_watermarker=False)
+    call = dict(prompt=[PROMPT] * len(latents), num_inference_steps=STEPS, guidance_scale=guidance, height=size,
+                width=size, latents=torch.from_numpy(latents), output_type="np")
+    if pag is not None:
+        layers, scale, adaptive = pag
+        pipeline = StableDiffusionXLPAGPipeline.from_pretrained(BASE, enable_pag=True, pag_applied_layers=layers,
+                                                                **common)
+        call.update(pag_scale=scale, pag_adaptive_scale=adaptive)
+    else:
+        pipeline = StableDiffusionXLPipeline.from_pretrained(BASE, **common)
+    if freeu is not None:
+        b1, b2, s1, s2 = freeu
+        pipeline.enable_freeu(s1=s1, s2=s2, b1=b1, b2=b2)
+    pipeline.set_progress_bar_config(disable=True)
+    with torch.no_grad():
+        return np.asarray(pipeline(**call).images, dtype=np.float32)
+
+
+def write(folder: Path, name: str, arrays: dict, readme: str) -> None:
+    folder.mkdir(parents=True, exist_ok=True)
+    _save_npz(folder / f"{name}.npz", arrays)
+    versions = dict(_versions(), script="tests/helpers/make_unet_guiders_reference.py")
+    (folder / "VERSIONS.json").write_text(json.dumps(versions, indent=2, sort_keys=True) + "\n")
+    (folder / "README.md").write_text(readme)
+    print(f"wrote {folder}/{name}.npz")
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, default=ROOT / "tests" / "fixtures")
+    args = parser.parse_args(argv)
+    quiet_deterministic_torch()
+    latents = runner_noise(PAG_SIZE, PAG_SIZE)
+    arrays = {"latents": latents, "prompt": np.asarray(PROMPT), "steps": np.asarray(STEPS)}
+    for case, (layers, guidance, scale, adaptive) in PAG_CASES.items():
+        arrays[case] = sdxl_images(latents, PAG_SIZE, guidance, pag=(layers, scale, adaptive))
+        arrays[f"{case}_settings"] = np.asarray(json.dumps({"layers": layers, "guidance_scale": guidance,
+                                                            "pag_scale": scale, "pag_adaptive_scale": adaptive}))
+    write(args.out / "pag", "pag", arrays, PAG_README)
+    latents = runner_noise(FREEU_SIZE, FREEU_SIZE)
+    arrays = {"latents": latents, "prompt": np.asarray(PROMPT), "steps": np.asarray(STEPS),
+              "guidance_scale": np.asarray(FREEU_GUIDANCE)}
+    for case, factors in FREEU_CASES.items():
+        arrays[case] = sdxl_images(latents, FREEU_SIZE, FREEU_GUIDANCE, freeu=factors)
+        if factors is not None:
+            arrays[f"{case}_factors"] = np.asarray(factors)
+    write(args.out / "freeu", "freeu", arrays, FREEU_README)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
