@@ -146,32 +146,29 @@ def test_layers_pick_self_attention_modules_by_their_pytorch_names_and_diffusers
     assert not any(perturbs(["attn2"], name) for name in names)  # cross-attention is never perturbed
 
 
-@pytest.mark.parametrize(("overrides", "expected"), [
-    (["model=tiny-random-flux"], "error: guider: pag: tiny-random-flux is a flux model, which runs cfg, cfg_zero_star, "
-                                 "apg"),
-    (["model=tiny-random-sd3"], "error: guider: pag: tiny-random-sd3 is a sd3 model, which runs cfg, cfg_zero_star, apg"),
-    (["guider.layers=['(']"], "error: guider.layers: '(' is no regular expression"),
-    (["guider.layers=[]"], "error: guider.layers: no layers (allowed: patterns of the denoiser's self-attention"),
-    (["guider.layers=['a,b']"], "error: guider.layers: 'a,b' (allowed: patterns"),
-    (["guider.adaptive_scale=-1"], "error: guider.adaptive_scale: must be >= 0, got -1.0"),
-    (["guider.scale=nan"], "error: guider.scale: must be a finite number, got nan"),
-    (["model.name=tiny-sdxl", f"model.pretrained_model_name_or_path={BASE}",
-      f"model.refiner={FIXTURES / 'refiner' / 'tiny-sdxl-refiner'}"],
-     "error: guider: pag with model.refiner: it runs inside the base's UNet, not the refiner's, here"),
-])
-def test_what_pag_cannot_run_with_is_one_line(tmp_path, overrides, expected):
-    assert_one_line_error(call_cli("+experiment=smoke", "tracking=none", "guider=pag", *overrides, cwd=tmp_path), expected)
+REFINED = ["model.name=tiny-sdxl", f"model.pretrained_model_name_or_path={BASE}",
+           f"model.refiner={FIXTURES / 'refiner' / 'tiny-sdxl-refiner'}"]
 
 
-@pytest.mark.parametrize(("overrides", "expected"), [
-    (["model=tiny-random-flux"], "error: guider: freeu: tiny-random-flux is a flux model, which runs cfg, "),
-    (["guider.b1=inf"], "error: guider.b1: must be a finite number, got inf (allowed: a number (FreeU's published"),
-    (["model.name=tiny-sdxl", f"model.pretrained_model_name_or_path={BASE}",
-      f"model.refiner={FIXTURES / 'refiner' / 'tiny-sdxl-refiner'}"],
-     "error: guider: freeu with model.refiner: it runs inside the base's UNet, not the refiner's, here"),
+@pytest.mark.parametrize(("guider", "overrides", "expected"), [
+    ("pag", ["model=tiny-random-flux"], "error: guider: pag: tiny-random-flux is a flux model, which runs cfg, "
+                                        "cfg_zero_star, apg"),
+    ("pag", ["model=tiny-random-sd3"], "error: guider: pag: tiny-random-sd3 is a sd3 model, which runs cfg, "
+                                       "cfg_zero_star, apg"),
+    ("pag", ["guider.layers=['(']"], "error: guider.layers: '(' is no regular expression"),
+    ("pag", ["guider.layers=[]"], "error: guider.layers: no layers (allowed: patterns of the denoiser's self-attention"),
+    ("pag", ["guider.layers=['a,b']"], "error: guider.layers: 'a,b' (allowed: patterns"),
+    ("pag", ["guider.adaptive_scale=-1"], "error: guider.adaptive_scale: must be >= 0, got -1.0"),
+    ("pag", ["guider.scale=nan"], "error: guider.scale: must be a finite number, got nan"),
+    ("pag", REFINED, "error: guider: pag with model.refiner: it runs inside the base's UNet, not the refiner's, here"),
+    ("freeu", ["model=tiny-random-flux"], "error: guider: freeu: tiny-random-flux is a flux model, which runs cfg, "),
+    ("freeu", ["guider.b1=inf"], "error: guider.b1: must be a finite number, got inf (allowed: a number (FreeU's "
+                                 "published"),
+    ("freeu", REFINED, "error: guider: freeu with model.refiner: it runs inside the base's UNet, not the refiner's, "
+                       "here"),
 ])
-def test_what_freeu_cannot_run_with_is_one_line(tmp_path, overrides, expected):
-    assert_one_line_error(call_cli("+experiment=smoke", "tracking=none", "guider=freeu", *overrides, cwd=tmp_path),
+def test_what_pag_and_freeu_cannot_run_with_is_one_line(tmp_path, guider, overrides, expected):
+    assert_one_line_error(call_cli("+experiment=smoke", "tracking=none", f"guider={guider}", *overrides, cwd=tmp_path),
                           expected)
 
 

@@ -39,8 +39,6 @@ class Guidance:
     # A perturbing guider's (pag's) guider.layers: the denoiser is also called on the conditional input with the
     # self-attention they pick perturbed (engine/samplers/unet.py), and the guider reads that third prediction.
     perturbed: Optional[tuple[str, ...]] = None
-    # FreeU's factors (families/sd/models/unet.FreeU, traced) where guider=freeu: the UNet reweighs its up blocks
-    freeu: Optional[Any] = None
 
 
 def _per_image_sum(array, keepdims: bool = True):
@@ -95,12 +93,11 @@ def pag(guided_, conditional, perturbed, settings: dict, timestep):
     return jnp.where(scale == 0, guided_, out)
 
 
-# Each guider that combines the unconditional and conditional predictions; a perturbing guider (config/guiders.py:
-# GuiderEntry.perturbs) adds its term to classifier-free guidance's (PERTURBING).
-GUIDERS: dict[str, Callable] = {"cfg": cfg, "cfg_zero_star": cfg_zero_star, "apg": apg,
-                                 "freeu": cfg}  # (FreeU changes the UNet: its predictions combine as CFG's)
+# How each guider combines the unconditional and conditional predictions (the guiders that change the UNet, PAG and
+# FreeU, as CFG); a perturbing guider (config/guiders.py: GuiderEntry.perturbs) then adds its term (PERTURBING).
+GUIDERS: dict[str, Callable] = {"cfg": cfg, "cfg_zero_star": cfg_zero_star, "apg": apg, "pag": cfg, "freeu": cfg}
 PERTURBING: dict[str, Callable] = {"pag": pag}
-assert set(GUIDERS) | set(PERTURBING) == set(ENTRIES), "engine/guiders.py and config/guiders.py name the same guiders"
+assert set(GUIDERS) == set(ENTRIES), "engine/guiders.py and config/guiders.py name the same guiders"
 assert set(PERTURBING) == {name for name, entry in ENTRIES.items() if entry.perturbs}
 
 
@@ -158,15 +155,14 @@ def within(step, steps, start: float, stop: float):
 def _combined(unconditional, conditional, guidance: Guidance, step, perturbed=None, timestep=None):
     import jax.numpy as jnp
 
-    if guidance.guider in PERTURBING:  # classifier-free guidance's (as below), plus the perturbed term
-        out = cfg(unconditional, conditional, jnp.array([guidance.scale], dtype=jnp.float32), {}, step)
-        out = PERTURBING[guidance.guider](out, conditional, perturbed, guidance.settings, timestep)
-    elif GUIDERS[guidance.guider] is cfg:  # the guide's expression, bit for bit: a float32 [scale], as diffusers'
+    if GUIDERS[guidance.guider] is cfg:  # the guide's expression, bit for bit: a float32 [scale], as diffusers'
         # Flax pipelines make it, promotes the predictions (in the UNet's dtype) to float32
         out = cfg(unconditional, conditional, jnp.array([guidance.scale], dtype=jnp.float32), {}, step)
     else:  # in float32, as diffusers' guiders compute
         out = GUIDERS[guidance.guider](unconditional.astype(jnp.float32), conditional.astype(jnp.float32),
                                        jnp.ravel(jnp.asarray(guidance.scale, jnp.float32))[0], guidance.settings, step)
+    if perturbed is not None:  # a perturbing guider's term, before CFG rescale (as diffusers' PAG pipelines)
+        out = PERTURBING[guidance.guider](out, conditional, perturbed, guidance.settings, timestep)
     return out if guidance.rescale is None else rescaled(out, conditional, guidance.rescale)
 
 

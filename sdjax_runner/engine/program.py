@@ -179,11 +179,6 @@ def guiding(spec: Spec, scale, inputs: dict) -> Guidance:
     settings = {key: inputs[GUIDER_INPUT + key] for key in GUIDER_ENTRIES[spec.guider].reads}
     cache = ({key: inputs[CACHE_INPUT + key] for key in CACHE_ENTRIES[spec.cache].reads}
              if spec.cache != CACHE_DEFAULT else None)
-    freeu = None
-    if GUIDER_ENTRIES[spec.guider].reweighs:  # (FreeU, the one that does)
-        from sdjax_runner.families.sd.models.unet import FreeU
-
-        freeu = FreeU((settings["b1"], settings["b2"]), (settings["s1"], settings["s2"]))
     return Guidance(scale, spec.guider, inputs["guidance_rescale"] if spec.cfg_rescale else None, settings,
                     inputs["true_cfg_scale"] if spec.true_cfg else None, spec.guider_window, cache,
-                    spec.guider_layers or None, freeu)
+                    spec.guider_layers or None)

@@ -39,7 +39,7 @@ def unet_denoiser(pipeline: Any, params: dict, conditioning: Conditioning, guida
         t = jnp.interp(jnp.log(sigma), log_sigmas, positions)
         nearest = None if sigmas is None else jnp.argmin(jnp.abs(sigmas - sigma))
         predictions = unet.halves(pipeline, params, conditioning, x / jnp.sqrt(sigma**2 + 1), t, nearest,
-                                  guidance.perturbed, guidance.freeu).as_float32()
+                                  guidance).as_float32()
         out = guided(predictions.unconditional, predictions.conditional, guidance, place(sigma, steps) - first,
                      len(steps) - 1 - first, predictions.perturbed, t)
         if prediction == "v_prediction":

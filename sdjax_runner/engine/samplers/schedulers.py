@@ -43,7 +43,7 @@ def denoise(pipeline: Any, params: dict, conditioning: Conditioning, start: Star
         t = jnp.array(state.timesteps, dtype=jnp.int32)[index]
         # (scale_model_input is element-wise: scaling before the halves are doubled is the same as after)
         predictions = unet.halves(pipeline, params, conditioning, scheduler.scale_model_input(state, latents, t), t,
-                                  perturbed=guidance.perturbed, freeu=guidance.freeu)
+                                  guidance=guidance)
         noise = guided(predictions.unconditional, predictions.conditional, guidance, index - start.step,
                        spec.steps - start.step, predictions.perturbed, t)
         if spec.eta and draws is not None:  # DDIM with eta (config/samplers.py allows it for DDIM alone)

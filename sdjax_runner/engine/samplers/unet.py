@@ -5,9 +5,12 @@ the UNet's dtype, as diffusers does; the k samplers in float32)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, NamedTuple, Optional
 
+from sdjax_runner.config.guiders import GUIDERS as GUIDER_ENTRIES
 from sdjax_runner.engine.encode import Conditioning
+from sdjax_runner.engine.guiders import Guidance
 from sdjax_runner.families.sd.models.unet import FreeU, Perturbed
 
 
@@ -26,19 +29,22 @@ class Predictions(NamedTuple):
 
 
 def halves(pipeline: Any, params: dict, conditioning: Conditioning, x, timestep, switch_timestep=None,
-           perturbed: Optional[tuple[str, ...]] = None, freeu: Optional[FreeU] = None) -> Predictions:
+           guidance: Optional[Guidance] = None) -> Predictions:
     """(unconditional, conditional) predictions for ``x`` (one half's inputs) at the scalar ``timestep``,
     whose dtype the UNet receives (the schedulers' integer timesteps, the k samplers' fractional ones).
     An inpainting model reads the mode's extra channels after ``x``; a ControlNet (controlnet mode) sees
     ``x`` and adds its scaled residuals to the UNet's skip connections, as diffusers' Flax ControlNet
     pipeline does. With SDXL's refiner (``conditioning.refiner``) a call whose ``switch_timestep`` (the
     training timestep the call is at, A1111's nearest one for a k sampler's sigma; ``timestep`` where None) is
-    below the cutoff runs the refiner's UNet on its own conditioning (engine/refiner.py). With ``perturbed`` (a
-    perturbing guider's layers: PAG) a third, the conditional input's prediction with the self-attention they pick
-    perturbed: (unconditional, conditional, perturbed), all in one call of the UNet on a batch grown by the
-    conditional rows, as diffusers' PAG pipelines make it. ``freeu``: the UNet's up blocks reweighed (FreeU)."""
+    below the cutoff runs the refiner's UNet on its own conditioning (engine/refiner.py). With a perturbing guider
+    (``guidance.perturbed``, PAG's layers) a third, the conditional input's prediction with the self-attention they
+    pick perturbed: (unconditional, conditional, perturbed), all in one call of the UNet on a batch grown by the
+    conditional rows, as diffusers' PAG pipelines make it; with one that reweighs the UNet (FreeU), its up blocks
+    reweighed by the guider's traced factors."""
     import jax.numpy as jnp
 
+    perturbed = guidance.perturbed if guidance is not None else None
+    freeu = reweighing(guidance)
     guided = conditioning.context.shape[0] != x.shape[0]  # else the conditional half alone (no CFG)
     if perturbed:
         chunks = 3 if guided else 2
@@ -53,20 +59,32 @@ def halves(pipeline: Any, params: dict, conditioning: Conditioning, x, timestep,
     return Predictions(*jnp.split(both, 2, axis=0))
 
 
+def reweighing(guidance: Optional[Guidance]) -> Optional[FreeU]:
+    """The UNet's FreeU factors where the guider reweighs it (``guider=freeu``: its traced settings), else None."""
+    if guidance is None or not GUIDER_ENTRIES[guidance.guider].reweighs:
+        return None
+    settings = guidance.settings
+    return FreeU((settings["b1"], settings["b2"]), (settings["s1"], settings["s2"]))
+
+
+def rows_mapped(conditioning: Conditioning, rows: Callable) -> Conditioning:
+    """``conditioning`` with ``rows`` applied to each of its batch-leading arrays (the text context, SDXL's added
+    conditioning, an inpainting model's extra channels, a ControlNet's image; the refiner's own likewise)."""
+    control, refiner = conditioning.control, conditioning.refiner
+    return Conditioning(rows(conditioning.context),
+                        None if conditioning.added is None else {k: rows(v) for k, v in conditioning.added.items()},
+                        None if conditioning.concat is None else rows(conditioning.concat),
+                        None if control is None else (rows(control[0]), control[1]),
+                        None if refiner is None else (rows_mapped(refiner[0], rows), refiner[1]))
+
+
 def with_conditional_rows(conditioning: Conditioning, guided: bool) -> Conditioning:
     """``conditioning`` with its conditional rows -- the last half of every batch-leading array (``guided``: it
     holds the unconditional half first), else all of them -- repeated at the end: the perturbed call's inputs."""
     import jax.numpy as jnp
 
-    def grown(array):
-        return jnp.concatenate([array, array[array.shape[0] // 2:] if guided else array])
-
-    control = conditioning.control
-    return conditioning._replace(
-        context=grown(conditioning.context),
-        added=None if conditioning.added is None else {k: grown(v) for k, v in conditioning.added.items()},
-        concat=None if conditioning.concat is None else grown(conditioning.concat),
-        control=None if control is None else (grown(control[0]), control[1]))
+    return rows_mapped(conditioning,
+                       lambda array: jnp.concatenate([array, array[array.shape[0] // 2:] if guided else array]))
 
 
 def _switched(pipeline: Any, params: dict, conditioning: Conditioning, model_input, timestep, switch_timestep,
@@ -115,12 +133,4 @@ def _unet(pipeline: Any, params: dict, conditioning: Conditioning, model_input, 
 def conditional_only(conditioning: Conditioning) -> Conditioning:
     """``conditioning`` without its unconditional half (the first half of every batch-leading array), for a
     program without classifier-free guidance (engine/program.py: Spec.cfg)."""
-    def half(array):
-        return array[array.shape[0] // 2:]
-
-    control, refiner = conditioning.control, conditioning.refiner
-    return Conditioning(half(conditioning.context),
-                        None if conditioning.added is None else {k: half(v) for k, v in conditioning.added.items()},
-                        None if conditioning.concat is None else half(conditioning.concat),
-                        None if control is None else (half(control[0]), control[1]),
-                        None if refiner is None else (conditional_only(refiner[0]), refiner[1]))
+    return rows_mapped(conditioning, lambda array: array[array.shape[0] // 2:])
