@@ -49,7 +49,7 @@ INTERNALS = {
         "a sweep's values checked before it starts (config/sweep_points.py)"),
     "hydra_basic_sweeper": Internal(
         "hydra-core", "1.3.8", "hydra._internal.core_plugins.basic_sweeper.BasicSweeper, BasicSweeperConf",
-        "hydra/sweeper=resume and the check of a sweep's points"),
+        "hydra/sweeper=checked and resume, and the check of a sweep's points"),
 }
 
 # Hydra's own name for its basic sweeper: a sweep's ``hydra.sweeper._target_``.

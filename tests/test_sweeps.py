@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from helpers.cli import run_cli
+from helpers.cli import ONE_DEVICE, run_cli
 from helpers.mlflow_store import sweep_runs as mlflow_runs
 from sdjax_runner.record.sweep import job_label, swept_keys
 
@@ -45,6 +45,33 @@ def test_a_job_whose_records_are_damaged_is_a_blank_row_not_a_failed_summary(tmp
     rows = summary(tmp_path)
     assert [(r["label"], r["status"], r["generate_s"], r["run_id"]) for r in rows] == [
         ("seed=0", "FINISHED", "0.5", "abc"), ("seed=1", "UNKNOWN", "", "")]
+
+
+@pytest.mark.slow
+def test_each_point_of_a_sweep_is_composed_once_after_the_points_are_checked(tmp_path, monkeypatch):
+    """Hydra's basic sweeper composes every point before launching any, and its launcher each again as it runs it:
+    the default sweeper (hydra/sweeper=checked) leaves the first pass to the runner's check of the points
+    (config/sweep_points.py), which composes the first point and applies the other seeds to it."""
+    from hydra._internal.config_loader_impl import ConfigLoaderImpl
+
+    composed: list[list[str]] = []
+    load = ConfigLoaderImpl.load_sweep_config
+
+    def counted(self, master_config, sweep_overrides):
+        composed.append([o for o in sweep_overrides if o.startswith("seed=")])
+        return load(self, master_config, sweep_overrides)
+
+    monkeypatch.setattr(ConfigLoaderImpl, "load_sweep_config", counted)
+    sweep = tmp_path / "sweep"
+    result = run_cli("-m", "+experiment=smoke", "seed=0,1,2", "tracking=none", "metrics.clip_score.enabled=false",
+                     *ONE_DEVICE, f"hydra.sweep.dir={sweep}", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert composed == [["seed=0"], ["seed=0"], ["seed=1"], ["seed=2"]]  # the check's first point, then each job's
+    assert [json.loads((sweep / str(i) / "images.json").read_text())[0]["seed"] for i in range(3)] == [0, 1, 2]
+    # a bad seed is still refused before any point runs, in one line
+    bad = run_cli("-m", "+experiment=smoke", "seed=0,-1", "tracking=none", f"hydra.sweep.dir={tmp_path / 'bad'}",
+                  cwd=tmp_path)
+    assert bad.returncode == 2 and bad.stderr.strip().startswith("error: seed: ") and not (tmp_path / "bad").exists()
 
 
 @pytest.mark.slow

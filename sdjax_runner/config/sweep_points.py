@@ -20,8 +20,10 @@ from omegaconf import DictConfig
 from sdjax_runner.errors import UserError
 from sdjax_runner.internals import BASIC_SWEEPER_TARGET, apply_hydra_overrides
 
-# The sweepers that run every point of the command line (ours resumes a sweep with the basic one's points).
-LISTING_SWEEPERS = (BASIC_SWEEPER_TARGET, "hydra_plugins.sdjax_runner_resume.resume_sweeper.ResumeSweeper")
+# The sweepers that run every point of the command line: Hydra's basic one and ours, which are it (the default,
+# checked, and resume: hydra_plugins/sdjax_runner_resume/resume_sweeper.py).
+LISTING_SWEEPERS = (BASIC_SWEEPER_TARGET, "hydra_plugins.sdjax_runner_resume.resume_sweeper.CheckedSweeper",
+                    "hydra_plugins.sdjax_runner_resume.resume_sweeper.ResumeSweeper")
 
 
 def check_points(config: DictConfig, task: list[str]) -> None:

@@ -217,7 +217,7 @@ class Engine:
                                       plan.peak_tflops_per_device)
         return dict(efficiency.summary(flops, seconds, plan.num_devices, peak),
                     device_memory_peak_bytes=efficiency.device_memory_peak(devices),
-                    program_memory_bytes=efficiency.program_memory(generator.compiled),
+                    program_memory_bytes=generator.program_memory(),
                     host_peak_rss_bytes=efficiency.host_peak_rss())
 
     def counters(self) -> dict[str, int]:
@@ -299,7 +299,7 @@ def fits_host_memory(plan: Plan, generator: Generator, devices: list, height: in
     the kernel kills. Accelerators refuse such a program themselves when it is placed (out_of_memory_said)."""
     if not devices or devices[0].platform != "cpu":
         return
-    per_device = efficiency.program_memory(generator.compiled)
+    per_device = generator.program_memory()
     available = available_host_bytes()
     if per_device is None or available is None or per_device * len(devices) <= available:
         return

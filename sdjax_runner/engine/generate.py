@@ -19,6 +19,7 @@ import numpy as np
 
 from sdjax_runner.config.caches import DEFAULT as CACHE_DEFAULT
 from sdjax_runner.config.plan import Plan
+from sdjax_runner.engine import efficiency
 from sdjax_runner.engine.caches import CACHE_INPUT
 from sdjax_runner.engine.families import FAMILIES
 from sdjax_runner.engine.guiders import GUIDER_INPUT
@@ -106,6 +107,7 @@ class Generator:
         self.timings = Timings()
         self.started = started
         self.compiled: Optional[Callable] = None  # the program (install)
+        self._program_memory: Optional[tuple[Any, Optional[int]]] = None  # (the program, its bytes): program_memory
         # For a stored executable: traces the program instead, should it fail at its first call.
         self.retrace: Optional[Callable[[Exception], None]] = None
         self.non_finite: set[int] = set()  # indices of images with NaN or infinite pixels (overflow)
@@ -156,6 +158,13 @@ class Generator:
         """Run batches with ``compiled`` (engine/engine.py compiles or finds it); ``retrace``, for a stored
         executable: called with the error should it fail at its first call, and installs a traced one."""
         self.compiled, self.retrace = compiled, retrace
+
+    def program_memory(self) -> Optional[int]:
+        """XLA's plan of the installed program's bytes per device (efficiency.program_memory), asked once per
+        program: each job of a sweep reads it twice, and XLA works it out anew each time (0.03-0.3 s on a CPU)."""
+        if self._program_memory is None or self._program_memory[0] is not self.compiled:
+            self._program_memory = (self.compiled, efficiency.program_memory(self.compiled))
+        return self._program_memory[1]
 
     @staticmethod
     def place_params(tree, devices: list):
