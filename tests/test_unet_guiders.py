@@ -153,8 +153,6 @@ REFINED = ["model.name=tiny-sdxl", f"model.pretrained_model_name_or_path={BASE}"
 @pytest.mark.parametrize(("guider", "overrides", "expected"), [
     ("pag", ["model=tiny-random-flux"], "error: guider: pag: tiny-random-flux is a flux model, which runs cfg, "
                                         "cfg_zero_star, apg"),
-    ("pag", ["model=tiny-random-sd3"], "error: guider: pag: tiny-random-sd3 is a sd3 model, which runs cfg, "
-                                       "cfg_zero_star, apg"),
     ("pag", ["guider.layers=['(']"], "error: guider.layers: '(' is no regular expression"),
     ("pag", ["guider.layers=[]"], "error: guider.layers: no layers (allowed: patterns of the denoiser's self-attention"),
     ("pag", ["guider.layers=['a,b']"], "error: guider.layers: 'a,b' (allowed: patterns"),
@@ -162,6 +160,8 @@ REFINED = ["model.name=tiny-sdxl", f"model.pretrained_model_name_or_path={BASE}"
     ("pag", ["guider.scale=nan"], "error: guider.scale: must be a finite number, got nan"),
     ("pag", REFINED, "error: guider: pag with model.refiner: it runs inside the base's UNet, not the refiner's, here"),
     ("freeu", ["model=tiny-random-flux"], "error: guider: freeu: tiny-random-flux is a flux model, which runs cfg, "),
+    ("freeu", ["model=tiny-random-sd3"], "error: guider: freeu: tiny-random-sd3 is a sd3 model, which runs cfg, "
+                                         "cfg_zero_star, apg, pag"),
     ("freeu", ["guider.b1=inf"], "error: guider.b1: must be a finite number, got inf (allowed: a number (FreeU's "
                                  "published"),
     ("freeu", REFINED, "error: guider: freeu with model.refiner: it runs inside the base's UNet, not the refiner's, "

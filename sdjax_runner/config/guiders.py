@@ -57,7 +57,8 @@ GUIDERS = {entry.name: entry for entry in (
     # update's norm capped at norm_threshold, its part parallel to the conditional prediction weighted by eta
     GuiderEntry("apg", ("eta", "norm_threshold")),
     # perturbed-attention guidance (Ahn et al. 2024, diffusers' PAG pipelines): a third prediction on the conditional
-    # input with the self-attention of guider.layers replaced by the identity (each token its own value);
+    # input with the self-attention of guider.layers perturbed (a UNet's: the identity, each token its own value; SD
+    # 3's joint attention: each image token sees itself alone among the image tokens); the SD family and SD 3;
     # uncond + g (cond - uncond) + s (cond - perturbed), s = scale, or max(0, scale - adaptive_scale (1000 - t))
     GuiderEntry("pag", ("scale", "adaptive_scale"), perturbs=True),
     # FreeU (Si et al. 2024, diffusers' enable_freeu): CFG, with the UNet's first two up blocks' backbone features
@@ -66,7 +67,7 @@ GUIDERS = {entry.name: entry for entry in (
 )}
 
 # The guiders that only combine the predictions the step already makes (nothing inside the UNet): what a family
-# whose denoiser takes no change (FLUX.1's and SD 3's transformers, for now) runs.
+# whose denoiser takes no change (FLUX.1's transformer, for now) runs; SD 3 runs these and pag.
 COMBINING = tuple(name for name, entry in GUIDERS.items() if not entry.changes_the_unet)
 
 
@@ -117,17 +118,20 @@ def check(config: Any, family: Any) -> Guider:
         raise UserError("guider", f"{name} with model.refiner: it runs inside the base's UNet, not the refiner's, here",
                         f"guider={name} without a refiner, or another guider with it")
     return Guider(name, choices.settings_read("guider", given, name, GUIDERS, _check_value, apart=(*WINDOW, LAYERS)),
-                  _window(given), _layers(given, entry))
+                  _window(given), _layers(given, entry, family))
 
 
-def _layers(given: Any, entry: GuiderEntry) -> tuple[str, ...]:
-    """``guider.layers`` for a perturbing guider, each a valid pattern (which modules they match is the loaded
-    model's: the family checks it); said and left out for another guider where set away from its default."""
+def _layers(given: Any, entry: GuiderEntry, family: Any) -> tuple[str, ...]:
+    """``guider.layers`` for a perturbing guider (unset: the family's default, FamilyEntry.perturbed_layers), each
+    a valid pattern (which modules they match is the loaded model's: the family checks it); said and left out for
+    another guider where set."""
     import re
 
+    if given.layers is None:
+        return tuple(family.perturbed_layers) if entry.perturbs else ()
     layers = tuple(str(layer) for layer in given.layers)
     if not entry.perturbs:
-        if list(layers) != DEFAULT_LAYERS:
+        if layers:
             readers = [other.name for other in GUIDERS.values() if other.perturbs]
             log.warning("guider.layers: %s is read by %s; guider=%s runs without it", list(layers),
                         " and ".join(readers), entry.name)
@@ -160,9 +164,8 @@ def _check_value(key: str, value: Any) -> None:
         raise UserError(f"guider.{key}", f"must be >= 0, got {value}", ALLOWED[key])
 
 
-DEFAULT_LAYERS = ["mid"]  # diffusers' PAG pipelines' default pag_applied_layers
 ALLOWED_LAYERS = ("patterns of the denoiser's self-attention modules by their PyTorch names, as diffusers' "
-                  "pag_applied_layers: mid, down_blocks.1, up_blocks.0.attentions.1, ...")
+                  "pag_applied_layers: mid, down_blocks.1, up_blocks.0.attentions.1 (a UNet), blocks.1 (SD 3), ...")
 FREEU_VALUES = ("a number (FreeU's published values: SD 1.4 and XL b1 1.3, b2 1.4, s1 0.9, s2 0.2; SD 1.5 b1 1.5, "
                 "b2 1.6; SD 2.1 b1 1.4, b2 1.6; 1: unchanged)")
 ALLOWED = {"zero_init_steps": "0 (none), 1 (diffusers' default), 2, ...",

@@ -500,9 +500,11 @@ class GuiderConfig:
     # pag: the scale falls by this per timestep below 1000, down to 0 (diffusers' pag_adaptive_scale; 0: constant).
     adaptive_scale: float = 0.0
     # pag: the self-attention layers perturbed, patterns (regular expressions) matched against the denoiser's
-    # self-attention modules by their PyTorch names, as diffusers' pag_applied_layers: [mid] (its default),
-    # [down_blocks.1], [up_blocks.0.attentions.1], ... Static: a sweep over them compiles per value.
-    layers: List[str] = field(default_factory=lambda: ["mid"])
+    # self-attention modules by their PyTorch names, as diffusers' pag_applied_layers: on a UNet [mid],
+    # [down_blocks.1], [up_blocks.0.attentions.1], ...; on SD 3's transformer [blocks.1], [transformer_blocks.(4|5)],
+    # ... null: the family's default, diffusers' pipelines' ([mid]; SD 3: [blocks.1]). Static: a sweep over them
+    # compiles per value.
+    layers: Optional[List[str]] = None
     # freeu: the first up block's backbone factor (half its features' channels). The defaults are FreeU's published
     # values for SD 1.4 and SDXL (SD 1.5: b1 1.5, b2 1.6; SD 2.1: b1 1.4, b2 1.6); all four at 1: the plain UNet.
     b1: float = 1.3

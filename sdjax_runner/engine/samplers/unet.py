@@ -11,7 +11,8 @@ from typing import Any, NamedTuple, Optional
 from sdjax_runner.config.guiders import GUIDERS as GUIDER_ENTRIES
 from sdjax_runner.engine.encode import Conditioning
 from sdjax_runner.engine.guiders import Guidance
-from sdjax_runner.families.sd.models.unet import FreeU, Perturbed
+from sdjax_runner.families.sd.models.unet import FreeU
+from sdjax_runner.models.nn.perturbed import Perturbed
 
 
 class Predictions(NamedTuple):

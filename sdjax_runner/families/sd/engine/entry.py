@@ -29,17 +29,13 @@ def sd_check_loaded(plan: Any, loaded: LoadedModel) -> None:
 
 def perturbed_layers(layers: tuple[str, ...], unet_weights: dict, model: str) -> None:
     """Each of a perturbing guider's ``guider.layers`` picks at least one of the UNet's self-attention modules
-    (diffusers raises "Cannot find PAG layer" otherwise); else a UserError naming them."""
-    from sdjax_runner.errors import UserError
-    from sdjax_runner.families.sd.models.unet import perturbs, self_attention_names
+    (models/nn/perturbed.check_layers)."""
+    from sdjax_runner.families.sd.models.unet import self_attention_names
+    from sdjax_runner.models.nn.perturbed import check_layers
 
     names = self_attention_names(unet_weights)
-    for layer in layers:
-        if not any(perturbs((layer,), name) for name in names):
-            shown = sorted({name.rpartition(".attentions")[0] for name in names})
-            raise UserError("guider.layers", f"{layer[:60]!r} picks none of {model}'s self-attention layers",
-                            f"patterns of their names: {', '.join(shown)} (down_blocks.1.attentions.0."
-                            "transformer_blocks.0.attn1, ...)")
+    check_layers(layers, names, model, sorted({name.rpartition(".attentions")[0] for name in names}),
+                 "down_blocks.1.attentions.0.transformer_blocks.0.attn1")
 
 
 def sd_tokens(pipeline: Any, plan: Any) -> PromptTokens:

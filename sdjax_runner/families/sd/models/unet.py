@@ -39,6 +39,7 @@ from sdjax_runner.models.nn import layers
 from sdjax_runner.models.nn.attention import IMPLEMENTATIONS
 from sdjax_runner.models.nn.attention import attention as multihead_attention
 from sdjax_runner.models.nn.config import FromDiffusersConfig
+from sdjax_runner.models.nn.perturbed import Perturbed, perturbs, torch_name
 
 # What a UNet's config.json may ask that this UNet (diffusers' Flax UNet's arithmetic) does not compute: the keys of
 # diffusers' PyTorch UNet2DConditionModel, each with the values at which PyTorch computes what this UNet computes
@@ -125,38 +126,6 @@ def saved_sample_size(config: Mapping[str, Any]) -> Any:
     saved = str(config.get("_diffusers_version") or "")
     parts = tuple(int(p) for p in re.findall(r"\d+", saved)[:2])
     return 64 if saved and parts < (0, 9) and isinstance(size, int) and size < 64 else size
-
-
-class Perturbed(NamedTuple):
-    """Perturbed-attention guidance's perturbation (engine/guiders.py, ``guider=pag``): in the self-attention modules
-    whose PyTorch names (:func:`torch_name`) ``layers`` match (:func:`perturbs`), the last of the batch's ``chunks``
-    equal parts attends by the identity -- each token its own value, ``to_out(to_v(x))`` -- as diffusers'
-    ``PAGCFGIdentitySelfAttnProcessor2_0`` (3 chunks: unconditional, conditional, perturbed) and
-    ``PAGIdentitySelfAttnProcessor2_0`` (2: conditional, perturbed) compute."""
-
-    layers: tuple[str, ...]
-    chunks: int
-
-
-def torch_name(path: Sequence[str]) -> str:
-    """A module's name in diffusers' PyTorch UNet from its path here: ``down_blocks_1/attentions_0/attn1`` ->
-    ``down_blocks.1.attentions.0.attn1``."""
-    import re
-
-    return ".".join(re.sub(r"_(\d+)$", r".\1", part) for part in path)
-
-
-def perturbs(layers: Sequence[str], name: str) -> bool:
-    """Whether one of ``layers`` picks the self-attention module ``name``, by diffusers' rule (PAGMixin's
-    ``_set_pag_attn_processor``): the pattern found in the name (``re.search``), unless the pattern and the name end
-    in the same number (its ``is_fake_integral_match``; a UNet's self-attention names end in ``attn1``)."""
-    import re
-
-    def fake_integral_match(layer: str) -> bool:
-        last, name_last = layer.split(".")[-1], name.split(".")[-1]
-        return last.isnumeric() and name_last.isnumeric() and last == name_last
-
-    return any(re.search(layer, name) is not None and not fake_integral_match(layer) for layer in layers)
 
 
 def self_attention_names(params: Mapping[str, Any], path: tuple[str, ...] = ()) -> list[str]:

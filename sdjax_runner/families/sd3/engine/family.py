@@ -23,8 +23,9 @@ class SD3Tokens(FluxTokens):
 
 
 def check_loaded(plan: Any, loaded: Any) -> None:
-    """Skip-layer guidance's blocks are blocks of the loaded transformer; the image fits its position table
-    (a hub model's folder is on disk only now: config/families.check_side could not tell before)."""
+    """Skip-layer guidance's blocks are blocks of the loaded transformer, a perturbing guider's layers pick some of
+    its self-attention; the image fits its position table (a hub model's folder is on disk only now:
+    config/families.check_side could not tell before)."""
     transformer = loaded.pipeline.transformer
     largest = transformer.pos_embed_max_size * transformer.patch_size * loaded.pipeline.vae_scale_factor
     native = plan.model.resolution or loaded.native_size
@@ -34,12 +35,24 @@ def check_loaded(plan: Any, loaded: Any) -> None:
                         f"{height}x{width}: {plan.model.name} takes at most {largest}x{largest} (its transformer's "
                         f"position table is {transformer.pos_embed_max_size}x{transformer.pos_embed_max_size} patches)",
                         f"a height and width up to {largest}")
+    perturbed_layers(plan.guider.layers, loaded.host_weights["transformer"], plan.model.name)
     if plan.slg is not None:
         blocks = loaded.pipeline.transformer.num_layers
         outside = [layer for layer in plan.slg[0] if layer >= blocks]
         if outside:
             raise UserError("sampling.slg_layers", f"{list(plan.slg[0])}: {plan.model.name}'s transformer has "
                             f"{blocks} blocks (0..{blocks - 1})", f"block numbers below {blocks}")
+
+
+def perturbed_layers(layers: tuple[str, ...], weights: dict, model: str) -> None:
+    """Each of a perturbing guider's ``guider.layers`` picks at least one of the transformer's self-attention
+    modules (models/nn/perturbed.check_layers)."""
+    from sdjax_runner.families.sd3.models.transformer import self_attention_names
+    from sdjax_runner.models.nn.perturbed import check_layers
+
+    names = self_attention_names(weights)
+    blocks = sorted({name.rpartition(".")[0] for name in names}, key=lambda name: int(name.rpartition(".")[2]))
+    check_layers(layers, names, model, blocks, "transformer_blocks.1.attn")
 
 
 def with_scheduler(loaded: Any, scheduler: Any, prediction_type: Any = None, attention: str = "default"):
@@ -77,12 +90,13 @@ def structure(pipeline: Any) -> list:
             config_dict(pipeline.text_encoder_3)]
 
 
-def transformer_call(pipeline: Any, per_device_images: int, height: int, width: int, tokens: int) -> DenoiserCall:
-    """One guided transformer call on a device's images (the negative and positive halves in one batch);
-    ``tokens``: T5's sequence length (the conditioning is 77 CLIP tokens plus these)."""
+def transformer_call(pipeline: Any, per_device_images: float, height: int, width: int, tokens: int) -> DenoiserCall:
+    """One guided transformer call on a device's images (the negative and positive halves in one batch; with
+    perturbed-attention guidance a third, ``per_device_images`` counting it as half an image each); ``tokens``: T5's
+    sequence length (the conditioning is 77 CLIP tokens plus these)."""
     import jax
 
-    batch, factor = 2 * per_device_images, pipeline.vae_scale_factor
+    batch, factor = round(2 * per_device_images), pipeline.vae_scale_factor
     transformer = pipeline.transformer
     hidden = jax.ShapeDtypeStruct((batch, height // factor, width // factor, transformer.in_channels), pipeline.dtype)
     context = jax.ShapeDtypeStruct((batch, stages.CLIP_TOKENS + tokens, transformer.joint_attention_dim),

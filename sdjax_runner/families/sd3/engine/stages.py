@@ -23,6 +23,7 @@ from sdjax_runner.engine.guiders import Guidance, flow_step, guided
 from sdjax_runner.engine.modes.start import Start
 from sdjax_runner.families.flux.engine.stages import decode as flux_decode
 from sdjax_runner.families.flux.engine.stages import euler_step, kept_area, noised_start, with_init_image, with_mask
+from sdjax_runner.models.nn.perturbed import Perturbed
 
 CLIP_TOKENS = 77
 decode = flux_decode  # latents / scaling_factor + shift_factor through the 16-channel VAE, as FLUX.1's
@@ -137,12 +138,14 @@ def velocity_model(pipeline: Any, params: dict, conditioning: Conditioning, guid
 
     train = np.float32(pipeline.scheduler_config.get("num_train_timesteps", 1000))
 
-    def transformer(x, context, pooled, t, skip_layers=()):
+    def transformer(x, context, pooled, t, skip_layers=(), perturbed=None):
         return pipeline.transformer.apply({"params": params["transformer"]}, x, context, pooled, t,
-                                          skip_layers=skip_layers)
+                                          skip_layers=skip_layers, perturbed=perturbed)
 
     def velocity(latents, sigma, index=None):
         x = latents.transpose(0, 2, 3, 1).astype(pipeline.dtype)
+        if guidance.perturbed is not None:
+            return perturbed_velocity(x, sigma, index).transpose(0, 3, 1, 2)
         t = jnp.broadcast_to(jnp.asarray(sigma, jnp.float32) * train, (2 * batch,)).astype(pipeline.dtype)
         both = transformer(jnp.concatenate([x, x]), context, pooled, t)
         uncond, cond = both[:batch], both[batch:]
@@ -153,6 +156,23 @@ def velocity_model(pipeline: Any, params: dict, conditioning: Conditioning, guid
         if spec.slg is not None and index is not None:
             combined = combined + skip_layer_guidance(x, cond, t[:batch], index)
         return jnp.where(scale > 1, combined, cond).transpose(0, 3, 1, 2)
+
+    def perturbed_velocity(x, sigma, index):
+        """Perturbed-attention guidance (diffusers' StableDiffusion3PAGPipeline): a third chunk of the batch, the
+        conditional input, runs the self-attention modules of guidance.perturbed perturbed; ``uncond + g (cond -
+        uncond) + s (cond - perturbed)`` where g > 1, else ``cond + s (cond - perturbed)``, in float32."""
+        assert guidance.perturbed is not None  # velocity's test
+        timestep = jnp.asarray(sigma, jnp.float32) * train  # diffusers' t (PAG's adaptive scale reads it)
+        t = jnp.broadcast_to(timestep, (3 * batch,)).astype(pipeline.dtype)
+        three = transformer(jnp.concatenate([x, x, x]), jnp.concatenate([context, conditioning.context]),
+                            jnp.concatenate([pooled, added["pooled"]]), t, perturbed=Perturbed(guidance.perturbed, 3))
+        uncond, cond, perturbed = three[:batch], three[batch:2 * batch], three[2 * batch:]
+        step, count = flow_step(index, sigma, steps, spec.steps)
+        combined = jnp.where(scale > 1, guided(uncond, cond, guidance, step, count, perturbed, timestep),
+                             guided(None, cond, guidance, step, count, perturbed, timestep)).astype(pipeline.dtype)
+        if spec.slg is not None and index is not None:
+            combined = combined + skip_layer_guidance(x, cond, t[:batch], index)
+        return combined
 
     def skip_layer_guidance(x, cond, t, index):
         """diffusers' ``(cond - cond without the skipped blocks) * skip_layer_guidance_scale`` on the steps ``i``

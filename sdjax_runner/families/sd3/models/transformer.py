@@ -18,7 +18,9 @@ PyTorch -> Flax conversion (families/flux/models/convert.py) reads its weights. 
 * ``norm_out`` (AdaLayerNormContinuous), ``proj_out`` and the patches folded back into latents.
 
 SD 3.5 normalises queries and keys per head (``qk_norm="rms_norm"``); SD 3.0 does not (``qk_norm=None``).
-``skip_layers`` skips blocks, as diffusers' skip-layer guidance does. Latents are NHWC here (diffusers: NCHW).
+``skip_layers`` skips blocks, as diffusers' skip-layer guidance does; ``perturbed`` runs the self-attention
+modules perturbed-attention guidance picks perturbed for the batch's last chunk (:func:`perturbed_attention`).
+Latents are NHWC here (diffusers: NCHW).
 Numerics follow families/flux/models/transformer.py: norms, the softmax and the sinusoids in float32.
 """
 
@@ -43,6 +45,7 @@ from sdjax_runner.families.flux.models.transformer import (
 from sdjax_runner.models.nn import layers
 from sdjax_runner.models.nn.attention import attend
 from sdjax_runner.models.nn.config import FromDiffusersConfig
+from sdjax_runner.models.nn.perturbed import Perturbed, perturbs, torch_name
 
 # The keys of diffusers' SD3Transformer2DModel config.json (its __init__ arguments) and their defaults there.
 CONFIG_DEFAULTS: dict[str, Any] = {
@@ -155,14 +158,21 @@ class JointAttention(layers.Module):
         return heads
 
     @nn.compact
-    def __call__(self, x: jax.Array, context: Optional[jax.Array] = None) -> Any:
+    def __call__(self, x: jax.Array, context: Optional[jax.Array] = None, perturbed_chunks: int = 0) -> Any:
+        """``perturbed_chunks`` n > 0: the batch is n equal chunks, and the last attends perturbed
+        (:func:`perturbed_attention`)."""
         query, key, value = (self._project(x, "to_q", "norm_q"), self._project(x, "to_k", "norm_k"),
                              self._project(x, "to_v", None))
         if context is not None:
             query = jnp.concatenate([query, self._project(context, "add_q_proj", "norm_added_q")], axis=1)
             key = jnp.concatenate([key, self._project(context, "add_k_proj", "norm_added_k")], axis=1)
             value = jnp.concatenate([value, self._project(context, "add_v_proj", None)], axis=1)
-        out = attend(query, key, value, self.implementation)
+        if perturbed_chunks:
+            rows = x.shape[0] // perturbed_chunks
+            out = jnp.concatenate([attend(query[:-rows], key[:-rows], value[:-rows], self.implementation),
+                                   perturbed_attention(query[-rows:], key[-rows:], value[-rows:], x.shape[1])])
+        else:
+            out = attend(query, key, value, self.implementation)
         out = out.reshape(*out.shape[:2], self.heads * self.head_dim).astype(query.dtype)
         image = x.shape[1]
         x_out = self._dense(x.shape[-1], "to_out_0")(out[:, :image])
@@ -171,6 +181,22 @@ class JointAttention(layers.Module):
         if self.context_pre_only:
             return x_out, None
         return x_out, self._dense(context.shape[-1], "to_add_out")(out[:, image:])
+
+
+def perturbed_attention(query: jax.Array, key: jax.Array, value: jax.Array, image_tokens: int) -> jax.Array:
+    """Perturbed-attention guidance's attention on ``(batch, tokens, heads, head_dim)`` heads whose first
+    ``image_tokens`` are the image's: among the image tokens each sees itself alone, and the text tokens (a joint
+    attention's) see and are seen as usual -- diffusers' ``PAGCFGJointAttnProcessor2_0`` and
+    ``PAGJointAttnProcessor2_0`` (their mask: -inf between image tokens but on the diagonal). Without text tokens
+    (SD 3.5 Medium's image-only ``attn2``) that is the identity: each token its own value, as the UNet's
+    perturbed self-attention (diffusers' joint processor cannot run there)."""
+    tokens = key.shape[1]
+    if tokens == image_tokens:
+        return value
+    image = jnp.arange(tokens) < image_tokens
+    allowed = ~(image[:, None] & image[None, :]) | jnp.eye(tokens, dtype=bool)
+    return jax.nn.dot_product_attention(query, key, value, mask=allowed[None, None],
+                                        scale=1 / float(np.sqrt(query.shape[-1])))
 
 
 class JointTransformerBlock(layers.Module):
@@ -192,7 +218,9 @@ class JointTransformerBlock(layers.Module):
     param_dtype: Any = jnp.float32
 
     @nn.compact
-    def __call__(self, x: jax.Array, context: jax.Array, temb: jax.Array) -> tuple[Optional[jax.Array], jax.Array]:
+    def __call__(self, x: jax.Array, context: jax.Array, temb: jax.Array,
+                 perturbed_chunks: tuple[int, int] = (0, 0)) -> tuple[Optional[jax.Array], jax.Array]:
+        """``perturbed_chunks``: :class:`JointAttention`'s for ``attn`` and for ``attn2``."""
         kw = dict(dtype=self.dtype, param_dtype=self.param_dtype)
         if self.dual_attention:
             norm_x, gate_msa, shift_mlp, scale_mlp, gate_mlp, norm_x2, gate_msa2 = AdaLayerNormZeroX(
@@ -206,10 +234,11 @@ class JointTransformerBlock(layers.Module):
                 self.dim, name="norm1_context", **kw)(context, temb)
         attention = dict(qk_norm=self.qk_norm, implementation=self.implementation, **kw)
         attn_x, attn_c = JointAttention(self.heads, self.head_dim, context_pre_only=self.context_pre_only,
-                                        name="attn", **attention)(norm_x, norm_c)
+                                        name="attn", **attention)(norm_x, norm_c, perturbed_chunks[0])
         x = x + gate_msa[:, None] * attn_x
         if self.dual_attention:
-            x = x + gate_msa2[:, None] * JointAttention(self.heads, self.head_dim, name="attn2", **attention)(norm_x2)
+            x = x + gate_msa2[:, None] * JointAttention(self.heads, self.head_dim, name="attn2", **attention)(
+                norm_x2, None, perturbed_chunks[1])
         norm_x = layer_norm(x) * (1 + scale_mlp[:, None]) + shift_mlp[:, None]
         x = x + gate_mlp[:, None] * FeedForward(self.dim, name="ff", **kw)(norm_x)
         if self.context_pre_only:
@@ -290,7 +319,7 @@ class FlaxSD3Transformer(FromDiffusersConfig, layers.Module):
         self.proj_out = layers.Dense(self.patch_size * self.patch_size * (self.out_channels or self.in_channels), **kw)
 
     def __call__(self, hidden_states: jax.Array, encoder_hidden_states: jax.Array, pooled_projections: jax.Array,
-                 timestep: jax.Array, skip_layers: Sequence[int] = ()) -> jax.Array:
+                 timestep: jax.Array, skip_layers: Sequence[int] = (), perturbed: Optional[Perturbed] = None) -> jax.Array:
         batch, height, width, _ = hidden_states.shape
         x = self.pos_embed(hidden_states)
         temb = self.time_text_embed(jnp.asarray(timestep).astype(self.dtype), pooled_projections)
@@ -300,17 +329,18 @@ class FlaxSD3Transformer(FromDiffusersConfig, layers.Module):
                 assert context is not None
                 context, x = block(x, context, temb)
         else:
-            x = self._blocks(x, context, temb, skip_layers)
+            x = self._blocks(x, context, temb, skip_layers, perturbed)
         x = self.proj_out(self.norm_out(x, temb))
         patch, out_channels = self.patch_size, self.out_channels or self.in_channels
         x = x.reshape(batch, height // patch, width // patch, patch, patch, out_channels)
         return x.transpose(0, 1, 3, 2, 4, 5).reshape(batch, height, width, out_channels)
 
-    def _blocks(self, x: jax.Array, context: Optional[jax.Array], temb: jax.Array,
-                skip_layers: Sequence[int]) -> jax.Array:
+    def _blocks(self, x: jax.Array, context: Optional[jax.Array], temb: jax.Array, skip_layers: Sequence[int],
+                perturbed: Optional[Perturbed] = None) -> jax.Array:
         """The blocks not in ``skip_layers``, in order, each a pure function of its params: block i's params pass an
         optimization barrier with the previous block's output, then ``gather_blocks`` makes them whole (weights split
-        across devices) -- so XLA cannot gather every block's weights at once."""
+        across devices) -- so XLA cannot gather every block's weights at once. ``perturbed``: the attention modules
+        it picks run its last chunk perturbed."""
         params = self.variables["params"]
         gather = self.gather_blocks or (lambda number, block: block)
         for i, block in enumerate(self.transformer_blocks):
@@ -319,7 +349,9 @@ class FlaxSD3Transformer(FromDiffusersConfig, layers.Module):
             shards, x, context = jax.lax.optimization_barrier((params[f"transformer_blocks_{i}"], x, context))
             detached = block.clone(parent=None)  # a pure function of its params
             assert context is not None
-            out: Any = detached.apply({"params": gather(i, shards)}, x, context, temb)
+            chunks = tuple(perturbed.chunks if perturbed and perturbs(perturbed.layers, f"transformer_blocks.{i}.{name}")
+                           else 0 for name in ("attn", "attn2"))
+            out: Any = detached.apply({"params": gather(i, shards)}, x, context, temb, chunks)
             context, x = out
         return x
 
@@ -333,3 +365,11 @@ class FlaxSD3Transformer(FromDiffusersConfig, layers.Module):
     def init_weights(self, rng: jax.Array) -> Any:
         """Random parameters (``pos_embed`` the sine-cosine table); ``jax.eval_shape`` gives the shapes."""
         return self.init(rng, **self.dummy_inputs())["params"]
+
+
+def self_attention_names(params: Any) -> list[str]:
+    """The PyTorch names of the self-attention modules of a transformer's parameter tree: each block's joint
+    ``attn`` and SD 3.5 Medium's image-only ``attn2`` (``transformer_blocks.0.attn``, ...), as diffusers' PAG
+    pipelines name them."""
+    return [torch_name((block, name)) for block, tree in params.items() if block.startswith("transformer_blocks_")
+            for name in ("attn", "attn2") if name in tree]
