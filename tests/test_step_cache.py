@@ -24,6 +24,7 @@ from helpers.cli import assert_one_line_error, call_cli, run_cli
 from helpers.images import recorded_pixels, records_of
 
 FLUX = Path(__file__).resolve().parent / "fixtures" / "flux"
+SD3 = Path(__file__).resolve().parent / "fixtures" / "sd3"
 REFERENCE = Path(__file__).resolve().parent / "fixtures" / "step_cache"
 
 
@@ -315,6 +316,12 @@ def test_the_records_and_the_infotext_name_the_cache_and_from_png_remakes_the_im
     (["+experiment=flux_smoke", "cache=magcache", "cache.max_skip_steps=-1"], "error: cache.max_skip_steps: -1 (allowed: "),
     (["+experiment=flux_smoke", "cache=first_block", "sampling.true_cfg_scale=4", "prompts.negative=blurry"],
      "error: cache: first_block with sampling.true_cfg_scale: true CFG makes two transformer calls a step"),
+    (["+experiment=sd3_smoke", "cache=magcache"],
+     "error: cache: magcache: tiny-random-sd3 is a sd3 model, which runs none, first_block (allowed: none, first_block)"),
+    (["+experiment=sd3_smoke", "cache=first_block", "sampling.slg_layers=[1]"],
+     "error: cache: first_block with sampling.slg_layers: skip-layer guidance makes a second transformer call"),
+    (["+experiment=sd3_smoke", "cache=first_block", "guider=pag"],
+     "error: cache: first_block with guider=pag: its perturbed chunk changes what the blocks compute"),
 ])
 def test_what_a_cache_cannot_run_with_is_one_line(tmp_path, overrides, expected):
     assert_one_line_error(call_cli(*overrides, "tracking=none", cwd=tmp_path), expected)
@@ -399,3 +406,43 @@ def test_magcache_skips_as_diffusers_hooks_skip_and_gives_the_pipelines_images(t
             assert difference <= 2 / 255, (number, difference)
     assert sorted(reused) == [0, 1, 1]  # every setting a traced input: one program for the sweep
     assert len({int(ref[f"skipped_{n}"].sum()) for n in range(len(settings))}) >= 3
+
+
+@pytest.mark.slow
+def test_first_block_on_sd3_skips_as_diffusers_hooks_skip_and_gives_the_pipelines_images(tmp_path, cache_dir):
+    """First-Block Cache on tests/fixtures/sd3/tiny-sd3 (SD 3.5 Medium's shape), from the reference's noise (one image
+    on each of 2 devices, both classifier-free guidance halves in one transformer batch, as the pipeline calls it):
+    diffusers' hooks with two shims the SD 3 classes need (tests/helpers/make_step_cache_reference.py: a cache context,
+    zeros for the last block's text output that nothing reads). Each threshold's job skips the calls the hooks
+    skipped, per device, and its images are the pipeline's within 2/255; the threshold sweep compiles once."""
+    ref = dict(np.load(REFERENCE / "first_block_sd3.npz"))
+    thresholds = [float(t) for t in ref["thresholds"]]
+    skipped = {t: ref[f"skipped_{t:g}"] for t in thresholds}
+    assert len({int(s.sum()) for s in skipped.values()}) == len(thresholds)  # every threshold its own mix
+    assert all(np.nanmin(np.abs(ref[f"changes_{t:g}"] - t)) > 0.01 for t in thresholds)
+    result = run_cli("-m", "model=local", f"model.pretrained_model_name_or_path={SD3 / 'tiny-sd3'}", "dtype=fp32",
+                     f"prompts.texts=[{ref['prompt']}]", f"seed={int(ref['seed'])}",
+                     f"sampling.num_inference_steps={int(ref['steps'])}",
+                     f"sampling.guidance_scale={float(ref['guidance_scale'])}",
+                     f"sampling.height={int(ref['height'])}", f"sampling.width={int(ref['width'])}",
+                     f"prompts.max_sequence_length={int(ref['max_sequence_length'])}",
+                     f"parallelism.num_devices={int(ref['num_devices'])}", "cache=first_block",
+                     "cache.threshold=" + ",".join(f"{t:g}" for t in thresholds), *QUIET,
+                     f"paths.cache_dir={cache_dir}", "hydra.sweep.dir=sweep", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    reused, flops = [], {}
+    for job in (tmp_path / "sweep").glob("[0-9]*"):
+        records = records_of(job)
+        threshold = float(records[0]["cache_settings"].split("=")[1])
+        timings = json.loads((job / "timings.json").read_text())
+        assert timings["denoiser_calls_skipped"] == int(skipped[threshold].sum()), threshold
+        reused.append(timings["compile_reused"])
+        flops[threshold] = timings["flops_per_batch"]
+        images = ref[f"images_{threshold:g}"]
+        for record, pixels in zip(records, recorded_pixels(job), strict=True):
+            difference = np.abs(pixels / 255 - images[record["device"]]).max()
+            assert difference <= 2 / 255, (threshold, difference)
+    assert sorted(reused) == [0, 1, 1, 1]
+    # the executed FLOPs count what ran: fewer as more calls skip their blocks after the first
+    assert [flops[t] for t in thresholds] == sorted((flops[t] for t in thresholds), reverse=True)
+    assert flops[thresholds[-1]] < 0.8 * flops[0.0]

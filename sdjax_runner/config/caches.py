@@ -4,7 +4,7 @@ traced inputs, so a sweep over them (a threshold sweep) compiles once, and the s
 the one compiled program (``lax.cond``).
 
 How each cache computes is the family's (a family lists the caches it runs: ``FamilyEntry.caches``; FLUX.1's
-transformer runs ``first_block``, families/flux/models/transformer.py). A cache is offered by ``cache=NAME``
+transformer runs ``first_block`` and ``magcache``, families/flux/models/transformer.py; SD 3's ``first_block``). A cache is offered by ``cache=NAME``
 through Hydra's config group ``cache``, which :func:`register` fills from this registry (no YAML file per cache).
 A new cache is an entry here and its computation in the families that run it (docs/architecture.md, "Where a new
 piece goes").
@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from sdjax_runner.config import choices
+from sdjax_runner.config.guiders import GUIDERS
 from sdjax_runner.errors import UserError
 
 DEFAULT = "none"
@@ -80,6 +81,14 @@ def check(config: Any, family: Any, own_sampler: bool) -> Cache:
     if name != DEFAULT and getattr(config.sampling, "true_cfg_scale", None) is not None:
         raise UserError("cache", f"{name} with sampling.true_cfg_scale: true CFG makes two transformer calls a step, "
                         "whose caches diffusers keeps apart; not run here yet", "none, or without true CFG")
+    if name != DEFAULT and getattr(config.sampling, "slg_layers", None):
+        raise UserError("cache", f"{name} with sampling.slg_layers: skip-layer guidance makes a second transformer "
+                        "call on its steps, which the cache's one state a step does not follow; not run here yet",
+                        "none, or without skip-layer guidance")
+    guider = GUIDERS.get(str(config.guider.name))
+    if name != DEFAULT and guider is not None and guider.perturbs:
+        raise UserError("cache", f"{name} with guider={guider.name}: its perturbed chunk changes what the blocks "
+                        "compute; not run here yet", "none, or a guider that only combines predictions")
     return Cache(name, choices.settings_read("cache", given, name, CACHES, _check_value))
 
 

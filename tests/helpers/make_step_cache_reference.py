@@ -160,6 +160,91 @@ def _call(pipeline, threshold: float, latents_unpacked: np.ndarray) -> tuple[np.
     return np.asarray(images[0], dtype=np.float32), skipped, changes
 
 
+# SD 3 (issue #62 item 2): the tiny SD 3.5 Medium-shaped pipeline of make_sd3_reference.py, its prompt, guidance,
+# size and T5 length, from the runner's noise; thresholds at least 0.01 from every change the hooks compare (the
+# tiny transformer's first block changes by 0.18 to 0.58 from step to step).
+SD3_FOLDER = ROOT / "tests" / "fixtures" / "sd3" / "tiny-sd3"
+SD3_STEPS = 8
+SD3_THRESHOLDS = (0.0, 0.24, 0.35, 1e6)
+
+
+def _sd3_call(pipeline, threshold: float, latents: np.ndarray) -> tuple[np.ndarray, list[bool], list[float]]:
+    """:func:`_call` for SD 3, whose classes diffusers' First-Block Cache does not run as they are: the pipeline sets
+    no cache context (StableDiffusion3Pipeline has no ``cache_context``: set here, once for its calls, as FluxPipeline
+    sets "cond"), and the last block makes no text output (``context_pre_only``: None, which the tail hook subtracts
+    from; zeros stand for it here -- nothing reads a last block's text). One image from its noise (a batch of its
+    negative and positive halves, as the pipeline calls the transformer), on a fresh copy of the transformer."""
+    import copy
+
+    import torch
+    from diffusers.hooks import FirstBlockCacheConfig, HookRegistry, apply_first_block_cache
+    from diffusers.hooks.first_block_cache import FBCHeadBlockHook
+    from make_sd3_reference import GUIDANCE, HEIGHT, MAX_SEQUENCE_LENGTH, PROMPT
+
+    base = pipeline.transformer
+    transformer = copy.deepcopy(base)
+    last = transformer.transformer_blocks[-1]
+    forward = last.forward
+
+    def text_as_zeros(*args, **kwargs):
+        context, x = forward(*args, **kwargs)
+        return (torch.zeros_like(kwargs["encoder_hidden_states"]) if context is None else context), x
+
+    last.forward = text_as_zeros
+    apply_first_block_cache(transformer, FirstBlockCacheConfig(threshold=threshold))
+    HookRegistry.check_if_exists_or_initialize(transformer)._set_context("cond_uncond")
+    pipeline.transformer = transformer
+    skipped: list[bool] = []
+    changes: list[float] = []
+    original = _changes(changes)
+    handle = transformer.register_forward_hook(
+        lambda module, args, output: skipped.append(not _head_state(pipeline).should_compute))
+    try:
+        with torch.no_grad():
+            images = pipeline(prompt=[PROMPT], height=HEIGHT, width=WIDTH, num_inference_steps=SD3_STEPS,
+                              guidance_scale=GUIDANCE, max_sequence_length=MAX_SEQUENCE_LENGTH,
+                              latents=torch.from_numpy(latents), output_type="np").images
+    finally:
+        handle.remove()
+        pipeline.transformer = base
+        FBCHeadBlockHook._should_compute_remaining_blocks = original
+    if len(skipped) != SD3_STEPS:
+        raise RuntimeError(f"SD 3, threshold {threshold}: {len(skipped)} transformer calls for {SD3_STEPS} steps")
+    return np.asarray(images[0], dtype=np.float32), skipped, changes
+
+
+def sd3_first_block(noise: np.ndarray) -> dict[str, np.ndarray]:
+    """``first_block_sd3.npz``: per threshold the images, the calls skipped and the changes compared, per device."""
+    import torch
+    from diffusers import StableDiffusion3Pipeline
+    from make_sd3_reference import GUIDANCE, MAX_SEQUENCE_LENGTH, PROMPT
+
+    pipeline = StableDiffusion3Pipeline.from_pretrained(SD3_FOLDER, torch_dtype=torch.float32, local_files_only=True)
+    pipeline.set_progress_bar_config(disable=True)
+    out: dict[str, np.ndarray] = {
+        "prompt": np.asarray(PROMPT), "steps": np.asarray(SD3_STEPS, dtype=np.int64),
+        "guidance_scale": np.asarray(GUIDANCE, dtype=np.float64), "height": np.asarray(HEIGHT, dtype=np.int64),
+        "width": np.asarray(WIDTH, dtype=np.int64), "max_sequence_length": np.asarray(MAX_SEQUENCE_LENGTH, np.int64),
+        "seed": np.asarray(SEED, dtype=np.int64), "num_devices": np.asarray(NUM_DEVICES, dtype=np.int64),
+        "thresholds": np.asarray(SD3_THRESHOLDS, dtype=np.float64)}
+    with torch.no_grad():
+        plain = np.stack([np.asarray(pipeline(
+            prompt=[PROMPT], height=HEIGHT, width=WIDTH, num_inference_steps=SD3_STEPS, guidance_scale=GUIDANCE,
+            max_sequence_length=MAX_SEQUENCE_LENGTH, latents=torch.from_numpy(noise[i:i + 1]),
+            output_type="np").images[0], dtype=np.float32) for i in range(NUM_DEVICES)])
+    for threshold in SD3_THRESHOLDS:
+        calls = [_sd3_call(pipeline, threshold, noise[i:i + 1]) for i in range(NUM_DEVICES)]
+        out[f"images_{threshold:g}"] = np.stack([image for image, _, _ in calls])
+        out[f"skipped_{threshold:g}"] = np.asarray([skipped for _, skipped, _ in calls], dtype=np.bool_)
+        out[f"changes_{threshold:g}"] = np.asarray([changes for _, _, changes in calls], dtype=np.float64)
+        print(f"SD 3 threshold {threshold:g}: skipped {out[f'skipped_{threshold:g}'].astype(int).tolist()}, changes "
+              f"{np.round(out[f'changes_{threshold:g}'], 3).tolist()}, largest difference from the plain images "
+              f"{np.abs(out[f'images_{threshold:g}'] - plain).max():.4f}")
+    if out["skipped_0"].any() or not np.array_equal(out["images_0"], plain):
+        raise RuntimeError("SD 3: threshold 0 skipped a call, or its images are not the pipeline's without the cache")
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="the fixture folder")
@@ -194,9 +279,11 @@ def main(argv: list[str] | None = None) -> int:
         mag[f"skipped_{number}"] = np.asarray([skipped for _, skipped in calls], dtype=np.bool_)
         print(f"MagCache {settings}: skipped {mag[f'skipped_{number}'].astype(int).tolist()}, largest difference "
               f"from the plain images {np.abs(mag[f'images_{number}'] - plain).max():.4f}")
+    sd3 = sd3_first_block(runner_noise())  # make_sd3_reference's noise: make_flux_reference's 32 x 32 for 2 devices
     args.out.mkdir(parents=True, exist_ok=True)
     _save_npz(args.out / "first_block.npz", out)
     _save_npz(args.out / "magcache.npz", mag)
+    _save_npz(args.out / "first_block_sd3.npz", sd3)
     (args.out / "VERSIONS.json").write_text(json.dumps(_versions(), indent=2) + "\n", encoding="utf-8")
     return 0
 

@@ -118,6 +118,7 @@ ENTRY = FamilyEntry("sd3", "Stable Diffusion 3 / 3.5: CLIP-L, CLIP-G and T5 text
                     sampling=samplers.resolve_flow, t5_tokens=256, t5_optional=True, scheduler_settings=False,
                     checkpoint_holds=lambda keys: ("transformer",) + components_inside(keys),
                     a1111_prompts=False, guiders=(*guiders.COMBINING, "pag"), perturbed_layers=("blocks.1",),
+                    caches=("none", "first_block"),  # on its own Euler sampler (config/caches.check)
                     largest_side=_sd3_largest_side,
                     skip_layer_guidance=skip_layer_guidance, single_files=SINGLE_FILES, architecture_of=architecture_of,
                     short="SD 3", infotext_keys=("Shift", "Skip layer guidance"), read_infotext=read_infotext)

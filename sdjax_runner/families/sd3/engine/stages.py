@@ -18,12 +18,14 @@ from typing import Any, Optional
 import numpy as np
 
 from sdjax_runner.config import guiders
+from sdjax_runner.engine.caches import Cached
 from sdjax_runner.engine.encode import Conditioning
 from sdjax_runner.engine.guiders import Guidance, flow_step, guided
 from sdjax_runner.engine.modes.start import Start
 from sdjax_runner.families.flux.engine.stages import decode as flux_decode
 from sdjax_runner.families.flux.engine.stages import euler_step, kept_area, noised_start, with_init_image, with_mask
 from sdjax_runner.models.nn.perturbed import Perturbed
+from sdjax_runner.models.nn.step_cache import first_block_call, first_block_state
 
 CLIP_TOKENS = 77
 decode = flux_decode  # latents / scaling_factor + shift_factor through the 16-channel VAE, as FLUX.1's
@@ -138,16 +140,25 @@ def velocity_model(pipeline: Any, params: dict, conditioning: Conditioning, guid
 
     train = np.float32(pipeline.scheduler_config.get("num_train_timesteps", 1000))
 
-    def transformer(x, context, pooled, t, skip_layers=(), perturbed=None):
+    def transformer(x, context, pooled, t, skip_layers=(), perturbed=None, around_blocks=None):
+        cached = {"around_blocks": around_blocks} if around_blocks is not None else {}
         return pipeline.transformer.apply({"params": params["transformer"]}, x, context, pooled, t,
-                                          skip_layers=skip_layers, perturbed=perturbed)
+                                          skip_layers=skip_layers, perturbed=perturbed, **cached)
 
-    def velocity(latents, sigma, index=None):
+    def velocity(latents, sigma, index=None, around_blocks=None):
+        """The velocity; with a step cache's ``around_blocks`` (:func:`euler_with_cache`), ``(velocity, what the
+        cache returned)``."""
         x = latents.transpose(0, 2, 3, 1).astype(pipeline.dtype)
         if guidance.perturbed is not None:
             return perturbed_velocity(x, sigma, index).transpose(0, 3, 1, 2)
         t = jnp.broadcast_to(jnp.asarray(sigma, jnp.float32) * train, (2 * batch,)).astype(pipeline.dtype)
-        both = transformer(jnp.concatenate([x, x]), context, pooled, t)
+        both = transformer(jnp.concatenate([x, x]), context, pooled, t, around_blocks=around_blocks)
+        if around_blocks is not None:
+            both, cached = both
+            return guided_velocity(x, both, t, sigma, index), cached
+        return guided_velocity(x, both, t, sigma, index)
+
+    def guided_velocity(x, both, t, sigma, index):
         uncond, cond = both[:batch], both[batch:]
         if guidance.guider == guiders.DEFAULT and guidance.window is None:
             combined = uncond + scale * (cond - uncond)
@@ -189,6 +200,56 @@ def velocity_model(pipeline: Any, params: dict, conditioning: Conditioning, guid
     return velocity
 
 
+def first_block(pipeline: Any, conditioning: Conditioning, latents_shape: tuple, settings: dict) -> tuple:
+    """First-Block Cache (models/nn/step_cache.py) on SD 3's transformer: its state before the first call (the
+    tokens of both classifier-free guidance halves, as diffusers' hooks see one batch) and each step's call."""
+    batch, _, height, width = latents_shape
+    patch, dim = pipeline.transformer.patch_size, pipeline.transformer.inner_dim
+    tokens = (height // patch) * (width // patch)
+    state = first_block_state((2 * batch, tokens, dim), (2 * batch, conditioning.context.shape[1], dim),
+                              pipeline.dtype)
+
+    def around(index, state):
+        def blocks(head, rest, x, context):
+            out_context, out_x, state_after, skipped = first_block_call(head, rest, x, context, state,
+                                                                        settings["threshold"])
+            return out_context, out_x, (state_after, skipped)
+
+        return blocks
+
+    return state, around
+
+
+# The step caches SD 3's Euler runs (config/caches.py names them; FamilyEntry.caches lists them): (pipeline,
+# conditioning, the latents' shape, the cache's traced settings) -> (state, (step, state) -> the call's blocks)
+CACHES = {"first_block": first_block}
+# What a call the cache skipped runs of the blocks (engine/efficiency.py: the executed FLOPs of a cached run)
+SKIPPED_CALLS = {"first_block": lambda head, rest, x, context: (*head(x, context), None)}
+
+
+def euler_with_cache(pipeline: Any, params: dict, conditioning: Conditioning, latents, guidance: Guidance,
+                     spec: Any, sigmas: np.ndarray, first: Any = 0) -> Cached:
+    """:func:`euler`'s loop with a step cache (:data:`CACHES`, by ``spec.cache``) in its transformer calls, its state
+    carried from step to step (one transformer call a step: no skip-layer guidance or PAG, config/caches.check);
+    no inpainting blend (config: families/flux/config.flow_inpaint). Returns the final latents and the calls whose
+    blocks the cache skipped."""
+    import jax
+    import jax.numpy as jnp
+
+    assert guidance.cache is not None  # euler's test
+    steps_dt, sigma = jnp.asarray(sigmas[1:] - sigmas[:-1]), jnp.asarray(sigmas[:-1])
+    velocity = velocity_model(pipeline, params, conditioning, guidance, spec, latents.shape[0])
+    state, around = CACHES[spec.cache](pipeline, conditioning, latents.shape, guidance.cache)
+
+    def step(index, carry):
+        x, state, skipped = carry
+        v, (state, skip) = velocity(x, sigma[index], index, around_blocks=around(index, state))
+        return euler_step(x, steps_dt[index], v), state, skipped + skip
+
+    latents, _, skipped = jax.lax.fori_loop(first, spec.steps, step, (latents, state, jnp.int32(0)))
+    return Cached(latents, skipped)
+
+
 def euler(pipeline: Any, params: dict, conditioning: Conditioning, start: Start, guidance, spec: Any, key=None):
     """The flow-matching Euler sampler (``FlowMatchEulerDiscreteScheduler.step``: ``x + (sigma_next - sigma) * v`` in
     float32) over the model's schedule (:func:`flow_sigmas`), in a ``lax.fori_loop``; the transformer sees each
@@ -200,6 +261,8 @@ def euler(pipeline: Any, params: dict, conditioning: Conditioning, start: Start,
     sigmas = flow_sigmas(spec.steps, pipeline.scheduler_config)
     steps_dt = jnp.asarray(sigmas[1:] - sigmas[:-1])
     latents = noised_start(start, sigmas).astype(start.noise.dtype)  # the noise, or img2img's noised image
+    if guidance.cache is not None:  # the step cache (config/caches.py) runs in this loop's transformer calls
+        return euler_with_cache(pipeline, params, conditioning, latents, guidance, spec, sigmas, start.step)
     velocity = velocity_model(pipeline, params, conditioning, guidance, spec, latents.shape[0])
     sigma = jnp.asarray(sigmas[:-1])
     blend = kept_area(start, sigmas)  # inpainting: the kept area set back after each step

@@ -319,7 +319,12 @@ class FlaxSD3Transformer(FromDiffusersConfig, layers.Module):
         self.proj_out = layers.Dense(self.patch_size * self.patch_size * (self.out_channels or self.in_channels), **kw)
 
     def __call__(self, hidden_states: jax.Array, encoder_hidden_states: jax.Array, pooled_projections: jax.Array,
-                 timestep: jax.Array, skip_layers: Sequence[int] = (), perturbed: Optional[Perturbed] = None) -> jax.Array:
+                 timestep: jax.Array, skip_layers: Sequence[int] = (), perturbed: Optional[Perturbed] = None,
+                 around_blocks: Optional[Callable] = None) -> Any:
+        """The prediction; with ``around_blocks`` -- a step cache (models/nn/step_cache.py): ``(head, rest, x,
+        context) -> (context, x, what the cache returns)``, ``head`` running the first block and ``rest`` the others
+        -- ``(prediction, what the cache returned)``. The last block makes no text output (``context_pre_only``):
+        ``rest`` gives zeros for it, which nothing reads."""
         batch, height, width, _ = hidden_states.shape
         x = self.pos_embed(hidden_states)
         temb = self.time_text_embed(jnp.asarray(timestep).astype(self.dtype), pooled_projections)
@@ -328,23 +333,36 @@ class FlaxSD3Transformer(FromDiffusersConfig, layers.Module):
             for block in self.transformer_blocks:
                 assert context is not None
                 context, x = block(x, context, temb)
+        elif around_blocks is not None:
+            def rest(x: jax.Array, context: jax.Array) -> tuple[jax.Array, jax.Array]:
+                out_context, out_x = self._blocks(x, context, temb, skip_layers, perturbed, first=1)
+                return (jnp.zeros_like(context) if out_context is None else out_context), out_x
+
+            _, x, cached = around_blocks(
+                lambda x, context: self._blocks(x, context, temb, skip_layers, perturbed, last=1), rest, x, context)
+            return self._unpatched(self.proj_out(self.norm_out(x, temb)), batch, height, width), cached
         else:
-            x = self._blocks(x, context, temb, skip_layers, perturbed)
-        x = self.proj_out(self.norm_out(x, temb))
+            x = self._blocks(x, context, temb, skip_layers, perturbed)[1]
+        return self._unpatched(self.proj_out(self.norm_out(x, temb)), batch, height, width)
+
+    def _unpatched(self, x: jax.Array, batch: int, height: int, width: int) -> jax.Array:
+        """The output tokens folded back into ``(batch, height, width, out_channels)`` latents."""
         patch, out_channels = self.patch_size, self.out_channels or self.in_channels
         x = x.reshape(batch, height // patch, width // patch, patch, patch, out_channels)
         return x.transpose(0, 1, 3, 2, 4, 5).reshape(batch, height, width, out_channels)
 
     def _blocks(self, x: jax.Array, context: Optional[jax.Array], temb: jax.Array, skip_layers: Sequence[int],
-                perturbed: Optional[Perturbed] = None) -> jax.Array:
-        """The blocks not in ``skip_layers``, in order, each a pure function of its params: block i's params pass an
-        optimization barrier with the previous block's output, then ``gather_blocks`` makes them whole (weights split
-        across devices) -- so XLA cannot gather every block's weights at once. ``perturbed``: the attention modules
-        it picks run its last chunk perturbed."""
+                perturbed: Optional[Perturbed] = None, first: int = 0,
+                last: Optional[int] = None) -> tuple[Optional[jax.Array], jax.Array]:
+        """Blocks ``first`` to ``last`` (exclusive; None: to the end) not in ``skip_layers``, in order, each a pure
+        function of its params: block i's params pass an optimization barrier with the previous block's output, then
+        ``gather_blocks`` makes them whole (weights split across devices) -- so XLA cannot gather every block's
+        weights at once. ``perturbed``: the attention modules it picks run its last chunk perturbed. Returns
+        ``(context, x)`` (context None after the last block)."""
         params = self.variables["params"]
         gather = self.gather_blocks or (lambda number, block: block)
         for i, block in enumerate(self.transformer_blocks):
-            if i in skip_layers:
+            if i in skip_layers or i < first or (last is not None and i >= last):
                 continue
             shards, x, context = jax.lax.optimization_barrier((params[f"transformer_blocks_{i}"], x, context))
             detached = block.clone(parent=None)  # a pure function of its params
@@ -353,7 +371,7 @@ class FlaxSD3Transformer(FromDiffusersConfig, layers.Module):
                            else 0 for name in ("attn", "attn2"))
             out: Any = detached.apply({"params": gather(i, shards)}, x, context, temb, chunks)
             context, x = out
-        return x
+        return context, x
 
     def dummy_inputs(self) -> dict[str, Any]:
         """The smallest inputs of the right widths (one patch, one text token): for initialisation."""
