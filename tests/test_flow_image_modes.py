@@ -93,6 +93,55 @@ def test_each_mode_is_diffusers_pytorch_pipeline_and_a_strength_sweep_compiles_o
     assert np.abs(ref["images_0.3"] - ref["images_0.6"]).max() > 0.1
 
 
+def fill_folder(out: Path) -> Path:
+    """tiny-flux-dev with the reference's transformer of FLUX.1 Fill's shape and an index naming FluxFillPipeline,
+    as tests/helpers/make_flow_image_modes_reference.py's fill_folder assembles it."""
+    import shutil
+
+    shutil.copytree(FOLDERS["flux"], out)
+    shutil.rmtree(out / "transformer")
+    shutil.copytree(REFERENCE / "tiny-flux-fill-transformer", out / "transformer")
+    index = json.loads((out / "model_index.json").read_text())
+    (out / "model_index.json").write_text(json.dumps(dict(index, _class_name="FluxFillPipeline")))
+    return out
+
+
+@pytest.mark.slow
+def test_flux_fill_is_diffusers_fill_pipeline_and_a_strength_sweep_compiles_once(tmp_path, cache_dir):
+    """FLUX.1 Fill (FluxFillPipeline: the masked image's latents and the mask as more transformer input, no blend) on
+    a tiny random transformer of Fill's shape, from the reference's draws: each strength's images within 2/255;
+    a Fill model outside mode=inpaint is one line."""
+    ref = dict(np.load(REFERENCE / "flux_fill.npz"))
+    folder = fill_folder(tmp_path / "tiny-flux-fill")
+    strengths = [float(s) for s in ref["strengths"]]
+    common = ("model=local", f"model.pretrained_model_name_or_path={folder}", "dtype=fp32",
+              f"prompts.texts=[{ref['prompt']}]", f"seed={int(ref['seed'])}",
+              f"sampling.num_inference_steps={int(ref['steps'])}",
+              f"sampling.guidance_scale={float(ref['guidance_scale'])}",
+              f"sampling.height={int(ref['height'])}", f"sampling.width={int(ref['width'])}",
+              f"prompts.max_sequence_length={int(ref['max_sequence_length'])}",
+              f"parallelism.num_devices={int(ref['num_devices'])}", *QUIET, f"paths.cache_dir={cache_dir}")
+    result = run_cli("-m", *common, "mode=inpaint", f"init_image={REFERENCE / 'init.png'}",
+                     f"mask_image={REFERENCE / 'mask.png'}", "strength=" + ",".join(f"{s:g}" for s in strengths),
+                     "hydra.sweep.dir=sweep", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    jobs = {records_of(job)[0]["strength"]: job for job in (tmp_path / "sweep").glob("[0-9]")}
+    assert sorted(jobs) == strengths
+    reused = [json.loads((jobs[s] / "timings.json").read_text())["compile_reused"] for s in strengths]
+    assert sorted(reused) == [0, 1, 1]
+    for strength, job in jobs.items():
+        for record, pixels in zip(records_of(job), pixels_of(job), strict=True):
+            difference = np.abs(pixels / 255 - ref[f"images_{strength:g}"][record["device"]]).max()
+            assert difference <= 2 / 255, (strength, difference)
+    # Fill's own images: far from the ordinary model's blended inpainting and from each other across strengths
+    blended = dict(np.load(REFERENCE / "flux_inpaint.npz"))
+    assert all(np.abs(ref[f"images_{s:g}"] - blended[f"images_{s:g}"]).max() > 0.1 for s in strengths)
+    assert np.abs(ref["images_0.3"] - ref["images_1"]).max() > 0.1
+    assert_one_line_error(run_cli(*common, "hydra.run.dir=txt2img", cwd=tmp_path),
+                          "error: mode: txt2img: local is FLUX.1 Fill, whose transformer reads a mask and the "
+                          "masked init image beside the latents (allowed: inpaint (with init_image and mask_image))")
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize(("experiment", "sampler"), [("flux_smoke", "euler"), ("flux_smoke", "dpmpp_2m"),
                                                      ("sd3_smoke", "euler")])

@@ -20,7 +20,12 @@ FLUX.1 pipeline) decode ``latents / scaling_factor + shift_factor``, the inverse
 upstream: huggingface/diffusers#13611, "Issue 1"; fix proposed in #14671): its latents are taken
 (``output_type="latent"``) and decoded as those pipelines decode them.
 
-``FAMILY_MODE.npz`` (``flux_img2img.npz``, ``sd3_inpaint.npz``, ...) holds ``images_S`` (device, H, W, 3) in [0, 1]
+FLUX.1 Fill (``FluxFillPipeline``: the mask and the masked image's latents as more transformer input channels, no
+blend) runs on tiny-flux-dev with a transformer of Fill's shape made here (``tiny-flux-fill-transformer/``; the
+folder is assembled by :func:`fill_folder`, as the test assembles it); its posterior sample of the masked image is
+the same draw as the init image's (one key per device, as the runner draws both).
+
+``FAMILY_MODE.npz`` (``flux_img2img.npz``, ``sd3_inpaint.npz``, ``flux_fill.npz``, ...) holds ``images_S`` (device, H, W, 3) in [0, 1]
 per strength S, and the settings;
 ``VERSIONS.json`` the libraries it ran with. Running it again writes identical files.
 
@@ -68,6 +73,13 @@ PIPELINES = {
     ("sd3", "inpaint"): (SD3_FOLDER, "StableDiffusion3InpaintPipeline",
                          "stable_diffusion_3.pipeline_stable_diffusion_3_inpaint", SD3_GUIDANCE),
 }
+# FLUX.1 Fill (issue #63 item 1): the tiny FLUX.1 [dev] folder with a transformer of Fill's shape -- its input the
+# packed latents (64), the masked image's packed latents (64) and the mask's 8 x 8 pixels per latent pixel, packed
+# (256): 384 channels in, 64 out -- made here (torch seed FILL_SEED, saved to FILL_TRANSFORMER) and the index naming
+# FluxFillPipeline: fill_folder() assembles it, as the test does.
+PIPELINES[("flux", "fill")] = (None, "FluxFillPipeline", "flux.pipeline_flux_fill", VARIANTS["dev"]["guidance_scale"])
+FILL_TRANSFORMER = DEFAULT_OUT / "tiny-flux-fill-transformer"
+FILL_SEED = 20
 STEPS = 4
 # 4 steps at 0.6: get_timesteps' start int(4 - 2.4) = 1, three steps run (the Flax rule would run two); at 0.3 two
 # run; at 1.0 all four, from the noise alone (sigma 1)
@@ -102,11 +114,37 @@ def runner_draws() -> tuple[np.ndarray, np.ndarray]:
     return np.concatenate(noise), np.concatenate(eps)
 
 
-def _load(case: tuple[str, str]):
+def fill_transformer(out: Path) -> None:
+    """A tiny random FluxTransformer2DModel of Fill's shape (tiny-flux-dev's with 384 channels in, 64 out), saved
+    to ``out`` (config.json and diffusion_pytorch_model.safetensors)."""
+    import torch
+    from diffusers import FluxTransformer2DModel
+
+    config = json.loads((FLUX_FOLDER / "transformer" / "config.json").read_text())
+    config = {k: v for k, v in config.items() if not k.startswith("_")}
+    torch.manual_seed(FILL_SEED)
+    FluxTransformer2DModel(**dict(config, in_channels=384, out_channels=64)).save_pretrained(
+        out, safe_serialization=True)
+
+
+def fill_folder(out: Path, transformer: Path = FILL_TRANSFORMER) -> Path:
+    """tiny-flux-dev with ``transformer`` (Fill's shape) and an index naming FluxFillPipeline, at ``out``."""
+    import shutil
+
+    shutil.copytree(FLUX_FOLDER, out)
+    shutil.rmtree(out / "transformer")  # (tiny-flux-dev's is split in shards)
+    shutil.copytree(transformer, out / "transformer")
+    index = json.loads((out / "model_index.json").read_text())
+    (out / "model_index.json").write_text(json.dumps(dict(index, _class_name="FluxFillPipeline"), indent=2) + "\n")
+    return out
+
+
+def _load(case: tuple[str, str], fill: Path | None = None):
     import diffusers
     import torch
 
     folder, name, _, _ = PIPELINES[case]
+    folder = folder or fill
     pipeline = getattr(diffusers, name).from_pretrained(folder, torch_dtype=torch.float32, local_files_only=True)
     for component in pipeline.components.values():
         if isinstance(component, torch.nn.Module):  # aligned memory (make_flux_reference's README: an ulp otherwise)
@@ -123,7 +161,7 @@ def _call(case: tuple[str, str], pipeline, picture, strength: float, noise: np.n
     from PIL import Image
 
     _, _, module_name, guidance = PIPELINES[case]
-    masked = {"mask_image": Image.fromarray(mask_image())} if case[1] == "inpaint" else {}
+    masked = {"mask_image": Image.fromarray(mask_image())} if case[1] in ("inpaint", "fill") else {}
     module = importlib.import_module(f"diffusers.pipelines.{module_name}")
 
     def given_noise(shape, generator=None, device=None, dtype=None, layout=None):
@@ -159,11 +197,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="the fixture folder")
     args = parser.parse_args(argv)
     quiet_deterministic_torch()
+    import tempfile
+
     picture = init_image()
     noise, eps = runner_draws()
     args.out.mkdir(parents=True, exist_ok=True)
+    fill_transformer(args.out / FILL_TRANSFORMER.name)
+    staging = tempfile.TemporaryDirectory()
+    fill = fill_folder(Path(staging.name) / "tiny-flux-fill", args.out / FILL_TRANSFORMER.name)
     for case, (_, _, _, guidance) in PIPELINES.items():
-        pipeline = _load(case)
+        pipeline = _load(case, fill)
         out: dict[str, np.ndarray] = {
             "prompt": np.asarray(PROMPT), "steps": np.asarray(STEPS, dtype=np.int64),
             "guidance_scale": np.asarray(guidance, dtype=np.float64),
@@ -177,6 +220,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{case}: largest difference between strengths 0.3 and 0.6 "
               f"{np.abs(out['images_0.3'] - out['images_0.6']).max():.4f}")
         _save_npz(args.out / f"{case[0]}_{case[1]}.npz", out)
+    staging.cleanup()
     Image.fromarray(picture).save(args.out / "init.png")
     Image.fromarray(mask_image()).save(args.out / "mask.png")
     (args.out / "VERSIONS.json").write_text(json.dumps(_versions(), indent=2) + "\n", encoding="utf-8")

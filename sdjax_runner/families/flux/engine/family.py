@@ -40,8 +40,12 @@ class FluxTokens:
 
 
 def check_loaded(plan: Any, loaded: Any) -> None:
-    """[schnell] (no guidance embedder) reads no guidance: a sampling.guidance_scale given for it is refused."""
+    """[schnell] (no guidance embedder) reads no guidance: a sampling.guidance_scale given for it is refused; FLUX.1
+    Fill repaints a mask's area of an init image, in mode=inpaint alone."""
     pipeline = loaded.pipeline
+    if pipeline.fill and plan.generation != "inpaint":
+        raise UserError("mode", f"{plan.generation}: {plan.model.name} is FLUX.1 Fill, whose transformer reads a "
+                        "mask and the masked init image beside the latents", "inpaint (with init_image and mask_image)")
     if not pipeline.guidance_embeds and plan.guidance_given:
         raise UserError("sampling.guidance_scale", f"{plan.guidance_scale:g}, but {plan.model.name} is FLUX.1 "
                         "[schnell] (its transformer has no guidance embedder): it reads no guidance", "null")

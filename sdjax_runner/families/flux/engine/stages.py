@@ -145,8 +145,31 @@ def with_mask(start: Start, inputs: dict) -> Start:
 
 
 def inpaint(pipeline: Any, params: dict, key, spec: Any, batch: int, inputs: dict) -> Start:
-    """FLUX.1's inpainting with an ordinary transformer: :func:`img2img`'s start and the mask (:func:`with_mask`)."""
+    """FLUX.1's inpainting: with an ordinary transformer :func:`img2img`'s start and the mask (:func:`with_mask`),
+    with FLUX.1 Fill's :func:`fill`."""
+    if pipeline.fill:
+        return fill(pipeline, params, key, spec, batch, inputs)
     return with_mask(img2img(pipeline, params, key, spec, batch, inputs), inputs)
+
+
+def fill(pipeline: Any, params: dict, key, spec: Any, batch: int, inputs: dict) -> Start:
+    """FLUX.1 Fill's inpainting (diffusers' FluxFillPipeline): :func:`img2img`'s start (at strength 1 the noise
+    alone) and, as more transformer input after the packed latents (``Start.conditioning["concat"]``), the masked
+    image's packed latents -- the init image with the area to repaint set to 0 (mid-grey), encoded as the init image
+    is, with the same draw -- and the mask binarized at 0.5, each latent pixel's ``f x f`` mask pixels (f the VAE's
+    factor) as channels, packed: ``(batch, tokens, 4 c + 4 f^2)``. No blend: the model repaints."""
+    import jax.numpy as jnp
+
+    start = img2img(pipeline, params, key, spec, batch, inputs)
+    mask = (inputs["mask"] >= 0.5).astype(jnp.float32)  # (batch, 1, H, W): 1 repaints
+    masked = inputs["init"] * (1.0 - mask)  # the init image, (batch, 3, H, W) in [-1, 1]
+    blank = with_init_image(start, pipeline, params, key, dict(inputs, init=masked))
+    factor = pipeline.vae_scale_factor
+    _, _, height, width = start.noise.shape
+    pixels = mask[:, 0].reshape(batch, height, factor, width, factor).transpose(0, 2, 4, 1, 3)
+    pixels = pixels.reshape(batch, factor * factor, height, width)
+    concat = jnp.concatenate([pack(blank.image), pack(pixels)], axis=-1)
+    return start._replace(conditioning={"concat": concat})
 
 
 def kept_area(start: Start, sigmas, prepare=lambda latents: latents):
@@ -202,7 +225,10 @@ def transformer_call(pipeline: Any, params: dict, conditioning: Conditioning, gu
 
     def call(x, timestep, context, pooled, around_blocks=None):
         cached = {"around_blocks": around_blocks} if around_blocks is not None else {}  # (plain: the plain module's)
-        return pipeline.transformer.apply({"params": params["transformer"]}, x.astype(pipeline.dtype), context,
+        x = x.astype(pipeline.dtype)
+        if conditioning.concat is not None:  # FLUX.1 Fill's masked image and mask after the latents (fill)
+            x = jnp.concatenate([x, conditioning.concat.astype(pipeline.dtype)], axis=-1)
+        return pipeline.transformer.apply({"params": params["transformer"]}, x, context,
                                           pooled, timestep, img_ids, txt_ids, guidance=embedded, **cached)
 
     return call

@@ -136,6 +136,12 @@ class FluxPipeline:
         return DEFAULT_SAMPLE_SIZE * self.vae_scale_factor
 
     @property
+    def fill(self) -> bool:
+        """FLUX.1 Fill (diffusers' FluxFillPipeline): its transformer reads, after the packed latents, the masked
+        image's packed latents and the mask's pixels -- more input channels than it predicts."""
+        return self.transformer.in_channels > (self.transformer.out_channels or self.transformer.in_channels)
+
+    @property
     def size_multiple(self) -> int:
         """Height and width must be multiples of this: the VAE's factor times the 2x2 packing (16)."""
         return self.vae_scale_factor * 2
