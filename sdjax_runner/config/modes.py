@@ -72,6 +72,9 @@ MODES = _registry(
               default_strength=1.0),
     ModeEntry("controlnet", images=(("control", "controlnet.image"),), other_keys=("controlnet.model",),
               numbers=("control_scale",), check=check_controlnet_folder),
+    # FLUX.1 Kontext's in-context editing (diffusers' FluxKontextPipeline): from noise, the init image's latents as
+    # more tokens beside the noise's in every transformer call; no strength (the whole schedule runs)
+    ModeEntry("edit", images=(("init", "init_image"),)),
 )
 if tuple(MODES) != tuple(GenerationMode.__members__):
     raise RuntimeError(f"config/modes.py lists {tuple(MODES)}, the schema's GenerationMode "

@@ -40,6 +40,7 @@ class GenerationMode(Enum):
     img2img = 1  # from init_image, noised to `strength`
     inpaint = 2  # repaint the mask_image's white area of init_image
     controlnet = 3  # from noise, steered by controlnet.image through controlnet.model
+    edit = 4  # from noise, init_image's tokens beside the noise's in each call (FLUX.1 Kontext)
 
 
 class ResizeMode(Enum):
@@ -92,7 +93,8 @@ class TrackingBackend(Enum):
 # Names a run may pick whose implementations live in a lower layer; each of those registries is
 # checked against these lists when it is imported, so the two cannot drift apart.
 BUILTIN_MODELS = ("tiny-random", "tiny-random-xl", "sd-v1-arch", "sdxl-arch", "tiny-random-inpaint", "tiny-random-clip",
-                  "tiny-random-controlnet", "tiny-random-flux", "tiny-random-flux-schnell", "flux-dev-arch", "tiny-random-sd3",
+                  "tiny-random-controlnet", "tiny-random-flux", "tiny-random-flux-schnell", "tiny-random-flux-kontext",
+                  "flux-dev-arch", "tiny-random-sd3",
                   "sd3.5-large-arch")  # models/builtin.py
 # scheduler.name -> the diffusers Flax class whose settings it takes (scheduler.config_overrides); the
 # classes that run are in models/schedulers.py (LMS and DDPM are the project's own subclasses).

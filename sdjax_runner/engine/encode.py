@@ -27,6 +27,8 @@ class Conditioning(NamedTuple):
     # model's mask and masked-image latents, (2 * batch, 5, h, w)), and a ControlNet's inputs.
     concat: Optional[Any] = None
     control: Optional[Any] = None  # (control image (2 * batch, 3, H, W) in [0, 1], conditioning scale)
+    # FLUX.1 Kontext's input image as tokens after the noise's, (batch, tokens, 4 * latent channels): mode=edit
+    reference: Optional[Any] = None
     # SDXL's refiner (engine/refiner.py): (its own Conditioning, the cutoff timestep below which its UNet runs)
     refiner: Optional[tuple] = None
 

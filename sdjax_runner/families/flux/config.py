@@ -46,6 +46,9 @@ def flow_inpaint(config: Any, title: str) -> None:
 def _flux_values(config: Any) -> None:
     """Settings FLUX.1 has no use for, each refused in one line rather than ignored."""
     flow_inpaint(config, "FLUX.1")
+    if config.mode.name == "edit" and config.cache.name != caches.DEFAULT:
+        raise UserError("cache", f"{config.cache.name} with mode=edit: the cache's state does not follow the input "
+                        "image's tokens yet", "none")
     prompts, true_cfg = config.prompts, config.sampling.true_cfg_scale
     if true_cfg is not None and not (math.isfinite(true_cfg) and true_cfg > 1):
         raise UserError("sampling.true_cfg_scale", f"{true_cfg}: true classifier-free guidance runs above 1",
@@ -69,9 +72,10 @@ def _flux_values(config: Any) -> None:
 # diffusers' FluxPipeline defaults: 28 steps, guidance 3.5 ([schnell] reads none: its check is the engine's, once the
 # transformer's config says which it is).
 ENTRY = FamilyEntry("flux", "FLUX.1: CLIP-L and T5 text encoders, a flow-matching transformer, a 16-channel VAE",
-                    ("FluxPipeline", "FluxFillPipeline"), tiny="tiny-random-flux", modes=("txt2img", "img2img", "inpaint"),
+                    ("FluxPipeline", "FluxFillPipeline", "FluxKontextPipeline"), tiny="tiny-random-flux",
+                    modes=("txt2img", "img2img", "inpaint", "edit"),
                     start_step=flow_start_step,  # FluxImg2ImgPipeline.get_timesteps
-                    builtins=("tiny-random-flux", "tiny-random-flux-schnell", "flux-dev-arch"),
+                    builtins=("tiny-random-flux", "tiny-random-flux-schnell", "tiny-random-flux-kontext", "flux-dev-arch"),
                     steps=28, guidance=3.5, check=_flux_values, sampling=samplers.resolve_flow, t5_tokens=512,
                     checkpoint_holds=lambda keys: ("transformer",), a1111_prompts=False, true_cfg=True,
                     guiders=guiders.COMBINING,  # on its true CFG (_flux_values)

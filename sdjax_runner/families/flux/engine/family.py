@@ -46,6 +46,13 @@ def check_loaded(plan: Any, loaded: Any) -> None:
     if pipeline.fill and plan.generation != "inpaint":
         raise UserError("mode", f"{plan.generation}: {plan.model.name} is FLUX.1 Fill, whose transformer reads a "
                         "mask and the masked init image beside the latents", "inpaint (with init_image and mask_image)")
+    if plan.generation == "edit" and not pipeline.kontext:
+        raise UserError("mode", f"edit: {plan.model.name} is no FLUX.1 Kontext model (its index names "
+                        "FluxKontextPipeline): it reads no input image beside the noise", "a Kontext model "
+                        "(model=flux-kontext-dev, tiny-random-flux-kontext), or txt2img, img2img, inpaint")
+    if pipeline.kontext and plan.generation not in ("txt2img", "edit"):
+        raise UserError("mode", f"{plan.generation}: {plan.model.name} is FLUX.1 Kontext, which edits an input image "
+                        "(or makes one from the prompt alone)", "edit (with init_image), txt2img")
     if not pipeline.guidance_embeds and plan.guidance_given:
         raise UserError("sampling.guidance_scale", f"{plan.guidance_scale:g}, but {plan.model.name} is FLUX.1 "
                         "[schnell] (its transformer has no guidance embedder): it reads no guidance", "null")
@@ -93,14 +100,15 @@ def structure(pipeline: Any) -> list:
             config_dict(pipeline.text_encoder), config_dict(pipeline.text_encoder_2)]
 
 
-def transformer_call(pipeline: Any, per_device_images: int, height: int, width: int, tokens: int) -> DenoiserCall:
+def transformer_call(pipeline: Any, per_device_images: int, height: int, width: int, tokens: int,
+                     mode: str = "txt2img") -> DenoiserCall:
     """One transformer call on a device's images (no guidance batch: FLUX.1 is distilled); ``tokens``: T5's
-    sequence length."""
+    sequence length; in ``mode`` edit (Kontext) the input image's tokens after the noise's."""
     import jax
     import jax.numpy as jnp
 
     batch, factor = per_device_images, pipeline.vae_scale_factor
-    seq = stages.image_seq_len(height, width, factor)
+    seq = stages.image_seq_len(height, width, factor) * (2 if mode == "edit" else 1)
     transformer = pipeline.transformer
     hidden = jax.ShapeDtypeStruct((batch, seq, transformer.in_channels), pipeline.dtype)
     context = jax.ShapeDtypeStruct((batch, tokens, transformer.joint_attention_dim), pipeline.dtype)

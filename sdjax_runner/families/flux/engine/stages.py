@@ -172,6 +172,21 @@ def fill(pipeline: Any, params: dict, key, spec: Any, batch: int, inputs: dict) 
     return start._replace(conditioning={"concat": concat})
 
 
+def edit(pipeline: Any, params: dict, key, spec: Any, batch: int, inputs: dict) -> Start:
+    """FLUX.1 Kontext's editing (diffusers' FluxKontextPipeline): :func:`txt2img`'s noise, and the init image's
+    latents -- the mode of the VAE's posterior (no draw), ``(latents - shift_factor) * scaling_factor`` -- packed,
+    as ``Conditioning.reference``: the tokens every transformer call reads after the noise's
+    (:func:`transformer_call`)."""
+    import jax.numpy as jnp
+
+    start = txt2img(pipeline, params, key, spec, batch, inputs)
+    posterior = pipeline.vae.apply({"params": params["vae"]}, inputs["init"].astype(pipeline.vae.dtype),
+                                   method=pipeline.vae.encode)
+    latents = posterior.mode().transpose((0, 3, 1, 2)).astype(jnp.float32)
+    image = (latents - pipeline.shift_factor) * pipeline.scaling_factor
+    return start._replace(conditioning={"reference": pack(image)})
+
+
 def kept_area(start: Start, sigmas, prepare=lambda latents: latents):
     """``blend(index, x)``: after step ``index`` the latents ``x`` with the kept area set back to the init image
     noised to the next step's sigma -- ``sigma * noise + (1 - sigma) * image``, the image itself after the last
@@ -219,15 +234,24 @@ def transformer_call(pipeline: Any, params: dict, conditioning: Conditioning, gu
 
     factor = pipeline.vae_scale_factor
     height, width = latent_side(spec.height, factor), latent_side(spec.width, factor)
-    img_ids, txt_ids = jnp.asarray(image_ids(height, width)), jnp.zeros((conditioning.context.shape[1], 3))
+    ids = image_ids(height, width)
+    reference = conditioning.reference  # FLUX.1 Kontext's input image's tokens (edit), after the noise's
+    if reference is not None:  # their position ids those of an image of the same size, first coordinate 1
+        ids = np.concatenate([ids, image_ids(height, width) + np.asarray([1, 0, 0], np.float32)])
+    img_ids, txt_ids = jnp.asarray(ids), jnp.zeros((conditioning.context.shape[1], 3))
     embedded = (jnp.full((batch,), guidance.scale, dtype=jnp.float32).astype(pipeline.dtype)
                 if pipeline.guidance_embeds else None)
 
     def call(x, timestep, context, pooled, around_blocks=None):
         cached = {"around_blocks": around_blocks} if around_blocks is not None else {}  # (plain: the plain module's)
         x = x.astype(pipeline.dtype)
+        tokens = x.shape[1]
         if conditioning.concat is not None:  # FLUX.1 Fill's masked image and mask after the latents (fill)
             x = jnp.concatenate([x, conditioning.concat.astype(pipeline.dtype)], axis=-1)
+        if reference is not None:  # the prediction is the noise's tokens' (Kontext)
+            x = jnp.concatenate([x, reference.astype(pipeline.dtype)], axis=1)
+            return pipeline.transformer.apply({"params": params["transformer"]}, x, context, pooled, timestep,
+                                              img_ids, txt_ids, guidance=embedded)[:, :tokens]
         return pipeline.transformer.apply({"params": params["transformer"]}, x, context,
                                           pooled, timestep, img_ids, txt_ids, guidance=embedded, **cached)
 

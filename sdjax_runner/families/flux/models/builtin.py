@@ -54,6 +54,9 @@ FLUX_SPECS["tiny-random-flux-schnell"] = dict(
     scheduler=dict(num_train_timesteps=1000, shift=1.0, use_dynamic_shifting=False, base_shift=0.5, max_shift=1.15,
                    base_image_seq_len=256, max_image_seq_len=4096),
 )
+# FLUX.1 Kontext [dev] at toy size: tiny-random-flux's folder with the index naming FluxKontextPipeline (Kontext is
+# [dev]'s architecture; the pipeline class says it reads an input image: mode=edit)
+FLUX_SPECS["tiny-random-flux-kontext"] = dict(FLUX_SPECS["tiny-random-flux"], pipeline_class="FluxKontextPipeline")
 # FLUX.1 [dev]'s exact shapes (black-forest-labs/FLUX.1-dev's configs: an 11.9B-parameter transformer, CLIP-L,
 # T5-XXL's 4.8B-parameter encoder, the 16-channel VAE), random weights in bfloat16 (about 34 GB written once):
 # speed and memory on an accelerator with no hub.
@@ -90,7 +93,7 @@ def build_flux_into(directory: Path, spec: dict) -> None:
         save_own(directory, name, class_name, spec[name],
                   random_params(param_shapes(module, "diffusers"), SEED + 42 + number, dtype, draw))
     save_flow_scheduler(directory, spec["scheduler"])
-    index = {"_class_name": "FluxPipeline", "_diffusers_version": "0.39.0",
+    index = {"_class_name": spec.get("pipeline_class", "FluxPipeline"), "_diffusers_version": "0.39.0",
              "scheduler": ["diffusers", "FlowMatchEulerDiscreteScheduler"],
              "text_encoder": ["transformers", "CLIPTextModel"], "text_encoder_2": ["transformers", "T5EncoderModel"],
              "tokenizer": ["transformers", "CLIPTokenizer"], "tokenizer_2": ["transformers", "T5TokenizerFast"],

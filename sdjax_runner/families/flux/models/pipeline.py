@@ -115,6 +115,8 @@ class FluxPipeline:
     * ``guidance_embeds``: the transformer config's: True for FLUX.1 [dev] (guidance-distilled: it takes the
       guidance value), False for [schnell].
     * ``dtype``: the activations dtype (a ``jax.numpy`` dtype) the transformer computes in.
+    * ``kontext``: FLUX.1 Kontext, whose index names ``FluxKontextPipeline`` (the same architecture as [dev]; it reads
+      an input image's tokens beside the noise's: mode=edit).
     """
 
     transformer: Any
@@ -129,6 +131,7 @@ class FluxPipeline:
     shift_factor: float
     guidance_embeds: bool
     dtype: Any
+    kontext: bool = False  # FLUX.1 Kontext (its index names FluxKontextPipeline): it edits an input image (mode=edit)
 
     @property
     def native_size(self) -> int:
@@ -201,7 +204,8 @@ def load_flux(directory: Path, index: dict, model: ModelConfig, dtype: DtypeConf
         scheduler_config=schedule, vae_scale_factor=2 ** (len(vae.block_out_channels) - 1),
         scaling_factor=float(vae.scaling_factor),
         shift_factor=float(vae.shift_factor) if vae.shift_factor is not None else 0.0,
-        guidance_embeds=bool(transformer.guidance_embeds), dtype=activations)
+        guidance_embeds=bool(transformer.guidance_embeds), dtype=activations,
+        kontext=index.get("_class_name") == "FluxKontextPipeline")
     return loading.LoadedModel(pipeline, params, None, 0.0, str(directory), formats, components, FAMILY)
 
 

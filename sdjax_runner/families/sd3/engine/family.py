@@ -90,7 +90,8 @@ def structure(pipeline: Any) -> list:
             config_dict(pipeline.text_encoder_3)]
 
 
-def transformer_call(pipeline: Any, per_device_images: float, height: int, width: int, tokens: int) -> DenoiserCall:
+def transformer_call(pipeline: Any, per_device_images: float, height: int, width: int, tokens: int,
+                     mode: str = "txt2img") -> DenoiserCall:
     """One guided transformer call on a device's images (the negative and positive halves in one batch; with
     perturbed-attention guidance a third, ``per_device_images`` counting it as half an image each); ``tokens``: T5's
     sequence length (the conditioning is 77 CLIP tokens plus these)."""
