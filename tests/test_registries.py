@@ -17,12 +17,16 @@ from sdjax_runner.config.schema import GenerationMode
 
 
 def test_each_mode_is_one_entry_that_the_schema_and_the_engine_agree_with():
-    from sdjax_runner.engine.modes import MODES as PREPARE
+    from sdjax_runner.config.families import FAMILIES as ENTRIES
+    from sdjax_runner.engine.families import FAMILIES
     from sdjax_runner.engine.modes import NUMBERS, PER_IMAGE
 
-    assert tuple(modes.MODES) == tuple(GenerationMode.__members__) == tuple(PREPARE)
+    assert tuple(modes.MODES) == tuple(GenerationMode.__members__)
+    for name, family in FAMILIES.items():  # each family prepares the modes its entry lists, and only those
+        assert set(family.modes) == set(ENTRIES[name].modes) <= set(modes.MODES), name
+        assert all(callable(prepare) for prepare in family.modes.values())
+    assert set().union(*(ENTRIES[name].modes for name in FAMILIES)) == set(modes.MODES)  # every mode runs somewhere
     for name, entry in modes.MODES.items():
-        assert callable(PREPARE[name])
         assert PER_IMAGE[name] == entry.per_image and NUMBERS[name] == entry.numbers
         assert set(entry.numbers) <= {"start", "control_scale"}, name  # what engine/generate.py places
         assert ("start" in entry.numbers) == (entry.default_strength is not None), name  # strength -> start step
