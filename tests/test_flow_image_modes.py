@@ -140,6 +140,14 @@ def test_flux_fill_is_diffusers_fill_pipeline_and_a_strength_sweep_compiles_once
     assert_one_line_error(run_cli(*common, "hydra.run.dir=txt2img", cwd=tmp_path),
                           "error: mode: txt2img: local is FLUX.1 Fill, whose transformer reads a mask and the "
                           "masked init image beside the latents (allowed: inpaint (with init_image and mask_image))")
+    # the built-in tiny Fill model, as the image modes guide runs it
+    builtin = run_cli("+experiment=flux_smoke", "model=tiny-random-flux-fill", "mode=inpaint",
+                      f"init_image={REFERENCE / 'init.png'}", f"mask_image={REFERENCE / 'mask.png'}", *QUIET,
+                      f"paths.cache_dir={cache_dir}", "hydra.run.dir=builtin", cwd=tmp_path)
+    assert builtin.returncode == 0, builtin.stderr[-3000:]
+    records = records_of(tmp_path / "builtin")
+    assert len(records) == 8 and {(r["model"], r["mode"], r["strength"]) for r in records} == {
+        ("tiny-random-flux-fill", "inpaint", 1.0)}
 
 
 @pytest.mark.slow

@@ -75,7 +75,8 @@ ENTRY = FamilyEntry("flux", "FLUX.1: CLIP-L and T5 text encoders, a flow-matchin
                     ("FluxPipeline", "FluxFillPipeline", "FluxKontextPipeline"), tiny="tiny-random-flux",
                     modes=("txt2img", "img2img", "inpaint", "edit"),
                     start_step=flow_start_step,  # FluxImg2ImgPipeline.get_timesteps
-                    builtins=("tiny-random-flux", "tiny-random-flux-schnell", "tiny-random-flux-kontext", "flux-dev-arch"),
+                    builtins=("tiny-random-flux", "tiny-random-flux-schnell", "tiny-random-flux-kontext",
+                              "tiny-random-flux-fill", "flux-dev-arch"),
                     steps=28, guidance=3.5, check=_flux_values, sampling=samplers.resolve_flow, t5_tokens=512,
                     checkpoint_holds=lambda keys: ("transformer",), a1111_prompts=False, true_cfg=True,
                     guiders=guiders.COMBINING,  # on its true CFG (_flux_values)

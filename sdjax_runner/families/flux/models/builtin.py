@@ -57,6 +57,12 @@ FLUX_SPECS["tiny-random-flux-schnell"] = dict(
 # FLUX.1 Kontext [dev] at toy size: tiny-random-flux's folder with the index naming FluxKontextPipeline (Kontext is
 # [dev]'s architecture; the pipeline class says it reads an input image: mode=edit)
 FLUX_SPECS["tiny-random-flux-kontext"] = dict(FLUX_SPECS["tiny-random-flux"], pipeline_class="FluxKontextPipeline")
+# FLUX.1 Fill [dev] at toy size: tiny-random-flux with Fill's transformer shape -- after the packed latents (64) the
+# masked image's packed latents (64) and the mask's 8 x 8 pixels per latent pixel, packed (256): 384 channels in, 64
+# out -- and the index naming FluxFillPipeline (mode=inpaint)
+FLUX_SPECS["tiny-random-flux-fill"] = dict(
+    FLUX_SPECS["tiny-random-flux"], pipeline_class="FluxFillPipeline",
+    transformer=dict(FLUX_SPECS["tiny-random-flux"]["transformer"], in_channels=384, out_channels=64))
 # FLUX.1 [dev]'s exact shapes (black-forest-labs/FLUX.1-dev's configs: an 11.9B-parameter transformer, CLIP-L,
 # T5-XXL's 4.8B-parameter encoder, the 16-channel VAE), random weights in bfloat16 (about 34 GB written once):
 # speed and memory on an accelerator with no hub.
