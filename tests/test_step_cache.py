@@ -208,6 +208,17 @@ def test_mag_cache_call_is_diffusers_mag_cache_call_for_call(threshold, max_skip
 QUIET = ("tracking=none", "metrics.clip_score.enabled=false", "timing.max_extra_share=0")
 
 
+def reference_run(folder: Path, ref: dict) -> list[str]:
+    """The overrides that make a reference's run of ``folder``: its prompt, seed, steps, guidance, size, T5 length and
+    devices."""
+    return ["model=local", f"model.pretrained_model_name_or_path={folder}", "dtype=fp32",
+            f"prompts.texts=[{ref['prompt']}]", f"seed={int(ref['seed'])}",
+            f"sampling.num_inference_steps={int(ref['steps'])}", f"sampling.guidance_scale={float(ref['guidance_scale'])}",
+            f"sampling.height={int(ref['height'])}", f"sampling.width={int(ref['width'])}",
+            f"prompts.max_sequence_length={int(ref['max_sequence_length'])}",
+            f"parallelism.num_devices={int(ref['num_devices'])}"]
+
+
 
 
 @pytest.fixture(scope="module")
@@ -344,13 +355,7 @@ def test_first_block_skips_as_diffusers_hooks_skip_and_gives_the_pipelines_image
     assert len({int(s.sum()) for s in skipped.values()}) >= 3  # the thresholds give different mixes
     # no change the hooks compared lies within 0.01 of its threshold: float32 rounding cannot flip a decision
     assert all(np.nanmin(np.abs(ref[f"changes_{t:g}"] - t)) > 0.01 for t in thresholds)
-    result = run_cli("-m", "model=local", f"model.pretrained_model_name_or_path={FLUX / 'tiny-flux-dev'}", "dtype=fp32",
-                     f"prompts.texts=[{ref['prompt']}]", f"seed={int(ref['seed'])}",
-                     f"sampling.num_inference_steps={int(ref['steps'])}",
-                     f"sampling.guidance_scale={float(ref['guidance_scale'])}",
-                     f"sampling.height={int(ref['height'])}", f"sampling.width={int(ref['width'])}",
-                     f"prompts.max_sequence_length={int(ref['max_sequence_length'])}",
-                     f"parallelism.num_devices={int(ref['num_devices'])}", "cache=first_block",
+    result = run_cli("-m", *reference_run(FLUX / "tiny-flux-dev", ref), "cache=first_block",
                      "cache.threshold=" + ",".join(f"{t:g}" for t in thresholds), *QUIET,
                      f"paths.cache_dir={cache_dir}", "hydra.sweep.dir=sweep", cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
@@ -373,13 +378,7 @@ def test_magcache_skips_as_diffusers_hooks_skip_and_gives_the_pipelines_images(t
     max_skip_steps and retention_ratio run as one threshold sweep, which compiles once; the last runs alone."""
     ref = dict(np.load(REFERENCE / "magcache.npz"))
     settings = [(float(t), int(k), float(r)) for t, k, r in ref["settings"]]
-    common = ("model=local", f"model.pretrained_model_name_or_path={FLUX / 'tiny-flux-dev'}", "dtype=fp32",
-              f"prompts.texts=[{ref['prompt']}]", f"seed={int(ref['seed'])}",
-              f"sampling.num_inference_steps={int(ref['steps'])}", f"sampling.guidance_scale={float(ref['guidance_scale'])}",
-              f"sampling.height={int(ref['height'])}", f"sampling.width={int(ref['width'])}",
-              f"prompts.max_sequence_length={int(ref['max_sequence_length'])}",
-              f"parallelism.num_devices={int(ref['num_devices'])}", "cache=magcache", *QUIET,
-              f"paths.cache_dir={cache_dir}")
+    common = (*reference_run(FLUX / "tiny-flux-dev", ref), "cache=magcache", *QUIET, f"paths.cache_dir={cache_dir}")
     swept = [s for s in settings if s[1:] == settings[0][1:]]
     assert len(swept) == 3 and len({s[0] for s in swept}) == 3
     sweep = run_cli("-m", *common, "cache.threshold=" + ",".join(f"{t:g}" for t, _, _ in swept),
@@ -420,13 +419,7 @@ def test_first_block_on_sd3_skips_as_diffusers_hooks_skip_and_gives_the_pipeline
     skipped = {t: ref[f"skipped_{t:g}"] for t in thresholds}
     assert len({int(s.sum()) for s in skipped.values()}) == len(thresholds)  # every threshold its own mix
     assert all(np.nanmin(np.abs(ref[f"changes_{t:g}"] - t)) > 0.01 for t in thresholds)
-    result = run_cli("-m", "model=local", f"model.pretrained_model_name_or_path={SD3 / 'tiny-sd3'}", "dtype=fp32",
-                     f"prompts.texts=[{ref['prompt']}]", f"seed={int(ref['seed'])}",
-                     f"sampling.num_inference_steps={int(ref['steps'])}",
-                     f"sampling.guidance_scale={float(ref['guidance_scale'])}",
-                     f"sampling.height={int(ref['height'])}", f"sampling.width={int(ref['width'])}",
-                     f"prompts.max_sequence_length={int(ref['max_sequence_length'])}",
-                     f"parallelism.num_devices={int(ref['num_devices'])}", "cache=first_block",
+    result = run_cli("-m", *reference_run(SD3 / "tiny-sd3", ref), "cache=first_block",
                      "cache.threshold=" + ",".join(f"{t:g}" for t in thresholds), *QUIET,
                      f"paths.cache_dir={cache_dir}", "hydra.sweep.dir=sweep", cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]

@@ -58,6 +58,20 @@ def first_block_call(head: Callable, rest: Callable, x, context, state: FirstBlo
     return jax.lax.cond(runs, every_block, head_only, None)
 
 
+def first_block_steps(threshold) -> Callable:
+    """Each step's call under First-Block Cache, for a sampler that carries the state: ``around(index, state)`` is
+    the transformer's ``around_blocks``, returning ``(context, x, (state after the call, skipped))``."""
+
+    def around(index, state):
+        def blocks(head, rest, x, context):
+            out_context, out_x, state_after, skipped = first_block_call(head, rest, x, context, state, threshold)
+            return out_context, out_x, (state_after, skipped)
+
+        return blocks
+
+    return around
+
+
 # -- MagCache ----------------------------------------------------------------------------------------------------------
 
 

@@ -20,7 +20,13 @@ from sdjax_runner.engine.caches import Cached
 from sdjax_runner.engine.encode import Conditioning
 from sdjax_runner.engine.guiders import Guidance, flow_step, guided
 from sdjax_runner.engine.modes.start import Start
-from sdjax_runner.models.nn.step_cache import first_block_call, first_block_state, mag_cache_call, mag_ratios, mag_state
+from sdjax_runner.models.nn.step_cache import (
+    first_block_state,
+    first_block_steps,
+    mag_cache_call,
+    mag_ratios,
+    mag_state,
+)
 
 CLIP_TOKENS = 77
 
@@ -348,16 +354,7 @@ def first_block(pipeline: Any, conditioning: Conditioning, shape: tuple, setting
     """First-Block Cache (models/nn/step_cache.py): its state before the first call, and each step's call."""
     width = pipeline.transformer.inner_dim
     state = first_block_state(shape[:2] + (width,), (shape[0], conditioning.context.shape[1], width), pipeline.dtype)
-
-    def around(index, state):
-        def blocks(head, rest, x, context):
-            out_context, out_x, state_after, skipped = first_block_call(head, rest, x, context, state,
-                                                                        settings["threshold"])
-            return out_context, out_x, (state_after, skipped)
-
-        return blocks
-
-    return state, around
+    return state, first_block_steps(settings["threshold"])
 
 
 # FLUX.1's magnitude ratios, one per step of a 28-step FLUX.1 [dev] run (MagCache's calibration; diffusers'

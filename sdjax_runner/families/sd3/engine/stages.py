@@ -25,7 +25,7 @@ from sdjax_runner.engine.modes.start import Start
 from sdjax_runner.families.flux.engine.stages import decode as flux_decode
 from sdjax_runner.families.flux.engine.stages import euler_step, kept_area, noised_start, with_init_image, with_mask
 from sdjax_runner.models.nn.perturbed import Perturbed
-from sdjax_runner.models.nn.step_cache import first_block_call, first_block_state
+from sdjax_runner.models.nn.step_cache import first_block_state, first_block_steps
 
 CLIP_TOKENS = 77
 decode = flux_decode  # latents / scaling_factor + shift_factor through the 16-channel VAE, as FLUX.1's
@@ -208,16 +208,7 @@ def first_block(pipeline: Any, conditioning: Conditioning, latents_shape: tuple,
     tokens = (height // patch) * (width // patch)
     state = first_block_state((2 * batch, tokens, dim), (2 * batch, conditioning.context.shape[1], dim),
                               pipeline.dtype)
-
-    def around(index, state):
-        def blocks(head, rest, x, context):
-            out_context, out_x, state_after, skipped = first_block_call(head, rest, x, context, state,
-                                                                        settings["threshold"])
-            return out_context, out_x, (state_after, skipped)
-
-        return blocks
-
-    return state, around
+    return state, first_block_steps(settings["threshold"])
 
 
 # The step caches SD 3's Euler runs (config/caches.py names them; FamilyEntry.caches lists them): (pipeline,
