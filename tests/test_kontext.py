@@ -125,3 +125,16 @@ def test_the_kontext_smoke_experiment_edits_the_example_image_on_the_builtin_mod
     records = records_of(tmp_path / "run")
     assert len(records) == 8 and {r["mode"] for r in records} == {"edit"} and records[0]["model"] == "tiny-random-flux-kontext"
     assert records[0]["init_image"] == "init.png" and records[0]["distilled_guidance"] == 2.5
+    # the A1111 line names the input image: from_png remakes the edit given it, and says what to give without it
+    png = tmp_path / "run" / records[0]["file"]
+    with Image.open(png) as image:
+        assert image.text["parameters"].endswith(", Edit image: init.png")  # (QUIET: no CLIP score after it)
+    quiet = (*QUIET, f"paths.cache_dir={cache_dir}", "prompts.max_sequence_length=16")
+    remade = run_cli(str(png), *quiet, f"init_image={root / 'examples' / 'init.png'}", "hydra.run.dir=from_png",
+                     command="from_png", cwd=tmp_path)
+    assert remade.returncode == 0, remade.stderr[-3000:]
+    assert "Edit image: init.png -> mode=edit" in remade.stdout + remade.stderr
+    assert records_of(tmp_path / "from_png")[0]["pixels_sha256"] == records[0]["pixels_sha256"]
+    unedited = run_cli(str(png), *quiet, "hydra.run.dir=without", command="from_png", cwd=tmp_path)
+    assert "not honoured: Edit image: init.png: FLUX.1 Kontext's input image; give init_image=PATH to remake the " \
+           "edit" in unedited.stdout + unedited.stderr

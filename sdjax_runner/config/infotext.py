@@ -194,6 +194,7 @@ def overrides(info: Infotext, model_options: tuple[str, ...], dtype_options: tup
     if family.read_infotext is not None:
         family.read_infotext(reading)
     _read_strength(reading, has_init_image)
+    _read_edit(reading, has_init_image)
     _read_models(reading, model_options, dtype_options)
     return Translation(reading.out, reading.honoured, reading.skipped)
 
@@ -312,6 +313,16 @@ def _read_strength(reading: _Reading, has_init_image: bool) -> None:
             reading.use("Denoising strength", f"sampling.hires.denoising_strength={numbers['Denoising strength']!r}")
         else:
             reading.skip("Denoising strength", "an img2img setting; give mode=img2img init_image=PATH to use it")
+
+
+def _read_edit(reading: _Reading, has_init_image: bool) -> None:
+    """FLUX.1 Kontext's ``Edit image`` (ours): mode=edit with the init image given, else said."""
+    if "Edit image" not in reading.settings:
+        return
+    if has_init_image:
+        reading.use("Edit image", "mode=edit")
+    else:
+        reading.skip("Edit image", "FLUX.1 Kontext's input image; give init_image=PATH to remake the edit")
 
 
 def _read_models(reading: _Reading, model_options: tuple[str, ...], dtype_options: tuple[str, ...]) -> None:
