@@ -254,12 +254,11 @@ def transformer_call(pipeline: Any, params: dict, conditioning: Conditioning, gu
         tokens = x.shape[1]
         if conditioning.concat is not None:  # FLUX.1 Fill's masked image and mask after the latents (fill)
             x = jnp.concatenate([x, conditioning.concat.astype(pipeline.dtype)], axis=-1)
-        if reference is not None:  # the prediction is the noise's tokens' (Kontext)
+        if reference is not None:  # Kontext's input image's tokens after the noise's (no step cache: config)
             x = jnp.concatenate([x, reference.astype(pipeline.dtype)], axis=1)
-            return pipeline.transformer.apply({"params": params["transformer"]}, x, context, pooled, timestep,
-                                              img_ids, txt_ids, guidance=embedded)[:, :tokens]
-        return pipeline.transformer.apply({"params": params["transformer"]}, x, context,
-                                          pooled, timestep, img_ids, txt_ids, guidance=embedded, **cached)
+        out = pipeline.transformer.apply({"params": params["transformer"]}, x, context, pooled, timestep, img_ids,
+                                         txt_ids, guidance=embedded, **cached)
+        return out if reference is None else out[:, :tokens]  # the prediction: the noise's tokens
 
     return call
 
