@@ -47,6 +47,9 @@ from sdjax_runner.models.nn.attention import attend
 from sdjax_runner.models.nn.config import FromDiffusersConfig
 from sdjax_runner.models.nn.perturbed import Perturbed, perturbs, torch_name
 
+# A block's self-attention modules: its joint attention and SD 3.5 Medium's image-only second one (PAG's layers pick
+# among them by their PyTorch names, transformer_blocks.N.attn)
+SELF_ATTENTION = ("attn", "attn2")
 # The keys of diffusers' SD3Transformer2DModel config.json (its __init__ arguments) and their defaults there.
 CONFIG_DEFAULTS: dict[str, Any] = {
     "sample_size": 128,
@@ -367,8 +370,9 @@ class FlaxSD3Transformer(FromDiffusersConfig, layers.Module):
             shards, x, context = jax.lax.optimization_barrier((params[f"transformer_blocks_{i}"], x, context))
             detached = block.clone(parent=None)  # a pure function of its params
             assert context is not None
-            chunks = tuple(perturbed.chunks if perturbed and perturbs(perturbed.layers, f"transformer_blocks.{i}.{name}")
-                           else 0 for name in ("attn", "attn2"))
+            chunks = tuple(perturbed.chunks if perturbed and perturbs(perturbed.layers,
+                                                                      torch_name((f"transformer_blocks_{i}", name)))
+                           else 0 for name in SELF_ATTENTION)
             out: Any = detached.apply({"params": gather(i, shards)}, x, context, temb, chunks)
             context, x = out
         return context, x
@@ -390,4 +394,4 @@ def self_attention_names(params: Any) -> list[str]:
     ``attn`` and SD 3.5 Medium's image-only ``attn2`` (``transformer_blocks.0.attn``, ...), as diffusers' PAG
     pipelines name them."""
     return [torch_name((block, name)) for block, tree in params.items() if block.startswith("transformer_blocks_")
-            for name in ("attn", "attn2") if name in tree]
+            for name in SELF_ATTENTION if name in tree]
