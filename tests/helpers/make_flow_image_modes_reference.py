@@ -55,6 +55,7 @@ from make_flux_reference import (
     WIDTH,
     _save_npz,
     _versions,
+    load_aligned,
     quiet_deterministic_torch,
 )
 
@@ -140,17 +141,8 @@ def fill_folder(out: Path, transformer: Path = FILL_TRANSFORMER) -> Path:
 
 
 def _load(case: tuple[str, str], fill: Path | None = None):
-    import diffusers
-    import torch
-
     folder, name, _, _ = PIPELINES[case]
-    folder = folder or fill
-    pipeline = getattr(diffusers, name).from_pretrained(folder, torch_dtype=torch.float32, local_files_only=True)
-    for component in pipeline.components.values():
-        if isinstance(component, torch.nn.Module):  # aligned memory (make_flux_reference's README: an ulp otherwise)
-            for parameter in component.parameters():
-                parameter.data = parameter.data.clone()
-    return pipeline
+    return load_aligned(name, folder or fill)
 
 
 def _call(case: tuple[str, str], pipeline, picture, strength: float, noise: np.ndarray, eps: np.ndarray) -> np.ndarray:

@@ -714,6 +714,21 @@ def _check_saved(folder: Path, variant: str, modules: dict[str, np.ndarray], ima
     return as_loaded
 
 
+def load_aligned(class_name: str, folder: Path):
+    """diffusers' pipeline ``class_name`` from ``folder`` (offline, float32), every module's parameters copied to
+    aligned memory (the README: from_pretrained's unaligned arrays are an ulp off otherwise), no progress bars."""
+    import diffusers
+    import torch
+
+    pipeline = getattr(diffusers, class_name).from_pretrained(folder, torch_dtype=torch.float32, local_files_only=True)
+    for component in pipeline.components.values():
+        if isinstance(component, torch.nn.Module):
+            for parameter in component.parameters():
+                parameter.data = parameter.data.clone()
+    pipeline.set_progress_bar_config(disable=True)
+    return pipeline
+
+
 def quiet_deterministic_torch() -> None:
     """diffusers' and transformers' logging and progress bars off; torch on one thread, deterministic (every reference
     maker's start)."""

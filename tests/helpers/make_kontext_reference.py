@@ -49,6 +49,7 @@ from make_flux_reference import (
     WIDTH,
     _save_npz,
     _versions,
+    load_aligned,
     quiet_deterministic_torch,
     runner_noise,
 )
@@ -68,7 +69,7 @@ def build(out: Path) -> Path:
     docstring)."""
     import torch
 
-    pipeline = _load("FluxKontextPipeline", FOLDER)
+    pipeline = load_aligned("FluxKontextPipeline", FOLDER)
     with torch.no_grad():
         for name, parameter in pipeline.transformer.named_parameters():
             if any(part in f".{name}" for part in SCALED):
@@ -77,19 +78,6 @@ def build(out: Path) -> Path:
             parameter.mul_(ENCODER_SCALE)
     pipeline.save_pretrained(out, safe_serialization=True)
     return out
-
-
-def _load(name: str, folder: Path):
-    import diffusers
-    import torch
-
-    pipeline = getattr(diffusers, name).from_pretrained(folder, torch_dtype=torch.float32, local_files_only=True)
-    for component in pipeline.components.values():
-        if isinstance(component, torch.nn.Module):  # aligned memory (make_flux_reference's README: an ulp otherwise)
-            for parameter in component.parameters():
-                parameter.data = parameter.data.clone()
-    pipeline.set_progress_bar_config(disable=True)
-    return pipeline
 
 
 def _call(pipeline, noise: np.ndarray, guidance: float, picture=None) -> np.ndarray:
@@ -119,7 +107,7 @@ def main(argv: list[str] | None = None) -> int:
     picture = init_image()
     noise = runner_noise()
     folder = build(args.out / "tiny-flux-kontext")
-    kontext = _load("FluxKontextPipeline", folder)
+    kontext = load_aligned("FluxKontextPipeline", folder)
     out: dict[str, np.ndarray] = {
         "prompt": np.asarray(PROMPT), "steps": np.asarray(STEPS, dtype=np.int64),
         "guidances": np.asarray(GUIDANCES, dtype=np.float64), "height": np.asarray(HEIGHT, dtype=np.int64),
@@ -130,7 +118,7 @@ def main(argv: list[str] | None = None) -> int:
                                                 for i in range(NUM_DEVICES)])
     out["inverted"] = np.stack([_call(kontext, noise[i:i + 1], GUIDANCES[0], 255 - picture)
                                 for i in range(NUM_DEVICES)])
-    plain = _load("FluxPipeline", folder)
+    plain = load_aligned("FluxPipeline", folder)
     out["txt2img"] = np.stack([_call(plain, noise[i:i + 1], GUIDANCES[0]) for i in range(NUM_DEVICES)])
     first = out[f"images_{GUIDANCES[0]:g}"]
     print(f"largest difference from the images without the input image {np.abs(first - out['txt2img']).max():.4f}, "

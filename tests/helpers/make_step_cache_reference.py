@@ -47,6 +47,7 @@ from make_flux_reference import (
     WIDTH,
     _save_npz,
     _versions,
+    load_aligned,
     quiet_deterministic_torch,
     runner_noise,
 )
@@ -65,15 +66,20 @@ STEPS = 8  # more than make_flux_reference's 4: room for a mix of calls that run
 MAG_SETTINGS = ((0.06, 3, 0.2), (0.3, 3, 0.2), (0.02, 3, 0.2), (1.0, 2, 0.0))
 
 
-def _load():
-    import torch
-    from diffusers import FluxPipeline
-
-    pipeline = FluxPipeline.from_pretrained(FOLDER, torch_dtype=torch.float32)
-    for module in (pipeline.transformer, pipeline.vae, pipeline.text_encoder, pipeline.text_encoder_2):
-        for parameter in module.parameters():  # aligned memory (make_flux_reference's README: an ulp otherwise)
-            parameter.data = parameter.data.clone()
-    return pipeline
+def threshold_runs(out: dict, thresholds: tuple, call, noise: np.ndarray, plain: np.ndarray, title: str) -> None:
+    """Into ``out``, per threshold: each device's image (``images_T``), the calls the hooks skipped (``skipped_T``)
+    and the changes they compared (``changes_T``), from ``call(threshold, one device's noise)``; threshold 0 must
+    skip nothing and give ``plain``, the pipeline's images without the cache."""
+    for threshold in thresholds:
+        calls = [call(threshold, noise[i:i + 1]) for i in range(NUM_DEVICES)]
+        out[f"images_{threshold:g}"] = np.stack([image for image, _, _ in calls])
+        out[f"skipped_{threshold:g}"] = np.asarray([skipped for _, skipped, _ in calls], dtype=np.bool_)
+        out[f"changes_{threshold:g}"] = np.asarray([changes for _, _, changes in calls], dtype=np.float64)
+        print(f"{title}threshold {threshold:g}: skipped {out[f'skipped_{threshold:g}'].astype(int).tolist()}, changes "
+              f"{np.round(out[f'changes_{threshold:g}'], 3).tolist()}, largest difference from the plain images "
+              f"{np.abs(out[f'images_{threshold:g}'] - plain).max():.4f}")
+    if out["skipped_0"].any() or not np.array_equal(out["images_0"], plain):
+        raise RuntimeError(f"{title}threshold 0 skipped a call, or its images are not the pipeline's without the cache")
 
 
 def _head_state(pipeline, hook: str = "fbc_leader_block_hook"):
@@ -232,16 +238,8 @@ def sd3_first_block(noise: np.ndarray) -> dict[str, np.ndarray]:
             prompt=[PROMPT], height=HEIGHT, width=WIDTH, num_inference_steps=SD3_STEPS, guidance_scale=GUIDANCE,
             max_sequence_length=MAX_SEQUENCE_LENGTH, latents=torch.from_numpy(noise[i:i + 1]),
             output_type="np").images[0], dtype=np.float32) for i in range(NUM_DEVICES)])
-    for threshold in SD3_THRESHOLDS:
-        calls = [_sd3_call(pipeline, threshold, noise[i:i + 1]) for i in range(NUM_DEVICES)]
-        out[f"images_{threshold:g}"] = np.stack([image for image, _, _ in calls])
-        out[f"skipped_{threshold:g}"] = np.asarray([skipped for _, skipped, _ in calls], dtype=np.bool_)
-        out[f"changes_{threshold:g}"] = np.asarray([changes for _, _, changes in calls], dtype=np.float64)
-        print(f"SD 3 threshold {threshold:g}: skipped {out[f'skipped_{threshold:g}'].astype(int).tolist()}, changes "
-              f"{np.round(out[f'changes_{threshold:g}'], 3).tolist()}, largest difference from the plain images "
-              f"{np.abs(out[f'images_{threshold:g}'] - plain).max():.4f}")
-    if out["skipped_0"].any() or not np.array_equal(out["images_0"], plain):
-        raise RuntimeError("SD 3: threshold 0 skipped a call, or its images are not the pipeline's without the cache")
+    threshold_runs(out, SD3_THRESHOLDS, lambda threshold, one: _sd3_call(pipeline, threshold, one), noise, plain,
+                   "SD 3: ")
     return out
 
 
@@ -250,7 +248,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="the fixture folder")
     args = parser.parse_args(argv)
     quiet_deterministic_torch()
-    pipeline = _load()
+    pipeline = load_aligned("FluxPipeline", FOLDER)
     noise = runner_noise()
     spec = VARIANTS["dev"]
     out: dict[str, np.ndarray] = {
@@ -261,15 +259,7 @@ def main(argv: list[str] | None = None) -> int:
         "seed": np.asarray(SEED, dtype=np.int64), "num_devices": np.asarray(NUM_DEVICES, dtype=np.int64),
         "thresholds": np.asarray(THRESHOLDS, dtype=np.float64)}
     plain = np.stack([_call(pipeline, 0.0, noise[i:i + 1])[0] for i in range(NUM_DEVICES)])
-    for threshold in THRESHOLDS:
-        calls = [_call(pipeline, threshold, noise[i:i + 1]) for i in range(NUM_DEVICES)]
-        out[f"images_{threshold:g}"] = np.stack([image for image, _, _ in calls])
-        out[f"skipped_{threshold:g}"] = np.asarray([skipped for _, skipped, _ in calls], dtype=np.bool_)
-        out[f"changes_{threshold:g}"] = np.asarray([changes for _, _, changes in calls], dtype=np.float64)
-        print(f"threshold {threshold:g}: skipped {out[f'skipped_{threshold:g}'].astype(int).tolist()}, "
-              f"largest difference from the plain images {np.abs(out[f'images_{threshold:g}'] - plain).max():.4f}")
-    if out["skipped_0"].any() or not np.array_equal(out["images_0"], plain):
-        raise RuntimeError("threshold 0 skipped a call")
+    threshold_runs(out, THRESHOLDS, lambda threshold, one: _call(pipeline, threshold, one), noise, plain, "")
     mag: dict[str, np.ndarray] = {key: out[key] for key in ("prompt", "steps", "guidance_scale", "height", "width",
                                                             "max_sequence_length", "seed", "num_devices")}
     mag["settings"] = np.asarray(MAG_SETTINGS, dtype=np.float64)
