@@ -128,7 +128,7 @@ class ImageRecord(_Record):
     # it read ("eta=0.5 norm_threshold=15")
     guider: Optional[str] = None
     guider_settings: Optional[str] = None
-    guider_layers: Optional[list] = None  # optional, pag: guider.layers, the patterns of the perturbed self-attention
+    guider_layers: Optional[list] = None  # optional, pag and seg: guider.layers, the patterns of the perturbed self-attention
     # optional: the step cache where one ran (cache=NAME, config/caches.py) and its settings, "KEY=VALUE ..."
     cache: Optional[str] = None
     cache_settings: Optional[str] = None

@@ -34,6 +34,7 @@ SDXL = ["model.name=tiny-sdxl", f"model.pretrained_model_name_or_path={BASE}", "
 
 
 FREEU = np.load(FIXTURES / "freeu" / "freeu.npz")
+SEG = np.load(FIXTURES / "seg" / "seg.npz")
 
 
 def levels_off(run_dir: Path, case: str, reference=REFERENCE) -> float:
@@ -121,6 +122,97 @@ def test_a_pag_scale_sweep_compiles_once_its_zero_and_freeus_ones_are_plain_cfg_
     assert hashes(tmp_path / "from_png")[0] == record["pixels_sha256"]
 
 
+def published_blur(images: np.ndarray, sigma: float) -> np.ndarray:
+    """SEG-SDXL's ``gaussian_blur_2d`` and infinite blur (its ``SEGCFGSelfAttnProcessor``) in NumPy: ``images``
+    (batch, channels, side, side); an odd ``ceil(6 sigma) + 1 - ceil(6 sigma) % 2`` taps, at most the side (+1 when
+    even), of a normalized Gaussian, outer product on both axes, over the images reflect-padded by half the taps, each
+    channel alone; over sigma 9999 each image's mean."""
+    import math
+
+    if sigma > 9999.0:
+        return np.broadcast_to(images.mean(axis=(-2, -1), keepdims=True), images.shape)
+    side = images.shape[-1]
+    taps = min(math.ceil(6 * sigma) + 1 - math.ceil(6 * sigma) % 2, side - (side % 2 - 1))
+    offsets = np.linspace(-(taps - 1) * 0.5, (taps - 1) * 0.5, taps)
+    weights = np.exp(-0.5 * (offsets / sigma) ** 2)
+    kernel = np.outer(weights / weights.sum(), weights / weights.sum())
+    pad = taps // 2
+    padded = np.pad(images, ((0, 0), (0, 0), (pad, pad), (pad, pad)), mode="reflect")
+    out = np.zeros_like(images)
+    for i in range(taps):
+        for j in range(taps):
+            out += kernel[i, j] * padded[..., i:i + side, j:j + side]
+    return out
+
+
+@pytest.mark.parametrize("side", [2, 3, 4, 5, 8])
+def test_segs_query_blur_is_the_published_gaussian_and_mean_for_a_traced_sigma(side):
+    import jax
+
+    from sdjax_runner.models.nn.perturbed import blurred_queries
+
+    queries = np.random.default_rng(side).standard_normal((2, side * side, 6)).astype(np.float32)
+    blur = jax.jit(lambda q, sigma: blurred_queries(q, side, side, sigma))  # one program for every sigma
+    for sigma in (0.2, 0.3, 0.5, 1.0, 2.0, 50.0, 9999.0, 9999999.0):
+        grid = queries.reshape(2, side, side, 6).transpose(0, 3, 1, 2)  # as the processor sees it: channels first
+        expected = published_blur(grid, sigma).transpose(0, 2, 3, 1).reshape(queries.shape)
+        np.testing.assert_allclose(np.asarray(blur(queries, np.float32(sigma))), expected, rtol=0, atol=2e-6)
+    assert blur._cache_size() == 1
+
+
+@pytest.mark.slow
+def test_seg_is_the_published_seg_processor_in_diffusers_pag_pipeline_a_sweep_compiles_once_and_scale_0_is_cfg(tmp_path):
+    """SEG against SEG-SDXL's processor (transcribed) in diffusers' PAG pipeline (tests/fixtures/seg): three blurs from
+    one program, its scale 0 plain CFG's images bit for bit; other layers without CFG; the records and the PNG."""
+    seg = [*SDXL, "sampling.height=64", "sampling.width=64", "guider=seg"]
+    cases = {case: json.loads(str(SEG[f"{case}_settings"])) for case in ("infinite", "sigma_1", "sigma_half", "no_cfg")}
+    swept = cases["infinite"]
+    sweep = tmp_path / "sweep"
+    result = run_cli("-m", *seg, f"sampling.guidance_scale={swept['guidance_scale']}",
+                     f"guider.layers=[{','.join(swept['layers'])}]", "guider.scale=0," + str(swept["seg_scale"]),
+                     "guider.blur_sigma=" + ",".join(str(cases[c]["seg_blur_sigma"]) for c in ("infinite", "sigma_1",
+                                                                                               "sigma_half")),
+                     f"hydra.sweep.dir={sweep}", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    jobs = {json.loads((job / "images.json").read_text())[0]["guider_settings"]: job for job in sweep.glob("[0-9]")}
+    assert len(jobs) == 6
+    for case in ("infinite", "sigma_1", "sigma_half"):
+        job = jobs[f"scale={swept['seg_scale']:g} blur_sigma={cases[case]['seg_blur_sigma']:g}"]
+        assert levels_off(job, case, SEG) <= 1, case  # within one 8-bit level of the published processor's
+        assert levels_off(job, "plain", SEG) > 1 and all(levels_off(job, other, SEG) > 1 for other in (
+            "infinite", "sigma_1", "sigma_half") if other != case), case  # the check tells the blurs apart
+    zeros = [job for settings, job in jobs.items() if settings.startswith("scale=0 ")]
+    assert len({tuple(hashes(job)) for job in zeros}) == 1 and levels_off(zeros[0], "plain", SEG) <= 1
+    assert sorted(json.loads((job / "timings.json").read_text())["compile_reused"] for job in jobs.values()) == \
+        [0, 1, 1, 1, 1, 1]  # the scale and the blur are traced: one program
+    no_cfg = cases["no_cfg"]
+    result = run_cli(*seg, f"sampling.guidance_scale={no_cfg['guidance_scale']}", f"guider.scale={no_cfg['seg_scale']}",
+                     f"guider.blur_sigma={no_cfg['seg_blur_sigma']}", "guider.layers=[" + ",".join(no_cfg["layers"]) + "]",
+                     f"hydra.run.dir={tmp_path / 'no_cfg'}", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "; guider seg (scale 8, blur_sigma 2) on down_blocks.1, up_blocks.0.attentions.0" in result.stdout
+    assert levels_off(tmp_path / "no_cfg", "no_cfg", SEG) <= 1 and levels_off(tmp_path / "no_cfg", "plain_no_cfg", SEG) > 1
+    record = json.loads((tmp_path / "no_cfg" / "images.json").read_text())[0]
+    assert (record["guider"], record["guider_settings"], record["guider_layers"]) == \
+        ("seg", "scale=8 blur_sigma=2", ["down_blocks.1", "up_blocks.0.attentions.0"])
+    with Image.open(tmp_path / "no_cfg" / record["file"]) as image:
+        assert ("Guider: seg, Guider scale: 8, Guider blur_sigma: 2, Guider layers: \"down_blocks.1, "
+                "up_blocks.0.attentions.0\"" in image.text["parameters"])
+
+
+def test_seg_defaults_are_the_published_pipelines():
+    from omegaconf import OmegaConf
+
+    from helpers.configs import compose_cfg
+    from sdjax_runner.config.families import FAMILIES
+    from sdjax_runner.config.guiders import check
+
+    guider = check(OmegaConf.to_object(compose_cfg(["+experiment=smoke", "guider=seg"])), FAMILIES["sd"])
+    # SEG-SDXL's __call__: seg_scale 3.0, seg_blur_sigma 9999999.0 (infinite), seg_applied_layers ['mid']
+    assert (guider.name, dict(guider.settings), guider.layers) == ("seg", {"scale": 3.0, "blur_sigma": 9999999.0},
+                                                                   ("mid",))
+
+
 def test_layers_pick_self_attention_modules_by_their_pytorch_names_and_diffusers_rule():
     import jax
     from safetensors.numpy import load_file
@@ -159,6 +251,11 @@ REFINED = ["model.name=tiny-sdxl", f"model.pretrained_model_name_or_path={BASE}"
     ("pag", ["guider.adaptive_scale=-1"], "error: guider.adaptive_scale: must be >= 0, got -1.0"),
     ("pag", ["guider.scale=nan"], "error: guider.scale: must be a finite number, got nan"),
     ("pag", REFINED, "error: guider: pag with model.refiner: it runs inside the base's UNet, not the refiner's, here"),
+    ("seg", ["model=tiny-random-sd3"], "error: guider: seg: tiny-random-sd3 is a sd3 model, which runs cfg, "
+                                       "cfg_zero_star, apg, pag"),
+    ("seg", ["guider.blur_sigma=0"], "error: guider.blur_sigma: must be > 0, got 0.0 (allowed: a positive number: "
+                                     "seg's blur"),
+    ("seg", REFINED, "error: guider: seg with model.refiner: it runs inside the base's UNet, not the refiner's, here"),
     ("freeu", ["model=tiny-random-flux"], "error: guider: freeu: tiny-random-flux is a flux model, which runs cfg, "),
     ("freeu", ["model=tiny-random-sd3"], "error: guider: freeu: tiny-random-sd3 is a sd3 model, which runs cfg, "
                                          "cfg_zero_star, apg, pag"),
@@ -167,7 +264,7 @@ REFINED = ["model.name=tiny-sdxl", f"model.pretrained_model_name_or_path={BASE}"
     ("freeu", REFINED, "error: guider: freeu with model.refiner: it runs inside the base's UNet, not the refiner's, "
                        "here"),
 ])
-def test_what_pag_and_freeu_cannot_run_with_is_one_line(tmp_path, guider, overrides, expected):
+def test_what_pag_seg_and_freeu_cannot_run_with_is_one_line(tmp_path, guider, overrides, expected):
     assert_one_line_error(call_cli("+experiment=smoke", "tracking=none", f"guider={guider}", *overrides, cwd=tmp_path),
                           expected)
 

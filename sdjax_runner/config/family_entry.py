@@ -51,7 +51,7 @@ class FamilyEntry:
     guidance_rescale: bool = False
     refiner: bool = False  # model.refiner: an SDXL refiner taking over the last steps (config/refiner.py)
     guiders: tuple[str, ...] = (guiders.DEFAULT,)  # the guiders (config/guiders.py) its samplers run
-    # guider.layers where a perturbing guider (pag) is given none: diffusers' PAG pipeline's default pag_applied_layers
+    # guider.layers where a perturbing guider (pag, seg) is given none: diffusers' PAG pipeline's default pag_applied_layers
     perturbed_layers: tuple[str, ...] = ("mid",)
     caches: tuple[str, ...] = (caches.DEFAULT,)  # the step caches (config/caches.py) its denoiser runs
     # the quantizers (config/quantizers.py) its denoiser takes: every one where the denoiser is the runner's own Flax

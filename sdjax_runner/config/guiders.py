@@ -61,6 +61,10 @@ GUIDERS = {entry.name: entry for entry in (
     # 3's joint attention: each image token sees itself alone among the image tokens); the SD family and SD 3;
     # uncond + g (cond - uncond) + s (cond - perturbed), s = scale, or max(0, scale - adaptive_scale (1000 - t))
     GuiderEntry("pag", ("scale", "adaptive_scale"), perturbs=True),
+    # smoothed-energy guidance (Hong 2024, its published SEG-SDXL pipeline): PAG's third prediction, with the queries
+    # of guider.layers' self-attention blurred over the image by a Gaussian of blur_sigma (above 9999: each query
+    # the mean of its image's) instead; the SD family; uncond + g (cond - uncond) + scale (cond - perturbed)
+    GuiderEntry("seg", ("scale", "blur_sigma"), perturbs=True),
     # FreeU (Si et al. 2024, diffusers' enable_freeu): CFG, with the UNet's first two up blocks' backbone features
     # (half their channels) scaled by b1, b2 and their skip features' lowest frequencies by s1, s2
     GuiderEntry("freeu", ("b1", "b2", "s1", "s2"), reweighs=True),
@@ -162,6 +166,8 @@ def _check_value(key: str, value: Any) -> None:
         raise UserError(f"guider.{key}", f"must be a finite number, got {value}", ALLOWED[key])
     if key in ("zero_init_steps", "norm_threshold", "adaptive_scale") and value < 0:
         raise UserError(f"guider.{key}", f"must be >= 0, got {value}", ALLOWED[key])
+    if key == "blur_sigma" and value <= 0:
+        raise UserError(f"guider.{key}", f"must be > 0, got {value}", ALLOWED[key])
 
 
 ALLOWED_LAYERS = ("patterns of the denoiser's self-attention modules by their PyTorch names, as diffusers' "
@@ -171,7 +177,10 @@ FREEU_VALUES = ("a number (FreeU's published values: SD 1.4 and XL b1 1.3, b2 1.
 ALLOWED = {"zero_init_steps": "0 (none), 1 (diffusers' default), 2, ...",
            "eta": "a number: 1 keeps the parallel part (plain CFG's update), 0 drops it (diffusers' default 1)",
            "norm_threshold": "0 (no cap) or a positive number (diffusers' default 15)",
-           "scale": "a number: pag's weight of cond - perturbed (diffusers' pag_scale, default 3; 0: plain CFG's images)",
+           "scale": "a number: pag's and seg's weight of cond - perturbed (diffusers' pag_scale, SEG's seg_scale, "
+                    "default 3; 0: plain CFG's images)",
+           "blur_sigma": "a positive number: seg's blur of the queries, in latent pixels (SEG's seg_blur_sigma: 1, "
+                         "10, ...; over 9999, as its default 9999999: infinite, each query its image's mean)",
            **dict.fromkeys(("b1", "b2", "s1", "s2"), FREEU_VALUES),
            "adaptive_scale": "0 (a constant scale, diffusers' default) or a positive number: the scale falls by it per "
                              "timestep below 1000"}

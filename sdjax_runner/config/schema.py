@@ -482,7 +482,8 @@ class ReportConfig:
 class GuiderConfig:
     # How a step combines the denoiser's unconditional and conditional predictions (config/guiders.py): cfg
     # (classifier-free guidance, the default), cfg_zero_star (CFG-Zero*), apg (adaptive projected guidance), pag
-    # (perturbed-attention guidance: a third prediction with guider.layers' self-attention perturbed; SD family), freeu
+    # (perturbed-attention guidance: a third prediction with guider.layers' self-attention perturbed; SD family, SD 3),
+    # seg (smoothed-energy guidance: that third prediction with those layers' queries blurred; SD family), freeu
     # (FreeU: CFG on a UNet whose up blocks reweigh their features; SD family).
     # Chosen as guider=NAME; sampling.guidance_scale is the weight each applies. The name shapes the program; the
     # settings below are traced inputs (a sweep over them compiles once). The SD family runs them all, SD 3 all but
@@ -498,11 +499,15 @@ class GuiderConfig:
     # apg: the largest norm of the update cond - uncond per image (diffusers' adaptive_projected_guidance_rescale,
     # default 15); 0: no cap.
     norm_threshold: float = 15.0
-    # pag: the weight of cond - perturbed (diffusers' pag_scale, default 3); 0 gives plain CFG's images.
+    # pag, seg: the weight of cond - perturbed (diffusers' pag_scale, SEG's seg_scale, default 3); 0 gives plain
+    # CFG's images.
     scale: float = 3.0
     # pag: the scale falls by this per timestep below 1000, down to 0 (diffusers' pag_adaptive_scale; 0: constant).
     adaptive_scale: float = 0.0
-    # pag: the self-attention layers perturbed, patterns (regular expressions) matched against the denoiser's
+    # seg: the sigma of the Gaussian blur of the perturbed queries over the image, in latent pixels (SEG's
+    # seg_blur_sigma, default 9999999); over 9999 the blur is infinite: each query its image's mean.
+    blur_sigma: float = 9999999.0
+    # pag, seg: the self-attention layers perturbed, patterns (regular expressions) matched against the denoiser's
     # self-attention modules by their PyTorch names, as diffusers' pag_applied_layers: on a UNet [mid],
     # [down_blocks.1], [up_blocks.0.attentions.1], ...; on SD 3's transformer [blocks.1], [transformer_blocks.(4|5)],
     # ... null: the family's default, diffusers' pipelines' ([mid]; SD 3: [blocks.1]). Static: a sweep over them

@@ -36,9 +36,15 @@ class Guidance:
     # The step cache's traced settings (cache.*, by name: engine/caches.py), or None: every denoiser call runs the
     # whole model. Carried here because every sampler already takes how it is to call the denoiser from this.
     cache: Optional[dict] = None
-    # A perturbing guider's (pag's) guider.layers: the denoiser is also called on the conditional input with the
+    # A perturbing guider's (pag's, seg's) guider.layers: the denoiser is also called on the conditional input with the
     # self-attention they pick perturbed (engine/samplers/unet.py), and the guider reads that third prediction.
     perturbed: Optional[tuple[str, ...]] = None
+
+    @property
+    def query_blur(self) -> Any:
+        """How the perturbed chunk's self-attention runs: a guider that reads ``blur_sigma`` (SEG) blurs its queries by
+        that traced sigma; None: PAG's perturbation, the model's own."""
+        return self.settings.get("blur_sigma")
 
 
 def _per_image_sum(array, keepdims: bool = True):
@@ -95,8 +101,21 @@ def pag(guided_, conditional, perturbed, settings: dict, timestep):
 
 # How each guider combines the unconditional and conditional predictions (the guiders that change the UNet, PAG and
 # FreeU, as CFG); a perturbing guider (config/guiders.py: GuiderEntry.perturbs) then adds its term (PERTURBING).
-GUIDERS: dict[str, Callable] = {"cfg": cfg, "cfg_zero_star": cfg_zero_star, "apg": apg, "pag": cfg, "freeu": cfg}
-PERTURBING: dict[str, Callable] = {"pag": pag}
+def seg(guided_, conditional, perturbed, settings: dict, timestep):
+    """SEG-SDXL's combination (its pipeline's ``noise_pred_text + (g - 1) (noise_pred_text - noise_pred_uncond) +
+    seg_scale (noise_pred_text - noise_pred_text_perturb)``, or without CFG ``noise_pred_text + seg_scale (...)``):
+    ``guided_`` -- ``uncond + g (cond - uncond)``, or the conditional prediction -- plus ``scale (cond - perturbed)``.
+    At scale 0 ``guided_`` itself, bit for bit."""
+    import jax.numpy as jnp
+
+    scale = settings["scale"]
+    out = guided_ + scale * (conditional.astype(jnp.float32) - perturbed.astype(jnp.float32))
+    return jnp.where(scale == 0, guided_, out)
+
+
+GUIDERS: dict[str, Callable] = {"cfg": cfg, "cfg_zero_star": cfg_zero_star, "apg": apg, "pag": cfg, "seg": cfg,
+                                "freeu": cfg}
+PERTURBING: dict[str, Callable] = {"pag": pag, "seg": seg}
 assert set(GUIDERS) == set(ENTRIES), "engine/guiders.py and config/guiders.py name the same guiders"
 assert set(PERTURBING) == {name for name, entry in ENTRIES.items() if entry.perturbs}
 

@@ -67,7 +67,7 @@ class Spec:
     cfg_rescale: bool = False  # SD: CFG rescale runs (its value is a traced input, "guidance_rescale")
     guider: str = "cfg"  # guider=NAME (engine/guiders.py); its settings are traced inputs ("guider_" + the setting)
     guider_window: Optional[tuple[float, float]] = None  # guider.start/stop: where it guides (None: every step)
-    guider_layers: tuple[str, ...] = ()  # a perturbing guider's (pag's) guider.layers: its extra denoiser call
+    guider_layers: tuple[str, ...] = ()  # a perturbing guider's (pag's, seg's) guider.layers: its extra denoiser call
     cache: str = "none"  # cache=NAME (config/caches.py); its settings are traced inputs ("cache_" + the setting)
     quantize: str = "none"  # quantize=NAME (config/quantizers.py): the denoiser's module and weights quantized
     embeddings: tuple = ()  # SD: the textual-inversion tables' shapes (their vectors are inputs, params["embeddings"])

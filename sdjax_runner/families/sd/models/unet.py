@@ -39,7 +39,7 @@ from sdjax_runner.models.nn import layers
 from sdjax_runner.models.nn.attention import IMPLEMENTATIONS
 from sdjax_runner.models.nn.attention import attention as multihead_attention
 from sdjax_runner.models.nn.config import FromDiffusersConfig
-from sdjax_runner.models.nn.perturbed import Perturbed, perturbs, torch_name
+from sdjax_runner.models.nn.perturbed import Perturbed, blurred_queries, perturbs, torch_name
 
 # What a UNet's config.json may ask that this UNet (diffusers' Flax UNet's arithmetic) does not compute: the keys of
 # diffusers' PyTorch UNet2DConditionModel, each with the values at which PyTorch computes what this UNet computes
@@ -319,9 +319,12 @@ class Attention(layers.Module):
     head_dim: int
     implementation: str = "default"
     dtype: Any = jnp.float32
-    # Perturbed-attention guidance: the batch's last 1/identity_chunks attends by the identity, to_out(to_v(x))
-    # (self-attention only; 0: none, the default)
-    identity_chunks: int = 0
+    # A perturbing guider's self-attention (0: none, the default): the batch's last 1/perturbed_chunks runs perturbed --
+    # with query_blur None by the identity, to_out(to_v(x)) (PAG), else with its queries blurred over the tokens'
+    # grid (height, width) by the traced sigma query_blur (SEG: models/nn/perturbed.py)
+    perturbed_chunks: int = 0
+    query_blur: Any = None
+    grid: tuple[int, ...] = ()
 
     @nn.compact
     def __call__(self, x: jax.Array, context: Optional[jax.Array] = None) -> jax.Array:
@@ -329,10 +332,14 @@ class Attention(layers.Module):
         to_q, to_k, to_v = (layers.Dense(inner, use_bias=False, dtype=self.dtype, name=name)
                             for name in ("to_q", "to_k", "to_v"))
         to_out = layers.Dense(width, dtype=self.dtype, name="to_out_0")
+        rows = x.shape[0] // self.perturbed_chunks if self.perturbed_chunks else 0
+        assert not rows or context is None  # (self-attention)
+        if rows and self.query_blur is not None:  # SEG: the perturbed rows' queries blurred, then attention as usual
+            queries = to_q(x)
+            queries = jnp.concatenate([queries[:-rows], blurred_queries(queries[-rows:], *self.grid, self.query_blur)])
+            return to_out(multihead_attention(queries, to_k(x), to_v(x), self.heads, self.implementation))
         perturbed = None
-        if self.identity_chunks:
-            assert context is None  # (self-attention)
-            rows = x.shape[0] // self.identity_chunks
+        if rows:  # PAG
             x, perturbed = x[:-rows], x[-rows:]
         context = x if context is None else context
         out = to_out(multihead_attention(to_q(x), to_k(context), to_v(context), self.heads, self.implementation))
@@ -373,21 +380,24 @@ class BasicTransformerBlock(layers.Module):
     only_cross_attention: bool = False
     implementation: str = "default"
     dtype: Any = jnp.float32
-    perturbed: Optional[Perturbed] = None  # perturbed-attention guidance, where it picks this block's attn1
+    perturbed: Optional[Perturbed] = None  # a perturbing guider's (PAG, SEG), where it picks this block's attn1
+    grid: tuple[int, ...] = ()  # the tokens' (height, width) (SEG blurs over it)
 
     @nn.compact
     def __call__(self, x: jax.Array, context: jax.Array) -> jax.Array:
         def norm(name: str) -> layers.LayerNorm:
             return layers.LayerNorm(epsilon=1e-5, dtype=self.dtype, name=name)
 
-        def attend(name: str, identity_chunks: int = 0) -> Attention:
-            return Attention(self.heads, self.head_dim, self.implementation, self.dtype, identity_chunks, name=name)
+        def attend(name: str, perturbed: Optional[Perturbed] = None) -> Attention:
+            return Attention(self.heads, self.head_dim, self.implementation, self.dtype,
+                             perturbed.chunks if perturbed else 0, perturbed.blur_sigma if perturbed else None,
+                             self.grid, name=name)
 
-        chunks = 0
+        picked = None
         if (self.perturbed is not None and not self.only_cross_attention  # (attn1 attends to the text then)
                 and perturbs(self.perturbed.layers, torch_name((*self.path, "attn1")))):
-            chunks = self.perturbed.chunks
-        x = attend("attn1", chunks)(norm("norm1")(x), context if self.only_cross_attention else None) + x
+            picked = self.perturbed
+        x = attend("attn1", picked)(norm("norm1")(x), context if self.only_cross_attention else None) + x
         x = attend("attn2")(norm("norm2")(x), context) + x
         return FeedForward(x.shape[-1], self.dtype, name="ff")(norm("norm3")(x)) + x
 
@@ -423,7 +433,7 @@ class Transformer2D(layers.Module):
             h = projection("proj_in")(h).reshape(batch, height * width, channels)
         for i in range(self.depth):
             h = BasicTransformerBlock(self.heads, head_dim, self.only_cross_attention, self.implementation, self.dtype,
-                                      self.perturbed, name=f"transformer_blocks_{i}")(h, context)
+                                      self.perturbed, (height, width), name=f"transformer_blocks_{i}")(h, context)
         if self.use_linear_projection:
             h = projection("proj_out")(h).reshape(batch, height, width, channels)
         else:
