@@ -214,8 +214,8 @@ def profile(job: Job, generator: Any) -> None:
     """One more batch under the profiler (performance.profile): its summary and trace in the run folder."""
     from sdjax_runner.engine import profiling
 
-    summary = profiling.profile_batch(lambda: generator.run(*generator.inputs(0)), generator.compiled,
-                                      job.run_dir / rundir.PROFILE_DIR)
+    summary = profiling.profile_batch(lambda: generator.run(*generator.inputs(0)), (generator.compiled,
+                                      generator.decoder), job.run_dir / rundir.PROFILE_DIR)
     rundir.write_json(job.run_dir / rundir.PROFILE, summary)
     log.info("profile: %s; trace in %s", profiling.describe(summary), job.run_dir / rundir.PROFILE_DIR)
 

@@ -9,6 +9,7 @@ import shlex
 import stat
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -46,6 +47,14 @@ def _run(tmp_path, cache, name, umask=None):
     return dict(timings, hashes=hashes, clip_path=quality["clip_score_compile_path"], log=result.stdout + result.stderr)
 
 
+def sampling_and_decoding(cache: Path) -> tuple[list[Path], list[Path]]:
+    """The stored generation programs (the executables with a FLOPs count beside them; the CLIP score's has none):
+    the sampling programs and the decoding programs (``decoder-KEY.pkl``)."""
+    generate = [p for p in (cache / "executables").glob("*.pkl") if p.with_suffix(".flops.json").is_file()]
+    return ([p for p in generate if not p.name.startswith("decoder-")],
+            [p for p in generate if p.name.startswith("decoder-")])
+
+
 def test_stored_executables_are_signed_private_and_never_loaded_unverified(tmp_path):
     cache = tmp_path / "xla"
     first = _run(tmp_path, cache, "first", umask=0o000)
@@ -58,9 +67,8 @@ def test_stored_executables_are_signed_private_and_never_loaded_unverified(tmp_p
         assert not mode & (stat.S_IWGRP | stat.S_IWOTH), (path, oct(mode))
     key = cache / "executables" / ".signing-key"
     assert stat.S_IMODE(key.stat().st_mode) == 0o600 and len(key.read_bytes()) == 32
-    generate = [p for p in (cache / "executables").glob("*.pkl") if p.with_suffix(".flops.json").is_file()]
-    [stored] = generate
-    [clip] = set((cache / "executables").glob("*.pkl")) - {stored}
+    [stored], [decoder] = sampling_and_decoding(cache)
+    [clip] = set((cache / "executables").glob("*.pkl")) - {stored, decoder}
     assert stored.read_bytes().startswith(b"sdjax-executable-2\n")
 
     warm = _run(tmp_path, cache, "warm", umask=0o000)  # its own files pass its checks: a warm start
@@ -104,8 +112,8 @@ def test_stored_executables_are_signed_private_and_never_loaded_unverified(tmp_p
 
     # A file that verifies but holds another program (the CLIP score's, signed by this cache): dropped when
     # loaded, not a failure at its first call.
-    [stored] = [p for p in (cache / "executables").glob("*.pkl") if p.with_suffix(".flops.json").is_file()]
-    [clip] = set((cache / "executables").glob("*.pkl")) - {stored}
+    [stored], [decoder] = sampling_and_decoding(cache)
+    [clip] = set((cache / "executables").glob("*.pkl")) - {stored, decoder}
     stored.write_bytes(clip.read_bytes())
     wrong = _run(tmp_path, cache, "wrong")
     assert f"compile: stored executable {stored.name} not usable: it takes other arguments than this program" \

@@ -29,8 +29,15 @@ def _run(tmp_path: Path, cache: Path, name: str, *extra: str, devices: tuple[str
 
 
 def _generate_programs(cache: Path) -> list[Path]:
-    """Stored generate programs: the executables with a FLOPs count beside them (the CLIP score's has none)."""
-    return [p for p in (cache / "executables").glob("*.pkl") if p.with_suffix(".flops.json").is_file()]
+    """Stored sampling programs: the executables with a FLOPs count beside them (the CLIP score's has none) but the
+    decoding programs (:func:`_decoders`)."""
+    return [p for p in (cache / "executables").glob("*.pkl") if p.with_suffix(".flops.json").is_file()
+            and not p.name.startswith("decoder-")]
+
+
+def _decoders(cache: Path) -> list[Path]:
+    """Stored decoding programs (one per model, parallel mode and latent size: every sampling program's)."""
+    return list((cache / "executables").glob("decoder-*.pkl"))
 
 
 @pytest.mark.slow
@@ -41,8 +48,9 @@ def test_a_warm_start_loads_the_stored_executable_and_makes_the_same_images(tmp_
     assert (first["compile_path"], first["executable_cache_hit"]) == ("traced", 0) and first["trace_s"] > 0
     assert first["clip_path"] == "traced"
     [stored] = _generate_programs(cache)
-    [flops] = (cache / "executables").glob("*.flops.json")
-    [clip_program] = set((cache / "executables").glob("*.pkl")) - {stored}
+    [flops] = [path for path in (cache / "executables").glob("*.flops.json") if not path.name.startswith("decoder-")]
+    [decoder] = _decoders(cache)
+    [clip_program] = set((cache / "executables").glob("*.pkl")) - {stored, decoder}
     # the UNet's, the VAE's, the text encoder's and the CLIP score model's (every Flax file is checked against its
     # module's shapes): no init tracing when warm
     shapes = sorted((cache / "shapes").glob("*.json"))
@@ -50,7 +58,8 @@ def test_a_warm_start_loads_the_stored_executable_and_makes_the_same_images(tmp_
 
     warm = _run(tmp_path, cache, "warm")
     assert (warm["compile_path"], warm["executable_cache_hit"], warm["trace_s"]) == ("executable_cache", 1, 0.0)
-    assert "the stored executable (no tracing)" in warm["log"]
+    assert "the stored executable (no tracing)" in warm["log"] and "compile: the decoder" in warm["log"]
+    assert "stored (no tracing)" in warm["log"].split("compile: the decoder")[1].splitlines()[0]
     assert warm["hashes"] == first["hashes"]  # the same program: bit-identical images
     assert warm["flops_per_batch"] == first["flops_per_batch"] > 0  # counted once, kept with the program
     # The CLIP score's program too: the weights file read as it is, no model built, no tracing; same scores.
@@ -58,6 +67,9 @@ def test_a_warm_start_loads_the_stored_executable_and_makes_the_same_images(tmp_
 
     other = _run(tmp_path, cache, "other", "sampling.num_inference_steps=3")  # another program: another key
     assert other["compile_path"] == "traced" and len(_generate_programs(cache)) == 2
+    # ... and the same decoder: the stored one (no tracing), for every sampling program of the model at this size
+    assert _decoders(cache) == [decoder]
+    assert "stored (no tracing)" in other["log"].split("compile: the decoder")[1].splitlines()[0]
     assert other["clip_path"] == "executable_cache"  # the same 8 images to score: the same scoring program
 
     # The generate program's file holding the CLIP score's (signed by this cache, compiled for all 8 devices where
@@ -72,7 +84,9 @@ def test_a_warm_start_loads_the_stored_executable_and_makes_the_same_images(tmp_
     assert damaged["compile_path"] == "traced" and "not usable" in damaged["log"]
     assert damaged["hashes"] == first["hashes"] and damaged["flops_per_batch"] == first["flops_per_batch"]
     assert damaged["clip_path"] == "traced" and damaged["clip_scores"] == first["clip_scores"]
-    assert json.loads(flops.read_text())["flops_per_batch"] == first["flops_per_batch"]  # rewritten
+    # rewritten: the sampling program's count; with the decoder's (one device's batch) the run's
+    assert json.loads(flops.read_text())["flops_per_batch"] + json.loads(
+        decoder.with_suffix(".flops.json").read_text())["flops_per_batch"] == first["flops_per_batch"]
 
 
 
@@ -121,15 +135,16 @@ def test_the_sharded_path_keeps_its_executable_too_and_the_cache_stays_within_it
     assert warm["hashes"] == first["hashes"]
     [sharded] = _generate_programs(cache)
 
-    # pmap: the same images, but another program (~2 MB, as the sharded one). Under a 3 MB bound the
-    # least recently used entries go -- the sharded program -- and the CLIP score's program, used by
-    # this run too, stays.
+    # pmap: the same images, but other programs (~1.5 MB, as the sharded one, and its decoder, 0.5 MB). Under a 3 MB
+    # bound the least recently used entries go -- the sharded program, loaded before its decoder -- and the CLIP
+    # score's program, used by this run too, stays.
     bounded = "compilation_cache.max_size_gb=0.003"
     pmap = _run(tmp_path, cache, "pmap", bounded, devices=())
     assert pmap["compile_path"] == "traced" and pmap["hashes"] == first["hashes"]
     assert pmap["clip_path"] == "executable_cache"
     assert not sharded.exists() and not sharded.with_suffix(".flops.json").exists()
-    assert len(_generate_programs(cache)) == 1 and len(list((cache / "executables").glob("*.pkl"))) == 2
+    assert len(_generate_programs(cache)) == 1 and len(_decoders(cache)) == 2
+    assert len(list((cache / "executables").glob("*.pkl"))) == 4
     assert _cache_bytes(cache) <= 3_000_000
     again = _run(tmp_path, cache, "again", bounded, devices=())  # what stayed is what the next run uses
     assert (again["compile_path"], again["clip_path"]) == ("executable_cache", "executable_cache")
@@ -200,7 +215,8 @@ from sdjax_runner.commands.run import main
 main()
 """
     subprocess.run([sys.executable, "-c", script], cwd=tmp_path, check=True, capture_output=True, timeout=300)
-    assert len(list((cache / "executables").glob("*.pkl"))) == 2  # the generate and CLIP score programs
+    # the sampling, decoding and CLIP score programs
+    assert len(list((cache / "executables").glob("*.pkl"))) == 3 and len(_decoders(cache)) == 1
 
     after = _run(tmp_path, cache, "after")
     assert after["compile_path"] == "traced" and after["clip_path"] == "traced"

@@ -115,13 +115,18 @@ def executed_flops(flops: Optional[float], saved_per_call: Optional[float], call
     return flops - saved_per_call * skipped / calls * steps * num_devices
 
 
+def program_flops(compiled: Any) -> Optional[float]:
+    """XLA's FLOP count of a compiled program on one device (None where the backend has none)."""
+    try:
+        return _flops(compiled.cost_analysis())
+    except Exception:  # some backends or cached executables have no analysis
+        return None
+
+
 def batch_flops(compiled: Any, loops: list[tuple[int, Optional[float]]], num_devices: int) -> Optional[float]:
     """FLOPs of one batch on all devices: the compiled program plus the loop steps XLA does not count (``loops``:
     each sampling loop's steps and the FLOPs of one of them)."""
-    try:
-        program = _flops(compiled.cost_analysis())
-    except Exception:  # some backends or cached executables have no analysis
-        return None
+    program = program_flops(compiled)
     if program is None or any(step is None for _, step in loops):
         return None
     return num_devices * (program + sum((steps - 1) * step for steps, step in loops if step is not None))

@@ -148,7 +148,60 @@ class Engine:
         return program
 
     def _compiled(self, program: Program, plan: Plan) -> Program:
-        """``program`` with its generator's program installed: reused if this process has it, loaded if a
+        """``program`` with its generator's programs installed: the sampling program (:meth:`_sampling`) and then the
+        decoding program (:meth:`_decoding`), its seconds added to the job's compile facts."""
+        program = self._sampling(program, plan)
+        self._decoding(program, plan)
+        return program
+
+    def _decoding(self, program: Program, plan: Plan, fresh: bool = False) -> None:
+        """The generator's decoding program installed: reused if this process has it (a sweep's other sampling
+        programs of this model at this size), loaded if stored, else traced, compiled and stored; ``fresh``: traced
+        whatever is kept (a stored one failed)."""
+        generator, prepared = program.generator, program.prepared
+        args = generator.decoder_args()
+        spec = generator.spec
+        key = (prepared.compile_key[:3], spec.family, spec.parallel, spec.params, spec.attention,
+               tuple(args[1].shape), str(args[1].dtype))
+        if key in self.reuse.decoders and not fresh:
+            generator.install_decoder(self.reuse.decoders[key][0])
+            self.reuse.decoders.move_to_end(key)
+            return
+        started = time.perf_counter()
+        compiled, flops, trace_s = self._decoder(generator, args, executables_dir(plan), fresh)
+        self.reuse.keep_decoder(key, compiled, flops)
+        generator.install_decoder(compiled)
+        compile_s = time.perf_counter() - started - trace_s
+        log.info("compile: the decoder, %.1f s%s", compile_s, ", stored (no tracing)" if trace_s == 0 else
+                 f" (+ {trace_s:.1f} s tracing)")
+        program.facts = dataclasses.replace(program.facts, trace_s=program.facts.trace_s + trace_s,
+                                            compile_s=program.facts.compile_s + compile_s)
+
+    @staticmethod
+    def _decoder(generator: Generator, args: tuple, directory: Optional[str], fresh: bool
+                 ) -> tuple[Any, Optional[float], float]:
+        """(the decoding program, its FLOPs on one device's batch, seconds of tracing): loaded where executables are
+        kept in ``directory`` and one fits (unless ``fresh``), else traced and compiled (and stored there)."""
+        started = time.perf_counter()
+        stored_key = executable_cache.decoder_key(generator, args) if directory else ""
+        if directory:
+            if fresh:
+                executable_cache.discard(directory, stored_key)
+            compiled = executable_cache.load(directory, stored_key, generator.devices, args)
+            if compiled is not None:
+                return compiled, executable_cache.load_flops(directory, stored_key), 0.0
+        lowered = generator.lower_decoder()
+        trace_s = time.perf_counter() - started
+        with compile_cache.bypassed() if directory else contextlib.nullcontext():  # (as the sampling program's)
+            compiled = lowered.compile()
+        flops = efficiency.program_flops(compiled)
+        if directory:  # (its FLOPs file: one device's batch)
+            executable_cache.save(directory, stored_key, compiled, generator.devices)
+            executable_cache.save_flops(directory, stored_key, flops)
+        return compiled, flops, trace_s
+
+    def _sampling(self, program: Program, plan: Plan) -> Program:
+        """``program`` with its generator's sampling program installed: reused if this process has it, loaded if a
         stored executable fits (traced instead should it fail at its first call), else traced and compiled."""
         generator, prepared = program.generator, program.prepared
         if prepared.compiled is not None:
@@ -173,6 +226,7 @@ class Engine:
                                 "instead", one_line(error))
                     executable_cache.discard(directory, key)
                     self._trace(program)
+                    self._decoding(program, plan, fresh=True)  # (whichever of the two failed)
 
                 generator.install(stored, retrace)
                 return program
@@ -207,6 +261,7 @@ class Engine:
                                                            plan.num_devices, spec.prompt_tokens, spec.mode)
         if program.key and flops is not None:  # a warm start needs no FLOPs lowering
             executable_cache.save_flops(plan.compilation_cache.dir, program.key, flops)
+        flops = self._with_decoding(flops, generator, plan.num_devices)
         if generator.cached and generator.denoiser_calls_skipped:  # a step cache skipped calls: count what ran
             saved = None if spec.hires else self.reuse.saved_per_skipped_call(
                 program.prepared, spec.cache, images * spec.calls_per_step, spec.height, spec.width, spec.prompt_tokens)
@@ -219,6 +274,13 @@ class Engine:
                     device_memory_peak_bytes=efficiency.device_memory_peak(devices),
                     program_memory_bytes=generator.program_memory(),
                     host_peak_rss_bytes=efficiency.host_peak_rss())
+
+    def _with_decoding(self, flops: Optional[float], generator: Generator, num_devices: int) -> Optional[float]:
+        """A batch's FLOPs of the sampling program (``flops``) with the decoding program's (XLA's count on one
+        device, times the devices); None where either is unknown."""
+        decoding = next((found for compiled, found in self.reuse.decoders.values() if compiled is generator.decoder),
+                        None)
+        return None if flops is None or decoding is None else flops + num_devices * decoding
 
     def counters(self) -> dict[str, int]:
         """What this process has loaded and compiled so far, and holds (sweeps read these)."""

@@ -120,6 +120,21 @@ def program_key(generator: Any, args: tuple) -> str:
     return key(program, args, generator.devices)
 
 
+DECODER = "decoder-"  # before a decoding program's key (its .pkl and .flops.json files)
+
+
+def decoder_key(generator: Any, args: tuple) -> str:
+    """The key of the decoding program ``generator`` would compile for ``args``: its parallel mode, the placement of
+    the weights, the attention and the model's structure (the decoder is the same for every sampling program of a
+    model at one size); ``decoder-`` before the hash names its files for what they are."""
+    from sdjax_runner.engine.families import FAMILIES
+
+    spec = generator.spec
+    program = ["decode", type(generator).__name__, spec.family, spec.parallel, spec.params, spec.attention,
+               *FAMILIES[spec.family].structure(generator.pipeline)]
+    return DECODER + key(program, args, generator.devices)
+
+
 def _path(directory: str, key: str) -> Path:
     return Path(directory).expanduser() / SUBDIR / f"{key}.pkl"
 

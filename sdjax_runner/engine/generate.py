@@ -2,9 +2,9 @@
 
 A parallel mode (:mod:`.pmap`, :mod:`.sharded`; :data:`.parallel.PARALLEL` picks one) is a
 :class:`Generator` subclass that knows how to place the params and the inputs on devices and how to
-lower the generation program (:mod:`.program`) for them. Both give the same images
-for the same plan. Programs are compiled ahead of time so compilation is timed apart from
-execution.
+lower the generation programs (:mod:`.program`: the sampling program, then the decoding program on its latents)
+for them. Both give the same images for the same plan. Programs are compiled ahead of time so compilation is timed
+apart from execution.
 """
 
 from __future__ import annotations
@@ -106,8 +106,9 @@ class Generator:
         self.height, self.width = (spec.hires.height, spec.hires.width) if spec.hires else (spec.height, spec.width)
         self.timings = Timings()
         self.started = started
-        self.compiled: Optional[Callable] = None  # the program (install)
-        self._program_memory: Optional[tuple[Any, Optional[int]]] = None  # (the program, its bytes): program_memory
+        self.compiled: Optional[Callable] = None  # the sampling program (install)
+        self.decoder: Optional[Callable] = None  # the decoding program (install_decoder)
+        self._program_memory: Optional[tuple[Any, Optional[int]]] = None  # (the programs, their bytes): program_memory
         # For a stored executable: traces the program instead, should it fail at its first call.
         self.retrace: Optional[Callable[[Exception], None]] = None
         self.non_finite: set[int] = set()  # indices of images with NaN or infinite pixels (overflow)
@@ -159,12 +160,44 @@ class Generator:
         executable: called with the error should it fail at its first call, and installs a traced one."""
         self.compiled, self.retrace = compiled, retrace
 
+    def install_decoder(self, decoder: Callable) -> None:
+        """Make the batches' images with ``decoder``, the decoding program (engine/engine.py compiles or finds it)."""
+        self.decoder = decoder
+
     def program_memory(self) -> Optional[int]:
-        """XLA's plan of the installed program's bytes per device (efficiency.program_memory), asked once per
-        program: each job of a sweep reads it twice, and XLA works it out anew each time (0.03-0.3 s on a CPU)."""
-        if self._program_memory is None or self._program_memory[0] is not self.compiled:
-            self._program_memory = (self.compiled, efficiency.program_memory(self.compiled))
+        """XLA's plan of the installed programs' bytes per device (efficiency.program_memory): the larger of the
+        sampling and the decoding program's (they run one after the other). Asked once per pair: each job of a sweep
+        reads it twice, and XLA works it out anew each time (0.03-0.3 s on a CPU)."""
+        if self._program_memory is None or self._program_memory[0] != (self.compiled, self.decoder):
+            plans = [efficiency.program_memory(program) for program in (self.compiled, self.decoder) if program]
+            self._program_memory = ((self.compiled, self.decoder),
+                                    None if not plans or None in plans else max(p for p in plans if p is not None))
         return self._program_memory[1]
+
+    def decoder_params(self) -> dict:
+        """The decoding program's weights: the VAE's, as placed."""
+        return {"vae": self.params["vae"]}
+
+    def decoder_args(self) -> tuple:
+        """The arguments the decoding program takes (their shapes key a stored executable): the VAE's weights and the
+        sampling program's latents (their shape and dtype, from the installed sampling program)."""
+        import jax
+
+        out = self.compiled.out_info  # type: ignore[union-attr]
+        latents = out[0] if self.cached else out
+        return self.decoder_params(), jax.ShapeDtypeStruct(latents.shape, latents.dtype)
+
+    def lower_decoder(self):
+        """The decoding program lowered for :meth:`decoder_args` (each parallel mode its own way)."""
+        raise NotImplementedError
+
+    def decoded(self, out):
+        """The sampling program's output with its latents made images by the decoding program (asynchronously)."""
+        assert self.decoder is not None  # installed by engine/engine.py
+        if self.cached:
+            latents, skipped = out
+            return self.decoder(self.decoder_params(), latents), skipped
+        return self.decoder(self.decoder_params(), out)
 
     @staticmethod
     def place_params(tree, devices: list):
@@ -210,7 +243,7 @@ class Generator:
         raise NotImplementedError
 
     def run(self, *inputs):
-        """One batch, asynchronously."""
+        """One batch's images (:meth:`decoded`), asynchronously."""
         raise NotImplementedError
 
     def fetch(self, out) -> np.ndarray:

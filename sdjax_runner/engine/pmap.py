@@ -1,6 +1,7 @@
 """The guide's parallel mode: params replicated with a leading device axis, inputs sharded as
-``(devices, batch, ...)``, and the generation program (:mod:`.program`) pmapped over the devices -- what
-diffusers' ``pipeline(..., jit=True)`` does with its ``_p_generate`` -- compiled ahead of time."""
+``(devices, batch, ...)``, and the generation programs (:mod:`.program`) pmapped over the devices -- what
+diffusers' ``pipeline(..., jit=True)`` does with its ``_p_generate``, the decoder a program of its own -- compiled
+ahead of time."""
 
 from __future__ import annotations
 
@@ -73,6 +74,22 @@ class PmapGenerator(Generator):
 
         return jax.pmap(functools.partial(generate, self.pipeline, self.spec)).lower(*self.program_args())
 
+    def lower_decoder(self):
+        import jax
+
+        from sdjax_runner.engine.program import decode
+
+        pipeline, family = self.pipeline, self.spec.family
+        mapped = jax.pmap(lambda params, latents: decode(pipeline, family, params, latents))
+
+        def decoder(params, latents):  # named: a pmap's program is "jit__fun" whatever it runs, the sampling
+            return mapped(params, latents)  # program's too, and a profile tells their operations apart by name
+
+        params, latents = self.decoder_args()
+        sharding = self.compiled.out_info  # type: ignore[union-attr]
+        sharding = (sharding[0] if self.cached else sharding).sharding  # where the sampling program leaves them
+        return jax.jit(decoder).lower(params, jax.ShapeDtypeStruct(latents.shape, latents.dtype, sharding=sharding))
+
     def run(self, ids, keys, inputs):
         assert self.compiled is not None  # installed by engine/engine.py
-        return self.compiled(ids, self.params, keys, self.guidance, inputs, self.negative_ids)
+        return self.decoded(self.compiled(ids, self.params, keys, self.guidance, inputs, self.negative_ids))

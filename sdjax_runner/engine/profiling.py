@@ -26,7 +26,7 @@ import collections
 import gzip
 import json
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -47,13 +47,30 @@ def component_of(op_name: str) -> str:
     return "other"
 
 
-def instruction_components(hlo_text: str) -> dict[str, tuple[str, str]]:
-    """HLO instruction name -> (the component its metadata places it in, its JAX op name)."""
+_MODULE = re.compile(r"^HloModule\s+([^\s,]+)")
+
+
+def instruction_components(hlo_text: str, qualified: bool = False) -> dict[str, tuple[str, str]]:
+    """HLO instruction name -> (the component its metadata places it in, its JAX op name); ``qualified``: the names
+    written ``MODULE/INSTRUCTION``, the module's as the trace's ``hlo_module`` gives it (several programs' instructions
+    in one map: their names repeat)."""
     found = {}
-    for line in hlo_text.splitlines():
+    lines = hlo_text.splitlines()
+    header = _MODULE.match(lines[0]) if lines else None
+    prefix = f"{header.group(1)}/" if qualified and header else ""
+    for line in lines:
         match = _INSTRUCTION.match(line)
         if match:
-            found[match.group(1)] = (component_of(match.group(2)), match.group(2))
+            found[prefix + match.group(1)] = (component_of(match.group(2)), match.group(2))
+    return found
+
+
+def programs_instructions(programs: Sequence[Any]) -> dict[str, tuple[str, str]]:
+    """The instructions of every program a batch runs (the sampling and the decoding program), by
+    ``MODULE/INSTRUCTION``."""
+    found: dict[str, tuple[str, str]] = {}
+    for compiled in programs:
+        found.update(instruction_components(program_text(compiled), qualified=True))
     return found
 
 
@@ -100,18 +117,21 @@ def _name(event: dict, instructions: dict[str, tuple[str, str]], aliases: dict[s
     """The program instruction an event ran, where one can be told: the trace's ``hlo_op``, or -- inside a
     command buffer, whose kernels the trace files under the buffer's name -- the kernel's own name (XLA names
     the kernels it generates after their fusion, ``.`` written ``_``); else what the trace calls it."""
-    operation = (event.get("args") or {}).get("hlo_op") or ""
-    if operation in instructions:
-        return operation
-    kernel = event.get("name", "")
-    if kernel in instructions:
-        return kernel
-    return aliases.get(kernel) or operation or kernel
+    args = event.get("args") or {}
+    operation, kernel, module = args.get("hlo_op") or "", event.get("name", ""), args.get("hlo_module")
+    for name in ((f"{module}/{operation}", f"{module}/{kernel}") if module else ()) + (operation, kernel):
+        if name in instructions:
+            return name
+    return (aliases.get(f"{module}/{kernel}") if module else None) or aliases.get(kernel) or operation or kernel
 
 
 def kernel_aliases(instructions: dict[str, tuple[str, str]]) -> dict[str, str]:
     """Kernel name -> instruction name, for the instructions whose names a kernel writes otherwise."""
-    return {re.sub(r"[.\-]", "_", name): name for name in instructions if re.search(r"[.\-]", name)}
+    def kernel(name: str) -> str:  # (a qualified name's module as it is)
+        module, slash, instruction = name.rpartition("/")
+        return module + slash + re.sub(r"[.\-]", "_", instruction)
+
+    return {kernel(name): name for name in instructions if kernel(name) != name}
 
 
 def _kinds(events: list[dict]) -> dict[str, dict]:
@@ -190,8 +210,8 @@ def summarize(trace_file: Path, instructions: dict[str, tuple[str, str]]) -> dic
     }
 
 
-def profile_batch(run: Callable[[], Any], compiled: Any, directory: Path) -> dict[str, Any]:
-    """Run one batch (``run()``, blocked on) under JAX's profiler with the trace written to
+def profile_batch(run: Callable[[], Any], programs: Sequence[Any], directory: Path) -> dict[str, Any]:
+    """Run one batch (``run()``, blocked on: the compiled ``programs``) under JAX's profiler with the trace written to
     ``directory``; the summary of where its time went."""
     import time
 
@@ -204,7 +224,7 @@ def profile_batch(run: Callable[[], Any], compiled: Any, directory: Path) -> dic
     traces = sorted(directory.glob("plugins/profile/*/*.trace.json.gz"), key=lambda p: p.stat().st_mtime)
     if not traces:
         return {"error": f"JAX's profiler wrote no trace under {directory}"}
-    summary = summarize(traces[-1], instruction_components(program_text(compiled)))
+    summary = summarize(traces[-1], programs_instructions(programs))
     summary["trace"] = str(traces[-1].relative_to(directory.parent))
     summary["wall_s"] = wall  # the profiled batch's, profiler overhead included
     return summary

@@ -1,10 +1,13 @@
-"""The generation program, assembled from stages, one interface each:
+"""The generation programs, assembled from stages, one interface each:
 
     encode (prompt ids -> conditioning) -> prepare (key -> initial latents: the mode)
-        -> denoise (latents -> latents: the sampler, with classifier-free guidance) -> decode (latents -> pixels)
+        -> denoise (latents -> latents: the sampler, with classifier-free guidance) | decode (latents -> pixels)
 
-:func:`generate` is one device's share of a batch; the parallel modes (:mod:`.parallel`) pmap it or run
-it under ``shard_map``. Everything in :class:`Spec` is static (it shapes the traced program); the prompt
+:func:`generate` (the sampling program: every stage but the last) and :func:`decode` (the decoding program) are one
+device's share of a batch; the parallel modes (:mod:`.parallel`) pmap them or run them under ``shard_map``, the
+decoding program on the sampling program's latents. Two programs, because the decoder is the same for every sampler,
+step count, guider, cache, mode or prompt length of a model at one size: compiled (or loaded) once for all of them,
+it is a third to two fifths less of what each new sampling program costs to trace and compile (on the tiny models). Everything in :class:`Spec` is static (it shapes the traced program); the prompt
 ids, params, keys, the guidance scale, the refiner's switch and the mode's inputs (images, start step,
 conditioning scale) are traced inputs, so new prompts, seeds, guidance, switches, strengths or images never
 recompile. Each stage comes from
@@ -136,8 +139,8 @@ def hires_pass(hires: Any, height: int, width: int, cfg: bool) -> Optional[Hires
 
 def generate(pipeline: Any, spec: Spec, ids, params: dict, key, guidance, inputs: dict,
              negative_ids: Optional[Any] = None):
-    """One device's images, (batch, height, width, 3) floats in [0, 1] -- with a step cache (``spec.cache``),
-    ``(images, (1,) int32 denoiser calls the cache skipped)``. ``ids``: its prompts' token ids
+    """One device's final latents, what :func:`decode` makes its images of -- with a step cache (``spec.cache``),
+    ``(latents, (1,) int32 denoiser calls the cache skipped)``. ``ids``: its prompts' token ids
     ((batch, 77), SDXL (batch, 2, 77); A1111's syntax: ``spec.prompt_chunks * 77`` tokens, engine/tokens.py);
     ``key``: its PRNG key (the mode's initial noise; a sampler's own noise comes from a key folded from
     it); ``inputs``: the mode's traced inputs (engine/modes: init images, masks, control images, the start
@@ -165,12 +168,17 @@ def generate(pipeline: Any, spec: Spec, ids, params: dict, key, guidance, inputs
         latents, skipped = latents
     if spec.hires:
         latents = second_pass(family, pipeline, params, upscaled, latents, second_guidance, spec, key)
-    pixels = family.decode(pipeline, params, latents)
-    if spec.cache != CACHE_DEFAULT:  # (pixels, this device's skipped calls with a leading axis: sharded's concat)
+    if spec.cache != CACHE_DEFAULT:  # (latents, this device's skipped calls with a leading axis: sharded's concat)
         import jax.numpy as jnp
 
-        return pixels, jnp.reshape(skipped, (1,))
-    return pixels
+        return latents, jnp.reshape(skipped, (1,))
+    return latents
+
+
+def decode(pipeline: Any, family: str, params: dict, latents):
+    """One device's images, (batch, height, width, 3) floats in [0, 1], from :func:`generate`'s latents: the
+    family's decoder on ``params["vae"]`` (``params``: the decoding program's, the VAE's weights alone)."""
+    return FAMILIES[family].decode(pipeline, params, latents)
 
 
 def guiding(spec: Spec, scale, inputs: dict) -> Guidance:

@@ -121,6 +121,9 @@ class ReuseCache:
         self.models: collections.OrderedDict[tuple, ModelEntry] = collections.OrderedDict()
         self.programs: collections.OrderedDict[tuple, Callable] = collections.OrderedDict()  # compile key -> program
         self.flops_of: dict[tuple, Any] = {}  # compile key -> FLOPs per batch
+        # decoder key (engine/engine.py) -> (the decoding program, its FLOPs on one device's batch or None); one per
+        # model, placement and latent size: what a sweep's sampling programs share
+        self.decoders: collections.OrderedDict[tuple, tuple[Callable, Optional[float]]] = collections.OrderedDict()
         self.counters = Counters()
 
     def model(self, plan: Plan) -> tuple[ModelEntry, bool]:
@@ -347,6 +350,12 @@ class ReuseCache:
         """The FLOPs of a batch of the prepared program, counted by an earlier process (None: unknown)."""
         if flops is not None:
             self.flops_of[prepared.compile_key] = flops
+
+    def keep_decoder(self, key: tuple, compiled: Callable, flops: Optional[float]) -> None:
+        self.decoders[key] = (compiled, flops)
+        self.decoders.move_to_end(key)
+        while len(self.decoders) > MAX_PROGRAMS:
+            self.decoders.popitem(last=False)
 
     def keep(self, compile_key: tuple, compiled: Callable) -> None:
         self.programs[compile_key] = compiled

@@ -121,9 +121,29 @@ class ShardedGenerator(Generator):
         function = jax.jit(mapped, in_shardings=shardings, out_shardings=self.data)
         return function.lower(*args)
 
+    def lower_decoder(self):
+        import jax
+
+        from sdjax_runner.engine.program import decode
+
+        pipeline, family, split = self.pipeline, self.spec.family, self.spec.params == "sharded"
+        params, latents = self.decoder_args()
+        weights = jax.tree_util.tree_map(spec_of, params)  # each weight's placement: replicated, or split
+
+        def decoder(params, latents):  # (its name is the program's: a trace's hlo_module tells the two apart)
+            if split:  # split weights: whole on each device as the program starts
+                params = gather_tree(params, weights)
+            return decode(pipeline, family, params, latents)
+
+        data = jax.P("data")
+        mapped = jax.shard_map(decoder, mesh=self.mesh, in_specs=(weights, data), out_specs=data, check_vma=False)
+        shardings = (jax.tree_util.tree_map(lambda partition: jax.NamedSharding(self.mesh, partition), weights,
+                                            is_leaf=lambda node: isinstance(node, jax.P)), self.data)
+        return jax.jit(mapped, in_shardings=shardings, out_shardings=self.data).lower(params, latents)
+
     def run(self, ids, keys, inputs):
         assert self.compiled is not None  # installed by engine/engine.py
-        return self.compiled(*self._args(ids, keys, inputs))
+        return self.decoded(self.compiled(*self._args(ids, keys, inputs)))
 
     def gathered(self, out):
         import jax

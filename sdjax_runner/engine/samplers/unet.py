@@ -51,7 +51,7 @@ def halves(pipeline: Any, params: dict, conditioning: Conditioning, x, timestep,
         chunks = 3 if guided else 2
         grown = with_conditional_rows(conditioning, guided)
         out = _switched(pipeline, params, grown, jnp.concatenate([x] * chunks), timestep, switch_timestep,
-                        Perturbed(perturbed, chunks, guidance.query_blur), freeu)
+                        Perturbed(perturbed, chunks, guidance.query_blur if guidance else None), freeu)
         parts = jnp.split(out, chunks, axis=0)
         return Predictions(*parts) if guided else Predictions(None, *parts)
     if not guided:

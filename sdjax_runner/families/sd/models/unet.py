@@ -336,7 +336,7 @@ class Attention(layers.Module):
         assert not rows or context is None  # (self-attention)
         if rows and self.query_blur is not None:  # SEG: the perturbed rows' queries blurred, then attention as usual
             queries = to_q(x)
-            queries = jnp.concatenate([queries[:-rows], blurred_queries(queries[-rows:], *self.grid, self.query_blur)])
+            queries = jnp.concatenate([queries[:-rows], blurred_queries(queries[-rows:], self.grid[0], self.grid[1], self.query_blur)])
             return to_out(multihead_attention(queries, to_k(x), to_v(x), self.heads, self.implementation))
         perturbed = None
         if rows:  # PAG
