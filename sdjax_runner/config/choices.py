@@ -15,9 +15,16 @@ from sdjax_runner.errors import UserError
 log = logging.getLogger("sdjax_runner")
 
 
+def number(value: float) -> str:
+    """A setting as written back for a re-run: the shortest text that reads as the same float, ``.0`` left out (``3``,
+    ``0.5``, ``9999999``, ``0.123456789``) -- not ``:g``'s six digits (9999999 was ``1e+07``)."""
+    text = repr(float(value))
+    return text[:-2] if text.endswith(".0") else text
+
+
 def label(name: str, settings: tuple[tuple[str, float], ...]) -> str:
     """``apg (eta 0.5, norm_threshold 15)``: an entry and its settings for the plan line."""
-    values = ", ".join(f"{key} {value:g}" for key, value in settings)
+    values = ", ".join(f"{key} {number(value)}" for key, value in settings)
     return f"{name} ({values})" if values else name
 
 

@@ -39,6 +39,7 @@ from PIL import Image
 from PIL.PngImagePlugin import PngInfo
 
 from sdjax_runner.config import families
+from sdjax_runner.config.choices import number as setting_text
 from sdjax_runner.config.prompt_syntax import escape
 from sdjax_runner.config.quantizers import DEFAULT as QUANTIZE_DEFAULT
 from sdjax_runner.console import one_line
@@ -486,10 +487,10 @@ def image_meta(plan: Plan, height: int, width: int, guidance: str = "cfg", shift
         slg_layers=",".join(map(str, slg[0])) or None, slg_scale=slg[1], slg_start=slg[2], slg_stop=slg[3],
         guidance_rescale=plan.guidance_rescale,
         guider=None if plan.guider.plain else plan.guider.name,
-        guider_settings=" ".join(f"{key}={value:g}" for key, value in plan.guider.recorded) or None,
+        guider_settings=" ".join(f"{key}={setting_text(value)}" for key, value in plan.guider.recorded) or None,
         guider_layers=list(plan.guider.layers) or None,
         cache=None if plan.cache.plain else plan.cache.name,
-        cache_settings=" ".join(f"{key}={value:g}" for key, value in plan.cache.settings) or None,
+        cache_settings=" ".join(f"{key}={setting_text(value)}" for key, value in plan.cache.settings) or None,
         quantize=None if plan.quantize == QUANTIZE_DEFAULT else plan.quantize,
         **(hires_fields(plan.hires, first_pass) if plan.hires else {}),
         refiner=f"{plan.refiner.name}:sha256={plan.refiner.sha256[:12]}" if plan.refiner else None,
