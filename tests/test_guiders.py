@@ -94,9 +94,10 @@ def test_every_guider_is_in_both_registries_and_in_the_families_that_run_it():
     assert GUIDERS["pag"] is GUIDERS["seg"] is GUIDERS["cfg"]
     assert set(FAMILIES["sd"].guiders) == set(ENTRIES)
     assert set(COMBINING) == {"cfg", "cfg_zero_star", "apg"}
-    # FLUX.1's transformer takes no change (PAG, SEG, FreeU); SD 3's takes PAG's perturbed attention
+    # FLUX.1's transformer takes no change (PAG, SEG, FreeU); SD 3's takes PAG's and SEG's perturbed attention
     # (tests/test_pag_sd3.py)
-    assert set(FAMILIES["flux"].guiders) == set(COMBINING) and set(FAMILIES["sd3"].guiders) == {*COMBINING, "pag"}
+    assert set(FAMILIES["flux"].guiders) == set(COMBINING)
+    assert set(FAMILIES["sd3"].guiders) == {*COMBINING, "pag", "seg"}
 
 
 def test_a_family_that_lists_fewer_guiders_refuses_the_others_in_one_line():

@@ -36,9 +36,9 @@ def sd3_medium_folder(out: Path) -> Path:
     return out
 
 
-def levels_off(run_dir: Path, case: str) -> float:
+def levels_off(run_dir: Path, case: str, reference=REFERENCE) -> float:
     ours = np.stack(images_of(run_dir)).astype(np.float64)
-    return float(np.abs(ours - np.round(REFERENCE[case].astype(np.float64) * 255)).max())
+    return float(np.abs(ours - np.round(reference[case].astype(np.float64) * 255)).max())
 
 
 def settings(case: str) -> dict:
@@ -133,3 +133,47 @@ def test_the_self_attention_names_are_diffusers_pag_targets():
     assert [n for n in names if perturbs(["blocks.1"], n)] == ["transformer_blocks.1.attn", "transformer_blocks.1.attn2"]
     assert [n for n in names if perturbs([r"blocks\.\d\.attn$"], n)] == [
         "transformer_blocks.0.attn", "transformer_blocks.1.attn", "transformer_blocks.2.attn"]
+
+
+SEG = np.load(FIXTURES / "seg_sd3" / "seg.npz")
+
+
+@pytest.mark.slow
+def test_seg_on_sd3_is_the_published_blur_in_diffusers_sd3_pag_pipeline_from_one_program(tmp_path):
+    """Smoothed-energy guidance (``guider=seg``) on SD 3: the perturbed chunk's image queries blurred (before the q
+    norm, where diffusers' SEG hook blurs ``to_q``), against SEG's processor in diffusers' SD 3 PAG pipeline
+    (tests/fixtures/seg_sd3) at 64 x 64 (4 x 4 patches): the infinite blur, a Gaussian, and guidance and scale 0 from
+    one program; other layers without classifier-free guidance."""
+    folder = sd3_medium_folder(tmp_path / "tiny-sd3-medium")
+    run = [*RUN, "model=local", f"model.pretrained_model_name_or_path={folder}", "sampling.height=64",
+           "sampling.width=64", "guider=seg"]
+    cases = {case: json.loads(str(SEG[f"{case}_settings"])) for case in ("infinite", "sigma_half", "no_cfg")}
+    assert cases["infinite"]["layers"] == cases["sigma_half"]["layers"] == ["blocks.1"]  # the family's default
+    sweep = tmp_path / "sweep"
+    result = run_cli("-m", *run, f"guider.scale={cases['infinite']['seg_scale']},0",
+                     f"guider.blur_sigma={cases['infinite']['seg_blur_sigma']},{cases['sigma_half']['seg_blur_sigma']}",
+                     f"sampling.guidance_scale={cases['infinite']['guidance_scale']},1", f"hydra.sweep.dir={sweep}",
+                     cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    jobs = {}
+    for job in sweep.glob("[0-9]"):
+        record = json.loads((job / "images.json").read_text())[0]
+        point = dict(item.split("=") for item in record["guider_settings"].split())
+        jobs[(float(point["scale"]), float(point["blur_sigma"]), record["guidance_scale"])] = job
+    assert len(jobs) == 8
+    infinite, half = cases["infinite"]["seg_blur_sigma"], cases["sigma_half"]["seg_blur_sigma"]
+    expected = {(20.0, infinite, 5.0): "infinite", (20.0, half, 5.0): "sigma_half", (0.0, infinite, 5.0): "plain",
+                (0.0, half, 5.0): "plain", (0.0, infinite, 1.0): "plain_no_cfg"}
+    for point, case in expected.items():
+        assert levels_off(jobs[point], case, SEG) <= TOLERANCE, (point, case)
+    assert levels_off(jobs[(20.0, infinite, 5.0)], "plain", SEG) > 10
+    assert levels_off(jobs[(20.0, half, 5.0)], "infinite", SEG) > TOLERANCE  # the blurs told apart
+    reused = [json.loads((job / "timings.json").read_text())["compile_reused"] for job in jobs.values()]
+    assert sorted(reused) == [0] + [1] * 7  # the scale, the blur and the guidance traced
+    case = cases["no_cfg"]
+    result = run_cli(*run, f"guider.layers=[{','.join(case['layers'])}]", f"guider.scale={case['seg_scale']}",
+                     f"guider.blur_sigma={case['seg_blur_sigma']}", f"sampling.guidance_scale={case['guidance_scale']}",
+                     "hydra.run.dir=no_cfg", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert levels_off(tmp_path / "no_cfg", "no_cfg", SEG) <= TOLERANCE
+    assert levels_off(tmp_path / "no_cfg", "plain_no_cfg", SEG) > 10

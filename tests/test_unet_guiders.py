@@ -176,8 +176,10 @@ def test_seg_is_the_published_seg_processor_in_diffusers_pag_pipeline_a_sweep_co
     assert result.returncode == 0, result.stderr[-3000:]
     jobs = {json.loads((job / "images.json").read_text())[0]["guider_settings"]: job for job in sweep.glob("[0-9]")}
     assert len(jobs) == 6
-    for case in ("infinite", "sigma_1", "sigma_half"):
-        job = jobs[f"scale={swept['seg_scale']:g} blur_sigma={cases[case]['seg_blur_sigma']:g}"]
+    # the records give each setting as it reads back (SEG's infinite 9999999 in full, not :g's 1e+07)
+    for case, settings in (("infinite", "scale=8 blur_sigma=9999999"), ("sigma_1", "scale=8 blur_sigma=1"),
+                           ("sigma_half", "scale=8 blur_sigma=0.5")):
+        job = jobs[settings]
         assert levels_off(job, case, SEG) <= 1, case  # within one 8-bit level of the published processor's
         assert levels_off(job, "plain", SEG) > 1 and all(levels_off(job, other, SEG) > 1 for other in (
             "infinite", "sigma_1", "sigma_half") if other != case), case  # the check tells the blurs apart
@@ -251,14 +253,14 @@ REFINED = ["model.name=tiny-sdxl", f"model.pretrained_model_name_or_path={BASE}"
     ("pag", ["guider.adaptive_scale=-1"], "error: guider.adaptive_scale: must be >= 0, got -1.0"),
     ("pag", ["guider.scale=nan"], "error: guider.scale: must be a finite number, got nan"),
     ("pag", REFINED, "error: guider: pag with model.refiner: it runs inside the base's UNet, not the refiner's, here"),
-    ("seg", ["model=tiny-random-sd3"], "error: guider: seg: tiny-random-sd3 is a sd3 model, which runs cfg, "
-                                       "cfg_zero_star, apg, pag"),
+    ("seg", ["model=tiny-random-flux"], "error: guider: seg: tiny-random-flux is a flux model, which runs cfg, "
+                                        "cfg_zero_star, apg"),
     ("seg", ["guider.blur_sigma=0"], "error: guider.blur_sigma: must be > 0, got 0.0 (allowed: a positive number: "
                                      "seg's blur"),
     ("seg", REFINED, "error: guider: seg with model.refiner: it runs inside the base's UNet, not the refiner's, here"),
     ("freeu", ["model=tiny-random-flux"], "error: guider: freeu: tiny-random-flux is a flux model, which runs cfg, "),
     ("freeu", ["model=tiny-random-sd3"], "error: guider: freeu: tiny-random-sd3 is a sd3 model, which runs cfg, "
-                                         "cfg_zero_star, apg, pag"),
+                                         "cfg_zero_star, apg, pag, seg"),
     ("freeu", ["guider.b1=inf"], "error: guider.b1: must be a finite number, got inf (allowed: a number (FreeU's "
                                  "published"),
     ("freeu", REFINED, "error: guider: freeu with model.refiner: it runs inside the base's UNet, not the refiner's, "

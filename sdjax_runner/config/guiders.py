@@ -63,7 +63,8 @@ GUIDERS = {entry.name: entry for entry in (
     GuiderEntry("pag", ("scale", "adaptive_scale"), perturbs=True),
     # smoothed-energy guidance (Hong 2024, its published SEG-SDXL pipeline): PAG's third prediction, with the queries
     # of guider.layers' self-attention blurred over the image by a Gaussian of blur_sigma (above 9999: each query
-    # the mean of its image's) instead; the SD family; uncond + g (cond - uncond) + scale (cond - perturbed)
+    # the mean of its image's) instead (SD 3: the image queries of the picked blocks); the SD family and SD 3;
+    # uncond + g (cond - uncond) + scale (cond - perturbed)
     GuiderEntry("seg", ("scale", "blur_sigma"), perturbs=True),
     # FreeU (Si et al. 2024, diffusers' enable_freeu): CFG, with the UNet's first two up blocks' backbone features
     # (half their channels) scaled by b1, b2 and their skip features' lowest frequencies by s1, s2

@@ -483,11 +483,11 @@ class GuiderConfig:
     # How a step combines the denoiser's unconditional and conditional predictions (config/guiders.py): cfg
     # (classifier-free guidance, the default), cfg_zero_star (CFG-Zero*), apg (adaptive projected guidance), pag
     # (perturbed-attention guidance: a third prediction with guider.layers' self-attention perturbed; SD family, SD 3),
-    # seg (smoothed-energy guidance: that third prediction with those layers' queries blurred; SD family), freeu
+    # seg (smoothed-energy guidance: that third prediction with those layers' queries blurred; SD family, SD 3), freeu
     # (FreeU: CFG on a UNet whose up blocks reweigh their features; SD family).
     # Chosen as guider=NAME; sampling.guidance_scale is the weight each applies. The name shapes the program; the
     # settings below are traced inputs (a sweep over them compiles once). The SD family runs them all, SD 3 all but
-    # pag and freeu, FLUX.1 those on its true CFG (sampling.true_cfg_scale). A setting its guider does not read is said
+    # freeu, FLUX.1 those on its true CFG (sampling.true_cfg_scale). A setting its guider does not read is said
     # once and left out.
     name: str = "cfg"
     # cfg_zero_star: the first steps whose prediction is zero (diffusers' zero_init_steps, default 1; the paper's

@@ -117,7 +117,7 @@ ENTRY = FamilyEntry("sd3", "Stable Diffusion 3 / 3.5: CLIP-L, CLIP-G and T5 text
                     builtins=("tiny-random-sd3", "sd3.5-large-arch"), steps=28, guidance=7.0, check=_sd3_values,
                     sampling=samplers.resolve_flow, t5_tokens=256, t5_optional=True, scheduler_settings=False,
                     checkpoint_holds=lambda keys: ("transformer",) + components_inside(keys),
-                    a1111_prompts=False, guiders=(*guiders.COMBINING, "pag"), perturbed_layers=("blocks.1",),
+                    a1111_prompts=False, guiders=(*guiders.COMBINING, "pag", "seg"), perturbed_layers=("blocks.1",),
                     caches=("none", "first_block"),  # on its own Euler sampler (config/caches.check)
                     largest_side=_sd3_largest_side,
                     skip_layer_guidance=skip_layer_guidance, single_files=SINGLE_FILES, architecture_of=architecture_of,

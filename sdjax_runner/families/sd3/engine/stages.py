@@ -176,7 +176,8 @@ def velocity_model(pipeline: Any, params: dict, conditioning: Conditioning, guid
         timestep = jnp.asarray(sigma, jnp.float32) * train  # diffusers' t (PAG's adaptive scale reads it)
         t = jnp.broadcast_to(timestep, (3 * batch,)).astype(pipeline.dtype)
         three = transformer(jnp.concatenate([x, x, x]), jnp.concatenate([context, conditioning.context]),
-                            jnp.concatenate([pooled, added["pooled"]]), t, perturbed=Perturbed(guidance.perturbed, 3))
+                            jnp.concatenate([pooled, added["pooled"]]), t,
+                            perturbed=Perturbed(guidance.perturbed, 3, guidance.query_blur))
         uncond, cond, perturbed = three[:batch], three[batch:2 * batch], three[2 * batch:]
         step, count = flow_step(index, sigma, steps, spec.steps)
         combined = jnp.where(scale > 1, guided(uncond, cond, guidance, step, count, perturbed, timestep),

@@ -45,7 +45,7 @@ from sdjax_runner.families.flux.models.transformer import (
 from sdjax_runner.models.nn import layers
 from sdjax_runner.models.nn.attention import attend
 from sdjax_runner.models.nn.config import FromDiffusersConfig
-from sdjax_runner.models.nn.perturbed import Perturbed, perturbs, torch_name
+from sdjax_runner.models.nn.perturbed import Perturbed, blurred_queries, perturbs, torch_name
 
 # A block's self-attention modules: its joint attention and SD 3.5 Medium's image-only second one (PAG's layers pick
 # among them by their PyTorch names, transformer_blocks.N.attn)
@@ -154,24 +154,35 @@ class JointAttention(layers.Module):
     def _dense(self, features: int, name: str) -> layers.Dense:
         return layers.Dense(features, dtype=self.dtype, param_dtype=self.param_dtype, name=name)
 
-    def _project(self, x: jax.Array, name: str, norm: Optional[str]) -> jax.Array:
-        heads = self._dense(self.heads * self.head_dim, name)(x).reshape(*x.shape[:-1], self.heads, self.head_dim)
+    def _project(self, x: jax.Array, name: str, norm: Optional[str],
+                 projected: Optional[Callable[[jax.Array], jax.Array]] = None) -> jax.Array:
+        """``x`` through the Dense ``name`` (then ``projected``, where given), in heads, through the RMS norm ``norm``
+        where the model has q/k norms."""
+        out = self._dense(self.heads * self.head_dim, name)(x)
+        heads = (projected(out) if projected else out).reshape(*x.shape[:-1], self.heads, self.head_dim)
         if norm and self.qk_norm:
             heads = RMSNorm(eps=1e-6, dtype=self.dtype, param_dtype=self.param_dtype, name=norm)(heads)
         return heads
 
     @nn.compact
-    def __call__(self, x: jax.Array, context: Optional[jax.Array] = None, perturbed_chunks: int = 0) -> Any:
-        """``perturbed_chunks`` n > 0: the batch is n equal chunks, and the last attends perturbed
-        (:func:`perturbed_attention`)."""
-        query, key, value = (self._project(x, "to_q", "norm_q"), self._project(x, "to_k", "norm_k"),
+    def __call__(self, x: jax.Array, context: Optional[jax.Array] = None, perturbed_chunks: int = 0,
+                 query_blur: Any = None, grid: tuple[int, ...] = ()) -> Any:
+        """``perturbed_chunks`` n > 0: the batch is n equal chunks, and the last attends perturbed -- with
+        ``query_blur`` None as PAG perturbs (:func:`perturbed_attention`), else (SEG's traced sigma) with its image
+        queries blurred over the image's ``grid`` of patches (models/nn/perturbed.py), as diffusers' SEG hook blurs
+        ``to_q``'s output, before the q norm."""
+        rows = x.shape[0] // perturbed_chunks if perturbed_chunks else 0
+        blurred = None
+        if rows and query_blur is not None:
+            def blurred(queries: jax.Array) -> jax.Array:
+                return jnp.concatenate([queries[:-rows], blurred_queries(queries[-rows:], grid[0], grid[1], query_blur)])
+        query, key, value = (self._project(x, "to_q", "norm_q", blurred), self._project(x, "to_k", "norm_k"),
                              self._project(x, "to_v", None))
         if context is not None:
             query = jnp.concatenate([query, self._project(context, "add_q_proj", "norm_added_q")], axis=1)
             key = jnp.concatenate([key, self._project(context, "add_k_proj", "norm_added_k")], axis=1)
             value = jnp.concatenate([value, self._project(context, "add_v_proj", None)], axis=1)
-        if perturbed_chunks:
-            rows = x.shape[0] // perturbed_chunks
+        if rows and blurred is None:
             out = jnp.concatenate([attend(query[:-rows], key[:-rows], value[:-rows], self.implementation),
                                    perturbed_attention(query[-rows:], key[-rows:], value[-rows:], x.shape[1])])
         else:
@@ -221,9 +232,11 @@ class JointTransformerBlock(layers.Module):
     param_dtype: Any = jnp.float32
 
     @nn.compact
-    def __call__(self, x: jax.Array, context: jax.Array, temb: jax.Array,
-                 perturbed_chunks: tuple[int, int] = (0, 0)) -> tuple[Optional[jax.Array], jax.Array]:
-        """``perturbed_chunks``: :class:`JointAttention`'s for ``attn`` and for ``attn2``."""
+    def __call__(self, x: jax.Array, context: jax.Array, temb: jax.Array, perturbed_chunks: tuple[int, int] = (0, 0),
+                 query_blur: Any = None, grid: tuple[int, ...] = ()) -> tuple[Optional[jax.Array], jax.Array]:
+        """``perturbed_chunks``: :class:`JointAttention`'s for ``attn`` and for ``attn2``; ``query_blur`` and ``grid``:
+        theirs (SEG)."""
+        perturbation = dict(query_blur=query_blur, grid=grid)
         kw = dict(dtype=self.dtype, param_dtype=self.param_dtype)
         if self.dual_attention:
             norm_x, gate_msa, shift_mlp, scale_mlp, gate_mlp, norm_x2, gate_msa2 = AdaLayerNormZeroX(
@@ -237,11 +250,11 @@ class JointTransformerBlock(layers.Module):
                 self.dim, name="norm1_context", **kw)(context, temb)
         attention = dict(qk_norm=self.qk_norm, implementation=self.implementation, **kw)
         attn_x, attn_c = JointAttention(self.heads, self.head_dim, context_pre_only=self.context_pre_only,
-                                        name="attn", **attention)(norm_x, norm_c, perturbed_chunks[0])
+                                        name="attn", **attention)(norm_x, norm_c, perturbed_chunks[0], **perturbation)
         x = x + gate_msa[:, None] * attn_x
         if self.dual_attention:
             x = x + gate_msa2[:, None] * JointAttention(self.heads, self.head_dim, name="attn2", **attention)(
-                norm_x2, None, perturbed_chunks[1])
+                norm_x2, None, perturbed_chunks[1], **perturbation)
         norm_x = layer_norm(x) * (1 + scale_mlp[:, None]) + shift_mlp[:, None]
         x = x + gate_mlp[:, None] * FeedForward(self.dim, name="ff", **kw)(norm_x)
         if self.context_pre_only:
@@ -329,6 +342,7 @@ class FlaxSD3Transformer(FromDiffusersConfig, layers.Module):
         -- ``(prediction, what the cache returned)``. The last block makes no text output (``context_pre_only``):
         ``rest`` gives zeros for it, which nothing reads."""
         batch, height, width, _ = hidden_states.shape
+        grid = (height // self.patch_size, width // self.patch_size)  # the image tokens' (SEG blurs over it)
         x = self.pos_embed(hidden_states)
         temb = self.time_text_embed(jnp.asarray(timestep).astype(self.dtype), pooled_projections)
         context: Optional[jax.Array] = self.context_embedder(encoder_hidden_states)
@@ -338,14 +352,14 @@ class FlaxSD3Transformer(FromDiffusersConfig, layers.Module):
                 context, x = block(x, context, temb)
         elif around_blocks is not None:
             def rest(x: jax.Array, context: jax.Array) -> tuple[jax.Array, jax.Array]:
-                out_context, out_x = self._blocks(x, context, temb, skip_layers, perturbed, first=1)
+                out_context, out_x = self._blocks(x, context, temb, skip_layers, perturbed, grid, first=1)
                 return (jnp.zeros_like(context) if out_context is None else out_context), out_x
 
             _, x, cached = around_blocks(
-                lambda x, context: self._blocks(x, context, temb, skip_layers, perturbed, last=1), rest, x, context)
+                lambda x, context: self._blocks(x, context, temb, skip_layers, perturbed, grid, last=1), rest, x, context)
             return self._unpatched(self.proj_out(self.norm_out(x, temb)), batch, height, width), cached
         else:
-            x = self._blocks(x, context, temb, skip_layers, perturbed)[1]
+            x = self._blocks(x, context, temb, skip_layers, perturbed, grid)[1]
         return self._unpatched(self.proj_out(self.norm_out(x, temb)), batch, height, width)
 
     def _unpatched(self, x: jax.Array, batch: int, height: int, width: int) -> jax.Array:
@@ -355,12 +369,13 @@ class FlaxSD3Transformer(FromDiffusersConfig, layers.Module):
         return x.transpose(0, 1, 3, 2, 4, 5).reshape(batch, height, width, out_channels)
 
     def _blocks(self, x: jax.Array, context: Optional[jax.Array], temb: jax.Array, skip_layers: Sequence[int],
-                perturbed: Optional[Perturbed] = None, first: int = 0,
+                perturbed: Optional[Perturbed] = None, grid: tuple[int, ...] = (), first: int = 0,
                 last: Optional[int] = None) -> tuple[Optional[jax.Array], jax.Array]:
         """Blocks ``first`` to ``last`` (exclusive; None: to the end) not in ``skip_layers``, in order, each a pure
         function of its params: block i's params pass an optimization barrier with the previous block's output, then
         ``gather_blocks`` makes them whole (weights split across devices) -- so XLA cannot gather every block's
-        weights at once. ``perturbed``: the attention modules it picks run its last chunk perturbed. Returns
+        weights at once. ``perturbed``: the attention modules it picks run its last chunk perturbed (SEG: blurred over the
+        image's ``grid`` of patches). Returns
         ``(context, x)`` (context None after the last block)."""
         params = self.variables["params"]
         gather = self.gather_blocks or (lambda number, block: block)
@@ -373,7 +388,8 @@ class FlaxSD3Transformer(FromDiffusersConfig, layers.Module):
             chunks = tuple(perturbed.chunks if perturbed and perturbs(perturbed.layers,
                                                                       torch_name((f"transformer_blocks_{i}", name)))
                            else 0 for name in SELF_ATTENTION)
-            out: Any = detached.apply({"params": gather(i, shards)}, x, context, temb, chunks)
+            out: Any = detached.apply({"params": gather(i, shards)}, x, context, temb, chunks,
+                                      perturbed.blur_sigma if perturbed else None, grid)
             context, x = out
         return context, x
 
