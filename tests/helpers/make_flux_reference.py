@@ -204,6 +204,19 @@ def _versions() -> dict:
     return versions
 
 
+def write_reference(folder: Path, name: str, arrays: dict, readme: str, script: str) -> None:
+    """A reference folder: ``NAME.npz`` (:func:`_save_npz`), ``VERSIONS.json`` (the packages, and ``script``, the maker
+    that wrote it) and ``README.md``."""
+    import json
+
+    folder.mkdir(parents=True, exist_ok=True)
+    _save_npz(folder / f"{name}.npz", arrays)
+    versions = dict(_versions(), script=script)
+    (folder / "VERSIONS.json").write_text(json.dumps(versions, indent=2, sort_keys=True) + "\n")
+    (folder / "README.md").write_text(readme)
+    print(f"wrote {folder}/{name}.npz")
+
+
 # --- the components ---------------------------------------------------------------------------------
 
 

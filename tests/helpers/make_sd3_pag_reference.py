@@ -38,7 +38,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from make_flux_reference import _save_npz, _versions, quiet_deterministic_torch, runner_noise
+from make_flux_reference import quiet_deterministic_torch, runner_noise, write_reference
 from make_sd3_reference import GUIDANCE, HEIGHT, MAX_SEQUENCE_LENGTH, PROMPT, STEPS
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -214,12 +214,7 @@ def main(argv: list[str]) -> int:
 
 
 def write(folder: Path, name: str, arrays: dict, readme: str) -> None:
-    folder.mkdir(parents=True, exist_ok=True)
-    _save_npz(folder / f"{name}.npz", arrays)
-    versions = dict(_versions(), script="tests/helpers/make_sd3_pag_reference.py")
-    (folder / "VERSIONS.json").write_text(json.dumps(versions, indent=2, sort_keys=True) + "\n")
-    (folder / "README.md").write_text(readme)
-    print(f"wrote {folder}/{name}.npz")
+    write_reference(folder, name, arrays, readme, "tests/helpers/make_sd3_pag_reference.py")
 
 
 if __name__ == "__main__":

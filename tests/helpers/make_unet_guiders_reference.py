@@ -41,7 +41,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from make_flux_reference import _save_npz, _versions, quiet_deterministic_torch
+from make_flux_reference import quiet_deterministic_torch, write_reference
 from make_refiner_reference import BASE_FOLDER, runner_noise  # (it sets the offline environment)
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -195,12 +195,7 @@ def sdxl_images(latents: np.ndarray, size: int, guidance: float, pag: tuple | No
 
 
 def write(folder: Path, name: str, arrays: dict, readme: str) -> None:
-    folder.mkdir(parents=True, exist_ok=True)
-    _save_npz(folder / f"{name}.npz", arrays)
-    versions = dict(_versions(), script="tests/helpers/make_unet_guiders_reference.py")
-    (folder / "VERSIONS.json").write_text(json.dumps(versions, indent=2, sort_keys=True) + "\n")
-    (folder / "README.md").write_text(readme)
-    print(f"wrote {folder}/{name}.npz")
+    write_reference(folder, name, arrays, readme, "tests/helpers/make_unet_guiders_reference.py")
 
 
 def main(argv: list[str]) -> int:
