@@ -296,6 +296,9 @@ def test_samplers_through_the_unet_as_users_name_them(tmp_path, tiny_model_dir):
     timings = [json.loads((job / "timings.json").read_text()) for job in jobs]
     assert [t["process_model_loads"] for t in timings] == [1, 1, 1, 1]  # one load; each sampler its own program
     assert [t["process_compiles"] for t in timings] == [1, 2, 3, 4]
+    # ... and one decoding program for the four: the model's at this size, traced and compiled by the first job alone
+    assert result.stdout.count("compile: the decoder") == 1 and "compile: the decoder, " in result.stdout
+    assert [t["trace_s"] > 0 for t in timings] == [True] * 4  # (each sampler's own loop is traced)
 
     # An ancestral run is repeatable bit for bit in a run of its own (a fresh process state: no program or key
     # carried over from the sweep).
