@@ -50,6 +50,9 @@ INTERNALS = {
     "hydra_basic_sweeper": Internal(
         "hydra-core", "1.3.8", "hydra._internal.core_plugins.basic_sweeper.BasicSweeper, BasicSweeperConf",
         "hydra/sweeper=checked and resume, and the check of a sweep's points"),
+    "hydra_get_mode": Internal(
+        "hydra-core", "1.3.8", "hydra._internal.hydra.Hydra.get_mode, Hydra.config_loader.get_search_path",
+        "a command's config composed once instead of twice (compose_once)"),
 }
 
 # Hydra's own name for its basic sweeper: a sweep's ``hydra.sweeper._target_``.
@@ -248,3 +251,43 @@ def hydra_basic_sweeper() -> tuple[Any, Any]:
     if absent:
         raise ImportError(_missing("hydra_basic_sweeper", absent))
     return module.BasicSweeper, module.BasicSweeperConf
+
+
+# The config sources a command composes from when no one else's is on Hydra's search path: Hydra's own, the package's
+# YAML and the structured configs (the schema, the plugins' options). None of them sets ``hydra.mode``
+# (tests/test_configs.py composes every packaged experiment to check it).
+PACKAGED_SOURCES = ("pkg://hydra.conf", "pkg://sdjax_runner.conf", "structured://")
+
+
+def _may_set_mode(override: str) -> bool:
+    key = override.lstrip("+~").split("=", 1)[0].strip()
+    return key in ("hydra", "hydra.mode") or key.startswith("hydra/")
+
+
+def compose_once() -> None:
+    """Hydra composes a command's whole config twice: ``Hydra.get_mode`` composes it only to read ``hydra.mode`` (a
+    config may make a plain command a sweep), then the run composes it again -- a third of an in-process command
+    that stops at bad input. Where only the packaged sources are on the search path (no ``conf/`` of the user's, no
+    ``--config-dir``) and no override names ``hydra.mode`` or a ``hydra/`` option, nothing can set it: the answer is
+    Hydra's own for a config that sets none (None), without composing. Anywhere else Hydra composes as it does."""
+    _use("hydra_get_mode")
+    module, absent = _lookup("hydra._internal.hydra", "Hydra.get_mode")
+    if absent:
+        _missing("hydra_get_mode", absent, "each command's config is composed twice, as Hydra does")
+        return
+    hydra_class = module.Hydra
+    if getattr(hydra_class.get_mode, "packaged_only", False):
+        return
+    composing = hydra_class.get_mode
+
+    def get_mode(self: Any, config_name: Optional[str], overrides: list[str]) -> Any:
+        try:
+            sources = [element.path for element in self.config_loader.get_search_path().get_path()]
+        except AttributeError:
+            sources = [None]
+        if all(source in PACKAGED_SOURCES for source in sources) and not any(map(_may_set_mode, overrides)):
+            return None
+        return composing(self, config_name, overrides)
+
+    get_mode.packaged_only = True  # type: ignore[attr-defined]
+    hydra_class.get_mode = get_mode

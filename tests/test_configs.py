@@ -110,3 +110,16 @@ def test_users_own_experiments_outside_the_package_compose(tmp_path):
     result = run_cli("--config-dir", str(tmp_path / "my_conf"), "+experiment=mine", "--cfg", "job", cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     assert "experiment: mine" in result.stdout and "seed: 7" in result.stdout and "name: euler" in result.stdout
+
+
+def test_no_packaged_config_sets_hydra_mode():
+    """Hydra's mode of a command is read without composing where only the packaged configs are on the search path
+    (internals.compose_once): that holds while no packaged YAML file sets ``hydra.mode`` (Hydra's own options, and
+    the launchers' and sweepers' structured ones, set none)."""
+    import yaml
+
+    files = sorted(CONF.rglob("*.yaml"))
+    assert len(files) > 50
+    for path in files:  # (the files of the hydra/ groups are hydra.job_logging's and the like: no mode there)
+        document = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+        assert "mode" not in (document.get("hydra") or {}) and "hydra.mode" not in document, path

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers.cli import assert_one_line_error, run_cli
+from helpers.cli import assert_one_line_error, call_cli, run_cli
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -116,3 +116,37 @@ def test_a_python_without_the_projects_libraries_gets_one_line_saying_to_activat
     assert result.stderr.strip().splitlines() == [result.stderr.strip()]
     assert "cannot run sdjax-runner (no hydra, omegaconf, jax" in result.stderr
     assert "source .venv/bin/activate" in result.stderr
+
+
+def test_an_experiment_of_yours_that_sets_hydra_mode_makes_a_plain_command_a_sweep(tmp_path):
+    """A config may set ``hydra.mode`` (Hydra's way to make a command without ``-m`` a sweep): with a conf/ of yours on
+    the search path Hydra composes to read it (internals.compose_once answers without composing only where the
+    packaged configs alone are there). Told by the refusal: a sweep's check of its points names the bad seed, where
+    a run is refused by Hydra's "ambiguous value" for a swept key."""
+    experiments = tmp_path / "conf" / "experiment"
+    experiments.mkdir(parents=True)
+    (experiments / "sweeping.yaml").write_text("# @package _global_\ndefaults:\n  - smoke\nhydra:\n  mode: MULTIRUN\n")
+    swept = call_cli("+experiment=sweeping", "tracking=none", "seed=0,-1", f"hydra.sweep.dir={tmp_path / 's'}",
+                     cwd=tmp_path)
+    assert swept.returncode == 2 and swept.stderr.strip().startswith("error: seed: "), swept.stderr
+    plain = call_cli("+experiment=smoke", "tracking=none", "seed=0,-1", cwd=tmp_path)  # the packaged: a run
+    assert plain.returncode == 2 and "error: seed: " not in plain.stderr and "seed=0,-1" in plain.stderr, plain.stderr
+
+
+def test_a_command_composes_its_config_once_where_only_the_packaged_configs_are_there(tmp_path, monkeypatch):
+    """Hydra's get_mode composes the whole config only to read hydra.mode, then the run composes it again: with the
+    packaged configs alone (no conf/ here) the mode is known without it (internals.compose_once), and a command
+    that stops at bad input costs one composition."""
+    from hydra._internal.config_loader_impl import ConfigLoaderImpl
+
+    composed = []
+    load = ConfigLoaderImpl.load_configuration
+
+    def counted(self, *args, **kwargs):
+        composed.append(kwargs.get("run_mode"))
+        return load(self, *args, **kwargs)
+
+    monkeypatch.setattr(ConfigLoaderImpl, "load_configuration", counted)
+    result = call_cli("+experiment=smoke", "tracking=none", "sampling.num_inference_steps=0", cwd=tmp_path)
+    assert result.returncode == 2 and "sampling.num_inference_steps" in result.stderr
+    assert len(composed) == 1, composed

@@ -19,7 +19,7 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig
 
-from sdjax_runner import console, interpreter, process
+from sdjax_runner import console, internals, interpreter, process
 from sdjax_runner.config import naming, schema, user_conf
 from sdjax_runner.config.messages import describe, stop_reason
 from sdjax_runner.config.prompts import file_replaces_texts
@@ -101,6 +101,7 @@ def main() -> None:
 
 def _main() -> None:
     schema.register()
+    internals.compose_once()
     stop_on_sigterm()
     show_tracebacks = os.environ.get("HYDRA_FULL_ERROR") == "1"
     # Let Hydra pass its composition errors up instead of printing them itself.
