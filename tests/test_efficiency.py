@@ -31,7 +31,8 @@ def prepared_tiny(overrides, experiment="smoke", size=64):
     prepared = cache.prepare(plan, entry, False, mode, devices, spec)
     generator = mode(prepared.pipeline, prepared.params, None, plan, spec, devices)
     generator.compiled = cache.compile(prepared, generator.lower)[0]
-    generator.install_decoder(generator.lower_decoder().compile())
+    decoder = generator.lower_decoder().compile()
+    generator.install_decoder(decoder, efficiency.program_flops(decoder))
     return cache, prepared, generator, plan
 
 

@@ -161,16 +161,16 @@ class Engine:
         generator, prepared = program.generator, program.prepared
         args = generator.decoder_args()
         spec = generator.spec
-        key = (prepared.compile_key[:3], spec.family, spec.parallel, spec.params, spec.attention,
-               tuple(args[1].shape), str(args[1].dtype))
+        key = (prepared.weights_key, spec.family, spec.parallel, spec.params, spec.attention, tuple(args[1].shape),
+               str(args[1].dtype))
         if key in self.reuse.decoders and not fresh:
-            generator.install_decoder(self.reuse.decoders[key][0])
+            generator.install_decoder(*self.reuse.decoders[key])
             self.reuse.decoders.move_to_end(key)
             return
         started = time.perf_counter()
         compiled, flops, trace_s = self._decoder(generator, args, executables_dir(plan), fresh)
         self.reuse.keep_decoder(key, compiled, flops)
-        generator.install_decoder(compiled)
+        generator.install_decoder(compiled, flops)
         compile_s = time.perf_counter() - started - trace_s
         log.info("compile: the decoder, %.1f s%s", compile_s, ", stored (no tracing)" if trace_s == 0 else
                  f" (+ {trace_s:.1f} s tracing)")
@@ -261,7 +261,9 @@ class Engine:
                                                            plan.num_devices, spec.prompt_tokens, spec.mode)
         if program.key and flops is not None:  # a warm start needs no FLOPs lowering
             executable_cache.save_flops(plan.compilation_cache.dir, program.key, flops)
-        flops = self._with_decoding(flops, generator, plan.num_devices)
+        # with the decoding program's (XLA's count on one device), None where either is unknown
+        decoding = generator.decoder_flops
+        flops = None if flops is None or decoding is None else flops + plan.num_devices * decoding
         if generator.cached and generator.denoiser_calls_skipped:  # a step cache skipped calls: count what ran
             saved = None if spec.hires else self.reuse.saved_per_skipped_call(
                 program.prepared, spec.cache, images * spec.calls_per_step, spec.height, spec.width, spec.prompt_tokens)
@@ -274,13 +276,6 @@ class Engine:
                     device_memory_peak_bytes=efficiency.device_memory_peak(devices),
                     program_memory_bytes=generator.program_memory(),
                     host_peak_rss_bytes=efficiency.host_peak_rss())
-
-    def _with_decoding(self, flops: Optional[float], generator: Generator, num_devices: int) -> Optional[float]:
-        """A batch's FLOPs of the sampling program (``flops``) with the decoding program's (XLA's count on one
-        device, times the devices); None where either is unknown."""
-        decoding = next((found for compiled, found in self.reuse.decoders.values() if compiled is generator.decoder),
-                        None)
-        return None if flops is None or decoding is None else flops + num_devices * decoding
 
     def counters(self) -> dict[str, int]:
         """What this process has loaded and compiled so far, and holds (sweeps read these)."""

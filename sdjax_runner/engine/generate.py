@@ -108,6 +108,7 @@ class Generator:
         self.started = started
         self.compiled: Optional[Callable] = None  # the sampling program (install)
         self.decoder: Optional[Callable] = None  # the decoding program (install_decoder)
+        self.decoder_flops: Optional[float] = None  # its FLOPs on one device's batch (XLA's count; None: unknown)
         self._program_memory: Optional[tuple[Any, Optional[int]]] = None  # (the programs, their bytes): program_memory
         # For a stored executable: traces the program instead, should it fail at its first call.
         self.retrace: Optional[Callable[[Exception], None]] = None
@@ -160,9 +161,10 @@ class Generator:
         executable: called with the error should it fail at its first call, and installs a traced one."""
         self.compiled, self.retrace = compiled, retrace
 
-    def install_decoder(self, decoder: Callable) -> None:
-        """Make the batches' images with ``decoder``, the decoding program (engine/engine.py compiles or finds it)."""
-        self.decoder = decoder
+    def install_decoder(self, decoder: Callable, flops: Optional[float]) -> None:
+        """Make the batches' images with ``decoder``, the decoding program (engine/engine.py compiles or finds it),
+        of ``flops`` on one device's batch (None: unknown)."""
+        self.decoder, self.decoder_flops = decoder, flops
 
     def program_memory(self) -> Optional[int]:
         """XLA's plan of the installed programs' bytes per device (efficiency.program_memory): the larger of the
@@ -170,8 +172,8 @@ class Generator:
         reads it twice, and XLA works it out anew each time (0.03-0.3 s on a CPU)."""
         if self._program_memory is None or self._program_memory[0] != (self.compiled, self.decoder):
             plans = [efficiency.program_memory(program) for program in (self.compiled, self.decoder) if program]
-            self._program_memory = ((self.compiled, self.decoder),
-                                    None if not plans or None in plans else max(p for p in plans if p is not None))
+            known = [plan for plan in plans if plan is not None]
+            self._program_memory = ((self.compiled, self.decoder), max(known) if known and known == plans else None)
         return self._program_memory[1]
 
     def decoder_params(self) -> dict:
@@ -183,9 +185,13 @@ class Generator:
         sampling program's latents (their shape and dtype, from the installed sampling program)."""
         import jax
 
-        out = self.compiled.out_info  # type: ignore[union-attr]
-        latents = out[0] if self.cached else out
+        latents = self.latents_info()
         return self.decoder_params(), jax.ShapeDtypeStruct(latents.shape, latents.dtype)
+
+    def latents_info(self):
+        """The installed sampling program's latents, as XLA gives them (shape, dtype, sharding)."""
+        out = self.compiled.out_info  # type: ignore[union-attr]
+        return out[0] if self.cached else out
 
     def lower_decoder(self):
         """The decoding program lowered for :meth:`decoder_args` (each parallel mode its own way)."""

@@ -95,24 +95,27 @@ def pag(guided_, conditional, perturbed, settings: dict, timestep):
     scale, adaptive = settings["scale"], settings["adaptive_scale"]
     scale = jnp.where((adaptive > 0) & (scale > 0),
                       jnp.maximum(scale - adaptive * (1000 - jnp.asarray(timestep, jnp.float32)), 0.0), scale)
-    out = guided_ + scale * (conditional.astype(jnp.float32) - perturbed.astype(jnp.float32))
-    return jnp.where(scale == 0, guided_, out)
+    return _plus_perturbed(guided_, conditional, perturbed, scale)
 
 
-# How each guider combines the unconditional and conditional predictions (the guiders that change the UNet, PAG and
-# FreeU, as CFG); a perturbing guider (config/guiders.py: GuiderEntry.perturbs) then adds its term (PERTURBING).
 def seg(guided_, conditional, perturbed, settings: dict, timestep):
     """SEG-SDXL's combination (its pipeline's ``noise_pred_text + (g - 1) (noise_pred_text - noise_pred_uncond) +
     seg_scale (noise_pred_text - noise_pred_text_perturb)``, or without CFG ``noise_pred_text + seg_scale (...)``):
     ``guided_`` -- ``uncond + g (cond - uncond)``, or the conditional prediction -- plus ``scale (cond - perturbed)``.
     At scale 0 ``guided_`` itself, bit for bit."""
+    return _plus_perturbed(guided_, conditional, perturbed, settings["scale"])
+
+
+def _plus_perturbed(guided_, conditional, perturbed, scale):
+    """``guided_ + scale (cond - perturbed)`` in float32; ``guided_`` itself, bit for bit, where the scale is 0."""
     import jax.numpy as jnp
 
-    scale = settings["scale"]
     out = guided_ + scale * (conditional.astype(jnp.float32) - perturbed.astype(jnp.float32))
     return jnp.where(scale == 0, guided_, out)
 
 
+# How each guider combines the unconditional and conditional predictions (the guiders that change the UNet, PAG, SEG
+# and FreeU, as CFG); a perturbing guider (config/guiders.py: GuiderEntry.perturbs) then adds its term (PERTURBING).
 GUIDERS: dict[str, Callable] = {"cfg": cfg, "cfg_zero_star": cfg_zero_star, "apg": apg, "pag": cfg, "seg": cfg,
                                 "freeu": cfg}
 PERTURBING: dict[str, Callable] = {"pag": pag, "seg": seg}

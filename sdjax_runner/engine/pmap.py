@@ -86,8 +86,7 @@ class PmapGenerator(Generator):
             return mapped(params, latents)  # program's too, and a profile tells their operations apart by name
 
         params, latents = self.decoder_args()
-        sharding = self.compiled.out_info  # type: ignore[union-attr]
-        sharding = (sharding[0] if self.cached else sharding).sharding  # where the sampling program leaves them
+        sharding = self.latents_info().sharding  # where the sampling program leaves them
         return jax.jit(decoder).lower(params, jax.ShapeDtypeStruct(latents.shape, latents.dtype, sharding=sharding))
 
     def run(self, ids, keys, inputs):

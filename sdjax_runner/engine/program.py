@@ -7,7 +7,8 @@
 device's share of a batch; the parallel modes (:mod:`.parallel`) pmap them or run them under ``shard_map``, the
 decoding program on the sampling program's latents. Two programs, because the decoder is the same for every sampler,
 step count, guider, cache, mode or prompt length of a model at one size: compiled (or loaded) once for all of them,
-it is a third to two fifths less of what each new sampling program costs to trace and compile (on the tiny models). Everything in :class:`Spec` is static (it shapes the traced program); the prompt
+it is a third to two fifths less of what each new sampling program costs to trace and compile (on the tiny models).
+Everything in :class:`Spec` is static (it shapes the traced program); the prompt
 ids, params, keys, the guidance scale, the refiner's switch and the mode's inputs (images, start step,
 conditioning scale) are traced inputs, so new prompts, seeds, guidance, switches, strengths or images never
 recompile. Each stage comes from

@@ -101,9 +101,15 @@ class Prepared:
     safety_weights: Any
     compiled: Optional[Callable]
     entry: ModelEntry
-    compile_key: tuple
+    compile_key: tuple  # (model structure, VAE structure, placement of the weights, program spec)
     load_s: float
     replicate_s: float
+
+    @property
+    def weights_key(self) -> tuple:
+        """The compile key without the program's spec: the model and its weights as placed (what the decoding
+        program depends on besides its own settings)."""
+        return self.compile_key[:3]
 
 
 def refuse_non_finite(weights: dict, key: str, source: str) -> None:
