@@ -13,6 +13,18 @@ os.environ["XLA_FLAGS"] = " ".join([os.environ.get("XLA_FLAGS", ""), "--xla_forc
                                     "--xla_llvm_disable_expensive_passes=true"]).strip()
 os.environ.pop("MLFLOW_TRACKING_URI", None)
 
+import sys
+
+# An environment that asks Python not to write bytecode (PYTHONDONTWRITEBYTECODE, as this project's machines and CI
+# set it) makes every process compile what it imports from source each time: the package's ~200 modules, 0.6 s a
+# process, and pytest's assertion rewriting of the tests, ~10 s a worker. The suite writes it (into the checkout's
+# __pycache__ folders, ignored by git; the installed libraries have theirs from pip): a test worker's imports then
+# serve the other worker, every process a test starts and the next run. Python checks each file's size and time
+# before it uses its bytecode, as it always does.
+if sys.dont_write_bytecode:
+    sys.dont_write_bytecode = False
+    os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
+
 import signal
 
 # A suite started in the background of a shell (`pytest ... &`, nohup, some CI runners) inherits SIGINT ignored,
