@@ -102,7 +102,7 @@ class ImageRecord(_Record):
     eta: Optional[float] = None  # optional: the sampler's eta, where it takes one
     clip_skip: Optional[int] = None  # optional: prompts.clip_skip, where above 1
     prompt_syntax: Optional[str] = None  # optional: prompts.syntax, where not "plain" ("a1111")
-    mode: Optional[str] = None  # the generation mode: txt2img, img2img, inpaint, controlnet
+    mode: Optional[str] = None  # the generation mode: txt2img, img2img, inpaint, controlnet, edit, control
     strength: Optional[float] = None  # optional: img2img / inpaint denoising strength, 0-1
     controlnet: Optional[str] = None  # optional: controlnet.model
     conditioning_scale: Optional[float] = None  # optional, with controlnet: controlnet.conditioning_scale
@@ -157,7 +157,7 @@ class ImageRecord(_Record):
     prompt: Optional[str] = None  # its prompt, as given
     init_image: Optional[str] = None  # optional: the init image's file name (img2img, inpaint)
     mask_image: Optional[str] = None  # optional: the mask's file name (inpaint)
-    control_image: Optional[str] = None  # optional: the control image's file name (controlnet)
+    control_image: Optional[str] = None  # optional: the control image's file name (controlnet, control)
     file: Optional[str] = None  # the PNG, relative to the run directory ("images/0000_seed0.png")
     pixels_sha256: Optional[str] = None  # SHA-256 of its H x W x 3 uint8 pixels (what a re-run compares)
     non_finite: Optional[bool] = None  # whether the pipeline's output had NaN or infinite pixels (written as 0)

@@ -27,6 +27,7 @@ def test_the_config_tree_is_what_the_tests_cover():
                       "sd-v1-4", "sd-v1-5", "sd-v1-5-inpainting", "sd-2-1-base", "sd-2-1", "sdxl-base-1.0",
                       "single_file", "tiny-random-flux", "tiny-random-flux-schnell", "flux-dev", "flux-schnell", "flux-dev-arch",
                       "flux-fill-dev", "flux-kontext-dev", "tiny-random-flux-kontext", "tiny-random-flux-fill", "tiny-random-sd3",
+                      "flux-canny-dev", "flux-depth-dev", "tiny-random-flux-control",
                       "sd3.5-large", "sd3.5-large-turbo", "sd3.5-medium", "sd3.5-large-arch"}
     schedulers = {o for g, o in GROUP_OPTIONS if g == "scheduler"}
     assert schedulers == {"pndm", "ddim", "lms", "dpm_solver_pp", "euler", "ddpm", "lcm",  # diffusers'

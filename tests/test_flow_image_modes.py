@@ -8,7 +8,9 @@
   seed and draws (tests/fixtures/flow_image_modes, made by tests/helpers/make_flow_image_modes_reference.py): a strength
   sweep compiles once and each strength's images are the pipeline's within 2/255;
 * at strength 1 img2img starts from the noise alone (sigma 1): the txt2img images, on the model's Euler and on a k
-  sampler, which starts part-way down its own schedule at a lower strength.
+  sampler, which starts part-way down its own schedule at a lower strength;
+* FLUX.1 Fill (``FluxFillPipeline``) and FLUX.1 Canny/Depth (``FluxControlPipeline``, mode=control) on tiny random
+  transformers of their shapes, within 2/255 of their pipelines.
 """
 
 from __future__ import annotations
@@ -93,16 +95,17 @@ def test_each_mode_is_diffusers_pytorch_pipeline_and_a_strength_sweep_compiles_o
     assert np.abs(ref["images_0.3"] - ref["images_0.6"]).max() > 0.1
 
 
-def fill_folder(out: Path) -> Path:
-    """tiny-flux-dev with the reference's transformer of FLUX.1 Fill's shape and an index naming FluxFillPipeline,
-    as tests/helpers/make_flow_image_modes_reference.py's fill_folder assembles it."""
+def fill_folder(out: Path, transformer: str = "tiny-flux-fill-transformer",
+                pipeline_class: str = "FluxFillPipeline") -> Path:
+    """tiny-flux-dev with the reference's ``transformer`` (FLUX.1 Fill's shape) and an index naming
+    ``pipeline_class``, as tests/helpers/make_flow_image_modes_reference.py's fill_folder assembles it."""
     import shutil
 
     shutil.copytree(FOLDERS["flux"], out)
     shutil.rmtree(out / "transformer")
-    shutil.copytree(REFERENCE / "tiny-flux-fill-transformer", out / "transformer")
+    shutil.copytree(REFERENCE / transformer, out / "transformer")
     index = json.loads((out / "model_index.json").read_text())
-    (out / "model_index.json").write_text(json.dumps(dict(index, _class_name="FluxFillPipeline")))
+    (out / "model_index.json").write_text(json.dumps(dict(index, _class_name=pipeline_class)))
     return out
 
 
@@ -150,6 +153,77 @@ def test_flux_fill_is_diffusers_fill_pipeline_and_a_strength_sweep_compiles_once
         ("tiny-random-flux-fill", "inpaint", 1.0)}
 
 
+def reference_run(ref: dict, folder: Path, cache_dir: Path) -> tuple[str, ...]:
+    """The overrides that run the reference's prompt, seed, steps, guidance, size and devices on ``folder``."""
+    return ("model=local", f"model.pretrained_model_name_or_path={folder}", "dtype=fp32",
+            f"prompts.texts=[{ref['prompt']}]", f"seed={int(ref['seed'])}",
+            f"sampling.num_inference_steps={int(ref['steps'])}", f"sampling.guidance_scale={float(ref['guidance_scale'])}",
+            f"sampling.height={int(ref['height'])}", f"sampling.width={int(ref['width'])}",
+            f"prompts.max_sequence_length={int(ref['max_sequence_length'])}",
+            f"parallelism.num_devices={int(ref['num_devices'])}", *QUIET, f"paths.cache_dir={cache_dir}")
+
+
+@pytest.mark.slow
+def test_flux_canny_and_depth_are_diffusers_control_pipeline_and_a_control_image_sweep_compiles_once(tmp_path,
+                                                                                                    cache_dir):
+    """FLUX.1 Canny/Depth [dev] (FluxControlPipeline: the control image's latents as more transformer input, from
+    noise) on a tiny random transformer of their shape, from the reference's draws: an edge map and its inverse, each
+    within 2/255 of the pipeline's images, from one program; the A1111 line names the control image and from_png
+    remakes the image given it; such a model outside mode=control, and mode=control on another, are one line."""
+    ref = dict(np.load(REFERENCE / "flux_control.npz"))
+    folder = fill_folder(tmp_path / "tiny-flux-control", "tiny-flux-control-transformer", "FluxControlPipeline")
+    edges, inverted = REFERENCE / "control.png", tmp_path / "inverted.png"
+    with Image.open(edges) as image:
+        Image.fromarray(255 - np.asarray(image)).save(inverted)
+    common = reference_run(ref, folder, cache_dir)
+    result = run_cli("-m", *common, "mode=control", f"controlnet.image={edges},{inverted}", "hydra.sweep.dir=sweep",
+                     cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    jobs = {records_of(job)[0]["control_image"]: job for job in (tmp_path / "sweep").glob("[0-9]")}
+    assert sorted(jobs) == ["control.png", "inverted.png"]
+    reused = [json.loads((job / "timings.json").read_text())["compile_reused"] for job in jobs.values()]
+    assert sorted(reused) == [0, 1]  # the control image is a traced input
+    for name, expected in (("control.png", ref["images"]), ("inverted.png", ref["control_images"])):
+        for record, pixels in zip(records_of(jobs[name]), pixels_of(jobs[name]), strict=True):
+            assert record["mode"] == "control" and "strength" not in record  # (none: from noise)
+            difference = np.abs(pixels / 255 - expected[record["device"]]).max()
+            assert difference <= 2 / 255, (name, difference)
+    # the control image steers the images well beyond that bound, and they are not the plain [dev] model's
+    assert np.abs(ref["images"] - ref["control_images"]).max() > 0.05
+    # the A1111 line names it; from_png remakes the image given it, and says what to give without it
+    record = records_of(jobs["control.png"])[0]
+    png = jobs["control.png"] / record["file"]
+    with Image.open(png) as image:
+        assert image.text["parameters"].endswith(", Control image: control.png")
+    remade = run_cli(str(png), f"model.pretrained_model_name_or_path={folder}", *QUIET, f"paths.cache_dir={cache_dir}",
+                     f"controlnet.image={edges}", f"prompts.max_sequence_length={int(ref['max_sequence_length'])}",
+                     "hydra.run.dir=from_png", command="from_png", cwd=tmp_path)
+    assert remade.returncode == 0, remade.stderr[-3000:]
+    assert "Control image: control.png -> mode=control" in remade.stdout + remade.stderr
+    assert records_of(tmp_path / "from_png")[0]["pixels_sha256"] == record["pixels_sha256"]
+    uncontrolled = run_cli(str(png), f"model.pretrained_model_name_or_path={folder}", *QUIET,
+                           f"paths.cache_dir={cache_dir}", "hydra.run.dir=without", command="from_png", cwd=tmp_path)
+    assert "not honoured: Control image: control.png: FLUX.1 Canny/Depth's control image; give controlnet.image=PATH " \
+           "to remake it" in uncontrolled.stdout + uncontrolled.stderr
+    assert_one_line_error(run_cli(*common, "hydra.run.dir=txt2img", cwd=tmp_path),
+                          "error: mode: txt2img: local is FLUX.1 Canny/Depth, whose transformer reads a control "
+                          "image's latents beside the latents (allowed: control (with controlnet.image))")
+    assert_one_line_error(run_cli("+experiment=flux_smoke", "mode=control", f"controlnet.image={edges}", *QUIET,
+                                  f"paths.cache_dir={cache_dir}", "hydra.run.dir=plain", cwd=tmp_path),
+                          "error: mode: control: tiny-random-flux is no FLUX.1 Canny/Depth model (its index names "
+                          "FluxControlPipeline): its transformer reads no control image (allowed: a FLUX.1 Canny/Depth "
+                          "model (model=flux-canny-dev, flux-depth-dev, tiny-random-flux-control), or txt2img, "
+                          "img2img, inpaint)")
+    # the built-in tiny Canny/Depth model, as the image modes guide runs it
+    builtin = run_cli("+experiment=flux_smoke", "model=tiny-random-flux-control", "mode=control",
+                      f"controlnet.image={edges}", *QUIET, f"paths.cache_dir={cache_dir}", "hydra.run.dir=builtin",
+                      cwd=tmp_path)
+    assert builtin.returncode == 0, builtin.stderr[-3000:]
+    records = records_of(tmp_path / "builtin")
+    assert len(records) == 8 and {(r["model"], r["mode"], r["control_image"]) for r in records} == {
+        ("tiny-random-flux-control", "control", "control.png")}
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize(("experiment", "sampler"), [("flux_smoke", "euler"), ("flux_smoke", "dpmpp_2m"),
                                                      ("sd3_smoke", "euler")])
@@ -183,6 +257,10 @@ INPAINT = ("mode=inpaint", "init_image=x.png", "mask_image=m.png")
     (["+experiment=flux_smoke", *INPAINT, "sampler=euler", "scheduler=karras"],
      "error: sampler: euler with mode=inpaint: FLUX.1 inpaints on its own Euler"),
     (["+experiment=flux_smoke", *INPAINT, "cache=first_block"], "error: cache: first_block with mode=inpaint"),
+    # FLUX.1 Canny/Depth's mode: no SD 3 or SD model reads a control image's latents as input channels
+    (["+experiment=sd3_smoke", "mode=control", "controlnet.image=x.png"], "error: mode: control, but tiny-random-sd3 "
+     "is a"),
+    (["+experiment=smoke", "mode=control", "controlnet.image=x.png"], "error: mode: control, but tiny-random is a"),
 ])
 def test_what_the_flow_families_do_not_run_yet_is_one_line(tmp_path, overrides, expected):
     assert_one_line_error(call_cli(*overrides, *QUIET, cwd=tmp_path), expected)

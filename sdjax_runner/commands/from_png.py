@@ -81,7 +81,8 @@ def main(argv: Optional[list[str]] = None) -> int:
             text = read_infotext(Path(args.image).expanduser())
         info, measured = without_measurements(infotext.parse(text))
         given = {o.split("=", 1)[0].lstrip("+~") for o in args.overrides if "=" in o}
-        translation = infotext.overrides(info, options("model"), options("dtype"), "init_image" in given)
+        translation = infotext.overrides(info, options("model"), options("dtype"), "init_image" in given,
+                                         "controlnet.image" in given)
     except UserError as error:
         console.error(error)
         return 2

@@ -172,12 +172,13 @@ class _Reading:
 
 
 def overrides(info: Infotext, model_options: tuple[str, ...], dtype_options: tuple[str, ...],
-              has_init_image: bool) -> Translation:
+              has_init_image: bool, has_control_image: bool = False) -> Translation:
     """The overrides that make ``info``'s image here, as far as the runner can: ``model_options`` and
     ``dtype_options`` are the config groups' options (an infotext of ours names them). Every value reaches
     the config as a literal (:func:`sdjax_runner.config.overrides.literal`) or a number parsed here: no text
     of the infotext is read as Hydra's grammar or an interpolation. A setting the runner honours whose value
-    is malformed is :class:`UserError`, before anything runs."""
+    is malformed is :class:`UserError`, before anything runs. ``has_init_image``, ``has_control_image``: the command
+    line gives ``init_image``, ``controlnet.image`` (the images an infotext names but cannot hold)."""
     check_length("Prompt", info.prompt)  # before Hydra parses it (0.6 s a MB, twice)
     check_length("Negative prompt", info.negative)
     settings = dict(info.settings)
@@ -195,6 +196,7 @@ def overrides(info: Infotext, model_options: tuple[str, ...], dtype_options: tup
         family.read_infotext(reading)
     _read_strength(reading, has_init_image)
     _read_edit(reading, has_init_image)
+    _read_control(reading, has_control_image)
     _read_models(reading, model_options, dtype_options)
     return Translation(reading.out, reading.honoured, reading.skipped)
 
@@ -323,6 +325,16 @@ def _read_edit(reading: _Reading, has_init_image: bool) -> None:
         reading.use("Edit image", "mode=edit")
     else:
         reading.skip("Edit image", "FLUX.1 Kontext's input image; give init_image=PATH to remake the edit")
+
+
+def _read_control(reading: _Reading, has_control_image: bool) -> None:
+    """FLUX.1 Canny/Depth's ``Control image`` (ours): mode=control with the control image given, else said."""
+    if "Control image" not in reading.settings:
+        return
+    if has_control_image:
+        reading.use("Control image", "mode=control")
+    else:
+        reading.skip("Control image", "FLUX.1 Canny/Depth's control image; give controlnet.image=PATH to remake it")
 
 
 def _read_models(reading: _Reading, model_options: tuple[str, ...], dtype_options: tuple[str, ...]) -> None:

@@ -75,6 +75,10 @@ MODES = _registry(
     # FLUX.1 Kontext's in-context editing (diffusers' FluxKontextPipeline): from noise, the init image's latents as
     # more tokens beside the noise's in every transformer call; no strength (the whole schedule runs)
     ModeEntry("edit", images=(("init", "init_image"),)),
+    # FLUX.1 Canny [dev] and Depth [dev] (diffusers' FluxControlPipeline): from noise, the control image's latents
+    # (an edge map, a depth map: the model's own kind of control image, made by the user) as more input channels of
+    # every transformer call; no strength, no separate ControlNet (the transformer is the control model)
+    ModeEntry("control", images=(("control", "controlnet.image"),)),
 )
 if tuple(MODES) != tuple(GenerationMode.__members__):
     raise RuntimeError(f"config/modes.py lists {tuple(MODES)}, the schema's GenerationMode "

@@ -41,6 +41,7 @@ class GenerationMode(Enum):
     inpaint = 2  # repaint the mask_image's white area of init_image
     controlnet = 3  # from noise, steered by controlnet.image through controlnet.model
     edit = 4  # from noise, init_image's tokens beside the noise's in each call (FLUX.1 Kontext)
+    control = 5  # from noise, controlnet.image's latents beside the latents in each call (FLUX.1 Canny/Depth [dev])
 
 
 class ResizeMode(Enum):
@@ -94,7 +95,7 @@ class TrackingBackend(Enum):
 # checked against these lists when it is imported, so the two cannot drift apart.
 BUILTIN_MODELS = ("tiny-random", "tiny-random-xl", "sd-v1-arch", "sdxl-arch", "tiny-random-inpaint", "tiny-random-clip",
                   "tiny-random-controlnet", "tiny-random-flux", "tiny-random-flux-schnell", "tiny-random-flux-kontext",
-                  "tiny-random-flux-fill",
+                  "tiny-random-flux-fill", "tiny-random-flux-control",
                   "flux-dev-arch", "tiny-random-sd3",
                   "sd3.5-large-arch")  # models/builtin.py
 # scheduler.name -> the diffusers Flax class whose settings it takes (scheduler.config_overrides); the

@@ -185,7 +185,8 @@ def a1111_parameters(meta: ImageRecord) -> str:
     stop``); Hires. fix its ``Denoising strength``, ``Hires upscale``, ``Hires steps`` and ``Hires
     upscaler`` (and where given ``Hires sampler``, ``Hires schedule type``, ``Hires CFG Scale``), as A1111 writes
     them, with ``Size`` the first pass's; SDXL's refiner ``Refiner: NAME [HASH]`` and ``Refiner switch at``;
-    FLUX.1 Kontext's ``Edit image: NAME`` (mode=edit: the input image's file name)."""
+    FLUX.1 Kontext's ``Edit image: NAME`` (mode=edit: the input image's file name); FLUX.1 Canny/Depth's ``Control
+    image: NAME`` (mode=control: the control image's file name)."""
     def text(prompt: str) -> str:
         family = families.FAMILIES[meta.family or families.DEFAULT]
         as_written = meta.prompt_syntax == "a1111" or not family.a1111_prompts
@@ -218,6 +219,7 @@ def a1111_parameters(meta: ImageRecord) -> str:
         + (f", Hires CFG Scale: {meta.hires_guidance_scale}" if meta.hires_guidance_scale is not None else "")
         + (f", Mask: {meta.mask_image}" if meta.mask_image else "")
         + (f", Edit image: {quoted(str(meta.init_image))}" if meta.mode == "edit" else "")
+        + (f", Control image: {quoted(str(meta.control_image))}" if meta.mode == "control" else "")
         + (f", ControlNet: {meta.controlnet}, Control weight: {meta.conditioning_scale}" if meta.controlnet else "")
         + (f", Lora: {meta.lora}" if meta.lora else "")
         + (f", TI hashes: {ti_hashes(meta.embeddings)}" if meta.embeddings else "")

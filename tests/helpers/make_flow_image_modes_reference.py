@@ -25,6 +25,14 @@ blend) runs on tiny-flux-dev with a transformer of Fill's shape made here (``tin
 folder is assembled by :func:`fill_folder`, as the test assembles it); its posterior sample of the masked image is
 the same draw as the init image's (one key per device, as the runner draws both).
 
+FLUX.1 Canny/Depth [dev] (``FluxControlPipeline``: a control image's latents as more transformer input channels,
+from noise) runs on tiny-flux-dev with a transformer of their shape made here (``tiny-flux-control-transformer/``,
+assembled by :func:`control_folder`) on a fixed edge map (``control.png``); its posterior sample of the control image
+is the runner's draw (the init image's draw above: the VAE's ``DiagonalGaussianDistribution.sample``, which the
+pipeline calls directly, is given it) and the noise the runner's. It writes ``flux_control.npz`` (``images``, one
+per device, and ``control_images``: the same draws with the control image inverted, which the test tells apart).
+``--only control`` writes it (and its transformer) alone.
+
 ``FAMILY_MODE.npz`` (``flux_img2img.npz``, ``sd3_inpaint.npz``, ``flux_fill.npz``, ...) holds ``images_S`` (device, H, W, 3) in [0, 1]
 per strength S, and the settings;
 ``VERSIONS.json`` the libraries it ran with. Running it again writes identical files.
@@ -81,6 +89,11 @@ PIPELINES = {
 PIPELINES[("flux", "fill")] = (None, "FluxFillPipeline", "flux.pipeline_flux_fill", VARIANTS["dev"]["guidance_scale"])
 FILL_TRANSFORMER = DEFAULT_OUT / "tiny-flux-fill-transformer"
 FILL_SEED = 20
+# FLUX.1 Canny/Depth [dev] (issue #63 item 2): the tiny FLUX.1 [dev] folder with a transformer of their shape --
+# the packed latents (64) and the control image's packed latents (64): 128 channels in, 64 out -- made here (torch
+# seed CONTROL_SEED) and the index naming FluxControlPipeline: control_folder() assembles it, as the test does.
+CONTROL_TRANSFORMER = DEFAULT_OUT / "tiny-flux-control-transformer"
+CONTROL_SEED = 21
 STEPS = 4
 # 4 steps at 0.6: get_timesteps' start int(4 - 2.4) = 1, three steps run (the Flax rule would run two); at 0.3 two
 # run; at 1.0 all four, from the noise alone (sigma 1)
@@ -115,28 +128,98 @@ def runner_draws() -> tuple[np.ndarray, np.ndarray]:
     return np.concatenate(noise), np.concatenate(eps)
 
 
-def fill_transformer(out: Path) -> None:
-    """A tiny random FluxTransformer2DModel of Fill's shape (tiny-flux-dev's with 384 channels in, 64 out), saved
-    to ``out`` (config.json and diffusion_pytorch_model.safetensors)."""
+def control_image() -> np.ndarray:
+    """A fixed 32x32 edge map, as a Canny detector draws one: white one-pixel outlines of a square and a diagonal on
+    black, RGB uint8."""
+    edges = np.zeros((HEIGHT, WIDTH), np.uint8)
+    edges[6, 6:26] = edges[25, 6:26] = edges[6:26, 6] = edges[6:26, 25] = 255
+    for i in range(10, 22):
+        edges[i, i] = 255
+    return np.repeat(edges[:, :, None], 3, axis=2)
+
+
+def control_folder(out: Path, transformer: Path = CONTROL_TRANSFORMER) -> Path:
+    """tiny-flux-dev with ``transformer`` (Canny/Depth's shape) and an index naming FluxControlPipeline, at ``out``."""
+    return fill_folder(out, transformer, "FluxControlPipeline")
+
+
+def control_images(pipeline, picture: np.ndarray, noise: np.ndarray, eps: np.ndarray) -> np.ndarray:
+    """FluxControlPipeline's image for each device's draws (the noise through the pipeline module's ``randn_tensor``,
+    the control image's posterior sample through ``DiagonalGaussianDistribution.sample``)."""
+    import diffusers.pipelines.flux.pipeline_flux_control as module
+    import torch
+    from diffusers.models.autoencoders.vae import DiagonalGaussianDistribution
+    from PIL import Image
+
+    guidance = VARIANTS["dev"]["guidance_scale"]
+    images = []
+    for device in range(NUM_DEVICES):
+        def given_noise(shape, generator=None, device_=None, dtype=None, layout=None, at=device, **_):
+            assert tuple(shape) == noise[at:at + 1].shape, shape
+            return torch.from_numpy(noise[at:at + 1]).to(dtype=dtype)
+
+        def given_sample(dist, generator=None, at=device):
+            return dist.mean + dist.std * torch.from_numpy(eps[at:at + 1]).to(dist.mean.dtype)
+
+        saved = module.randn_tensor, DiagonalGaussianDistribution.sample
+        module.randn_tensor, DiagonalGaussianDistribution.sample = given_noise, given_sample
+        try:
+            with torch.no_grad():
+                image = pipeline(prompt=PROMPT, control_image=Image.fromarray(picture), num_inference_steps=STEPS,
+                                 guidance_scale=guidance, height=HEIGHT, width=WIDTH,
+                                 max_sequence_length=MAX_SEQUENCE_LENGTH, output_type="np").images[0]
+        finally:
+            module.randn_tensor, DiagonalGaussianDistribution.sample = saved
+        images.append(np.asarray(image, dtype=np.float32))
+    return np.stack(images)
+
+
+def write_control(out_dir: Path, noise: np.ndarray, eps: np.ndarray) -> None:
+    """``flux_control.npz``, ``control.png`` and the transformer it ran (module docstring)."""
+    import tempfile
+
+    from PIL import Image
+
+    transformer = out_dir / CONTROL_TRANSFORMER.name
+    fill_transformer(transformer, CONTROL_SEED, in_channels=128)
+    with tempfile.TemporaryDirectory() as staging:
+        pipeline = load_aligned("FluxControlPipeline", control_folder(Path(staging) / "tiny-flux-control", transformer))
+        edges = control_image()
+        out = {"prompt": np.asarray(PROMPT), "steps": np.asarray(STEPS, dtype=np.int64),
+               "guidance_scale": np.asarray(VARIANTS["dev"]["guidance_scale"], dtype=np.float64),
+               "height": np.asarray(HEIGHT, dtype=np.int64), "width": np.asarray(WIDTH, dtype=np.int64),
+               "max_sequence_length": np.asarray(MAX_SEQUENCE_LENGTH, dtype=np.int64),
+               "seed": np.asarray(SEED, dtype=np.int64), "num_devices": np.asarray(NUM_DEVICES, dtype=np.int64),
+               "images": control_images(pipeline, edges, noise, eps),
+               "control_images": control_images(pipeline, 255 - edges, noise, eps)}
+    print(f"control: largest difference between the edge map and its inverse "
+          f"{np.abs(out['images'] - out['control_images']).max():.4f}")
+    _save_npz(out_dir / "flux_control.npz", out)
+    Image.fromarray(edges).save(out_dir / "control.png")
+
+
+def fill_transformer(out: Path, seed: int = FILL_SEED, in_channels: int = 384) -> None:
+    """A tiny random FluxTransformer2DModel of Fill's shape (tiny-flux-dev's with 384 channels in, 64 out; Canny/Depth's
+    with ``in_channels`` 128), saved to ``out`` (config.json and diffusion_pytorch_model.safetensors)."""
     import torch
     from diffusers import FluxTransformer2DModel
 
     config = json.loads((FLUX_FOLDER / "transformer" / "config.json").read_text())
     config = {k: v for k, v in config.items() if not k.startswith("_")}
-    torch.manual_seed(FILL_SEED)
-    FluxTransformer2DModel(**dict(config, in_channels=384, out_channels=64)).save_pretrained(
+    torch.manual_seed(seed)
+    FluxTransformer2DModel(**dict(config, in_channels=in_channels, out_channels=64)).save_pretrained(
         out, safe_serialization=True)
 
 
-def fill_folder(out: Path, transformer: Path = FILL_TRANSFORMER) -> Path:
-    """tiny-flux-dev with ``transformer`` (Fill's shape) and an index naming FluxFillPipeline, at ``out``."""
+def fill_folder(out: Path, transformer: Path = FILL_TRANSFORMER, pipeline_class: str = "FluxFillPipeline") -> Path:
+    """tiny-flux-dev with ``transformer`` (Fill's shape) and an index naming ``pipeline_class``, at ``out``."""
     import shutil
 
     shutil.copytree(FLUX_FOLDER, out)
     shutil.rmtree(out / "transformer")  # (tiny-flux-dev's is split in shards)
     shutil.copytree(transformer, out / "transformer")
     index = json.loads((out / "model_index.json").read_text())
-    (out / "model_index.json").write_text(json.dumps(dict(index, _class_name="FluxFillPipeline"), indent=2) + "\n")
+    (out / "model_index.json").write_text(json.dumps(dict(index, _class_name=pipeline_class), indent=2) + "\n")
     return out
 
 
@@ -187,6 +270,7 @@ def main(argv: list[str] | None = None) -> int:
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="the fixture folder")
+    parser.add_argument("--only", choices=("control",), help="write only FLUX.1 Canny/Depth's reference")
     args = parser.parse_args(argv)
     quiet_deterministic_torch()
     import tempfile
@@ -194,6 +278,10 @@ def main(argv: list[str] | None = None) -> int:
     picture = init_image()
     noise, eps = runner_draws()
     args.out.mkdir(parents=True, exist_ok=True)
+    write_control(args.out, noise, eps)
+    if args.only == "control":
+        (args.out / "VERSIONS.json").write_text(json.dumps(_versions(), indent=2) + "\n", encoding="utf-8")
+        return 0
     fill_transformer(args.out / FILL_TRANSFORMER.name)
     staging = tempfile.TemporaryDirectory()
     fill = fill_folder(Path(staging.name) / "tiny-flux-fill", args.out / FILL_TRANSFORMER.name)

@@ -72,11 +72,11 @@ def _flux_values(config: Any) -> None:
 # diffusers' FluxPipeline defaults: 28 steps, guidance 3.5 ([schnell] reads none: its check is the engine's, once the
 # transformer's config says which it is).
 ENTRY = FamilyEntry("flux", "FLUX.1: CLIP-L and T5 text encoders, a flow-matching transformer, a 16-channel VAE",
-                    ("FluxPipeline", "FluxFillPipeline", "FluxKontextPipeline"), tiny="tiny-random-flux",
-                    modes=("txt2img", "img2img", "inpaint", "edit"),
+                    ("FluxPipeline", "FluxFillPipeline", "FluxKontextPipeline", "FluxControlPipeline"),
+                    tiny="tiny-random-flux", modes=("txt2img", "img2img", "inpaint", "edit", "control"),
                     start_step=flow_start_step,  # FluxImg2ImgPipeline.get_timesteps
                     builtins=("tiny-random-flux", "tiny-random-flux-schnell", "tiny-random-flux-kontext",
-                              "tiny-random-flux-fill", "flux-dev-arch"),
+                              "tiny-random-flux-fill", "tiny-random-flux-control", "flux-dev-arch"),
                     steps=28, guidance=3.5, check=_flux_values, sampling=samplers.resolve_flow, t5_tokens=512,
                     checkpoint_holds=lambda keys: ("transformer",), a1111_prompts=False, true_cfg=True,
                     guiders=guiders.COMBINING,  # on its true CFG (_flux_values)

@@ -41,8 +41,16 @@ class FluxTokens:
 
 def check_loaded(plan: Any, loaded: Any) -> None:
     """[schnell] (no guidance embedder) reads no guidance: a sampling.guidance_scale given for it is refused; FLUX.1
-    Fill repaints a mask's area of an init image, in mode=inpaint alone."""
+    Fill repaints a mask's area of an init image, in mode=inpaint alone; FLUX.1 Canny/Depth read a control image, in
+    mode=control alone, which no other model reads."""
     pipeline = loaded.pipeline
+    if pipeline.control and plan.generation != "control":
+        raise UserError("mode", f"{plan.generation}: {plan.model.name} is FLUX.1 Canny/Depth, whose transformer reads "
+                        "a control image's latents beside the latents", "control (with controlnet.image)")
+    if plan.generation == "control" and not pipeline.control:
+        raise UserError("mode", f"control: {plan.model.name} is no FLUX.1 Canny/Depth model (its index names "
+                        "FluxControlPipeline): its transformer reads no control image", "a FLUX.1 Canny/Depth model "
+                        "(model=flux-canny-dev, flux-depth-dev, tiny-random-flux-control), or txt2img, img2img, inpaint")
     if pipeline.fill and plan.generation != "inpaint":
         raise UserError("mode", f"{plan.generation}: {plan.model.name} is FLUX.1 Fill, whose transformer reads a "
                         "mask and the masked init image beside the latents", "inpaint (with init_image and mask_image)")

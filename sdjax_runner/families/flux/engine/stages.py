@@ -178,6 +178,16 @@ def fill(pipeline: Any, params: dict, key, spec: Any, batch: int, inputs: dict) 
     return start._replace(conditioning={"concat": concat})
 
 
+def control(pipeline: Any, params: dict, key, spec: Any, batch: int, inputs: dict) -> Start:
+    """FLUX.1 Canny/Depth [dev] (diffusers' FluxControlPipeline): :func:`txt2img`'s noise and, as more transformer
+    input after the packed latents (``Start.conditioning["concat"]``, as Fill's), the control image's packed latents
+    -- the image in [-1, 1] encoded as an init image is (:func:`with_init_image`: the VAE posterior's sample with the
+    device's key, ``(latents - shift_factor) * scaling_factor``): ``(batch, tokens, 4 c)``."""
+    start = txt2img(pipeline, params, key, spec, batch, inputs)
+    encoded = with_init_image(start, pipeline, params, key, dict(inputs, init=2.0 * inputs["control"] - 1.0, start=0))
+    return start._replace(conditioning={"concat": pack(encoded.image)})
+
+
 def edit(pipeline: Any, params: dict, key, spec: Any, batch: int, inputs: dict) -> Start:
     """FLUX.1 Kontext's editing (diffusers' FluxKontextPipeline): :func:`txt2img`'s noise, and the init image's
     latents -- the mode of the VAE's posterior (no draw), ``(latents - shift_factor) * scaling_factor`` -- packed,
@@ -252,7 +262,7 @@ def transformer_call(pipeline: Any, params: dict, conditioning: Conditioning, gu
         cached = {"around_blocks": around_blocks} if around_blocks is not None else {}  # (plain: the plain module's)
         x = x.astype(pipeline.dtype)
         tokens = x.shape[1]
-        if conditioning.concat is not None:  # FLUX.1 Fill's masked image and mask after the latents (fill)
+        if conditioning.concat is not None:  # Fill's masked image and mask, Canny/Depth's control image (fill, control)
             x = jnp.concatenate([x, conditioning.concat.astype(pipeline.dtype)], axis=-1)
         if reference is not None:  # Kontext's input image's tokens after the noise's (no step cache: config)
             x = jnp.concatenate([x, reference.astype(pipeline.dtype)], axis=1)

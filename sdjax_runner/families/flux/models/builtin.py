@@ -63,6 +63,12 @@ FLUX_SPECS["tiny-random-flux-kontext"] = dict(FLUX_SPECS["tiny-random-flux"], pi
 FLUX_SPECS["tiny-random-flux-fill"] = dict(
     FLUX_SPECS["tiny-random-flux"], pipeline_class="FluxFillPipeline",
     transformer=dict(FLUX_SPECS["tiny-random-flux"]["transformer"], in_channels=384, out_channels=64))
+# FLUX.1 Canny/Depth [dev] at toy size: tiny-random-flux with their transformer shape -- after the packed latents (64)
+# the control image's packed latents (64): 128 channels in, 64 out -- and the index naming FluxControlPipeline
+# (mode=control)
+FLUX_SPECS["tiny-random-flux-control"] = dict(
+    FLUX_SPECS["tiny-random-flux"], pipeline_class="FluxControlPipeline",
+    transformer=dict(FLUX_SPECS["tiny-random-flux"]["transformer"], in_channels=128, out_channels=64))
 # FLUX.1 [dev]'s exact shapes (black-forest-labs/FLUX.1-dev's configs: an 11.9B-parameter transformer, CLIP-L,
 # T5-XXL's 4.8B-parameter encoder, the 16-channel VAE), random weights in bfloat16 (about 34 GB written once):
 # speed and memory on an accelerator with no hub.

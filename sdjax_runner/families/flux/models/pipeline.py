@@ -117,6 +117,8 @@ class FluxPipeline:
     * ``dtype``: the activations dtype (a ``jax.numpy`` dtype) the transformer computes in.
     * ``kontext``: FLUX.1 Kontext, whose index names ``FluxKontextPipeline`` (the same architecture as [dev]; it reads
       an input image's tokens beside the noise's: mode=edit).
+    * ``control``: FLUX.1 Canny [dev] or Depth [dev], whose index names ``FluxControlPipeline`` (its transformer
+      reads a control image's packed latents after the packed latents: 128 channels in, 64 out; mode=control).
     """
 
     transformer: Any
@@ -132,6 +134,7 @@ class FluxPipeline:
     guidance_embeds: bool
     dtype: Any
     kontext: bool = False  # FLUX.1 Kontext (its index names FluxKontextPipeline): it edits an input image (mode=edit)
+    control: bool = False  # FLUX.1 Canny/Depth [dev] (its index names FluxControlPipeline): mode=control
 
     @property
     def native_size(self) -> int:
@@ -141,8 +144,10 @@ class FluxPipeline:
     @property
     def fill(self) -> bool:
         """FLUX.1 Fill (diffusers' FluxFillPipeline): its transformer reads, after the packed latents, the masked
-        image's packed latents and the mask's pixels -- more input channels than it predicts."""
-        return self.transformer.in_channels > (self.transformer.out_channels or self.transformer.in_channels)
+        image's packed latents and the mask's pixels -- more input channels than it predicts (as FLUX.1 Canny/Depth
+        read their control image's: told apart by the index, :attr:`control`)."""
+        more = self.transformer.in_channels > (self.transformer.out_channels or self.transformer.in_channels)
+        return more and not self.control
 
     @property
     def size_multiple(self) -> int:
@@ -205,7 +210,8 @@ def load_flux(directory: Path, index: dict, model: ModelConfig, dtype: DtypeConf
         scaling_factor=float(vae.scaling_factor),
         shift_factor=float(vae.shift_factor) if vae.shift_factor is not None else 0.0,
         guidance_embeds=bool(transformer.guidance_embeds), dtype=activations,
-        kontext=index.get("_class_name") == "FluxKontextPipeline")
+        kontext=index.get("_class_name") == "FluxKontextPipeline",
+        control=index.get("_class_name") == "FluxControlPipeline")
     return loading.LoadedModel(pipeline, params, None, 0.0, str(directory), formats, components, FAMILY)
 
 
