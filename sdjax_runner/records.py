@@ -118,11 +118,6 @@ class ImageRecord(_Record):
     # optional: prompts.embeddings, the run's textual-inversion embeddings, "easynegative:sha256=ab12cd34ef56; ..."
     embeddings: Optional[str] = None
     shift: Optional[float] = None  # optional, SD 3: its scheduler's shift (Forge's "Shift")
-    # optional, SD 3.5: skip-layer guidance's blocks ("7,8,9"), scale and window (fractions of the steps)
-    slg_layers: Optional[str] = None
-    slg_scale: Optional[float] = None
-    slg_start: Optional[float] = None
-    slg_stop: Optional[float] = None
     guidance_rescale: Optional[float] = None  # optional, SD: CFG rescale (sampling.guidance_rescale; Forge's "Rescale CFG")
     # optional: the guider where it is not classifier-free guidance (guider=NAME, config/guiders.py), and the settings
     # it read ("eta=0.5 norm_threshold=15")
@@ -172,7 +167,7 @@ class ImageRecord(_Record):
     INT_CHUNKS: ClassVar[tuple[str, ...]] = ("index", "batch", "device", "seed", "steps", "height", "width",
                                             "clip_skip", "hires_steps", "first_pass_height", "first_pass_width")
     FLOAT_CHUNKS: ClassVar[tuple[str, ...]] = ("guidance_scale", "distilled_guidance", "eta", "strength",
-                                              "conditioning_scale", "shift", "slg_scale", "slg_start", "slg_stop",
+                                              "conditioning_scale", "shift",
                                               "guidance_rescale", "hires_scale", "hires_strength",
                                               "hires_guidance_scale", "refiner_switch",
                                               # the metrics' per-image values (metrics/registry.py)

@@ -17,6 +17,7 @@ from omegaconf import DictConfig
 
 from sdjax_runner import interpreter, process
 from sdjax_runner.config import checks
+from sdjax_runner.config.guiders import GUIDERS
 from sdjax_runner.config.plan import Plan, admit, check_values, make_plan
 from sdjax_runner.config.quantizers import DEFAULT as QUANTIZE_DEFAULT
 from sdjax_runner.config.quantizers import QUANTIZERS
@@ -155,7 +156,7 @@ def plan_extras(plan: Plan) -> list[str]:
     """What the plan line adds where it applies: Hires. fix's second pass and its size, weights split across the
     devices, skip-layer guidance and its steps (each easy to miss, and each changing what a run costs), a guider
     other than classifier-free guidance with its settings."""
-    from sdjax_runner.config.inert import slg_steps
+    from sdjax_runner.config.inert import skip_layer_steps
 
     extras = []
     if plan.hires is not None:
@@ -165,11 +166,11 @@ def plan_extras(plan: Plan) -> list[str]:
                       f"{plan.hires.strength:g} ({plan.hires.upscaler})")
     if plan.params_placement == "sharded":
         extras.append(f"weights split across the {plan.num_devices} devices (parallelism.params=sharded)")
-    if plan.slg is not None:
-        layers, scale, start, stop = plan.slg
-        steps = slg_steps(plan.num_inference_steps, start, stop)
-        extras.append(f"skip-layer guidance on blocks {list(layers)} at {scale:g}, steps {steps[0]}..{steps[-1]}")
-    if not plan.guider.plain:
+    if GUIDERS[plan.guider.name].skips:  # which steps it acts on, too
+        settings = dict(plan.guider.settings)
+        steps = skip_layer_steps(plan.num_inference_steps, settings["skip_start"], settings["skip_stop"])
+        extras.append(f"guider {plan.guider.label}: skip-layer guidance on steps {steps[0]}..{steps[-1]}")
+    elif not plan.guider.plain:
         extras.append(f"guider {plan.guider.label}")
     if not plan.cache.plain:
         extras.append(f"step cache {plan.cache.label}")

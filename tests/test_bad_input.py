@@ -17,7 +17,7 @@ CASES = {
                                            "euler, exponential, flow_match_euler, karras, lcm, lms, normal, pndm, sgm_uniform, simple)"),
     "unknown experiment": (["+experiment=nope"], "error: experiment=nope: no such option (allowed: flux_schnell, flux_schnell_smoke, flux_smoke, guide_different_prompts, guide_same_prompt, kontext_smoke, sd3_smoke, smoke)"),
     "misspelled key": (["sampling.num_inference_step=3"],
-                       "error: sampling.num_inference_step: unknown key (allowed: num_inference_steps, guidance_scale, true_cfg_scale, guidance_rescale, slg_layers, slg_scale, slg_start, slg_stop, height, width, eta, hires, refiner_switch)"),
+                       "error: sampling.num_inference_step: unknown key (allowed: num_inference_steps, guidance_scale, true_cfg_scale, guidance_rescale, height, width, eta, hires, refiner_switch)"),
     "wrong type": (["seed=abc"], "error: seed: Value 'abc' of type 'str' could not be converted to Integer "
                                  "(allowed: an integer)"),
     "wrong type, optional": (["compilation_cache.max_size_gb=lots"], "error: compilation_cache.max_size_gb: Value "
@@ -65,7 +65,7 @@ CASES = {
                                     "error: performance.attention: dot_product with fp16 activations does not run on "
                                     "the CPU (allowed: default, split_head_dim, memory_efficient; or dtype=bf16, fp32)"),
     "unknown key given with +": (["+sampling.num_inference_step=3"], "error: sampling.num_inference_step: unknown "
-                                 "key (allowed: num_inference_steps, guidance_scale, true_cfg_scale, guidance_rescale, slg_layers, slg_scale, slg_start, slg_stop, height, width, eta, hires, refiner_switch)"),
+                                 "key (allowed: num_inference_steps, guidance_scale, true_cfg_scale, guidance_rescale, height, width, eta, hires, refiner_switch)"),
     "unknown key in a LoRA entry": (["lora=[{path:a.safetensors,scale:1,foo:2}]"],
                                     "error: lora.foo: unknown key (allowed: path, scale)"),
     "unknown key in a LoRA entry given with +": (["+lora=[{path:a.safetensors,foo:2}]"],
@@ -109,7 +109,7 @@ def test_bad_input_fails_fast_with_one_line(tmp_path, case):
     ("sampling.num_inference_steps=2,abc", "error: sampling.num_inference_steps: Value 'abc' of type 'str' could "
                                            "not be converted to Integer (allowed: an integer or null)"),
     ("+sampling.num_inference_step=2,3", "error: sampling.num_inference_step: unknown key (allowed: "
-                                         "num_inference_steps, guidance_scale, true_cfg_scale, guidance_rescale, slg_layers, slg_scale, slg_start, slg_stop, height, width, eta, hires, refiner_switch)"),
+                                         "num_inference_steps, guidance_scale, true_cfg_scale, guidance_rescale, height, width, eta, hires, refiner_switch)"),
     ("model=tiny-random,local", "error: model.pretrained_model_name_or_path: a value is required"),
     ("sampling.guidance_scale=interval(1,9)", "error: sampling.guidance_scale: an interval is a search space, and "
                                               "this sweeper runs a list of points"),

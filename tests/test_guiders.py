@@ -91,13 +91,13 @@ def test_every_guider_is_in_both_registries_and_in_the_families_that_run_it():
     from sdjax_runner.engine.guiders import GUIDERS, PERTURBING
 
     assert set(ENTRIES) == set(GUIDERS) and set(PERTURBING) == {"pag", "seg"}
-    assert GUIDERS["pag"] is GUIDERS["seg"] is GUIDERS["cfg"]
-    assert set(FAMILIES["sd"].guiders) == set(ENTRIES)
+    assert GUIDERS["pag"] is GUIDERS["seg"] is GUIDERS["skip_layer"] is GUIDERS["cfg"]
+    assert set(FAMILIES["sd"].guiders) == set(ENTRIES) - {"skip_layer"}  # (a UNet has no blocks to skip)
     assert set(COMBINING) == {"cfg", "cfg_zero_star", "apg"}
-    # FLUX.1's transformer takes no change (PAG, SEG, FreeU); SD 3's takes PAG's and SEG's perturbed attention
-    # (tests/test_pag_sd3.py)
+    # FLUX.1's transformer takes no change (PAG, SEG, FreeU, skipped blocks); SD 3's takes PAG's and SEG's perturbed
+    # attention (tests/test_pag_sd3.py) and skip-layer guidance's skipped blocks (tests/test_sd3_runs.py)
     assert set(FAMILIES["flux"].guiders) == set(COMBINING)
-    assert set(FAMILIES["sd3"].guiders) == {*COMBINING, "pag", "seg"}
+    assert set(FAMILIES["sd3"].guiders) == {*COMBINING, "pag", "seg", "skip_layer"}
 
 
 def test_a_family_that_lists_fewer_guiders_refuses_the_others_in_one_line():
@@ -128,7 +128,8 @@ def test_a_setting_the_guider_does_not_read_is_said_and_left_out(caplog):
 
 
 @pytest.mark.parametrize(("overrides", "expected"), [
-    (["guider=nope"], "error: guider=nope: no such option (allowed: apg, cfg, cfg_zero_star, freeu, pag, seg)"),
+    (["guider=nope"], "error: guider=nope: no such option (allowed: apg, cfg, cfg_zero_star, freeu, pag, seg, "
+                      "skip_layer)"),
     (["model=tiny-random-flux", "guider=apg"],
      "error: guider: apg: FLUX.1 combines two predictions only with true CFG (its guidance is distilled) (allowed: "
      "cfg, or apg with sampling.true_cfg_scale and prompts.negative)"),

@@ -1,5 +1,6 @@
 """A setting that changes nothing says so (round five): the docs' own skip-layer-guidance example ran 4 steps whose
-default window held none, gave the plain images bit for bit and recorded ``slg_layers: 1``. Each such setting logs
+default window held none, gave the plain images bit for bit and recorded ``slg_layers: 1`` (today's
+``guider=skip_layer``). Each such setting logs
 one line naming its key and why it acts on nothing, and the run -- its program, its FLOPs, its records -- is the
 run without it."""
 
@@ -23,22 +24,24 @@ def records(run_dir: Path) -> list[dict]:
 @pytest.mark.slow
 def test_skip_layer_guidance_on_no_step_is_said_and_the_run_is_the_plain_one(tmp_path):
     plain, inert, acting = tmp_path / "plain", tmp_path / "inert", tmp_path / "acting"
-    for run_dir, extra in ((plain, []), (inert, ["sampling.slg_layers=[1]"]),
-                           (acting, ["sampling.slg_layers=[1]", "sampling.slg_stop=0.6"])):
+    skip_layer = ["guider=skip_layer", "guider.layers=[1]"]
+    for run_dir, extra in ((plain, []), (inert, skip_layer), (acting, [*skip_layer, "guider.skip_stop=0.6"])):
         result = call_cli("+experiment=sd3_smoke", *QUIET, *extra, f"hydra.run.dir={run_dir}", cwd=tmp_path)
         assert result.returncode == 0, result.stderr[-2000:]
         said = result.stdout
         if run_dir == inert:
-            assert ("sampling.slg_layers: [1] acts on no step of this run: its window 0.01..0.2 of the 4 steps "
-                    "(diffusers' start * steps < step < stop * steps) holds none of them; run and recorded without "
-                    "it") in said
+            assert ("guider=skip_layer: blocks [1] act on no step of this run: its window 0.01..0.2 of the 4 steps "
+                    "(diffusers' start * steps < step < stop * steps) holds none of them; run and recorded as "
+                    "guider=cfg") in said
         else:
-            assert "acts on no step" not in said
+            assert "act on no step" not in said
         if run_dir == acting:  # the plan line says what runs
-            assert "; skip-layer guidance on blocks [1] at 2.8, steps 1..2" in said
+            assert ("; guider skip_layer (scale 2.8, skip_start 0.01, skip_stop 0.6) on 1: skip-layer guidance on "
+                    "steps 1..2") in said
     hashes = {d: [r["pixels_sha256"] for r in records(d)] for d in (plain, inert, acting)}
     assert hashes[inert] == hashes[plain] and hashes[acting] != hashes[plain]
-    assert records(inert)[0].get("slg_layers") is None and records(acting)[0]["slg_layers"] == "1"
+    assert records(inert)[0].get("guider") is None and records(inert)[0].get("guider_layers") is None
+    assert records(acting)[0]["guider"] == "skip_layer" and records(acting)[0]["guider_layers"] == ["1"]
     flops = {d: json.loads((d / "timings.json").read_text())["flops_per_batch"] for d in (plain, inert, acting)}
     assert flops[inert] == flops[plain] < flops[acting]  # the extra transformer call counted only where it runs
 

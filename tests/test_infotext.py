@@ -237,3 +237,18 @@ def test_infotext_block_numbers_are_ascii_digits_or_one_line(tmp_path, layers):
     Image.new("RGB", (8, 8)).save(tmp_path / "slg.png", pnginfo=info)
     assert_one_line_error(call_cli(str(tmp_path / "slg.png"), cwd=tmp_path, command="from_png"),
                           f"error: Skip layer guidance: {layers} (allowed: block numbers separated by commas")
+
+
+def test_skip_layer_guidance_written_before_it_became_a_guider_is_read_as_the_guider():
+    """A PNG an earlier version wrote (``Skip layer guidance: "7,8,9", SLG scale, SLG start, SLG stop``) remakes its
+    image with ``guider=skip_layer`` and the same blocks, weight and window."""
+    from sdjax_runner.config import infotext
+
+    text = ("a cat\nSteps: 40, Sampler: Euler, CFG scale: 4.5, Seed: 1, Size: 1024x1024, Model: sd3.5-medium, "
+            'Skip layer guidance: "7,8,9", SLG scale: 2.8, SLG start: 0.01, SLG stop: 0.2')
+    translation = infotext.overrides(infotext.parse(text), ("sd3.5-medium",), ("bf16",), False)
+    assert {"guider=skip_layer", "guider.layers=[7,8,9]", "guider.scale=2.8", "guider.skip_start=0.01",
+            "guider.skip_stop=0.2"} <= set(translation.overrides)
+    assert "Skip layer guidance: 7,8,9 -> guider=skip_layer" in translation.honoured
+    cfg = compose_cfg([o for o in translation.overrides if not o.startswith("prompts.")])
+    assert (cfg.guider.name, list(cfg.guider.layers), cfg.guider.scale) == ("skip_layer", ["7", "8", "9"], 2.8)

@@ -11,13 +11,22 @@ SD3 = ["model=tiny-random-sd3", "tracking=none"]
 
 
 @pytest.mark.parametrize(("overrides", "expected"), [
-    (["model=tiny-random", "sampling.slg_layers=[1]"],
-     "error: sampling.slg_layers: [1]: skip-layer guidance is SD 3.5's; tiny-random is not an SD 3 model (allowed: null)"),
-    ([*SD3, "sampling.slg_layers=[1,1]"], "error: sampling.slg_layers: [1, 1] (allowed: distinct transformer block"),
-    ([*SD3, "sampling.slg_layers=[1]", "sampling.slg_start=0.5", "sampling.slg_stop=0.2"],
-     "error: sampling.slg_start: 0.5..0.2 with scale 2.8 (allowed: 0 <= slg_start < slg_stop <= 1"),
-    ([*SD3, "sampling.slg_layers=[1]", "sampler=dpmpp_2m"],
-     "error: sampling.slg_layers: [1] with sampler dpmpp_2m and scheduler pndm: skip-layer guidance counts"),
+    (["model=tiny-random", "guider=skip_layer", "guider.layers=[1]"], "error: guider: skip_layer"),
+    (["model=tiny-random-flux", "guider=skip_layer", "guider.layers=[1]"], "error: guider: skip_layer"),
+    ([*SD3, "guider=skip_layer"], "error: guider.layers: a value is required with guider=skip_layer (allowed: "
+     "distinct transformer block numbers, e.g. [7, 8, 9] (SD 3.5 Medium's card))"),
+    ([*SD3, "guider=skip_layer", "guider.layers=[1,1]"], "error: guider.layers: ['1', '1'] (allowed: distinct "
+     "transformer block"),
+    ([*SD3, "guider=skip_layer", "guider.layers=[blocks.1]"], "error: guider.layers: ['blocks.1'] (allowed: distinct"),
+    ([*SD3, "guider=skip_layer", "guider.layers=[1]", "guider.skip_start=0.5", "guider.skip_stop=0.2"],
+     "error: guider.skip_start: 0.5, skip_stop 0.2 (allowed: 0 <= skip_start < skip_stop <= 1"),
+    ([*SD3, "guider=skip_layer", "guider.layers=[1]", "guider.skip_stop=2"],
+     "error: guider.skip_stop: must be a fraction of the steps, got 2.0"),
+    ([*SD3, "guider=skip_layer", "guider.layers=[1]", "sampler=dpmpp_2m"],
+     "error: guider: skip_layer with sampler dpmpp_2m and scheduler pndm: skip-layer guidance counts"),
+    # where it was before it became a guider: its new keys
+    ([*SD3, "sampling.slg_layers=[7,8,9]"], "error: sampling.slg_layers: moved (allowed: guider=skip_layer "
+     "'guider.layers=[7,8,9]'"),
     ([*SD3, "prompts.syntax=a1111"], "error: prompts.syntax: a1111: A1111's emphasis and BREAK weigh the SD family's"),
     ([*SD3, "prompts.clip_skip=2"], "error: prompts.clip_skip: 2: SD 3 reads its CLIP encoders' penultimate layer"),
     ([*SD3, "prompts.max_sequence_length=600"],

@@ -96,8 +96,8 @@ def test_model_t5_false_runs_a_folder_with_t5_without_it_as_diffusers_does(tmp_p
 
 def test_skip_layer_guidance_gives_diffusers_images(tmp_path, reference):
     # diffusers: skip_guidance_layers=[1], scale 2.8, start 0.01, stop 0.6 -> steps 1 and 2 of 4
-    result = run_cli(*local(FIXTURES / "tiny-sd3"), *RUN, "sampling.guidance_scale=5", "sampling.slg_layers=[1]",
-                     "sampling.slg_stop=0.6", "hydra.run.dir=run", cwd=tmp_path)
+    result = run_cli(*local(FIXTURES / "tiny-sd3"), *RUN, "sampling.guidance_scale=5", "guider=skip_layer",
+                     "guider.layers=[1]", "guider.skip_stop=0.6", "hydra.run.dir=run", cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
     ours = images(tmp_path / "run")
     assert float(np.abs(ours - reference["slg_images"]).max()) <= TOLERANCE
@@ -105,29 +105,45 @@ def test_skip_layer_guidance_gives_diffusers_images(tmp_path, reference):
 
 
 def test_the_smoke_experiment_records_sd3s_settings_and_its_png_remakes_its_image(tmp_path, cache_dir):
+    """Skip-layer guidance as a guider: a sweep over its scale compiles once, and scale 0 is classifier-free
+    guidance's images bit for bit; the records, the A1111 line and from_png carry it."""
     quiet = ["tracking=none", "metrics.clip_score.enabled=false", f"paths.cache_dir={cache_dir}"]
-    result = run_cli("+experiment=sd3_smoke", "sampling.slg_layers=[1]", "sampling.slg_stop=0.6", *quiet,
-                     "hydra.run.dir=run", cwd=tmp_path)
+    result = run_cli("-m", "+experiment=sd3_smoke", "guider=skip_layer", "guider.layers=[1]", "guider.skip_stop=0.6",
+                     "guider.scale=2.8,0", *quiet, "hydra.sweep.dir=sweep", cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
-    records = json.loads((tmp_path / "run" / "images.json").read_text())
+    jobs = {json.loads((job / "images.json").read_text())[0]["guider_settings"]: job
+            for job in (tmp_path / "sweep").glob("[0-9]")}
+    assert sorted(jobs) == ["scale=0 skip_start=0.01 skip_stop=0.6", "scale=2.8 skip_start=0.01 skip_stop=0.6"]
+    run = jobs["scale=2.8 skip_start=0.01 skip_stop=0.6"]
+    reused = sorted(json.loads((job / "timings.json").read_text())["compile_reused"] for job in jobs.values())
+    assert reused == [0, 1]  # the scale (and the window) are traced inputs
+    plain = run_cli("+experiment=sd3_smoke", *quiet, "hydra.run.dir=plain", cwd=tmp_path)
+    assert plain.returncode == 0, plain.stderr[-3000:]
+    hashes = {name: [r["pixels_sha256"] for r in json.loads((job / "images.json").read_text())]
+              for name, job in (("zero", jobs["scale=0 skip_start=0.01 skip_stop=0.6"]), ("plain", tmp_path / "plain"),
+                                ("skip", run))}
+    assert hashes["zero"] == hashes["plain"] != hashes["skip"]
+    records = json.loads((run / "images.json").read_text())
     assert len(records) == 8 and records[0]["family"] == "sd3" and records[0]["shift"] == 3.0
-    assert records[0]["slg_layers"] == "1" and records[0]["slg_stop"] == 0.6
-    timings = json.loads((tmp_path / "run" / "timings.json").read_text())
+    assert records[0]["guider"] == "skip_layer" and records[0]["guider_layers"] == ["1"]
+    timings = json.loads((run / "timings.json").read_text())
     assert timings["flops_per_batch"] > 0
-    png = tmp_path / "run" / records[0]["file"]
+    png = run / records[0]["file"]
     with Image.open(png) as image:
         parameters = image.text["parameters"]
-    assert 'Shift: 3.0, Skip layer guidance: "1", SLG scale: 2.8, SLG start: 0.01, SLG stop: 0.6' in parameters
+    assert ('Guider: skip_layer, Guider scale: 2.8, Guider skip_start: 0.01, Guider skip_stop: 0.6, Guider layers: 1'
+            in parameters and "Shift: 3.0" in parameters)
     assert "CFG scale: 5.0" in parameters and "Model: tiny-random-sd3" in parameters
     remade = run_cli(str(png), *quiet, "parallelism.host_device_count=8", "prompts.max_sequence_length=16",
                      "hydra.run.dir=from_png", command="from_png", cwd=tmp_path)
     said = remade.stdout + remade.stderr
     assert remade.returncode == 0, said[-3000:]
-    assert 'Skip layer guidance: 1 -> sampling.slg_layers=[1]' in said and "prompts.syntax=a1111" not in said
+    assert "Guider: skip_layer -> guider=skip_layer" in said and "Guider layers: 1 -> guider.layers=['1']" in said
+    assert "prompts.syntax=a1111" not in said
     assert "not honoured: Shift: 3.0: the model's scheduler config sets it" in said
     again = json.loads((tmp_path / "from_png" / "images.json").read_text())[0]
     assert again["pixels_sha256"] == records[0]["pixels_sha256"]
-    rerun = run_cli(str(tmp_path / "run"), command="rerun", cwd=tmp_path)  # its recorded config names the cache
+    rerun = run_cli(str(run), command="rerun", cwd=tmp_path)  # its recorded config names the cache
     assert rerun.returncode == 0, rerun.stderr[-3000:]
     assert "rerun: identical -- all 8 image(s) match" in rerun.stdout + rerun.stderr
 
@@ -145,9 +161,9 @@ def test_a_flow_k_sampler_runs_on_sd3(tmp_path, cache_dir):
 def test_skip_layer_guidance_beyond_the_transformers_blocks_is_one_line(tmp_path, cache_dir):
     from helpers.cli import assert_one_line_error
 
-    result = run_cli("+experiment=sd3_smoke", "sampling.slg_layers=[3]", "sampling.slg_stop=0.6", "tracking=none",
-                     f"paths.cache_dir={cache_dir}", cwd=tmp_path)  # (a window that holds steps: see test_inert_settings)
-    assert_one_line_error(result, "error: sampling.slg_layers: [3]: tiny-random-sd3's transformer has 3 blocks (0..2)")
+    result = run_cli("+experiment=sd3_smoke", "guider=skip_layer", "guider.layers=[3]", "guider.skip_stop=0.6",
+                     "tracking=none", f"paths.cache_dir={cache_dir}", cwd=tmp_path)  # (a window holding steps)
+    assert_one_line_error(result, "error: guider.layers: [3]: tiny-random-sd3's transformer has 3 blocks (0..2)")
 
 
 def test_the_sharded_path_with_split_weights_gives_the_pmap_images_bit_for_bit(tmp_path, cache_dir):

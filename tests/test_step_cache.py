@@ -329,8 +329,8 @@ def test_the_records_and_the_infotext_name_the_cache_and_from_png_remakes_the_im
      "error: cache: first_block with sampling.true_cfg_scale: true CFG makes two transformer calls a step"),
     (["+experiment=sd3_smoke", "cache=magcache"],
      "error: cache: magcache: tiny-random-sd3 is a sd3 model, which runs none, first_block (allowed: none, first_block)"),
-    (["+experiment=sd3_smoke", "cache=first_block", "sampling.slg_layers=[1]"],
-     "error: cache: first_block with sampling.slg_layers: skip-layer guidance makes a second transformer call"),
+    (["+experiment=sd3_smoke", "cache=first_block", "guider=skip_layer", "guider.layers=[1]"],
+     "error: cache: first_block with guider=skip_layer: skip-layer guidance makes a second transformer call"),
     (["+experiment=sd3_smoke", "cache=first_block", "guider=pag"],
      "error: cache: first_block with guider=pag: its perturbed chunk changes what the blocks compute"),
 ])

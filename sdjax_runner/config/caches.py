@@ -81,11 +81,11 @@ def check(config: Any, family: Any, own_sampler: bool) -> Cache:
     if name != DEFAULT and getattr(config.sampling, "true_cfg_scale", None) is not None:
         raise UserError("cache", f"{name} with sampling.true_cfg_scale: true CFG makes two transformer calls a step, "
                         "whose caches diffusers keeps apart; not run here yet", "none, or without true CFG")
-    if name != DEFAULT and getattr(config.sampling, "slg_layers", None):
-        raise UserError("cache", f"{name} with sampling.slg_layers: skip-layer guidance makes a second transformer "
-                        "call on its steps, which the cache's one state a step does not follow; not run here yet",
-                        "none, or without skip-layer guidance")
     guider = GUIDERS.get(str(config.guider.name))
+    if name != DEFAULT and guider is not None and guider.skips:
+        raise UserError("cache", f"{name} with guider={guider.name}: skip-layer guidance makes a second transformer "
+                        "call on its steps, which the cache's one state a step does not follow; not run here yet",
+                        "none, or another guider")
     if name != DEFAULT and guider is not None and guider.perturbs:
         raise UserError("cache", f"{name} with guider={guider.name}: its perturbed chunk changes what the blocks "
                         "compute; not run here yet", "none, or a guider that only combines predictions")

@@ -26,20 +26,6 @@ from sdjax_runner.files import read_json
 MODEL_KEY = "model.pretrained_model_name_or_path"
 
 
-def slg(config: Any) -> Optional[tuple]:
-    """Skip-layer guidance as the program takes it -- (layers, scale, start, stop) -- or None: the family's own
-    reading (``FamilyEntry.skip_layer_guidance``: SD 3.5's), each bad setting one line (sampling.slg_*); a family
-    without one refuses sampling.slg_layers."""
-    layers = config.sampling.slg_layers
-    if layers is None:
-        return None
-    family = planned(config.model)
-    if family.skip_layer_guidance is None:
-        raise UserError("sampling.slg_layers", f"{list(layers)}: skip-layer guidance is SD 3.5's; {config.model.name} "
-                        "is not an SD 3 model", "null")
-    return family.skip_layer_guidance(config)
-
-
 # Each family's entry is a module of the config layer inside its package (families/<name>/config.py)
 FAMILIES: dict[str, FamilyEntry] = {name: import_module(f"sdjax_runner.families.{name}.config").ENTRY
                                     for name in NAMES}
@@ -156,7 +142,6 @@ def with_defaults(config: Any) -> Any:
     runs_mode(family, config.mode.name, config.model.name)
     if family.check is not None:
         family.check(config)
-    slg(config)
     return dataclasses.replace(
         config, model=dataclasses.replace(config.model, family=family.name),
         sampling=dataclasses.replace(sampling, num_inference_steps=family.steps

@@ -69,9 +69,6 @@ class FamilyEntry:
     # (a model folder on disk) -> (the largest height/width it takes, why) or None: a size past it is one line
     # before anything loads (SD 3's position table; the engine checks the loaded model again)
     largest_side: Optional[Callable[[Path], Optional[tuple[int, str]]]] = None
-    # (RunConfig naming sampling.slg_layers) -> skip-layer guidance as the program takes it, (layers, scale, start,
-    # stop), each bad setting one line; None: the family runs none (config/families.slg refuses the key)
-    skip_layer_guidance: Optional[Callable[[Any], tuple]] = None
     # model.checkpoint: the single-file architectures of the family, by the name records give them
     single_files: Mapping[str, Architecture] = field(default_factory=dict)
     # (a single file's tensor names, its file name) -> its architecture (a key of single_files), or None where the

@@ -39,6 +39,9 @@ class GuiderEntry:
     perturbs: bool = False
     # It reweighs the UNet's first up blocks' features by its settings (FreeU) and combines the predictions as CFG.
     reweighs: bool = False
+    # It adds a denoiser call on the conditional input with the transformer blocks guider.layers skipped, on the steps
+    # of its own window (skip-layer guidance): the static part, the layers; the call runs under lax.cond.
+    skips: bool = False
 
     @property
     def changes_the_unet(self) -> bool:
@@ -69,11 +72,20 @@ GUIDERS = {entry.name: entry for entry in (
     # FreeU (Si et al. 2024, diffusers' enable_freeu): CFG, with the UNet's first two up blocks' backbone features
     # (half their channels) scaled by b1, b2 and their skip features' lowest frequencies by s1, s2
     GuiderEntry("freeu", ("b1", "b2", "s1", "s2"), reweighs=True),
+    # skip-layer guidance (diffusers' SkipLayerGuidance and StableDiffusion3Pipeline's skip_guidance_layers; SD 3.5
+    # Medium's card): CFG, plus scale * (cond - cond without the transformer blocks guider.layers) on the steps i with
+    # skip_start * steps < i < skip_stop * steps; SD 3
+    GuiderEntry("skip_layer", ("scale", "skip_start", "skip_stop"), skips=True),
 )}
 
 # The guiders that only combine the predictions the step already makes (nothing inside the UNet): what a family
-# whose denoiser takes no change (FLUX.1's transformer, for now) runs; SD 3 runs these and pag.
-COMBINING = tuple(name for name, entry in GUIDERS.items() if not entry.changes_the_unet)
+# whose denoiser takes no change (FLUX.1's transformer, for now) runs; SD 3 runs these, pag, seg and skip_layer.
+COMBINING = tuple(name for name, entry in GUIDERS.items() if not (entry.changes_the_unet or entry.skips))
+# The guiders a UNet runs: all but those that skip transformer blocks
+ON_A_UNET = tuple(name for name, entry in GUIDERS.items() if not entry.skips)
+# skip_layer's own default weight (diffusers' skip_layer_guidance_scale, SD 3.5 Medium's card): its group option sets
+# it (register)
+DEFAULTS = {"skip_layer": {"scale": 2.8}}
 
 
 # Every guider's window (diffusers' BaseGuidance start and stop: the guidance interval of Kynkäänniemi et al. 2024):
@@ -122,8 +134,11 @@ def check(config: Any, family: Any) -> Guider:
     if entry.changes_the_unet and config.model.refiner:
         raise UserError("guider", f"{name} with model.refiner: it runs inside the base's UNet, not the refiner's, here",
                         f"guider={name} without a refiner, or another guider with it")
-    return Guider(name, choices.settings_read("guider", given, name, GUIDERS, _check_value, apart=(*WINDOW, LAYERS)),
-                  _window(given), _layers(given, entry, family))
+    settings = choices.settings_read("guider", given, name, GUIDERS, _check_value, apart=(*WINDOW, LAYERS))
+    if entry.skips and not dict(settings)["skip_start"] < dict(settings)["skip_stop"]:
+        raise UserError("guider.skip_start", f"{given.skip_start:g}, skip_stop {given.skip_stop:g}",
+                        "0 <= skip_start < skip_stop <= 1, fractions of the steps")
+    return Guider(name, settings, _window(given), _layers(given, entry, family))
 
 
 def _layers(given: Any, entry: GuiderEntry, family: Any) -> tuple[str, ...]:
@@ -132,12 +147,14 @@ def _layers(given: Any, entry: GuiderEntry, family: Any) -> tuple[str, ...]:
     another guider where set."""
     import re
 
+    if entry.skips:
+        return _skipped_blocks(given.layers)
     if given.layers is None:
         return tuple(family.perturbed_layers) if entry.perturbs else ()
     layers = tuple(str(layer) for layer in given.layers)
     if not entry.perturbs:
         if layers:
-            readers = [other.name for other in GUIDERS.values() if other.perturbs]
+            readers = [other.name for other in GUIDERS.values() if other.perturbs or other.skips]
             log.warning("guider.layers: %s is read by %s; guider=%s runs without it", list(layers),
                         " and ".join(readers), entry.name)
         return ()
@@ -151,6 +168,19 @@ def _layers(given: Any, entry: GuiderEntry, family: Any) -> tuple[str, ...]:
         if not layer or "," in layer:
             raise UserError("guider.layers", f"{layer[:60]!r}", f"{ALLOWED_LAYERS}, with no comma")
     return layers
+
+
+def _skipped_blocks(layers: Any) -> tuple[str, ...]:
+    """skip_layer's ``guider.layers``: distinct transformer block numbers (the family checks them against the loaded
+    model), required."""
+    allowed = "distinct transformer block numbers, e.g. [7, 8, 9] (SD 3.5 Medium's card)"
+    if layers is None:
+        raise UserError("guider.layers", "a value is required with guider=skip_layer", allowed)
+    blocks = tuple(str(layer).strip() for layer in layers)
+    if not blocks or len(set(blocks)) != len(blocks) or not all(
+            block.isascii() and block.isdigit() and len(block) < 4 for block in blocks):
+        raise UserError("guider.layers", f"{[block[:20] for block in blocks][:20]}", allowed)
+    return tuple(str(int(block)) for block in blocks)
 
 
 def _window(given: Any) -> Optional[tuple[float, float]]:
@@ -169,6 +199,8 @@ def _check_value(key: str, value: Any) -> None:
         raise UserError(f"guider.{key}", f"must be >= 0, got {value}", ALLOWED[key])
     if key == "blur_sigma" and value <= 0:
         raise UserError(f"guider.{key}", f"must be > 0, got {value}", ALLOWED[key])
+    if key in ("skip_start", "skip_stop") and not 0 <= value <= 1:
+        raise UserError(f"guider.{key}", f"must be a fraction of the steps, got {value}", ALLOWED[key])
 
 
 ALLOWED_LAYERS = ("patterns of the denoiser's self-attention modules by their PyTorch names, as diffusers' "
@@ -179,7 +211,9 @@ ALLOWED = {"zero_init_steps": "0 (none), 1 (diffusers' default), 2, ...",
            "eta": "a number: 1 keeps the parallel part (plain CFG's update), 0 drops it (diffusers' default 1)",
            "norm_threshold": "0 (no cap) or a positive number (diffusers' default 15)",
            "scale": "a number: pag's and seg's weight of cond - perturbed (diffusers' pag_scale, SEG's seg_scale, "
-                    "default 3; 0: plain CFG's images)",
+                    "default 3), skip_layer's of cond - cond without its blocks (default 2.8); 0: plain CFG's images",
+           **dict.fromkeys(("skip_start", "skip_stop"), "fractions of the steps, 0 <= skip_start < skip_stop <= 1 "
+                                                         "(diffusers' 0.01 and 0.2)"),
            "blur_sigma": "a positive number: seg's blur of the queries, in latent pixels (SEG's seg_blur_sigma: 1, "
                          "10, ...; over 9999, as its default 9999999: infinite, each query its image's mean)",
            **dict.fromkeys(("b1", "b2", "s1", "s2"), FREEU_VALUES),
@@ -190,4 +224,4 @@ ALLOWED = {"zero_init_steps": "0 (none), 1 (diffusers' default), 2, ...",
 def register(store: Any) -> None:
     """Hydra's config group ``guider``: one option per entry, setting its name (``guider=apg``)."""
     for entry in GUIDERS.values():
-        store.store(group="guider", name=entry.name, node={"name": entry.name})
+        store.store(group="guider", name=entry.name, node={"name": entry.name, **DEFAULTS.get(entry.name, {})})

@@ -1,7 +1,7 @@
 """Settings that act on nothing in a run, said in one line each and left out of what runs and what is recorded.
 
 Round five of the newcomer trials: the docs' own skip-layer-guidance example (``+experiment=sd3_smoke
-'sampling.slg_layers=[1]'``) runs 4 steps, and the default window (0.01..0.2 of the steps) holds none of them --
+'sampling.slg_layers=[1]'``, today ``guider=skip_layer 'guider.layers=[1]'``) runs 4 steps, and the default window (0.01..0.2 of the steps) holds none of them --
 the images were the plain run's bit for bit, while images.json said ``slg_layers: 1, slg_scale: 2.8`` and the FLOPs
 counted an extra transformer call. A setting like that now logs what it acts on (nothing, and why), and the plan
 runs and records the run without it: the record says what ran.
@@ -9,32 +9,37 @@ runs and records the run without it: the record says what ran.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from typing import Any, Optional
+
+from sdjax_runner.config.guiders import GUIDERS, Guider
 
 log = logging.getLogger("sdjax_runner")
 
 
-def slg_steps(steps: int, start: float, stop: float) -> list[int]:
+def skip_layer_steps(steps: int, start: float, stop: float) -> list[int]:
     """The steps skip-layer guidance acts on: diffusers' ``start * steps < i < stop * steps``."""
     return [i for i in range(steps) if steps * start < i < steps * stop]
 
 
-def acting_slg(slg: Optional[tuple], steps: int, guidance: float) -> Optional[tuple]:
-    """SD 3's skip-layer guidance as it acts: None (with a line saying why) where it acts on no step."""
-    if slg is None:
-        return None
-    layers, _, start, stop = slg
+def acting_skip_layer(guider: Guider, steps: int, guidance: float) -> Guider:
+    """A skip-layer guider as it acts: where it acts on no step, classifier-free guidance (its window kept), with a
+    line saying why."""
+    if not GUIDERS[guider.name].skips:
+        return guider
+    settings = dict(guider.settings)
+    start, stop = settings["skip_start"], settings["skip_stop"]
     if guidance <= 1:
         why = f"it adds to classifier-free guidance, and sampling.guidance_scale is {guidance:g} (no CFG)"
-    elif not slg_steps(steps, start, stop):
+    elif not skip_layer_steps(steps, start, stop):
         why = (f"its window {start:g}..{stop:g} of the {steps} steps (diffusers' start * steps < step < stop * steps) "
                "holds none of them")
     else:
-        return slg
-    log.warning("sampling.slg_layers: %s acts on no step of this run: %s; run and recorded without it (widen "
-                "sampling.slg_start/slg_stop or run more steps)", list(layers), why)
-    return None
+        return guider
+    log.warning("guider=skip_layer: blocks %s act on no step of this run: %s; run and recorded as guider=cfg (widen "
+                "guider.skip_start/skip_stop or run more steps)", [int(layer) for layer in guider.layers], why)
+    return dataclasses.replace(guider, name="cfg", settings=(), layers=())
 
 
 def acting_rescale(rescale: Optional[float], guidance: float, true_cfg: Optional[float] = None) -> Optional[float]:

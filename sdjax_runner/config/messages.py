@@ -16,6 +16,11 @@ from sdjax_runner.config.schema import SCALAR_WORDS, RunConfig, field_types, wit
 from sdjax_runner.console import one_line
 from sdjax_runner.errors import DISK_ERRORS, Terminated, UserError
 
+# Keys a release moved, and where they went: naming one is its new keys' one line, not an unknown key's.
+MOVED = {"sampling.slg_layers": "guider=skip_layer 'guider.layers=[7,8,9]' (docs/guides/samplers.md, \"Guiders\")",
+         "sampling.slg_scale": "guider=skip_layer guider.scale=2.8",
+         "sampling.slg_start": "guider=skip_layer guider.skip_start=0.01",
+         "sampling.slg_stop": "guider=skip_layer guider.skip_stop=0.2"}
 
 def _schema_node(parts: list[str]) -> typing.Any:
     """The schema's type at the dotted path ``parts`` (a dataclass or a field's type), or None."""
@@ -94,6 +99,8 @@ def describe(exc: BaseException) -> Optional[str]:
         message = one_line(message.split("\n")[0], None)
         if isinstance(omega, MissingMandatoryValue):
             return f"{key}: a value is required (set it on the command line: {key}=...)"
+        if isinstance(omega, (ConfigKeyError, ConfigAttributeError)) and key in MOVED:
+            return f"{key}: moved (allowed: {MOVED[key]})"
         if isinstance(omega, (ConfigKeyError, ConfigAttributeError)) and key:
             within = _schema_class(message)  # "Key 'foo' not in 'LoraConfig'": a list item's keys
             if within is not None:

@@ -151,7 +151,6 @@ class Plan:
     guider: Guider = field(default_factory=Guider)  # guider=NAME and its settings (config/guiders.py)
     cache: Cache = field(default_factory=Cache)  # cache=NAME and its settings (config/caches.py)
     quantize: str = "none"  # quantize=NAME: the denoiser's weights quantized (config/quantizers.py)
-    slg: Optional[tuple] = None  # SD 3's skip-layer guidance: (layers, scale, start, stop) (sampling.slg_*)
     hires: Optional[Hires] = None  # A1111's Hires. fix: the second pass (sampling.hires.*, config/hires.py)
     refiner: Optional[Refiner] = None  # SDXL's refiner (model.refiner, sampling.refiner_switch; config/refiner.py)
     prompt_names: tuple[str, ...] = ()  # the key naming each prompt in an error (config/prompts.py: prompt_names)
@@ -378,10 +377,9 @@ def make_plan(config: RunConfig, available_devices: int, checked: Optional[Check
         params_placement=par.params.name,
         true_cfg_scale=config.sampling.true_cfg_scale,
         guidance_rescale=inert.acting_rescale(config.sampling.guidance_rescale, guidance),
-        guider=guiders.check(config, family),
+        guider=inert.acting_skip_layer(guiders.check(config, family), steps, guidance),
         cache=caches.check(config, family, own_sampler=sampling.sigmas is None),
         quantize=quantizers.check(config, family),
-        slg=inert.acting_slg(families.slg(config), steps, guidance),
         hires=hires.check(config, family, sampling.sampler, checks.MAX_SIZE),
         refiner=refining,
         prompt_names=checked.names,

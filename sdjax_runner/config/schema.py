@@ -263,14 +263,6 @@ class SamplingConfig:
     # std(cond) / std(cfg) + (1 - rescale) * cfg, per image, on the model's output (eps or v), as diffusers'
     # rescale_noise_cfg. 0..1; null: none. A traced value: a sweep over it (0 included) compiles once.
     guidance_rescale: Optional[float] = None
-    # SD 3.5 (Medium's model card): skip-layer guidance, diffusers' skip_guidance_layers -- on the steps i with
-    # slg_start * steps < i < slg_stop * steps, slg_scale * (cond - cond without these transformer blocks) is added
-    # to the guided prediction (one more transformer call on those steps; only with guidance over 1, as diffusers).
-    # null: none. The layers shape the program; SD 3 only, with sampler euler (the schedule's own steps).
-    slg_layers: Optional[List[int]] = None
-    slg_scale: float = 2.8  # skip-layer guidance's weight (diffusers' skip_layer_guidance_scale)
-    slg_start: float = 0.01  # the first fraction of the steps without it (skip_layer_guidance_start)
-    slg_stop: float = 0.2  # the fraction of the steps from which it stops (skip_layer_guidance_stop)
     height: Optional[int] = None  # pixels, a multiple of 8 (null: the model's native size)
     width: Optional[int] = None  # pixels, a multiple of 8 (null: the model's native size)
     # The noise of DDIM and of the ancestral/SDE samplers (A1111's "Eta for DDIM" / "Eta for ancestral
@@ -485,10 +477,11 @@ class GuiderConfig:
     # (classifier-free guidance, the default), cfg_zero_star (CFG-Zero*), apg (adaptive projected guidance), pag
     # (perturbed-attention guidance: a third prediction with guider.layers' self-attention perturbed; SD family, SD 3),
     # seg (smoothed-energy guidance: that third prediction with those layers' queries blurred; SD family, SD 3), freeu
-    # (FreeU: CFG on a UNet whose up blocks reweigh their features; SD family).
+    # (FreeU: CFG on a UNet whose up blocks reweigh their features; SD family), skip_layer (skip-layer guidance: CFG
+    # plus scale * (cond - cond without the transformer blocks guider.layers) on the steps of its own window; SD 3).
     # Chosen as guider=NAME; sampling.guidance_scale is the weight each applies. The name shapes the program; the
-    # settings below are traced inputs (a sweep over them compiles once). The SD family runs them all, SD 3 all but
-    # freeu, FLUX.1 those on its true CFG (sampling.true_cfg_scale). A setting its guider does not read is said
+    # settings below are traced inputs (a sweep over them compiles once). The SD family runs them all but skip_layer,
+    # SD 3 all but freeu, FLUX.1 those that combine two predictions, on its true CFG (sampling.true_cfg_scale). A setting its guider does not read is said
     # once and left out.
     name: str = "cfg"
     # cfg_zero_star: the first steps whose prediction is zero (diffusers' zero_init_steps, default 1; the paper's
@@ -500,14 +493,17 @@ class GuiderConfig:
     # apg: the largest norm of the update cond - uncond per image (diffusers' adaptive_projected_guidance_rescale,
     # default 15); 0: no cap.
     norm_threshold: float = 15.0
-    # pag, seg: the weight of cond - perturbed (diffusers' pag_scale, SEG's seg_scale, default 3); 0 gives plain
-    # CFG's images.
+    # pag, seg: the weight of cond - perturbed (diffusers' pag_scale, SEG's seg_scale, default 3); skip_layer: the
+    # weight of cond - cond without guider.layers (diffusers' skip_layer_guidance_scale; guider=skip_layer sets 2.8,
+    # SD 3.5 Medium's card). 0 gives plain CFG's images.
     scale: float = 3.0
     # pag: the scale falls by this per timestep below 1000, down to 0 (diffusers' pag_adaptive_scale; 0: constant).
     adaptive_scale: float = 0.0
     # seg: the sigma of the Gaussian blur of the perturbed queries over the image, in latent pixels (SEG's
     # seg_blur_sigma, default 9999999); over 9999 the blur is infinite: each query its image's mean.
     blur_sigma: float = 9999999.0
+    # skip_layer: the transformer blocks skipped in its extra call, by number ([7, 8, 9]: SD 3.5 Medium's card;
+    # required). Static: a sweep over them compiles per value.
     # pag, seg: the self-attention layers perturbed, patterns (regular expressions) matched against the denoiser's
     # self-attention modules by their PyTorch names, as diffusers' pag_applied_layers: on a UNet [mid],
     # [down_blocks.1], [up_blocks.0.attentions.1], ...; on SD 3's transformer [blocks.1], [transformer_blocks.(4|5)],
@@ -520,6 +516,11 @@ class GuiderConfig:
     b2: float = 1.4  # freeu: the second up block's backbone factor
     s1: float = 0.9  # freeu: the first up block's skip factor (the skip features' lowest frequencies)
     s2: float = 0.2  # freeu: the second up block's skip factor
+    # skip_layer: its own window, fractions of the steps -- the extra call runs on the steps i with skip_start *
+    # steps < i < skip_stop * steps (diffusers' skip_layer_guidance_start and stop, SD 3's pipeline's rule), CFG on
+    # every step (the window below) -- and only where sampling.guidance_scale is over 1, as diffusers.
+    skip_start: float = 0.01
+    skip_stop: float = 0.2  # skip_layer: the window's end (above: skip_start)
     # Every guider: the window of steps where it guides, as fractions of the steps that run (diffusers' start and
     # stop: a step i guides where int(start * steps) <= i < int(stop * steps)); outside it the conditional
     # prediction alone, as diffusers' guiders give (the guidance interval of Kynkäänniemi et al. 2024). The window

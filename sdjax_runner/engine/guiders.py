@@ -39,6 +39,8 @@ class Guidance:
     # A perturbing guider's (pag's, seg's) guider.layers: the denoiser is also called on the conditional input with the
     # self-attention they pick perturbed (engine/samplers/unet.py), and the guider reads that third prediction.
     perturbed: Optional[tuple[str, ...]] = None
+    # skip_layer's guider.layers, the transformer blocks its extra call skips (families/sd3/engine/stages.py), or None
+    skipped: Optional[tuple[int, ...]] = None
 
     @property
     def query_blur(self) -> Any:
@@ -115,9 +117,9 @@ def _plus_perturbed(guided_, conditional, perturbed, scale):
 
 
 # How each guider combines the unconditional and conditional predictions (the guiders that change the UNet, PAG, SEG
-# and FreeU, as CFG); a perturbing guider (config/guiders.py: GuiderEntry.perturbs) then adds its term (PERTURBING).
+# and FreeU, as CFG; skip-layer guidance as CFG, its term added by SD 3's sampler: families/sd3/engine/stages.py); a perturbing guider (config/guiders.py: GuiderEntry.perturbs) then adds its term (PERTURBING).
 GUIDERS: dict[str, Callable] = {"cfg": cfg, "cfg_zero_star": cfg_zero_star, "apg": apg, "pag": cfg, "seg": cfg,
-                                "freeu": cfg}
+                                "freeu": cfg, "skip_layer": cfg}
 PERTURBING: dict[str, Callable] = {"pag": pag, "seg": seg}
 assert set(GUIDERS) == set(ENTRIES), "engine/guiders.py and config/guiders.py name the same guiders"
 assert set(PERTURBING) == {name for name, entry in ENTRIES.items() if entry.perturbs}

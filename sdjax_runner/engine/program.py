@@ -67,11 +67,12 @@ class Spec:
     text_tokens: int = 0  # FLUX.1: T5's sequence length (prompts.max_sequence_length); 0 for SD
     params: str = "replicated"  # parallelism.params: weights whole on every device, or split (engine/sharded.py)
     true_cfg: bool = False  # FLUX.1: true classifier-free guidance runs (two denoiser calls a step; its scale is traced)
-    slg: Optional[tuple] = None  # SD 3: skip-layer guidance's (layers, scale, start, stop) (families/sd3/engine/stages.py)
     cfg_rescale: bool = False  # SD: CFG rescale runs (its value is a traced input, "guidance_rescale")
     guider: str = "cfg"  # guider=NAME (engine/guiders.py); its settings are traced inputs ("guider_" + the setting)
     guider_window: Optional[tuple[float, float]] = None  # guider.start/stop: where it guides (None: every step)
-    guider_layers: tuple[str, ...] = ()  # a perturbing guider's (pag's, seg's) guider.layers: its extra denoiser call
+    # a perturbing guider's (pag's, seg's) guider.layers: its extra denoiser call; skip_layer's: the blocks its extra
+    # call (on its window's steps) skips
+    guider_layers: tuple[str, ...] = ()
     cache: str = "none"  # cache=NAME (config/caches.py); its settings are traced inputs ("cache_" + the setting)
     quantize: str = "none"  # quantize=NAME (config/quantizers.py): the denoiser's module and weights quantized
     embeddings: tuple = ()  # SD: the textual-inversion tables' shapes (their vectors are inputs, params["embeddings"])
@@ -89,7 +90,7 @@ class Spec:
         input (PAG: counted as a whole call, though its perturbed layers skip their attention's QK and softmax)."""
         if self.true_cfg:
             return 2
-        return (1 if self.cfg else 0.5) + (0.5 if self.guider_layers else 0)
+        return (1 if self.cfg else 0.5) + (0.5 if GUIDER_ENTRIES[self.guider].perturbs else 0)
 
     @property
     def prompt_tokens(self) -> int:
@@ -118,7 +119,7 @@ def program_spec(plan: Any, pipeline: Any, height: int, width: int, family: str,
                 sampler=plan.sampling.sampler, sigmas=plan.sampling.sigmas, eta=plan.sampling.eta,
                 mode=plan.generation, controlnet=controlnet, clip_skip=plan.clip_skip, prompt_chunks=chunks,
                 family=family, text_tokens=plan.max_sequence_length, params=plan.params_placement,
-                true_cfg=plan.true_cfg_scale is not None, slg=plan.slg, cfg_rescale=plan.guidance_rescale is not None,
+                true_cfg=plan.true_cfg_scale is not None, cfg_rescale=plan.guidance_rescale is not None,
                 guider=plan.guider.name, guider_window=plan.guider.window, guider_layers=plan.guider.layers,
                 cache=plan.cache.name, quantize=plan.quantize,
                 embeddings=tokens.embeddings.shapes if getattr(tokens, "embeddings", None) else (),
@@ -188,6 +189,8 @@ def guiding(spec: Spec, scale, inputs: dict) -> Guidance:
     settings = {key: inputs[GUIDER_INPUT + key] for key in GUIDER_ENTRIES[spec.guider].reads}
     cache = ({key: inputs[CACHE_INPUT + key] for key in CACHE_ENTRIES[spec.cache].reads}
              if spec.cache != CACHE_DEFAULT else None)
+    entry = GUIDER_ENTRIES[spec.guider]
     return Guidance(scale, spec.guider, inputs["guidance_rescale"] if spec.cfg_rescale else None, settings,
                     inputs["true_cfg_scale"] if spec.true_cfg else None, spec.guider_window, cache,
-                    spec.guider_layers or None)
+                    perturbed=spec.guider_layers if entry.perturbs else None,
+                    skipped=tuple(int(block) for block in spec.guider_layers) if entry.skips else None)

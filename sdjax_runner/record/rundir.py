@@ -181,8 +181,7 @@ def a1111_parameters(meta: ImageRecord) -> str:
     that a reader would take for a negative prompt or settings. A prompt read as plain text here
     (prompts.syntax=plain) has its brackets escaped, so that A1111 reads the same text, not emphasis -- but a
     FLUX.1 or SD 3 prompt, which Forge and this runner read as written, is written as it is. SD 3 adds its
-    ``Shift`` and, where it ran, skip-layer guidance (``Skip layer guidance: "7,8,9", SLG scale, SLG start, SLG
-    stop``); Hires. fix its ``Denoising strength``, ``Hires upscale``, ``Hires steps`` and ``Hires
+    ``Shift``; Hires. fix its ``Denoising strength``, ``Hires upscale``, ``Hires steps`` and ``Hires
     upscaler`` (and where given ``Hires sampler``, ``Hires schedule type``, ``Hires CFG Scale``), as A1111 writes
     them, with ``Size`` the first pass's; SDXL's refiner ``Refiner: NAME [HASH]`` and ``Refiner switch at``;
     FLUX.1 Kontext's ``Edit image: NAME`` (mode=edit: the input image's file name); FLUX.1 Canny/Depth's ``Control
@@ -228,8 +227,6 @@ def a1111_parameters(meta: ImageRecord) -> str:
            if meta.vae else "")
         + (f", Refiner: {refiner_title(meta.refiner)}, Refiner switch at: {meta.refiner_switch}" if meta.refiner else "")
         + (f", Shift: {meta.shift}" if meta.shift is not None else "")
-        + (f', Skip layer guidance: "{meta.slg_layers}", SLG scale: {meta.slg_scale}, SLG start: {meta.slg_start}, '
-           f"SLG stop: {meta.slg_stop}" if meta.slg_layers else "")
         + "".join(f", {part}" for part in measured_parts(meta))
     )
     return "\n".join(lines)
@@ -455,7 +452,6 @@ def image_meta(plan: Plan, height: int, width: int, guidance: str = "cfg", shift
     scale where it ran) or "none" ([schnell]); ``shift``: SD 3's scheduler shift (engine/families.py); ``first_pass``:
     (height, width) of Hires. fix's first pass (``height`` and ``width`` are the images')."""
     a1111_name, schedule_type = plan.sampling.a1111
-    slg = plan.slg or ((), None, None, None)
     return ImageRecord(
         negative_prompt=plan.negative,
         seed=plan.seed,
@@ -486,7 +482,6 @@ def image_meta(plan: Plan, height: int, width: int, guidance: str = "cfg", shift
         vae=f"{Path(plan.vae.path).name}:sha256={plan.vae.sha256[:12]}" if plan.vae else None,
         embeddings="; ".join(f"{e.name}:sha256={e.sha256[:12]}" for e in plan.embeddings) or None,
         shift=shift,
-        slg_layers=",".join(map(str, slg[0])) or None, slg_scale=slg[1], slg_start=slg[2], slg_stop=slg[3],
         guidance_rescale=plan.guidance_rescale,
         guider=None if plan.guider.plain else plan.guider.name,
         guider_settings=" ".join(f"{key}={setting_text(value)}" for key, value in plan.guider.recorded) or None,

@@ -43,5 +43,5 @@ ENTRY = FamilyEntry("sd", "Stable Diffusion 1.x, 2.x and XL: CLIP text encoder(s
                      "StableDiffusionXLInpaintPipeline"), tiny="tiny-random",
                     modes=("txt2img", "img2img", "inpaint", "controlnet"),
                     builtins=("tiny-random", "tiny-random-xl", "sd-v1-arch", "sdxl-arch", "tiny-random-inpaint"),
-                    embeddings=True, guidance_rescale=True, refiner=True, guiders=tuple(guiders.GUIDERS),
+                    embeddings=True, guidance_rescale=True, refiner=True, guiders=guiders.ON_A_UNET,
                     single_files=SINGLE_FILES, architecture_of=architecture_of, short="SD")

@@ -4,7 +4,6 @@ and the settings it has no use for (yet), each refused in one line."""
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 from typing import Any, Optional
 
@@ -41,40 +40,31 @@ def components_inside(keys) -> tuple[str, ...]:
     return tuple(name for name in INSIDE if name in found)
 
 
-def skip_layer_guidance(config: Any) -> tuple:
-    """SD 3.5's skip-layer guidance as the program takes it -- (layers, scale, start, stop) -- for a config that names
-    its layers; each bad setting one line (sampling.slg_*)."""
-    sampling = config.sampling
-    layers = sampling.slg_layers
-    if not layers or len(set(layers)) != len(layers) or any(layer < 0 for layer in layers):
-        raise UserError("sampling.slg_layers", f"{list(layers)}", "distinct transformer block numbers, e.g. [7, 8, 9] "
-                        "(SD 3.5 Medium's card), or null")
-    if not (math.isfinite(sampling.slg_scale) and math.isfinite(sampling.slg_start) and math.isfinite(sampling.slg_stop)
-            and 0 <= sampling.slg_start < sampling.slg_stop <= 1):
-        raise UserError("sampling.slg_start", f"{sampling.slg_start}..{sampling.slg_stop} with scale "
-                        f"{sampling.slg_scale}", "0 <= slg_start < slg_stop <= 1 (fractions of the steps), a finite "
-                        "slg_scale")
+def skip_layer_sampler(config: Any) -> None:
+    """guider=skip_layer counts the model's own schedule's steps (its window): another sampler or schedule is one
+    line."""
     sampler = config.sampler
-    if samplers.resolve_flow(sampler, config.scheduler.name).sigmas is not None:
-        raise UserError("sampling.slg_layers", f"{list(layers)} with sampler {sampler} and scheduler "
-                        f"{config.scheduler.name}: skip-layer guidance counts the model's own schedule's steps",
-                        "the flow-matching Euler on the model's schedule (sampler=euler, or null), or null")
-    return tuple(layers), float(sampling.slg_scale), float(sampling.slg_start), float(sampling.slg_stop)
+    if str(config.guider.name) == "skip_layer" and samplers.resolve_flow(sampler, config.scheduler.name).sigmas is not None:
+        raise UserError("guider", f"skip_layer with sampler {sampler} and scheduler {config.scheduler.name}: skip-layer "
+                        "guidance counts the model's own schedule's steps", "the flow-matching Euler on the model's "
+                        "schedule (sampler=euler, or null), or another guider")
 
 
 def read_infotext(reading: Any) -> None:
-    """SD 3's A1111 keys (config/infotext.py): skip-layer guidance (``Skip layer guidance: "7,8,9"``, ``SLG scale``,
-    ``SLG start``, ``SLG stop``) honoured; ``Shift`` said (the model's scheduler config sets it)."""
+    """SD 3's A1111 keys (config/infotext.py): skip-layer guidance as the runner wrote it before it became a guider
+    (``Skip layer guidance: "7,8,9"``, ``SLG scale``, ``SLG start``, ``SLG stop``) honoured as ``guider=skip_layer``;
+    ``Shift`` said (the model's scheduler config sets it)."""
     settings, numbers = reading.settings, reading.numbers
     if "Skip layer guidance" in settings:
         layers = [part.strip() for part in settings["Skip layer guidance"].split(",")]
         if not all(part.isascii() and part.isdigit() and len(part) < 4 for part in layers):  # not '²'
             raise UserError("Skip layer guidance", f"{shown(settings['Skip layer guidance'])[:300]}",
                             "block numbers separated by commas, e.g. \"7,8,9\"")
-        reading.use("Skip layer guidance", f"sampling.slg_layers=[{','.join(str(int(part)) for part in layers)}]")
-        for key, name in (("SLG scale", "slg_scale"), ("SLG start", "slg_start"), ("SLG stop", "slg_stop")):
+        reading.use("Skip layer guidance", "guider=skip_layer")
+        reading.out.append(f"guider.layers=[{','.join(str(int(part)) for part in layers)}]")
+        for key, name in (("SLG scale", "scale"), ("SLG start", "skip_start"), ("SLG stop", "skip_stop")):
             if key in numbers:
-                reading.use(key, f"sampling.{name}={numbers[key]!r}")
+                reading.use(key, f"guider.{name}={numbers[key]!r}")
     if "Shift" in settings:
         reading.skip("Shift", "the model's scheduler config sets it (its scheduler/scheduler_config.json)")
 
@@ -94,6 +84,7 @@ def architecture_of(keys: frozenset[str], name: str = "") -> Optional[str]:
 def _sd3_values(config: Any) -> None:
     """Settings SD 3 has no use for (yet), each refused in one line rather than ignored."""
     flow_inpaint(config, "SD 3")
+    skip_layer_sampler(config)
     read_as_written(config, "SD 3", "SD 3 reads its CLIP encoders' penultimate layer, as diffusers does")
 
 
@@ -117,8 +108,8 @@ ENTRY = FamilyEntry("sd3", "Stable Diffusion 3 / 3.5: CLIP-L, CLIP-G and T5 text
                     builtins=("tiny-random-sd3", "sd3.5-large-arch"), steps=28, guidance=7.0, check=_sd3_values,
                     sampling=samplers.resolve_flow, t5_tokens=256, t5_optional=True, scheduler_settings=False,
                     checkpoint_holds=lambda keys: ("transformer",) + components_inside(keys),
-                    a1111_prompts=False, guiders=(*guiders.COMBINING, "pag", "seg"), perturbed_layers=("blocks.1",),
+                    a1111_prompts=False, guiders=(*guiders.COMBINING, "pag", "seg", "skip_layer"), perturbed_layers=("blocks.1",),
                     caches=("none", "first_block"),  # on its own Euler sampler (config/caches.check)
                     largest_side=_sd3_largest_side,
-                    skip_layer_guidance=skip_layer_guidance, single_files=SINGLE_FILES, architecture_of=architecture_of,
+                    single_files=SINGLE_FILES, architecture_of=architecture_of,
                     short="SD 3", infotext_keys=("Shift", "Skip layer guidance"), read_infotext=read_infotext)

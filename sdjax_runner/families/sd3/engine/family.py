@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Optional
 
+from sdjax_runner.config.guiders import GUIDERS
 from sdjax_runner.engine.family import DenoiserCall
 from sdjax_runner.errors import UserError
 from sdjax_runner.families.flux.engine.family import ATTENTION, FluxTokens
@@ -35,13 +36,14 @@ def check_loaded(plan: Any, loaded: Any) -> None:
                         f"{height}x{width}: {plan.model.name} takes at most {largest}x{largest} (its transformer's "
                         f"position table is {transformer.pos_embed_max_size}x{transformer.pos_embed_max_size} patches)",
                         f"a height and width up to {largest}")
-    perturbed_layers(plan.guider.layers, loaded.host_weights["transformer"], plan.model.name)
-    if plan.slg is not None:
+    if GUIDERS[plan.guider.name].perturbs:  # (skip-layer guidance's layers are block numbers, below)
+        perturbed_layers(plan.guider.layers, loaded.host_weights["transformer"], plan.model.name)
+    if GUIDERS[plan.guider.name].skips:
         blocks = loaded.pipeline.transformer.num_layers
-        outside = [layer for layer in plan.slg[0] if layer >= blocks]
-        if outside:
-            raise UserError("sampling.slg_layers", f"{list(plan.slg[0])}: {plan.model.name}'s transformer has "
-                            f"{blocks} blocks (0..{blocks - 1})", f"block numbers below {blocks}")
+        layers = [int(layer) for layer in plan.guider.layers]
+        if any(layer >= blocks for layer in layers):
+            raise UserError("guider.layers", f"{layers}: {plan.model.name}'s transformer has {blocks} blocks "
+                            f"(0..{blocks - 1})", f"block numbers below {blocks}")
 
 
 def perturbed_layers(layers: tuple[str, ...], weights: dict, model: str) -> None:
