@@ -195,8 +195,10 @@ def overrides(info: Infotext, model_options: tuple[str, ...], dtype_options: tup
     if family.read_infotext is not None:
         family.read_infotext(reading)
     _read_strength(reading, has_init_image)
-    _read_edit(reading, has_init_image)
-    _read_control(reading, has_control_image)
+    _read_image_mode(reading, "Edit image", has_init_image, "edit",
+                     "FLUX.1 Kontext's input image; give init_image=PATH to remake the edit")
+    _read_image_mode(reading, "Control image", has_control_image, "control",
+                     "FLUX.1 Canny/Depth's control image; give controlnet.image=PATH to remake it")
     _read_models(reading, model_options, dtype_options)
     return Translation(reading.out, reading.honoured, reading.skipped)
 
@@ -317,24 +319,15 @@ def _read_strength(reading: _Reading, has_init_image: bool) -> None:
             reading.skip("Denoising strength", "an img2img setting; give mode=img2img init_image=PATH to use it")
 
 
-def _read_edit(reading: _Reading, has_init_image: bool) -> None:
-    """FLUX.1 Kontext's ``Edit image`` (ours): mode=edit with the init image given, else said."""
-    if "Edit image" not in reading.settings:
+def _read_image_mode(reading: _Reading, key: str, has_image: bool, mode: str, without: str) -> None:
+    """An image mode's ``KEY: NAME`` (ours: FLUX.1 Kontext's ``Edit image``, FLUX.1 Canny/Depth's ``Control image``):
+    ``mode=MODE`` with the image given on the command line, else said (``without``: why, and what to give)."""
+    if key not in reading.settings:
         return
-    if has_init_image:
-        reading.use("Edit image", "mode=edit")
+    if has_image:
+        reading.use(key, f"mode={mode}")
     else:
-        reading.skip("Edit image", "FLUX.1 Kontext's input image; give init_image=PATH to remake the edit")
-
-
-def _read_control(reading: _Reading, has_control_image: bool) -> None:
-    """FLUX.1 Canny/Depth's ``Control image`` (ours): mode=control with the control image given, else said."""
-    if "Control image" not in reading.settings:
-        return
-    if has_control_image:
-        reading.use("Control image", "mode=control")
-    else:
-        reading.skip("Control image", "FLUX.1 Canny/Depth's control image; give controlnet.image=PATH to remake it")
+        reading.skip(key, without)
 
 
 def _read_models(reading: _Reading, model_options: tuple[str, ...], dtype_options: tuple[str, ...]) -> None:

@@ -39,28 +39,46 @@ class FluxTokens:
         return self.prompt_ids(self.pipeline, list(texts), self.length), None
 
 
+@dataclasses.dataclass(frozen=True)
+class Variant:
+    """A FLUX.1 model whose index's pipeline class says it reads more than the noise (models/pipeline.py)."""
+
+    flag: str  # the pipeline's property that says it is one
+    title: str
+    runs: tuple[str, ...]  # the modes it runs
+    reads: str  # what it reads, as the line for another mode says it
+    runs_allowed: str
+    own_mode: Optional[str] = None  # the mode no other model runs
+    index: str = ""  # its pipeline class, as the line for its mode on another model names it
+    lacks: str = ""  # what another model lacks for its mode
+    own_allowed: str = ""
+
+
+VARIANTS = (
+    Variant("control", "FLUX.1 Canny/Depth", ("control",), "whose transformer reads a control image's latents beside "
+            "the latents", "control (with controlnet.image)", "control", "FluxControlPipeline",
+            "its transformer reads no control image", "a FLUX.1 Canny/Depth model (model=flux-canny-dev, "
+            "flux-depth-dev, tiny-random-flux-control), or txt2img, img2img, inpaint"),
+    Variant("fill", "FLUX.1 Fill", ("inpaint",), "whose transformer reads a mask and the masked init image beside the "
+            "latents", "inpaint (with init_image and mask_image)"),
+    Variant("kontext", "FLUX.1 Kontext", ("txt2img", "edit"), "which edits an input image (or makes one from the "
+            "prompt alone)", "edit (with init_image), txt2img", "edit", "FluxKontextPipeline",
+            "it reads no input image beside the noise", "a Kontext model (model=flux-kontext-dev, "
+            "tiny-random-flux-kontext), or txt2img, img2img, inpaint"),
+)
+
+
 def check_loaded(plan: Any, loaded: Any) -> None:
-    """[schnell] (no guidance embedder) reads no guidance: a sampling.guidance_scale given for it is refused; FLUX.1
-    Fill repaints a mask's area of an init image, in mode=inpaint alone; FLUX.1 Canny/Depth read a control image, in
-    mode=control alone, which no other model reads."""
-    pipeline = loaded.pipeline
-    if pipeline.control and plan.generation != "control":
-        raise UserError("mode", f"{plan.generation}: {plan.model.name} is FLUX.1 Canny/Depth, whose transformer reads "
-                        "a control image's latents beside the latents", "control (with controlnet.image)")
-    if plan.generation == "control" and not pipeline.control:
-        raise UserError("mode", f"control: {plan.model.name} is no FLUX.1 Canny/Depth model (its index names "
-                        "FluxControlPipeline): its transformer reads no control image", "a FLUX.1 Canny/Depth model "
-                        "(model=flux-canny-dev, flux-depth-dev, tiny-random-flux-control), or txt2img, img2img, inpaint")
-    if pipeline.fill and plan.generation != "inpaint":
-        raise UserError("mode", f"{plan.generation}: {plan.model.name} is FLUX.1 Fill, whose transformer reads a "
-                        "mask and the masked init image beside the latents", "inpaint (with init_image and mask_image)")
-    if plan.generation == "edit" and not pipeline.kontext:
-        raise UserError("mode", f"edit: {plan.model.name} is no FLUX.1 Kontext model (its index names "
-                        "FluxKontextPipeline): it reads no input image beside the noise", "a Kontext model "
-                        "(model=flux-kontext-dev, tiny-random-flux-kontext), or txt2img, img2img, inpaint")
-    if pipeline.kontext and plan.generation not in ("txt2img", "edit"):
-        raise UserError("mode", f"{plan.generation}: {plan.model.name} is FLUX.1 Kontext, which edits an input image "
-                        "(or makes one from the prompt alone)", "edit (with init_image), txt2img")
+    """[schnell] (no guidance embedder) reads no guidance: a sampling.guidance_scale given for it is refused; each
+    :data:`VARIANTS` model runs its modes alone, and its own mode runs on it alone (Fill repaints in mode=inpaint,
+    Kontext edits in mode=edit, Canny/Depth read a control image in mode=control)."""
+    pipeline, mode, name = loaded.pipeline, plan.generation, plan.model.name
+    for variant in VARIANTS:
+        if getattr(pipeline, variant.flag) and mode not in variant.runs:
+            raise UserError("mode", f"{mode}: {name} is {variant.title}, {variant.reads}", variant.runs_allowed)
+        if mode == variant.own_mode and not getattr(pipeline, variant.flag):
+            raise UserError("mode", f"{mode}: {name} is no {variant.title} model (its index names {variant.index}): "
+                            f"{variant.lacks}", variant.own_allowed)
     if not pipeline.guidance_embeds and plan.guidance_given:
         raise UserError("sampling.guidance_scale", f"{plan.guidance_scale:g}, but {plan.model.name} is FLUX.1 "
                         "[schnell] (its transformer has no guidance embedder): it reads no guidance", "null")
