@@ -222,6 +222,14 @@ def test_flux_canny_and_depth_are_diffusers_control_pipeline_and_a_control_image
     records = records_of(tmp_path / "builtin")
     assert len(records) == 8 and {(r["model"], r["mode"], r["control_image"]) for r in records} == {
         ("tiny-random-flux-control", "control", "control.png")}
+    # a step cache runs on it as on [dev] (the control image's channels enter before the blocks): threshold 0 skips
+    # nothing and gives the same images bit for bit
+    cached = run_cli("+experiment=flux_smoke", "model=tiny-random-flux-control", "mode=control",
+                     f"controlnet.image={edges}", "cache=first_block", "cache.threshold=0", *QUIET,
+                     f"paths.cache_dir={cache_dir}", "hydra.run.dir=cached", cwd=tmp_path)
+    assert cached.returncode == 0, cached.stderr[-3000:]
+    assert [r["pixels_sha256"] for r in records_of(tmp_path / "cached")] == [r["pixels_sha256"] for r in records]
+    assert json.loads((tmp_path / "cached" / "timings.json").read_text())["denoiser_calls_skipped"] == 0
 
 
 @pytest.mark.slow
