@@ -53,6 +53,14 @@ def test_the_flow_start_step_is_diffusers_pytorch_get_timesteps():
     assert flux(4, 0.6) == 1 and start_step(4, 0.6) == 2
 
 
+def reference_run(ref: dict, folder: Path, cache_dir: Path) -> tuple[str, ...]:
+    """The overrides that run the reference's prompt, seed, steps, guidance, size and devices on ``folder``."""
+    return ("model=local", f"model.pretrained_model_name_or_path={folder}", "dtype=fp32",
+            f"prompts.texts=[{ref['prompt']}]", f"seed={int(ref['seed'])}",
+            f"sampling.num_inference_steps={int(ref['steps'])}", f"sampling.guidance_scale={float(ref['guidance_scale'])}",
+            f"sampling.height={int(ref['height'])}", f"sampling.width={int(ref['width'])}",
+            f"prompts.max_sequence_length={int(ref['max_sequence_length'])}",
+            f"parallelism.num_devices={int(ref['num_devices'])}", *QUIET, f"paths.cache_dir={cache_dir}")
 
 
 def pixels_of(job: Path) -> list[np.ndarray]:
@@ -67,17 +75,10 @@ def test_each_mode_is_diffusers_pytorch_pipeline_and_a_strength_sweep_compiles_o
     ref = dict(np.load(REFERENCE / f"{family}_{mode}.npz"))
     masked = [f"mask_image={REFERENCE / 'mask.png'}"] if mode == "inpaint" else []
     strengths = [float(s) for s in ref["strengths"]]
-    result = run_cli("-m", "model=local", f"model.pretrained_model_name_or_path={FOLDERS[family]}",
-                     "dtype=fp32", f"prompts.texts=[{ref['prompt']}]", f"seed={int(ref['seed'])}",
-                     f"sampling.num_inference_steps={int(ref['steps'])}",
-                     f"sampling.guidance_scale={float(ref['guidance_scale'])}",
-                     f"sampling.height={int(ref['height'])}", f"sampling.width={int(ref['width'])}",
-                     f"prompts.max_sequence_length={int(ref['max_sequence_length'])}",
-                     f"parallelism.num_devices={int(ref['num_devices'])}", f"mode={mode}",
+    result = run_cli("-m", *reference_run(ref, FOLDERS[family], cache_dir), f"mode={mode}",
                      f"init_image={REFERENCE / 'init.png'}", *masked,
                      "strength=" + ",".join(f"{s:g}" for s in strengths),
-                     "compilation_cache.executables=false", *QUIET, f"paths.cache_dir={cache_dir}",
-                     "hydra.sweep.dir=sweep", cwd=tmp_path)
+                     "compilation_cache.executables=false", "hydra.sweep.dir=sweep", cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
     jobs = {records_of(job)[0]["strength"]: job for job in (tmp_path / "sweep").glob("[0-9]")}
     assert sorted(jobs) == strengths
@@ -117,13 +118,7 @@ def test_flux_fill_is_diffusers_fill_pipeline_and_a_strength_sweep_compiles_once
     ref = dict(np.load(REFERENCE / "flux_fill.npz"))
     folder = fill_folder(tmp_path / "tiny-flux-fill")
     strengths = [float(s) for s in ref["strengths"]]
-    common = ("model=local", f"model.pretrained_model_name_or_path={folder}", "dtype=fp32",
-              f"prompts.texts=[{ref['prompt']}]", f"seed={int(ref['seed'])}",
-              f"sampling.num_inference_steps={int(ref['steps'])}",
-              f"sampling.guidance_scale={float(ref['guidance_scale'])}",
-              f"sampling.height={int(ref['height'])}", f"sampling.width={int(ref['width'])}",
-              f"prompts.max_sequence_length={int(ref['max_sequence_length'])}",
-              f"parallelism.num_devices={int(ref['num_devices'])}", *QUIET, f"paths.cache_dir={cache_dir}")
+    common = reference_run(ref, folder, cache_dir)
     result = run_cli("-m", *common, "mode=inpaint", f"init_image={REFERENCE / 'init.png'}",
                      f"mask_image={REFERENCE / 'mask.png'}", "strength=" + ",".join(f"{s:g}" for s in strengths),
                      "hydra.sweep.dir=sweep", cwd=tmp_path)
@@ -151,16 +146,6 @@ def test_flux_fill_is_diffusers_fill_pipeline_and_a_strength_sweep_compiles_once
     records = records_of(tmp_path / "builtin")
     assert len(records) == 8 and {(r["model"], r["mode"], r["strength"]) for r in records} == {
         ("tiny-random-flux-fill", "inpaint", 1.0)}
-
-
-def reference_run(ref: dict, folder: Path, cache_dir: Path) -> tuple[str, ...]:
-    """The overrides that run the reference's prompt, seed, steps, guidance, size and devices on ``folder``."""
-    return ("model=local", f"model.pretrained_model_name_or_path={folder}", "dtype=fp32",
-            f"prompts.texts=[{ref['prompt']}]", f"seed={int(ref['seed'])}",
-            f"sampling.num_inference_steps={int(ref['steps'])}", f"sampling.guidance_scale={float(ref['guidance_scale'])}",
-            f"sampling.height={int(ref['height'])}", f"sampling.width={int(ref['width'])}",
-            f"prompts.max_sequence_length={int(ref['max_sequence_length'])}",
-            f"parallelism.num_devices={int(ref['num_devices'])}", *QUIET, f"paths.cache_dir={cache_dir}")
 
 
 @pytest.mark.slow

@@ -135,7 +135,7 @@ def check(config: Any, family: Any) -> Guider:
         raise UserError("guider", f"{name} with model.refiner: it runs inside the base's UNet, not the refiner's, here",
                         f"guider={name} without a refiner, or another guider with it")
     settings = choices.settings_read("guider", given, name, GUIDERS, _check_value, apart=(*WINDOW, LAYERS))
-    if entry.skips and not dict(settings)["skip_start"] < dict(settings)["skip_stop"]:
+    if entry.skips and not given.skip_start < given.skip_stop:
         raise UserError("guider.skip_start", f"{given.skip_start:g}, skip_stop {given.skip_stop:g}",
                         "0 <= skip_start < skip_stop <= 1, fractions of the steps")
     return Guider(name, settings, _window(given), _layers(given, entry, family))

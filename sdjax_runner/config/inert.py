@@ -1,8 +1,8 @@
 """Settings that act on nothing in a run, said in one line each and left out of what runs and what is recorded.
 
 Round five of the newcomer trials: the docs' own skip-layer-guidance example (``+experiment=sd3_smoke
-'sampling.slg_layers=[1]'``, today ``guider=skip_layer 'guider.layers=[1]'``) runs 4 steps, and the default window (0.01..0.2 of the steps) holds none of them --
-the images were the plain run's bit for bit, while images.json said ``slg_layers: 1, slg_scale: 2.8`` and the FLOPs
+'sampling.slg_layers=[1]'``, today ``guider=skip_layer 'guider.layers=[1]'``) runs 4 steps, and the default window
+(0.01..0.2 of the steps) holds none of them -- the images were the plain run's bit for bit, while images.json said ``slg_layers: 1, slg_scale: 2.8`` and the FLOPs
 counted an extra transformer call. A setting like that now logs what it acts on (nothing, and why), and the plan
 runs and records the run without it: the record says what ran.
 """
@@ -13,6 +13,7 @@ import dataclasses
 import logging
 from typing import Any, Optional
 
+from sdjax_runner.config.guiders import DEFAULT as GUIDER_DEFAULT
 from sdjax_runner.config.guiders import GUIDERS, Guider
 
 log = logging.getLogger("sdjax_runner")
@@ -39,7 +40,7 @@ def acting_skip_layer(guider: Guider, steps: int, guidance: float) -> Guider:
         return guider
     log.warning("guider=skip_layer: blocks %s act on no step of this run: %s; run and recorded as guider=cfg (widen "
                 "guider.skip_start/skip_stop or run more steps)", [int(layer) for layer in guider.layers], why)
-    return dataclasses.replace(guider, name="cfg", settings=(), layers=())
+    return dataclasses.replace(guider, name=GUIDER_DEFAULT, settings=(), layers=())
 
 
 def acting_rescale(rescale: Optional[float], guidance: float, true_cfg: Optional[float] = None) -> Optional[float]:

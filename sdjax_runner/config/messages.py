@@ -22,6 +22,7 @@ MOVED = {"sampling.slg_layers": "guider=skip_layer 'guider.layers=[7,8,9]' (docs
          "sampling.slg_start": "guider=skip_layer guider.skip_start=0.01",
          "sampling.slg_stop": "guider=skip_layer guider.skip_stop=0.2"}
 
+
 def _schema_node(parts: list[str]) -> typing.Any:
     """The schema's type at the dotted path ``parts`` (a dataclass or a field's type), or None."""
     node: typing.Any = RunConfig

@@ -481,8 +481,8 @@ class GuiderConfig:
     # plus scale * (cond - cond without the transformer blocks guider.layers) on the steps of its own window; SD 3).
     # Chosen as guider=NAME; sampling.guidance_scale is the weight each applies. The name shapes the program; the
     # settings below are traced inputs (a sweep over them compiles once). The SD family runs them all but skip_layer,
-    # SD 3 all but freeu, FLUX.1 those that combine two predictions, on its true CFG (sampling.true_cfg_scale). A setting its guider does not read is said
-    # once and left out.
+    # SD 3 all but freeu, FLUX.1 those that combine two predictions, on its true CFG (sampling.true_cfg_scale). A
+    # setting its guider does not read is said once and left out.
     name: str = "cfg"
     # cfg_zero_star: the first steps whose prediction is zero (diffusers' zero_init_steps, default 1; the paper's
     # ~4% of the steps), counted among the steps that run (img2img's first is 0).

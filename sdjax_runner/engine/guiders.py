@@ -117,7 +117,8 @@ def _plus_perturbed(guided_, conditional, perturbed, scale):
 
 
 # How each guider combines the unconditional and conditional predictions (the guiders that change the UNet, PAG, SEG
-# and FreeU, as CFG; skip-layer guidance as CFG, its term added by SD 3's sampler: families/sd3/engine/stages.py); a perturbing guider (config/guiders.py: GuiderEntry.perturbs) then adds its term (PERTURBING).
+# and FreeU, as CFG; skip-layer guidance as CFG, its term added by SD 3's sampler: families/sd3/engine/stages.py); a
+# perturbing guider (config/guiders.py: GuiderEntry.perturbs) then adds its term (PERTURBING).
 GUIDERS: dict[str, Callable] = {"cfg": cfg, "cfg_zero_star": cfg_zero_star, "apg": apg, "pag": cfg, "seg": cfg,
                                 "freeu": cfg, "skip_layer": cfg}
 PERTURBING: dict[str, Callable] = {"pag": pag, "seg": seg}

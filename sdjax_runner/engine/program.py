@@ -186,10 +186,10 @@ def decode(pipeline: Any, family: str, params: dict, latents):
 def guiding(spec: Spec, scale, inputs: dict) -> Guidance:
     """The guidance the samplers apply at ``scale``: the run's guider with its settings and CFG rescale, traced
     inputs all (engine/generate.py places them)."""
-    settings = {key: inputs[GUIDER_INPUT + key] for key in GUIDER_ENTRIES[spec.guider].reads}
+    entry = GUIDER_ENTRIES[spec.guider]
+    settings = {key: inputs[GUIDER_INPUT + key] for key in entry.reads}
     cache = ({key: inputs[CACHE_INPUT + key] for key in CACHE_ENTRIES[spec.cache].reads}
              if spec.cache != CACHE_DEFAULT else None)
-    entry = GUIDER_ENTRIES[spec.guider]
     return Guidance(scale, spec.guider, inputs["guidance_rescale"] if spec.cfg_rescale else None, settings,
                     inputs["true_cfg_scale"] if spec.true_cfg else None, spec.guider_window, cache,
                     perturbed=spec.guider_layers if entry.perturbs else None,

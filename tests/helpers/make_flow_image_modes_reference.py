@@ -174,6 +174,15 @@ def control_images(pipeline, picture: np.ndarray, noise: np.ndarray, eps: np.nda
     return np.stack(images)
 
 
+def run_settings(guidance: float) -> dict[str, np.ndarray]:
+    """The settings a reference ran with, as its .npz holds them (the test runs the runner on them)."""
+    return {"prompt": np.asarray(PROMPT), "steps": np.asarray(STEPS, dtype=np.int64),
+            "guidance_scale": np.asarray(guidance, dtype=np.float64),
+            "height": np.asarray(HEIGHT, dtype=np.int64), "width": np.asarray(WIDTH, dtype=np.int64),
+            "max_sequence_length": np.asarray(MAX_SEQUENCE_LENGTH, dtype=np.int64),
+            "seed": np.asarray(SEED, dtype=np.int64), "num_devices": np.asarray(NUM_DEVICES, dtype=np.int64)}
+
+
 def write_control(out_dir: Path, noise: np.ndarray, eps: np.ndarray) -> None:
     """``flux_control.npz``, ``control.png`` and the transformer it ran (module docstring)."""
     import tempfile
@@ -185,13 +194,8 @@ def write_control(out_dir: Path, noise: np.ndarray, eps: np.ndarray) -> None:
     with tempfile.TemporaryDirectory() as staging:
         pipeline = load_aligned("FluxControlPipeline", control_folder(Path(staging) / "tiny-flux-control", transformer))
         edges = control_image()
-        out = {"prompt": np.asarray(PROMPT), "steps": np.asarray(STEPS, dtype=np.int64),
-               "guidance_scale": np.asarray(VARIANTS["dev"]["guidance_scale"], dtype=np.float64),
-               "height": np.asarray(HEIGHT, dtype=np.int64), "width": np.asarray(WIDTH, dtype=np.int64),
-               "max_sequence_length": np.asarray(MAX_SEQUENCE_LENGTH, dtype=np.int64),
-               "seed": np.asarray(SEED, dtype=np.int64), "num_devices": np.asarray(NUM_DEVICES, dtype=np.int64),
-               "images": control_images(pipeline, edges, noise, eps),
-               "control_images": control_images(pipeline, 255 - edges, noise, eps)}
+        out = dict(run_settings(VARIANTS["dev"]["guidance_scale"]), images=control_images(pipeline, edges, noise, eps),
+                   control_images=control_images(pipeline, 255 - edges, noise, eps))
     print(f"control: largest difference between the edge map and its inverse "
           f"{np.abs(out['images'] - out['control_images']).max():.4f}")
     _save_npz(out_dir / "flux_control.npz", out)
@@ -287,13 +291,7 @@ def main(argv: list[str] | None = None) -> int:
     fill = fill_folder(Path(staging.name) / "tiny-flux-fill", args.out / FILL_TRANSFORMER.name)
     for case, (_, _, _, guidance) in PIPELINES.items():
         pipeline = _load(case, fill)
-        out: dict[str, np.ndarray] = {
-            "prompt": np.asarray(PROMPT), "steps": np.asarray(STEPS, dtype=np.int64),
-            "guidance_scale": np.asarray(guidance, dtype=np.float64),
-            "height": np.asarray(HEIGHT, dtype=np.int64), "width": np.asarray(WIDTH, dtype=np.int64),
-            "max_sequence_length": np.asarray(MAX_SEQUENCE_LENGTH, dtype=np.int64),
-            "seed": np.asarray(SEED, dtype=np.int64), "num_devices": np.asarray(NUM_DEVICES, dtype=np.int64),
-            "strengths": np.asarray(STRENGTHS, dtype=np.float64)}
+        out = dict(run_settings(guidance), strengths=np.asarray(STRENGTHS, dtype=np.float64))
         for strength in STRENGTHS:
             out[f"images_{strength:g}"] = np.stack([
                 _call(case, pipeline, picture, strength, noise[i:i + 1], eps[i:i + 1]) for i in range(NUM_DEVICES)])

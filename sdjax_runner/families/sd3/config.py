@@ -43,11 +43,11 @@ def components_inside(keys) -> tuple[str, ...]:
 def skip_layer_sampler(config: Any) -> None:
     """guider=skip_layer counts the model's own schedule's steps (its window): another sampler or schedule is one
     line."""
-    sampler = config.sampler
-    if str(config.guider.name) == "skip_layer" and samplers.resolve_flow(sampler, config.scheduler.name).sigmas is not None:
-        raise UserError("guider", f"skip_layer with sampler {sampler} and scheduler {config.scheduler.name}: skip-layer "
-                        "guidance counts the model's own schedule's steps", "the flow-matching Euler on the model's "
-                        "schedule (sampler=euler, or null), or another guider")
+    sampler, entry = config.sampler, guiders.GUIDERS.get(str(config.guider.name))
+    if entry is not None and entry.skips and samplers.resolve_flow(sampler, config.scheduler.name).sigmas is not None:
+        raise UserError("guider", f"{entry.name} with sampler {sampler} and scheduler {config.scheduler.name}: "
+                        "skip-layer guidance counts the model's own schedule's steps", "the flow-matching Euler on "
+                        "the model's schedule (sampler=euler, or null), or another guider")
 
 
 def read_infotext(reading: Any) -> None:
@@ -108,7 +108,8 @@ ENTRY = FamilyEntry("sd3", "Stable Diffusion 3 / 3.5: CLIP-L, CLIP-G and T5 text
                     builtins=("tiny-random-sd3", "sd3.5-large-arch"), steps=28, guidance=7.0, check=_sd3_values,
                     sampling=samplers.resolve_flow, t5_tokens=256, t5_optional=True, scheduler_settings=False,
                     checkpoint_holds=lambda keys: ("transformer",) + components_inside(keys),
-                    a1111_prompts=False, guiders=(*guiders.COMBINING, "pag", "seg", "skip_layer"), perturbed_layers=("blocks.1",),
+                    a1111_prompts=False, guiders=(*guiders.COMBINING, "pag", "seg", "skip_layer"),
+                    perturbed_layers=("blocks.1",),
                     caches=("none", "first_block"),  # on its own Euler sampler (config/caches.check)
                     largest_side=_sd3_largest_side,
                     single_files=SINGLE_FILES, architecture_of=architecture_of,

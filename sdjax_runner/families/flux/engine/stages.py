@@ -120,15 +120,21 @@ def txt2img(pipeline: Any, params: dict, key, spec: Any, batch: int, inputs: dic
 def with_init_image(start: Start, pipeline: Any, params: dict, key, inputs: dict) -> Start:
     """Image to image on a flow model (diffusers' FluxImg2ImgPipeline, StableDiffusion3Img2ImgPipeline): the
     txt2img ``start``'s noise, the init image's latents -- a sample of the 16-channel VAE's posterior drawn with the
-    device's ``key`` (the SD family's convention), ``(latents - shift_factor) * scaling_factor`` -- and the start
-    step (from strength, ``inputs["start"]``: traced)."""
+    device's ``key`` (the SD family's convention), ``(latents - shift_factor) * scaling_factor``: :func:`drawn_latents`
+    -- and the start step (from strength, ``inputs["start"]``: traced)."""
+    return start._replace(image=drawn_latents(pipeline, params, key, inputs["init"]), step=inputs["start"])
+
+
+def drawn_latents(pipeline: Any, params: dict, key, pixels):
+    """``pixels`` ((batch, 3, H, W) in [-1, 1]) as the flow pipelines encode an input image: a sample of the
+    16-channel VAE's posterior drawn with the device's ``key``, ``(latents - shift_factor) * scaling_factor``, NCHW
+    float32."""
     import jax.numpy as jnp
 
-    posterior = pipeline.vae.apply({"params": params["vae"]}, inputs["init"].astype(pipeline.vae.dtype),
+    posterior = pipeline.vae.apply({"params": params["vae"]}, pixels.astype(pipeline.vae.dtype),
                                    method=pipeline.vae.encode)
     latents = posterior.sample(key).transpose((0, 3, 1, 2)).astype(jnp.float32)
-    image = (latents - pipeline.shift_factor) * pipeline.scaling_factor
-    return start._replace(image=image, step=inputs["start"])
+    return (latents - pipeline.shift_factor) * pipeline.scaling_factor
 
 
 def img2img(pipeline: Any, params: dict, key, spec: Any, batch: int, inputs: dict) -> Start:
@@ -169,23 +175,22 @@ def fill(pipeline: Any, params: dict, key, spec: Any, batch: int, inputs: dict) 
     start = img2img(pipeline, params, key, spec, batch, inputs)
     mask = (inputs["mask"] >= 0.5).astype(jnp.float32)  # (batch, 1, H, W): 1 repaints
     masked = inputs["init"] * (1.0 - mask)  # the init image, (batch, 3, H, W) in [-1, 1]
-    blank = with_init_image(start, pipeline, params, key, dict(inputs, init=masked))
+    blank = drawn_latents(pipeline, params, key, masked)
     factor = pipeline.vae_scale_factor
     _, _, height, width = start.noise.shape
     pixels = mask[:, 0].reshape(batch, height, factor, width, factor).transpose(0, 2, 4, 1, 3)
     pixels = pixels.reshape(batch, factor * factor, height, width)
-    concat = jnp.concatenate([pack(blank.image), pack(pixels)], axis=-1)
+    concat = jnp.concatenate([pack(blank), pack(pixels)], axis=-1)
     return start._replace(conditioning={"concat": concat})
 
 
 def control(pipeline: Any, params: dict, key, spec: Any, batch: int, inputs: dict) -> Start:
     """FLUX.1 Canny/Depth [dev] (diffusers' FluxControlPipeline): :func:`txt2img`'s noise and, as more transformer
     input after the packed latents (``Start.conditioning["concat"]``, as Fill's), the control image's packed latents
-    -- the image in [-1, 1] encoded as an init image is (:func:`with_init_image`: the VAE posterior's sample with the
-    device's key, ``(latents - shift_factor) * scaling_factor``): ``(batch, tokens, 4 c)``."""
+    -- the image, mapped to [-1, 1], encoded as an init image is (:func:`drawn_latents`): ``(batch, tokens, 4 c)``."""
     start = txt2img(pipeline, params, key, spec, batch, inputs)
-    encoded = with_init_image(start, pipeline, params, key, dict(inputs, init=2.0 * inputs["control"] - 1.0, start=0))
-    return start._replace(conditioning={"concat": pack(encoded.image)})
+    latents = drawn_latents(pipeline, params, key, 2.0 * inputs["control"] - 1.0)
+    return start._replace(conditioning={"concat": pack(latents)})
 
 
 def edit(pipeline: Any, params: dict, key, spec: Any, batch: int, inputs: dict) -> Start:

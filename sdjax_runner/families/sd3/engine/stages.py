@@ -139,7 +139,7 @@ def velocity_model(pipeline: Any, params: dict, conditioning: Conditioning, guid
     scale = jnp.ravel(jnp.asarray(guidance.scale, pipeline.dtype))[0]  # one value (a device holds it as (1,))
 
     train = np.float32(pipeline.scheduler_config.get("num_train_timesteps", 1000))
-    skips, layers = guidance.skipped is not None, guidance.skipped or ()  # guider=skip_layer's blocks
+    skipped_blocks = guidance.skipped  # guider=skip_layer's, else None
 
     def transformer(x, context, pooled, t, skip_layers=(), perturbed=None, around_blocks=None):
         cached = {"around_blocks": around_blocks} if around_blocks is not None else {}
@@ -165,7 +165,7 @@ def velocity_model(pipeline: Any, params: dict, conditioning: Conditioning, guid
             combined = uncond + scale * (cond - uncond)
         else:
             combined = guided(uncond, cond, guidance, *flow_step(index, sigma, steps, spec.steps)).astype(pipeline.dtype)
-        if skips and index is not None:
+        if skipped_blocks is not None and index is not None:
             combined = combined + skip_layer_guidance(x, cond, t[:batch], index)
         return jnp.where(scale > 1, combined, cond).transpose(0, 3, 1, 2)
 
@@ -183,7 +183,7 @@ def velocity_model(pipeline: Any, params: dict, conditioning: Conditioning, guid
         step, count = flow_step(index, sigma, steps, spec.steps)
         combined = jnp.where(scale > 1, guided(uncond, cond, guidance, step, count, perturbed, timestep),
                              guided(None, cond, guidance, step, count, perturbed, timestep)).astype(pipeline.dtype)
-        if skips and index is not None:
+        if skipped_blocks is not None and index is not None:
             combined = combined + skip_layer_guidance(x, cond, t[:batch], index)
         return combined
 
@@ -196,7 +196,7 @@ def velocity_model(pipeline: Any, params: dict, conditioning: Conditioning, guid
         settings = guidance.settings
         active = (index > spec.steps * settings["skip_start"]) & (index < spec.steps * settings["skip_stop"]) \
             & (scale > 1)
-        skipped = jax.lax.cond(active, lambda: transformer(x, conditioning.context, added["pooled"], t, layers),
+        skipped = jax.lax.cond(active, lambda: transformer(x, conditioning.context, added["pooled"], t, skipped_blocks),
                                lambda: cond)
         return (cond - skipped) * settings["scale"].astype(cond.dtype)
 
