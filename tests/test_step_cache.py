@@ -317,7 +317,7 @@ def test_the_records_and_the_infotext_name_the_cache_and_from_png_remakes_the_im
 
 @pytest.mark.parametrize(("overrides", "expected"), [
     (["+experiment=smoke", "cache=first_block"],
-     "error: cache: first_block: tiny-random is a sd model, which runs none (allowed: none)"),
+     "error: cache: first_block: tiny-random is a sd model, which runs none, deepcache (allowed: none, deepcache)"),
     (["+experiment=flux_smoke", "cache=first_block", "sampler=dpmpp_2m"],
      "error: cache: first_block with sampler dpmpp_2m: the cache's state is carried through the model's own "
      "sampler's steps"),

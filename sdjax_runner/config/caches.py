@@ -4,7 +4,8 @@ traced inputs, so a sweep over them (a threshold sweep) compiles once, and the s
 the one compiled program (``lax.cond``).
 
 How each cache computes is the family's (a family lists the caches it runs: ``FamilyEntry.caches``; FLUX.1's
-transformer runs ``first_block`` and ``magcache``, families/flux/models/transformer.py; SD 3's ``first_block``). A cache is offered by ``cache=NAME``
+transformer runs ``first_block`` and ``magcache``, families/flux/models/transformer.py; SD 3's ``first_block``; the SD
+family's UNet ``deepcache``, engine/samplers/deep_cache.py). A cache is offered by ``cache=NAME``
 through Hydra's config group ``cache``, which :func:`register` fills from this registry (no YAML file per cache).
 A new cache is an entry here and its computation in the families that run it (docs/architecture.md, "Where a new
 piece goes").
@@ -32,6 +33,8 @@ class CacheEntry:
     reads: tuple[str, ...] = ()  # the cache.* settings it reads (schema.CacheConfig's fields), each a traced input
     # its own defaults where they are not the schema's (cache=NAME sets them; cache.KEY=VALUE overrides)
     defaults: tuple[tuple[str, float], ...] = ()
+    # those of its settings that shape the program instead (Spec.cache_shape; a sweep over one compiles per value)
+    shapes: tuple[str, ...] = ()
 
 
 CACHES = {entry.name: entry for entry in (
@@ -47,6 +50,12 @@ CACHES = {entry.name: entry for entry in (
     # accumulated, a call skips every block and adds the whole stack's residual of the last full call to its input
     CacheEntry("magcache", "MagCache (diffusers' MagCacheConfig, the model's published ratios)",
                ("threshold", "max_skip_steps", "retention_ratio"), (("threshold", 0.06),)),
+    # DeepCache (Ma, Fang and Wang 2024; horseee/DeepCache's DeepCacheSDHelper, "uniform"): a UNet's call every
+    # interval steps runs whole and keeps the input of its branch's up layer; the calls between run the shallow layers
+    # alone -- the down path before the branch, the up path from it, on that kept input. Its README's example
+    # settings (interval 3, branch 0: the shallowest) are the defaults; the branch shapes the program.
+    CacheEntry("deepcache", "DeepCache (horseee/DeepCache's DeepCacheSDHelper)", ("interval", "branch"),
+               (("interval", 3),), shapes=("branch",)),
 )}
 
 
@@ -63,6 +72,16 @@ class Cache:
         return self.name == DEFAULT
 
     @property
+    def shaping(self) -> tuple[tuple[str, float], ...]:
+        """The settings that shape the program (the entry's ``shapes``)."""
+        return tuple((key, value) for key, value in self.settings if key in CACHES[self.name].shapes)
+
+    @property
+    def traced(self) -> tuple[tuple[str, float], ...]:
+        """The settings that are the program's traced inputs (the others)."""
+        return tuple((key, value) for key, value in self.settings if key not in CACHES[self.name].shapes)
+
+    @property
     def label(self) -> str:
         """``first_block (threshold 0.05)``: for the plan line."""
         return choices.label(self.name, self.settings)
@@ -77,7 +96,11 @@ def check(config: Any, family: Any, own_sampler: bool) -> Cache:
     choices.chosen("cache", name, CACHES, family.caches, config, family)
     if name != DEFAULT and not own_sampler:
         raise UserError("cache", f"{name} with sampler {config.sampler}: the cache's state is carried through the "
-                        "model's own sampler's steps", "the model's own sampler (sampler=null or euler), or none")
+                        "model's own sampler's steps", "the model's own sampler (sampler=null; FLUX.1 and SD 3: "
+                        "euler too), or none")
+    if name != DEFAULT and config.model.refiner:
+        raise UserError("cache", f"{name} with model.refiner: the refiner's UNet takes over mid-run, and the cache "
+                        "keeps one model's state; not run here yet", "none, or without a refiner")
     if name != DEFAULT and getattr(config.sampling, "true_cfg_scale", None) is not None:
         raise UserError("cache", f"{name} with sampling.true_cfg_scale: true CFG makes two transformer calls a step, "
                         "whose caches diffusers keeps apart; not run here yet", "none, or without true CFG")
@@ -93,8 +116,12 @@ def check(config: Any, family: Any, own_sampler: bool) -> Cache:
 
 
 def _check_value(key: str, value: Any) -> None:
-    if not (math.isfinite(value) and value >= 0) or (key == "retention_ratio" and value > 1):
+    if not (math.isfinite(value) and value >= 0) or (key == "retention_ratio" and value > 1) \
+            or (key in WHOLE and value != int(value)) or (key == "interval" and value < 1):
         raise UserError(f"cache.{key}", f"{value}", ALLOWED[key])
+
+
+WHOLE = ("max_skip_steps", "interval", "branch")  # (the schema types them int; an infotext's text is checked here)
 
 
 ALLOWED = {"threshold": "a number >= 0: first_block's largest relative change of the first block, magcache's largest "
@@ -102,7 +129,11 @@ ALLOWED = {"threshold": "a number >= 0: first_block's largest relative change of
                         "every block)",
            "max_skip_steps": "a whole number >= 0: magcache's most calls skipped in a row (diffusers' default 3)",
            "retention_ratio": "a number from 0 to 1: magcache's share of the first steps that always run (diffusers' "
-                              "default 0.2)"}
+                              "default 0.2)",
+           "interval": "a whole number >= 1: deepcache's steps from one whole UNet call to the next (1: every call "
+                       "whole; DeepCache's example 3)",
+           "branch": "a whole number >= 0: deepcache's branch, shallowest first (DeepCache's cache_branch_id: its "
+                     "level branch // 3 and layer branch % 3; 0, the shallowest, skips the most)"}
 
 
 def register(store: Any) -> None:

@@ -533,9 +533,11 @@ class GuiderConfig:
 class CacheConfig:
     # A step cache (config/caches.py): none (every denoiser call runs the whole model, the default), first_block
     # (diffusers' FirstBlockCache: the first transformer block always runs; where its residual changed little
-    # since the last full call, the other blocks are skipped and their residual added again) or magcache (diffusers'
-    # MagCache: calls skipped by the model's published magnitude ratios, the last full call's residual added).
-    # Chosen as cache=NAME; FLUX.1 runs both on its own Euler sampler. The name shapes the program; the settings below
+    # since the last full call, the other blocks are skipped and their residual added again), magcache (diffusers'
+    # MagCache: calls skipped by the model's published magnitude ratios, the last full call's residual added) or
+    # deepcache (DeepCache: a UNet's deep features reused between whole calls every cache.interval steps).
+    # Chosen as cache=NAME; FLUX.1 runs the first two on its own Euler sampler, SD 3 first_block, the SD family
+    # deepcache on its own scheduler (sampler=null). The name shapes the program; the settings below
     # are traced inputs (a threshold sweep compiles once). timings.json counts the calls that skipped.
     name: str = "none"
     # first_block: the largest relative mean absolute change of the first block's residual under which the other
@@ -547,6 +549,13 @@ class CacheConfig:
     # magcache: the share of the first steps that always run (diffusers' retention_ratio: steps before
     # int(retention_ratio * steps + 0.5) never skip).
     retention_ratio: float = 0.2
+    # deepcache: the steps from one whole UNet call to the next (DeepCache's cache_interval; cache=deepcache sets
+    # its README's 3; 1 runs every call whole), counted as DeepCache counts them, from the first step that runs.
+    interval: int = 1
+    # deepcache: which of the UNet's skip branches the calls between run, shallowest first (DeepCache's
+    # cache_branch_id: level branch // 3, layer branch % 3 within it); the shallower, the less a call runs. Shapes
+    # the program (a sweep over it compiles per value); at most 3 x the UNet's levels - 1.
+    branch: int = 0
 
 
 @dataclass

@@ -85,8 +85,9 @@ def call_flops(module: Any, apply: Any, *shapes: Any, variant: str = "") -> Opti
 def step_flops(call: Any, component: str, pipeline: Any, params: dict, skipped: Optional[tuple[str, Any]] = None
                ) -> Optional[float]:
     """XLA's count for one denoiser call (``call``: an engine/family.DenoiserCall of the pipeline's ``component``)
-    with ``params``, the host weights; ``skipped``: (a step cache's name, what a call it skipped runs: the
-    denoiser's ``around_blocks``) -- the count of such a call. None on GPUs (jaxlib 0.11.2, H100): there only the
+    with ``params``, the host weights; ``skipped``: (a step cache's name and shaping settings, a function giving the
+    denoiser's keyword arguments that make a call it skipped, called as it is traced: engine/family.Family.
+    skipped_calls) -- the count of such a call. None on GPUs (jaxlib 0.11.2, H100): there only the
     compiled program has a cost analysis, and it leaves out the cuDNN/cuBLAS custom calls that do most of the work
     (measured: 1.9 TFLOP counted for a ~640 TFLOP batch), so no FLOPs and no MFU are reported rather than wrong
     ones."""
@@ -95,10 +96,8 @@ def step_flops(call: Any, component: str, pipeline: Any, params: dict, skipped: 
     module = getattr(pipeline, component)
     shapes = jax.tree_util.tree_map(lambda leaf: jax.ShapeDtypeStruct(leaf.shape, leaf.dtype), params[component])
 
-    around = {} if skipped is None else {"around_blocks": skipped[1]}
-
     def apply(p, args, kwargs):
-        return module.apply({"params": p}, *args, **kwargs, **around)
+        return module.apply({"params": p}, *args, **kwargs, **({} if skipped is None else skipped[1]()))
 
     return call_flops(module, apply, shapes, call.args, call.kwargs, variant=skipped[0] if skipped else "")
 

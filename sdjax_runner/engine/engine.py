@@ -266,7 +266,8 @@ class Engine:
         flops = None if flops is None or decoding is None else flops + plan.num_devices * decoding
         if generator.cached and generator.denoiser_calls_skipped:  # a step cache skipped calls: count what ran
             saved = None if spec.hires else self.reuse.saved_per_skipped_call(
-                program.prepared, spec.cache, images * spec.calls_per_step, spec.height, spec.width, spec.prompt_tokens)
+                program.prepared, spec.cache, spec.cache_shape, images * spec.calls_per_step, spec.height, spec.width,
+                spec.prompt_tokens)
             flops = efficiency.executed_flops(flops, saved, generator.denoiser_calls, generator.denoiser_calls_skipped,
                                               spec.steps, plan.num_devices)
         devices = generator.devices

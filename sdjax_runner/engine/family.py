@@ -48,9 +48,11 @@ class Family:
     # (engine/efficiency.step_flops counts it; models/quantize.py traces it)
     denoiser_call: Callable[..., DenoiserCall]
     denoiser: str = "transformer"  # the denoiser's pipeline attribute and weights' key ("unet" for the SD family)
-    # per step cache it runs (config/caches.py): what a call the cache skipped still runs, as the denoiser's
-    # ``around_blocks`` argument -- counted for the executed FLOPs of a cached run (engine/efficiency.py)
-    skipped_calls: Mapping[str, Callable] = field(default_factory=dict)
+    # per step cache it runs (config/caches.py): (the cache's Spec.cache_shape, pipeline, the denoiser's weights, a
+    # DenoiserCall) -> a function, called as the call is traced, giving the denoiser's keyword arguments that make a
+    # call the cache skipped (what such a call still runs) -- counted for the executed FLOPs of a cached run
+    # (engine/efficiency.py); :func:`around_blocks` for a transformer's
+    skipped_calls: Mapping[str, Callable[..., Callable[[], dict]]] = field(default_factory=dict)
     # (pipeline) -> how it reads sampling.guidance_scale: "cfg" (classifier-free guidance), "distilled" (embedded
     # in the denoiser: FLUX.1 [dev]) or "none" ([schnell]); the records say it so (record/rundir.py)
     guidance: Callable[[Any], str] = lambda pipeline: "cfg"
@@ -68,3 +70,10 @@ class Family:
     # (conditioning, height, width) -> the conditioning for images of that size (Hires. fix's second pass, engine/
     # hires.py: SDXL's size conditioning); the default: the same
     at_size: Callable[[Conditioning, int, int], Conditioning] = lambda conditioning, height, width: conditioning
+
+
+def around_blocks(skipped: Mapping[str, Callable]) -> dict[str, Callable[..., Callable[[], dict]]]:
+    """:attr:`Family.skipped_calls` for a transformer whose ``around_blocks`` argument (per cache: what a skipped call
+    runs of its blocks) makes the call."""
+    return {name: (lambda shape, pipeline, weights, call, blocks=blocks: lambda: {"around_blocks": blocks})
+            for name, blocks in skipped.items()}

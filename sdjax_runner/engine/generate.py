@@ -142,11 +142,11 @@ class Generator:
                    "hires_guidance": np.float32(plan.hires.guidance if plan.hires and plan.hires.guidance else 0.0),
                    "refiner_cutoff": np.int32(cutoff(plan.refiner, pipeline) if plan.refiner else 0),
                    **{GUIDER_INPUT + key: np.float32(value) for key, value in plan.guider.settings},
-                   **{CACHE_INPUT + key: np.float32(value) for key, value in plan.cache.settings}}
+                   **{CACHE_INPUT + key: np.float32(value) for key, value in plan.cache.traced}}
         names = (NUMBERS[spec.mode] + (("guidance_rescale",) if spec.cfg_rescale else ())
                  + (("true_cfg_scale",) if spec.true_cfg else ())
                  + tuple(GUIDER_INPUT + key for key, _ in plan.guider.settings)
-                 + tuple(CACHE_INPUT + key for key, _ in plan.cache.settings)
+                 + tuple(CACHE_INPUT + key for key, _ in plan.cache.traced)
                  + (("hires_guidance",) if spec.hires and spec.hires.guided else ())
                  + (("refiner_cutoff",) if spec.refiner else ()))
         self.numbers = {name: self.place_number(numbers[name]) for name in names}

@@ -74,6 +74,7 @@ class Spec:
     # call (on its window's steps) skips
     guider_layers: tuple[str, ...] = ()
     cache: str = "none"  # cache=NAME (config/caches.py); its settings are traced inputs ("cache_" + the setting)
+    cache_shape: tuple = ()  # ... but those that shape the program ((key, value), the entry's ``shapes``)
     quantize: str = "none"  # quantize=NAME (config/quantizers.py): the denoiser's module and weights quantized
     embeddings: tuple = ()  # SD: the textual-inversion tables' shapes (their vectors are inputs, params["embeddings"])
     # SD: classifier-free guidance runs (guidance over 1); at 1 or less the UNet sees the conditional half alone, as
@@ -121,7 +122,7 @@ def program_spec(plan: Any, pipeline: Any, height: int, width: int, family: str,
                 family=family, text_tokens=plan.max_sequence_length, params=plan.params_placement,
                 true_cfg=plan.true_cfg_scale is not None, cfg_rescale=plan.guidance_rescale is not None,
                 guider=plan.guider.name, guider_window=plan.guider.window, guider_layers=plan.guider.layers,
-                cache=plan.cache.name, quantize=plan.quantize,
+                cache=plan.cache.name, cache_shape=plan.cache.shaping, quantize=plan.quantize,
                 embeddings=tokens.embeddings.shapes if getattr(tokens, "embeddings", None) else (),
                 cfg=cfg, hires=hires_pass(plan.hires, height, width, cfg),
                 refiner=refiner_pass(plan.refiner, refiner))
@@ -188,7 +189,8 @@ def guiding(spec: Spec, scale, inputs: dict) -> Guidance:
     inputs all (engine/generate.py places them)."""
     entry = GUIDER_ENTRIES[spec.guider]
     settings = {key: inputs[GUIDER_INPUT + key] for key in entry.reads}
-    cache = ({key: inputs[CACHE_INPUT + key] for key in CACHE_ENTRIES[spec.cache].reads}
+    stepping = CACHE_ENTRIES[spec.cache]
+    cache = ({key: inputs[CACHE_INPUT + key] for key in stepping.reads if key not in stepping.shapes}
              if spec.cache != CACHE_DEFAULT else None)
     return Guidance(scale, spec.guider, inputs["guidance_rescale"] if spec.cfg_rescale else None, settings,
                     inputs["true_cfg_scale"] if spec.true_cfg else None, spec.guider_window, cache,

@@ -386,17 +386,18 @@ class ReuseCache:
         return self.flops_of[prepared.compile_key]
 
     @staticmethod
-    def saved_per_skipped_call(prepared: Prepared, cache: str, images: float, height: int, width: int,
+    def saved_per_skipped_call(prepared: Prepared, cache: str, shape: tuple, images: float, height: int, width: int,
                                tokens: int) -> Any:
-        """FLOPs a denoiser call that step cache ``cache`` skipped did not run: a whole call's count less that of
-        what such a call still runs (the family's ``skipped_calls``); None where either is unknown."""
+        """FLOPs a denoiser call that step cache ``cache`` (with its shaping settings, ``shape``) skipped did not
+        run: a whole call's count less that of what such a call still runs (the family's ``skipped_calls``); None
+        where either is unknown."""
         from sdjax_runner.engine import efficiency
 
         family = FAMILIES[prepared.entry.loaded.family]
         call, weights = family.denoiser_call(prepared.pipeline, images, height, width, tokens), host_weights(prepared.entry)
         whole = efficiency.step_flops(call, family.denoiser, prepared.pipeline, weights)
-        skipped = efficiency.step_flops(call, family.denoiser, prepared.pipeline, weights,
-                                        (cache, family.skipped_calls[cache]))
+        skipping = family.skipped_calls[cache](shape, prepared.pipeline, weights[family.denoiser], call)
+        skipped = efficiency.step_flops(call, family.denoiser, prepared.pipeline, weights, (f"{cache}{shape}", skipping))
         return None if whole is None or skipped is None else whole - skipped
 
 

@@ -1,16 +1,19 @@
 """The diffusers Flax schedulers as a sampler: ``set_timesteps``, then per step the UNet on the
 unconditional and conditional halves at once, classifier-free guidance, and ``scheduler.step`` -- the loop
 of diffusers 0.39's Flax pipelines, so every scheduler of ``models/schedulers.py`` gives diffusers' images.
-Only DDIM with ``sampling.eta`` > 0 draws noise (from ``key``, as the k samplers do)."""
+Only DDIM with ``sampling.eta`` > 0 draws noise (from ``key``, as the k samplers do). With ``cache=deepcache`` the
+loop carries DeepCache's state (:mod:`.deep_cache`) and returns :class:`~sdjax_runner.engine.caches.Cached`."""
 
 from __future__ import annotations
 
 from typing import Any
 
+from sdjax_runner.config.caches import DEFAULT as CACHE_DEFAULT
+from sdjax_runner.engine.caches import Cached
 from sdjax_runner.engine.encode import Conditioning
 from sdjax_runner.engine.guiders import Guidance, guided
 from sdjax_runner.engine.modes.start import Start, initial, kept
-from sdjax_runner.engine.samplers import unet
+from sdjax_runner.engine.samplers import deep_cache, unet
 from sdjax_runner.engine.samplers.k_samplers import NOISE_STREAM, key_noise
 
 
@@ -38,12 +41,20 @@ def denoise(pipeline: Any, params: dict, conditioning: Conditioning, start: Star
 
     latents = initial(start, start.noise * sigma, noised)
 
+    deep = deep_cache.branch(spec.cache_shape) if spec.cache != CACHE_DEFAULT else None
+
     def step(index, carry):
-        latents, state = carry
+        latents, state, cache = carry
         t = jnp.array(state.timesteps, dtype=jnp.int32)[index]
         # (scale_model_input is element-wise: scaling before the halves are doubled is the same as after)
-        predictions = unet.halves(pipeline, params, conditioning, scheduler.scale_model_input(state, latents, t), t,
-                                  guidance=guidance)
+        model_input = scheduler.scale_model_input(state, latents, t)
+        if deep is None:
+            predictions = unet.halves(pipeline, params, conditioning, model_input, t, guidance=guidance)
+        else:
+            assert guidance.cache is not None  # (the cache's traced settings: engine/program.guiding)
+            whole = deep_cache.whole_call(guidance.cache["interval"], jnp.asarray(state.timesteps), index, start.step)
+            predictions, cache = deep_cache.predictions(pipeline, params, conditioning, model_input, t, guidance,
+                                                        deep, cache, whole)
         noise = guided(predictions.unconditional, predictions.conditional, guidance, index - start.step,
                        spec.steps - start.step, predictions.perturbed, t)
         if spec.eta and draws is not None:  # DDIM with eta (config/samplers.py allows it for DDIM alone)
@@ -57,11 +68,16 @@ def denoise(pipeline: Any, params: dict, conditioning: Conditioning, start: Star
             following = index + 1
             proper = jnp.where(following < spec.steps, noised(jnp.minimum(following, spec.steps - 1)), start.image)
             latents = kept(start, proper, latents)
-        return latents, state
+        return latents, state, cache
 
     draws = key_noise(jax.random.fold_in(key, NOISE_STREAM), latents.shape, latents.dtype) if spec.eta else None
-    latents, _ = jax.lax.fori_loop(start.step, spec.steps, step, (latents, state))
-    return latents
+    cache = None
+    if deep is not None:
+        t = jnp.array(state.timesteps, dtype=jnp.int32)[start.step]
+        cache = deep_cache.initial_state(pipeline, params, conditioning, scheduler.scale_model_input(state, latents, t),
+                                         t, guidance, deep)
+    latents, _, cache = jax.lax.fori_loop(start.step, spec.steps, step, (latents, state, cache))
+    return latents if deep is None else Cached(latents, cache.skipped)
 
 
 def ddim_step(scheduler: Any, state: Any, noise, t, latents, eta: float, draw):

@@ -11,7 +11,7 @@ from typing import Any, NamedTuple, Optional
 from sdjax_runner.config.guiders import GUIDERS as GUIDER_ENTRIES
 from sdjax_runner.engine.encode import Conditioning
 from sdjax_runner.engine.guiders import Guidance
-from sdjax_runner.families.sd.models.unet import FreeU
+from sdjax_runner.families.sd.models.unet import DeepCache, FreeU
 from sdjax_runner.models.nn.perturbed import Perturbed
 
 
@@ -104,12 +104,29 @@ def _switched(pipeline: Any, params: dict, conditioning: Conditioning, model_inp
                         lambda x: _unet(pipeline, params, base, x, timestep), model_input)
 
 
+def deep_cached(pipeline: Any, params: dict, conditioning: Conditioning, model_input, timestep, deep: DeepCache,
+                freeu: Optional[FreeU] = None) -> tuple[Any, Any]:
+    """The pipeline's UNet (and a ControlNet's residuals) on ``model_input`` under DeepCache (engine/samplers/
+    deep_cache.py): ``(its output, the branch's input)`` -- with ``deep.cached`` the branch alone, on that input
+    (which it returns), else every layer, the input the branch's first up layer received."""
+    import jax
+
+    if deep.cached is not None:
+        return _unet(pipeline, params, conditioning, model_input, timestep, freeu=freeu, deep_cache=deep), deep.cached
+    out, sown = _unet(pipeline, params, conditioning, model_input, timestep, freeu=freeu, deep_cache=deep,
+                      mutable=("intermediates",))
+    (kept,) = jax.tree_util.tree_leaves(sown)
+    return out, kept
+
+
 def _unet(pipeline: Any, params: dict, conditioning: Conditioning, model_input, timestep, unet: Any = None,
-          weights: Any = None, perturbed: Optional[Perturbed] = None, freeu: Optional[FreeU] = None):
+          weights: Any = None, perturbed: Optional[Perturbed] = None, freeu: Optional[FreeU] = None,
+          deep_cache: Optional[DeepCache] = None, mutable: tuple[str, ...] = ()):
     """The UNet (and a ControlNet's residuals) on ``model_input``, whose rows are the conditioning's; ``unet`` and
     its ``weights``: another UNet than the pipeline's (SDXL's refiner); ``perturbed``: the UNet's self-attention
     perturbed (PAG; the ControlNet's is not, as in diffusers' PAG ControlNet pipelines); ``freeu``: its up blocks
-    reweighed."""
+    reweighed; ``deep_cache``: DeepCache's branch (:func:`deep_cached`); ``mutable``: the collections the call
+    returns beside its output (``(output, collections)``)."""
     import jax.numpy as jnp
 
     timesteps = jnp.broadcast_to(timestep, model_input.shape[:1])
@@ -127,6 +144,12 @@ def _unet(pipeline: Any, params: dict, conditioning: Conditioning, model_input, 
         extra["perturbed"] = perturbed
     if freeu is not None:
         extra["freeu"] = freeu
+    if deep_cache is not None:
+        extra["deep_cache"] = deep_cache
+    if mutable:
+        out, collections = unet.apply({"params": weights}, model_input, timesteps,
+                                      encoder_hidden_states=conditioning.context, mutable=list(mutable), **extra)
+        return out.sample, collections
     return unet.apply({"params": weights}, model_input, timesteps, encoder_hidden_states=conditioning.context,
                       **extra).sample
 

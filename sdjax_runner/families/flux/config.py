@@ -82,4 +82,4 @@ ENTRY = FamilyEntry("flux", "FLUX.1: CLIP-L and T5 text encoders, a flow-matchin
                     guiders=guiders.COMBINING,  # on its true CFG (_flux_values)
                     sampler_names_scheduler=True, scheduler_settings=False, single_files=SINGLE_FILES,
                     architecture_of=architecture_of, short="FLUX.1", infotext_keys=("Distilled CFG Scale",),
-                    caches=tuple(caches.CACHES))  # on its own Euler sampler (config/caches.check)
+                    caches=("none", "first_block", "magcache"))  # on its own Euler sampler (config/caches.check)

@@ -44,4 +44,5 @@ ENTRY = FamilyEntry("sd", "Stable Diffusion 1.x, 2.x and XL: CLIP text encoder(s
                     modes=("txt2img", "img2img", "inpaint", "controlnet"),
                     builtins=("tiny-random", "tiny-random-xl", "sd-v1-arch", "sdxl-arch", "tiny-random-inpaint"),
                     embeddings=True, guidance_rescale=True, refiner=True, guiders=guiders.ON_A_UNET,
-                    single_files=SINGLE_FILES, architecture_of=architecture_of, short="SD")
+                    single_files=SINGLE_FILES, architecture_of=architecture_of, short="SD",
+                    caches=("none", "deepcache"))  # on its own scheduler (config/caches.check)

@@ -3,7 +3,7 @@ true CFG; text to image with the flow-matching Euler and the flow k samplers (:m
 
 from __future__ import annotations
 
-from sdjax_runner.engine.family import Family
+from sdjax_runner.engine.family import Family, around_blocks
 from sdjax_runner.families.flux.engine import family as flux
 from sdjax_runner.families.flux.engine import samplers, stages
 
@@ -12,4 +12,4 @@ FAMILY = Family("flux", check_loaded=flux.check_loaded, with_scheduler=flux.with
                        "edit": stages.edit, "control": stages.control},
                 samplers=samplers.SAMPLERS, decode=stages.decode, structure=flux.structure,
                 denoiser_call=flux.transformer_call, guidance=flux.guidance, split_weights=flux.split_weights,
-                skipped_calls=stages.SKIPPED_CALLS)
+                skipped_calls=around_blocks(stages.SKIPPED_CALLS))

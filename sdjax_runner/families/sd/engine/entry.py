@@ -5,15 +5,16 @@ says what only this family checks and measures."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Optional
 
 from sdjax_runner.config import checks, modes
 from sdjax_runner.engine.decode import decode
 from sdjax_runner.engine.encode import Conditioning, encode, negative_text, with_time_ids
 from sdjax_runner.engine.family import DenoiserCall, Family
 from sdjax_runner.engine.modes import MODES
-from sdjax_runner.engine.samplers import SAMPLERS
+from sdjax_runner.engine.samplers import SAMPLERS, deep_cache
 from sdjax_runner.engine.tokens import PromptTokens
+from sdjax_runner.errors import UserError
 from sdjax_runner.families.sd.models.loading import with_scheduler
 from sdjax_runner.models.checkpoints import config_dict
 from sdjax_runner.models.loading import LoadedModel
@@ -25,6 +26,16 @@ def sd_check_loaded(plan: Any, loaded: LoadedModel) -> None:
     checks.clip_skip(plan.clip_skip, pipeline.text_encoder.config.num_hidden_layers,
                      hasattr(pipeline, "text_encoder_2"), plan.model.name)
     perturbed_layers(plan.guider.layers, loaded.host_weights["unet"], plan.model.name)
+    deep_cache_branch(dict(plan.cache.shaping).get("branch"), len(pipeline.unet.config.block_out_channels),
+                      plan.model.name)
+
+
+def deep_cache_branch(branch: Optional[float], levels: int, model: str) -> None:
+    """DeepCache's ``cache.branch`` names a level of the UNet (``branch // 3``: engine/samplers/deep_cache.py)."""
+    if branch is not None and branch >= deep_cache.LEVEL_LAYERS * levels:
+        raise UserError("cache.branch", f"{branch:g}: {model}'s UNet has {levels} levels, DeepCache's branches "
+                        f"0 to {deep_cache.LEVEL_LAYERS * levels - 1} (level branch // 3, layer branch % 3)",
+                        f"a whole number from 0 to {deep_cache.LEVEL_LAYERS * levels - 1}")
 
 
 def perturbed_layers(layers: tuple[str, ...], unet_weights: dict, model: str) -> None:
@@ -72,6 +83,20 @@ def unet_call(pipeline: Any, per_device_images: float, height: int, width: int, 
     return DenoiserCall((latents, steps), {"encoder_hidden_states": context, "added_cond_kwargs": added})
 
 
+def deep_cache_call(shape: tuple, pipeline: Any, weights: dict, call: DenoiserCall):
+    """:attr:`Family.skipped_calls`' ``deepcache``: the UNet's call on DeepCache's branch alone (engine/samplers/
+    deep_cache.py), its kept input zeros of the shape a whole call keeps."""
+    import jax
+    import jax.numpy as jnp
+
+    deep = deep_cache.branch(shape)
+    shapes = jax.tree_util.tree_map(lambda leaf: jax.ShapeDtypeStruct(leaf.shape, leaf.dtype), weights)
+    _, sown = jax.eval_shape(lambda p, args, kwargs: pipeline.unet.apply(
+        {"params": p}, *args, **kwargs, deep_cache=deep, mutable=["intermediates"]), shapes, call.args, call.kwargs)
+    (kept,) = jax.tree_util.tree_leaves(sown)
+    return lambda: {"deep_cache": deep._replace(cached=jnp.zeros(kept.shape, kept.dtype))}
+
+
 def sd_structure(pipeline: Any) -> list:
     return [type(pipeline).__name__, str(pipeline.dtype), type(pipeline.scheduler).__name__,
             config_dict(pipeline.scheduler), config_dict(pipeline.unet), config_dict(pipeline.vae),
@@ -83,6 +108,6 @@ def sd_structure(pipeline: Any) -> list:
 FAMILY = Family("sd", check_loaded=sd_check_loaded, with_scheduler=with_scheduler, tokens=sd_tokens,
                 negative=negative_text, encode=sd_encode, modes=MODES, samplers=SAMPLERS, decode=decode,
                 structure=sd_structure, denoiser_call=unet_call, denoiser="unet",
-                runs_cfg=lambda plan: plan.guidance_scale > 1,
+                runs_cfg=lambda plan: plan.guidance_scale > 1, skipped_calls={"deepcache": deep_cache_call},
                 at_size=lambda conditioning, height, width: with_time_ids(conditioning, height, width,
                                                                           conditioning.context.dtype))

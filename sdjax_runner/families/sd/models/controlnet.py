@@ -201,7 +201,7 @@ class ControlNetModel(FromDiffusersConfig, layers.Module):
         for i, level in enumerate(levels):
             x, level_skips = DownBlock(level, self.layers_per_block, i < len(levels) - 1, **common,
                                        name=f"down_blocks_{i}")(x, temb, context, deterministic)
-            skips += level_skips
+            skips += tuple(skip for skip in level_skips if skip is not None)  # (it runs every layer)
         x = MidBlock(levels[-1].heads, 1, **common, name="mid_block")(x, temb, context, deterministic)
 
         down = tuple(conv1x1(skip.shape[-1], f"controlnet_down_blocks_{i}", self.dtype, zero=True)(skip)

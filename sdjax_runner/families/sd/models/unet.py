@@ -177,6 +177,38 @@ class UNetOutput(NamedTuple):
     sample: jax.Array
 
 
+class DeepCache(NamedTuple):
+    """DeepCache's branch for one UNet call (horseee/DeepCache's ``DeepCacheSDHelper``: its ``cache_block_id`` and
+    ``cache_layer_id``, ``branch // 3`` and ``branch % 3``). Layers are numbered per level as DeepCache numbers them:
+    a down block's resnets (each with its transformer) 0, 1, ... and its downsampler after them; an up block's
+    layers from its last (0) back to its first. On a call that reuses the cache (``cached`` given) every down
+    layer at or past the branch (``block`` > the branch's block, or the same block and ``layer`` >= its layer) is
+    skipped, the middle block too, and so is every up layer past it (a deeper block, or the same block and a
+    higher layer); the first up layer that runs starts from ``cached``, the input that layer had at the last call
+    that ran the whole UNet (which sows it: ``intermediates``' ``deep_cache``). The skips the remaining up layers
+    read all come from down layers that ran."""
+
+    block: int
+    layer: int
+    cached: Optional[jax.Array] = None
+
+    def down_runs(self, level: int) -> Optional[int]:
+        """How many layers the down block of ``level`` runs on a reusing call (:meth:`DownBlock.__call__`'s
+        ``runs``); None: all."""
+        return None if level < self.block else self.layer if level == self.block else 0
+
+    def first_up(self, level: int, per_block: int) -> Optional[int]:
+        """The first layer (in running order) the up block of ``level`` runs on a reusing call -- None: none of
+        them, 0: all; :meth:`entry` is where the cached input goes in."""
+        if level > self.block:
+            return None
+        return 0 if level < self.block else max(0, per_block - 1 - self.layer)
+
+    def entry(self, level: int, per_block: int) -> Optional[int]:
+        """The up block layer (running order) whose input is the cache, in the up block of ``level``; else None."""
+        return self.first_up(level, per_block) if level == self.block else None
+
+
 def refuse_unsupported(config: Mapping[str, Any], neutral: Mapping[str, tuple[tuple[Any, ...], str]],
                        what: str) -> None:
     """ValueError naming each key of ``config`` in ``neutral`` (key -> (the values that compute as this module
@@ -480,17 +512,24 @@ class DownBlock(layers.Module):
     perturbed: Optional[Perturbed] = None
 
     @nn.compact
-    def __call__(self, x: jax.Array, temb: jax.Array, context: jax.Array,
-                 deterministic: bool = True) -> tuple[jax.Array, tuple[jax.Array, ...]]:
+    def __call__(self, x: jax.Array, temb: jax.Array, context: jax.Array, deterministic: bool = True,
+                 runs: Optional[int] = None) -> tuple[jax.Array, tuple[Optional[jax.Array], ...]]:
+        """``runs``: only the layers before this one (DeepCache's numbering: :class:`DeepCache`), the skips of the
+        others None; None: every layer."""
         level = self.level
-        skips: tuple[jax.Array, ...] = ()
+        skips: tuple[Optional[jax.Array], ...] = ()
         for i in range(self.num_layers):
+            if runs is not None and i >= runs:
+                skips += (None,)
+                continue
             x = ResnetBlock2D(level.channels, self.dropout, self.dtype, name=f"resnets_{i}")(x, temb, deterministic)
             if level.cross_attention:
                 x = Transformer2D(level.heads, level.depth, self.use_linear_projection, level.only_cross_attention,
                                   self.implementation, self.dtype, self.perturbed, name=f"attentions_{i}")(x, context)
             skips += (x,)
         if self.add_downsample:
+            if runs is not None and self.num_layers >= runs:
+                return x, skips + (None,)
             x = Downsample2D(level.channels, self.dtype, name="downsamplers_0")(x)
             skips += (x,)
         return x, skips
@@ -511,11 +550,17 @@ class UpBlock(layers.Module):
     perturbed: Optional[Perturbed] = None
 
     @nn.compact
-    def __call__(self, x: jax.Array, skips: tuple[jax.Array, ...], temb: jax.Array, context: jax.Array,
-                 deterministic: bool = True, freeu: Optional[tuple[Any, Any]] = None) -> jax.Array:
+    def __call__(self, x: jax.Array, skips: tuple[Optional[jax.Array], ...], temb: jax.Array, context: jax.Array,
+                 deterministic: bool = True, freeu: Optional[tuple[Any, Any]] = None, first: int = 0,
+                 sown: Optional[int] = None) -> jax.Array:
+        """``first``: the layer to start at, ``x`` its input (DeepCache's reusing call); ``sown``: the layer whose
+        input is sown (``intermediates``' ``deep_cache``: DeepCache's call that runs the whole UNet)."""
         level = self.level
-        for i in range(self.num_layers):
+        for i in range(first, self.num_layers):
+            if i == sown:
+                self.sow("intermediates", "deep_cache", x)
             skip = skips[-1 - i]
+            assert skip is not None  # (a layer that runs reads a skip that ran: DeepCache's branches)
             if freeu is not None:  # FreeU's (b, s) for this block (:class:`FreeU`)
                 x, skip = freeu_applied(x, skip, *freeu)
             x = jnp.concatenate((x, skip), axis=-1)
@@ -583,14 +628,15 @@ class UNet2DConditionModel(FromDiffusersConfig, layers.Module):
 
     ``__call__(sample, timesteps, encoder_hidden_states, added_cond_kwargs=None,
     down_block_additional_residuals=None, mid_block_additional_residual=None, train=False, perturbed=None,
-    freeu=None)``:
+    freeu=None, deep_cache=None)``:
     ``sample`` NCHW
     ``(B, in_channels, H, W)`` (H and W divisible by ``2 ** (levels - 1)``), ``timesteps`` (:func:`as_timesteps`),
     ``encoder_hidden_states`` ``(B, T, cross_attention_dim)``, ``added_cond_kwargs`` SDXL's ``{"text_embeds":
     (B, D), "time_ids": (B, n)}``, the ControlNet residuals NHWC (added to the skips -- as many as there are
     skips -- and to the middle block's output), ``train`` turns dropout on (rng ``dropout``), ``perturbed``
     (:class:`Perturbed`) perturbs self-attention for perturbed-attention guidance, ``freeu`` (:class:`FreeU`)
-    reweighs the first up blocks' features. Returns
+    reweighs the first up blocks' features, ``deep_cache`` (:class:`DeepCache`) runs DeepCache's branch (with its
+    ``cached`` input: the shallow layers alone; without: every layer, the branch's input sown). Returns
     :class:`UNetOutput` with ``sample`` NCHW ``(B, out_channels, H, W)``.
 
     Under ``jax.jit`` it lowers to diffusers' own program (tests/test_sd_modules.py compares the StableHLO
@@ -706,27 +752,31 @@ class UNet2DConditionModel(FromDiffusersConfig, layers.Module):
                  added_cond_kwargs: Optional[Mapping[str, Any]] = None,
                  down_block_additional_residuals: Optional[Sequence[jax.Array]] = None,
                  mid_block_additional_residual: Optional[jax.Array] = None, train: bool = False,
-                 perturbed: Optional[Perturbed] = None, freeu: Optional[FreeU] = None) -> UNetOutput:
+                 perturbed: Optional[Perturbed] = None, freeu: Optional[FreeU] = None,
+                 deep_cache: Optional[DeepCache] = None) -> UNetOutput:
         self.check()
         deterministic, context = not train, encoder_hidden_states
         common = dict(use_linear_projection=self.use_linear_projection, dropout=self.dropout,
                       implementation=self.attention_implementation, dtype=self.dtype, perturbed=perturbed)
         levels = self.levels()
         temb = self.embed_time(timesteps, added_cond_kwargs)
+        reusing = deep_cache if deep_cache is not None and deep_cache.cached is not None else None
 
         x = conv3x3(self.block_out_channels[0], "conv_in", self.dtype)(jnp.transpose(sample, (0, 2, 3, 1)))
-        skips: tuple[jax.Array, ...] = (x,)
+        skips: tuple[Optional[jax.Array], ...] = (x,)
         for i, level in enumerate(levels):
+            runs = reusing.down_runs(i) if reusing else None
             x, level_skips = DownBlock(level, self.layers_per_block, i < len(levels) - 1, **common,
-                                       name=f"down_blocks_{i}")(x, temb, context, deterministic)
+                                       name=f"down_blocks_{i}")(x, temb, context, deterministic, runs)
             skips += level_skips
         if down_block_additional_residuals is not None:
-            skips = tuple(skip + extra for skip, extra in zip(skips, down_block_additional_residuals, strict=True))
+            skips = tuple(None if skip is None else skip + extra
+                          for skip, extra in zip(skips, down_block_additional_residuals, strict=True))
 
-        if self.mid_block_type is not None:
+        if self.mid_block_type is not None and not reusing:
             x = MidBlock(levels[-1].heads, levels[-1].depth, **common, name="mid_block")(x, temb, context,
                                                                                         deterministic)
-        if mid_block_additional_residual is not None:
+        if mid_block_additional_residual is not None and not reusing:
             x = x + mid_block_additional_residual
 
         per_block = self.layers_per_block + 1
@@ -735,8 +785,15 @@ class UNet2DConditionModel(FromDiffusersConfig, layers.Module):
                              level.only_cross_attention)
             level_skips, skips = skips[-per_block:], skips[:-per_block]
             block_freeu = None if freeu is None or i > 1 else (freeu.b[i], freeu.s[i])
+            depth = len(levels) - 1 - i  # DeepCache's numbering of this up block
+            first = reusing.first_up(depth, per_block) if reusing else 0
+            if first is None:
+                continue
+            if reusing and depth == reusing.block:
+                x = reusing.cached
+            sown = deep_cache.entry(depth, per_block) if deep_cache is not None and not reusing else None
             x = UpBlock(up_level, per_block, i < len(levels) - 1, **common, name=f"up_blocks_{i}")(
-                x, level_skips, temb, context, deterministic, block_freeu)
+                x, level_skips, temb, context, deterministic, block_freeu, first, sown)
 
         x = conv3x3(self.out_channels, "conv_out", self.dtype)(nn.silu(group_norm("conv_norm_out")(x)))
         return UNetOutput(sample=jnp.transpose(x, (0, 3, 1, 2)))

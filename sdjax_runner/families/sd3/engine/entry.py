@@ -3,7 +3,7 @@ flow-matching Euler and FLUX.1's flow k samplers (families/flux/engine/samplers.
 
 from __future__ import annotations
 
-from sdjax_runner.engine.family import Family
+from sdjax_runner.engine.family import Family, around_blocks
 from sdjax_runner.families.flux.engine import samplers as flux_samplers
 from sdjax_runner.families.sd3.engine import family as sd3
 from sdjax_runner.families.sd3.engine import stages
@@ -13,4 +13,4 @@ FAMILY = Family("sd3", check_loaded=sd3.check_loaded, with_scheduler=sd3.with_sc
                 samplers={name: flux_samplers.k_sampler(name, stages) for name in flux_samplers.SAMPLERS},
                 decode=stages.decode, structure=sd3.structure, denoiser_call=sd3.transformer_call,
                 split_weights=sd3.split_weights, shift=lambda pipeline: float(pipeline.scheduler_config["shift"]),
-                skipped_calls=stages.SKIPPED_CALLS)
+                skipped_calls=around_blocks(stages.SKIPPED_CALLS))
