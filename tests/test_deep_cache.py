@@ -116,6 +116,7 @@ def test_whole_calls_are_the_helpers_numbering_a_repeated_timestep_twice(schedul
     import jax
     import jax.numpy as jnp
 
+    from sdjax_runner.engine.guiders import Guidance
     from sdjax_runner.engine.samplers.deep_cache import whole_call
     from sdjax_runner.families.sd.models.schedulers import EulerDiscreteScheduler, PNDMScheduler
 
@@ -124,7 +125,8 @@ def test_whole_calls_are_the_helpers_numbering_a_repeated_timestep_twice(schedul
     timesteps = np.asarray(state.timesteps)[:steps]
     if scheduler == "pndm":
         assert len(set(timesteps.tolist())) < len(timesteps)  # PLMS repeats its second timestep
-    decide = jax.jit(lambda interval, index, start: whole_call(interval, jnp.asarray(timesteps), index, start))
+    decide = jax.jit(lambda interval, index, start: whole_call(Guidance(7.5, "cfg", cache={"interval": interval}),
+                                                               jnp.asarray(timesteps), index, start))
     for interval in (1, 2, 3):
         for start in (0, 1, 3):
             got = [bool(decide(np.float32(interval), index, start)) for index in range(start, steps)]

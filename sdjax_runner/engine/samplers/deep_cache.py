@@ -41,11 +41,13 @@ def call_number(timesteps, index):
     return jnp.argmax(timesteps == timesteps[index])
 
 
-def whole_call(interval, timesteps, index, start):
+def whole_call(guidance: Guidance, timesteps, index, start):
     """Whether the call at step ``index`` runs the whole UNet: its number less the first call's (at ``start``) a
-    multiple of the (traced) interval."""
+    multiple of the interval (``guidance.cache``'s, traced)."""
     import jax.numpy as jnp
 
+    assert guidance.cache is not None  # (the cache's traced settings: engine/program.guiding)
+    interval = guidance.cache["interval"]
     distance = call_number(timesteps, index) - call_number(timesteps, start)
     return jnp.remainder(distance, jnp.asarray(interval, distance.dtype)) == 0
 

@@ -29,15 +29,7 @@ def denoise(pipeline: Any, params: dict, conditioning: Conditioning, start: Star
     sigma = (state if conditioning.added is not None else params["scheduler"]).init_noise_sigma
 
     def noised(index):
-        """The init image noised to the level of step ``index``. diffusers' Flax img2img pipeline:
-        ``scheduler.add_noise`` at ``timesteps[index]``, times init_noise_sigma (1 for these). A scheduler
-        that steps in sigma space (Euler, LMS) adds ``noise * sigmas[index]``, as diffusers' PyTorch
-        schedulers do: its Flax ``add_noise`` indexes sigmas by the timestep's value, and init_noise_sigma is
-        the largest sigma there, which would noise the image twice."""
-        if hasattr(state, "sigmas"):
-            return start.image + start.noise * jnp.asarray(state.sigmas)[index]
-        t = jnp.broadcast_to(jnp.asarray(state.timesteps)[index], start.noise.shape[:1])
-        return scheduler.add_noise(params["scheduler"], start.image, start.noise, t) * params["scheduler"].init_noise_sigma
+        return noised_to(scheduler, state, params["scheduler"], start, index)
 
     latents = initial(start, start.noise * sigma, noised)
 
@@ -51,8 +43,7 @@ def denoise(pipeline: Any, params: dict, conditioning: Conditioning, start: Star
         if deep is None:
             predictions = unet.halves(pipeline, params, conditioning, model_input, t, guidance=guidance)
         else:
-            assert guidance.cache is not None  # (the cache's traced settings: engine/program.guiding)
-            whole = deep_cache.whole_call(guidance.cache["interval"], jnp.asarray(state.timesteps), index, start.step)
+            whole = deep_cache.whole_call(guidance, jnp.asarray(state.timesteps), index, start.step)
             predictions, cache = deep_cache.predictions(pipeline, params, conditioning, model_input, t, guidance,
                                                         deep, cache, whole)
         noise = guided(predictions.unconditional, predictions.conditional, guidance, index - start.step,
@@ -78,6 +69,20 @@ def denoise(pipeline: Any, params: dict, conditioning: Conditioning, start: Star
                                          t, guidance, deep)
     latents, _, cache = jax.lax.fori_loop(start.step, spec.steps, step, (latents, state, cache))
     return latents if deep is None else Cached(latents, cache.skipped)
+
+
+def noised_to(scheduler: Any, state: Any, initial_state: Any, start: Start, index):
+    """The init image noised to the level of step ``index`` (``state``: the scheduler's after set_timesteps,
+    ``initial_state`` before). diffusers' Flax img2img pipeline: ``scheduler.add_noise`` at ``timesteps[index]``,
+    times init_noise_sigma (1 for these). A scheduler that steps in sigma space (Euler, LMS) adds ``noise *
+    sigmas[index]``, as diffusers' PyTorch schedulers do: its Flax ``add_noise`` indexes sigmas by the timestep's
+    value, and init_noise_sigma is the largest sigma there, which would noise the image twice."""
+    import jax.numpy as jnp
+
+    if hasattr(state, "sigmas"):
+        return start.image + start.noise * jnp.asarray(state.sigmas)[index]
+    t = jnp.broadcast_to(jnp.asarray(state.timesteps)[index], start.noise.shape[:1])
+    return scheduler.add_noise(initial_state, start.image, start.noise, t) * initial_state.init_noise_sigma
 
 
 def ddim_step(scheduler: Any, state: Any, noise, t, latents, eta: float, draw):
