@@ -38,7 +38,8 @@ def test_the_tiny_builtins_are_all_compared():
     full-size ones are the same writers on other numbers."""
     assert set(TINY) == {"tiny-random", "tiny-random-xl", "tiny-random-inpaint", "tiny-random-clip",
                          "tiny-random-controlnet", "tiny-random-flux", "tiny-random-flux-schnell",
-                         "tiny-random-flux-kontext", "tiny-random-flux-fill", "tiny-random-flux-control", "tiny-random-sd3"}
+                         "tiny-random-flux-kontext", "tiny-random-flux-fill", "tiny-random-flux-control",
+                         "tiny-random-flux-controlnet", "tiny-random-sd3"}
 
 
 def test_building_a_builtin_imports_no_diffusers_transformers_or_torch(tmp_path):

@@ -218,6 +218,64 @@ def test_flux_canny_and_depth_are_diffusers_control_pipeline_and_a_control_image
 
 
 @pytest.mark.slow
+def test_a_flux_controlnet_is_diffusers_controlnet_pipeline_and_a_scale_sweep_compiles_once(tmp_path, cache_dir):
+    """A FLUX.1 ControlNet (FluxControlNetPipeline with diffusers' FluxControlNetModel: the control image's latents
+    read beside the latents, its blocks' outputs added after the transformer's) on tiny-flux-dev with a tiny random
+    ControlNet in the published layout, from the reference's draws: three conditioning scales from one program, each
+    within 2/255 of the pipeline's images; the records name it; the built-in one on the sharded path; what does not fit
+    is one line."""
+    ref = dict(np.load(REFERENCE / "flux_controlnet.npz"))
+    net, edges = REFERENCE / "tiny-flux-controlnet", REFERENCE / "control.png"
+    common = (*reference_run(ref, FOLDERS["flux"], cache_dir), "mode=controlnet", f"controlnet.model={net}",
+              f"controlnet.image={edges}")
+    result = run_cli("-m", *common, "controlnet.conditioning_scale=0.7,1,0", "hydra.sweep.dir=sweep", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    jobs = {records_of(job)[0]["conditioning_scale"]: job for job in (tmp_path / "sweep").glob("[0-9]")}
+    assert sorted(jobs) == [0.0, 0.7, 1.0]
+    reused = [json.loads((job / "timings.json").read_text())["compile_reused"] for job in jobs.values()]
+    assert sorted(reused) == [0, 1, 1]  # the conditioning scale is a traced input
+    for scale, expected in ((0.7, ref["images_0.7"]), (1.0, ref["images_1"]), (0.0, ref["plain"])):
+        for record, pixels in zip(records_of(jobs[scale]), pixels_of(jobs[scale]), strict=True):
+            assert (record["mode"], record["controlnet"]) == ("controlnet", str(net))
+            difference = np.abs(pixels / 255 - expected[record["device"]]).max()
+            assert difference <= 2 / 255, (scale, difference)
+    # the scales steer the images well beyond that bound
+    assert np.abs(ref["images_0.7"] - ref["images_1"]).max() > 0.05 and np.abs(ref["images_1"] - ref["plain"]).max() > 0.05
+    with Image.open(jobs[0.7] / records_of(jobs[0.7])[0]["file"]) as image:
+        assert f", ControlNet: {net}, Control weight: 0.7" in image.text["parameters"]
+    # the built-in tiny FLUX.1 ControlNet, as the image modes guide runs it, its weights split across the devices
+    builtin = run_cli("+experiment=flux_smoke", "mode=controlnet", "controlnet.model=tiny-random-flux-controlnet",
+                      f"controlnet.image={edges}", "parallelism=sharded", "parallelism.params=sharded", *QUIET,
+                      f"paths.cache_dir={cache_dir}", "hydra.run.dir=builtin", cwd=tmp_path)
+    assert builtin.returncode == 0, builtin.stderr[-3000:]
+    records = records_of(tmp_path / "builtin")
+    assert len(records) == 8 and {(r["mode"], r["controlnet"]) for r in records} == {
+        ("controlnet", "tiny-random-flux-controlnet")}
+    # what does not fit: an SD ControlNet on FLUX.1 and this one on SD; a union model; one made for another
+    # transformer; a step cache; FLUX.1 Canny/Depth (its transformer is the control model)
+    union, other = tmp_path / "union", tmp_path / "other"
+    for folder, change in ((union, {"num_mode": 10}), (other, {"joint_attention_dim": 64})):
+        folder.mkdir()
+        config = json.loads((net / "config.json").read_text())
+        (folder / "config.json").write_text(json.dumps(dict(config, **change)))
+    flux = ("+experiment=flux_smoke", "mode=controlnet", f"controlnet.image={edges}", *QUIET, f"paths.cache_dir={cache_dir}")
+    for overrides, expected in (
+            ((*flux, "controlnet.model=tiny-random-controlnet"), "error: controlnet.model: "),
+            (("+experiment=smoke", "mode=controlnet", "controlnet.model=tiny-random-flux-controlnet",
+              f"controlnet.image={edges}", *QUIET, f"paths.cache_dir={cache_dir}"), "error: controlnet.model: "),
+            ((*flux, f"controlnet.model={union}"), f"error: controlnet.model: {union}: num_mode 10: a union ControlNet"),
+            ((*flux, f"controlnet.model={other}"), f"error: controlnet.model: {other} was made for another FLUX.1 "
+             "transformer: joint_attention_dim 64 (the transformer's 32)"),
+            ((*flux, "controlnet.model=tiny-random-flux-controlnet", "cache=first_block"),
+             "error: cache: first_block with mode=controlnet: the ControlNet's residuals reach every block"),
+            ((*flux, "controlnet.model=tiny-random-flux-controlnet", "model=tiny-random-flux-control"),
+             "error: mode: controlnet: tiny-random-flux-control is FLUX.1 Canny/Depth")):
+        assert_one_line_error(call_cli(*overrides, cwd=tmp_path), expected)
+    said = call_cli(*flux, "controlnet.model=tiny-random-controlnet", cwd=tmp_path).stderr
+    assert "holds a FlaxControlNetModel, not a FluxControlNetModel (a FLUX.1 ControlNet" in said, said
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize(("experiment", "sampler"), [("flux_smoke", "euler"), ("flux_smoke", "dpmpp_2m"),
                                                      ("sd3_smoke", "euler")])
 def test_img2img_at_strength_1_is_txt2img_and_lower_starts_part_way(tmp_path, cache_dir, experiment, sampler):
@@ -243,8 +301,8 @@ INPAINT = ("mode=inpaint", "init_image=x.png", "mask_image=m.png")
 
 
 @pytest.mark.parametrize(("overrides", "expected"), [
-    (["+experiment=flux_smoke", "mode=controlnet", "controlnet.model=c", "controlnet.image=x.png"],
-     "error: mode: controlnet, but tiny-random-flux is a FLUX.1"),
+    (["+experiment=sd3_smoke", "mode=controlnet", "controlnet.model=c", "controlnet.image=x.png"],
+     "error: mode: controlnet, but tiny-random-sd3 is a Stable Diffusion 3"),
     (["+experiment=sd3_smoke", *INPAINT, "sampler=dpmpp_2m"],
      "error: sampler: dpmpp_2m with mode=inpaint: SD 3 inpaints on its own Euler"),
     (["+experiment=flux_smoke", *INPAINT, "sampler=euler", "scheduler=karras"],

@@ -152,8 +152,6 @@ REFUSED = {
     "A1111 syntax": (["prompts.syntax=a1111"], "error: prompts.syntax: a1111: A1111's emphasis and BREAK weigh"),
     "T5 too long": (["prompts.max_sequence_length=513"], "error: prompts.max_sequence_length: 513: FLUX.1's T5 "
                     "reads at most 512 tokens (allowed: 1..512"),
-    "controlnet": (["mode=controlnet", "controlnet.model=c", "controlnet.image=x.png"],
-                   "error: mode: controlnet, but tiny-random-flux is a FLUX.1"),
     "an SDE sampler": (["sampler=dpmpp_2m_sde"], "error: sampler: dpmpp_2m_sde: the flow models (FLUX.1, SD 3) run euler, heun, dpmpp_2m"),
     "an SD scheduler": (["scheduler=ddim"], "error: scheduler: ddim: the flow models (FLUX.1, SD 3) step with their own flow_match_euler"),
     "clip skip": (["prompts.clip_skip=2"], "error: prompts.clip_skip: 2: FLUX.1 reads CLIP's pooled output"),

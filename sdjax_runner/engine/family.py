@@ -70,6 +70,9 @@ class Family:
     # (conditioning, height, width) -> the conditioning for images of that size (Hires. fix's second pass, engine/
     # hires.py: SDXL's size conditioning); the default: the same
     at_size: Callable[[Conditioning, int, int], Conditioning] = lambda conditioning, height, width: conditioning
+    # (controlnet.model, paths.cache_dir, pipeline, activations dtype, weights dtype) -> models/controlnet.
+    # LoadedControlNet: its ControlNet (controlnet mode), checked against the model; None: it runs none
+    load_controlnet: Optional[Callable[..., Any]] = None
 
 
 def around_blocks(skipped: Mapping[str, Callable]) -> dict[str, Callable[..., Callable[[], dict]]]:

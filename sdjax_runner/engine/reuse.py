@@ -192,13 +192,14 @@ class ReuseCache:
         if not reused:
             import jax.numpy as jnp
 
-            from sdjax_runner.models import controlnet
             from sdjax_runner.models.loading import numpy_dtype
 
             entry.controlnet, entry.controlnet_on, entry.controlnet_weights = None, (), None
-            entry.controlnet = controlnet.load(plan.controlnet, plan.cache_dir, entry.loaded.pipeline.unet.config,
-                                               getattr(jnp, plan.dtype.activations_dtype.name),
-                                               numpy_dtype(plan.dtype.weights_dtype.name))
+            load = FAMILIES[entry.loaded.family].load_controlnet
+            assert load is not None  # (config/modes: a family that runs controlnet mode loads ControlNets)
+            entry.controlnet = load(plan.controlnet, plan.cache_dir, entry.loaded.pipeline,
+                                    getattr(jnp, plan.dtype.activations_dtype.name),
+                                    numpy_dtype(plan.dtype.weights_dtype.name))
             entry.controlnet_key = key
         return entry.controlnet, reused
 
@@ -264,7 +265,7 @@ class ReuseCache:
                 entry.controlnet_on = placement
             params["controlnet"] = entry.controlnet_weights
             # read by the program (engine/samplers/unet.py), with the run's attention
-            pipeline.controlnet = entry.controlnet.module.clone(attention=plan.attention)
+            pipeline.controlnet = entry.controlnet.with_attention(plan.attention)
         if entry.refiner is not None and plan.refiner is not None:
             if entry.refiner_on != placement:
                 entry.refiner_weights = mode.place_params(entry.refiner.host_weights, devices)

@@ -2,15 +2,17 @@
 ``diffusion_flax_model.msgpack`` or PyTorch ``diffusion_pytorch_model.safetensors`` weights, as
 lllyasviel/sd-controlnet-* ship them (converted without torch, as the model's components are) -- or a
 built-in one (``tiny-random-controlnet``, for ``model=tiny-random``). Loaded beside the model, checked
-against its UNet, and run by engine/modes/controlnet.py."""
+against its UNet, and run by engine/modes/controlnet.py. FLUX.1's (``FluxControlNetModel`` folders) are loaded by
+families/flux/models/controlnet.py into this module's :class:`LoadedControlNet`."""
 
 from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
 from sdjax_runner.config.modes import CONTROLNET_ALLOWED
 from sdjax_runner.console import one_line
@@ -24,12 +26,21 @@ MATCHING = ("block_out_channels", "layers_per_block", "cross_attention_dim", "do
 
 @dataclass
 class LoadedControlNet:
-    module: Any  # FlaxControlNetModel
+    module: Any  # FlaxControlNetModel (the SD family's), FlaxFluxControlNet (FLUX.1's)
     host_weights: Any
     path: str
     format: str  # "flax" or "safetensors"
     structure: str  # its config, as JSON: what a compiled program depends on
     load_s: float
+    # performance.attention -> the module computing with it (the family's engine sets it where its modules name
+    # their attention otherwise; the SD family's take ``attention``)
+    for_attention: Optional[Callable[[str], Any]] = None
+
+    def with_attention(self, attention: str) -> Any:
+        """The module computing with ``performance.attention``."""
+        if self.for_attention is not None:
+            return self.for_attention(attention)
+        return self.module.clone(attention=attention)
 
 
 def folder(value: str, cache_dir: str) -> Path:
@@ -44,7 +55,7 @@ def folder(value: str, cache_dir: str) -> Path:
     return path
 
 
-def read_config(path: Path) -> dict:
+def read_config(path: Path, class_name: str = "ControlNetModel", what: str = "an SD ControlNet") -> dict:
     config_file = path / "config.json"
     try:
         config = json.loads(config_file.read_text(encoding="utf-8"))
@@ -54,8 +65,9 @@ def read_config(path: Path) -> dict:
         raise UserError(KEY, f"{config_file} is not a JSON config ({one_line(exc, 120)})",
                         ALLOWED) from None
     name = config.get("_class_name") if isinstance(config, dict) else None
-    if not isinstance(name, str) or name.removeprefix("Flax") != "ControlNetModel":
-        raise UserError(KEY, f"{path} holds a {name or 'config without a _class_name'}, not a ControlNetModel", ALLOWED)
+    if not isinstance(name, str) or name.removeprefix("Flax") != class_name:
+        raise UserError(KEY, f"{path} holds a {name or 'config without a _class_name'}, not a {class_name} ({what}, "
+                        "what this model runs)", ALLOWED)
     return config
 
 

@@ -14,7 +14,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from sdjax_runner.families.flux.models.builtin import FLUX_SPECS
+from sdjax_runner.families.flux.models.builtin import FLUX_CONTROLNET_SPECS, FLUX_SPECS, build_flux_controlnet_into
 from sdjax_runner.families.sd.models.builtin import CONTROLNET_SPECS, SD_SCHEDULER, SPECS, XL_SCHEDULER, sd_weights
 from sdjax_runner.families.sd3.models.builtin import SD3_SPECS
 from sdjax_runner.models.builtin import CLIP_SPECS
@@ -52,8 +52,10 @@ def build(name: str, target: Path) -> Path:
     compatible_flax_t5()
     staging = Path(tempfile.mkdtemp(dir=Path(target).parent))
     try:
+        # (a FLUX.1 ControlNet is the runner's own module, as FLUX.1's transformer: diffusers has no Flax class of it)
         writers = ((CLIP_SPECS, _build_clip_into), (CONTROLNET_SPECS, _build_controlnet_into),
-                   (FLUX_SPECS, _build_flux_into), (SD3_SPECS, _build_sd3_into), (SPECS, _build_into))
+                   (FLUX_SPECS, _build_flux_into), (FLUX_CONTROLNET_SPECS, build_flux_controlnet_into),
+                   (SD3_SPECS, _build_sd3_into), (SPECS, _build_into))
         specs, write = next((specs, write) for specs, write in writers if name in specs)
         write(staging, specs[name])
         staging.rename(target)

@@ -33,6 +33,12 @@ pipeline calls directly, is given it) and the noise the runner's. It writes ``fl
 per device, and ``control_images``: the same draws with the control image inverted, which the test tells apart).
 ``--only control`` writes it (and its transformer) alone.
 
+A FLUX.1 ControlNet (``FluxControlNetPipeline`` with diffusers' ``FluxControlNetModel``: a copy of the transformer's
+first blocks reading the control image's latents too, whose block outputs the transformer adds after its own) runs on
+tiny-flux-dev with a tiny random ControlNet made here (``tiny-flux-controlnet/``, the published layout) on the same
+edge map, at two conditioning scales and at 0 (``flux_controlnet.npz``: ``images_S``, ``plain``); ``--only
+controlnet`` writes it alone.
+
 ``FAMILY_MODE.npz`` (``flux_img2img.npz``, ``sd3_inpaint.npz``, ``flux_fill.npz``, ...) holds ``images_S`` (device, H, W, 3) in [0, 1]
 per strength S, and the settings;
 ``VERSIONS.json`` the libraries it ran with. Running it again writes identical files.
@@ -94,6 +100,13 @@ FILL_SEED = 20
 # seed CONTROL_SEED) and the index naming FluxControlPipeline: control_folder() assembles it, as the test does.
 CONTROL_TRANSFORMER = DEFAULT_OUT / "tiny-flux-control-transformer"
 CONTROL_SEED = 21
+# FLUX.1 ControlNets (issue #63 item 1): a tiny random FluxControlNetModel beside tiny-flux-dev's transformer -- one
+# double block and one single block, against the transformer's one and two (so both single blocks read the one
+# residual: diffusers' interval_control), its zero-initialised projections drawn at random too (else it adds nothing)
+# -- made here (torch seed CONTROLNET_SEED) in the published layout (config.json, diffusion_pytorch_model.safetensors)
+CONTROLNET = DEFAULT_OUT / "tiny-flux-controlnet"
+CONTROLNET_SEED = 22
+CONTROLNET_SCALES = (0.7, 1.0)
 STEPS = 4
 # 4 steps at 0.6: get_timesteps' start int(4 - 2.4) = 1, three steps run (the Flax rule would run two); at 0.3 two
 # run; at 1.0 all four, from the noise alone (sigma 1)
@@ -172,6 +185,77 @@ def control_images(pipeline, picture: np.ndarray, noise: np.ndarray, eps: np.nda
             module.randn_tensor, DiagonalGaussianDistribution.sample = saved
         images.append(np.asarray(image, dtype=np.float32))
     return np.stack(images)
+
+
+def flux_controlnet(out: Path) -> None:
+    """The tiny FluxControlNetModel (:data:`CONTROLNET`), saved to ``out``."""
+    import torch
+    from diffusers import FluxControlNetModel
+
+    config = json.loads((FLUX_FOLDER / "transformer" / "config.json").read_text())
+    config = {k: v for k, v in config.items() if not k.startswith("_") and k != "out_channels"}
+    torch.manual_seed(CONTROLNET_SEED)
+    net = FluxControlNetModel(**dict(config, num_layers=1, num_single_layers=1))
+    with torch.no_grad():
+        for name, parameter in net.named_parameters():
+            if name.startswith(("controlnet_blocks", "controlnet_single_blocks", "controlnet_x_embedder")):
+                parameter.copy_(torch.randn_like(parameter) * 0.2)
+    net.save_pretrained(out, safe_serialization=True)
+
+
+def controlnet_images(pipeline, picture: np.ndarray, scale: float, noise: np.ndarray, eps: np.ndarray) -> np.ndarray:
+    """FluxControlNetPipeline's image for each device's draws at conditioning scale ``scale`` (as
+    :func:`control_images`: the noise through ``randn_tensor``, the control image's posterior sample through
+    ``DiagonalGaussianDistribution.sample``, which its ``retrieve_latents`` calls)."""
+    import diffusers.pipelines.flux.pipeline_flux_controlnet as module
+    import torch
+    from diffusers.models.autoencoders.vae import DiagonalGaussianDistribution
+    from PIL import Image
+
+    images = []
+    for device in range(NUM_DEVICES):
+        def given_noise(shape, generator=None, device_=None, dtype=None, layout=None, at=device, **_):
+            assert tuple(shape) == noise[at:at + 1].shape, shape
+            return torch.from_numpy(noise[at:at + 1]).to(dtype=dtype)
+
+        def given_sample(dist, generator=None, at=device):
+            return dist.mean + dist.std * torch.from_numpy(eps[at:at + 1]).to(dist.mean.dtype)
+
+        saved = module.randn_tensor, DiagonalGaussianDistribution.sample
+        module.randn_tensor, DiagonalGaussianDistribution.sample = given_noise, given_sample
+        try:
+            with torch.no_grad():
+                image = pipeline(prompt=PROMPT, control_image=Image.fromarray(picture), num_inference_steps=STEPS,
+                                 controlnet_conditioning_scale=scale, guidance_scale=VARIANTS["dev"]["guidance_scale"],
+                                 height=HEIGHT, width=WIDTH, max_sequence_length=MAX_SEQUENCE_LENGTH,
+                                 output_type="np").images[0]
+        finally:
+            module.randn_tensor, DiagonalGaussianDistribution.sample = saved
+        images.append(np.asarray(image, dtype=np.float32))
+    return np.stack(images)
+
+
+def write_controlnet(out_dir: Path, noise: np.ndarray, eps: np.ndarray) -> None:
+    """``flux_controlnet.npz`` (``images_S`` per conditioning scale S, one per device, and ``plain``: scale 0) and the
+    ControlNet it ran (:data:`CONTROLNET`), on :func:`control_image` (``control.png``)."""
+    import diffusers
+    import torch
+
+    folder = out_dir / CONTROLNET.name
+    flux_controlnet(folder)
+    controlnet = diffusers.FluxControlNetModel.from_pretrained(folder, torch_dtype=torch.float32)
+    for parameter in controlnet.parameters():
+        parameter.data = parameter.data.clone()  # (aligned: load_aligned's reason)
+    base = load_aligned("FluxPipeline", FLUX_FOLDER)
+    pipeline = diffusers.FluxControlNetPipeline(controlnet=controlnet, **base.components)
+    pipeline.set_progress_bar_config(disable=True)
+    edges = control_image()
+    out = dict(run_settings(VARIANTS["dev"]["guidance_scale"]), scales=np.asarray(CONTROLNET_SCALES))
+    for scale in CONTROLNET_SCALES:
+        out[f"images_{scale:g}"] = controlnet_images(pipeline, edges, scale, noise, eps)
+    out["plain"] = controlnet_images(pipeline, edges, 0.0, noise, eps)
+    print(f"controlnet: largest difference between scales 0 and 1 {np.abs(out['images_1'] - out['plain']).max():.4f}")
+    _save_npz(out_dir / "flux_controlnet.npz", out)
 
 
 def run_settings(guidance: float) -> dict[str, np.ndarray]:
@@ -274,7 +358,8 @@ def main(argv: list[str] | None = None) -> int:
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="the fixture folder")
-    parser.add_argument("--only", choices=("control",), help="write only FLUX.1 Canny/Depth's reference")
+    parser.add_argument("--only", choices=("control", "controlnet"),
+                        help="write only FLUX.1 Canny/Depth's (control) or the FLUX.1 ControlNet's (controlnet) reference")
     args = parser.parse_args(argv)
     quiet_deterministic_torch()
     import tempfile
@@ -282,8 +367,11 @@ def main(argv: list[str] | None = None) -> int:
     picture = init_image()
     noise, eps = runner_draws()
     args.out.mkdir(parents=True, exist_ok=True)
-    write_control(args.out, noise, eps)
-    if args.only == "control":
+    if args.only != "control":
+        write_controlnet(args.out, noise, eps)
+    if args.only != "controlnet":
+        write_control(args.out, noise, eps)
+    if args.only is not None:
         (args.out / "VERSIONS.json").write_text(json.dumps(_versions(), indent=2) + "\n", encoding="utf-8")
         return 0
     fill_transformer(args.out / FILL_TRANSFORMER.name)

@@ -49,6 +49,9 @@ def _flux_values(config: Any) -> None:
     if config.mode.name == "edit" and config.cache.name != caches.DEFAULT:
         raise UserError("cache", f"{config.cache.name} with mode=edit: the cache's state does not follow the input "
                         "image's tokens yet", "none")
+    if config.mode.name == "controlnet" and config.cache.name != caches.DEFAULT:
+        raise UserError("cache", f"{config.cache.name} with mode=controlnet: the ControlNet's residuals reach every "
+                        "block, which a cached call skips; not run here yet", "none")
     prompts, true_cfg = config.prompts, config.sampling.true_cfg_scale
     if true_cfg is not None and not (math.isfinite(true_cfg) and true_cfg > 1):
         raise UserError("sampling.true_cfg_scale", f"{true_cfg}: true classifier-free guidance runs above 1",
@@ -73,7 +76,7 @@ def _flux_values(config: Any) -> None:
 # transformer's config says which it is).
 ENTRY = FamilyEntry("flux", "FLUX.1: CLIP-L and T5 text encoders, a flow-matching transformer, a 16-channel VAE",
                     ("FluxPipeline", "FluxFillPipeline", "FluxKontextPipeline", "FluxControlPipeline"),
-                    tiny="tiny-random-flux", modes=("txt2img", "img2img", "inpaint", "edit", "control"),
+                    tiny="tiny-random-flux", modes=("txt2img", "img2img", "inpaint", "edit", "control", "controlnet"),
                     start_step=flow_start_step,  # FluxImg2ImgPipeline.get_timesteps
                     builtins=("tiny-random-flux", "tiny-random-flux-schnell", "tiny-random-flux-kontext",
                               "tiny-random-flux-fill", "tiny-random-flux-control", "flux-dev-arch"),

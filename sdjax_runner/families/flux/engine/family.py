@@ -144,3 +144,13 @@ def transformer_call(pipeline: Any, per_device_images: int, height: int, width: 
     img_ids = jax.ShapeDtypeStruct((seq, 3), jnp.float32)
     txt_ids = jax.ShapeDtypeStruct((tokens, 3), jnp.float32)
     return DenoiserCall((hidden, context, pooled, timestep, img_ids, txt_ids), {"guidance": guidance})
+
+
+def load_controlnet(value: str, cache_dir: str, pipeline: Any, activations: Any, weights: Any) -> Any:
+    """:attr:`~sdjax_runner.engine.family.Family.load_controlnet`: a FLUX.1 ControlNet for the model's transformer
+    (families/flux/models/controlnet.py), computing with the run's attention as the transformer does."""
+    from sdjax_runner.families.flux.models import controlnet
+
+    loaded = controlnet.load(value, cache_dir, pipeline.transformer, activations, weights)
+    return dataclasses.replace(loaded, for_attention=lambda attention: loaded.module.clone(
+        attention_implementation=ATTENTION[attention]))

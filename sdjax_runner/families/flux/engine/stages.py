@@ -193,6 +193,16 @@ def control(pipeline: Any, params: dict, key, spec: Any, batch: int, inputs: dic
     return start._replace(conditioning={"concat": pack(latents)})
 
 
+def controlnet(pipeline: Any, params: dict, key, spec: Any, batch: int, inputs: dict) -> Start:
+    """A FLUX.1 ControlNet (diffusers' FluxControlNetPipeline): :func:`txt2img`'s noise and, for the ControlNet that
+    runs beside the transformer at every step (:func:`controlnet_model`), the control image's packed latents -- the
+    image, mapped to [-1, 1], encoded as an init image is (:func:`drawn_latents`) -- and the traced conditioning
+    scale, as ``Conditioning.control``."""
+    start = txt2img(pipeline, params, key, spec, batch, inputs)
+    latents = drawn_latents(pipeline, params, key, 2.0 * inputs["control"] - 1.0)
+    return start._replace(conditioning={"control": (pack(latents), inputs["control_scale"])})
+
+
 def edit(pipeline: Any, params: dict, key, spec: Any, batch: int, inputs: dict) -> Start:
     """FLUX.1 Kontext's editing (diffusers' FluxKontextPipeline): :func:`txt2img`'s noise, and the init image's
     latents -- the mode of the VAE's posterior (no draw), ``(latents - shift_factor) * scaling_factor`` -- packed,
@@ -263,8 +273,10 @@ def transformer_call(pipeline: Any, params: dict, conditioning: Conditioning, gu
     embedded = (jnp.full((batch,), guidance.scale, dtype=jnp.float32).astype(pipeline.dtype)
                 if pipeline.guidance_embeds else None)
 
-    def call(x, timestep, context, pooled, around_blocks=None):
+    def call(x, timestep, context, pooled, around_blocks=None, controlnet=None):
         cached = {"around_blocks": around_blocks} if around_blocks is not None else {}  # (plain: the plain module's)
+        if controlnet is not None:  # a ControlNet's residuals (:func:`controlnet_model`)
+            cached["controlnet"] = controlnet
         x = x.astype(pipeline.dtype)
         tokens = x.shape[1]
         if conditioning.concat is not None:  # Fill's masked image and mask, Canny/Depth's control image (fill, control)
@@ -278,6 +290,33 @@ def transformer_call(pipeline: Any, params: dict, conditioning: Conditioning, gu
     return call
 
 
+def controlnet_model(pipeline: Any, params: dict, conditioning: Conditioning, guidance: Guidance, spec: Any,
+                     batch: int):
+    """``residuals(x, timestep)``: a FLUX.1 ControlNet's (controlnet mode: ``conditioning.control``, the control image's
+    packed latents and the traced conditioning scale) for packed latents ``x`` at ``timestep``, on the prompt, as
+    diffusers' FluxControlNetPipeline calls it (the embedded guidance where the ControlNet has a guidance embedder);
+    None without one."""
+    import jax.numpy as jnp
+
+    if conditioning.control is None:
+        return lambda x, timestep: None
+    assert conditioning.added is not None  # encode's: the pooled embedding
+    control, scale = conditioning.control
+    pooled, net = conditioning.added["pooled"], pipeline.controlnet
+    factor = pipeline.vae_scale_factor
+    img_ids = jnp.asarray(image_ids(latent_side(spec.height, factor), latent_side(spec.width, factor)))
+    txt_ids = jnp.zeros((conditioning.context.shape[1], 3))
+    embedded = jnp.full((batch,), guidance.scale, dtype=jnp.float32).astype(pipeline.dtype) if net.guidance_embeds \
+        else None
+
+    def residuals(x, timestep):
+        return net.apply({"params": params["controlnet"]}, x.astype(pipeline.dtype), control.astype(pipeline.dtype),
+                         jnp.ravel(jnp.asarray(scale))[0], conditioning.context, pooled, timestep, img_ids, txt_ids,
+                         guidance=embedded)
+
+    return residuals
+
+
 def velocity_model(pipeline: Any, params: dict, conditioning: Conditioning, guidance: Guidance, spec: Any,
                    batch: int, steps: Any = None):
     """``velocity(tokens, timestep, index=None)``: the transformer's prediction for packed latents at ``timestep`` (a
@@ -289,6 +328,7 @@ def velocity_model(pipeline: Any, params: dict, conditioning: Conditioning, guid
     import jax.numpy as jnp
 
     call = transformer_call(pipeline, params, conditioning, guidance, spec, batch)
+    control = controlnet_model(pipeline, params, conditioning, guidance, spec, batch)
     assert conditioning.added is not None  # encode's: the pooled embedding (and the negative prompt's)
     added = conditioning.added
     pooled = added["pooled"]
@@ -296,10 +336,11 @@ def velocity_model(pipeline: Any, params: dict, conditioning: Conditioning, guid
     def velocity(x, timestep, index=None):
         sigma = timestep
         timestep = jnp.broadcast_to(timestep, (batch,)).astype(pipeline.dtype)
-        positive = call(x, timestep, conditioning.context, pooled)
+        residuals = control(x, timestep)  # (the prompt's, for the negative call too: FluxControlNetPipeline's)
+        positive = call(x, timestep, conditioning.context, pooled, controlnet=residuals)
         if guidance.true_scale is None:
             return positive
-        negative = call(x, timestep, added["negative_context"], added["negative_pooled"])
+        negative = call(x, timestep, added["negative_context"], added["negative_pooled"], controlnet=residuals)
         scale = jnp.ravel(jnp.asarray(guidance.true_scale))[0]
         if guidance.guider == guiders.DEFAULT and guidance.window is None:
             # FluxPipeline's true CFG: neg_noise_pred + true_cfg_scale * (noise_pred - neg_noise_pred)

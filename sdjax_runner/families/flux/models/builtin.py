@@ -113,4 +113,26 @@ def build_flux_into(directory: Path, spec: dict) -> None:
     (directory / "model_index.json").write_text(json.dumps(index, indent=2), encoding="utf-8")
 
 
-BUILDS = {name: Builtin(functools.partial(build_flux_into, spec=spec)) for name, spec in FLUX_SPECS.items()}
+# A FLUX.1 ControlNet for a built-in model (controlnet.model=NAME, mode=controlnet): diffusers' FluxControlNetModel
+# of its transformer's widths, one double block and one single block (against its transformer's one and two: each
+# single block reads the one residual), its zero-initialised projections random like the rest (else it adds nothing)
+FLUX_CONTROLNET_SPECS: dict[str, dict[str, Any]] = {
+    "tiny-random-flux-controlnet": dict(base="tiny-random-flux", num_layers=1, num_single_layers=1)}
+
+
+def build_flux_controlnet_into(directory: Path, spec: dict) -> None:
+    """A FLUX.1 ControlNet folder as diffusers' layout holds a Flax component: config.json and weights."""
+    from sdjax_runner.families.flux.models.controlnet import CONFIG_DEFAULTS, FlaxFluxControlNet
+    from sdjax_runner.models import published_layout
+    from sdjax_runner.models.checkpoints import param_shapes
+
+    transformer = FLUX_SPECS[spec["base"]]["transformer"]
+    config = {**CONFIG_DEFAULTS, **{k: v for k, v in transformer.items() if k in CONFIG_DEFAULTS},
+              "num_layers": spec["num_layers"], "num_single_layers": spec["num_single_layers"]}
+    shapes = param_shapes(FlaxFluxControlNet.from_config(config), "diffusers")
+    published_layout.diffusers_component(directory, "FluxControlNetModel", config, random_params(shapes, SEED + 60))
+
+
+BUILDS = {**{name: Builtin(functools.partial(build_flux_into, spec=spec)) for name, spec in FLUX_SPECS.items()},
+          **{name: Builtin(functools.partial(build_flux_controlnet_into, spec=spec), "controlnet")
+             for name, spec in FLUX_CONTROLNET_SPECS.items()}}

@@ -135,6 +135,9 @@ class FluxPipeline:
     dtype: Any
     kontext: bool = False  # FLUX.1 Kontext (its index names FluxKontextPipeline): it edits an input image (mode=edit)
     control: bool = False  # FLUX.1 Canny/Depth [dev] (its index names FluxControlPipeline): mode=control
+    # a FLUX.1 ControlNet's module in controlnet mode (engine/reuse.py sets it for the job; its weights are the
+    # program's params["controlnet"]): a field, so the pipeline's copies (the sharded path's) keep it
+    controlnet: Any = None
 
     @property
     def native_size(self) -> int:

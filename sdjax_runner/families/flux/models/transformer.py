@@ -456,10 +456,12 @@ class FlaxFluxTransformer(FromDiffusersConfig, layers.Module):
 
     def __call__(self, hidden_states: jax.Array, encoder_hidden_states: jax.Array, pooled_projections: jax.Array,
                  timestep: jax.Array, img_ids: jax.Array, txt_ids: jax.Array,
-                 guidance: Optional[jax.Array] = None, around_blocks: Optional[Callable] = None) -> Any:
+                 guidance: Optional[jax.Array] = None, around_blocks: Optional[Callable] = None,
+                 controlnet: Any = None) -> Any:
         """The prediction; with ``around_blocks`` -- a step cache (models/nn/step_cache.py): ``(head, rest, x,
         context) -> (context, x, what the cache returns)``, ``head`` and ``rest`` running the first block and the
-        others -- ``(prediction, what the cache returned)``."""
+        others -- ``(prediction, what the cache returned)``; ``controlnet``: a ControlNet's residuals
+        (families/flux/models/controlnet.ControlNetResiduals), added after the blocks as diffusers adds them."""
         if img_ids.ndim != 2 or txt_ids.ndim != 2:
             raise ValueError(f"img_ids and txt_ids must be 2-D (seq, 3), got {img_ids.shape} and {txt_ids.shape}")
         x = self.x_embedder(hidden_states)
@@ -481,7 +483,7 @@ class FlaxFluxTransformer(FromDiffusersConfig, layers.Module):
                                                x, context)
             return self.proj_out(self.norm_out(x, temb)), cached
         else:
-            context, x = self._blocks(x, context, temb, rope, self._block_list())
+            context, x = self._blocks(x, context, temb, rope, self._block_list(), controlnet)
         return self.proj_out(self.norm_out(x, temb))
 
     def _block_list(self) -> list[tuple[str, int, Any]]:
@@ -491,10 +493,12 @@ class FlaxFluxTransformer(FromDiffusersConfig, layers.Module):
             ("single_transformer_blocks", self.num_single_layers, FluxSingleTransformerBlock)) for i in range(count)]
 
     def _blocks(self, x: jax.Array, context: jax.Array, temb: jax.Array, rope: Any,
-                blocks: list[tuple[str, int, Any]]) -> tuple[Any, Any]:
+                blocks: list[tuple[str, int, Any]], controlnet: Any = None) -> tuple[Any, Any]:
         """``blocks`` (of :meth:`_block_list`) in order, each a pure function of its params: block i's params pass
         an optimization barrier with block i - 1's output, then ``gather_blocks`` (weights split across devices)
-        makes them whole -- so XLA cannot gather every block's weights at once."""
+        makes them whole -- so XLA cannot gather every block's weights at once. A ControlNet's residual (``controlnet``)
+        is added to a block's image output: block ``i`` of a kind reads residual ``i // ceil(blocks of the kind /
+        residuals of the kind)`` (diffusers' ``interval_control``)."""
         params = self.variables["params"]
         gather = self.gather_blocks or (lambda kind, block: block)
         kw = dict(dtype=self.dtype, param_dtype=self.param_dtype, implementation=self.attention_implementation)
@@ -504,6 +508,11 @@ class FlaxFluxTransformer(FromDiffusersConfig, layers.Module):
             block = cls(dim, heads, head_dim, **kw, parent=None)  # detached: a pure function of its params
             out: Any = block.apply({"params": gather(kind, shards)}, x, context, temb, rope)
             context, x = out
+            residuals = None if controlnet is None else \
+                controlnet.double if kind == "transformer_blocks" else controlnet.single
+            if residuals:
+                count = self.num_layers if kind == "transformer_blocks" else self.num_single_layers
+                x = x + residuals[i // math.ceil(count / len(residuals))]
         return context, x
 
     def dummy_inputs(self) -> dict[str, Any]:

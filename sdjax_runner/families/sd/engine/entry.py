@@ -97,6 +97,13 @@ def deep_cache_call(shape: tuple, pipeline: Any, weights: dict, call: DenoiserCa
     return lambda: {"deep_cache": deep._replace(cached=jnp.zeros(kept.shape, kept.dtype))}
 
 
+def sd_controlnet(value: str, cache_dir: str, pipeline: Any, activations: Any, weights: Any) -> Any:
+    """:attr:`Family.load_controlnet`: an SD ControlNet, checked against the model's UNet (models/controlnet.py)."""
+    from sdjax_runner.models import controlnet
+
+    return controlnet.load(value, cache_dir, pipeline.unet.config, activations, weights)
+
+
 def sd_structure(pipeline: Any) -> list:
     return [type(pipeline).__name__, str(pipeline.dtype), type(pipeline.scheduler).__name__,
             config_dict(pipeline.scheduler), config_dict(pipeline.unet), config_dict(pipeline.vae),
@@ -109,5 +116,6 @@ FAMILY = Family("sd", check_loaded=sd_check_loaded, with_scheduler=with_schedule
                 negative=negative_text, encode=sd_encode, modes=MODES, samplers=SAMPLERS, decode=decode,
                 structure=sd_structure, denoiser_call=unet_call, denoiser="unet",
                 runs_cfg=lambda plan: plan.guidance_scale > 1, skipped_calls={"deepcache": deep_cache_call},
+                load_controlnet=sd_controlnet,
                 at_size=lambda conditioning, height, width: with_time_ids(conditioning, height, width,
                                                                           conditioning.context.dtype))

@@ -1,0 +1,205 @@
+"""FLUX.1's ControlNet: diffusers' ``FluxControlNetModel`` (InstantX's and Shakker-Labs' FLUX.1 ControlNets, their
+published layout) in flax.linen, with diffusers' parameter names, so their PyTorch safetensors load through the
+transformer's converter (families/flux/models/convert.py).
+
+A copy of the transformer's first blocks (``num_layers`` double, ``num_single_layers`` single) that reads the
+control image's packed latents too: ``x_embedder(latents) + controlnet_x_embedder(control latents)``. Each block's
+image-token output goes through its zero-initialised ``controlnet_blocks_i`` / ``controlnet_single_blocks_i``
+(Linear) and is scaled by the conditioning scale: the residuals the transformer adds after its blocks
+(:class:`ControlNetResiduals`, ``FlaxFluxTransformer.__call__``'s ``controlnet``). Not run here: the union models'
+``num_mode`` (a control-mode token before the text) and XLabs' ``conditioning_embedding_channels`` (a pixel-space
+hint block, its residuals repeated over the blocks): one line each (:meth:`FlaxFluxControlNet.check`)."""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any, ClassVar, NamedTuple, Optional
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from sdjax_runner.console import one_line
+from sdjax_runner.errors import UserError
+from sdjax_runner.families.flux.models.transformer import (
+    FluxSingleTransformerBlock,
+    FluxTransformerBlock,
+    TimeTextEmbedding,
+    rope_tables,
+)
+from sdjax_runner.models.controlnet import ALLOWED, KEY, LoadedControlNet, folder, read_config
+from sdjax_runner.models.nn import layers
+from sdjax_runner.models.nn.config import FromDiffusersConfig
+
+# The keys of diffusers' FluxControlNetModel config.json (its __init__ arguments) and their defaults there.
+CONFIG_DEFAULTS: dict[str, Any] = {
+    "patch_size": 1,
+    "in_channels": 64,
+    "num_layers": 19,
+    "num_single_layers": 38,
+    "attention_head_dim": 128,
+    "num_attention_heads": 24,
+    "joint_attention_dim": 4096,
+    "pooled_projection_dim": 768,
+    "guidance_embeds": False,
+    "axes_dims_rope": (16, 56, 56),
+    "num_mode": None,
+    "conditioning_embedding_channels": None,
+}
+
+
+class ControlNetResiduals(NamedTuple):
+    """What a FLUX.1 ControlNet adds to the transformer: one residual per ControlNet block of each kind, scaled,
+    ``(batch, image tokens, inner dim)`` each. The transformer's double block ``i`` adds ``double[i //
+    ceil(num_layers / len(double))]``, its single block ``i`` ``single[i // ceil(num_single_layers / len(single))]``
+    (diffusers' ``FluxTransformer2DModel.forward`` without ``controlnet_blocks_repeat``)."""
+
+    double: tuple
+    single: tuple
+
+
+class FlaxFluxControlNet(FromDiffusersConfig, layers.Module):
+    """diffusers' ``FluxControlNetModel``. ``__call__(hidden_states, controlnet_cond, conditioning_scale,
+    encoder_hidden_states, pooled_projections, timestep, img_ids, txt_ids, guidance=None)`` is its ``forward``
+    (``return_dict=False``, no control mode): the inputs as the transformer's (module docstring of
+    :mod:`.transformer`), ``controlnet_cond`` the control image's packed latents ``(B, S, in_channels)``,
+    ``conditioning_scale`` a scalar. Returns :class:`ControlNetResiduals`."""
+
+    patch_size: int = 1
+    in_channels: int = 64
+    num_layers: int = 19
+    num_single_layers: int = 38
+    attention_head_dim: int = 128
+    num_attention_heads: int = 24
+    joint_attention_dim: int = 4096
+    pooled_projection_dim: int = 768
+    guidance_embeds: bool = False
+    axes_dims_rope: tuple[int, ...] = (16, 56, 56)
+    num_mode: Optional[int] = None
+    conditioning_embedding_channels: Optional[int] = None
+    dtype: Any = jnp.float32
+    param_dtype: Any = jnp.float32
+    attention_implementation: str = "dot_product"
+
+    CONFIG_DEFAULTS: ClassVar[dict[str, Any]] = CONFIG_DEFAULTS
+    CONFIG_WHAT: ClassVar[str] = "FLUX ControlNet"
+    CONFIG_TUPLES: ClassVar[tuple[str, ...]] = ("axes_dims_rope",)
+
+    @property
+    def inner_dim(self) -> int:
+        return self.num_attention_heads * self.attention_head_dim
+
+    def check(self) -> None:
+        """ValueError for a config this module does not run: a union model's control modes, XLabs' hint block; the
+        rotary bands as the transformer's."""
+        if self.num_mode is not None:
+            raise ValueError(f"num_mode {self.num_mode}: a union ControlNet (a control mode per image, as a token "
+                             "before the text) is not run here yet")
+        if self.conditioning_embedding_channels is not None:
+            raise ValueError(f"conditioning_embedding_channels {self.conditioning_embedding_channels}: XLabs' "
+                             "ControlNets (a pixel-space hint block) are not run here yet")
+        if sum(self.axes_dims_rope) != self.attention_head_dim or any(d % 2 for d in self.axes_dims_rope):
+            raise ValueError(f"axes_dims_rope {tuple(self.axes_dims_rope)} must be even and sum to "
+                             f"attention_head_dim {self.attention_head_dim}")
+
+    def setup(self) -> None:
+        self.check()
+        kw = dict(dtype=self.dtype, param_dtype=self.param_dtype)
+        dim, heads, head_dim = self.inner_dim, self.num_attention_heads, self.attention_head_dim
+        self.time_text_embed = TimeTextEmbedding(dim, self.guidance_embeds, **kw)
+        self.context_embedder = layers.Dense(dim, **kw)
+        self.x_embedder = layers.Dense(dim, **kw)
+        self.controlnet_x_embedder = layers.Dense(dim, **kw)
+        self.transformer_blocks = [
+            FluxTransformerBlock(dim, heads, head_dim, implementation=self.attention_implementation, **kw)
+            for _ in range(self.num_layers)]
+        self.single_transformer_blocks = [
+            FluxSingleTransformerBlock(dim, heads, head_dim, implementation=self.attention_implementation, **kw)
+            for _ in range(self.num_single_layers)]
+        self.controlnet_blocks = [layers.Dense(dim, **kw) for _ in range(self.num_layers)]
+        self.controlnet_single_blocks = [layers.Dense(dim, **kw) for _ in range(self.num_single_layers)]
+
+    def __call__(self, hidden_states: jax.Array, controlnet_cond: jax.Array, conditioning_scale: Any,
+                 encoder_hidden_states: jax.Array, pooled_projections: jax.Array, timestep: jax.Array,
+                 img_ids: jax.Array, txt_ids: jax.Array, guidance: Optional[jax.Array] = None) -> ControlNetResiduals:
+        x = self.x_embedder(hidden_states) + self.controlnet_x_embedder(controlnet_cond)
+        timestep = jnp.asarray(timestep).astype(self.dtype) * 1000
+        if guidance is not None:
+            guidance = jnp.asarray(guidance).astype(self.dtype) * 1000
+        temb = self.time_text_embed(timestep, pooled_projections, guidance)
+        context = self.context_embedder(encoder_hidden_states)
+        rope = rope_tables(jnp.concatenate([txt_ids, img_ids], axis=0), tuple(self.axes_dims_rope))
+        double, single = [], []
+        for block in self.transformer_blocks:
+            context, x = block(x, context, temb, rope)
+            double.append(x)
+        for single_block in self.single_transformer_blocks:
+            context, x = single_block(x, context, temb, rope)
+            single.append(x)
+        scale = jnp.asarray(conditioning_scale)
+        return ControlNetResiduals(
+            tuple(project(sample) * scale.astype(sample.dtype)
+                  for project, sample in zip(self.controlnet_blocks, double, strict=True)),
+            tuple(project(sample) * scale.astype(sample.dtype)
+                  for project, sample in zip(self.controlnet_single_blocks, single, strict=True)))
+
+    def dummy_inputs(self) -> dict[str, Any]:
+        """The smallest inputs of the right widths (one image token, one text token): for initialisation."""
+        inputs: dict[str, Any] = {
+            "hidden_states": jnp.zeros((1, 1, self.in_channels), self.dtype),
+            "controlnet_cond": jnp.zeros((1, 1, self.in_channels), self.dtype),
+            "conditioning_scale": 1.0,
+            "encoder_hidden_states": jnp.zeros((1, 1, self.joint_attention_dim), self.dtype),
+            "pooled_projections": jnp.zeros((1, self.pooled_projection_dim), self.dtype),
+            "timestep": jnp.zeros((1,), jnp.float32),
+            "img_ids": jnp.zeros((1, len(self.axes_dims_rope)), jnp.float32),
+            "txt_ids": jnp.zeros((1, len(self.axes_dims_rope)), jnp.float32),
+        }
+        if self.guidance_embeds:
+            inputs["guidance"] = jnp.zeros((1,), jnp.float32)
+        return inputs
+
+    def init_weights(self, rng: jax.Array) -> Any:
+        """Random parameters (the tree without the ``params`` collection key)."""
+        return self.init(rng, **self.dummy_inputs())["params"]
+
+
+# What a ControlNet shares with the transformer it steers: its inputs' widths, its heads and rotary bands
+MUST_MATCH = ("in_channels", "joint_attention_dim", "pooled_projection_dim", "num_attention_heads",
+              "attention_head_dim", "axes_dims_rope")
+
+
+def load(value: str, cache_dir: str, transformer: Any, activations: Any, weights: np.dtype) -> LoadedControlNet:
+    """The FLUX.1 ControlNet ``value`` (controlnet.model: a FluxControlNetModel folder -- PyTorch safetensors as
+    diffusers saves them, or the runner's Flax file -- or ``tiny-random-flux-controlnet``) for ``transformer`` (the
+    model's :class:`~.transformer.FlaxFluxTransformer`), its weights as host arrays (``weights`` dtype), computing
+    in ``activations``; what it cannot run is one line on controlnet.model."""
+    from sdjax_runner.families.flux.models.convert import convert_state_dict
+    from sdjax_runner.families.flux.models.pipeline import FLAX_WEIGHTS, load_own
+
+    started = time.perf_counter()
+    path = folder(value, cache_dir)
+    config = read_config(path, "FluxControlNetModel", "a FLUX.1 ControlNet")
+    try:
+        module = FlaxFluxControlNet.from_config(config, dtype=activations)
+    except ValueError as exc:
+        raise UserError(KEY, f"{path}: {one_line(exc)}", ALLOWED) from None
+    different = [f"{key} {getattr(module, key)!r} (the transformer's {getattr(transformer, key)!r})"
+                 for key in MUST_MATCH if tuple(np.ravel(getattr(module, key))) !=
+                 tuple(np.ravel(getattr(transformer, key)))]
+    if different:
+        raise UserError(KEY, f"{path} was made for another FLUX.1 transformer: {', '.join(different)}", ALLOWED)
+
+    def convert(state_dict: Any, net: Any, dtype: Any = None) -> dict:
+        return convert_state_dict(state_dict, net, dtype, "the FLUX ControlNet's weights")
+
+    try:
+        module, params, files = load_own(path.parent, path.name, None, activations, weights,
+                                         {path.name: (FlaxFluxControlNet.from_config, convert, "FluxControlNetModel")},
+                                         "FLUX.1 ControlNet")
+    except UserError as exc:  # said of a model's folder: here it is the ControlNet's
+        raise UserError(KEY, exc.problem, exc.allowed or ALLOWED) from None
+    structure = json.dumps(dict(module.config), sort_keys=True, default=str)
+    return LoadedControlNet(module, params, str(path), "flax" if files[0].name == FLAX_WEIGHTS else "safetensors",
+                            structure, time.perf_counter() - started)
