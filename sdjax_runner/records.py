@@ -106,6 +106,7 @@ class ImageRecord(_Record):
     strength: Optional[float] = None  # optional: img2img / inpaint denoising strength, 0-1
     controlnet: Optional[str] = None  # optional: controlnet.model
     conditioning_scale: Optional[float] = None  # optional, with controlnet: controlnet.conditioning_scale
+    control_mode: Optional[int] = None  # optional, with a union ControlNet: controlnet.control_mode
     model: Optional[str] = None  # model.name
     family: Optional[str] = None  # optional: the model family where it is not Stable Diffusion ("flux")
     model_path: Optional[str] = None  # the model directory or hub id it loaded from
@@ -165,7 +166,8 @@ class ImageRecord(_Record):
 
     # PNG text chunks that are numbers or booleans (every chunk is text; "" is None for the numbers).
     INT_CHUNKS: ClassVar[tuple[str, ...]] = ("index", "batch", "device", "seed", "steps", "height", "width",
-                                            "clip_skip", "hires_steps", "first_pass_height", "first_pass_width")
+                                            "clip_skip", "hires_steps", "first_pass_height", "first_pass_width",
+                                            "control_mode")
     FLOAT_CHUNKS: ClassVar[tuple[str, ...]] = ("guidance_scale", "distilled_guidance", "eta", "strength",
                                               "conditioning_scale", "shift",
                                               "guidance_rescale", "hires_scale", "hires_strength",

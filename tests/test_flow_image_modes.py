@@ -251,10 +251,11 @@ def test_a_flux_controlnet_is_diffusers_controlnet_pipeline_and_a_scale_sweep_co
     records = records_of(tmp_path / "builtin")
     assert len(records) == 8 and {(r["mode"], r["controlnet"]) for r in records} == {
         ("controlnet", "tiny-random-flux-controlnet")}
-    # what does not fit: an SD ControlNet on FLUX.1 and this one on SD; a union model; one made for another
-    # transformer; a step cache; FLUX.1 Canny/Depth (its transformer is the control model)
-    union, other = tmp_path / "union", tmp_path / "other"
-    for folder, change in ((union, {"num_mode": 10}), (other, {"joint_attention_dim": 64})):
+    # what does not fit: an SD ControlNet on FLUX.1 and this one on SD; a union model without its control mode, or one
+    # past its modes, and a control mode for another; XLabs' kind; one made for another transformer; a step cache;
+    # FLUX.1 Canny/Depth (its transformer is the control model)
+    union, xlabs, other = REFERENCE / "tiny-flux-controlnet-union", tmp_path / "xlabs", tmp_path / "other"
+    for folder, change in ((xlabs, {"conditioning_embedding_channels": 16}), (other, {"joint_attention_dim": 64})):
         folder.mkdir()
         config = json.loads((net / "config.json").read_text())
         (folder / "config.json").write_text(json.dumps(dict(config, **change)))
@@ -263,7 +264,13 @@ def test_a_flux_controlnet_is_diffusers_controlnet_pipeline_and_a_scale_sweep_co
             ((*flux, "controlnet.model=tiny-random-controlnet"), "error: controlnet.model: "),
             (("+experiment=smoke", "mode=controlnet", "controlnet.model=tiny-random-flux-controlnet",
               f"controlnet.image={edges}", *QUIET, f"paths.cache_dir={cache_dir}"), "error: controlnet.model: "),
-            ((*flux, f"controlnet.model={union}"), f"error: controlnet.model: {union}: num_mode 10: a union ControlNet"),
+            ((*common, f"controlnet.model={union}"), f"error: controlnet.control_mode: None: {union} is a union "
+             "ControlNet of 4 control modes: give the number its card gives the control image's kind (allowed: 0 to 3)"),
+            ((*common, f"controlnet.model={union}", "controlnet.control_mode=4"), "error: controlnet.control_mode: 4: "),
+            ((*flux, "controlnet.model=tiny-random-flux-controlnet", "controlnet.control_mode=1"),
+             "error: controlnet.control_mode: 1: tiny-random-flux-controlnet is no union ControlNet"),
+            ((*flux, f"controlnet.model={xlabs}"), f"error: controlnet.model: {xlabs}: conditioning_embedding_channels "
+             "16: XLabs' ControlNets"),
             ((*flux, f"controlnet.model={other}"), f"error: controlnet.model: {other} was made for another FLUX.1 "
              "transformer: joint_attention_dim 64 (the transformer's 32)"),
             ((*flux, "controlnet.model=tiny-random-flux-controlnet", "cache=first_block"),
@@ -273,6 +280,48 @@ def test_a_flux_controlnet_is_diffusers_controlnet_pipeline_and_a_scale_sweep_co
         assert_one_line_error(call_cli(*overrides, cwd=tmp_path), expected)
     said = call_cli(*flux, "controlnet.model=tiny-random-controlnet", cwd=tmp_path).stderr
     assert "holds a FlaxControlNetModel, not a FluxControlNetModel (a FLUX.1 ControlNet" in said, said
+
+
+@pytest.mark.slow
+def test_a_union_flux_controlnet_reads_its_control_mode_as_diffusers_does(tmp_path, cache_dir):
+    """A union FLUX.1 ControlNet (num_mode: the control mode's embedding as a token before the text): the module's
+    residuals are diffusers' FluxControlNetModel's for each mode on the same inputs (within float32 rounding, which the
+    modes are far beyond), and from the command line a control-mode sweep compiles once and gives
+    FluxControlNetPipeline's images at each mode within 2/255."""
+    import jax.numpy as jnp
+
+    from sdjax_runner.families.flux.models.controlnet import load
+    from sdjax_runner.families.flux.models.transformer import FlaxFluxTransformer
+
+    ref = dict(np.load(REFERENCE / "flux_controlnet.npz"))
+    union = REFERENCE / "tiny-flux-controlnet-union"
+    transformer = FlaxFluxTransformer.from_config(
+        {k: v for k, v in json.loads((FOLDERS["flux"] / "transformer" / "config.json").read_text()).items()
+         if not k.startswith("_")})
+    loaded = load(str(union), str(cache_dir), transformer, jnp.float32, np.float32)
+    assert loaded.modes == 4
+    call = {k.removeprefix("call_"): jnp.asarray(v) for k, v in ref.items()
+            if k.startswith("call_") and not k.startswith(("call_double", "call_single"))}
+    for mode in range(4):
+        double, single = loaded.module.apply({"params": loaded.host_weights}, **call, conditioning_scale=1.0,
+                                             controlnet_mode=jnp.asarray([mode]))
+        np.testing.assert_allclose(np.stack(double), ref[f"call_double_{mode}"], rtol=0, atol=2e-5, err_msg=str(mode))
+        np.testing.assert_allclose(np.stack(single), ref[f"call_single_{mode}"], rtol=0, atol=2e-5, err_msg=str(mode))
+        if mode:
+            assert np.abs(ref[f"call_double_{mode}"] - ref["call_double_0"]).max() > 5e-3  # the modes apart
+    common = (*reference_run(ref, FOLDERS["flux"], cache_dir), "mode=controlnet", f"controlnet.model={union}",
+              f"controlnet.image={REFERENCE / 'control.png'}")
+    result = run_cli("-m", *common, "controlnet.control_mode=1,3", "hydra.sweep.dir=sweep", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    jobs = {records_of(job)[0]["control_mode"]: job for job in (tmp_path / "sweep").glob("[0-9]")}
+    assert sorted(jobs) == [1, 3]
+    assert sorted(json.loads((job / "timings.json").read_text())["compile_reused"] for job in jobs.values()) == [0, 1]
+    for mode, job in jobs.items():
+        for record, pixels in zip(records_of(job), pixels_of(job), strict=True):
+            difference = np.abs(pixels / 255 - ref[f"union_{mode}"][record["device"]]).max()
+            assert difference <= 2 / 255, (mode, difference)
+        with Image.open(job / records_of(job)[0]["file"]) as image:
+            assert f", Control mode: {mode}" in image.text["parameters"]
 
 
 @pytest.mark.slow

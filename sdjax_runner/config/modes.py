@@ -71,7 +71,7 @@ MODES = _registry(
     ModeEntry("inpaint", images=(("init", "init_image"), ("mask", "mask_image")), numbers=("start",),
               default_strength=1.0),
     ModeEntry("controlnet", images=(("control", "controlnet.image"),), other_keys=("controlnet.model",),
-              numbers=("control_scale",), check=check_controlnet_folder),
+              numbers=("control_scale", "control_mode"), check=check_controlnet_folder),
     # FLUX.1 Kontext's in-context editing (diffusers' FluxKontextPipeline): from noise, the init image's latents as
     # more tokens beside the noise's in every transformer call; no strength (the whole schedule runs)
     ModeEntry("edit", images=(("init", "init_image"),)),
@@ -139,6 +139,9 @@ def check(cfg: Any, sampler: str, start: Callable[[int, Optional[float]], int] =
     if not math.isfinite(scale):
         raise UserError("controlnet.conditioning_scale", f"must be a finite number, got {scale}",
                         "0 (no control) .. 1 (full) .. 2")
+    if cfg.controlnet.control_mode is not None and cfg.controlnet.control_mode < 0:
+        raise UserError("controlnet.control_mode", f"{cfg.controlnet.control_mode}",
+                        "a union ControlNet's mode number (0 and up, by its card), or null")
 
 
 def check_strength(cfg: Any, entry: ModeEntry, sampler: str,

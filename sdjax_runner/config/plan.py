@@ -139,6 +139,7 @@ class Plan:
     resize_mode: str = "stretch"
     controlnet: Optional[str] = None  # controlnet.model
     conditioning_scale: float = 1.0  # controlnet.conditioning_scale
+    control_mode: Optional[int] = None  # controlnet.control_mode (a union ControlNet's)
     cache_dir: str = ""  # paths.cache_dir: where built-in models are
     clip_skip: int = 1  # prompts.clip_skip
     syntax: str = "plain"  # prompts.syntax (engine/tokens.py)
@@ -368,6 +369,7 @@ def make_plan(config: RunConfig, available_devices: int, checked: Optional[Check
         resize_mode=config.resize_mode.name,
         controlnet=config.controlnet.model if "controlnet.model" in modes.MODES[config.mode.name].needs else None,
         conditioning_scale=float(config.controlnet.conditioning_scale),
+        control_mode=config.controlnet.control_mode if "controlnet.model" in modes.MODES[config.mode.name].needs else None,
         cache_dir=config.paths.cache_dir,
         clip_skip=config.prompts.clip_skip,
         syntax=config.prompts.syntax.name,

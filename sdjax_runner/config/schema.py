@@ -286,6 +286,10 @@ class ControlNetConfig:
     image: Any = None
     # How strongly the ControlNet's residuals steer the UNet. A traced input: a sweep over it compiles once.
     conditioning_scale: float = 1.0
+    # A FLUX.1 union ControlNet's control mode: which kind of control image it is given, by the model's own numbering
+    # (InstantX/FLUX.1-dev-Controlnet-Union: 0 canny, 1 tile, 2 depth, 3 blur, 4 pose, 5 gray, 6 low quality; see its
+    # card). Required with a union model, refused with any other. A traced input: a sweep over it compiles once.
+    control_mode: Optional[int] = None
 
 
 @dataclass

@@ -26,7 +26,9 @@ class Conditioning(NamedTuple):
     # The modes' (engine/modes/), both halves: more UNet input channels after the latents (an inpainting
     # model's mask and masked-image latents, (2 * batch, 5, h, w)), and a ControlNet's inputs.
     concat: Optional[Any] = None
-    control: Optional[Any] = None  # (control image (2 * batch, 3, H, W) in [0, 1], conditioning scale)
+    # the SD family's (control image (2 * batch, 3, H, W) in [0, 1], conditioning scale); FLUX.1's (the control image's
+    # packed latents, conditioning scale, control mode): families/flux/engine/stages.controlnet
+    control: Optional[Any] = None
     # FLUX.1 Kontext's input image as tokens after the noise's, (batch, tokens, 4 * latent channels): mode=edit
     reference: Optional[Any] = None
     # SDXL's refiner (engine/refiner.py): (its own Conditioning, the cutoff timestep below which its UNet runs)

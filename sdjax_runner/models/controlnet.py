@@ -35,6 +35,7 @@ class LoadedControlNet:
     # performance.attention -> the module computing with it (the family's engine sets it where its modules name
     # their attention otherwise; the SD family's take ``attention``)
     for_attention: Optional[Callable[[str], Any]] = None
+    modes: Optional[int] = None  # a union ControlNet's count of control modes (controlnet.control_mode); None: not one
 
     def with_attention(self, attention: str) -> Any:
         """The module computing with ``performance.attention``."""
@@ -103,3 +104,14 @@ def load(value: str, cache_dir: str, unet_config: Any, activations, weights) -> 
     structure = json.dumps({k: v for k, v in dict(module.config).items() if not k.startswith("_")}, sort_keys=True,
                            default=str)
     return LoadedControlNet(module, params, str(path), found.format, structure, time.perf_counter() - started)
+
+
+def check_mode(loaded: LoadedControlNet, control_mode: Optional[int], value: str) -> None:
+    """controlnet.control_mode given for a union ControlNet (``loaded.modes`` modes), in range, and only for one."""
+    if loaded.modes is None and control_mode is not None:
+        raise UserError("controlnet.control_mode", f"{control_mode}: {value} is no union ControlNet (its config has no "
+                        "num_mode): it reads one kind of control image", "null")
+    if loaded.modes is not None and (control_mode is None or not 0 <= control_mode < loaded.modes):
+        raise UserError("controlnet.control_mode", f"{control_mode}: {value} is a union ControlNet of {loaded.modes} "
+                        "control modes: give the number its card gives the control image's kind",
+                        f"0 to {loaded.modes - 1}")

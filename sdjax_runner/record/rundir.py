@@ -220,6 +220,7 @@ def a1111_parameters(meta: ImageRecord) -> str:
         + (f", Edit image: {quoted(str(meta.init_image))}" if meta.mode == "edit" else "")
         + (f", Control image: {quoted(str(meta.control_image))}" if meta.mode == "control" else "")
         + (f", ControlNet: {meta.controlnet}, Control weight: {meta.conditioning_scale}" if meta.controlnet else "")
+        + (f", Control mode: {meta.control_mode}" if meta.control_mode is not None else "")
         + (f", Lora: {meta.lora}" if meta.lora else "")
         + (f", TI hashes: {ti_hashes(meta.embeddings)}" if meta.embeddings else "")
         + (f", Checkpoint: {meta.checkpoint}" if meta.checkpoint else "")
@@ -470,6 +471,7 @@ def image_meta(plan: Plan, height: int, width: int, guidance: str = "cfg", shift
         strength=plan.strength,
         controlnet=plan.controlnet or None,
         conditioning_scale=plan.conditioning_scale if plan.controlnet else None,
+        control_mode=plan.control_mode,
         model=plan.model.name,
         family=plan.family if plan.family != families.DEFAULT else None,
         model_path=str(plan.model.pretrained_model_name_or_path),

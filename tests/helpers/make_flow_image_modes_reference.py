@@ -36,8 +36,9 @@ per device, and ``control_images``: the same draws with the control image invert
 A FLUX.1 ControlNet (``FluxControlNetPipeline`` with diffusers' ``FluxControlNetModel``: a copy of the transformer's
 first blocks reading the control image's latents too, whose block outputs the transformer adds after its own) runs on
 tiny-flux-dev with a tiny random ControlNet made here (``tiny-flux-controlnet/``, the published layout) on the same
-edge map, at two conditioning scales and at 0 (``flux_controlnet.npz``: ``images_S``, ``plain``); ``--only
-controlnet`` writes it alone.
+edge map, at two conditioning scales and at 0 (``flux_controlnet.npz``: ``images_S``, ``plain``); and a union model of
+its shape with UNION_MODES control modes (``tiny-flux-controlnet-union/``) at two of them (``union_M``); ``--only
+controlnet`` writes them alone.
 
 ``FAMILY_MODE.npz`` (``flux_img2img.npz``, ``sd3_inpaint.npz``, ``flux_fill.npz``, ...) holds ``images_S`` (device, H, W, 3) in [0, 1]
 per strength S, and the settings;
@@ -107,6 +108,9 @@ CONTROL_SEED = 21
 CONTROLNET = DEFAULT_OUT / "tiny-flux-controlnet"
 CONTROLNET_SEED = 22
 CONTROLNET_SCALES = (0.7, 1.0)
+# a union ControlNet (InstantX's, Shakker-Labs' kind: num_mode, a control-mode token before the text), made likewise
+UNION = DEFAULT_OUT / "tiny-flux-controlnet-union"
+UNION_SEED, UNION_MODES, UNION_RUN = 23, 4, (1, 3)
 STEPS = 4
 # 4 steps at 0.6: get_timesteps' start int(4 - 2.4) = 1, three steps run (the Flax rule would run two); at 0.3 two
 # run; at 1.0 all four, from the noise alone (sigma 1)
@@ -187,23 +191,25 @@ def control_images(pipeline, picture: np.ndarray, noise: np.ndarray, eps: np.nda
     return np.stack(images)
 
 
-def flux_controlnet(out: Path) -> None:
-    """The tiny FluxControlNetModel (:data:`CONTROLNET`), saved to ``out``."""
+def flux_controlnet(out: Path, seed: int = CONTROLNET_SEED, num_mode: int | None = None) -> None:
+    """The tiny FluxControlNetModel (:data:`CONTROLNET`; with ``num_mode``, a union model), saved to ``out``."""
     import torch
     from diffusers import FluxControlNetModel
 
     config = json.loads((FLUX_FOLDER / "transformer" / "config.json").read_text())
     config = {k: v for k, v in config.items() if not k.startswith("_") and k != "out_channels"}
-    torch.manual_seed(CONTROLNET_SEED)
-    net = FluxControlNetModel(**dict(config, num_layers=1, num_single_layers=1))
+    torch.manual_seed(seed)
+    net = FluxControlNetModel(**dict(config, num_layers=1, num_single_layers=1, num_mode=num_mode))
     with torch.no_grad():
         for name, parameter in net.named_parameters():
             if name.startswith(("controlnet_blocks", "controlnet_single_blocks", "controlnet_x_embedder")):
                 parameter.copy_(torch.randn_like(parameter) * 0.2)
+
     net.save_pretrained(out, safe_serialization=True)
 
 
-def controlnet_images(pipeline, picture: np.ndarray, scale: float, noise: np.ndarray, eps: np.ndarray) -> np.ndarray:
+def controlnet_images(pipeline, picture: np.ndarray, scale: float, noise: np.ndarray, eps: np.ndarray,
+                      control_mode: int | None = None) -> np.ndarray:
     """FluxControlNetPipeline's image for each device's draws at conditioning scale ``scale`` (as
     :func:`control_images`: the noise through ``randn_tensor``, the control image's posterior sample through
     ``DiagonalGaussianDistribution.sample``, which its ``retrieve_latents`` calls)."""
@@ -226,7 +232,8 @@ def controlnet_images(pipeline, picture: np.ndarray, scale: float, noise: np.nda
         try:
             with torch.no_grad():
                 image = pipeline(prompt=PROMPT, control_image=Image.fromarray(picture), num_inference_steps=STEPS,
-                                 controlnet_conditioning_scale=scale, guidance_scale=VARIANTS["dev"]["guidance_scale"],
+                                 controlnet_conditioning_scale=scale, control_mode=control_mode,
+                                 guidance_scale=VARIANTS["dev"]["guidance_scale"],
                                  height=HEIGHT, width=WIDTH, max_sequence_length=MAX_SEQUENCE_LENGTH,
                                  output_type="np").images[0]
         finally:
@@ -235,26 +242,64 @@ def controlnet_images(pipeline, picture: np.ndarray, scale: float, noise: np.nda
     return np.stack(images)
 
 
+def union_call(controlnet) -> dict[str, np.ndarray]:
+    """The union ControlNet's own outputs for fixed random inputs (``call_*``, numpy seed UNION_SEED) at each of its
+    modes (``call_double_M``, ``call_single_M``: its residuals at conditioning scale 1): how the mode token steers it,
+    which the images (one token among the prompt's) show only faintly."""
+    import torch
+
+    rng = np.random.default_rng(UNION_SEED)
+    config = controlnet.config
+    tokens, text = 16, 8
+    inputs = {"hidden_states": rng.standard_normal((1, tokens, config.in_channels)),
+              "controlnet_cond": rng.standard_normal((1, tokens, config.in_channels)),
+              "encoder_hidden_states": rng.standard_normal((1, text, config.joint_attention_dim)),
+              "pooled_projections": rng.standard_normal((1, config.pooled_projection_dim)),
+              "timestep": np.asarray([0.6]), "guidance": np.asarray([3.5]),
+              "img_ids": np.stack([np.zeros(tokens), np.arange(tokens) // 4, np.arange(tokens) % 4], axis=1),
+              "txt_ids": np.zeros((text, 3))}
+    inputs = {k: v.astype(np.float32) for k, v in inputs.items()}
+    out = {f"call_{k}": v for k, v in inputs.items()}
+    for mode in range(UNION_MODES):
+        with torch.no_grad():
+            double, single = controlnet(**{k: torch.from_numpy(v) for k, v in inputs.items()},
+                                        controlnet_mode=torch.tensor([[mode]]), conditioning_scale=1.0,
+                                        return_dict=False)
+        out[f"call_double_{mode}"] = np.stack([d.numpy() for d in double])
+        out[f"call_single_{mode}"] = np.stack([s.numpy() for s in single])
+    return out
+
+
 def write_controlnet(out_dir: Path, noise: np.ndarray, eps: np.ndarray) -> None:
     """``flux_controlnet.npz`` (``images_S`` per conditioning scale S, one per device, and ``plain``: scale 0) and the
     ControlNet it ran (:data:`CONTROLNET`), on :func:`control_image` (``control.png``)."""
     import diffusers
     import torch
 
-    folder = out_dir / CONTROLNET.name
-    flux_controlnet(folder)
-    controlnet = diffusers.FluxControlNetModel.from_pretrained(folder, torch_dtype=torch.float32)
-    for parameter in controlnet.parameters():
-        parameter.data = parameter.data.clone()  # (aligned: load_aligned's reason)
+    def pipeline_with(folder: Path):
+        controlnet = diffusers.FluxControlNetModel.from_pretrained(folder, torch_dtype=torch.float32)
+        for parameter in controlnet.parameters():
+            parameter.data = parameter.data.clone()  # (aligned: load_aligned's reason)
+        made = diffusers.FluxControlNetPipeline(controlnet=controlnet, **base.components)
+        made.set_progress_bar_config(disable=True)
+        return made
+
     base = load_aligned("FluxPipeline", FLUX_FOLDER)
-    pipeline = diffusers.FluxControlNetPipeline(controlnet=controlnet, **base.components)
-    pipeline.set_progress_bar_config(disable=True)
+    flux_controlnet(out_dir / CONTROLNET.name)
+    pipeline = pipeline_with(out_dir / CONTROLNET.name)
     edges = control_image()
     out = dict(run_settings(VARIANTS["dev"]["guidance_scale"]), scales=np.asarray(CONTROLNET_SCALES))
     for scale in CONTROLNET_SCALES:
         out[f"images_{scale:g}"] = controlnet_images(pipeline, edges, scale, noise, eps)
     out["plain"] = controlnet_images(pipeline, edges, 0.0, noise, eps)
     print(f"controlnet: largest difference between scales 0 and 1 {np.abs(out['images_1'] - out['plain']).max():.4f}")
+    flux_controlnet(out_dir / UNION.name, UNION_SEED, UNION_MODES)
+    union = pipeline_with(out_dir / UNION.name)
+    out["union_modes"] = np.asarray(UNION_RUN)
+    for mode in UNION_RUN:
+        out[f"union_{mode}"] = controlnet_images(union, edges, 1.0, noise, eps, control_mode=mode)
+    print(f"controlnet: union modes {UNION_RUN} differ by {np.abs(out['union_1'] - out['union_3']).max():.4f}")
+    out.update(union_call(union.controlnet))
     _save_npz(out_dir / "flux_controlnet.npz", out)
 
 

@@ -196,11 +196,11 @@ def control(pipeline: Any, params: dict, key, spec: Any, batch: int, inputs: dic
 def controlnet(pipeline: Any, params: dict, key, spec: Any, batch: int, inputs: dict) -> Start:
     """A FLUX.1 ControlNet (diffusers' FluxControlNetPipeline): :func:`txt2img`'s noise and, for the ControlNet that
     runs beside the transformer at every step (:func:`controlnet_model`), the control image's packed latents -- the
-    image, mapped to [-1, 1], encoded as an init image is (:func:`drawn_latents`) -- and the traced conditioning
-    scale, as ``Conditioning.control``."""
+    image, mapped to [-1, 1], encoded as an init image is (:func:`drawn_latents`) -- the traced conditioning scale
+    and control mode (a union ControlNet's), as ``Conditioning.control``."""
     start = txt2img(pipeline, params, key, spec, batch, inputs)
     latents = drawn_latents(pipeline, params, key, 2.0 * inputs["control"] - 1.0)
-    return start._replace(conditioning={"control": (pack(latents), inputs["control_scale"])})
+    return start._replace(conditioning={"control": (pack(latents), inputs["control_scale"], inputs["control_mode"])})
 
 
 def edit(pipeline: Any, params: dict, key, spec: Any, batch: int, inputs: dict) -> Start:
@@ -293,7 +293,8 @@ def transformer_call(pipeline: Any, params: dict, conditioning: Conditioning, gu
 def controlnet_model(pipeline: Any, params: dict, conditioning: Conditioning, guidance: Guidance, spec: Any,
                      batch: int):
     """``residuals(x, timestep)``: a FLUX.1 ControlNet's (controlnet mode: ``conditioning.control``, the control image's
-    packed latents and the traced conditioning scale) for packed latents ``x`` at ``timestep``, on the prompt, as
+    packed latents, the traced conditioning scale and control mode, read by a union model) for packed latents ``x``
+    at ``timestep``, on the prompt, as
     diffusers' FluxControlNetPipeline calls it (the embedded guidance where the ControlNet has a guidance embedder);
     None without one."""
     import jax.numpy as jnp
@@ -301,8 +302,9 @@ def controlnet_model(pipeline: Any, params: dict, conditioning: Conditioning, gu
     if conditioning.control is None:
         return lambda x, timestep: None
     assert conditioning.added is not None  # encode's: the pooled embedding
-    control, scale = conditioning.control
+    control, scale, mode = conditioning.control
     pooled, net = conditioning.added["pooled"], pipeline.controlnet
+    union = {"controlnet_mode": jnp.ravel(jnp.asarray(mode))[:1]} if net.num_mode is not None else {}
     factor = pipeline.vae_scale_factor
     img_ids = jnp.asarray(image_ids(latent_side(spec.height, factor), latent_side(spec.width, factor)))
     txt_ids = jnp.zeros((conditioning.context.shape[1], 3))
@@ -312,7 +314,7 @@ def controlnet_model(pipeline: Any, params: dict, conditioning: Conditioning, gu
     def residuals(x, timestep):
         return net.apply({"params": params["controlnet"]}, x.astype(pipeline.dtype), control.astype(pipeline.dtype),
                          jnp.ravel(jnp.asarray(scale))[0], conditioning.context, pooled, timestep, img_ids, txt_ids,
-                         guidance=embedded)
+                         guidance=embedded, **union)
 
     return residuals
 

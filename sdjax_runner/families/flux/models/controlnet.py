@@ -6,9 +6,11 @@ A copy of the transformer's first blocks (``num_layers`` double, ``num_single_la
 control image's packed latents too: ``x_embedder(latents) + controlnet_x_embedder(control latents)``. Each block's
 image-token output goes through its zero-initialised ``controlnet_blocks_i`` / ``controlnet_single_blocks_i``
 (Linear) and is scaled by the conditioning scale: the residuals the transformer adds after its blocks
-(:class:`ControlNetResiduals`, ``FlaxFluxTransformer.__call__``'s ``controlnet``). Not run here: the union models'
-``num_mode`` (a control-mode token before the text) and XLabs' ``conditioning_embedding_channels`` (a pixel-space
-hint block, its residuals repeated over the blocks): one line each (:meth:`FlaxFluxControlNet.check`)."""
+(:class:`ControlNetResiduals`, ``FlaxFluxTransformer.__call__``'s ``controlnet``). A union model (``num_mode``:
+InstantX's and Shakker-Labs' Union) reads which kind of control image it is given, its control mode, as one more
+token before the text: ``controlnet_mode_embedder``'s row for the mode, its position that of the first text token.
+Not run here: XLabs' ``conditioning_embedding_channels`` (a pixel-space hint block, its residuals repeated over the
+blocks): one line (:meth:`FlaxFluxControlNet.check`)."""
 
 from __future__ import annotations
 
@@ -16,6 +18,7 @@ import json
 import time
 from typing import Any, ClassVar, NamedTuple, Optional
 
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -91,11 +94,8 @@ class FlaxFluxControlNet(FromDiffusersConfig, layers.Module):
         return self.num_attention_heads * self.attention_head_dim
 
     def check(self) -> None:
-        """ValueError for a config this module does not run: a union model's control modes, XLabs' hint block; the
-        rotary bands as the transformer's."""
-        if self.num_mode is not None:
-            raise ValueError(f"num_mode {self.num_mode}: a union ControlNet (a control mode per image, as a token "
-                             "before the text) is not run here yet")
+        """ValueError for a config this module does not run: XLabs' hint block; the rotary bands as the
+        transformer's."""
         if self.conditioning_embedding_channels is not None:
             raise ValueError(f"conditioning_embedding_channels {self.conditioning_embedding_channels}: XLabs' "
                              "ControlNets (a pixel-space hint block) are not run here yet")
@@ -119,16 +119,25 @@ class FlaxFluxControlNet(FromDiffusersConfig, layers.Module):
             for _ in range(self.num_single_layers)]
         self.controlnet_blocks = [layers.Dense(dim, **kw) for _ in range(self.num_layers)]
         self.controlnet_single_blocks = [layers.Dense(dim, **kw) for _ in range(self.num_single_layers)]
+        if self.num_mode is not None:
+            self.controlnet_mode_embedder = nn.Embed(self.num_mode, dim, dtype=self.dtype, param_dtype=self.param_dtype)
 
     def __call__(self, hidden_states: jax.Array, controlnet_cond: jax.Array, conditioning_scale: Any,
                  encoder_hidden_states: jax.Array, pooled_projections: jax.Array, timestep: jax.Array,
-                 img_ids: jax.Array, txt_ids: jax.Array, guidance: Optional[jax.Array] = None) -> ControlNetResiduals:
+                 img_ids: jax.Array, txt_ids: jax.Array, guidance: Optional[jax.Array] = None,
+                 controlnet_mode: Optional[jax.Array] = None) -> ControlNetResiduals:
         x = self.x_embedder(hidden_states) + self.controlnet_x_embedder(controlnet_cond)
         timestep = jnp.asarray(timestep).astype(self.dtype) * 1000
         if guidance is not None:
             guidance = jnp.asarray(guidance).astype(self.dtype) * 1000
         temb = self.time_text_embed(timestep, pooled_projections, guidance)
         context = self.context_embedder(encoder_hidden_states)
+        if self.num_mode is not None:  # the union's mode token before the text, at the first text token's position
+            if controlnet_mode is None:
+                raise ValueError("a union ControlNet needs its control mode")
+            mode = jnp.broadcast_to(jnp.asarray(controlnet_mode, jnp.int32).reshape(-1, 1), (context.shape[0], 1))
+            context = jnp.concatenate([self.controlnet_mode_embedder(mode).astype(context.dtype), context], axis=1)
+            txt_ids = jnp.concatenate([txt_ids[:1], txt_ids], axis=0)
         rope = rope_tables(jnp.concatenate([txt_ids, img_ids], axis=0), tuple(self.axes_dims_rope))
         double, single = [], []
         for block in self.transformer_blocks:
@@ -158,6 +167,8 @@ class FlaxFluxControlNet(FromDiffusersConfig, layers.Module):
         }
         if self.guidance_embeds:
             inputs["guidance"] = jnp.zeros((1,), jnp.float32)
+        if self.num_mode is not None:
+            inputs["controlnet_mode"] = jnp.zeros((1,), jnp.int32)
         return inputs
 
     def init_weights(self, rng: jax.Array) -> Any:
@@ -202,4 +213,5 @@ def load(value: str, cache_dir: str, transformer: Any, activations: Any, weights
         raise UserError(KEY, exc.problem, exc.allowed or ALLOWED) from None
     structure = json.dumps(dict(module.config), sort_keys=True, default=str)
     return LoadedControlNet(module, params, str(path), "flax" if files[0].name == FLAX_WEIGHTS else "safetensors",
-                            structure, time.perf_counter() - started)
+                            structure, time.perf_counter() - started, modes=module.num_mode)
+
