@@ -192,13 +192,40 @@ def test_flux_canny_and_depth_are_diffusers_control_pipeline_and_a_control_image
            "to remake it" in uncontrolled.stdout + uncontrolled.stderr
     assert_one_line_error(run_cli(*common, "hydra.run.dir=txt2img", cwd=tmp_path),
                           "error: mode: txt2img: local is FLUX.1 Canny/Depth, whose transformer reads a control "
-                          "image's latents beside the latents (allowed: control (with controlnet.image))")
+                          "image's latents beside the latents (allowed: control (with controlnet.image), "
+                          "control_img2img (and init_image), control_inpaint (and init_image, mask_image))")
     assert_one_line_error(run_cli("+experiment=flux_smoke", "mode=control", f"controlnet.image={edges}", *QUIET,
                                   f"paths.cache_dir={cache_dir}", "hydra.run.dir=plain", cwd=tmp_path),
                           "error: mode: control: tiny-random-flux is no FLUX.1 Canny/Depth model (its index names "
                           "FluxControlPipeline): its transformer reads no control image (allowed: a FLUX.1 Canny/Depth "
                           "model (model=flux-canny-dev, flux-depth-dev, tiny-random-flux-control), or txt2img, "
                           "img2img, inpaint)")
+    # from an init image (FluxControlImg2ImgPipeline: a strength sweep, one program) and repainting a mask's area
+    # (FluxControlInpaintPipeline), and from_png remakes the first given the init image
+    init, mask = REFERENCE / "init.png", REFERENCE / "mask.png"
+    img2img = run_cli("-m", *common, "mode=control_img2img", f"init_image={init}", f"controlnet.image={edges}",
+                      "strength=0.6,1", "hydra.sweep.dir=img2img", cwd=tmp_path)
+    assert img2img.returncode == 0, img2img.stderr[-3000:]
+    inpaint = run_cli(*common, "mode=control_inpaint", f"init_image={init}", f"mask_image={mask}",
+                      f"controlnet.image={edges}", "strength=0.8", "hydra.run.dir=inpaint", cwd=tmp_path)
+    assert inpaint.returncode == 0, inpaint.stderr[-3000:]
+    runs = {f"img2img_{records_of(job)[0]['strength']:g}": job for job in (tmp_path / "img2img").glob("[0-9]")}
+    assert sorted(json.loads((job / "timings.json").read_text())["compile_reused"] for job in runs.values()) == [0, 1]
+    runs["inpaint_0.8"] = tmp_path / "inpaint"
+    for case, job in runs.items():
+        for record, pixels in zip(records_of(job), pixels_of(job), strict=True):
+            difference = np.abs(pixels / 255 - ref[case][record["device"]]).max()
+            assert difference <= 2 / 255, (case, difference)
+    assert np.abs(ref["img2img_0.6"] - ref["img2img_1"]).max() > 0.05  # (the strength tells them apart)
+    record = records_of(runs["img2img_0.6"])[0]
+    png = runs["img2img_0.6"] / record["file"]
+    remade = run_cli(str(png), f"model.pretrained_model_name_or_path={folder}", *QUIET, f"paths.cache_dir={cache_dir}",
+                     f"controlnet.image={edges}", f"init_image={init}",
+                     f"prompts.max_sequence_length={int(ref['max_sequence_length'])}", "hydra.run.dir=img2img_png",
+                     command="from_png", cwd=tmp_path)
+    assert remade.returncode == 0, remade.stderr[-3000:]
+    assert "Control image: control.png -> mode=control_img2img" in remade.stdout + remade.stderr
+    assert records_of(tmp_path / "img2img_png")[0]["pixels_sha256"] == record["pixels_sha256"]
     # the built-in tiny Canny/Depth model, as the image modes guide runs it
     builtin = run_cli("+experiment=flux_smoke", "model=tiny-random-flux-control", "mode=control",
                       f"controlnet.image={edges}", *QUIET, f"paths.cache_dir={cache_dir}", "hydra.run.dir=builtin",
@@ -361,6 +388,10 @@ INPAINT = ("mode=inpaint", "init_image=x.png", "mask_image=m.png")
     (["+experiment=sd3_smoke", "mode=control", "controlnet.image=x.png"], "error: mode: control, but tiny-random-sd3 "
      "is a"),
     (["+experiment=smoke", "mode=control", "controlnet.image=x.png"], "error: mode: control, but tiny-random is a"),
+    # Canny/Depth's img2img on a model that is not one
+    (["+experiment=flux_smoke", "mode=control_img2img", f"init_image={REFERENCE / 'init.png'}",
+      f"controlnet.image={REFERENCE / 'control.png'}"], "error: mode: control_img2img: tiny-random-flux is no FLUX.1 "
+     "Canny/Depth model (its index names FluxControlPipeline)"),
 ])
 def test_what_the_flow_families_do_not_run_yet_is_one_line(tmp_path, overrides, expected):
     assert_one_line_error(call_cli(*overrides, *QUIET, cwd=tmp_path), expected)

@@ -82,7 +82,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         info, measured = without_measurements(infotext.parse(text))
         given = {o.split("=", 1)[0].lstrip("+~") for o in args.overrides if "=" in o}
         translation = infotext.overrides(info, options("model"), options("dtype"), "init_image" in given,
-                                         "controlnet.image" in given)
+                                         "controlnet.image" in given, "mask_image" in given)
     except UserError as error:
         console.error(error)
         return 2

@@ -172,13 +172,14 @@ class _Reading:
 
 
 def overrides(info: Infotext, model_options: tuple[str, ...], dtype_options: tuple[str, ...],
-              has_init_image: bool, has_control_image: bool = False) -> Translation:
+              has_init_image: bool, has_control_image: bool = False, has_mask_image: bool = False) -> Translation:
     """The overrides that make ``info``'s image here, as far as the runner can: ``model_options`` and
     ``dtype_options`` are the config groups' options (an infotext of ours names them). Every value reaches
     the config as a literal (:func:`sdjax_runner.config.overrides.literal`) or a number parsed here: no text
     of the infotext is read as Hydra's grammar or an interpolation. A setting the runner honours whose value
-    is malformed is :class:`UserError`, before anything runs. ``has_init_image``, ``has_control_image``: the command
-    line gives ``init_image``, ``controlnet.image`` (the images an infotext names but cannot hold)."""
+    is malformed is :class:`UserError`, before anything runs. ``has_init_image``, ``has_control_image``,
+    ``has_mask_image``: the command line gives ``init_image``, ``controlnet.image``, ``mask_image`` (the images an
+    infotext names but cannot hold)."""
     check_length("Prompt", info.prompt)  # before Hydra parses it (0.6 s a MB, twice)
     check_length("Negative prompt", info.negative)
     settings = dict(info.settings)
@@ -197,7 +198,10 @@ def overrides(info: Infotext, model_options: tuple[str, ...], dtype_options: tup
     _read_strength(reading, has_init_image)
     _read_image_mode(reading, "Edit image", has_init_image, "edit",
                      "FLUX.1 Kontext's input image; give init_image=PATH to remake the edit")
-    _read_image_mode(reading, "Control image", has_control_image, "control",
+    # (with an init image, and a mask, Canny/Depth's img2img and inpaint)
+    controlled = "control_inpaint" if has_init_image and has_mask_image else \
+        "control_img2img" if has_init_image else "control"
+    _read_image_mode(reading, "Control image", has_control_image, controlled,
                      "FLUX.1 Canny/Depth's control image; give controlnet.image=PATH to remake it")
     _read_models(reading, model_options, dtype_options)
     return Translation(reading.out, reading.honoured, reading.skipped)

@@ -79,6 +79,12 @@ MODES = _registry(
     # (an edge map, a depth map: the model's own kind of control image, made by the user) as more input channels of
     # every transformer call; no strength, no separate ControlNet (the transformer is the control model)
     ModeEntry("control", images=(("control", "controlnet.image"),)),
+    # ... from an init image (diffusers' FluxControlImg2ImgPipeline) and repainting its mask's area by latent
+    # blending (FluxControlInpaintPipeline), at their default strength
+    ModeEntry("control_img2img", images=(("init", "init_image"), ("control", "controlnet.image")), numbers=("start",),
+              default_strength=0.6),
+    ModeEntry("control_inpaint", images=(("init", "init_image"), ("mask", "mask_image"), ("control", "controlnet.image")),
+              numbers=("start",), default_strength=0.6),
 )
 if tuple(MODES) != tuple(GenerationMode.__members__):
     raise RuntimeError(f"config/modes.py lists {tuple(MODES)}, the schema's GenerationMode "

@@ -42,6 +42,8 @@ class GenerationMode(Enum):
     controlnet = 3  # from noise, steered by controlnet.image through controlnet.model
     edit = 4  # from noise, init_image's tokens beside the noise's in each call (FLUX.1 Kontext)
     control = 5  # from noise, controlnet.image's latents beside the latents in each call (FLUX.1 Canny/Depth [dev])
+    control_img2img = 6  # control's, from init_image noised to `strength`
+    control_inpaint = 7  # control_img2img's, repainting the mask_image's white area
 
 
 class ResizeMode(Enum):

@@ -218,7 +218,8 @@ def a1111_parameters(meta: ImageRecord) -> str:
         + (f", Hires CFG Scale: {meta.hires_guidance_scale}" if meta.hires_guidance_scale is not None else "")
         + (f", Mask: {meta.mask_image}" if meta.mask_image else "")
         + (f", Edit image: {quoted(str(meta.init_image))}" if meta.mode == "edit" else "")
-        + (f", Control image: {quoted(str(meta.control_image))}" if meta.mode == "control" else "")
+        + (f", Control image: {quoted(str(meta.control_image))}"
+           if meta.mode in ("control", "control_img2img", "control_inpaint") else "")
         + (f", ControlNet: {meta.controlnet}, Control weight: {meta.conditioning_scale}" if meta.controlnet else "")
         + (f", Control mode: {meta.control_mode}" if meta.control_mode is not None else "")
         + (f", Lora: {meta.lora}" if meta.lora else "")

@@ -30,8 +30,10 @@ from noise) runs on tiny-flux-dev with a transformer of their shape made here (`
 assembled by :func:`control_folder`) on a fixed edge map (``control.png``); its posterior sample of the control image
 is the runner's draw (the init image's draw above: the VAE's ``DiagonalGaussianDistribution.sample``, which the
 pipeline calls directly, is given it) and the noise the runner's. It writes ``flux_control.npz`` (``images``, one
-per device, and ``control_images``: the same draws with the control image inverted, which the test tells apart).
-``--only control`` writes it (and its transformer) alone.
+per device, and ``control_images``: the same draws with the control image inverted, which the test tells apart), and
+the same model from ``init.png`` (``FluxControlImg2ImgPipeline``, ``img2img_S`` at strengths S) and repainting
+``mask.png``'s area (``FluxControlInpaintPipeline``, ``inpaint_S``). ``--only control`` writes it (and its transformer)
+alone.
 
 A FLUX.1 ControlNet (``FluxControlNetPipeline`` with diffusers' ``FluxControlNetModel``: a copy of the transformer's
 first blocks reading the control image's latents too, whose block outputs the transformer adds after its own) runs on
@@ -101,6 +103,9 @@ FILL_SEED = 20
 # seed CONTROL_SEED) and the index naming FluxControlPipeline: control_folder() assembles it, as the test does.
 CONTROL_TRANSFORMER = DEFAULT_OUT / "tiny-flux-control-transformer"
 CONTROL_SEED = 21
+# ... from init.png (FluxControlImg2ImgPipeline) at these strengths, and repainting mask.png's area
+# (FluxControlInpaintPipeline) at CONTROL_INPAINT
+CONTROL_STRENGTHS, CONTROL_INPAINT = (0.6, 1.0), 0.8
 # FLUX.1 ControlNets (issue #63 item 1): a tiny random FluxControlNetModel beside tiny-flux-dev's transformer -- one
 # double block and one single block, against the transformer's one and two (so both single blocks read the one
 # residual: diffusers' interval_control), its zero-initialised projections drawn at random too (else it adds nothing)
@@ -160,14 +165,20 @@ def control_folder(out: Path, transformer: Path = CONTROL_TRANSFORMER) -> Path:
     return fill_folder(out, transformer, "FluxControlPipeline")
 
 
-def control_images(pipeline, picture: np.ndarray, noise: np.ndarray, eps: np.ndarray) -> np.ndarray:
+def control_images(pipeline, picture: np.ndarray, noise: np.ndarray, eps: np.ndarray, module_name: str = "",
+                   **inputs) -> np.ndarray:
     """FluxControlPipeline's image for each device's draws (the noise through the pipeline module's ``randn_tensor``,
-    the control image's posterior sample through ``DiagonalGaussianDistribution.sample``)."""
-    import diffusers.pipelines.flux.pipeline_flux_control as module
+    the control image's posterior sample through ``DiagonalGaussianDistribution.sample``) -- or, with ``module_name``
+    and ``inputs`` (image, mask_image, strength), FluxControlImg2ImgPipeline's or FluxControlInpaintPipeline's (the
+    init image's sample the same draw, as the runner's)."""
+    import importlib
+
     import torch
     from diffusers.models.autoencoders.vae import DiagonalGaussianDistribution
     from PIL import Image
 
+    module = importlib.import_module(f"diffusers.pipelines.flux.{module_name or 'pipeline_flux_control'}")
+    inputs = {k: Image.fromarray(v) if isinstance(v, np.ndarray) else v for k, v in inputs.items()}
     guidance = VARIANTS["dev"]["guidance_scale"]
     images = []
     for device in range(NUM_DEVICES):
@@ -184,7 +195,7 @@ def control_images(pipeline, picture: np.ndarray, noise: np.ndarray, eps: np.nda
             with torch.no_grad():
                 image = pipeline(prompt=PROMPT, control_image=Image.fromarray(picture), num_inference_steps=STEPS,
                                  guidance_scale=guidance, height=HEIGHT, width=WIDTH,
-                                 max_sequence_length=MAX_SEQUENCE_LENGTH, output_type="np").images[0]
+                                 max_sequence_length=MAX_SEQUENCE_LENGTH, output_type="np", **inputs).images[0]
         finally:
             module.randn_tensor, DiagonalGaussianDistribution.sample = saved
         images.append(np.asarray(image, dtype=np.float32))
@@ -325,6 +336,15 @@ def write_control(out_dir: Path, noise: np.ndarray, eps: np.ndarray) -> None:
         edges = control_image()
         out = dict(run_settings(VARIANTS["dev"]["guidance_scale"]), images=control_images(pipeline, edges, noise, eps),
                    control_images=control_images(pipeline, 255 - edges, noise, eps))
+        folder = control_folder(Path(staging) / "tiny-flux-control-modes", transformer)
+        img2img = load_aligned("FluxControlImg2ImgPipeline", folder)
+        for strength in CONTROL_STRENGTHS:
+            out[f"img2img_{strength:g}"] = control_images(img2img, edges, noise, eps, "pipeline_flux_control_img2img",
+                                                          image=init_image(), strength=strength)
+        inpaint = load_aligned("FluxControlInpaintPipeline", folder)
+        out[f"inpaint_{CONTROL_INPAINT:g}"] = control_images(
+            inpaint, edges, noise, eps, "pipeline_flux_control_inpaint", image=init_image(), mask_image=mask_image(),
+            strength=CONTROL_INPAINT)
     print(f"control: largest difference between the edge map and its inverse "
           f"{np.abs(out['images'] - out['control_images']).max():.4f}")
     _save_npz(out_dir / "flux_control.npz", out)

@@ -33,13 +33,13 @@ def flow_inpaint(config: Any, title: str) -> None:
     """Inpainting on a flow model (FLUX.1, SD 3) sets the kept area back after each step of the model's own Euler,
     as diffusers' inpaint pipelines do: a k sampler (which would need ComfyUI's blending of its denoised sample) and a
     step cache (its state would not see the blend) are one line each."""
-    if config.mode.name != "inpaint":
+    if config.mode.name not in ("inpaint", "control_inpaint"):
         return
     if samplers.resolve_flow(config.sampler, config.scheduler.name).sigmas is not None:
-        raise UserError("sampler", f"{config.sampler} with mode=inpaint: {title} inpaints on its own Euler, as "
+        raise UserError("sampler", f"{config.sampler} with mode={config.mode.name}: {title} inpaints on its own Euler, as "
                         "diffusers' inpaint pipeline does", "null (the model's Euler)")
     if config.cache.name != caches.DEFAULT:
-        raise UserError("cache", f"{config.cache.name} with mode=inpaint: the blend after each step is not run under "
+        raise UserError("cache", f"{config.cache.name} with mode={config.mode.name}: the blend after each step is not run under "
                         "a step cache yet", "none")
 
 
@@ -76,7 +76,8 @@ def _flux_values(config: Any) -> None:
 # transformer's config says which it is).
 ENTRY = FamilyEntry("flux", "FLUX.1: CLIP-L and T5 text encoders, a flow-matching transformer, a 16-channel VAE",
                     ("FluxPipeline", "FluxFillPipeline", "FluxKontextPipeline", "FluxControlPipeline"),
-                    tiny="tiny-random-flux", modes=("txt2img", "img2img", "inpaint", "edit", "control", "controlnet"),
+                    tiny="tiny-random-flux", modes=("txt2img", "img2img", "inpaint", "edit", "control",
+                                                   "control_img2img", "control_inpaint", "controlnet"),
                     start_step=flow_start_step,  # FluxImg2ImgPipeline.get_timesteps
                     builtins=("tiny-random-flux", "tiny-random-flux-schnell", "tiny-random-flux-kontext",
                               "tiny-random-flux-fill", "tiny-random-flux-control", "flux-dev-arch"),

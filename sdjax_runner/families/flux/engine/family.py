@@ -48,21 +48,23 @@ class Variant:
     runs: tuple[str, ...]  # the modes it runs
     reads: str  # what it reads, as the line for another mode says it
     runs_allowed: str
-    own_mode: Optional[str] = None  # the mode no other model runs
+    own_modes: tuple[str, ...] = ()  # the modes no other model runs
     index: str = ""  # its pipeline class, as the line for its mode on another model names it
     lacks: str = ""  # what another model lacks for its mode
     own_allowed: str = ""
 
 
+CONTROL_MODES = ("control", "control_img2img", "control_inpaint")
 VARIANTS = (
-    Variant("control", "FLUX.1 Canny/Depth", ("control",), "whose transformer reads a control image's latents beside "
-            "the latents", "control (with controlnet.image)", "control", "FluxControlPipeline",
+    Variant("control", "FLUX.1 Canny/Depth", CONTROL_MODES, "whose transformer reads a control image's latents beside "
+            "the latents", "control (with controlnet.image), control_img2img (and init_image), control_inpaint (and "
+            "init_image, mask_image)", CONTROL_MODES, "FluxControlPipeline",
             "its transformer reads no control image", "a FLUX.1 Canny/Depth model (model=flux-canny-dev, "
             "flux-depth-dev, tiny-random-flux-control), or txt2img, img2img, inpaint"),
     Variant("fill", "FLUX.1 Fill", ("inpaint",), "whose transformer reads a mask and the masked init image beside the "
             "latents", "inpaint (with init_image and mask_image)"),
     Variant("kontext", "FLUX.1 Kontext", ("txt2img", "edit"), "which edits an input image (or makes one from the "
-            "prompt alone)", "edit (with init_image), txt2img", "edit", "FluxKontextPipeline",
+            "prompt alone)", "edit (with init_image), txt2img", ("edit",), "FluxKontextPipeline",
             "it reads no input image beside the noise", "a Kontext model (model=flux-kontext-dev, "
             "tiny-random-flux-kontext), or txt2img, img2img, inpaint"),
 )
@@ -76,7 +78,7 @@ def check_loaded(plan: Any, loaded: Any) -> None:
     for variant in VARIANTS:
         if getattr(pipeline, variant.flag) and mode not in variant.runs:
             raise UserError("mode", f"{mode}: {name} is {variant.title}, {variant.reads}", variant.runs_allowed)
-        if mode == variant.own_mode and not getattr(pipeline, variant.flag):
+        if mode in variant.own_modes and not getattr(pipeline, variant.flag):
             raise UserError("mode", f"{mode}: {name} is no {variant.title} model (its index names {variant.index}): "
                             f"{variant.lacks}", variant.own_allowed)
     if not pipeline.guidance_embeds and plan.guidance_given:

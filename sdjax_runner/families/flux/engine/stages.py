@@ -193,6 +193,19 @@ def control(pipeline: Any, params: dict, key, spec: Any, batch: int, inputs: dic
     return start._replace(conditioning={"concat": pack(latents)})
 
 
+def control_img2img(pipeline: Any, params: dict, key, spec: Any, batch: int, inputs: dict) -> Start:
+    """FLUX.1 Canny/Depth from an init image (diffusers' FluxControlImg2ImgPipeline): :func:`control`'s start with the
+    init image (:func:`with_init_image`: its latents drawn with the device's key, as the control image's are)."""
+    return with_init_image(control(pipeline, params, key, spec, batch, inputs), pipeline, params, key, inputs)
+
+
+def control_inpaint(pipeline: Any, params: dict, key, spec: Any, batch: int, inputs: dict) -> Start:
+    """FLUX.1 Canny/Depth repainting a mask's area (diffusers' FluxControlInpaintPipeline): :func:`control_img2img`'s
+    start and the mask (:func:`with_mask`: the init image blended back outside it after each step, as FLUX.1's
+    inpainting with an ordinary transformer)."""
+    return with_mask(control_img2img(pipeline, params, key, spec, batch, inputs), inputs)
+
+
 def controlnet(pipeline: Any, params: dict, key, spec: Any, batch: int, inputs: dict) -> Start:
     """A FLUX.1 ControlNet (diffusers' FluxControlNetPipeline): :func:`txt2img`'s noise and, for the ControlNet that
     runs beside the transformer at every step (:func:`controlnet_model`), the control image's packed latents -- the
