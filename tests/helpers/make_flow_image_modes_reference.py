@@ -169,8 +169,9 @@ def control_images(pipeline, picture: np.ndarray, noise: np.ndarray, eps: np.nda
                    **inputs) -> np.ndarray:
     """FluxControlPipeline's image for each device's draws (the noise through the pipeline module's ``randn_tensor``,
     the control image's posterior sample through ``DiagonalGaussianDistribution.sample``) -- or, with ``module_name``
-    and ``inputs`` (image, mask_image, strength), FluxControlImg2ImgPipeline's or FluxControlInpaintPipeline's (the
-    init image's sample the same draw, as the runner's)."""
+    (the pipeline's module under diffusers.pipelines.flux) and ``inputs`` (image, mask_image, strength, ...: pictures
+    as arrays), another pipeline's: FluxControlImg2ImgPipeline's, FluxControlInpaintPipeline's (the init image's
+    sample the same draw, as the runner's), FluxControlNetPipeline's."""
     import importlib
 
     import torch
@@ -221,36 +222,11 @@ def flux_controlnet(out: Path, seed: int = CONTROLNET_SEED, num_mode: int | None
 
 def controlnet_images(pipeline, picture: np.ndarray, scale: float, noise: np.ndarray, eps: np.ndarray,
                       control_mode: int | None = None) -> np.ndarray:
-    """FluxControlNetPipeline's image for each device's draws at conditioning scale ``scale`` (as
-    :func:`control_images`: the noise through ``randn_tensor``, the control image's posterior sample through
-    ``DiagonalGaussianDistribution.sample``, which its ``retrieve_latents`` calls)."""
-    import diffusers.pipelines.flux.pipeline_flux_controlnet as module
-    import torch
-    from diffusers.models.autoencoders.vae import DiagonalGaussianDistribution
-    from PIL import Image
-
-    images = []
-    for device in range(NUM_DEVICES):
-        def given_noise(shape, generator=None, device_=None, dtype=None, layout=None, at=device, **_):
-            assert tuple(shape) == noise[at:at + 1].shape, shape
-            return torch.from_numpy(noise[at:at + 1]).to(dtype=dtype)
-
-        def given_sample(dist, generator=None, at=device):
-            return dist.mean + dist.std * torch.from_numpy(eps[at:at + 1]).to(dist.mean.dtype)
-
-        saved = module.randn_tensor, DiagonalGaussianDistribution.sample
-        module.randn_tensor, DiagonalGaussianDistribution.sample = given_noise, given_sample
-        try:
-            with torch.no_grad():
-                image = pipeline(prompt=PROMPT, control_image=Image.fromarray(picture), num_inference_steps=STEPS,
-                                 controlnet_conditioning_scale=scale, control_mode=control_mode,
-                                 guidance_scale=VARIANTS["dev"]["guidance_scale"],
-                                 height=HEIGHT, width=WIDTH, max_sequence_length=MAX_SEQUENCE_LENGTH,
-                                 output_type="np").images[0]
-        finally:
-            module.randn_tensor, DiagonalGaussianDistribution.sample = saved
-        images.append(np.asarray(image, dtype=np.float32))
-    return np.stack(images)
+    """FluxControlNetPipeline's image for each device's draws at conditioning scale ``scale`` (and a union model's
+    ``control_mode``), as :func:`control_images` calls a pipeline (its ``retrieve_latents`` draws the control image's
+    posterior sample through ``DiagonalGaussianDistribution.sample`` too)."""
+    return control_images(pipeline, picture, noise, eps, "pipeline_flux_controlnet",
+                          controlnet_conditioning_scale=scale, control_mode=control_mode)
 
 
 def union_call(controlnet) -> dict[str, np.ndarray]:

@@ -26,10 +26,11 @@ import numpy as np
 from sdjax_runner.console import one_line
 from sdjax_runner.errors import UserError
 from sdjax_runner.families.flux.models.transformer import (
-    FluxSingleTransformerBlock,
-    FluxTransformerBlock,
-    TimeTextEmbedding,
+    check_rope,
+    conditioning,
     rope_tables,
+    stack_inputs,
+    stack_modules,
 )
 from sdjax_runner.models.controlnet import ALLOWED, KEY, LoadedControlNet, folder, read_config
 from sdjax_runner.models.nn import layers
@@ -99,24 +100,15 @@ class FlaxFluxControlNet(FromDiffusersConfig, layers.Module):
         if self.conditioning_embedding_channels is not None:
             raise ValueError(f"conditioning_embedding_channels {self.conditioning_embedding_channels}: XLabs' "
                              "ControlNets (a pixel-space hint block) are not run here yet")
-        if sum(self.axes_dims_rope) != self.attention_head_dim or any(d % 2 for d in self.axes_dims_rope):
-            raise ValueError(f"axes_dims_rope {tuple(self.axes_dims_rope)} must be even and sum to "
-                             f"attention_head_dim {self.attention_head_dim}")
+        check_rope(self.axes_dims_rope, self.attention_head_dim)
 
     def setup(self) -> None:
         self.check()
         kw = dict(dtype=self.dtype, param_dtype=self.param_dtype)
-        dim, heads, head_dim = self.inner_dim, self.num_attention_heads, self.attention_head_dim
-        self.time_text_embed = TimeTextEmbedding(dim, self.guidance_embeds, **kw)
-        self.context_embedder = layers.Dense(dim, **kw)
-        self.x_embedder = layers.Dense(dim, **kw)
+        dim = self.inner_dim
+        (self.time_text_embed, self.context_embedder, self.x_embedder, self.transformer_blocks,
+         self.single_transformer_blocks) = stack_modules(self)
         self.controlnet_x_embedder = layers.Dense(dim, **kw)
-        self.transformer_blocks = [
-            FluxTransformerBlock(dim, heads, head_dim, implementation=self.attention_implementation, **kw)
-            for _ in range(self.num_layers)]
-        self.single_transformer_blocks = [
-            FluxSingleTransformerBlock(dim, heads, head_dim, implementation=self.attention_implementation, **kw)
-            for _ in range(self.num_single_layers)]
         self.controlnet_blocks = [layers.Dense(dim, **kw) for _ in range(self.num_layers)]
         self.controlnet_single_blocks = [layers.Dense(dim, **kw) for _ in range(self.num_single_layers)]
         if self.num_mode is not None:
@@ -127,11 +119,7 @@ class FlaxFluxControlNet(FromDiffusersConfig, layers.Module):
                  img_ids: jax.Array, txt_ids: jax.Array, guidance: Optional[jax.Array] = None,
                  controlnet_mode: Optional[jax.Array] = None) -> ControlNetResiduals:
         x = self.x_embedder(hidden_states) + self.controlnet_x_embedder(controlnet_cond)
-        timestep = jnp.asarray(timestep).astype(self.dtype) * 1000
-        if guidance is not None:
-            guidance = jnp.asarray(guidance).astype(self.dtype) * 1000
-        temb = self.time_text_embed(timestep, pooled_projections, guidance)
-        context = self.context_embedder(encoder_hidden_states)
+        temb, context = conditioning(self, encoder_hidden_states, pooled_projections, timestep, guidance)
         if self.num_mode is not None:  # the union's mode token before the text, at the first text token's position
             if controlnet_mode is None:
                 raise ValueError("a union ControlNet needs its control mode")
@@ -155,18 +143,8 @@ class FlaxFluxControlNet(FromDiffusersConfig, layers.Module):
 
     def dummy_inputs(self) -> dict[str, Any]:
         """The smallest inputs of the right widths (one image token, one text token): for initialisation."""
-        inputs: dict[str, Any] = {
-            "hidden_states": jnp.zeros((1, 1, self.in_channels), self.dtype),
-            "controlnet_cond": jnp.zeros((1, 1, self.in_channels), self.dtype),
-            "conditioning_scale": 1.0,
-            "encoder_hidden_states": jnp.zeros((1, 1, self.joint_attention_dim), self.dtype),
-            "pooled_projections": jnp.zeros((1, self.pooled_projection_dim), self.dtype),
-            "timestep": jnp.zeros((1,), jnp.float32),
-            "img_ids": jnp.zeros((1, len(self.axes_dims_rope)), jnp.float32),
-            "txt_ids": jnp.zeros((1, len(self.axes_dims_rope)), jnp.float32),
-        }
-        if self.guidance_embeds:
-            inputs["guidance"] = jnp.zeros((1,), jnp.float32)
+        inputs = dict(stack_inputs(self), controlnet_cond=jnp.zeros((1, 1, self.in_channels), self.dtype),
+                      conditioning_scale=1.0)
         if self.num_mode is not None:
             inputs["controlnet_mode"] = jnp.zeros((1,), jnp.int32)
         return inputs

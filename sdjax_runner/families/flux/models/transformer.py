@@ -388,6 +388,55 @@ class FluxSingleTransformerBlock(layers.Module):
 # -- the model ------------------------------------------------------------------------------------------------------
 
 
+# -- what the transformer and its ControlNet (controlnet.py) share ------------------------------------------------
+
+
+def check_rope(axes_dims_rope: Any, attention_head_dim: int) -> None:
+    """ValueError where the rotary bands do not fill the head exactly or are odd (diffusers asserts the same when it
+    first runs)."""
+    if sum(axes_dims_rope) != attention_head_dim or any(d % 2 for d in axes_dims_rope):
+        raise ValueError(f"axes_dims_rope {tuple(axes_dims_rope)} must be even and sum to "
+                         f"attention_head_dim {attention_head_dim}")
+
+
+def stack_modules(module: Any) -> tuple[Any, Any, Any, list, list]:
+    """(time_text_embed, context_embedder, x_embedder, the double blocks, the single blocks) of ``module`` (its
+    ``setup`` calls this and keeps them under those names): FLUX.1's embedders and blocks at its config's widths."""
+    kw = dict(dtype=module.dtype, param_dtype=module.param_dtype)
+    dim, heads, head_dim = module.inner_dim, module.num_attention_heads, module.attention_head_dim
+    return (TimeTextEmbedding(dim, module.guidance_embeds, **kw), layers.Dense(dim, **kw), layers.Dense(dim, **kw),
+            [FluxTransformerBlock(dim, heads, head_dim, implementation=module.attention_implementation, **kw)
+             for _ in range(module.num_layers)],
+            [FluxSingleTransformerBlock(dim, heads, head_dim, implementation=module.attention_implementation, **kw)
+             for _ in range(module.num_single_layers)])
+
+
+def conditioning(module: Any, encoder_hidden_states: jax.Array, pooled_projections: jax.Array, timestep: jax.Array,
+                 guidance: Optional[jax.Array]) -> tuple[jax.Array, jax.Array]:
+    """(temb, the embedded text) of a call of ``module``: the timestep and guidance, in [0, 1], times 1000 as diffusers
+    does, with the pooled text, and the text through the context embedder."""
+    timestep = jnp.asarray(timestep).astype(module.dtype) * 1000
+    if guidance is not None:
+        guidance = jnp.asarray(guidance).astype(module.dtype) * 1000
+    return (module.time_text_embed(timestep, pooled_projections, guidance),
+            module.context_embedder(encoder_hidden_states))
+
+
+def stack_inputs(module: Any) -> dict[str, Any]:
+    """The smallest inputs of the right widths that ``module``'s call shares (one image token, one text token)."""
+    inputs: dict[str, Any] = {
+        "hidden_states": jnp.zeros((1, 1, module.in_channels), module.dtype),
+        "encoder_hidden_states": jnp.zeros((1, 1, module.joint_attention_dim), module.dtype),
+        "pooled_projections": jnp.zeros((1, module.pooled_projection_dim), module.dtype),
+        "timestep": jnp.zeros((1,), jnp.float32),
+        "img_ids": jnp.zeros((1, len(module.axes_dims_rope)), jnp.float32),
+        "txt_ids": jnp.zeros((1, len(module.axes_dims_rope)), jnp.float32),
+    }
+    if module.guidance_embeds:
+        inputs["guidance"] = jnp.zeros((1,), jnp.float32)
+    return inputs
+
+
 class FlaxFluxTransformer(FromDiffusersConfig, layers.Module):
     """FLUX.1's transformer: diffusers' ``FluxTransformer2DModel`` (dev: ``guidance_embeds=True``; schnell:
     ``False``) in flax.linen. The fields up to ``axes_dims_rope`` are diffusers' config.json keys (build it from a
@@ -431,28 +480,16 @@ class FlaxFluxTransformer(FromDiffusersConfig, layers.Module):
         return self.num_attention_heads * self.attention_head_dim
 
     def check(self) -> None:
-        """ValueError for a config this module cannot run: the rotary bands must fill the head exactly and be
-        even (diffusers asserts the same when it first runs)."""
-        if sum(self.axes_dims_rope) != self.attention_head_dim or any(d % 2 for d in self.axes_dims_rope):
-            raise ValueError(f"axes_dims_rope {tuple(self.axes_dims_rope)} must be even and sum to "
-                             f"attention_head_dim {self.attention_head_dim}")
+        """ValueError for a config this module cannot run (:func:`check_rope`)."""
+        check_rope(self.axes_dims_rope, self.attention_head_dim)
 
     def setup(self) -> None:
         self.check()
         kw = dict(dtype=self.dtype, param_dtype=self.param_dtype)
-        dim, heads, head_dim = self.inner_dim, self.num_attention_heads, self.attention_head_dim
-        out_channels = self.out_channels or self.in_channels
-        self.time_text_embed = TimeTextEmbedding(dim, self.guidance_embeds, **kw)
-        self.context_embedder = layers.Dense(dim, **kw)
-        self.x_embedder = layers.Dense(dim, **kw)
-        self.transformer_blocks = [
-            FluxTransformerBlock(dim, heads, head_dim, implementation=self.attention_implementation, **kw)
-            for _ in range(self.num_layers)]
-        self.single_transformer_blocks = [
-            FluxSingleTransformerBlock(dim, heads, head_dim, implementation=self.attention_implementation, **kw)
-            for _ in range(self.num_single_layers)]
-        self.norm_out = AdaLayerNormContinuous(dim, **kw)
-        self.proj_out = layers.Dense(self.patch_size * self.patch_size * out_channels, **kw)
+        (self.time_text_embed, self.context_embedder, self.x_embedder, self.transformer_blocks,
+         self.single_transformer_blocks) = stack_modules(self)
+        self.norm_out = AdaLayerNormContinuous(self.inner_dim, **kw)
+        self.proj_out = layers.Dense(self.patch_size * self.patch_size * (self.out_channels or self.in_channels), **kw)
 
     def __call__(self, hidden_states: jax.Array, encoder_hidden_states: jax.Array, pooled_projections: jax.Array,
                  timestep: jax.Array, img_ids: jax.Array, txt_ids: jax.Array,
@@ -465,11 +502,7 @@ class FlaxFluxTransformer(FromDiffusersConfig, layers.Module):
         if img_ids.ndim != 2 or txt_ids.ndim != 2:
             raise ValueError(f"img_ids and txt_ids must be 2-D (seq, 3), got {img_ids.shape} and {txt_ids.shape}")
         x = self.x_embedder(hidden_states)
-        timestep = jnp.asarray(timestep).astype(self.dtype) * 1000
-        if guidance is not None:
-            guidance = jnp.asarray(guidance).astype(self.dtype) * 1000
-        temb = self.time_text_embed(timestep, pooled_projections, guidance)
-        context = self.context_embedder(encoder_hidden_states)
+        temb, context = conditioning(self, encoder_hidden_states, pooled_projections, timestep, guidance)
         rope = rope_tables(jnp.concatenate([txt_ids, img_ids], axis=0), tuple(self.axes_dims_rope))
         if self.is_initializing():  # the blocks' params are made here
             for block in self.transformer_blocks:
@@ -517,17 +550,7 @@ class FlaxFluxTransformer(FromDiffusersConfig, layers.Module):
 
     def dummy_inputs(self) -> dict[str, Any]:
         """The smallest inputs of the right widths (one image token, one text token): for initialisation."""
-        inputs: dict[str, Any] = {
-            "hidden_states": jnp.zeros((1, 1, self.in_channels), self.dtype),
-            "encoder_hidden_states": jnp.zeros((1, 1, self.joint_attention_dim), self.dtype),
-            "pooled_projections": jnp.zeros((1, self.pooled_projection_dim), self.dtype),
-            "timestep": jnp.zeros((1,), jnp.float32),
-            "img_ids": jnp.zeros((1, len(self.axes_dims_rope)), jnp.float32),
-            "txt_ids": jnp.zeros((1, len(self.axes_dims_rope)), jnp.float32),
-        }
-        if self.guidance_embeds:
-            inputs["guidance"] = jnp.zeros((1,), jnp.float32)
-        return inputs
+        return stack_inputs(self)
 
     def init_weights(self, rng: jax.Array) -> Any:
         """Random parameters (the tree without the ``params`` collection key), as diffusers' Flax models'
