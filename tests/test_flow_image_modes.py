@@ -200,8 +200,33 @@ def test_flux_canny_and_depth_are_diffusers_control_pipeline_and_a_control_image
                           "FluxControlPipeline): its transformer reads no control image (allowed: a FLUX.1 Canny/Depth "
                           "model (model=flux-canny-dev, flux-depth-dev, tiny-random-flux-control), or txt2img, "
                           "img2img, inpaint)")
-    # from an init image (FluxControlImg2ImgPipeline: a strength sweep, one program) and repainting a mask's area
-    # (FluxControlInpaintPipeline), and from_png remakes the first given the init image
+    # the built-in tiny Canny/Depth model, as the image modes guide runs it
+    builtin = run_cli("+experiment=flux_smoke", "model=tiny-random-flux-control", "mode=control",
+                      f"controlnet.image={edges}", *QUIET, f"paths.cache_dir={cache_dir}", "hydra.run.dir=builtin",
+                      cwd=tmp_path)
+    assert builtin.returncode == 0, builtin.stderr[-3000:]
+    records = records_of(tmp_path / "builtin")
+    assert len(records) == 8 and {(r["model"], r["mode"], r["control_image"]) for r in records} == {
+        ("tiny-random-flux-control", "control", "control.png")}
+    # a step cache runs on it as on [dev] (the control image's channels enter before the blocks): threshold 0 skips
+    # nothing and gives the same images bit for bit
+    cached = run_cli("+experiment=flux_smoke", "model=tiny-random-flux-control", "mode=control",
+                     f"controlnet.image={edges}", "cache=first_block", "cache.threshold=0", *QUIET,
+                     f"paths.cache_dir={cache_dir}", "hydra.run.dir=cached", cwd=tmp_path)
+    assert cached.returncode == 0, cached.stderr[-3000:]
+    assert [r["pixels_sha256"] for r in records_of(tmp_path / "cached")] == [r["pixels_sha256"] for r in records]
+    assert json.loads((tmp_path / "cached" / "timings.json").read_text())["denoiser_calls_skipped"] == 0
+
+
+@pytest.mark.slow
+def test_flux_canny_and_depth_from_an_init_image_and_repainting_a_mask_are_diffusers_pipelines(tmp_path, cache_dir):
+    """FLUX.1 Canny/Depth with an init image: FluxControlImg2ImgPipeline at two strengths from one program and
+    FluxControlInpaintPipeline, each within 2/255, from the reference's draws; from_png remakes the first given its
+    images."""
+    ref = dict(np.load(REFERENCE / "flux_control.npz"))
+    folder = fill_folder(tmp_path / "tiny-flux-control", "tiny-flux-control-transformer", "FluxControlPipeline")
+    edges = REFERENCE / "control.png"
+    common = reference_run(ref, folder, cache_dir)
     init, mask = REFERENCE / "init.png", REFERENCE / "mask.png"
     img2img = run_cli("-m", *common, "mode=control_img2img", f"init_image={init}", f"controlnet.image={edges}",
                       "strength=0.6,1", "hydra.sweep.dir=img2img", cwd=tmp_path)
@@ -226,22 +251,6 @@ def test_flux_canny_and_depth_are_diffusers_control_pipeline_and_a_control_image
     assert remade.returncode == 0, remade.stderr[-3000:]
     assert "Control image: control.png -> mode=control_img2img" in remade.stdout + remade.stderr
     assert records_of(tmp_path / "img2img_png")[0]["pixels_sha256"] == record["pixels_sha256"]
-    # the built-in tiny Canny/Depth model, as the image modes guide runs it
-    builtin = run_cli("+experiment=flux_smoke", "model=tiny-random-flux-control", "mode=control",
-                      f"controlnet.image={edges}", *QUIET, f"paths.cache_dir={cache_dir}", "hydra.run.dir=builtin",
-                      cwd=tmp_path)
-    assert builtin.returncode == 0, builtin.stderr[-3000:]
-    records = records_of(tmp_path / "builtin")
-    assert len(records) == 8 and {(r["model"], r["mode"], r["control_image"]) for r in records} == {
-        ("tiny-random-flux-control", "control", "control.png")}
-    # a step cache runs on it as on [dev] (the control image's channels enter before the blocks): threshold 0 skips
-    # nothing and gives the same images bit for bit
-    cached = run_cli("+experiment=flux_smoke", "model=tiny-random-flux-control", "mode=control",
-                     f"controlnet.image={edges}", "cache=first_block", "cache.threshold=0", *QUIET,
-                     f"paths.cache_dir={cache_dir}", "hydra.run.dir=cached", cwd=tmp_path)
-    assert cached.returncode == 0, cached.stderr[-3000:]
-    assert [r["pixels_sha256"] for r in records_of(tmp_path / "cached")] == [r["pixels_sha256"] for r in records]
-    assert json.loads((tmp_path / "cached" / "timings.json").read_text())["denoiser_calls_skipped"] == 0
 
 
 @pytest.mark.slow
