@@ -358,6 +358,18 @@ def test_a_union_flux_controlnet_reads_its_control_mode_as_diffusers_does(tmp_pa
             assert difference <= 2 / 255, (mode, difference)
         with Image.open(job / records_of(job)[0]["file"]) as image:
             assert f", Control mode: {mode}" in image.text["parameters"]
+    # from_png remakes a union run given its control image: the ControlNet, its weight and mode from the A1111 line
+    record = records_of(jobs[3])[0]
+    remade = run_cli(str(jobs[3] / record["file"]), f"model.pretrained_model_name_or_path={FOLDERS['flux']}", *QUIET,
+                     f"paths.cache_dir={cache_dir}", f"controlnet.image={REFERENCE / 'control.png'}",
+                     f"prompts.max_sequence_length={int(ref['max_sequence_length'])}", "parallelism.num_devices=2",
+                     "hydra.run.dir=from_png", command="from_png", cwd=tmp_path)
+    said = remade.stdout + remade.stderr
+    assert remade.returncode == 0, said[-3000:]
+    for line in (f"ControlNet: {union} -> controlnet.model=", "Control weight: 1.0 -> controlnet.conditioning_scale=1.0",
+                 "Control mode: 3 -> controlnet.control_mode=3"):
+        assert line in said, line
+    assert records_of(tmp_path / "from_png")[0]["pixels_sha256"] == record["pixels_sha256"]
 
 
 @pytest.mark.slow

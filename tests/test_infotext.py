@@ -252,3 +252,21 @@ def test_skip_layer_guidance_written_before_it_became_a_guider_is_read_as_the_gu
     assert "Skip layer guidance: 7,8,9 -> guider=skip_layer" in translation.honoured
     cfg = compose_cfg([o for o in translation.overrides if not o.startswith("prompts.")])
     assert (cfg.guider.name, list(cfg.guider.layers), cfg.guider.scale) == ("skip_layer", ["7", "8", "9"], 2.8)
+
+
+def test_a_controlnet_line_becomes_its_mode_folder_weight_and_control_mode_given_the_control_image():
+    """Ours: ``ControlNet: PATH, Control weight: S, Control mode: M`` (record/rundir.py writes the path quoted where a
+    comma or colon would end it) -> mode=controlnet and the three keys, with ``controlnet.image`` given; without it,
+    said and what to give."""
+    from sdjax_runner.record.rundir import quoted
+
+    folder = "/models/a, b: union"
+    text = (f"a red cube\nSteps: 4, Sampler: Euler, Seed: 0, Size: 32x32, Model: tiny-random-flux, ControlNet: "
+            f"{quoted(folder)}, Control weight: 0.7, Control mode: 2")
+    given = infotext.overrides(infotext.parse(text), ("tiny-random-flux",), ("fp32",), False, True)
+    assert {"mode=controlnet", f"controlnet.model={literal(folder)}", "controlnet.conditioning_scale=0.7",
+            "controlnet.control_mode=2"} <= set(given.overrides)
+    missing = infotext.overrides(infotext.parse(text), ("tiny-random-flux",), ("fp32",), False, False)
+    assert not any(o.startswith(("mode=", "controlnet.")) for o in missing.overrides)
+    assert f"ControlNet: {folder}: a ControlNet run's control image is not in the PNG; give controlnet.image=PATH to " \
+           "remake it" in missing.not_honoured

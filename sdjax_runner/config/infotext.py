@@ -127,6 +127,8 @@ NUMBERS = {"Steps": (WHOLE, int, "a whole number, e.g. 20"), "Clip skip": (WHOLE
            "Hires upscale": (DECIMAL, float, "a number, e.g. 2"), "Hires steps": (WHOLE, int, "a whole number, e.g. 20"),
            "Hires CFG Scale": (DECIMAL, float, "a number, e.g. 5"),
            "Refiner switch at": (DECIMAL, float, "a number, e.g. 0.8"),
+           # ours: a ControlNet's (record/rundir.py)
+           "Control weight": (DECIMAL, float, "a number, e.g. 0.7"), "Control mode": (WHOLE, int, "a whole number, e.g. 2"),
            # ours: a guider's and a step cache's settings, by the schema's fields (record/rundir.py: choice_parts)
            **_setting_numbers("Guider", GuiderConfig), **_setting_numbers("Step cache", CacheConfig)}
 
@@ -203,6 +205,7 @@ def overrides(info: Infotext, model_options: tuple[str, ...], dtype_options: tup
         "control_img2img" if has_init_image else "control"
     _read_image_mode(reading, "Control image", has_control_image, controlled,
                      "FLUX.1 Canny/Depth's control image; give controlnet.image=PATH to remake it")
+    _read_controlnet(reading, has_control_image)
     _read_models(reading, model_options, dtype_options)
     return Translation(reading.out, reading.honoured, reading.skipped)
 
@@ -332,6 +335,23 @@ def _read_image_mode(reading: _Reading, key: str, has_image: bool, mode: str, wi
         reading.use(key, f"mode={mode}")
     else:
         reading.skip(key, without)
+
+
+def _read_controlnet(reading: _Reading, has_control_image: bool) -> None:
+    """Ours: ``ControlNet: PATH, Control weight: S`` (and a union model's ``Control mode: M``) -- mode=controlnet with
+    that ControlNet (its folder as the run had it; give ``controlnet.model=PATH`` where it is elsewhere here), its
+    scale and mode, with the control image given on the command line; else said, and what to give."""
+    if "ControlNet" not in reading.settings:
+        return
+    if not has_control_image:
+        reading.skip("ControlNet", "a ControlNet run's control image is not in the PNG; give controlnet.image=PATH to "
+                     "remake it")
+        return
+    reading.out.append("mode=controlnet")
+    reading.use("ControlNet", f"controlnet.model={literal(reading.settings['ControlNet'])}")
+    for key, setting in (("Control weight", "controlnet.conditioning_scale"), ("Control mode", "controlnet.control_mode")):
+        if key in reading.numbers:
+            reading.use(key, f"{setting}={reading.numbers[key]!r}")
 
 
 def _read_models(reading: _Reading, model_options: tuple[str, ...], dtype_options: tuple[str, ...]) -> None:

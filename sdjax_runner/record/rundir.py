@@ -220,7 +220,8 @@ def a1111_parameters(meta: ImageRecord) -> str:
         + (f", Edit image: {quoted(str(meta.init_image))}" if meta.mode == "edit" else "")
         + (f", Control image: {quoted(str(meta.control_image))}"
            if meta.mode in ("control", "control_img2img", "control_inpaint") else "")
-        + (f", ControlNet: {meta.controlnet}, Control weight: {meta.conditioning_scale}" if meta.controlnet else "")
+        + (f", ControlNet: {quoted(str(meta.controlnet))}, Control weight: {meta.conditioning_scale}"
+           if meta.controlnet else "")
         + (f", Control mode: {meta.control_mode}" if meta.control_mode is not None else "")
         + (f", Lora: {meta.lora}" if meta.lora else "")
         + (f", TI hashes: {ti_hashes(meta.embeddings)}" if meta.embeddings else "")
