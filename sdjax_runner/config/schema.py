@@ -98,6 +98,7 @@ class TrackingBackend(Enum):
 BUILTIN_MODELS = ("tiny-random", "tiny-random-xl", "sd-v1-arch", "sdxl-arch", "tiny-random-inpaint", "tiny-random-clip",
                   "tiny-random-controlnet", "tiny-random-flux", "tiny-random-flux-schnell", "tiny-random-flux-kontext",
                   "tiny-random-flux-fill", "tiny-random-flux-control", "tiny-random-flux-controlnet",
+                  "tiny-random-flux-controlnet-union",
                   "flux-dev-arch", "tiny-random-sd3",
                   "sd3.5-large-arch")  # models/builtin.py
 # scheduler.name -> the diffusers Flax class whose settings it takes (scheduler.config_overrides); the

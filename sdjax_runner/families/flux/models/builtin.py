@@ -117,7 +117,9 @@ def build_flux_into(directory: Path, spec: dict) -> None:
 # of its transformer's widths, one double block and one single block (against its transformer's one and two: each
 # single block reads the one residual), its zero-initialised projections random like the rest (else it adds nothing)
 FLUX_CONTROLNET_SPECS: dict[str, dict[str, Any]] = {
-    "tiny-random-flux-controlnet": dict(base="tiny-random-flux", num_layers=1, num_single_layers=1)}
+    "tiny-random-flux-controlnet": dict(base="tiny-random-flux", num_layers=1, num_single_layers=1),
+    # ... and a union one (InstantX's Union's kind: its control modes, 7 as theirs; controlnet.control_mode)
+    "tiny-random-flux-controlnet-union": dict(base="tiny-random-flux", num_layers=1, num_single_layers=1, num_mode=7)}
 
 
 def build_flux_controlnet_into(directory: Path, spec: dict) -> None:
@@ -128,7 +130,8 @@ def build_flux_controlnet_into(directory: Path, spec: dict) -> None:
 
     transformer = FLUX_SPECS[spec["base"]]["transformer"]
     config = {**CONFIG_DEFAULTS, **{k: v for k, v in transformer.items() if k in CONFIG_DEFAULTS},
-              "num_layers": spec["num_layers"], "num_single_layers": spec["num_single_layers"]}
+              "num_layers": spec["num_layers"], "num_single_layers": spec["num_single_layers"],
+              "num_mode": spec.get("num_mode")}
     shapes = param_shapes(FlaxFluxControlNet.from_config(config), "diffusers")
     published_layout.diffusers_component(directory, "FluxControlNetModel", config, random_params(shapes, SEED + 60))
 
