@@ -23,7 +23,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from helpers.cli import assert_one_line_error, call_cli, run_cli
+from helpers.cli import ONE_DEVICE, assert_one_line_error, call_cli, run_cli
 from helpers.images import recorded_pixels, records_of
 
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -214,6 +214,26 @@ def test_the_records_and_the_infotext_name_it_and_from_png_remakes_the_image(int
                  "Step cache branch: 0 -> cache.branch=0"):
         assert line in said, line
     assert records_of(work / "from_png")[0]["pixels_sha256"] == record["pixels_sha256"]
+
+
+@pytest.mark.slow
+def test_an_img2img_run_counts_its_calls_from_its_first_step_with_pndms_repeated_timestep(tmp_path, cache_dir):
+    """img2img on the smoke model (PNDM, 4 steps: timesteps t0, t1, t1, t2, t3) at strength 0.9 starts at step 1: the
+    helper numbers its calls 1, 1, 3 (the repeated timestep counts as the first of its pair), from 1: so at interval 2
+    every call is whole (0, 0, 2) and at interval 3 the last is not; interval 1 is the plain img2img bit for bit."""
+    common = ("+experiment=smoke", *ONE_DEVICE, "tracking=none", "metrics.clip_score.enabled=false",
+              f"paths.cache_dir={cache_dir}", "mode=img2img", f"init_image={FIXTURES.parent.parent / 'examples' / 'init.png'}",
+              "strength=0.9")
+    plain = run_cli(*common, "hydra.run.dir=plain", cwd=tmp_path)
+    assert plain.returncode == 0, plain.stderr[-3000:]
+    sweep = run_cli("-m", *common, "cache=deepcache", "cache.interval=1,2,3", "hydra.sweep.dir=sweep", cwd=tmp_path)
+    assert sweep.returncode == 0, sweep.stderr[-3000:]
+    jobs = {int(records_of(job)[0]["cache_settings"].split()[0].split("=")[1]): job for job in (tmp_path / "sweep").glob("[0-9]")}
+    skipped = {interval: json.loads((job / "timings.json").read_text())["denoiser_calls_skipped"]
+               for interval, job in jobs.items()}
+    assert skipped == {1: 0, 2: 0, 3: 1}  # one device: its calls
+    assert [r["pixels_sha256"] for r in records_of(jobs[1])] == [r["pixels_sha256"] for r in records_of(tmp_path / "plain")]
+    assert [r["pixels_sha256"] for r in records_of(jobs[3])] != [r["pixels_sha256"] for r in records_of(jobs[1])]
 
 
 REFINED = [f"model.refiner={FIXTURES / 'refiner' / 'tiny-sdxl-refiner'}"]
