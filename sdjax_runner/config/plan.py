@@ -325,6 +325,7 @@ def make_plan(config: RunConfig, available_devices: int, checked: Optional[Check
     vae = vae_record(model)
     refining = refiner.check(config, family)
     check_checkpoint_family(checkpoint, model, family)
+    steered = "controlnet.model" in modes.MODES[config.mode.name].needs  # a ControlNet runs
     return Plan(
         model=model,
         dtype=config.dtype,
@@ -367,9 +368,9 @@ def make_plan(config: RunConfig, available_devices: int, checked: Optional[Check
         start_step=family.start_step(steps, strength),
         inputs=checked.inputs,
         resize_mode=config.resize_mode.name,
-        controlnet=config.controlnet.model if "controlnet.model" in modes.MODES[config.mode.name].needs else None,
+        controlnet=config.controlnet.model if steered else None,
         conditioning_scale=float(config.controlnet.conditioning_scale),
-        control_mode=config.controlnet.control_mode if "controlnet.model" in modes.MODES[config.mode.name].needs else None,
+        control_mode=config.controlnet.control_mode if steered else None,
         cache_dir=config.paths.cache_dir,
         clip_skip=config.prompts.clip_skip,
         syntax=config.prompts.syntax.name,

@@ -187,10 +187,15 @@ def fill(pipeline: Any, params: dict, key, spec: Any, batch: int, inputs: dict) 
 def control(pipeline: Any, params: dict, key, spec: Any, batch: int, inputs: dict) -> Start:
     """FLUX.1 Canny/Depth [dev] (diffusers' FluxControlPipeline): :func:`txt2img`'s noise and, as more transformer
     input after the packed latents (``Start.conditioning["concat"]``, as Fill's), the control image's packed latents
-    -- the image, mapped to [-1, 1], encoded as an init image is (:func:`drawn_latents`): ``(batch, tokens, 4 c)``."""
+    -- :func:`control_latents`."""
     start = txt2img(pipeline, params, key, spec, batch, inputs)
-    latents = drawn_latents(pipeline, params, key, 2.0 * inputs["control"] - 1.0)
-    return start._replace(conditioning={"concat": pack(latents)})
+    return start._replace(conditioning={"concat": control_latents(pipeline, params, key, inputs)})
+
+
+def control_latents(pipeline: Any, params: dict, key, inputs: dict):
+    """The control image (``inputs["control"]``, in [0, 1]) as Canny/Depth and the ControlNets read it: mapped to [-1,
+    1], encoded as an init image is (:func:`drawn_latents`), packed: ``(batch, tokens, 4 c)``."""
+    return pack(drawn_latents(pipeline, params, key, 2.0 * inputs["control"] - 1.0))
 
 
 def control_img2img(pipeline: Any, params: dict, key, spec: Any, batch: int, inputs: dict) -> Start:
@@ -208,12 +213,12 @@ def control_inpaint(pipeline: Any, params: dict, key, spec: Any, batch: int, inp
 
 def controlnet(pipeline: Any, params: dict, key, spec: Any, batch: int, inputs: dict) -> Start:
     """A FLUX.1 ControlNet (diffusers' FluxControlNetPipeline): :func:`txt2img`'s noise and, for the ControlNet that
-    runs beside the transformer at every step (:func:`controlnet_model`), the control image's packed latents -- the
-    image, mapped to [-1, 1], encoded as an init image is (:func:`drawn_latents`) -- the traced conditioning scale
-    and control mode (a union ControlNet's), as ``Conditioning.control``."""
+    runs beside the transformer at every step (:func:`controlnet_model`), the control image's packed latents
+    (:func:`control_latents`), the traced conditioning scale and control mode (a union ControlNet's), as
+    ``Conditioning.control``."""
     start = txt2img(pipeline, params, key, spec, batch, inputs)
-    latents = drawn_latents(pipeline, params, key, 2.0 * inputs["control"] - 1.0)
-    return start._replace(conditioning={"control": (pack(latents), inputs["control_scale"], inputs["control_mode"])})
+    return start._replace(conditioning={"control": (control_latents(pipeline, params, key, inputs),
+                                                    inputs["control_scale"], inputs["control_mode"])})
 
 
 def edit(pipeline: Any, params: dict, key, spec: Any, batch: int, inputs: dict) -> Start:
@@ -276,15 +281,12 @@ def transformer_call(pipeline: Any, params: dict, conditioning: Conditioning, gu
     ``guidance``; ``around_blocks``: a step cache's call (the transformer's), then ``(prediction, its result)``."""
     import jax.numpy as jnp
 
-    factor = pipeline.vae_scale_factor
-    height, width = latent_side(spec.height, factor), latent_side(spec.width, factor)
-    ids = image_ids(height, width)
     reference = conditioning.reference  # FLUX.1 Kontext's input image's tokens (edit), after the noise's
+    ids, txt_ids = position_ids(pipeline, spec, conditioning)
     if reference is not None:  # their position ids those of an image of the same size, first coordinate 1
-        ids = np.concatenate([ids, image_ids(height, width) + np.asarray([1, 0, 0], np.float32)])
-    img_ids, txt_ids = jnp.asarray(ids), jnp.zeros((conditioning.context.shape[1], 3))
-    embedded = (jnp.full((batch,), guidance.scale, dtype=jnp.float32).astype(pipeline.dtype)
-                if pipeline.guidance_embeds else None)
+        ids = np.concatenate([ids, ids + np.asarray([1, 0, 0], np.float32)])
+    img_ids = jnp.asarray(ids)
+    embedded = embedded_guidance(pipeline, guidance, batch, pipeline.guidance_embeds)
 
     def call(x, timestep, context, pooled, around_blocks=None, controlnet=None):
         cached = {"around_blocks": around_blocks} if around_blocks is not None else {}  # (plain: the plain module's)
@@ -303,6 +305,23 @@ def transformer_call(pipeline: Any, params: dict, conditioning: Conditioning, gu
     return call
 
 
+def position_ids(pipeline: Any, spec: Any, conditioning: Conditioning) -> tuple[Any, Any]:
+    """(img_ids, txt_ids) of a call on the run's image size and ``conditioning``'s text: the packed latents' rows and
+    columns (host values), and zeros."""
+    import jax.numpy as jnp
+
+    factor = pipeline.vae_scale_factor
+    ids = image_ids(latent_side(spec.height, factor), latent_side(spec.width, factor))
+    return ids, jnp.zeros((conditioning.context.shape[1], 3))
+
+
+def embedded_guidance(pipeline: Any, guidance: Guidance, batch: int, embeds: bool):
+    """The guidance a module with a guidance embedder (``embeds``: [dev]'s) reads, one per image; else None."""
+    import jax.numpy as jnp
+
+    return jnp.full((batch,), guidance.scale, dtype=jnp.float32).astype(pipeline.dtype) if embeds else None
+
+
 def controlnet_model(pipeline: Any, params: dict, conditioning: Conditioning, guidance: Guidance, spec: Any,
                      batch: int):
     """``residuals(x, timestep)``: a FLUX.1 ControlNet's (controlnet mode: ``conditioning.control``, the control image's
@@ -318,11 +337,8 @@ def controlnet_model(pipeline: Any, params: dict, conditioning: Conditioning, gu
     control, scale, mode = conditioning.control
     pooled, net = conditioning.added["pooled"], pipeline.controlnet
     union = {"controlnet_mode": jnp.ravel(jnp.asarray(mode))[:1]} if net.num_mode is not None else {}
-    factor = pipeline.vae_scale_factor
-    img_ids = jnp.asarray(image_ids(latent_side(spec.height, factor), latent_side(spec.width, factor)))
-    txt_ids = jnp.zeros((conditioning.context.shape[1], 3))
-    embedded = jnp.full((batch,), guidance.scale, dtype=jnp.float32).astype(pipeline.dtype) if net.guidance_embeds \
-        else None
+    ids, txt_ids = position_ids(pipeline, spec, conditioning)
+    img_ids, embedded = jnp.asarray(ids), embedded_guidance(pipeline, guidance, batch, net.guidance_embeds)
 
     def residuals(x, timestep):
         return net.apply({"params": params["controlnet"]}, x.astype(pipeline.dtype), control.astype(pipeline.dtype),
