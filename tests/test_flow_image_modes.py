@@ -372,6 +372,113 @@ def test_a_union_flux_controlnet_reads_its_control_mode_as_diffusers_does(tmp_pa
     assert records_of(tmp_path / "from_png")[0]["pixels_sha256"] == record["pixels_sha256"]
 
 
+def test_sd3_controlnets_residuals_are_diffusers_sd3_controlnet_models(cache_dir):
+    """Both kinds of SD 3 ControlNet (InstantX's joint blocks with a position embedding of their own; SD 3.5 Large's
+    single blocks reading the transformer's patch embedding), loaded from the published layout: their residuals are
+    diffusers' SD3ControlNetModel's on the same fixed random inputs, within float32 rounding."""
+    import functools
+
+    import jax
+    import jax.numpy as jnp
+
+    from sdjax_runner.families.sd3.models.controlnet import load
+    from sdjax_runner.families.sd3.models.transformer import FlaxSD3Transformer
+
+    ref = dict(np.load(REFERENCE / "sd3_controlnet.npz"))
+    transformer = FlaxSD3Transformer.from_config(
+        {k: v for k, v in json.loads((FOLDERS["sd3"] / "transformer" / "config.json").read_text()).items()
+         if not k.startswith("_")})
+    for name, prefix in (("tiny-sd3-controlnet", "call"), ("tiny-sd3-controlnet-single", "single_call")):
+        loaded = load(str(REFERENCE / name), str(cache_dir), transformer, jnp.float32, np.float32)
+        hidden = ref[f"{prefix}_hidden_states"]
+        inputs = {"hidden_states": jnp.asarray(hidden.transpose(0, 2, 3, 1) if hidden.ndim == 4 else hidden),
+                  "controlnet_cond": jnp.asarray(ref[f"{prefix}_controlnet_cond"].transpose(0, 2, 3, 1)),
+                  "encoder_hidden_states": (jnp.asarray(ref[f"{prefix}_encoder_hidden_states"])
+                                            if f"{prefix}_encoder_hidden_states" in ref else None),
+                  "pooled_projections": jnp.asarray(ref[f"{prefix}_pooled_projections"]),
+                  "timestep": jnp.asarray(ref[f"{prefix}_timestep"])}
+        residuals = jax.jit(functools.partial(loaded.module.apply, conditioning_scale=0.5))(
+            {"params": loaded.host_weights}, **inputs)
+        assert len(residuals) == 2 and loaded.module.joint == (prefix == "call")
+        np.testing.assert_allclose(np.stack(residuals), ref[f"{prefix}_residuals"], rtol=0, atol=2e-5, err_msg=name)
+        assert np.abs(ref[f"{prefix}_residuals"]).max() > 0.1  # (they steer: the bound tells them apart)
+
+
+@pytest.mark.slow
+def test_an_sd3_controlnet_is_diffusers_sd3_controlnet_pipeline_and_a_scale_sweep_compiles_once(tmp_path, cache_dir):
+    """SD 3 ControlNets (StableDiffusion3ControlNetPipeline with diffusers' SD3ControlNetModel) on tiny-sd3 from the
+    reference's draws: InstantX's kind at three conditioning scales from one program, SD 3.5 Large's at one, each
+    within 2/255 of the pipeline's images; the records and the A1111 line name it; the built-in ones run as the image
+    modes guide runs them, on a k sampler too; what does not fit is one line."""
+    ref = dict(np.load(REFERENCE / "sd3_controlnet.npz"))
+    net, single, edges = REFERENCE / "tiny-sd3-controlnet", REFERENCE / "tiny-sd3-controlnet-single", \
+        REFERENCE / "control.png"
+    common = (*reference_run(ref, FOLDERS["sd3"], cache_dir), "mode=controlnet", f"controlnet.image={edges}")
+    result = run_cli("-m", *common, f"controlnet.model={net},{single}", "controlnet.conditioning_scale=0.7,1,0",
+                     "hydra.sweep.dir=sweep", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    jobs = {(records_of(job)[0]["controlnet"], records_of(job)[0]["conditioning_scale"]): job
+            for job in (tmp_path / "sweep").glob("[0-9]")}
+    assert len(jobs) == 6
+    reused = {key: json.loads((job / "timings.json").read_text())["compile_reused"] for key, job in jobs.items()}
+    for model in (net, single):  # the conditioning scale is a traced input: one program for each ControlNet
+        assert sorted(value for (name, _), value in reused.items() if name == str(model)) == [0, 1, 1]
+    expected = {(str(net), 0.7): ref["images_0.7"], (str(net), 1.0): ref["images_1"], (str(net), 0.0): ref["plain"],
+                (str(single), 1.0): ref["single_1"], (str(single), 0.0): ref["plain"]}
+    for key, images in expected.items():
+        for record, pixels in zip(records_of(jobs[key]), pixels_of(jobs[key]), strict=True):
+            assert record["mode"] == "controlnet"
+            difference = np.abs(pixels / 255 - images[record["device"]]).max()
+            assert difference <= 2 / 255, (key, difference)
+    # the scales and the kinds steer the images well beyond that bound
+    assert np.abs(ref["images_0.7"] - ref["images_1"]).max() > 0.05 and np.abs(ref["images_1"] - ref["plain"]).max() > 0.05
+    assert np.abs(ref["single_1"] - ref["images_1"]).max() > 0.05
+    with Image.open(jobs[(str(net), 0.7)] / records_of(jobs[(str(net), 0.7)])[0]["file"]) as image:
+        assert f", ControlNet: {net}, Control weight: 0.7" in image.text["parameters"]
+    # from_png remakes a run given its control image: the ControlNet and its weight from the A1111 line, bit for bit
+    record = records_of(jobs[(str(single), 1.0)])[0]
+    remade = run_cli(str(jobs[(str(single), 1.0)] / record["file"]), f"model.pretrained_model_name_or_path={FOLDERS['sd3']}",
+                     *QUIET, f"paths.cache_dir={cache_dir}", f"controlnet.image={edges}",
+                     f"prompts.max_sequence_length={int(ref['max_sequence_length'])}", "parallelism.num_devices=2",
+                     "hydra.run.dir=from_png", command="from_png", cwd=tmp_path)
+    said = remade.stdout + remade.stderr
+    assert remade.returncode == 0, said[-3000:]
+    assert f"ControlNet: {single} -> controlnet.model=" in said, said[-3000:]
+    assert records_of(tmp_path / "from_png")[0]["pixels_sha256"] == record["pixels_sha256"]
+    # the built-in ones for tiny-random-sd3, as the image modes guide runs them (one on a k sampler)
+    for builtin, extra in (("tiny-random-sd3-controlnet", ()), ("tiny-random-sd3-controlnet-single", ("sampler=dpmpp_2m",))):
+        run = run_cli("+experiment=sd3_smoke", "mode=controlnet", f"controlnet.model={builtin}", f"controlnet.image={edges}",
+                      "parallelism.num_devices=2", *extra, *QUIET, f"paths.cache_dir={cache_dir}",
+                      f"hydra.run.dir={builtin}", cwd=tmp_path)
+        assert run.returncode == 0, run.stderr[-3000:]
+        assert {(r["mode"], r["controlnet"]) for r in records_of(tmp_path / builtin)} == {("controlnet", builtin)}
+    # what does not fit: a FLUX.1 ControlNet on SD 3 and an SD 3 one on FLUX.1; one made for another transformer; an
+    # inpainting ControlNet's extra channels; a control mode; a guider making other calls; a step cache
+    other, inpainting = tmp_path / "other", tmp_path / "inpainting"
+    for folder, change in ((other, {"pooled_projection_dim": 48}), (inpainting, {"extra_conditioning_channels": 1})):
+        folder.mkdir()
+        config = json.loads((net / "config.json").read_text())
+        (folder / "config.json").write_text(json.dumps(dict(config, **change)))
+    sd3 = ("+experiment=sd3_smoke", "mode=controlnet", f"controlnet.image={edges}", *QUIET, f"paths.cache_dir={cache_dir}")
+    builtin = "controlnet.model=tiny-random-sd3-controlnet"
+    for overrides, expected in (
+            ((*sd3, "controlnet.model=tiny-random-flux-controlnet"), "error: controlnet.model: "),
+            (("+experiment=flux_smoke", "mode=controlnet", builtin, f"controlnet.image={edges}", *QUIET,
+              f"paths.cache_dir={cache_dir}"), "error: controlnet.model: "),
+            ((*sd3, f"controlnet.model={other}"), f"error: controlnet.model: {other} was made for another SD 3 "
+             "transformer: pooled_projection_dim 48 (the transformer's 24)"),
+            ((*sd3, f"controlnet.model={inpainting}"), f"error: controlnet.model: {inpainting}: "
+             "extra_conditioning_channels 1: an inpainting ControlNet"),
+            ((*sd3, builtin, "controlnet.control_mode=1"),
+             "error: controlnet.control_mode: 1: tiny-random-sd3-controlnet is no union ControlNet"),
+            ((*sd3, builtin, "guider=pag"), "error: guider: pag with mode=controlnet: "),
+            ((*sd3, builtin, "guider=skip_layer"), "error: guider: skip_layer with mode=controlnet: "),
+            ((*sd3, builtin, "cache=first_block"), "error: cache: first_block with mode=controlnet: ")):
+        assert_one_line_error(call_cli(*overrides, cwd=tmp_path), expected)
+    said = call_cli(*sd3, "controlnet.model=tiny-random-flux-controlnet", cwd=tmp_path).stderr
+    assert "holds a FluxControlNetModel, not a SD3ControlNetModel (an SD 3 ControlNet" in said, said
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize(("experiment", "sampler"), [("flux_smoke", "euler"), ("flux_smoke", "dpmpp_2m"),
                                                      ("sd3_smoke", "euler")])
@@ -398,8 +505,7 @@ INPAINT = ("mode=inpaint", "init_image=x.png", "mask_image=m.png")
 
 
 @pytest.mark.parametrize(("overrides", "expected"), [
-    (["+experiment=sd3_smoke", "mode=controlnet", "controlnet.model=c", "controlnet.image=x.png"],
-     "error: mode: controlnet, but tiny-random-sd3 is a Stable Diffusion 3"),
+    (["+experiment=sd3_smoke", "mode=edit", "init_image=x.png"], "error: mode: edit, but tiny-random-sd3 is a "),
     (["+experiment=sd3_smoke", *INPAINT, "sampler=dpmpp_2m"],
      "error: sampler: dpmpp_2m with mode=inpaint: SD 3 inpaints on its own Euler"),
     (["+experiment=flux_smoke", *INPAINT, "sampler=euler", "scheduler=karras"],

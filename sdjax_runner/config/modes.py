@@ -19,7 +19,8 @@ from sdjax_runner.errors import UserError
 log = logging.getLogger("sdjax_runner")
 
 BUILTIN_CONTROLNETS = ("tiny-random-controlnet", "tiny-random-flux-controlnet",
-                       "tiny-random-flux-controlnet-union")  # models/builtin.py builds them
+                       "tiny-random-flux-controlnet-union", "tiny-random-sd3-controlnet",
+                       "tiny-random-sd3-controlnet-single")  # models/builtin.py builds them
 CONTROLNET_ALLOWED = ("a diffusers ControlNet folder (config.json + Flax or PyTorch safetensors weights), or "
                       + ", ".join(BUILTIN_CONTROLNETS))
 

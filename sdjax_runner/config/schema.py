@@ -99,7 +99,7 @@ BUILTIN_MODELS = ("tiny-random", "tiny-random-xl", "sd-v1-arch", "sdxl-arch", "t
                   "tiny-random-controlnet", "tiny-random-flux", "tiny-random-flux-schnell", "tiny-random-flux-kontext",
                   "tiny-random-flux-fill", "tiny-random-flux-control", "tiny-random-flux-controlnet",
                   "tiny-random-flux-controlnet-union",
-                  "flux-dev-arch", "tiny-random-sd3",
+                  "flux-dev-arch", "tiny-random-sd3", "tiny-random-sd3-controlnet", "tiny-random-sd3-controlnet-single",
                   "sd3.5-large-arch")  # models/builtin.py
 # scheduler.name -> the diffusers Flax class whose settings it takes (scheduler.config_overrides); the
 # classes that run are in models/schedulers.py (LMS and DDPM are the project's own subclasses).

@@ -16,7 +16,7 @@ from typing import Any
 
 from sdjax_runner.families.flux.models.builtin import FLUX_CONTROLNET_SPECS, FLUX_SPECS, build_flux_controlnet_into
 from sdjax_runner.families.sd.models.builtin import CONTROLNET_SPECS, SD_SCHEDULER, SPECS, XL_SCHEDULER, sd_weights
-from sdjax_runner.families.sd3.models.builtin import SD3_SPECS
+from sdjax_runner.families.sd3.models.builtin import SD3_CONTROLNET_SPECS, SD3_SPECS, build_sd3_controlnet_into
 from sdjax_runner.models.builtin import CLIP_SPECS
 from sdjax_runner.models.builtin_parts import SEED, t5_tokenizer_model
 from sdjax_runner.models.builtin_parts import clip_vocabulary as _vocabulary
@@ -52,10 +52,12 @@ def build(name: str, target: Path) -> Path:
     compatible_flax_t5()
     staging = Path(tempfile.mkdtemp(dir=Path(target).parent))
     try:
-        # (a FLUX.1 ControlNet is the runner's own module, as FLUX.1's transformer: diffusers has no Flax class of it)
+        # (a FLUX.1 or SD 3 ControlNet is the runner's own module, as their transformers: diffusers has no Flax class
+        # of either; their folders are checked against diffusers' PyTorch modules in tests/test_flow_image_modes.py)
         writers = ((CLIP_SPECS, _build_clip_into), (CONTROLNET_SPECS, _build_controlnet_into),
                    (FLUX_SPECS, _build_flux_into), (FLUX_CONTROLNET_SPECS, build_flux_controlnet_into),
-                   (SD3_SPECS, _build_sd3_into), (SPECS, _build_into))
+                   (SD3_SPECS, _build_sd3_into), (SD3_CONTROLNET_SPECS, build_sd3_controlnet_into),
+                   (SPECS, _build_into))
         specs, write = next((specs, write) for specs, write in writers if name in specs)
         write(staging, specs[name])
         staging.rename(target)

@@ -42,6 +42,16 @@ edge map, at two conditioning scales and at 0 (``flux_controlnet.npz``: ``images
 its shape with UNION_MODES control modes (``tiny-flux-controlnet-union/``) at two of them (``union_M``); ``--only
 controlnet`` writes them alone.
 
+SD 3 ControlNets (``StableDiffusion3ControlNetPipeline`` with diffusers' ``SD3ControlNetModel``) run on tiny-sd3 with
+two tiny random ControlNets made here on the same edge map: InstantX's kind (``tiny-sd3-controlnet/``: joint blocks
+reading the prompt, a position embedding of its own, zero pooled text, no VAE shift on the control image) at two
+conditioning scales and at 0, and SD 3.5 Large's kind (``tiny-sd3-controlnet-single/``: single blocks, no text, the
+transformer's position embedding, the pooled text, the VAE's shift) at one; plus each ControlNet's own residuals for
+fixed random inputs (``sd3_controlnet.npz``: ``images_S``, ``plain``, ``single_S``, ``call_*``). The pipeline encodes
+the control image doubled for guidance's two halves, one posterior sample each from torch's global generator; the
+runner draws one per image, read by both halves: the sample is given that draw for both. ``--only sd3_controlnet``
+writes them alone.
+
 ``FAMILY_MODE.npz`` (``flux_img2img.npz``, ``sd3_inpaint.npz``, ``flux_fill.npz``, ...) holds ``images_S`` (device, H, W, 3) in [0, 1]
 per strength S, and the settings;
 ``VERSIONS.json`` the libraries it ran with. Running it again writes identical files.
@@ -116,6 +126,15 @@ CONTROLNET_SCALES = (0.7, 1.0)
 # a union ControlNet (InstantX's, Shakker-Labs' kind: num_mode, a control-mode token before the text), made likewise
 UNION = DEFAULT_OUT / "tiny-flux-controlnet-union"
 UNION_SEED, UNION_MODES, UNION_RUN = 23, 4, (1, 3)
+# SD 3 ControlNets (issue #63 item 1): tiny random SD3ControlNetModels of tiny-sd3's transformer's widths, two blocks
+# against its three (interval_control 1.5: its first two blocks read residuals 0 and 0, the last none), the
+# zero-initialised projections drawn at random too -- InstantX's kind and SD 3.5 Large's (module docstring) -- made
+# here (torch seed SD3_CONTROLNET_SEED) in the published layout
+SD3_CONTROLNET = DEFAULT_OUT / "tiny-sd3-controlnet"
+SD3_CONTROLNET_SINGLE = DEFAULT_OUT / "tiny-sd3-controlnet-single"
+SD3_CONTROLNET_SEED = 24
+SD3_SINGLE = dict(joint_attention_dim=None, use_pos_embed=False, pos_embed_max_size=None, pos_embed_type=None,
+                  dual_attention_layers=(), qk_norm=None, force_zeros_for_pooled_projection=False)
 STEPS = 4
 # 4 steps at 0.6: get_timesteps' start int(4 - 2.4) = 1, three steps run (the Flax rule would run two); at 0.3 two
 # run; at 1.0 all four, from the noise alone (sigma 1)
@@ -290,6 +309,118 @@ def write_controlnet(out_dir: Path, noise: np.ndarray, eps: np.ndarray) -> None:
     _save_npz(out_dir / "flux_controlnet.npz", out)
 
 
+def sd3_controlnet(out: Path, seed: int, **kind) -> None:
+    """A tiny SD3ControlNetModel (:data:`SD3_CONTROLNET`; with ``kind`` :data:`SD3_SINGLE`, SD 3.5 Large's), saved to
+    ``out``."""
+    import inspect
+
+    import torch
+    from diffusers import SD3ControlNetModel
+
+    config = json.loads((SD3_FOLDER / "transformer" / "config.json").read_text())
+    accepted = inspect.signature(SD3ControlNetModel.__init__).parameters
+    config = {k: v for k, v in config.items() if k in accepted}
+    torch.manual_seed(seed)
+    net = SD3ControlNetModel(**dict(config, num_layers=2, **kind))
+    with torch.no_grad():
+        for name, parameter in net.named_parameters():
+            if name.startswith(("controlnet_blocks", "pos_embed_input")):
+                parameter.copy_(torch.randn_like(parameter) * 0.2)
+    net.save_pretrained(out, safe_serialization=True)
+
+
+def sd3_controlnet_images(pipeline, picture: np.ndarray, scale: float, noise: np.ndarray,
+                          eps: np.ndarray) -> np.ndarray:
+    """StableDiffusion3ControlNetPipeline's image for each device's draws at conditioning scale ``scale``: the noise
+    through the pipeline module's ``randn_tensor``, the control image's posterior sample (both guidance halves')
+    through ``DiagonalGaussianDistribution.sample``."""
+    import torch
+    from diffusers.models.autoencoders.vae import DiagonalGaussianDistribution
+    from diffusers.pipelines.controlnet_sd3 import pipeline_stable_diffusion_3_controlnet as module
+    from PIL import Image
+
+    images = []
+    for device in range(NUM_DEVICES):
+        def given_noise(shape, generator=None, device_=None, dtype=None, layout=None, at=device, **_):
+            assert tuple(shape) == noise[at:at + 1].shape, shape
+            return torch.from_numpy(noise[at:at + 1]).to(dtype=dtype)
+
+        def given_sample(dist, generator=None, at=device):
+            return dist.mean + dist.std * torch.from_numpy(eps[at:at + 1]).to(dist.mean.dtype)
+
+        saved = module.randn_tensor, DiagonalGaussianDistribution.sample
+        module.randn_tensor, DiagonalGaussianDistribution.sample = given_noise, given_sample
+        try:
+            with torch.no_grad():
+                image = pipeline(prompt=PROMPT, control_image=Image.fromarray(picture), num_inference_steps=STEPS,
+                                 guidance_scale=SD3_GUIDANCE, height=HEIGHT, width=WIDTH,
+                                 controlnet_conditioning_scale=scale, max_sequence_length=MAX_SEQUENCE_LENGTH,
+                                 output_type="np").images[0]
+        finally:
+            module.randn_tensor, DiagonalGaussianDistribution.sample = saved
+        images.append(np.asarray(image, dtype=np.float32))
+    return np.stack(images)
+
+
+def sd3_controlnet_call(controlnet, prefix: str, tokens_in: bool) -> dict[str, np.ndarray]:
+    """A ControlNet's own residuals for fixed random inputs (numpy seed SD3_CONTROLNET_SEED; ``PREFIX_*``): NCHW
+    latents -- or, ``tokens_in`` (no position embedding of its own), tokens of its width -- the control latents, the
+    text (where it reads it), the pooled text and the timestep; its residuals at conditioning scale 0.5."""
+    import torch
+
+    rng = np.random.default_rng(SD3_CONTROLNET_SEED)
+    config, side, text = controlnet.config, 4, 6
+    width = config.num_attention_heads * config.attention_head_dim
+    hidden = (1, (side // config.patch_size) ** 2, width) if tokens_in else (1, config.in_channels, side, side)
+    inputs = {"hidden_states": rng.standard_normal(hidden),
+              "controlnet_cond": rng.standard_normal((1, config.in_channels, side, side)),
+              "pooled_projections": rng.standard_normal((1, config.pooled_projection_dim)),
+              "timestep": np.asarray([600.0])}
+    if config.joint_attention_dim is not None:
+        inputs["encoder_hidden_states"] = rng.standard_normal((1, text, config.joint_attention_dim))
+    inputs = {k: v.astype(np.float32) for k, v in inputs.items()}
+    with torch.no_grad():
+        samples = controlnet(**{k: torch.from_numpy(v) for k, v in inputs.items()}, conditioning_scale=0.5,
+                             return_dict=False)[0]
+    out = {f"{prefix}_{k}": v for k, v in inputs.items()}
+    out[f"{prefix}_residuals"] = np.stack([sample.numpy() for sample in samples])
+    return out
+
+
+def write_sd3_controlnet(out_dir: Path, noise: np.ndarray, eps: np.ndarray) -> None:
+    """``sd3_controlnet.npz`` and the ControlNets it ran (module docstring), on :func:`control_image`."""
+    import diffusers
+    import torch
+
+    base = load_aligned("StableDiffusion3Pipeline", SD3_FOLDER)
+
+    def pipeline_with(folder: Path):
+        controlnet = diffusers.SD3ControlNetModel.from_pretrained(folder, torch_dtype=torch.float32)
+        for parameter in controlnet.parameters():
+            parameter.data = parameter.data.clone()  # (aligned: load_aligned's reason)
+        made = diffusers.StableDiffusion3ControlNetPipeline(controlnet=controlnet, **base.components)
+        made.set_progress_bar_config(disable=True)
+        return made
+
+    edges = control_image()
+    out = dict(run_settings(SD3_GUIDANCE), scales=np.asarray(CONTROLNET_SCALES))
+    sd3_controlnet(out_dir / SD3_CONTROLNET.name, SD3_CONTROLNET_SEED)
+    out.update(sd3_controlnet_call(diffusers.SD3ControlNetModel.from_pretrained(out_dir / SD3_CONTROLNET.name),
+                                   "call", tokens_in=False))
+    pipeline = pipeline_with(out_dir / SD3_CONTROLNET.name)
+    for scale in CONTROLNET_SCALES:
+        out[f"images_{scale:g}"] = sd3_controlnet_images(pipeline, edges, scale, noise, eps)
+    out["plain"] = sd3_controlnet_images(pipeline, edges, 0.0, noise, eps)
+    print(f"sd3 controlnet: largest difference between scales 0 and 1 {np.abs(out['images_1'] - out['plain']).max():.4f}")
+    sd3_controlnet(out_dir / SD3_CONTROLNET_SINGLE.name, SD3_CONTROLNET_SEED + 1, **SD3_SINGLE)
+    out.update(sd3_controlnet_call(diffusers.SD3ControlNetModel.from_pretrained(out_dir / SD3_CONTROLNET_SINGLE.name),
+                                   "single_call", tokens_in=True))
+    single = pipeline_with(out_dir / SD3_CONTROLNET_SINGLE.name)
+    out["single_1"] = sd3_controlnet_images(single, edges, 1.0, noise, eps)
+    print(f"sd3 controlnet: the two kinds differ by {np.abs(out['single_1'] - out['images_1']).max():.4f}")
+    _save_npz(out_dir / "sd3_controlnet.npz", out)
+
+
 def run_settings(guidance: float) -> dict[str, np.ndarray]:
     """The settings a reference ran with, as its .npz holds them (the test runs the runner on them)."""
     return {"prompt": np.asarray(PROMPT), "steps": np.asarray(STEPS, dtype=np.int64),
@@ -399,8 +530,9 @@ def main(argv: list[str] | None = None) -> int:
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="the fixture folder")
-    parser.add_argument("--only", choices=("control", "controlnet"),
-                        help="write only FLUX.1 Canny/Depth's (control) or the FLUX.1 ControlNet's (controlnet) reference")
+    parser.add_argument("--only", choices=("control", "controlnet", "sd3_controlnet"),
+                        help="write only FLUX.1 Canny/Depth's (control), the FLUX.1 ControlNet's (controlnet) or the SD 3 "
+                        "ControlNets' (sd3_controlnet) reference")
     args = parser.parse_args(argv)
     quiet_deterministic_torch()
     import tempfile
@@ -408,10 +540,12 @@ def main(argv: list[str] | None = None) -> int:
     picture = init_image()
     noise, eps = runner_draws()
     args.out.mkdir(parents=True, exist_ok=True)
-    if args.only != "control":
+    if args.only in (None, "controlnet"):
         write_controlnet(args.out, noise, eps)
-    if args.only != "controlnet":
+    if args.only in (None, "control"):
         write_control(args.out, noise, eps)
+    if args.only in (None, "sd3_controlnet"):
+        write_sd3_controlnet(args.out, noise, eps)
     if args.only is not None:
         (args.out / "VERSIONS.json").write_text(json.dumps(_versions(), indent=2) + "\n", encoding="utf-8")
         return 0

@@ -11,7 +11,7 @@ diffusers' ``guidance_scale``), [schnell] takes none; the conditioning holds one
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import Any, Optional
 
 import numpy as np
 
@@ -125,16 +125,16 @@ def with_init_image(start: Start, pipeline: Any, params: dict, key, inputs: dict
     return start._replace(image=drawn_latents(pipeline, params, key, inputs["init"]), step=inputs["start"])
 
 
-def drawn_latents(pipeline: Any, params: dict, key, pixels):
+def drawn_latents(pipeline: Any, params: dict, key, pixels, shift: Optional[float] = None):
     """``pixels`` ((batch, 3, H, W) in [-1, 1]) as the flow pipelines encode an input image: a sample of the
-    16-channel VAE's posterior drawn with the device's ``key``, ``(latents - shift_factor) * scaling_factor``, NCHW
-    float32."""
+    16-channel VAE's posterior drawn with the device's ``key``, ``(latents - shift) * scaling_factor``, NCHW
+    float32 (``shift``: the VAE's ``shift_factor`` unless given)."""
     import jax.numpy as jnp
 
     posterior = pipeline.vae.apply({"params": params["vae"]}, pixels.astype(pipeline.vae.dtype),
                                    method=pipeline.vae.encode)
     latents = posterior.sample(key).transpose((0, 3, 1, 2)).astype(jnp.float32)
-    return (latents - pipeline.shift_factor) * pipeline.scaling_factor
+    return (latents - (pipeline.shift_factor if shift is None else shift)) * pipeline.scaling_factor
 
 
 def img2img(pipeline: Any, params: dict, key, spec: Any, batch: int, inputs: dict) -> Start:

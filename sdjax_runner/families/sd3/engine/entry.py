@@ -9,8 +9,9 @@ from sdjax_runner.families.sd3.engine import family as sd3
 from sdjax_runner.families.sd3.engine import stages
 
 FAMILY = Family("sd3", check_loaded=sd3.check_loaded, with_scheduler=sd3.with_scheduler, tokens=sd3.SD3Tokens,
-                negative=sd3.negative, encode=stages.encode, modes={"txt2img": stages.txt2img, "img2img": stages.img2img, "inpaint": stages.inpaint},
+                negative=sd3.negative, encode=stages.encode, modes={"txt2img": stages.txt2img, "img2img": stages.img2img, "inpaint": stages.inpaint,
+                       "controlnet": stages.controlnet},
                 samplers={name: flux_samplers.k_sampler(name, stages) for name in flux_samplers.SAMPLERS},
                 decode=stages.decode, structure=sd3.structure, denoiser_call=sd3.transformer_call,
                 split_weights=sd3.split_weights, shift=lambda pipeline: float(pipeline.scheduler_config["shift"]),
-                skipped_calls=around_blocks(stages.SKIPPED_CALLS))
+                skipped_calls=around_blocks(stages.SKIPPED_CALLS), load_controlnet=sd3.load_controlnet)

@@ -107,3 +107,13 @@ def transformer_call(pipeline: Any, per_device_images: float, height: int, width
     pooled = jax.ShapeDtypeStruct((batch, transformer.pooled_projection_dim), pipeline.dtype)
     timestep = jax.ShapeDtypeStruct((batch,), pipeline.dtype)
     return DenoiserCall((hidden, context, pooled, timestep))
+
+
+def load_controlnet(value: str, cache_dir: str, pipeline: Any, activations: Any, weights: Any) -> Any:
+    """:attr:`~sdjax_runner.engine.family.Family.load_controlnet`: an SD 3 ControlNet for the model's transformer
+    (families/sd3/models/controlnet.py), computing with the run's attention as the transformer does."""
+    from sdjax_runner.families.sd3.models import controlnet
+
+    loaded = controlnet.load(value, cache_dir, pipeline.transformer, activations, weights)
+    return dataclasses.replace(loaded, for_attention=lambda attention: loaded.module.clone(
+        attention_implementation=ATTENTION[attention]))

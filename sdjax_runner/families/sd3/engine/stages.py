@@ -23,7 +23,14 @@ from sdjax_runner.engine.encode import Conditioning
 from sdjax_runner.engine.guiders import Guidance, flow_step, guided
 from sdjax_runner.engine.modes.start import Start
 from sdjax_runner.families.flux.engine.stages import decode as flux_decode
-from sdjax_runner.families.flux.engine.stages import euler_step, kept_area, noised_start, with_init_image, with_mask
+from sdjax_runner.families.flux.engine.stages import (
+    drawn_latents,
+    euler_step,
+    kept_area,
+    noised_start,
+    with_init_image,
+    with_mask,
+)
 from sdjax_runner.models.nn.perturbed import Perturbed
 from sdjax_runner.models.nn.step_cache import first_block_state, first_block_steps
 
@@ -121,6 +128,49 @@ def inpaint(pipeline: Any, params: dict, key, spec: Any, batch: int, inputs: dic
     return with_mask(img2img(pipeline, params, key, spec, batch, inputs), inputs)
 
 
+def controlnet(pipeline: Any, params: dict, key, spec: Any, batch: int, inputs: dict) -> Start:
+    """SD 3's ControlNet (diffusers' StableDiffusion3ControlNetPipeline): :func:`txt2img`'s noise; the control image
+    (``inputs["control"]``, in [0, 1]) encoded as the pipeline encodes it -- mapped to [-1, 1], a sample of the VAE's
+    posterior drawn with the device's key (one per image, read by both guidance halves), ``(latents - shift) *
+    scaling_factor``, the shift 0 for a ControlNet with ``force_zeros_for_pooled_projection`` (InstantX's: the
+    pipeline applies none) -- and the traced conditioning scale, as ``Conditioning.control`` (the ControlNet runs
+    beside the transformer at every step: :func:`controlnet_model`)."""
+    start = txt2img(pipeline, params, key, spec, batch, inputs)
+    shift = 0.0 if pipeline.controlnet.force_zeros_for_pooled_projection else None  # (None: the VAE's)
+    latents = drawn_latents(pipeline, params, key, 2.0 * inputs["control"] - 1.0, shift)
+    return start._replace(conditioning={"control": (latents, inputs["control_scale"])})
+
+
+def controlnet_model(pipeline: Any, params: dict, conditioning: Conditioning, batch: int):
+    """``residuals(x, t)``: an SD 3 ControlNet's (controlnet mode: ``conditioning.control``, the control image's
+    latents and the traced conditioning scale) for the guidance halves' NHWC latents ``x`` (negative first) at
+    timesteps ``t``, as StableDiffusion3ControlNetPipeline calls it: the control latents for both halves; a ControlNet
+    of joint blocks reads each half's prompt, one of single blocks none and the latents as the transformer embeds
+    them; the pooled text zeros where the ControlNet says ``force_zeros_for_pooled_projection``, else each half's.
+    None without one."""
+    import jax.numpy as jnp
+
+    from sdjax_runner.families.sd3.models.controlnet import embedded_by_transformer
+
+    if conditioning.control is None:
+        return lambda x, t: None
+    assert conditioning.added is not None  # encode's
+    control, scale = conditioning.control
+    net, added = pipeline.controlnet, conditioning.added
+    control = jnp.concatenate([control, control]).transpose(0, 2, 3, 1).astype(pipeline.dtype)
+    pooled = jnp.concatenate([added["negative_pooled"], added["pooled"]])
+    if net.force_zeros_for_pooled_projection:
+        pooled = jnp.zeros_like(pooled)
+    context = jnp.concatenate([added["negative_context"], conditioning.context]) if net.joint else None
+
+    def residuals(x, t):
+        hidden = x if net.use_pos_embed else embedded_by_transformer(pipeline.transformer, params["transformer"], x)
+        return net.apply({"params": params["controlnet"]}, hidden, control, jnp.ravel(jnp.asarray(scale))[0],
+                         context, pooled, t)
+
+    return residuals
+
+
 def velocity_model(pipeline: Any, params: dict, conditioning: Conditioning, guidance: Guidance, spec: Any,
                    batch: int, steps: Optional[np.ndarray] = None):
     """``velocity(latents, sigma, index=None)``: the guided prediction for NCHW latents at ``sigma`` in [0, 1] (the
@@ -140,11 +190,13 @@ def velocity_model(pipeline: Any, params: dict, conditioning: Conditioning, guid
 
     train = np.float32(pipeline.scheduler_config.get("num_train_timesteps", 1000))
     skipped_blocks = guidance.skipped  # guider=skip_layer's, else None
+    control = controlnet_model(pipeline, params, conditioning, batch)
 
-    def transformer(x, context, pooled, t, skip_layers=(), perturbed=None, around_blocks=None):
+    def transformer(x, context, pooled, t, skip_layers=(), perturbed=None, around_blocks=None, controlnet=None):
         cached = {"around_blocks": around_blocks} if around_blocks is not None else {}
         return pipeline.transformer.apply({"params": params["transformer"]}, x, context, pooled, t,
-                                          skip_layers=skip_layers, perturbed=perturbed, **cached)
+                                          skip_layers=skip_layers, perturbed=perturbed, controlnet=controlnet,
+                                          **cached)
 
     def velocity(latents, sigma, index=None, around_blocks=None):
         """The velocity; with a step cache's ``around_blocks`` (:func:`euler_with_cache`), ``(velocity, what the
@@ -153,7 +205,8 @@ def velocity_model(pipeline: Any, params: dict, conditioning: Conditioning, guid
         if guidance.perturbed is not None:
             return perturbed_velocity(x, sigma, index).transpose(0, 3, 1, 2)
         t = jnp.broadcast_to(jnp.asarray(sigma, jnp.float32) * train, (2 * batch,)).astype(pipeline.dtype)
-        both = transformer(jnp.concatenate([x, x]), context, pooled, t, around_blocks=around_blocks)
+        halves = jnp.concatenate([x, x])
+        both = transformer(halves, context, pooled, t, around_blocks=around_blocks, controlnet=control(halves, t))
         if around_blocks is not None:
             both, cached = both
             return guided_velocity(x, both, t, sigma, index), cached

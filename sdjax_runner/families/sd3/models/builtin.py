@@ -101,4 +101,36 @@ def build_sd3_into(directory: Path, spec: dict) -> None:
     (directory / "model_index.json").write_text(json.dumps(index, indent=2), encoding="utf-8")
 
 
-BUILDS = {name: Builtin(functools.partial(build_sd3_into, spec=spec)) for name, spec in SD3_SPECS.items()}
+# SD 3 ControlNets for tiny-random-sd3 (controlnet.model=NAME, mode=controlnet): diffusers' SD3ControlNetModel of its
+# transformer's widths, two blocks against its three (the first two blocks read the residuals), the zero-initialised
+# projections random like the rest (else they add nothing). InstantX's kind (joint blocks reading the prompt, a
+# position embedding of its own, zero pooled text, no VAE shift on the control image) and SD 3.5 Large's (single
+# blocks, no text, the transformer's position embedding, the pooled text and the VAE's shift).
+SD3_CONTROLNET_SPECS: dict[str, dict[str, Any]] = {
+    "tiny-random-sd3-controlnet": dict(num_layers=2),
+    "tiny-random-sd3-controlnet-single": dict(num_layers=2, joint_attention_dim=None, use_pos_embed=False,
+                                              pos_embed_max_size=None, pos_embed_type=None, dual_attention_layers=[],
+                                              qk_norm=None, force_zeros_for_pooled_projection=False)}
+
+
+def build_sd3_controlnet_into(directory: Path, spec: dict) -> None:
+    """An SD 3 ControlNet folder as diffusers' layout holds a Flax component: config.json and weights (a position
+    table, where it has one, the sine-cosine one diffusers saves)."""
+    from sdjax_runner.families.sd3.models.controlnet import CONFIG_DEFAULTS, FlaxSD3ControlNet
+    from sdjax_runner.families.sd3.models.transformer import sincos_table
+    from sdjax_runner.models import published_layout
+    from sdjax_runner.models.checkpoints import param_shapes
+
+    transformer = SD3_SPECS["tiny-random-sd3"]["transformer"]
+    config = {**CONFIG_DEFAULTS, **{k: v for k, v in transformer.items() if k in CONFIG_DEFAULTS}, **spec}
+    module = FlaxSD3ControlNet.from_config(config)
+    tables = {("pos_embed", "pos_embed"): sincos_table(module.inner_dim, module.pos_embed_max_size,
+                                                       module.sample_size // module.patch_size)
+              } if module.use_pos_embed else None
+    params = random_params(param_shapes(module, "diffusers"), SEED + 70, fixed=tables)
+    published_layout.diffusers_component(directory, "SD3ControlNetModel", config, params)
+
+
+BUILDS = {**{name: Builtin(functools.partial(build_sd3_into, spec=spec)) for name, spec in SD3_SPECS.items()},
+          **{name: Builtin(functools.partial(build_sd3_controlnet_into, spec=spec), "controlnet")
+             for name, spec in SD3_CONTROLNET_SPECS.items()}}

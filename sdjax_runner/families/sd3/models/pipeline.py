@@ -90,6 +90,9 @@ class SD3Pipeline:
     scaling_factor: float
     shift_factor: float
     dtype: Any
+    # an SD 3 ControlNet's module in controlnet mode (engine/reuse.py sets it for the job; its weights are the
+    # program's params["controlnet"]; families/sd3/models/controlnet.py): a field, so the pipeline's copies keep it
+    controlnet: Any = None
 
     @property
     def native_size(self) -> int:

@@ -271,7 +271,8 @@ class FlaxSD3Transformer(FromDiffusersConfig, layers.Module):
     activations' dtype, ``param_dtype`` the parameters' at initialisation.
 
     ``__call__(hidden_states, encoder_hidden_states, pooled_projections, timestep, skip_layers=())`` is diffusers'
-    ``forward`` (``return_dict=False``, no ControlNet residuals, no IP-Adapter) on NHWC latents: ``hidden_states``
+    ``forward`` (``return_dict=False``, no IP-Adapter; ``controlnet``: a ControlNet's residuals,
+    ``block_controlnet_hidden_states``) on NHWC latents: ``hidden_states``
     ``(B, H, W, in_channels)``, ``encoder_hidden_states`` ``(B, T, joint_attention_dim)``, ``pooled_projections``
     ``(B, pooled_projection_dim)``, ``timestep`` ``(B,)`` on the scheduler's 0..1000 scale. Returns ``(B, H, W,
     out_channels)``."""
@@ -336,8 +337,9 @@ class FlaxSD3Transformer(FromDiffusersConfig, layers.Module):
 
     def __call__(self, hidden_states: jax.Array, encoder_hidden_states: jax.Array, pooled_projections: jax.Array,
                  timestep: jax.Array, skip_layers: Sequence[int] = (), perturbed: Optional[Perturbed] = None,
-                 around_blocks: Optional[Callable] = None) -> Any:
-        """The prediction; with ``around_blocks`` -- a step cache (models/nn/step_cache.py): ``(head, rest, x,
+                 around_blocks: Optional[Callable] = None, controlnet: Optional[Sequence[jax.Array]] = None) -> Any:
+        """The prediction (``controlnet``: an SD 3 ControlNet's residuals, families/sd3/models/controlnet.py, added
+        after the blocks as :meth:`_blocks` says); with ``around_blocks`` -- a step cache (models/nn/step_cache.py): ``(head, rest, x,
         context) -> (context, x, what the cache returns)``, ``head`` running the first block and ``rest`` the others
         -- ``(prediction, what the cache returned)``. The last block makes no text output (``context_pre_only``):
         ``rest`` gives zeros for it, which nothing reads."""
@@ -359,7 +361,7 @@ class FlaxSD3Transformer(FromDiffusersConfig, layers.Module):
                 lambda x, context: self._blocks(x, context, temb, skip_layers, perturbed, grid, last=1), rest, x, context)
             return self._unpatched(self.proj_out(self.norm_out(x, temb)), batch, height, width), cached
         else:
-            x = self._blocks(x, context, temb, skip_layers, perturbed, grid)[1]
+            x = self._blocks(x, context, temb, skip_layers, perturbed, grid, controlnet=controlnet)[1]
         return self._unpatched(self.proj_out(self.norm_out(x, temb)), batch, height, width)
 
     def _unpatched(self, x: jax.Array, batch: int, height: int, width: int) -> jax.Array:
@@ -370,13 +372,15 @@ class FlaxSD3Transformer(FromDiffusersConfig, layers.Module):
 
     def _blocks(self, x: jax.Array, context: Optional[jax.Array], temb: jax.Array, skip_layers: Sequence[int],
                 perturbed: Optional[Perturbed] = None, grid: tuple[int, ...] = (), first: int = 0,
-                last: Optional[int] = None) -> tuple[Optional[jax.Array], jax.Array]:
+                last: Optional[int] = None, controlnet: Optional[Sequence[jax.Array]] = None
+                ) -> tuple[Optional[jax.Array], jax.Array]:
         """Blocks ``first`` to ``last`` (exclusive; None: to the end) not in ``skip_layers``, in order, each a pure
         function of its params: block i's params pass an optimization barrier with the previous block's output, then
         ``gather_blocks`` makes them whole (weights split across devices) -- so XLA cannot gather every block's
         weights at once. ``perturbed``: the attention modules it picks run its last chunk perturbed (SEG: blurred over the
-        image's ``grid`` of patches). Returns
-        ``(context, x)`` (context None after the last block)."""
+        image's ``grid`` of patches). ``controlnet``: after each block but the last (``context_pre_only``), the
+        image adds residual ``int(i / (num_layers / len(controlnet)))`` -- diffusers' ``interval_control``, float
+        division as there. Returns ``(context, x)`` (context None after the last block)."""
         params = self.variables["params"]
         gather = self.gather_blocks or (lambda number, block: block)
         for i, block in enumerate(self.transformer_blocks):
@@ -391,6 +395,8 @@ class FlaxSD3Transformer(FromDiffusersConfig, layers.Module):
             out: Any = detached.apply({"params": gather(i, shards)}, x, context, temb, chunks,
                                       perturbed.blur_sigma if perturbed else None, grid)
             context, x = out
+            if controlnet is not None and i < self.num_layers - 1:
+                x = x + controlnet[int(i / (self.num_layers / len(controlnet)))].astype(x.dtype)
         return context, x
 
     def dummy_inputs(self) -> dict[str, Any]:
