@@ -107,6 +107,9 @@ class ImageRecord(_Record):
     controlnet: Optional[str] = None  # optional: controlnet.model
     conditioning_scale: Optional[float] = None  # optional, with controlnet: controlnet.conditioning_scale
     control_mode: Optional[int] = None  # optional, with a union ControlNet: controlnet.control_mode
+    # optional, with controlnet where it steers part of the steps: controlnet.guidance_start, guidance_end
+    control_guidance_start: Optional[float] = None
+    control_guidance_end: Optional[float] = None
     model: Optional[str] = None  # model.name
     family: Optional[str] = None  # optional: the model family where it is not Stable Diffusion ("flux")
     model_path: Optional[str] = None  # the model directory or hub id it loaded from
@@ -169,7 +172,8 @@ class ImageRecord(_Record):
                                             "clip_skip", "hires_steps", "first_pass_height", "first_pass_width",
                                             "control_mode")
     FLOAT_CHUNKS: ClassVar[tuple[str, ...]] = ("guidance_scale", "distilled_guidance", "eta", "strength",
-                                              "conditioning_scale", "shift",
+                                              "conditioning_scale", "control_guidance_start",
+                                              "control_guidance_end", "shift",
                                               "guidance_rescale", "hires_scale", "hires_strength",
                                               "hires_guidance_scale", "refiner_switch",
                                               # the metrics' per-image values (metrics/registry.py)

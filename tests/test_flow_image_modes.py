@@ -279,6 +279,7 @@ def test_a_flux_controlnet_is_diffusers_controlnet_pipeline_and_a_scale_sweep_co
     assert np.abs(ref["images_0.7"] - ref["images_1"]).max() > 0.05 and np.abs(ref["images_1"] - ref["plain"]).max() > 0.05
     with Image.open(jobs[0.7] / records_of(jobs[0.7])[0]["file"]) as image:
         assert f", ControlNet: {net}, Control weight: 0.7" in image.text["parameters"]
+    assert_window_is_diffusers(tmp_path, common, ref)
     # the built-in tiny FLUX.1 ControlNet, as the image modes guide runs it, its weights split across the devices
     builtin = run_cli("+experiment=flux_smoke", "mode=controlnet", "controlnet.model=tiny-random-flux-controlnet",
                       f"controlnet.image={edges}", "parallelism=sharded", "parallelism.params=sharded", *QUIET,
@@ -372,6 +373,41 @@ def test_a_union_flux_controlnet_reads_its_control_mode_as_diffusers_does(tmp_pa
     assert records_of(tmp_path / "from_png")[0]["pixels_sha256"] == record["pixels_sha256"]
 
 
+def test_the_controlnet_window_is_diffusers_controlnet_keep():
+    """controlnet.guidance_start/end's scale at each step (engine/modes/controlnet.scale_at) is diffusers' pipelines'
+    ``controlnet_keep`` (``1.0 - float(i / len(timesteps) < s or (i + 1) / len(timesteps) > e)``, transcribed) times
+    the scale, for every step of 1 to 30 and windows on a grid."""
+    from sdjax_runner.engine.modes.controlnet import scale_at
+
+    windows = [(s, e) for s in np.round(np.arange(0, 1, 0.05), 2) for e in np.round(np.arange(0.05, 1.001, 0.05), 2)
+               if s < e]
+    steps = np.concatenate([np.full(n, n) for n in range(1, 31)])
+    index = np.concatenate([np.arange(n) for n in range(1, 31)])
+    for start, end in windows:
+        ours = np.asarray(scale_at(0.7, (np.float32(start), np.float32(end)), index, steps))
+        keep = [1.0 - float(i / n < start or (i + 1) / n > end) for i, n in zip(index, steps, strict=True)]
+        np.testing.assert_array_equal(ours, np.float32(0.7) * np.asarray(keep, np.float32), err_msg=str((start, end)))
+
+
+def assert_window_is_diffusers(tmp_path: Path, common: tuple[str, ...], ref: dict) -> None:
+    """A ControlNet run steering the middle two of its four steps (controlnet.guidance_start/end as the reference's
+    ``window``): the scale sweep's program (stored by it: this run loads it), the pipeline's images (``window_1``) within 2/255, the A1111 line saying
+    it."""
+    start, end = (float(v) for v in ref["window"])
+    result = run_cli(*common, "controlnet.conditioning_scale=1", f"controlnet.guidance_start={start}",
+                     f"controlnet.guidance_end={end}", "hydra.run.dir=window", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    timings = json.loads((tmp_path / "window" / "timings.json").read_text())  # the window is a traced input: the
+    assert (timings["compile_path"], timings["executable_cache_hit"]) == ("executable_cache", 1)  # sweep's program
+    for record, pixels in zip(records_of(tmp_path / "window"), pixels_of(tmp_path / "window"), strict=True):
+        difference = np.abs(pixels / 255 - ref["window_1"][record["device"]]).max()
+        assert difference <= 2 / 255, difference
+    with Image.open(tmp_path / "window" / records_of(tmp_path / "window")[0]["file"]) as image:
+        assert f", Guidance Start: {start}, Guidance End: {end}" in image.text["parameters"]
+    # it steers: the window's images are neither scale 1's nor scale 0's
+    assert min(np.abs(ref["window_1"] - ref[key]).max() for key in ("images_1", "plain")) > 0.05
+
+
 def test_sd3_controlnets_residuals_are_diffusers_sd3_controlnet_models(cache_dir):
     """Both kinds of SD 3 ControlNet (InstantX's joint blocks with a position embedding of their own; SD 3.5 Large's
     single blocks reading the transformer's patch embedding), loaded from the published layout: their residuals are
@@ -435,6 +471,7 @@ def test_an_sd3_controlnet_is_diffusers_sd3_controlnet_pipeline_and_a_scale_swee
     assert np.abs(ref["single_1"] - ref["images_1"]).max() > 0.05
     with Image.open(jobs[(str(net), 0.7)] / records_of(jobs[(str(net), 0.7)])[0]["file"]) as image:
         assert f", ControlNet: {net}, Control weight: 0.7" in image.text["parameters"]
+    assert_window_is_diffusers(tmp_path, (*common, f"controlnet.model={net}"), ref)
     # from_png remakes a run given its control image: the ControlNet and its weight from the A1111 line, bit for bit
     record = records_of(jobs[(str(single), 1.0)])[0]
     remade = run_cli(str(jobs[(str(single), 1.0)] / record["file"]), f"model.pretrained_model_name_or_path={FOLDERS['sd3']}",

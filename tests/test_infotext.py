@@ -262,10 +262,11 @@ def test_a_controlnet_line_becomes_its_mode_folder_weight_and_control_mode_given
 
     folder = "/models/a, b: union"
     text = (f"a red cube\nSteps: 4, Sampler: Euler, Seed: 0, Size: 32x32, Model: tiny-random-flux, ControlNet: "
-            f"{quoted(folder)}, Control weight: 0.7, Control mode: 2")
+            f"{quoted(folder)}, Control weight: 0.7, Control mode: 2, Guidance Start: 0.1, Guidance End: 0.8")
     given = infotext.overrides(infotext.parse(text), ("tiny-random-flux",), ("fp32",), False, True)
     assert {"mode=controlnet", f"controlnet.model={literal(folder)}", "controlnet.conditioning_scale=0.7",
-            "controlnet.control_mode=2"} <= set(given.overrides)
+            "controlnet.control_mode=2", "controlnet.guidance_start=0.1",
+            "controlnet.guidance_end=0.8"} <= set(given.overrides)
     missing = infotext.overrides(infotext.parse(text), ("tiny-random-flux",), ("fp32",), False, False)
     assert not any(o.startswith(("mode=", "controlnet.")) for o in missing.overrides)
     assert f"ControlNet: {folder}: a ControlNet run's control image is not in the PNG; give controlnet.image=PATH to " \

@@ -310,6 +310,21 @@ def test_controlnet_from_a_pytorch_folder_equals_diffusers_flax_controlnet_pipel
     assert_matches(images_of(jobs[2]), images_of(smoke_run[1]), exact=False)
     record = json.loads((jobs[0] / "images.json").read_text())[0]
     assert (record["mode"], record["conditioning_scale"], record["control_image"]) == ("controlnet", 1.0, "control.png")
+    assert "control_guidance_start" not in record  # the whole run steered: nothing to say
+    # controlnet.guidance_start/end (diffusers' control_guidance_start/end): traced, a sweep over them compiles once;
+    # a window past every step of the 4 (3/4 < 0.8) steers none -- scale 0's images bit for bit --, one from
+    # half-way steers the last two
+    windows = sweep(tmp_path / "window", "mode=controlnet", f"controlnet.model={torch_dir}",
+                    f"controlnet.image={inputs['control']}", "controlnet.guidance_start=0.8,0.5")
+    assert [json.loads((job / "timings.json").read_text())["compile_reused"] for job in windows] == [0, 1]
+    assert_matches(images_of(windows[0]), images_of(jobs[2]))
+    late = images_of(windows[1])
+    for other in (images_of(jobs[0]), images_of(jobs[2])):
+        assert min(np.abs(a.astype(int) - b.astype(int)).max() for a, b in zip(late, other, strict=True)) > 0
+    record = json.loads((windows[1] / "images.json").read_text())[0]
+    assert (record["control_guidance_start"], record["control_guidance_end"]) == (0.5, 1.0)
+    with Image.open(windows[1] / record["file"]) as image:
+        assert ", Control weight: 1.0, Guidance Start: 0.5, Guidance End: 1.0" in image.text["parameters"]
 
 
 # --- bad input ---------------------------------------------------------------------------------------------
@@ -345,6 +360,12 @@ def bad_files(tmp_path_factory, inputs) -> dict[str, Path]:
     (["mode=controlnet", "controlnet.model={bad}", "controlnet.image={control}"], "error: controlnet.model: {bad} has no config.json"),
     (["mode=controlnet", "controlnet.model=tiny-random-controlnet", "controlnet.image={control}",
       "controlnet.conditioning_scale=nan"], "error: controlnet.conditioning_scale: must be a finite number"),
+    (["mode=controlnet", "controlnet.model=tiny-random-controlnet", "controlnet.image={control}",
+      "controlnet.guidance_start=0.6", "controlnet.guidance_end=0.4"], "error: controlnet.guidance_end: 0.6 to 0.4: "
+     "the part of the steps the ControlNet steers (allowed: 0 <= controlnet.guidance_start < controlnet.guidance_end "
+     "<= 1"),
+    (["mode=controlnet", "controlnet.model=tiny-random-controlnet", "controlnet.image={control}",
+      "controlnet.guidance_start=-0.1"], "error: controlnet.guidance_start: -0.1 to 1.0"),
 ])
 def test_bad_mode_input_is_one_line(tmp_path, inputs, bad_files, overrides, expected):
     bad = bad_files["notes"].parent

@@ -28,7 +28,8 @@ def test_each_mode_is_one_entry_that_the_schema_and_the_engine_agree_with():
     assert set().union(*(ENTRIES[name].modes for name in FAMILIES)) == set(modes.MODES)  # every mode runs somewhere
     for name, entry in modes.MODES.items():
         assert PER_IMAGE[name] == entry.per_image and NUMBERS[name] == entry.numbers
-        assert set(entry.numbers) <= {"start", "control_scale", "control_mode"}, name  # what engine/generate.py places
+        assert set(entry.numbers) <= {"start", "control_scale", "control_mode", "control_start",
+                                       "control_end"}, name  # what engine/generate.py places
         assert ("start" in entry.numbers) == (entry.default_strength is not None), name  # strength -> start step
         assert modes.strength(name, None) == entry.default_strength
     assert modes.IMAGE_KEYS == ("init_image", "mask_image", "controlnet.image")

@@ -129,6 +129,7 @@ NUMBERS = {"Steps": (WHOLE, int, "a whole number, e.g. 20"), "Clip skip": (WHOLE
            "Refiner switch at": (DECIMAL, float, "a number, e.g. 0.8"),
            # ours: a ControlNet's (record/rundir.py)
            "Control weight": (DECIMAL, float, "a number, e.g. 0.7"), "Control mode": (WHOLE, int, "a whole number, e.g. 2"),
+           "Guidance Start": (DECIMAL, float, "a number, e.g. 0.1"), "Guidance End": (DECIMAL, float, "a number, e.g. 0.8"),
            # ours: a guider's and a step cache's settings, by the schema's fields (record/rundir.py: choice_parts)
            **_setting_numbers("Guider", GuiderConfig), **_setting_numbers("Step cache", CacheConfig)}
 
@@ -338,9 +339,10 @@ def _read_image_mode(reading: _Reading, key: str, has_image: bool, mode: str, wi
 
 
 def _read_controlnet(reading: _Reading, has_control_image: bool) -> None:
-    """Ours: ``ControlNet: PATH, Control weight: S`` (and a union model's ``Control mode: M``) -- mode=controlnet with
-    that ControlNet (its folder as the run had it; give ``controlnet.model=PATH`` where it is elsewhere here), its
-    scale and mode, with the control image given on the command line; else said, and what to give."""
+    """Ours: ``ControlNet: PATH, Control weight: S`` (and a union model's ``Control mode: M``, and where it steers
+    part of the steps ``Guidance Start: A, Guidance End: B``, A1111's ControlNet words) -- mode=controlnet with that
+    ControlNet (its folder as the run had it; give ``controlnet.model=PATH`` where it is elsewhere here), its scale,
+    mode and window, with the control image given on the command line; else said, and what to give."""
     if "ControlNet" not in reading.settings:
         return
     if not has_control_image:
@@ -349,7 +351,8 @@ def _read_controlnet(reading: _Reading, has_control_image: bool) -> None:
         return
     reading.out.append("mode=controlnet")
     reading.use("ControlNet", f"controlnet.model={literal(reading.settings['ControlNet'])}")
-    for key, setting in (("Control weight", "controlnet.conditioning_scale"), ("Control mode", "controlnet.control_mode")):
+    for key, setting in (("Control weight", "controlnet.conditioning_scale"), ("Control mode", "controlnet.control_mode"),
+                         ("Guidance Start", "controlnet.guidance_start"), ("Guidance End", "controlnet.guidance_end")):
         if key in reading.numbers:
             reading.use(key, f"{setting}={reading.numbers[key]!r}")
 

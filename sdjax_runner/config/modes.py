@@ -73,7 +73,7 @@ MODES = _registry(
     ModeEntry("inpaint", images=(("init", "init_image"), ("mask", "mask_image")), numbers=("start",),
               default_strength=1.0),
     ModeEntry("controlnet", images=(("control", "controlnet.image"),), other_keys=("controlnet.model",),
-              numbers=("control_scale", "control_mode"), check=check_controlnet_folder),
+              numbers=("control_scale", "control_mode", "control_start", "control_end"), check=check_controlnet_folder),
     # FLUX.1 Kontext's in-context editing (diffusers' FluxKontextPipeline): from noise, the init image's latents as
     # more tokens beside the noise's in every transformer call; no strength (the whole schedule runs)
     ModeEntry("edit", images=(("init", "init_image"),)),
@@ -147,9 +147,18 @@ def check(cfg: Any, sampler: str, start: Callable[[int, Optional[float]], int] =
     if not math.isfinite(scale):
         raise UserError("controlnet.conditioning_scale", f"must be a finite number, got {scale}",
                         "0 (no control) .. 1 (full) .. 2")
+    check_control_window(cfg.controlnet.guidance_start, cfg.controlnet.guidance_end)
     if cfg.controlnet.control_mode is not None and cfg.controlnet.control_mode < 0:
         raise UserError("controlnet.control_mode", f"{cfg.controlnet.control_mode}",
                         "a union ControlNet's mode number (0 and up, by its card), or null")
+
+
+def check_control_window(first: float, last: float) -> None:
+    """controlnet.guidance_start and guidance_end: ``0 <= start < end <= 1``."""
+    if not (math.isfinite(first) and math.isfinite(last) and 0 <= first < last <= 1):
+        raise UserError("controlnet.guidance_start" if not (math.isfinite(first) and 0 <= first < 1)
+                        else "controlnet.guidance_end", f"{first} to {last}: the part of the steps the ControlNet steers",
+                        "0 <= controlnet.guidance_start < controlnet.guidance_end <= 1 (e.g. 0 and 0.6)")
 
 
 def check_strength(cfg: Any, entry: ModeEntry, sampler: str,

@@ -140,6 +140,7 @@ class Plan:
     controlnet: Optional[str] = None  # controlnet.model
     conditioning_scale: float = 1.0  # controlnet.conditioning_scale
     control_mode: Optional[int] = None  # controlnet.control_mode (a union ControlNet's)
+    control_window: tuple[float, float] = (0.0, 1.0)  # controlnet.guidance_start, guidance_end
     cache_dir: str = ""  # paths.cache_dir: where built-in models are
     clip_skip: int = 1  # prompts.clip_skip
     syntax: str = "plain"  # prompts.syntax (engine/tokens.py)
@@ -371,6 +372,7 @@ def make_plan(config: RunConfig, available_devices: int, checked: Optional[Check
         controlnet=config.controlnet.model if steered else None,
         conditioning_scale=float(config.controlnet.conditioning_scale),
         control_mode=config.controlnet.control_mode if steered else None,
+        control_window=(float(config.controlnet.guidance_start), float(config.controlnet.guidance_end)),
         cache_dir=config.paths.cache_dir,
         clip_skip=config.prompts.clip_skip,
         syntax=config.prompts.syntax.name,

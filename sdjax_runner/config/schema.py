@@ -293,6 +293,13 @@ class ControlNetConfig:
     # (InstantX/FLUX.1-dev-Controlnet-Union: 0 canny, 1 tile, 2 depth, 3 blur, 4 pose, 5 gray, 6 low quality; see its
     # card). Required with a union model, refused with any other. A traced input: a sweep over it compiles once.
     control_mode: Optional[int] = None
+    # Where the part of the run the ControlNet steers starts, as a fraction of its steps (diffusers'
+    # control_guidance_start, A1111's "Guidance Start (T)"): step i of N reads it where start <= i / N (and the end
+    # allows), else runs as without it. 0 <= start < end. A traced input: a sweep over it compiles once.
+    guidance_start: float = 0.0
+    # Where that part ends (diffusers' control_guidance_end, A1111's "Guidance End (T)"): step i of N reads the
+    # ControlNet where (i + 1) / N <= end. start < end <= 1. A traced input.
+    guidance_end: float = 1.0
 
 
 @dataclass

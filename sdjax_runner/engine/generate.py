@@ -138,6 +138,7 @@ class Generator:
                            if name in PER_IMAGE[spec.mode]}
         numbers = {"start": np.int32(plan.start_step), "control_scale": np.float32(plan.conditioning_scale),
                    "control_mode": np.int32(plan.control_mode or 0),
+                   "control_start": np.float32(plan.control_window[0]), "control_end": np.float32(plan.control_window[1]),
                    "guidance_rescale": np.float32(plan.guidance_rescale or 0.0),
                    "true_cfg_scale": np.float32(plan.true_cfg_scale or 0.0),
                    "hires_guidance": np.float32(plan.hires.guidance if plan.hires and plan.hires.guidance else 0.0),

@@ -39,7 +39,7 @@ PROBE = ".workers_probe"
 NOT_PROGRAM_KEYS = ("seed", "run_name", "experiment", "output", "timing", "tracking", "metrics", "report", "paths",
                     "strength", "init_image", "mask_image", "reuse", "compilation_cache")
 NOT_PROGRAM_SUBKEYS = {"sampling": ("guidance_scale",), "prompts": ("texts", "negative", "file", "fill"),
-                       "controlnet": ("image", "conditioning_scale")}
+                       "controlnet": ("image", "conditioning_scale", "guidance_start", "guidance_end")}
 
 
 @dataclass

@@ -223,6 +223,8 @@ def a1111_parameters(meta: ImageRecord) -> str:
         + (f", ControlNet: {quoted(str(meta.controlnet))}, Control weight: {meta.conditioning_scale}"
            if meta.controlnet else "")
         + (f", Control mode: {meta.control_mode}" if meta.control_mode is not None else "")
+        + (f", Guidance Start: {meta.control_guidance_start}, Guidance End: {meta.control_guidance_end}"
+           if meta.control_guidance_start is not None else "")
         + (f", Lora: {meta.lora}" if meta.lora else "")
         + (f", TI hashes: {ti_hashes(meta.embeddings)}" if meta.embeddings else "")
         + (f", Checkpoint: {meta.checkpoint}" if meta.checkpoint else "")
@@ -474,6 +476,8 @@ def image_meta(plan: Plan, height: int, width: int, guidance: str = "cfg", shift
         controlnet=plan.controlnet or None,
         conditioning_scale=plan.conditioning_scale if plan.controlnet else None,
         control_mode=plan.control_mode,
+        control_guidance_start=plan.control_window[0] if plan.controlnet and plan.control_window != (0.0, 1.0) else None,
+        control_guidance_end=plan.control_window[1] if plan.controlnet and plan.control_window != (0.0, 1.0) else None,
         model=plan.model.name,
         family=plan.family if plan.family != families.DEFAULT else None,
         model_path=str(plan.model.pretrained_model_name_or_path),

@@ -39,14 +39,16 @@ A FLUX.1 ControlNet (``FluxControlNetPipeline`` with diffusers' ``FluxControlNet
 first blocks reading the control image's latents too, whose block outputs the transformer adds after its own) runs on
 tiny-flux-dev with a tiny random ControlNet made here (``tiny-flux-controlnet/``, the published layout) on the same
 edge map, at two conditioning scales and at 0 (``flux_controlnet.npz``: ``images_S``, ``plain``); and a union model of
-its shape with UNION_MODES control modes (``tiny-flux-controlnet-union/``) at two of them (``union_M``); ``--only
-controlnet`` writes them alone.
+its shape with UNION_MODES control modes (``tiny-flux-controlnet-union/``) at two of them (``union_M``); the first
+steering only the middle two of the four steps (``control_guidance_start``/``end`` 0.25 and 0.75: ``window_1``);
+``--only controlnet`` writes them alone.
 
 SD 3 ControlNets (``StableDiffusion3ControlNetPipeline`` with diffusers' ``SD3ControlNetModel``) run on tiny-sd3 with
 two tiny random ControlNets made here on the same edge map: InstantX's kind (``tiny-sd3-controlnet/``: joint blocks
 reading the prompt, a position embedding of its own, zero pooled text, no VAE shift on the control image) at two
 conditioning scales and at 0, and SD 3.5 Large's kind (``tiny-sd3-controlnet-single/``: single blocks, no text, the
-transformer's position embedding, the pooled text, the VAE's shift) at one; plus each ControlNet's own residuals for
+transformer's position embedding, the pooled text, the VAE's shift) at one; the first also steering only the middle
+two of the four steps (``control_guidance_start``/``end`` 0.25 and 0.75: ``window_1``, as for FLUX.1's); plus each ControlNet's own residuals for
 fixed random inputs (``sd3_controlnet.npz``: ``images_S``, ``plain``, ``single_S``, ``call_*``). The pipeline encodes
 the control image doubled for guidance's two halves, one posterior sample each from torch's global generator; the
 runner draws one per image, read by both halves: the sample is given that draw for both. ``--only sd3_controlnet``
@@ -123,6 +125,9 @@ CONTROL_STRENGTHS, CONTROL_INPAINT = (0.6, 1.0), 0.8
 CONTROLNET = DEFAULT_OUT / "tiny-flux-controlnet"
 CONTROLNET_SEED = 22
 CONTROLNET_SCALES = (0.7, 1.0)
+# the part of the steps a ControlNet steers (control_guidance_start, control_guidance_end): of 4 steps the middle two
+# (diffusers' controlnet_keep: 1 - (i / 4 < 0.25 or (i + 1) / 4 > 0.75)), at scale 1 (``window_1``)
+CONTROL_WINDOW = (0.25, 0.75)
 # a union ControlNet (InstantX's, Shakker-Labs' kind: num_mode, a control-mode token before the text), made likewise
 UNION = DEFAULT_OUT / "tiny-flux-controlnet-union"
 UNION_SEED, UNION_MODES, UNION_RUN = 23, 4, (1, 3)
@@ -240,12 +245,12 @@ def flux_controlnet(out: Path, seed: int = CONTROLNET_SEED, num_mode: int | None
 
 
 def controlnet_images(pipeline, picture: np.ndarray, scale: float, noise: np.ndarray, eps: np.ndarray,
-                      control_mode: int | None = None) -> np.ndarray:
+                      control_mode: int | None = None, **window) -> np.ndarray:
     """FluxControlNetPipeline's image for each device's draws at conditioning scale ``scale`` (and a union model's
     ``control_mode``), as :func:`control_images` calls a pipeline (its ``retrieve_latents`` draws the control image's
     posterior sample through ``DiagonalGaussianDistribution.sample`` too)."""
     return control_images(pipeline, picture, noise, eps, "pipeline_flux_controlnet",
-                          controlnet_conditioning_scale=scale, control_mode=control_mode)
+                          controlnet_conditioning_scale=scale, control_mode=control_mode, **window)
 
 
 def union_call(controlnet) -> dict[str, np.ndarray]:
@@ -298,6 +303,9 @@ def write_controlnet(out_dir: Path, noise: np.ndarray, eps: np.ndarray) -> None:
     for scale in CONTROLNET_SCALES:
         out[f"images_{scale:g}"] = controlnet_images(pipeline, edges, scale, noise, eps)
     out["plain"] = controlnet_images(pipeline, edges, 0.0, noise, eps)
+    out["window"] = np.asarray(CONTROL_WINDOW)
+    out["window_1"] = controlnet_images(pipeline, edges, 1.0, noise, eps, control_guidance_start=CONTROL_WINDOW[0],
+                                        control_guidance_end=CONTROL_WINDOW[1])
     print(f"controlnet: largest difference between scales 0 and 1 {np.abs(out['images_1'] - out['plain']).max():.4f}")
     flux_controlnet(out_dir / UNION.name, UNION_SEED, UNION_MODES)
     union = pipeline_with(out_dir / UNION.name)
@@ -329,8 +337,8 @@ def sd3_controlnet(out: Path, seed: int, **kind) -> None:
     net.save_pretrained(out, safe_serialization=True)
 
 
-def sd3_controlnet_images(pipeline, picture: np.ndarray, scale: float, noise: np.ndarray,
-                          eps: np.ndarray) -> np.ndarray:
+def sd3_controlnet_images(pipeline, picture: np.ndarray, scale: float, noise: np.ndarray, eps: np.ndarray,
+                          **window) -> np.ndarray:
     """StableDiffusion3ControlNetPipeline's image for each device's draws at conditioning scale ``scale``: the noise
     through the pipeline module's ``randn_tensor``, the control image's posterior sample (both guidance halves')
     through ``DiagonalGaussianDistribution.sample``."""
@@ -355,7 +363,7 @@ def sd3_controlnet_images(pipeline, picture: np.ndarray, scale: float, noise: np
                 image = pipeline(prompt=PROMPT, control_image=Image.fromarray(picture), num_inference_steps=STEPS,
                                  guidance_scale=SD3_GUIDANCE, height=HEIGHT, width=WIDTH,
                                  controlnet_conditioning_scale=scale, max_sequence_length=MAX_SEQUENCE_LENGTH,
-                                 output_type="np").images[0]
+                                 output_type="np", **window).images[0]
         finally:
             module.randn_tensor, DiagonalGaussianDistribution.sample = saved
         images.append(np.asarray(image, dtype=np.float32))
@@ -411,6 +419,11 @@ def write_sd3_controlnet(out_dir: Path, noise: np.ndarray, eps: np.ndarray) -> N
     for scale in CONTROLNET_SCALES:
         out[f"images_{scale:g}"] = sd3_controlnet_images(pipeline, edges, scale, noise, eps)
     out["plain"] = sd3_controlnet_images(pipeline, edges, 0.0, noise, eps)
+    out["window"] = np.asarray(CONTROL_WINDOW)
+    out["window_1"] = sd3_controlnet_images(pipeline, edges, 1.0, noise, eps, control_guidance_start=CONTROL_WINDOW[0],
+                                            control_guidance_end=CONTROL_WINDOW[1])
+    print(f"sd3 controlnet: the window's images differ from scale 1's by {np.abs(out['window_1'] - out['images_1']).max():.4f}"
+          f" and from scale 0's by {np.abs(out['window_1'] - out['plain']).max():.4f}")
     print(f"sd3 controlnet: largest difference between scales 0 and 1 {np.abs(out['images_1'] - out['plain']).max():.4f}")
     sd3_controlnet(out_dir / SD3_CONTROLNET_SINGLE.name, SD3_CONTROLNET_SEED + 1, **SD3_SINGLE)
     out.update(sd3_controlnet_call(diffusers.SD3ControlNetModel.from_pretrained(out_dir / SD3_CONTROLNET_SINGLE.name),

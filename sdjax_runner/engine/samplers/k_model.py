@@ -18,6 +18,7 @@ import numpy as np
 from sdjax_runner.config.samplers import SAMPLERS as ENTRIES
 from sdjax_runner.engine.encode import Conditioning
 from sdjax_runner.engine.guiders import Guidance, guided, place
+from sdjax_runner.engine.modes import controlnet
 from sdjax_runner.engine.modes.start import Start, initial, kept
 from sdjax_runner.engine.samplers import unet
 from sdjax_runner.engine.samplers.k_samplers import K_SAMPLERS, NOISE_STREAM, key_noise
@@ -38,10 +39,11 @@ def unet_denoiser(pipeline: Any, params: dict, conditioning: Conditioning, guida
     def denoiser(x, sigma):
         t = jnp.interp(jnp.log(sigma), log_sigmas, positions)
         nearest = None if sigmas is None else jnp.argmin(jnp.abs(sigmas - sigma))
-        predictions = unet.halves(pipeline, params, conditioning, x / jnp.sqrt(sigma**2 + 1), t, nearest,
-                                  guidance).as_float32()
-        out = guided(predictions.unconditional, predictions.conditional, guidance, place(sigma, steps) - first,
-                     len(steps) - 1 - first, predictions.perturbed, t)
+        step, count = place(sigma, steps) - first, len(steps) - 1 - first
+        predictions = unet.halves(pipeline, params, controlnet.at_step(conditioning, step, count),
+                                  x / jnp.sqrt(sigma**2 + 1), t, nearest, guidance).as_float32()
+        out = guided(predictions.unconditional, predictions.conditional, guidance, step, count,
+                     predictions.perturbed, t)
         if prediction == "v_prediction":
             return x / (sigma**2 + 1) - out * sigma / jnp.sqrt(sigma**2 + 1)
         if prediction == "sample":

@@ -12,6 +12,7 @@ from sdjax_runner.config.caches import DEFAULT as CACHE_DEFAULT
 from sdjax_runner.engine.caches import Cached
 from sdjax_runner.engine.encode import Conditioning
 from sdjax_runner.engine.guiders import Guidance, guided
+from sdjax_runner.engine.modes import controlnet
 from sdjax_runner.engine.modes.start import Start, initial, kept
 from sdjax_runner.engine.samplers import deep_cache, unet
 from sdjax_runner.engine.samplers.k_samplers import NOISE_STREAM, key_noise
@@ -40,11 +41,12 @@ def denoise(pipeline: Any, params: dict, conditioning: Conditioning, start: Star
         t = jnp.array(state.timesteps, dtype=jnp.int32)[index]
         # (scale_model_input is element-wise: scaling before the halves are doubled is the same as after)
         model_input = scheduler.scale_model_input(state, latents, t)
+        steered = controlnet.at_step(conditioning, index - start.step, spec.steps - start.step)
         if deep is None:
-            predictions = unet.halves(pipeline, params, conditioning, model_input, t, guidance=guidance)
+            predictions = unet.halves(pipeline, params, steered, model_input, t, guidance=guidance)
         else:
             whole = deep_cache.whole_call(guidance, jnp.asarray(state.timesteps), index, start.step)
-            predictions, cache = deep_cache.predictions(pipeline, params, conditioning, model_input, t, guidance,
+            predictions, cache = deep_cache.predictions(pipeline, params, steered, model_input, t, guidance,
                                                         deep, cache, whole)
         noise = guided(predictions.unconditional, predictions.conditional, guidance, index - start.step,
                        spec.steps - start.step, predictions.perturbed, t)
@@ -65,7 +67,8 @@ def denoise(pipeline: Any, params: dict, conditioning: Conditioning, start: Star
     cache = None
     if deep is not None:
         t = jnp.array(state.timesteps, dtype=jnp.int32)[start.step]
-        cache = deep_cache.initial_state(pipeline, params, conditioning, scheduler.scale_model_input(state, latents, t),
+        first = controlnet.at_step(conditioning, 0, spec.steps - start.step)
+        cache = deep_cache.initial_state(pipeline, params, first, scheduler.scale_model_input(state, latents, t),
                                          t, guidance, deep)
     latents, _, cache = jax.lax.fori_loop(start.step, spec.steps, step, (latents, state, cache))
     return latents if deep is None else Cached(latents, cache.skipped)

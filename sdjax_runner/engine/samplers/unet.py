@@ -75,7 +75,7 @@ def rows_mapped(conditioning: Conditioning, rows: Callable) -> Conditioning:
     return Conditioning(rows(conditioning.context),
                         None if conditioning.added is None else {k: rows(v) for k, v in conditioning.added.items()},
                         None if conditioning.concat is None else rows(conditioning.concat),
-                        None if control is None else (rows(control[0]), control[1]),
+                        None if control is None else (rows(control[0]), *control[1:]),
                         None if refiner is None else (rows_mapped(refiner[0], rows), refiner[1]))
 
 
@@ -132,7 +132,7 @@ def _unet(pipeline: Any, params: dict, conditioning: Conditioning, model_input, 
     timesteps = jnp.broadcast_to(timestep, model_input.shape[:1])
     extra: dict[str, Any] = {} if conditioning.added is None else {"added_cond_kwargs": conditioning.added}
     if conditioning.control is not None:
-        image, scale = conditioning.control
+        image, scale = conditioning.control[:2]  # (the scale at this step: engine/modes/controlnet.at_step)
         down, mid = pipeline.controlnet.apply({"params": params["controlnet"]}, model_input, timesteps,
                                               encoder_hidden_states=conditioning.context, controlnet_cond=image,
                                               conditioning_scale=scale)

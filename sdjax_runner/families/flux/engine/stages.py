@@ -19,6 +19,7 @@ from sdjax_runner.config import guiders
 from sdjax_runner.engine.caches import Cached
 from sdjax_runner.engine.encode import Conditioning
 from sdjax_runner.engine.guiders import Guidance, flow_step, guided
+from sdjax_runner.engine.modes import controlnet as controlnet_mode
 from sdjax_runner.engine.modes.start import Start
 from sdjax_runner.models.nn.step_cache import (
     first_block_state,
@@ -218,7 +219,8 @@ def controlnet(pipeline: Any, params: dict, key, spec: Any, batch: int, inputs: 
     ``Conditioning.control``."""
     start = txt2img(pipeline, params, key, spec, batch, inputs)
     return start._replace(conditioning={"control": (control_latents(pipeline, params, key, inputs),
-                                                    inputs["control_scale"], inputs["control_mode"])})
+                                                    inputs["control_scale"], inputs["control_mode"],
+                                                    controlnet_mode.window(inputs))})
 
 
 def edit(pipeline: Any, params: dict, key, spec: Any, batch: int, inputs: dict) -> Start:
@@ -324,26 +326,27 @@ def embedded_guidance(pipeline: Any, guidance: Guidance, batch: int, embeds: boo
 
 def controlnet_model(pipeline: Any, params: dict, conditioning: Conditioning, guidance: Guidance, spec: Any,
                      batch: int):
-    """``residuals(x, timestep)``: a FLUX.1 ControlNet's (controlnet mode: ``conditioning.control``, the control image's
-    packed latents, the traced conditioning scale and control mode, read by a union model) for packed latents ``x``
-    at ``timestep``, on the prompt, as
+    """``residuals(x, timestep, step, count)``: a FLUX.1 ControlNet's (controlnet mode: ``conditioning.control``, the
+    control image's packed latents, the traced conditioning scale, control mode -- read by a union model -- and
+    window, engine/modes/controlnet.scale_at) for packed latents ``x`` at ``timestep``, step ``step`` of ``count``,
+    on the prompt, as
     diffusers' FluxControlNetPipeline calls it (the embedded guidance where the ControlNet has a guidance embedder);
     None without one."""
     import jax.numpy as jnp
 
     if conditioning.control is None:
-        return lambda x, timestep: None
+        return lambda x, timestep, step, count: None
     assert conditioning.added is not None  # encode's: the pooled embedding
-    control, scale, mode = conditioning.control
+    control, scale, mode, steered = conditioning.control
     pooled, net = conditioning.added["pooled"], pipeline.controlnet
     union = {"controlnet_mode": jnp.ravel(jnp.asarray(mode))[:1]} if net.num_mode is not None else {}
     ids, txt_ids = position_ids(pipeline, spec, conditioning)
     img_ids, embedded = jnp.asarray(ids), embedded_guidance(pipeline, guidance, batch, net.guidance_embeds)
 
-    def residuals(x, timestep):
+    def residuals(x, timestep, step, count):
         return net.apply({"params": params["controlnet"]}, x.astype(pipeline.dtype), control.astype(pipeline.dtype),
-                         jnp.ravel(jnp.asarray(scale))[0], conditioning.context, pooled, timestep, img_ids, txt_ids,
-                         guidance=embedded, **union)
+                         controlnet_mode.scale_at(jnp.ravel(jnp.asarray(scale))[0], steered, step, count),
+                         conditioning.context, pooled, timestep, img_ids, txt_ids, guidance=embedded, **union)
 
     return residuals
 
@@ -367,7 +370,8 @@ def velocity_model(pipeline: Any, params: dict, conditioning: Conditioning, guid
     def velocity(x, timestep, index=None):
         sigma = timestep
         timestep = jnp.broadcast_to(timestep, (batch,)).astype(pipeline.dtype)
-        residuals = control(x, timestep)  # (the prompt's, for the negative call too: FluxControlNetPipeline's)
+        # (the prompt's, for the negative call too: FluxControlNetPipeline's)
+        residuals = control(x, timestep, *flow_step(index, sigma, steps, spec.steps))
         positive = call(x, timestep, conditioning.context, pooled, controlnet=residuals)
         if guidance.true_scale is None:
             return positive

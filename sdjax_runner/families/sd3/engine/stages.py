@@ -21,6 +21,7 @@ from sdjax_runner.config import guiders
 from sdjax_runner.engine.caches import Cached
 from sdjax_runner.engine.encode import Conditioning
 from sdjax_runner.engine.guiders import Guidance, flow_step, guided
+from sdjax_runner.engine.modes import controlnet as controlnet_mode
 from sdjax_runner.engine.modes.start import Start
 from sdjax_runner.families.flux.engine.stages import decode as flux_decode
 from sdjax_runner.families.flux.engine.stages import (
@@ -138,13 +139,14 @@ def controlnet(pipeline: Any, params: dict, key, spec: Any, batch: int, inputs: 
     start = txt2img(pipeline, params, key, spec, batch, inputs)
     shift = 0.0 if pipeline.controlnet.force_zeros_for_pooled_projection else None  # (None: the VAE's)
     latents = drawn_latents(pipeline, params, key, 2.0 * inputs["control"] - 1.0, shift)
-    return start._replace(conditioning={"control": (latents, inputs["control_scale"])})
+    return start._replace(conditioning={"control": (latents, inputs["control_scale"], controlnet_mode.window(inputs))})
 
 
 def controlnet_model(pipeline: Any, params: dict, conditioning: Conditioning, batch: int):
-    """``residuals(x, t)``: an SD 3 ControlNet's (controlnet mode: ``conditioning.control``, the control image's
-    latents and the traced conditioning scale) for the guidance halves' NHWC latents ``x`` (negative first) at
-    timesteps ``t``, as StableDiffusion3ControlNetPipeline calls it: the control latents for both halves; a ControlNet
+    """``residuals(x, t, step, count)``: an SD 3 ControlNet's (controlnet mode: ``conditioning.control``, the control
+    image's latents, the traced conditioning scale and window, engine/modes/controlnet.scale_at) for the guidance
+    halves' NHWC latents ``x`` (negative first) at timesteps ``t``, step ``step`` of ``count``, as
+    StableDiffusion3ControlNetPipeline calls it: the control latents for both halves; a ControlNet
     of joint blocks reads each half's prompt, one of single blocks none and the latents as the transformer embeds
     them; the pooled text zeros where the ControlNet says ``force_zeros_for_pooled_projection``, else each half's.
     None without one."""
@@ -153,9 +155,9 @@ def controlnet_model(pipeline: Any, params: dict, conditioning: Conditioning, ba
     from sdjax_runner.families.sd3.models.controlnet import embedded_by_transformer
 
     if conditioning.control is None:
-        return lambda x, t: None
+        return lambda x, t, step, count: None
     assert conditioning.added is not None  # encode's
-    control, scale = conditioning.control
+    control, scale, steered = conditioning.control
     net, added = pipeline.controlnet, conditioning.added
     control = jnp.concatenate([control, control]).transpose(0, 2, 3, 1).astype(pipeline.dtype)
     pooled = jnp.concatenate([added["negative_pooled"], added["pooled"]])
@@ -163,9 +165,10 @@ def controlnet_model(pipeline: Any, params: dict, conditioning: Conditioning, ba
         pooled = jnp.zeros_like(pooled)
     context = jnp.concatenate([added["negative_context"], conditioning.context]) if net.joint else None
 
-    def residuals(x, t):
+    def residuals(x, t, step, count):
         hidden = x if net.use_pos_embed else embedded_by_transformer(pipeline.transformer, params["transformer"], x)
-        return net.apply({"params": params["controlnet"]}, hidden, control, jnp.ravel(jnp.asarray(scale))[0],
+        return net.apply({"params": params["controlnet"]}, hidden, control,
+                         controlnet_mode.scale_at(jnp.ravel(jnp.asarray(scale))[0], steered, step, count),
                          context, pooled, t)
 
     return residuals
@@ -191,6 +194,7 @@ def velocity_model(pipeline: Any, params: dict, conditioning: Conditioning, guid
     train = np.float32(pipeline.scheduler_config.get("num_train_timesteps", 1000))
     skipped_blocks = guidance.skipped  # guider=skip_layer's, else None
     control = controlnet_model(pipeline, params, conditioning, batch)
+    steered = conditioning.control is not None
 
     def transformer(x, context, pooled, t, skip_layers=(), perturbed=None, around_blocks=None, controlnet=None):
         cached = {"around_blocks": around_blocks} if around_blocks is not None else {}
@@ -206,7 +210,8 @@ def velocity_model(pipeline: Any, params: dict, conditioning: Conditioning, guid
             return perturbed_velocity(x, sigma, index).transpose(0, 3, 1, 2)
         t = jnp.broadcast_to(jnp.asarray(sigma, jnp.float32) * train, (2 * batch,)).astype(pipeline.dtype)
         halves = jnp.concatenate([x, x])
-        both = transformer(halves, context, pooled, t, around_blocks=around_blocks, controlnet=control(halves, t))
+        residuals = control(halves, t, *flow_step(index, sigma, steps, spec.steps)) if steered else None
+        both = transformer(halves, context, pooled, t, around_blocks=around_blocks, controlnet=residuals)
         if around_blocks is not None:
             both, cached = both
             return guided_velocity(x, both, t, sigma, index), cached
