@@ -258,8 +258,8 @@ def test_a_flux_controlnet_is_diffusers_controlnet_pipeline_and_a_scale_sweep_co
     """A FLUX.1 ControlNet (FluxControlNetPipeline with diffusers' FluxControlNetModel: the control image's latents
     read beside the latents, its blocks' outputs added after the transformer's) on tiny-flux-dev with a tiny random
     ControlNet in the published layout, from the reference's draws: three conditioning scales from one program, each
-    within 2/255 of the pipeline's images; the records name it; the built-in one on the sharded path; what does not fit
-    is one line."""
+    within 2/255 of the pipeline's images; a window of its steps and XLabs' kind likewise; the records name it; the
+    built-in one on the sharded path; what does not fit is one line."""
     ref = dict(np.load(REFERENCE / "flux_controlnet.npz"))
     net, edges = REFERENCE / "tiny-flux-controlnet", REFERENCE / "control.png"
     common = (*reference_run(ref, FOLDERS["flux"], cache_dir), "mode=controlnet", f"controlnet.model={net}",
@@ -280,6 +280,14 @@ def test_a_flux_controlnet_is_diffusers_controlnet_pipeline_and_a_scale_sweep_co
     with Image.open(jobs[0.7] / records_of(jobs[0.7])[0]["file"]) as image:
         assert f", ControlNet: {net}, Control weight: 0.7" in image.text["parameters"]
     assert_window_is_diffusers(tmp_path, common, ref)
+    # XLabs' kind: the control image in pixels through its hint block, its double-block residuals repeated
+    xlabs_net = REFERENCE / "tiny-flux-controlnet-xlabs"
+    xlabs_run = run_cli(*common, f"controlnet.model={xlabs_net}", "hydra.run.dir=xlabs_run", cwd=tmp_path)
+    assert xlabs_run.returncode == 0, xlabs_run.stderr[-3000:]
+    for record, pixels in zip(records_of(tmp_path / "xlabs_run"), pixels_of(tmp_path / "xlabs_run"), strict=True):
+        difference = np.abs(pixels / 255 - ref["xlabs_1"][record["device"]]).max()
+        assert difference <= 2 / 255, difference
+    assert min(np.abs(ref["xlabs_1"] - ref[key]).max() for key in ("images_1", "plain")) > 0.05
     # the built-in tiny FLUX.1 ControlNet, as the image modes guide runs it, its weights split across the devices
     builtin = run_cli("+experiment=flux_smoke", "mode=controlnet", "controlnet.model=tiny-random-flux-controlnet",
                       f"controlnet.image={edges}", "parallelism=sharded", "parallelism.params=sharded", *QUIET,
@@ -289,10 +297,11 @@ def test_a_flux_controlnet_is_diffusers_controlnet_pipeline_and_a_scale_sweep_co
     assert len(records) == 8 and {(r["mode"], r["controlnet"]) for r in records} == {
         ("controlnet", "tiny-random-flux-controlnet")}
     # what does not fit: an SD ControlNet on FLUX.1 and this one on SD; a union model without its control mode, or one
-    # past its modes, and a control mode for another; XLabs' kind; one made for another transformer; a step cache;
+    # past its modes, and a control mode for another; a hint block whose patches are not the latents' width; one made
+    # for another transformer; a step cache;
     # FLUX.1 Canny/Depth (its transformer is the control model)
     union, xlabs, other = REFERENCE / "tiny-flux-controlnet-union", tmp_path / "xlabs", tmp_path / "other"
-    for folder, change in ((xlabs, {"conditioning_embedding_channels": 16}), (other, {"joint_attention_dim": 64})):
+    for folder, change in ((xlabs, {"conditioning_embedding_channels": 8}), (other, {"joint_attention_dim": 64})):
         folder.mkdir()
         config = json.loads((net / "config.json").read_text())
         (folder / "config.json").write_text(json.dumps(dict(config, **change)))
@@ -307,7 +316,7 @@ def test_a_flux_controlnet_is_diffusers_controlnet_pipeline_and_a_scale_sweep_co
             ((*flux, "controlnet.model=tiny-random-flux-controlnet", "controlnet.control_mode=1"),
              "error: controlnet.control_mode: 1: tiny-random-flux-controlnet is no union ControlNet"),
             ((*flux, f"controlnet.model={xlabs}"), f"error: controlnet.model: {xlabs}: conditioning_embedding_channels "
-             "16: XLabs' ControlNets"),
+             "8 in patches of 1 make 8 channels, not in_channels 64"),
             ((*flux, f"controlnet.model={other}"), f"error: controlnet.model: {other} was made for another FLUX.1 "
              "transformer: joint_attention_dim 64 (the transformer's 32)"),
             ((*flux, "controlnet.model=tiny-random-flux-controlnet", "cache=first_block"),
@@ -340,8 +349,8 @@ def test_a_union_flux_controlnet_reads_its_control_mode_as_diffusers_does(tmp_pa
     call = {k.removeprefix("call_"): jnp.asarray(v) for k, v in ref.items()
             if k.startswith("call_") and not k.startswith(("call_double", "call_single"))}
     for mode in range(4):
-        double, single = loaded.module.apply({"params": loaded.host_weights}, **call, conditioning_scale=1.0,
-                                             controlnet_mode=jnp.asarray([mode]))
+        double, single, _ = loaded.module.apply({"params": loaded.host_weights}, **call, conditioning_scale=1.0,
+                                                controlnet_mode=jnp.asarray([mode]))
         np.testing.assert_allclose(np.stack(double), ref[f"call_double_{mode}"], rtol=0, atol=2e-5, err_msg=str(mode))
         np.testing.assert_allclose(np.stack(single), ref[f"call_single_{mode}"], rtol=0, atol=2e-5, err_msg=str(mode))
         if mode:

@@ -41,7 +41,8 @@ tiny-flux-dev with a tiny random ControlNet made here (``tiny-flux-controlnet/``
 edge map, at two conditioning scales and at 0 (``flux_controlnet.npz``: ``images_S``, ``plain``); and a union model of
 its shape with UNION_MODES control modes (``tiny-flux-controlnet-union/``) at two of them (``union_M``); the first
 steering only the middle two of the four steps (``control_guidance_start``/``end`` 0.25 and 0.75: ``window_1``);
-``--only controlnet`` writes them alone.
+and XLabs' kind (``tiny-flux-controlnet-xlabs/``: the control image in pixels through an input hint block, its
+double-block residuals repeated) at scale 1 (``xlabs_1``); ``--only controlnet`` writes them alone.
 
 SD 3 ControlNets (``StableDiffusion3ControlNetPipeline`` with diffusers' ``SD3ControlNetModel``) run on tiny-sd3 with
 two tiny random ControlNets made here on the same edge map: InstantX's kind (``tiny-sd3-controlnet/``: joint blocks
@@ -131,6 +132,12 @@ CONTROL_WINDOW = (0.25, 0.75)
 # a union ControlNet (InstantX's, Shakker-Labs' kind: num_mode, a control-mode token before the text), made likewise
 UNION = DEFAULT_OUT / "tiny-flux-controlnet-union"
 UNION_SEED, UNION_MODES, UNION_RUN = 23, 4, (1, 3)
+# XLabs' kind (conditioning_embedding_channels: the control image in pixels through an input hint block, 16 channels
+# in patches of 2 -- the packed latents' 64 --; two double blocks, no single ones, their residuals repeated over the
+# transformer's double blocks), made likewise, its zero-initialised hint output drawn at random too
+XLABS = DEFAULT_OUT / "tiny-flux-controlnet-xlabs"
+XLABS_SEED = 25
+XLABS_SHAPE = dict(num_layers=2, num_single_layers=0, conditioning_embedding_channels=16, patch_size=2)
 # SD 3 ControlNets (issue #63 item 1): tiny random SD3ControlNetModels of tiny-sd3's transformer's widths, two blocks
 # against its three (interval_control 1.5: its first two blocks read residuals 0 and 0, the last none), the
 # zero-initialised projections drawn at random too -- InstantX's kind and SD 3.5 Large's (module docstring) -- made
@@ -227,18 +234,20 @@ def control_images(pipeline, picture: np.ndarray, noise: np.ndarray, eps: np.nda
     return np.stack(images)
 
 
-def flux_controlnet(out: Path, seed: int = CONTROLNET_SEED, num_mode: int | None = None) -> None:
-    """The tiny FluxControlNetModel (:data:`CONTROLNET`; with ``num_mode``, a union model), saved to ``out``."""
+def flux_controlnet(out: Path, seed: int = CONTROLNET_SEED, num_mode: int | None = None, **shape) -> None:
+    """The tiny FluxControlNetModel (:data:`CONTROLNET`; with ``num_mode``, a union model; ``shape``: other config
+    values, :data:`XLABS_SHAPE`), saved to ``out``."""
     import torch
     from diffusers import FluxControlNetModel
 
     config = json.loads((FLUX_FOLDER / "transformer" / "config.json").read_text())
     config = {k: v for k, v in config.items() if not k.startswith("_") and k != "out_channels"}
     torch.manual_seed(seed)
-    net = FluxControlNetModel(**dict(config, num_layers=1, num_single_layers=1, num_mode=num_mode))
+    net = FluxControlNetModel(**{**config, "num_layers": 1, "num_single_layers": 1, "num_mode": num_mode, **shape})
     with torch.no_grad():
         for name, parameter in net.named_parameters():
-            if name.startswith(("controlnet_blocks", "controlnet_single_blocks", "controlnet_x_embedder")):
+            if name.startswith(("controlnet_blocks", "controlnet_single_blocks", "controlnet_x_embedder",
+                                "input_hint_block.conv_out")):
                 parameter.copy_(torch.randn_like(parameter) * 0.2)
 
     net.save_pretrained(out, safe_serialization=True)
@@ -314,6 +323,10 @@ def write_controlnet(out_dir: Path, noise: np.ndarray, eps: np.ndarray) -> None:
         out[f"union_{mode}"] = controlnet_images(union, edges, 1.0, noise, eps, control_mode=mode)
     print(f"controlnet: union modes {UNION_RUN} differ by {np.abs(out['union_1'] - out['union_3']).max():.4f}")
     out.update(union_call(union.controlnet))
+    flux_controlnet(out_dir / XLABS.name, XLABS_SEED, **XLABS_SHAPE)
+    out["xlabs_1"] = controlnet_images(pipeline_with(out_dir / XLABS.name), edges, 1.0, noise, eps)
+    print(f"controlnet: XLabs' kind differs from the first by {np.abs(out['xlabs_1'] - out['images_1']).max():.4f} "
+          f"and from scale 0 by {np.abs(out['xlabs_1'] - out['plain']).max():.4f}")
     _save_npz(out_dir / "flux_controlnet.npz", out)
 
 

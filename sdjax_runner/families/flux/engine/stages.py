@@ -215,11 +215,14 @@ def control_inpaint(pipeline: Any, params: dict, key, spec: Any, batch: int, inp
 def controlnet(pipeline: Any, params: dict, key, spec: Any, batch: int, inputs: dict) -> Start:
     """A FLUX.1 ControlNet (diffusers' FluxControlNetPipeline): :func:`txt2img`'s noise and, for the ControlNet that
     runs beside the transformer at every step (:func:`controlnet_model`), the control image's packed latents
-    (:func:`control_latents`), the traced conditioning scale and control mode (a union ControlNet's), as
-    ``Conditioning.control``."""
+    (:func:`control_latents`) -- XLabs' kind reads it in pixels, NHWC in [-1, 1], as the pipeline gives it --, the
+    traced conditioning scale, control mode (a union ControlNet's) and window, as ``Conditioning.control``."""
     start = txt2img(pipeline, params, key, spec, batch, inputs)
-    return start._replace(conditioning={"control": (control_latents(pipeline, params, key, inputs),
-                                                    inputs["control_scale"], inputs["control_mode"],
+    if pipeline.controlnet.reads_pixels:
+        control = (2.0 * inputs["control"] - 1.0).transpose(0, 2, 3, 1)
+    else:
+        control = control_latents(pipeline, params, key, inputs)
+    return start._replace(conditioning={"control": (control, inputs["control_scale"], inputs["control_mode"],
                                                     controlnet_mode.window(inputs))})
 
 

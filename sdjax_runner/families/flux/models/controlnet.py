@@ -9,8 +9,10 @@ image-token output goes through its zero-initialised ``controlnet_blocks_i`` / `
 (:class:`ControlNetResiduals`, ``FlaxFluxTransformer.__call__``'s ``controlnet``). A union model (``num_mode``:
 InstantX's and Shakker-Labs' Union) reads which kind of control image it is given, its control mode, as one more
 token before the text: ``controlnet_mode_embedder``'s row for the mode, its position that of the first text token.
-Not run here: XLabs' ``conditioning_embedding_channels`` (a pixel-space hint block, its residuals repeated over the
-blocks): one line (:meth:`FlaxFluxControlNet.check`)."""
+XLabs' kind (``conditioning_embedding_channels``: XLabs-AI's FLUX.1 ControlNets as diffusers reads them) reads the
+control image in pixels, not its latents: ``input_hint_block`` (the SD ControlNets' conditioning embedding, four
+levels of 16 channels) brings it to the latents' size, cut in ``patch_size`` patches as the packed latents are; the
+transformer then repeats its double-block residuals over its double blocks (``ControlNetResiduals.repeat``)."""
 
 from __future__ import annotations
 
@@ -32,6 +34,7 @@ from sdjax_runner.families.flux.models.transformer import (
     stack_inputs,
     stack_modules,
 )
+from sdjax_runner.families.sd.models.controlnet import ControlNetConditioningEmbedding
 from sdjax_runner.models.controlnet import ALLOWED, KEY, LoadedControlNet, folder, read_config
 from sdjax_runner.models.nn import layers
 from sdjax_runner.models.nn.config import FromDiffusersConfig
@@ -61,6 +64,9 @@ class ControlNetResiduals(NamedTuple):
 
     double: tuple
     single: tuple
+    # XLabs' kind (an input hint block): double block ``i`` reads ``double[i % len(double)]`` instead (diffusers'
+    # ``controlnet_blocks_repeat``)
+    repeat: bool = False
 
 
 class FlaxFluxControlNet(FromDiffusersConfig, layers.Module):
@@ -94,12 +100,18 @@ class FlaxFluxControlNet(FromDiffusersConfig, layers.Module):
     def inner_dim(self) -> int:
         return self.num_attention_heads * self.attention_head_dim
 
+    @property
+    def reads_pixels(self) -> bool:
+        """Whether it reads the control image in pixels through its hint block (XLabs' kind), not its latents."""
+        return self.conditioning_embedding_channels is not None
+
     def check(self) -> None:
-        """ValueError for a config this module does not run: XLabs' hint block; the rotary bands as the
-        transformer's."""
-        if self.conditioning_embedding_channels is not None:
-            raise ValueError(f"conditioning_embedding_channels {self.conditioning_embedding_channels}: XLabs' "
-                             "ControlNets (a pixel-space hint block) are not run here yet")
+        """ValueError for a config this module does not run: a hint block whose patches are not the packed latents'
+        width; the rotary bands as the transformer's."""
+        channels = self.conditioning_embedding_channels
+        if channels is not None and channels * self.patch_size**2 != self.in_channels:
+            raise ValueError(f"conditioning_embedding_channels {channels} in patches of {self.patch_size} make "
+                             f"{channels * self.patch_size**2} channels, not in_channels {self.in_channels}")
         check_rope(self.axes_dims_rope, self.attention_head_dim)
 
     def setup(self) -> None:
@@ -113,11 +125,16 @@ class FlaxFluxControlNet(FromDiffusersConfig, layers.Module):
         self.controlnet_single_blocks = [layers.Dense(dim, **kw) for _ in range(self.num_single_layers)]
         if self.num_mode is not None:
             self.controlnet_mode_embedder = nn.Embed(self.num_mode, dim, dtype=self.dtype, param_dtype=self.param_dtype)
+        if self.conditioning_embedding_channels is not None:  # (reads_pixels)
+            self.input_hint_block = ControlNetConditioningEmbedding(self.conditioning_embedding_channels,
+                                                                    (16, 16, 16, 16), dtype=self.dtype)
 
     def __call__(self, hidden_states: jax.Array, controlnet_cond: jax.Array, conditioning_scale: Any,
                  encoder_hidden_states: jax.Array, pooled_projections: jax.Array, timestep: jax.Array,
                  img_ids: jax.Array, txt_ids: jax.Array, guidance: Optional[jax.Array] = None,
                  controlnet_mode: Optional[jax.Array] = None) -> ControlNetResiduals:
+        if self.reads_pixels:
+            controlnet_cond = self._hinted(controlnet_cond)
         x = self.x_embedder(hidden_states) + self.controlnet_x_embedder(controlnet_cond)
         temb, context = conditioning(self, encoder_hidden_states, pooled_projections, timestep, guidance)
         if self.num_mode is not None:  # the union's mode token before the text, at the first text token's position
@@ -139,12 +156,23 @@ class FlaxFluxControlNet(FromDiffusersConfig, layers.Module):
             tuple(project(sample) * scale.astype(sample.dtype)
                   for project, sample in zip(self.controlnet_blocks, double, strict=True)),
             tuple(project(sample) * scale.astype(sample.dtype)
-                  for project, sample in zip(self.controlnet_single_blocks, single, strict=True)))
+                  for project, sample in zip(self.controlnet_single_blocks, single, strict=True)),
+            repeat=self.reads_pixels)
+
+    def _hinted(self, pixels: jax.Array) -> jax.Array:
+        """The control image (NHWC, in [-1, 1]) through ``input_hint_block``, cut in ``patch_size`` patches as
+        diffusers does: ``(B, tokens, channels * patch * patch)``, each token's features channel-major."""
+        hint = self.input_hint_block(pixels)
+        batch, height, width, channels = hint.shape
+        patch = self.patch_size
+        hint = hint.reshape(batch, height // patch, patch, width // patch, patch, channels)
+        return hint.transpose(0, 1, 3, 5, 2, 4).reshape(batch, (height // patch) * (width // patch), -1)
 
     def dummy_inputs(self) -> dict[str, Any]:
         """The smallest inputs of the right widths (one image token, one text token): for initialisation."""
-        inputs = dict(stack_inputs(self), controlnet_cond=jnp.zeros((1, 1, self.in_channels), self.dtype),
-                      conditioning_scale=1.0)
+        cond = jnp.zeros((1, 8 * self.patch_size, 8 * self.patch_size, 3), self.dtype) if self.reads_pixels else \
+            jnp.zeros((1, 1, self.in_channels), self.dtype)
+        inputs = dict(stack_inputs(self), controlnet_cond=cond, conditioning_scale=1.0)
         if self.num_mode is not None:
             inputs["controlnet_mode"] = jnp.zeros((1,), jnp.int32)
         return inputs

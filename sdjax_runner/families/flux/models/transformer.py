@@ -531,7 +531,8 @@ class FlaxFluxTransformer(FromDiffusersConfig, layers.Module):
         an optimization barrier with block i - 1's output, then ``gather_blocks`` (weights split across devices)
         makes them whole -- so XLA cannot gather every block's weights at once. A ControlNet's residual (``controlnet``)
         is added to a block's image output: block ``i`` of a kind reads residual ``i // ceil(blocks of the kind /
-        residuals of the kind)`` (diffusers' ``interval_control``)."""
+        residuals of the kind)`` (diffusers' ``interval_control``), or with ``controlnet.repeat`` (XLabs') double block
+        ``i`` residual ``i % residuals``."""
         params = self.variables["params"]
         gather = self.gather_blocks or (lambda kind, block: block)
         kw = dict(dtype=self.dtype, param_dtype=self.param_dtype, implementation=self.attention_implementation)
@@ -545,7 +546,8 @@ class FlaxFluxTransformer(FromDiffusersConfig, layers.Module):
                 controlnet.double if kind == "transformer_blocks" else controlnet.single
             if residuals:
                 count = self.num_layers if kind == "transformer_blocks" else self.num_single_layers
-                x = x + residuals[i // math.ceil(count / len(residuals))]
+                repeated = controlnet.repeat and kind == "transformer_blocks"  # XLabs' kind
+                x = x + residuals[i % len(residuals) if repeated else i // math.ceil(count / len(residuals))]
         return context, x
 
     def dummy_inputs(self) -> dict[str, Any]:

@@ -84,14 +84,17 @@ class ControlNetOutput(NamedTuple):
 class ControlNetConditioningEmbedding(layers.Module):
     """The control image (NHWC) to the latents' size and ``channels``: ``conv_in``, SiLU, then per step of
     ``block_out_channels`` a 3x3 convolution and a stride-2 one (``blocks_2i``, ``blocks_2i+1``), each followed
-    by SiLU, then ``conv_out`` (zero-initialised). Float32, as diffusers builds it (it passes no dtype)."""
+    by SiLU, then ``conv_out`` (zero-initialised). Float32, as diffusers' Flax ControlNet builds it (it passes no
+    dtype); ``dtype``: another (FLUX.1's XLabs ControlNets compute theirs in the model's dtype, as diffusers' PyTorch
+    module does)."""
 
     channels: int
     block_out_channels: tuple[int, ...] = (16, 32, 96, 256)
+    dtype: Any = jnp.float32
 
     @nn.compact
     def __call__(self, x: jax.Array) -> jax.Array:
-        dtype = jnp.float32
+        dtype = self.dtype
         x = nn.silu(conv3x3(self.block_out_channels[0], "conv_in", dtype)(x))
         for i, (current, following) in enumerate(itertools.pairwise(self.block_out_channels)):
             x = nn.silu(conv3x3(current, f"blocks_{2 * i}", dtype)(x))
