@@ -140,6 +140,28 @@ def compile_time_logged(request):
 
 
 @pytest.fixture(autouse=True)
+def cpu_time_logged(request):
+    """``SDJAX_TEST_CPU_LOG=FILE``: each test's wall seconds and the CPU seconds this worker and the processes it
+    waited for spent in it (user + system; a daemon a test starts and does not wait for is not counted), appended to
+    FILE: the tests that wait rather than compute, where two workers leave a core idle."""
+    log = os.environ.get("SDJAX_TEST_CPU_LOG")
+    if not log:
+        yield
+        return
+    import resource
+    import time
+
+    def cpu() -> float:
+        return sum(usage.ru_utime + usage.ru_stime for usage in
+                   (resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)))
+
+    started, spent = time.perf_counter(), cpu()
+    yield
+    with open(log, "a", encoding="utf-8") as out:
+        out.write(f"{request.node.nodeid}\t{time.perf_counter() - started:.2f}\t{cpu() - spent:.2f}\n")
+
+
+@pytest.fixture(autouse=True)
 def signals_restored():
     """Every test leaves the signal handlers as it found them: a handler a library set in this process (SIGINT
     ignored, SIGPIPE at its default) would reach the processes later tests start -- a child inherits an ignored
