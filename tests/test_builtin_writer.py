@@ -40,7 +40,8 @@ def test_the_tiny_builtins_are_all_compared():
                          "tiny-random-controlnet", "tiny-random-flux", "tiny-random-flux-schnell",
                          "tiny-random-flux-kontext", "tiny-random-flux-fill", "tiny-random-flux-control",
                          "tiny-random-flux-controlnet", "tiny-random-flux-controlnet-union", "tiny-random-sd3",
-                         "tiny-random-sd3-controlnet", "tiny-random-sd3-controlnet-single"}
+                         "tiny-random-sd3-controlnet", "tiny-random-sd3-controlnet-single",
+                         "tiny-random-sd3-controlnet-inpaint"}
 
 
 def test_building_a_builtin_imports_no_diffusers_transformers_or_torch(tmp_path):

@@ -491,17 +491,33 @@ def test_an_sd3_controlnet_is_diffusers_sd3_controlnet_pipeline_and_a_scale_swee
     assert remade.returncode == 0, said[-3000:]
     assert f"ControlNet: {single} -> controlnet.model=" in said, said[-3000:]
     assert records_of(tmp_path / "from_png")[0]["pixels_sha256"] == record["pixels_sha256"]
+    # an inpainting ControlNet (mode=controlnet_inpaint): the init image with the mask's area masked out, and the mask
+    inpainting = run_cli(*reference_run(ref, FOLDERS["sd3"], cache_dir), "mode=controlnet_inpaint",
+                         f"controlnet.model={REFERENCE / 'tiny-sd3-controlnet-inpaint'}",
+                         f"init_image={REFERENCE / 'init.png'}", f"mask_image={REFERENCE / 'mask.png'}",
+                         "hydra.run.dir=inpaint_run", cwd=tmp_path)
+    assert inpainting.returncode == 0, inpainting.stderr[-3000:]
+    for record, pixels in zip(records_of(tmp_path / "inpaint_run"), pixels_of(tmp_path / "inpaint_run"), strict=True):
+        assert (record["mode"], record["mask_image"]) == ("controlnet_inpaint", "mask.png")
+        difference = np.abs(pixels / 255 - ref["inpaint_1"][record["device"]]).max()
+        assert difference <= 2 / 255, difference
+    assert np.abs(ref["inpaint_1"] - ref["plain"]).max() > 0.05
     # the built-in ones for tiny-random-sd3, as the image modes guide runs them (one on a k sampler)
-    for builtin, extra in (("tiny-random-sd3-controlnet", ()), ("tiny-random-sd3-controlnet-single", ("sampler=dpmpp_2m",))):
-        run = run_cli("+experiment=sd3_smoke", "mode=controlnet", f"controlnet.model={builtin}", f"controlnet.image={edges}",
-                      "parallelism.num_devices=2", *extra, *QUIET, f"paths.cache_dir={cache_dir}",
-                      f"hydra.run.dir={builtin}", cwd=tmp_path)
+    masked = (f"init_image={REFERENCE / 'init.png'}", f"mask_image={REFERENCE / 'mask.png'}")
+    for builtin, mode, extra in (("tiny-random-sd3-controlnet", "controlnet", (f"controlnet.image={edges}",)),
+                                 ("tiny-random-sd3-controlnet-single", "controlnet",
+                                  (f"controlnet.image={edges}", "sampler=dpmpp_2m")),
+                                 ("tiny-random-sd3-controlnet-inpaint", "controlnet_inpaint", masked)):
+        run = run_cli("+experiment=sd3_smoke", f"mode={mode}", f"controlnet.model={builtin}", *extra,
+                      "parallelism.num_devices=2", *QUIET, f"paths.cache_dir={cache_dir}", f"hydra.run.dir={builtin}",
+                      cwd=tmp_path)
         assert run.returncode == 0, run.stderr[-3000:]
-        assert {(r["mode"], r["controlnet"]) for r in records_of(tmp_path / builtin)} == {("controlnet", builtin)}
-    # what does not fit: a FLUX.1 ControlNet on SD 3 and an SD 3 one on FLUX.1; one made for another transformer; an
-    # inpainting ControlNet's extra channels; a control mode; a guider making other calls; a step cache
+        assert {(r["mode"], r["controlnet"]) for r in records_of(tmp_path / builtin)} == {(mode, builtin)}
+    # what does not fit: a FLUX.1 ControlNet on SD 3 and an SD 3 one on FLUX.1; one made for another transformer; extra
+    # channels no ControlNet has; an inpainting ControlNet outside controlnet_inpaint and another in it; a control mode;
+    # a guider making other calls; a step cache
     other, inpainting = tmp_path / "other", tmp_path / "inpainting"
-    for folder, change in ((other, {"pooled_projection_dim": 48}), (inpainting, {"extra_conditioning_channels": 1})):
+    for folder, change in ((other, {"pooled_projection_dim": 48}), (inpainting, {"extra_conditioning_channels": 2})):
         folder.mkdir()
         config = json.loads((net / "config.json").read_text())
         (folder / "config.json").write_text(json.dumps(dict(config, **change)))
@@ -514,7 +530,12 @@ def test_an_sd3_controlnet_is_diffusers_sd3_controlnet_pipeline_and_a_scale_swee
             ((*sd3, f"controlnet.model={other}"), f"error: controlnet.model: {other} was made for another SD 3 "
              "transformer: pooled_projection_dim 48 (the transformer's 24)"),
             ((*sd3, f"controlnet.model={inpainting}"), f"error: controlnet.model: {inpainting}: "
-             "extra_conditioning_channels 1: an inpainting ControlNet"),
+             "extra_conditioning_channels 2: an inpainting ControlNet reads one (the mask), an ordinary one none"),
+            ((*sd3, "controlnet.model=tiny-random-sd3-controlnet-inpaint"), "error: mode: controlnet: "
+             "tiny-random-sd3-controlnet-inpaint is an inpainting ControlNet (it reads a masked image and its mask) "
+             "(allowed: controlnet_inpaint, with init_image and mask_image)"),
+            (("+experiment=sd3_smoke", "mode=controlnet_inpaint", builtin, *masked, *QUIET, f"paths.cache_dir={cache_dir}"),
+             "error: controlnet.model: tiny-random-sd3-controlnet is no inpainting ControlNet"),
             ((*sd3, builtin, "controlnet.control_mode=1"),
              "error: controlnet.control_mode: 1: tiny-random-sd3-controlnet is no union ControlNet"),
             ((*sd3, builtin, "guider=pag"), "error: guider: pag with mode=controlnet: "),

@@ -267,7 +267,10 @@ def test_a_controlnet_line_becomes_its_mode_folder_weight_and_control_mode_given
     assert {"mode=controlnet", f"controlnet.model={literal(folder)}", "controlnet.conditioning_scale=0.7",
             "controlnet.control_mode=2", "controlnet.guidance_start=0.1",
             "controlnet.guidance_end=0.8"} <= set(given.overrides)
+    # given the init image and mask instead: an inpainting ControlNet's run (mode=controlnet_inpaint)
+    inpainting = infotext.overrides(infotext.parse(text), ("tiny-random-flux",), ("fp32",), True, False, True)
+    assert "mode=controlnet_inpaint" in inpainting.overrides and "mode=controlnet" not in inpainting.overrides
     missing = infotext.overrides(infotext.parse(text), ("tiny-random-flux",), ("fp32",), False, False)
     assert not any(o.startswith(("mode=", "controlnet.")) for o in missing.overrides)
     assert f"ControlNet: {folder}: a ControlNet run's control image is not in the PNG; give controlnet.image=PATH to " \
-           "remake it" in missing.not_honoured
+           "remake it (an inpainting ControlNet's: init_image=PATH mask_image=PATH)" in missing.not_honoured

@@ -415,7 +415,7 @@ def test_readme_mode_examples_are_valid_runs(monkeypatch):
              if line.startswith("python -m sdjax_runner") and "mode=" in line]
     assert {next(w for w in shlex.split(line) if w.startswith("mode=")) for line in lines} == \
         {"mode=img2img", "mode=inpaint", "mode=controlnet", "mode=edit", "mode=control", "mode=control_img2img",
-         "mode=control_inpaint"}
+         "mode=control_inpaint", "mode=controlnet_inpaint"}
     for line in lines:
         words = [w for w in shlex.split(line)[3:] if w != "-m"]
         first_points = [w.split(",")[0] if "," in w and "[" not in w else w for w in words]

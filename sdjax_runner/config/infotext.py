@@ -206,7 +206,7 @@ def overrides(info: Infotext, model_options: tuple[str, ...], dtype_options: tup
         "control_img2img" if has_init_image else "control"
     _read_image_mode(reading, "Control image", has_control_image, controlled,
                      "FLUX.1 Canny/Depth's control image; give controlnet.image=PATH to remake it")
-    _read_controlnet(reading, has_control_image)
+    _read_controlnet(reading, has_control_image, has_init_image and has_mask_image)
     _read_models(reading, model_options, dtype_options)
     return Translation(reading.out, reading.honoured, reading.skipped)
 
@@ -338,18 +338,19 @@ def _read_image_mode(reading: _Reading, key: str, has_image: bool, mode: str, wi
         reading.skip(key, without)
 
 
-def _read_controlnet(reading: _Reading, has_control_image: bool) -> None:
+def _read_controlnet(reading: _Reading, has_control_image: bool, has_masked_image: bool = False) -> None:
     """Ours: ``ControlNet: PATH, Control weight: S`` (and a union model's ``Control mode: M``, and where it steers
     part of the steps ``Guidance Start: A, Guidance End: B``, A1111's ControlNet words) -- mode=controlnet with that
     ControlNet (its folder as the run had it; give ``controlnet.model=PATH`` where it is elsewhere here), its scale,
-    mode and window, with the control image given on the command line; else said, and what to give."""
+    mode and window, with the control image given on the command line -- or, given the init image and mask instead
+    (``has_masked_image``), mode=controlnet_inpaint (an inpainting ControlNet's run); else said, and what to give."""
     if "ControlNet" not in reading.settings:
         return
-    if not has_control_image:
+    if not (has_control_image or has_masked_image):
         reading.skip("ControlNet", "a ControlNet run's control image is not in the PNG; give controlnet.image=PATH to "
-                     "remake it")
+                     "remake it (an inpainting ControlNet's: init_image=PATH mask_image=PATH)")
         return
-    reading.out.append("mode=controlnet")
+    reading.out.append("mode=controlnet" if has_control_image else "mode=controlnet_inpaint")
     reading.use("ControlNet", f"controlnet.model={literal(reading.settings['ControlNet'])}")
     for key, setting in (("Control weight", "controlnet.conditioning_scale"), ("Control mode", "controlnet.control_mode"),
                          ("Guidance Start", "controlnet.guidance_start"), ("Guidance End", "controlnet.guidance_end")):

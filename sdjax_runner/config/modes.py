@@ -20,7 +20,7 @@ log = logging.getLogger("sdjax_runner")
 
 BUILTIN_CONTROLNETS = ("tiny-random-controlnet", "tiny-random-flux-controlnet",
                        "tiny-random-flux-controlnet-union", "tiny-random-sd3-controlnet",
-                       "tiny-random-sd3-controlnet-single")  # models/builtin.py builds them
+                       "tiny-random-sd3-controlnet-single", "tiny-random-sd3-controlnet-inpaint")  # models/builtin.py builds them
 CONTROLNET_ALLOWED = ("a diffusers ControlNet folder (config.json + Flax or PyTorch safetensors weights), or "
                       + ", ".join(BUILTIN_CONTROLNETS))
 
@@ -87,6 +87,11 @@ MODES = _registry(
               default_strength=0.6),
     ModeEntry("control_inpaint", images=(("init", "init_image"), ("mask", "mask_image"), ("control", "controlnet.image")),
               numbers=("start",), default_strength=0.6),
+    # an inpainting ControlNet (diffusers' StableDiffusion3ControlNetInpaintingPipeline): from noise, the ControlNet
+    # reading the init image with the mask's area masked out, and the mask; no strength, no blend
+    ModeEntry("controlnet_inpaint", images=(("init", "init_image"), ("mask", "mask_image")),
+              other_keys=("controlnet.model",), numbers=("control_scale", "control_mode", "control_start", "control_end"),
+              check=check_controlnet_folder),
 )
 if tuple(MODES) != tuple(GenerationMode.__members__):
     raise RuntimeError(f"config/modes.py lists {tuple(MODES)}, the schema's GenerationMode "

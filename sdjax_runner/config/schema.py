@@ -44,6 +44,9 @@ class GenerationMode(Enum):
     control = 5  # from noise, controlnet.image's latents beside the latents in each call (FLUX.1 Canny/Depth [dev])
     control_img2img = 6  # control's, from init_image noised to `strength`
     control_inpaint = 7  # control_img2img's, repainting the mask_image's white area
+    # from noise, steered by an inpainting ControlNet (controlnet.model) reading init_image with mask_image's white
+    # area masked out, and the mask (SD 3's: alimama-creative/SD3-Controlnet-Inpainting)
+    controlnet_inpaint = 8
 
 
 class ResizeMode(Enum):
@@ -100,7 +103,7 @@ BUILTIN_MODELS = ("tiny-random", "tiny-random-xl", "sd-v1-arch", "sdxl-arch", "t
                   "tiny-random-flux-fill", "tiny-random-flux-control", "tiny-random-flux-controlnet",
                   "tiny-random-flux-controlnet-union",
                   "flux-dev-arch", "tiny-random-sd3", "tiny-random-sd3-controlnet", "tiny-random-sd3-controlnet-single",
-                  "sd3.5-large-arch")  # models/builtin.py
+                  "tiny-random-sd3-controlnet-inpaint", "sd3.5-large-arch")  # models/builtin.py
 # scheduler.name -> the diffusers Flax class whose settings it takes (scheduler.config_overrides); the
 # classes that run are in models/schedulers.py (LMS and DDPM are the project's own subclasses).
 SCHEDULERS = {"pndm": "FlaxPNDMScheduler", "ddim": "FlaxDDIMScheduler", "lms": "FlaxLMSDiscreteScheduler",

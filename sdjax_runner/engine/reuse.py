@@ -41,7 +41,7 @@ from sdjax_runner.engine.generate import Generator
 from sdjax_runner.engine.program import Spec
 from sdjax_runner.engine.tokens import TOKENS
 from sdjax_runner.errors import UserError
-from sdjax_runner.models.controlnet import check_mode
+from sdjax_runner.models.controlnet import check_kind, check_mode
 from sdjax_runner.models.loaders import load_model
 from sdjax_runner.models.loading import LoadedModel, non_finite_weights
 
@@ -202,6 +202,7 @@ class ReuseCache:
                                     getattr(jnp, plan.dtype.activations_dtype.name),
                                     numpy_dtype(plan.dtype.weights_dtype.name))
             entry.controlnet_key = key
+        check_kind(entry.controlnet, plan.generation, plan.controlnet)
         check_mode(entry.controlnet, plan.control_mode, plan.controlnet)
         return entry.controlnet, reused
 

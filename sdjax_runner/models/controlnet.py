@@ -36,6 +36,7 @@ class LoadedControlNet:
     # their attention otherwise; the SD family's take ``attention``)
     for_attention: Optional[Callable[[str], Any]] = None
     modes: Optional[int] = None  # a union ControlNet's count of control modes (controlnet.control_mode); None: not one
+    inpainting: bool = False  # an inpainting ControlNet (mode=controlnet_inpaint: it reads a masked image and the mask)
 
     def with_attention(self, attention: str) -> Any:
         """The module computing with ``performance.attention``."""
@@ -104,6 +105,17 @@ def load(value: str, cache_dir: str, unet_config: Any, activations, weights) -> 
     structure = json.dumps({k: v for k, v in dict(module.config).items() if not k.startswith("_")}, sort_keys=True,
                            default=str)
     return LoadedControlNet(module, params, str(path), found.format, structure, time.perf_counter() - started)
+
+
+def check_kind(loaded: LoadedControlNet, generation: str, value: str) -> None:
+    """An inpainting ControlNet runs in mode=controlnet_inpaint, any other in mode=controlnet."""
+    if loaded.inpainting and generation != "controlnet_inpaint":
+        raise UserError("mode", f"{generation}: {value} is an inpainting ControlNet (it reads a masked image and its "
+                        "mask)", "controlnet_inpaint, with init_image and mask_image")
+    if not loaded.inpainting and generation == "controlnet_inpaint":
+        raise UserError("controlnet.model", f"{value} is no inpainting ControlNet (its config has no "
+                        "extra_conditioning_channels): it reads a control image", "an inpainting ControlNet, or "
+                        "mode=controlnet with controlnet.image")
 
 
 def check_mode(loaded: LoadedControlNet, control_mode: Optional[int], value: str) -> None:

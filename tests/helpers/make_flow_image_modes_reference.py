@@ -50,7 +50,9 @@ reading the prompt, a position embedding of its own, zero pooled text, no VAE sh
 conditioning scales and at 0, and SD 3.5 Large's kind (``tiny-sd3-controlnet-single/``: single blocks, no text, the
 transformer's position embedding, the pooled text, the VAE's shift) at one; the first also steering only the middle
 two of the four steps (``control_guidance_start``/``end`` 0.25 and 0.75: ``window_1``, as for FLUX.1's); plus each ControlNet's own residuals for
-fixed random inputs (``sd3_controlnet.npz``: ``images_S``, ``plain``, ``single_S``, ``call_*``). The pipeline encodes
+fixed random inputs (``sd3_controlnet.npz``: ``images_S``, ``plain``, ``single_S``, ``call_*``); and an inpainting
+ControlNet (``tiny-sd3-controlnet-inpaint/``, ``StableDiffusion3ControlNetInpaintingPipeline``: the init image with
+the mask's area masked out, and the mask) repainting ``mask.png``'s area of ``init.png`` (``inpaint_1``). The pipeline encodes
 the control image doubled for guidance's two halves, one posterior sample each from torch's global generator; the
 runner draws one per image, read by both halves: the sample is given that draw for both. ``--only sd3_controlnet``
 writes them alone.
@@ -145,6 +147,9 @@ XLABS_SHAPE = dict(num_layers=2, num_single_layers=0, conditioning_embedding_cha
 SD3_CONTROLNET = DEFAULT_OUT / "tiny-sd3-controlnet"
 SD3_CONTROLNET_SINGLE = DEFAULT_OUT / "tiny-sd3-controlnet-single"
 SD3_CONTROLNET_SEED = 24
+# ... and an inpainting one (alimama-creative's kind, extra_conditioning_channels 1: StableDiffusion3ControlNetInpainting
+# Pipeline, repainting mask.png's area of init.png: ``inpaint_1``)
+SD3_CONTROLNET_INPAINT = DEFAULT_OUT / "tiny-sd3-controlnet-inpaint"
 SD3_SINGLE = dict(joint_attention_dim=None, use_pos_embed=False, pos_embed_max_size=None, pos_embed_type=None,
                   dual_attention_layers=(), qk_norm=None, force_zeros_for_pooled_projection=False)
 STEPS = 4
@@ -351,14 +356,19 @@ def sd3_controlnet(out: Path, seed: int, **kind) -> None:
 
 
 def sd3_controlnet_images(pipeline, picture: np.ndarray, scale: float, noise: np.ndarray, eps: np.ndarray,
-                          **window) -> np.ndarray:
+                          module_name: str = "pipeline_stable_diffusion_3_controlnet", **inputs) -> np.ndarray:
     """StableDiffusion3ControlNetPipeline's image for each device's draws at conditioning scale ``scale``: the noise
     through the pipeline module's ``randn_tensor``, the control image's posterior sample (both guidance halves')
-    through ``DiagonalGaussianDistribution.sample``."""
+    through ``DiagonalGaussianDistribution.sample`` -- or, with ``module_name`` and ``inputs`` (control_mask: an
+    array), another pipeline's: StableDiffusion3ControlNetInpaintingPipeline's (its masked image's sample the draw)."""
+    import importlib
+
     import torch
     from diffusers.models.autoencoders.vae import DiagonalGaussianDistribution
-    from diffusers.pipelines.controlnet_sd3 import pipeline_stable_diffusion_3_controlnet as module
     from PIL import Image
+
+    module = importlib.import_module(f"diffusers.pipelines.controlnet_sd3.{module_name}")
+    inputs = {k: Image.fromarray(v) if isinstance(v, np.ndarray) else v for k, v in inputs.items()}
 
     images = []
     for device in range(NUM_DEVICES):
@@ -376,7 +386,7 @@ def sd3_controlnet_images(pipeline, picture: np.ndarray, scale: float, noise: np
                 image = pipeline(prompt=PROMPT, control_image=Image.fromarray(picture), num_inference_steps=STEPS,
                                  guidance_scale=SD3_GUIDANCE, height=HEIGHT, width=WIDTH,
                                  controlnet_conditioning_scale=scale, max_sequence_length=MAX_SEQUENCE_LENGTH,
-                                 output_type="np", **window).images[0]
+                                 output_type="np", **inputs).images[0]
         finally:
             module.randn_tensor, DiagonalGaussianDistribution.sample = saved
         images.append(np.asarray(image, dtype=np.float32))
@@ -444,6 +454,17 @@ def write_sd3_controlnet(out_dir: Path, noise: np.ndarray, eps: np.ndarray) -> N
     single = pipeline_with(out_dir / SD3_CONTROLNET_SINGLE.name)
     out["single_1"] = sd3_controlnet_images(single, edges, 1.0, noise, eps)
     print(f"sd3 controlnet: the two kinds differ by {np.abs(out['single_1'] - out['images_1']).max():.4f}")
+    sd3_controlnet(out_dir / SD3_CONTROLNET_INPAINT.name, SD3_CONTROLNET_SEED + 2, extra_conditioning_channels=1)
+    controlnet = diffusers.SD3ControlNetModel.from_pretrained(out_dir / SD3_CONTROLNET_INPAINT.name,
+                                                              torch_dtype=torch.float32)
+    for parameter in controlnet.parameters():
+        parameter.data = parameter.data.clone()
+    inpainting = diffusers.StableDiffusion3ControlNetInpaintingPipeline(controlnet=controlnet, **base.components)
+    inpainting.set_progress_bar_config(disable=True)
+    out["inpaint_1"] = sd3_controlnet_images(inpainting, init_image(), 1.0, noise, eps,
+                                             "pipeline_stable_diffusion_3_controlnet_inpainting",
+                                             control_mask=mask_image())
+    print(f"sd3 controlnet: the inpainting one differs from scale 0 by {np.abs(out['inpaint_1'] - out['plain']).max():.4f}")
     _save_npz(out_dir / "sd3_controlnet.npz", out)
 
 

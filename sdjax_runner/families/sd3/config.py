@@ -85,14 +85,14 @@ def controlnet_guidance(config: Any) -> None:
     """mode=controlnet runs the ControlNet beside the guidance halves' transformer call, as diffusers'
     StableDiffusion3ControlNetPipeline does: a guider that makes other calls (PAG's and SEG's perturbed one,
     skip-layer guidance's) and a step cache (whose skipped calls would skip the residuals) are one line each."""
-    if config.mode.name != "controlnet":
+    if config.mode.name not in ("controlnet", "controlnet_inpaint"):
         return
     if config.guider.name not in guiders.COMBINING:
-        raise UserError("guider", f"{config.guider.name} with mode=controlnet: its extra transformer call has no "
+        raise UserError("guider", f"{config.guider.name} with mode={config.mode.name}: its extra transformer call has no "
                         "ControlNet residuals defined (diffusers' SD 3 ControlNet pipeline has none)",
                         ", ".join(guiders.COMBINING))
     if config.cache.name != caches.DEFAULT:
-        raise UserError("cache", f"{config.cache.name} with mode=controlnet: the ControlNet's residuals reach every "
+        raise UserError("cache", f"{config.cache.name} with mode={config.mode.name}: the ControlNet's residuals reach every "
                         "block, which a cached call skips; not run here yet", "none")
 
 
@@ -120,7 +120,7 @@ def _sd3_largest_side(folder: Path) -> Optional[tuple[int, str]]:
 # diffusers' StableDiffusion3Pipeline defaults: 28 steps, guidance 7.0, 256 T5 tokens.
 ENTRY = FamilyEntry("sd3", "Stable Diffusion 3 / 3.5: CLIP-L, CLIP-G and T5 text encoders, an MMDiT, a 16-channel VAE",
                     ("StableDiffusion3Pipeline",), tiny="tiny-random-sd3",
-                    modes=("txt2img", "img2img", "inpaint", "controlnet"),
+                    modes=("txt2img", "img2img", "inpaint", "controlnet", "controlnet_inpaint"),
                     start_step=flow_start_step,  # StableDiffusion3Img2ImgPipeline.get_timesteps
                     builtins=("tiny-random-sd3", "sd3.5-large-arch"), steps=28, guidance=7.0, check=_sd3_values,
                     sampling=samplers.resolve_flow, t5_tokens=256, t5_optional=True, scheduler_settings=False,

@@ -10,7 +10,7 @@ from sdjax_runner.families.sd3.engine import stages
 
 FAMILY = Family("sd3", check_loaded=sd3.check_loaded, with_scheduler=sd3.with_scheduler, tokens=sd3.SD3Tokens,
                 negative=sd3.negative, encode=stages.encode, modes={"txt2img": stages.txt2img, "img2img": stages.img2img, "inpaint": stages.inpaint,
-                       "controlnet": stages.controlnet},
+                       "controlnet": stages.controlnet, "controlnet_inpaint": stages.controlnet_inpaint},
                 samplers={name: flux_samplers.k_sampler(name, stages) for name in flux_samplers.SAMPLERS},
                 decode=stages.decode, structure=sd3.structure, denoiser_call=sd3.transformer_call,
                 split_weights=sd3.split_weights, shift=lambda pipeline: float(pipeline.scheduler_config["shift"]),

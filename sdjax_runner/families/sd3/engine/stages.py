@@ -142,13 +142,32 @@ def controlnet(pipeline: Any, params: dict, key, spec: Any, batch: int, inputs: 
     return start._replace(conditioning={"control": (latents, inputs["control_scale"], controlnet_mode.window(inputs))})
 
 
+def controlnet_inpaint(pipeline: Any, params: dict, key, spec: Any, batch: int, inputs: dict) -> Start:
+    """An inpainting SD 3 ControlNet (diffusers' StableDiffusion3ControlNetInpaintingPipeline,
+    ``extra_conditioning_channels`` 1): :func:`txt2img`'s noise; for the ControlNet, the init image (``inputs["init"]``,
+    in [-1, 1]) with the mask's area (binarized at 0.5) set to -1, encoded as the pipeline encodes it
+    (a sample drawn with the device's key, ``(latents - shift_factor) * scaling_factor``), beside the mask brought to
+    the latents' size by PyTorch's nearest interpolation and inverted (1 kept, 0 repainted); no blend."""
+    import jax.numpy as jnp
+
+    start = txt2img(pipeline, params, key, spec, batch, inputs)
+    mask = (inputs["mask"] >= 0.5).astype(jnp.float32)  # (batch, 1, H, W): 1 repaints
+    masked = jnp.where(mask > 0.5, -1.0, inputs["init"])  # (the init image arrives in [-1, 1])
+    latents = drawn_latents(pipeline, params, key, masked)
+    height, width = latents.shape[-2:]
+    rows, columns = (np.arange(height) * mask.shape[-2]) // height, (np.arange(width) * mask.shape[-1]) // width
+    control = jnp.concatenate([latents, 1.0 - mask[:, :, rows][:, :, :, columns]], axis=1)
+    return start._replace(conditioning={"control": (control, inputs["control_scale"], controlnet_mode.window(inputs))})
+
+
 def controlnet_model(pipeline: Any, params: dict, conditioning: Conditioning, batch: int):
     """``residuals(x, t, step, count)``: an SD 3 ControlNet's (controlnet mode: ``conditioning.control``, the control
     image's latents, the traced conditioning scale and window, engine/modes/controlnet.scale_at) for the guidance
     halves' NHWC latents ``x`` (negative first) at timesteps ``t``, step ``step`` of ``count``, as
     StableDiffusion3ControlNetPipeline calls it: the control latents for both halves; a ControlNet
     of joint blocks reads each half's prompt, one of single blocks none and the latents as the transformer embeds
-    them; the pooled text zeros where the ControlNet says ``force_zeros_for_pooled_projection``, else each half's.
+    them; the pooled text zeros where the ControlNet says ``force_zeros_for_pooled_projection`` or is an inpainting one
+    (StableDiffusion3ControlNetInpaintingPipeline's), else each half's.
     None without one."""
     import jax.numpy as jnp
 
@@ -161,7 +180,7 @@ def controlnet_model(pipeline: Any, params: dict, conditioning: Conditioning, ba
     net, added = pipeline.controlnet, conditioning.added
     control = jnp.concatenate([control, control]).transpose(0, 2, 3, 1).astype(pipeline.dtype)
     pooled = jnp.concatenate([added["negative_pooled"], added["pooled"]])
-    if net.force_zeros_for_pooled_projection:
+    if net.force_zeros_for_pooled_projection or net.extra_conditioning_channels:  # (the inpainting pipeline's: zeros)
         pooled = jnp.zeros_like(pooled)
     context = jnp.concatenate([added["negative_context"], conditioning.context]) if net.joint else None
 

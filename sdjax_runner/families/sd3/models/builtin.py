@@ -110,7 +110,10 @@ SD3_CONTROLNET_SPECS: dict[str, dict[str, Any]] = {
     "tiny-random-sd3-controlnet": dict(num_layers=2),
     "tiny-random-sd3-controlnet-single": dict(num_layers=2, joint_attention_dim=None, use_pos_embed=False,
                                               pos_embed_max_size=None, pos_embed_type=None, dual_attention_layers=[],
-                                              qk_norm=None, force_zeros_for_pooled_projection=False)}
+                                              qk_norm=None, force_zeros_for_pooled_projection=False),
+    # ... and an inpainting one (alimama-creative/SD3-Controlnet-Inpainting's kind: the mask as one more input channel;
+    # mode=controlnet_inpaint)
+    "tiny-random-sd3-controlnet-inpaint": dict(num_layers=2, extra_conditioning_channels=1)}
 
 
 def build_sd3_controlnet_into(directory: Path, spec: dict) -> None:

@@ -15,8 +15,9 @@ Two kinds, by the config:
 Either way the control image's latents are added through ``pos_embed_input`` (a zero-initialised patch
 projection, no positions), the timestep and pooled text are embedded as the transformer's, each block's output goes
 through its zero-initialised ``controlnet_blocks_i`` (Linear) and is scaled by the conditioning scale: the residuals
-the transformer adds after its blocks (``FlaxSD3Transformer.__call__``'s ``controlnet``). Not run here: the
-inpainting ControlNets' ``extra_conditioning_channels`` (one line, :meth:`FlaxSD3ControlNet.check`)."""
+the transformer adds after its blocks (``FlaxSD3Transformer.__call__``'s ``controlnet``). An inpainting ControlNet
+(``extra_conditioning_channels`` 1: alimama-creative's SD3-Controlnet-Inpainting) reads the masked image's latents
+and the mask as its control input (mode=controlnet_inpaint)."""
 
 from __future__ import annotations
 
@@ -143,11 +144,11 @@ class FlaxSD3ControlNet(FromDiffusersConfig, layers.Module):
         return self.joint_attention_dim is not None
 
     def check(self) -> None:
-        """ValueError for a config this module does not run: the inpainting ControlNets' extra channels, positions
+        """ValueError for a config this module does not run: extra channels other than an inpainting one's, positions
         other than SD 3's sine-cosine table, q/k norms other than SD 3.5's."""
-        if self.extra_conditioning_channels:
+        if self.extra_conditioning_channels not in (0, 1):
             raise ValueError(f"extra_conditioning_channels {self.extra_conditioning_channels}: an inpainting "
-                             "ControlNet (its control input a masked image and its mask) is not run here yet")
+                             "ControlNet reads one (the mask), an ordinary one none")
         if self.use_pos_embed and (self.pos_embed_type != "sincos" or not self.pos_embed_max_size):
             raise ValueError(f"pos_embed_type {self.pos_embed_type!r} with pos_embed_max_size "
                              f"{self.pos_embed_max_size!r}: SD 3's sine-cosine table with a size is what runs here")
@@ -210,7 +211,8 @@ class FlaxSD3ControlNet(FromDiffusersConfig, layers.Module):
         """The smallest inputs of the right widths (one patch, one text token): for initialisation."""
         patch = (1, self.patch_size, self.patch_size, self.in_channels)
         hidden = jnp.zeros(patch, self.dtype) if self.use_pos_embed else jnp.zeros((1, 1, self.inner_dim), self.dtype)
-        return {"hidden_states": hidden, "controlnet_cond": jnp.zeros(patch, self.dtype), "conditioning_scale": 1.0,
+        cond = (1, self.patch_size, self.patch_size, self.in_channels + self.extra_conditioning_channels)
+        return {"hidden_states": hidden, "controlnet_cond": jnp.zeros(cond, self.dtype), "conditioning_scale": 1.0,
                 "encoder_hidden_states": jnp.zeros((1, 1, self.joint_attention_dim), self.dtype) if self.joint else None,
                 "pooled_projections": jnp.zeros((1, self.pooled_projection_dim), self.dtype),
                 "timestep": jnp.zeros((1,), jnp.float32)}
@@ -269,4 +271,4 @@ def load(value: str, cache_dir: str, transformer: Any, activations: Any, weights
         raise UserError(KEY, exc.problem, exc.allowed or ALLOWED) from None
     structure = json.dumps(dict(module.config), sort_keys=True, default=str)
     return LoadedControlNet(module, params, str(path), "flax" if files[0].name == FLAX_WEIGHTS else "safetensors",
-                            structure, time.perf_counter() - started)
+                            structure, time.perf_counter() - started, inpainting=bool(module.extra_conditioning_channels))
