@@ -202,21 +202,22 @@ def control_folder(out: Path, transformer: Path = CONTROL_TRANSFORMER) -> Path:
 
 
 def control_images(pipeline, picture: np.ndarray, noise: np.ndarray, eps: np.ndarray, module_name: str = "",
-                   **inputs) -> np.ndarray:
+                   guidance: float = VARIANTS["dev"]["guidance_scale"], **inputs) -> np.ndarray:
     """FluxControlPipeline's image for each device's draws (the noise through the pipeline module's ``randn_tensor``,
     the control image's posterior sample through ``DiagonalGaussianDistribution.sample``) -- or, with ``module_name``
-    (the pipeline's module under diffusers.pipelines.flux) and ``inputs`` (image, mask_image, strength, ...: pictures
-    as arrays), another pipeline's: FluxControlImg2ImgPipeline's, FluxControlInpaintPipeline's (the init image's
-    sample the same draw, as the runner's), FluxControlNetPipeline's."""
+    (the pipeline's module under diffusers.pipelines, e.g. ``flux.pipeline_flux_controlnet``), its ``guidance`` and
+    ``inputs`` (image, mask_image, strength, ...: pictures as arrays), another pipeline's: FluxControlImg2ImgPipeline's,
+    FluxControlInpaintPipeline's (the init image's sample the same draw, as the runner's), FluxControlNetPipeline's,
+    StableDiffusion3ControlNetPipeline's (its control image's sample, both guidance halves', the draw) and
+    StableDiffusion3ControlNetInpaintingPipeline's (its masked image's)."""
     import importlib
 
     import torch
     from diffusers.models.autoencoders.vae import DiagonalGaussianDistribution
     from PIL import Image
 
-    module = importlib.import_module(f"diffusers.pipelines.flux.{module_name or 'pipeline_flux_control'}")
+    module = importlib.import_module(f"diffusers.pipelines.{module_name or 'flux.pipeline_flux_control'}")
     inputs = {k: Image.fromarray(v) if isinstance(v, np.ndarray) else v for k, v in inputs.items()}
-    guidance = VARIANTS["dev"]["guidance_scale"]
     images = []
     for device in range(NUM_DEVICES):
         def given_noise(shape, generator=None, device_=None, dtype=None, layout=None, at=device, **_):
@@ -263,7 +264,7 @@ def controlnet_images(pipeline, picture: np.ndarray, scale: float, noise: np.nda
     """FluxControlNetPipeline's image for each device's draws at conditioning scale ``scale`` (and a union model's
     ``control_mode``), as :func:`control_images` calls a pipeline (its ``retrieve_latents`` draws the control image's
     posterior sample through ``DiagonalGaussianDistribution.sample`` too)."""
-    return control_images(pipeline, picture, noise, eps, "pipeline_flux_controlnet",
+    return control_images(pipeline, picture, noise, eps, "flux.pipeline_flux_controlnet",
                           controlnet_conditioning_scale=scale, control_mode=control_mode, **window)
 
 
@@ -295,21 +296,28 @@ def union_call(controlnet) -> dict[str, np.ndarray]:
     return out
 
 
-def write_controlnet(out_dir: Path, noise: np.ndarray, eps: np.ndarray) -> None:
-    """``flux_controlnet.npz`` (``images_S`` per conditioning scale S, one per device, and ``plain``: scale 0) and the
-    ControlNet it ran (:data:`CONTROLNET`), on :func:`control_image` (``control.png``)."""
+def with_controlnet(base, controlnet_class: str, folder: Path, pipeline_class: str):
+    """Pipeline ``pipeline_class`` of ``base``'s components and the ControlNet (diffusers' ``controlnet_class``) at
+    ``folder``, its parameters copied to aligned memory (load_aligned's reason), no progress bar."""
     import diffusers
     import torch
 
-    def pipeline_with(folder: Path):
-        controlnet = diffusers.FluxControlNetModel.from_pretrained(folder, torch_dtype=torch.float32)
-        for parameter in controlnet.parameters():
-            parameter.data = parameter.data.clone()  # (aligned: load_aligned's reason)
-        made = diffusers.FluxControlNetPipeline(controlnet=controlnet, **base.components)
-        made.set_progress_bar_config(disable=True)
-        return made
+    controlnet = getattr(diffusers, controlnet_class).from_pretrained(folder, torch_dtype=torch.float32)
+    for parameter in controlnet.parameters():
+        parameter.data = parameter.data.clone()
+    made = getattr(diffusers, pipeline_class)(controlnet=controlnet, **base.components)
+    made.set_progress_bar_config(disable=True)
+    return made
 
+
+def write_controlnet(out_dir: Path, noise: np.ndarray, eps: np.ndarray) -> None:
+    """``flux_controlnet.npz`` (``images_S`` per conditioning scale S, one per device, and ``plain``: scale 0) and the
+    ControlNet it ran (:data:`CONTROLNET`), on :func:`control_image` (``control.png``)."""
     base = load_aligned("FluxPipeline", FLUX_FOLDER)
+
+    def pipeline_with(folder: Path):
+        return with_controlnet(base, "FluxControlNetModel", folder, "FluxControlNetPipeline")
+
     flux_controlnet(out_dir / CONTROLNET.name)
     pipeline = pipeline_with(out_dir / CONTROLNET.name)
     edges = control_image()
@@ -357,40 +365,11 @@ def sd3_controlnet(out: Path, seed: int, **kind) -> None:
 
 def sd3_controlnet_images(pipeline, picture: np.ndarray, scale: float, noise: np.ndarray, eps: np.ndarray,
                           module_name: str = "pipeline_stable_diffusion_3_controlnet", **inputs) -> np.ndarray:
-    """StableDiffusion3ControlNetPipeline's image for each device's draws at conditioning scale ``scale``: the noise
-    through the pipeline module's ``randn_tensor``, the control image's posterior sample (both guidance halves')
-    through ``DiagonalGaussianDistribution.sample`` -- or, with ``module_name`` and ``inputs`` (control_mask: an
-    array), another pipeline's: StableDiffusion3ControlNetInpaintingPipeline's (its masked image's sample the draw)."""
-    import importlib
-
-    import torch
-    from diffusers.models.autoencoders.vae import DiagonalGaussianDistribution
-    from PIL import Image
-
-    module = importlib.import_module(f"diffusers.pipelines.controlnet_sd3.{module_name}")
-    inputs = {k: Image.fromarray(v) if isinstance(v, np.ndarray) else v for k, v in inputs.items()}
-
-    images = []
-    for device in range(NUM_DEVICES):
-        def given_noise(shape, generator=None, device_=None, dtype=None, layout=None, at=device, **_):
-            assert tuple(shape) == noise[at:at + 1].shape, shape
-            return torch.from_numpy(noise[at:at + 1]).to(dtype=dtype)
-
-        def given_sample(dist, generator=None, at=device):
-            return dist.mean + dist.std * torch.from_numpy(eps[at:at + 1]).to(dist.mean.dtype)
-
-        saved = module.randn_tensor, DiagonalGaussianDistribution.sample
-        module.randn_tensor, DiagonalGaussianDistribution.sample = given_noise, given_sample
-        try:
-            with torch.no_grad():
-                image = pipeline(prompt=PROMPT, control_image=Image.fromarray(picture), num_inference_steps=STEPS,
-                                 guidance_scale=SD3_GUIDANCE, height=HEIGHT, width=WIDTH,
-                                 controlnet_conditioning_scale=scale, max_sequence_length=MAX_SEQUENCE_LENGTH,
-                                 output_type="np", **inputs).images[0]
-        finally:
-            module.randn_tensor, DiagonalGaussianDistribution.sample = saved
-        images.append(np.asarray(image, dtype=np.float32))
-    return np.stack(images)
+    """StableDiffusion3ControlNetPipeline's image for each device's draws at conditioning scale ``scale`` (or, with
+    ``module_name`` and ``inputs``, StableDiffusion3ControlNetInpaintingPipeline's), as :func:`control_images` calls a
+    pipeline."""
+    return control_images(pipeline, picture, noise, eps, f"controlnet_sd3.{module_name}", SD3_GUIDANCE,
+                          controlnet_conditioning_scale=scale, **inputs)
 
 
 def sd3_controlnet_call(controlnet, prefix: str, tokens_in: bool) -> dict[str, np.ndarray]:
@@ -421,17 +400,11 @@ def sd3_controlnet_call(controlnet, prefix: str, tokens_in: bool) -> dict[str, n
 def write_sd3_controlnet(out_dir: Path, noise: np.ndarray, eps: np.ndarray) -> None:
     """``sd3_controlnet.npz`` and the ControlNets it ran (module docstring), on :func:`control_image`."""
     import diffusers
-    import torch
 
     base = load_aligned("StableDiffusion3Pipeline", SD3_FOLDER)
 
-    def pipeline_with(folder: Path):
-        controlnet = diffusers.SD3ControlNetModel.from_pretrained(folder, torch_dtype=torch.float32)
-        for parameter in controlnet.parameters():
-            parameter.data = parameter.data.clone()  # (aligned: load_aligned's reason)
-        made = diffusers.StableDiffusion3ControlNetPipeline(controlnet=controlnet, **base.components)
-        made.set_progress_bar_config(disable=True)
-        return made
+    def pipeline_with(folder: Path, pipeline_class: str = "StableDiffusion3ControlNetPipeline"):
+        return with_controlnet(base, "SD3ControlNetModel", folder, pipeline_class)
 
     edges = control_image()
     out = dict(run_settings(SD3_GUIDANCE), scales=np.asarray(CONTROLNET_SCALES))
@@ -455,12 +428,7 @@ def write_sd3_controlnet(out_dir: Path, noise: np.ndarray, eps: np.ndarray) -> N
     out["single_1"] = sd3_controlnet_images(single, edges, 1.0, noise, eps)
     print(f"sd3 controlnet: the two kinds differ by {np.abs(out['single_1'] - out['images_1']).max():.4f}")
     sd3_controlnet(out_dir / SD3_CONTROLNET_INPAINT.name, SD3_CONTROLNET_SEED + 2, extra_conditioning_channels=1)
-    controlnet = diffusers.SD3ControlNetModel.from_pretrained(out_dir / SD3_CONTROLNET_INPAINT.name,
-                                                              torch_dtype=torch.float32)
-    for parameter in controlnet.parameters():
-        parameter.data = parameter.data.clone()
-    inpainting = diffusers.StableDiffusion3ControlNetInpaintingPipeline(controlnet=controlnet, **base.components)
-    inpainting.set_progress_bar_config(disable=True)
+    inpainting = pipeline_with(out_dir / SD3_CONTROLNET_INPAINT.name, "StableDiffusion3ControlNetInpaintingPipeline")
     out["inpaint_1"] = sd3_controlnet_images(inpainting, init_image(), 1.0, noise, eps,
                                              "pipeline_stable_diffusion_3_controlnet_inpainting",
                                              control_mask=mask_image())
@@ -493,11 +461,11 @@ def write_control(out_dir: Path, noise: np.ndarray, eps: np.ndarray) -> None:
         folder = control_folder(Path(staging) / "tiny-flux-control-modes", transformer)
         img2img = load_aligned("FluxControlImg2ImgPipeline", folder)
         for strength in CONTROL_STRENGTHS:
-            out[f"img2img_{strength:g}"] = control_images(img2img, edges, noise, eps, "pipeline_flux_control_img2img",
+            out[f"img2img_{strength:g}"] = control_images(img2img, edges, noise, eps, "flux.pipeline_flux_control_img2img",
                                                           image=init_image(), strength=strength)
         inpaint = load_aligned("FluxControlInpaintPipeline", folder)
         out[f"inpaint_{CONTROL_INPAINT:g}"] = control_images(
-            inpaint, edges, noise, eps, "pipeline_flux_control_inpaint", image=init_image(), mask_image=mask_image(),
+            inpaint, edges, noise, eps, "flux.pipeline_flux_control_inpaint", image=init_image(), mask_image=mask_image(),
             strength=CONTROL_INPAINT)
     print(f"control: largest difference between the edge map and its inverse "
           f"{np.abs(out['images'] - out['control_images']).max():.4f}")

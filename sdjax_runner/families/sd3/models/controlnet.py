@@ -33,31 +33,16 @@ import numpy as np
 from sdjax_runner.console import one_line
 from sdjax_runner.errors import UserError
 from sdjax_runner.families.flux.models.transformer import AdaLayerNormZero, FeedForward, TimeTextEmbedding, layer_norm
+from sdjax_runner.families.sd3.models.transformer import CONFIG_DEFAULTS as TRANSFORMER_DEFAULTS
 from sdjax_runner.families.sd3.models.transformer import JointAttention, JointTransformerBlock, PatchEmbed
 from sdjax_runner.models.controlnet import ALLOWED, KEY, LoadedControlNet, folder, read_config
 from sdjax_runner.models.nn import layers
 from sdjax_runner.models.nn.config import FromDiffusersConfig
 
-# The keys of diffusers' SD3ControlNetModel config.json (its __init__ arguments) and their defaults there.
-CONFIG_DEFAULTS: dict[str, Any] = {
-    "sample_size": 128,
-    "patch_size": 2,
-    "in_channels": 16,
-    "num_layers": 18,
-    "attention_head_dim": 64,
-    "num_attention_heads": 18,
-    "joint_attention_dim": 4096,
-    "caption_projection_dim": 1152,
-    "pooled_projection_dim": 2048,
-    "out_channels": 16,
-    "pos_embed_max_size": 96,
-    "extra_conditioning_channels": 0,
-    "dual_attention_layers": (),
-    "qk_norm": None,
-    "pos_embed_type": "sincos",
-    "use_pos_embed": True,
-    "force_zeros_for_pooled_projection": True,
-}
+# The keys of diffusers' SD3ControlNetModel config.json (its __init__ arguments) and their defaults there: the
+# transformer's, with the same defaults, and these.
+CONFIG_DEFAULTS: dict[str, Any] = {**TRANSFORMER_DEFAULTS, "extra_conditioning_channels": 0, "pos_embed_type": "sincos",
+                                   "use_pos_embed": True, "force_zeros_for_pooled_projection": True}
 
 
 class PatchProjection(layers.Module):
