@@ -34,8 +34,9 @@ SD3 = ["model=tiny-random-sd3", "tracking=none"]
      "1..512 (null: 256))"),
     ([*SD3, "sampling.true_cfg_scale=4"], "error: sampling.true_cfg_scale: 4.0: tiny-random-sd3's classifier-free "
                                           "guidance is sampling.guidance_scale (allowed: null)"),
-    ([*SD3, "mode=controlnet", "controlnet.model=x", "controlnet.image=y.png"],
-     "error: mode: controlnet, but tiny-random-sd3 is a Stable Diffusion 3 / 3.5"),
+    # a ControlNet with a guider that makes other transformer calls: refused before anything loads
+    ([*SD3, "mode=controlnet", "controlnet.model=tiny-random-sd3-controlnet", "controlnet.image=y.png", "guider=pag"],
+     "error: guider: pag with mode=controlnet: its extra transformer call has no ControlNet residuals defined"),
 ])
 def test_what_sd3_cannot_honour_is_one_line(tmp_path, overrides, expected):
     assert_one_line_error(call_cli(*overrides, cwd=tmp_path), expected)
