@@ -90,3 +90,25 @@ def test_a_lora_at_scale_zero_and_hires_at_scale_one_are_said(tmp_path, tiny_mod
     assert f"lora.0.scale: 0 -- {lora} merges nothing at scale 0; the images are the model's own" in result.stdout
     assert ("sampling.hires.scale: 1 upscales nothing: the second pass denoises the first pass's image again at the "
             "same size (as A1111 does)") in result.stdout
+
+
+def test_a_controlnet_window_that_holds_no_step_or_no_controlnet_is_said(caplog):
+    """controlnet.guidance_start/end (diffusers' controlnet_keep: step i of N where start <= i / N and (i + 1) / N <=
+    end): a window holding none of the run's steps, or a window where no ControlNet runs, says so in one line; a
+    window holding some says nothing."""
+    import logging
+
+    from sdjax_runner.config.inert import control_window_steps, said_control_window
+
+    assert control_window_steps(4, 0.25, 0.75) == [1, 2] and control_window_steps(4, 0.8, 1.0) == []
+    assert control_window_steps(20, 0.0, 1.0) == list(range(20))
+    with caplog.at_level(logging.WARNING, logger="sdjax_runner"):
+        said_control_window(True, "controlnet", 4, 0.8, 1.0)
+        said_control_window(False, "txt2img", 4, 0.2, 0.6)
+        said_control_window(True, "controlnet", 4, 0.25, 0.75)
+        said_control_window(True, "controlnet", 4, 0.0, 1.0)
+    lines = [record.getMessage() for record in caplog.records]
+    assert lines == ["controlnet.guidance_start/guidance_end: the window 0.8..1 of the 4 steps (diffusers' start <= "
+                     "step / steps and (step + 1) / steps <= end) holds none of them: the ControlNet steers no step "
+                     "(widen the window or run more steps)",
+                     "controlnet.guidance_start/guidance_end: set, but mode=txt2img runs no ControlNet"]

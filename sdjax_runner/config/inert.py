@@ -77,3 +77,23 @@ def same_size_hires(scale: Optional[float]) -> None:
     if scale == 1:
         log.warning("sampling.hires.scale: 1 upscales nothing: the second pass denoises the first pass's image again "
                     "at the same size (as A1111 does); a larger image needs a scale over 1")
+
+
+def control_window_steps(steps: int, start: float, end: float) -> list[int]:
+    """The steps a ControlNet steers: diffusers' ``controlnet_keep``, ``not (i / steps < start or (i + 1) / steps >
+    end)``."""
+    return [i for i in range(steps) if not (i / steps < start or (i + 1) / steps > end)]
+
+
+def said_control_window(steered: bool, mode: str, steps: int, start: float, end: float) -> None:
+    """controlnet.guidance_start/end set where no ControlNet runs, or a window that holds none of the run's steps:
+    one line each (the run is as it is -- the window is a traced input a sweep's other points may need -- and its
+    images are those of no ControlNet)."""
+    if (start, end) == (0.0, 1.0):
+        return
+    if not steered:
+        log.warning("controlnet.guidance_start/guidance_end: set, but mode=%s runs no ControlNet", mode)
+    elif not control_window_steps(steps, start, end):
+        log.warning("controlnet.guidance_start/guidance_end: the window %g..%g of the %d steps (diffusers' start <= "
+                    "step / steps and (step + 1) / steps <= end) holds none of them: the ControlNet steers no step "
+                    "(widen the window or run more steps)", start, end, steps)

@@ -327,6 +327,8 @@ def make_plan(config: RunConfig, available_devices: int, checked: Optional[Check
     refining = refiner.check(config, family)
     check_checkpoint_family(checkpoint, model, family)
     steered = "controlnet.model" in modes.MODES[config.mode.name].needs  # a ControlNet runs
+    inert.said_control_window(steered, config.mode.name, steps, config.controlnet.guidance_start,
+                              config.controlnet.guidance_end)
     return Plan(
         model=model,
         dtype=config.dtype,
