@@ -15,6 +15,7 @@ from typing import Any, Optional
 
 from sdjax_runner.config.guiders import DEFAULT as GUIDER_DEFAULT
 from sdjax_runner.config.guiders import GUIDERS, Guider
+from sdjax_runner.config.modes import outside_control_window
 
 log = logging.getLogger("sdjax_runner")
 
@@ -80,9 +81,8 @@ def same_size_hires(scale: Optional[float]) -> None:
 
 
 def control_window_steps(steps: int, start: float, end: float) -> list[int]:
-    """The steps a ControlNet steers: diffusers' ``controlnet_keep``, ``not (i / steps < start or (i + 1) / steps >
-    end)``."""
-    return [i for i in range(steps) if not (i / steps < start or (i + 1) / steps > end)]
+    """The steps a ControlNet steers (config/modes.outside_control_window: diffusers' ``controlnet_keep``)."""
+    return [i for i in range(steps) if not outside_control_window(i, steps, start, end)]
 
 
 def said_control_window(steered: bool, mode: str, steps: int, start: float, end: float) -> None:

@@ -62,6 +62,10 @@ class ModeEntry:
         return tuple(name for name, _ in self.images)
 
 
+# A ControlNet's traced numbers (engine/generate.py places them): its scale, a union model's mode, its window of steps
+CONTROLNET_NUMBERS = ("control_scale", "control_mode", "control_start", "control_end")
+
+
 def _registry(*entries: ModeEntry) -> dict[str, ModeEntry]:
     return {entry.name: entry for entry in entries}
 
@@ -73,7 +77,7 @@ MODES = _registry(
     ModeEntry("inpaint", images=(("init", "init_image"), ("mask", "mask_image")), numbers=("start",),
               default_strength=1.0),
     ModeEntry("controlnet", images=(("control", "controlnet.image"),), other_keys=("controlnet.model",),
-              numbers=("control_scale", "control_mode", "control_start", "control_end"), check=check_controlnet_folder),
+              numbers=CONTROLNET_NUMBERS, check=check_controlnet_folder),
     # FLUX.1 Kontext's in-context editing (diffusers' FluxKontextPipeline): from noise, the init image's latents as
     # more tokens beside the noise's in every transformer call; no strength (the whole schedule runs)
     ModeEntry("edit", images=(("init", "init_image"),)),
@@ -90,8 +94,7 @@ MODES = _registry(
     # an inpainting ControlNet (diffusers' StableDiffusion3ControlNetInpaintingPipeline): from noise, the ControlNet
     # reading the init image with the mask's area masked out, and the mask; no strength, no blend
     ModeEntry("controlnet_inpaint", images=(("init", "init_image"), ("mask", "mask_image")),
-              other_keys=("controlnet.model",), numbers=("control_scale", "control_mode", "control_start", "control_end"),
-              check=check_controlnet_folder),
+              other_keys=("controlnet.model",), numbers=CONTROLNET_NUMBERS, check=check_controlnet_folder),
 )
 if tuple(MODES) != tuple(GenerationMode.__members__):
     raise RuntimeError(f"config/modes.py lists {tuple(MODES)}, the schema's GenerationMode "
@@ -156,6 +159,13 @@ def check(cfg: Any, sampler: str, start: Callable[[int, Optional[float]], int] =
     if cfg.controlnet.control_mode is not None and cfg.controlnet.control_mode < 0:
         raise UserError("controlnet.control_mode", f"{cfg.controlnet.control_mode}",
                         "a union ControlNet's mode number (0 and up, by its card), or null")
+
+
+def outside_control_window(step: Any, count: Any, start: Any, end: Any) -> Any:
+    """Whether step ``step`` (0 at the first) of ``count`` is outside the window ``start``..``end`` a ControlNet
+    steers: diffusers' ``controlnet_keep`` is ``1 - (i / N < start or (i + 1) / N > end)``. Python numbers or JAX
+    arrays (the engine's traced scale, engine/modes/controlnet.scale_at) alike."""
+    return (step / count < start) | ((step + 1) / count > end)
 
 
 def check_control_window(first: float, last: float) -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from sdjax_runner.config.modes import outside_control_window
 from sdjax_runner.engine.modes.start import Start
 from sdjax_runner.engine.modes.txt2img import noise
 
@@ -33,8 +34,7 @@ def scale_at(scale, steered: tuple[Any, Any], step, count):
     import jax.numpy as jnp
 
     start, end = (jnp.ravel(jnp.asarray(value, jnp.float32))[0] for value in steered)
-    step, count = jnp.asarray(step, jnp.float32), jnp.asarray(count, jnp.float32)
-    outside = (step / count < start) | ((step + 1) / count > end)
+    outside = outside_control_window(jnp.asarray(step, jnp.float32), jnp.asarray(count, jnp.float32), start, end)
     scale = jnp.asarray(scale)
     return jnp.where(outside, jnp.zeros_like(scale), scale)
 

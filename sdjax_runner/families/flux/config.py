@@ -43,18 +43,23 @@ def flow_inpaint(config: Any, title: str) -> None:
                         "a step cache yet", "none")
 
 
-# The modes a step cache does not run with yet, and why (inpainting's: flow_inpaint)
+# The modes a step cache does not run with yet, and why (inpainting's: flow_inpaint); SD 3's too (families/sd3/config.py)
+_CONTROLNET_UNCACHED = "the ControlNet's residuals reach every block, which a cached call skips; not run here yet"
 UNCACHED_MODES = {"edit": "the cache's state does not follow the input image's tokens yet",
-                  "controlnet": "the ControlNet's residuals reach every block, which a cached call skips; not run here "
-                                "yet"}
+                  "controlnet": _CONTROLNET_UNCACHED, "controlnet_inpaint": _CONTROLNET_UNCACHED}
+
+
+def uncached_mode(config: Any) -> None:
+    """A step cache with a mode of :data:`UNCACHED_MODES`: one line, saying why."""
+    uncached = UNCACHED_MODES.get(config.mode.name)
+    if uncached is not None and config.cache.name != caches.DEFAULT:
+        raise UserError("cache", f"{config.cache.name} with mode={config.mode.name}: {uncached}", "none")
 
 
 def _flux_values(config: Any) -> None:
     """Settings FLUX.1 has no use for, each refused in one line rather than ignored."""
     flow_inpaint(config, "FLUX.1")
-    uncached = UNCACHED_MODES.get(config.mode.name)
-    if uncached is not None and config.cache.name != caches.DEFAULT:
-        raise UserError("cache", f"{config.cache.name} with mode={config.mode.name}: {uncached}", "none")
+    uncached_mode(config)
     prompts, true_cfg = config.prompts, config.sampling.true_cfg_scale
     if true_cfg is not None and not (math.isfinite(true_cfg) and true_cfg > 1):
         raise UserError("sampling.true_cfg_scale", f"{true_cfg}: true classifier-free guidance runs above 1",

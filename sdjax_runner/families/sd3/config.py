@@ -7,13 +7,13 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Optional
 
-from sdjax_runner.config import caches, guiders, samplers
+from sdjax_runner.config import guiders, samplers
 from sdjax_runner.config.family_entry import MAX_INDEX_BYTES, FamilyEntry, read_as_written
 from sdjax_runner.config.modes import flow_start_step
 from sdjax_runner.config.weight_files import Architecture
 from sdjax_runner.console import shown
 from sdjax_runner.errors import UserError
-from sdjax_runner.families.flux.config import flow_inpaint
+from sdjax_runner.families.flux.config import flow_inpaint, uncached_mode
 from sdjax_runner.files import read_json
 
 SINGLE_FILES = {"sd3": Architecture("SD 3", "stabilityai/stable-diffusion-3-medium-diffusers"),
@@ -91,9 +91,7 @@ def controlnet_guidance(config: Any) -> None:
         raise UserError("guider", f"{config.guider.name} with mode={config.mode.name}: its extra transformer call has no "
                         "ControlNet residuals defined (diffusers' SD 3 ControlNet pipeline has none)",
                         ", ".join(guiders.COMBINING))
-    if config.cache.name != caches.DEFAULT:
-        raise UserError("cache", f"{config.cache.name} with mode={config.mode.name}: the ControlNet's residuals reach every "
-                        "block, which a cached call skips; not run here yet", "none")
+    uncached_mode(config)
 
 
 def _sd3_values(config: Any) -> None:

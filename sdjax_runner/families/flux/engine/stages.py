@@ -143,18 +143,28 @@ def img2img(pipeline: Any, params: dict, key, spec: Any, batch: int, inputs: dic
     return with_init_image(txt2img(pipeline, params, key, spec, batch, inputs), pipeline, params, key, inputs)
 
 
+def binary_mask(inputs: dict):
+    """The mask (``inputs["mask"]``, (batch, 1, H, W)) binarized at 0.5 as the flow pipelines' mask processor does:
+    1 repaints, float32."""
+    import jax.numpy as jnp
+
+    return (inputs["mask"] >= 0.5).astype(jnp.float32)
+
+
+def nearest(mask, height: int, width: int):
+    """``mask`` (batch, 1, H, W) brought to ``height`` x ``width`` by PyTorch's nearest interpolation (pixel i reads
+    pixel ``floor(i * H / height)``), as the pipelines bring a mask to the latents' size."""
+    rows = (np.arange(height) * mask.shape[-2]) // height
+    columns = (np.arange(width) * mask.shape[-1]) // width
+    return mask[:, :, rows][:, :, :, columns]
+
+
 def with_mask(start: Start, inputs: dict) -> Start:
     """Inpainting on a flow model (diffusers' FluxInpaintPipeline, StableDiffusion3InpaintPipeline with an
     ordinary transformer): ``start`` (:func:`with_init_image`'s) keeping the init image where the mask is black --
-    the mask binarized at 0.5 (their mask processor) and brought to the latents' size by PyTorch's nearest
-    interpolation (latent pixel i reads mask pixel ``floor(i * H / h)``) -- as ``Start.keep``, 1 where kept."""
-    import jax.numpy as jnp
-
-    mask = (inputs["mask"] >= 0.5).astype(jnp.float32)  # (batch, 1, H, W): 1 repaints
-    height, width = start.noise.shape[-2:]
-    rows = (np.arange(height) * mask.shape[-2]) // height
-    columns = (np.arange(width) * mask.shape[-1]) // width
-    return start._replace(keep=1.0 - mask[:, :, rows][:, :, :, columns])
+    the mask binarized (:func:`binary_mask`) and brought to the latents' size (:func:`nearest`) -- as
+    ``Start.keep``, 1 where kept."""
+    return start._replace(keep=1.0 - nearest(binary_mask(inputs), *start.noise.shape[-2:]))
 
 
 def inpaint(pipeline: Any, params: dict, key, spec: Any, batch: int, inputs: dict) -> Start:

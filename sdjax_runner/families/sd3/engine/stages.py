@@ -23,15 +23,17 @@ from sdjax_runner.engine.encode import Conditioning
 from sdjax_runner.engine.guiders import Guidance, flow_step, guided
 from sdjax_runner.engine.modes import controlnet as controlnet_mode
 from sdjax_runner.engine.modes.start import Start
-from sdjax_runner.families.flux.engine.stages import decode as flux_decode
 from sdjax_runner.families.flux.engine.stages import (
+    binary_mask,
     drawn_latents,
     euler_step,
     kept_area,
+    nearest,
     noised_start,
     with_init_image,
     with_mask,
 )
+from sdjax_runner.families.flux.engine.stages import decode as flux_decode
 from sdjax_runner.models.nn.perturbed import Perturbed
 from sdjax_runner.models.nn.step_cache import first_block_state, first_block_steps
 
@@ -151,12 +153,10 @@ def controlnet_inpaint(pipeline: Any, params: dict, key, spec: Any, batch: int, 
     import jax.numpy as jnp
 
     start = txt2img(pipeline, params, key, spec, batch, inputs)
-    mask = (inputs["mask"] >= 0.5).astype(jnp.float32)  # (batch, 1, H, W): 1 repaints
+    mask = binary_mask(inputs)  # 1 repaints
     masked = jnp.where(mask > 0.5, -1.0, inputs["init"])  # (the init image arrives in [-1, 1])
     latents = drawn_latents(pipeline, params, key, masked)
-    height, width = latents.shape[-2:]
-    rows, columns = (np.arange(height) * mask.shape[-2]) // height, (np.arange(width) * mask.shape[-1]) // width
-    control = jnp.concatenate([latents, 1.0 - mask[:, :, rows][:, :, :, columns]], axis=1)
+    control = jnp.concatenate([latents, 1.0 - nearest(mask, *latents.shape[-2:])], axis=1)
     return start._replace(conditioning={"control": (control, inputs["control_scale"], controlnet_mode.window(inputs))})
 
 
