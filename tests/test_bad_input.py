@@ -15,7 +15,7 @@ from helpers.mlflow_store import mlflow_statuses
 CASES = {
     "unknown option": (["scheduler=nope"], "error: scheduler=nope: no such option (allowed: beta, ddim, ddpm, dpm_solver_pp, "
                                            "euler, exponential, flow_match_euler, karras, lcm, lms, normal, pndm, sgm_uniform, simple)"),
-    "unknown experiment": (["+experiment=nope"], "error: experiment=nope: no such option (allowed: flux_schnell, flux_schnell_smoke, flux_smoke, guide_different_prompts, guide_same_prompt, kontext_smoke, sd3_smoke, smoke)"),
+    "unknown experiment": (["+experiment=nope"], "error: experiment=nope: no such option (allowed: flux2_smoke, flux_schnell, flux_schnell_smoke, flux_smoke, guide_different_prompts, guide_same_prompt, kontext_smoke, sd3_smoke, smoke)"),
     "misspelled key": (["sampling.num_inference_step=3"],
                        "error: sampling.num_inference_step: unknown key (allowed: num_inference_steps, guidance_scale, true_cfg_scale, guidance_rescale, height, width, eta, hires, refiner_switch)"),
     "wrong type": (["seed=abc"], "error: seed: Value 'abc' of type 'str' could not be converted to Integer "

@@ -12,7 +12,11 @@ import pytest
 
 from sdjax_runner.config.schema import BUILTIN_MODELS
 
-TINY = [name for name in BUILTIN_MODELS if "arch" not in name]
+# FLUX.2 [klein]'s built-ins are the runner's own throughout: no library writes a FLUX.2 folder in Flax (diffusers has no
+# Flax FLUX.2, transformers no Flax Qwen3); their modules are checked against the PyTorch ones (tests/test_flux2.py) and
+# their tokenizer folder against transformers' Qwen2TokenizerFast below.
+OWN_ONLY = ("tiny-random-flux2", "tiny-random-flux2-base")
+TINY = [name for name in BUILTIN_MODELS if "arch" not in name and name not in OWN_ONLY]
 
 
 def files(folder: Path) -> dict[str, bytes]:
@@ -42,6 +46,33 @@ def test_the_tiny_builtins_are_all_compared():
                          "tiny-random-flux-controlnet", "tiny-random-flux-controlnet-union", "tiny-random-sd3",
                          "tiny-random-sd3-controlnet", "tiny-random-sd3-controlnet-single",
                          "tiny-random-sd3-controlnet-inpaint"}
+    assert set(OWN_ONLY) | set(TINY) == {name for name in BUILTIN_MODELS if "arch" not in name}
+
+
+def test_the_flux2_builtins_tokenizer_folder_reads_as_transformers_reads_it(tmp_path):
+    """tiny-random-flux2's tokenizer/ (written with the tokenizers library, laid out as Qwen2TokenizerFast saves it)
+    gives transformers' Qwen2TokenizerFast's ids and masks, with the runner's own reader, on every line of the built-in
+    corpus and the A1111-style prompts of the CLIP tokenizer's corpus as the chat text FLUX.2 reads, padded and cut."""
+    from transformers import Qwen2TokenizerFast
+
+    from sdjax_runner.families.flux2.models.builtin import write_tokenizer
+    from sdjax_runner.models.builtin_parts import CORPUS
+    from sdjax_runner.models.nn.qwen_tokenizer import QwenTokenizer, chat_text
+
+    write_tokenizer(tmp_path / "tokenizer")
+    theirs = Qwen2TokenizerFast.from_pretrained(tmp_path / "tokenizer")
+    ours = QwenTokenizer.from_folder(tmp_path / "tokenizer")
+    prompts = [line for line in CORPUS.splitlines() if line.strip()]
+    prompts += ["(masterpiece:1.2), a cat <lora:x:0.5> BREAK neon", "caf\u00e9 \U0001f600 \u00fc\u00df", "", " two  spaces "]
+    texts = [chat_text(prompt) for prompt in prompts]
+    assert theirs.apply_chat_template([{"role": "user", "content": "a cat"}], tokenize=False,
+                                      add_generation_prompt=True, enable_thinking=False) == chat_text("a cat")
+    for length in (16, 64):
+        mine = ours(texts, padding="max_length", max_length=length, truncation=True, return_tensors="np")
+        reference = theirs(texts, padding="max_length", max_length=length, truncation=True, return_tensors="np")
+        assert (mine.input_ids == reference["input_ids"]).all()
+        assert (mine.attention_mask == reference["attention_mask"]).all()
+    assert ours.pad_token_id == theirs.pad_token_id == ours.backend.token_to_id("<|endoftext|>")
 
 
 def test_building_a_builtin_imports_no_diffusers_transformers_or_torch(tmp_path):

@@ -19,7 +19,7 @@ GROUP_OPTIONS = sorted(
 
 
 def test_the_config_tree_is_what_the_tests_cover():
-    assert EXPERIMENTS == ["flux_schnell", "flux_schnell_smoke", "flux_smoke", "guide_different_prompts",
+    assert EXPERIMENTS == ["flux2_smoke", "flux_schnell", "flux_schnell_smoke", "flux_smoke", "guide_different_prompts",
                            "guide_same_prompt", "kontext_smoke", "sd3_smoke", "smoke"]
     assert ("model", "sd-v1-4") in GROUP_OPTIONS and ("tracking", "none") in GROUP_OPTIONS
     models = {option for group, option in GROUP_OPTIONS if group == "model"}
@@ -28,7 +28,9 @@ def test_the_config_tree_is_what_the_tests_cover():
                       "single_file", "tiny-random-flux", "tiny-random-flux-schnell", "flux-dev", "flux-schnell", "flux-dev-arch",
                       "flux-fill-dev", "flux-kontext-dev", "tiny-random-flux-kontext", "tiny-random-flux-fill", "tiny-random-sd3",
                       "flux-canny-dev", "flux-depth-dev", "tiny-random-flux-control",
-                      "sd3.5-large", "sd3.5-large-turbo", "sd3.5-medium", "sd3.5-large-arch"}
+                      "sd3.5-large", "sd3.5-large-turbo", "sd3.5-medium", "sd3.5-large-arch",
+                      "tiny-random-flux2", "tiny-random-flux2-base", "flux2-klein-4b", "flux2-klein-9b",
+                      "flux2-klein-base-4b", "flux2-klein-base-9b", "flux2-klein-4b-arch", "flux2-klein-9b-arch"}
     schedulers = {o for g, o in GROUP_OPTIONS if g == "scheduler"}
     assert schedulers == {"pndm", "ddim", "lms", "dpm_solver_pp", "euler", "ddpm", "lcm",  # diffusers'
                           "normal", "karras", "exponential", "sgm_uniform", "simple",  # the k samplers' sigma schedules

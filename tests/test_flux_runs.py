@@ -156,7 +156,7 @@ REFUSED = {
     "an SD scheduler": (["scheduler=ddim"], "error: scheduler: ddim: the flow models (FLUX.1, SD 3) step with their own flow_match_euler"),
     "clip skip": (["prompts.clip_skip=2"], "error: prompts.clip_skip: 2: FLUX.1 reads CLIP's pooled output"),
     "eta": (["sampling.eta=0.5"], "error: sampling.eta: the flow models' samplers (FLUX.1, SD 3) add no noise"),
-    "unknown family": (["model.family=sd4"], "error: model.family: unknown model family 'sd4' (allowed: sd, flux, sd3)"),
+    "unknown family": (["model.family=sd4"], "error: model.family: unknown model family 'sd4' (allowed: sd, flux, sd3, flux2)"),
 }
 
 

@@ -103,7 +103,8 @@ BUILTIN_MODELS = ("tiny-random", "tiny-random-xl", "sd-v1-arch", "sdxl-arch", "t
                   "tiny-random-flux-fill", "tiny-random-flux-control", "tiny-random-flux-controlnet",
                   "tiny-random-flux-controlnet-union",
                   "flux-dev-arch", "tiny-random-sd3", "tiny-random-sd3-controlnet", "tiny-random-sd3-controlnet-single",
-                  "tiny-random-sd3-controlnet-inpaint", "sd3.5-large-arch")  # models/builtin.py
+                  "tiny-random-sd3-controlnet-inpaint", "sd3.5-large-arch", "tiny-random-flux2",
+                  "tiny-random-flux2-base", "flux2-klein-4b-arch", "flux2-klein-9b-arch")  # models/builtin.py
 # scheduler.name -> the diffusers Flax class whose settings it takes (scheduler.config_overrides); the
 # classes that run are in models/schedulers.py (LMS and DDPM are the project's own subclasses).
 SCHEDULERS = {"pndm": "FlaxPNDMScheduler", "ddim": "FlaxDDIMScheduler", "lms": "FlaxLMSDiscreteScheduler",

@@ -17,4 +17,4 @@ This module imports nothing: a module of any layer may read :data:`NAMES`."""
 
 # The families, in the order the registries list them (and messages name them); the first is the default family
 # (config/families.DEFAULT), the one a model is where nothing says another.
-NAMES = ("sd", "flux", "sd3")
+NAMES = ("sd", "flux", "sd3", "flux2")

@@ -38,6 +38,7 @@ SETTINGS: dict[str, tuple[type, ...]] = {
     "requires_safety_checker": (bool,),  # SD 2.x; SD 1.x pipelines saved by newer diffusers
     "force_zeros_for_empty_prompt": (bool,),  # SDXL: no negative prompt -> zero embeddings (engine/encode.py)
     "add_watermarker": (bool, type(None)),  # SDXL: the invisible watermark of the PyTorch pipeline (not applied here)
+    "is_distilled": (bool,),  # FLUX.2 [klein]: a step-distilled model runs without guidance (families/flux2)
 }
 # What the libraries read whole from a component folder besides weights: configs and tokenizer files.
 # Other files a published folder ships (ONNX and OpenVINO exports: unet/model.onnx_data, openvino_model.xml)

@@ -22,7 +22,8 @@ from sdjax_runner.families.flux.engine import stages
 def k_sampler(name: str, family_stages: Any = stages) -> Callable:
     """The denoising stage of k sampler ``name`` on FLUX.1 (module docstring) -- or on another flow-matching
     family whose stage module (``family_stages``: SD 3's, families/sd3/engine/stages.py) has the same ``pack``, ``unpack``,
-    ``latent_side``, ``velocity_model`` (taking sigma in [0, 1]), ``noised_start`` and ``euler``; ``euler`` without a schedule
+    ``latent_side``, ``velocity_model`` (taking sigma in [0, 1]), ``noised_start`` and ``euler``, and where its model
+    sampling is not FLUX.1's a ``sigma_table(pipeline, spec)`` (FLUX.2's); ``euler`` without a schedule
     (``spec.sigmas`` None) is diffusers' Euler on the model's own schedule."""
 
     def denoise(pipeline: Any, params: dict, conditioning: Conditioning, start: Start, guidance, spec: Any,
@@ -33,7 +34,10 @@ def k_sampler(name: str, family_stages: Any = stages) -> Callable:
         if spec.sigmas is None:
             return stages.euler(pipeline, params, conditioning, start, guidance, spec, key)
         factor = pipeline.vae_scale_factor
-        table, sigma = flow.flow_model(pipeline.scheduler_config, spec.height, spec.width, factor)
+        if hasattr(stages, "sigma_table"):  # a family whose model sampling is its own (FLUX.2's shift)
+            table, sigma = stages.sigma_table(pipeline, spec)
+        else:
+            table, sigma = flow.flow_model(pipeline.scheduler_config, spec.height, spec.width, factor)
         sigmas = flow.schedule(spec.sigmas, spec.steps, table, sigma)  # host values: constants of the program
         tokens = stages.pack(start.noise)
         velocity = stages.velocity_model(pipeline, params, conditioning, guidance, spec, tokens.shape[0], sigmas)

@@ -1,0 +1,288 @@
+"""Make the PyTorch reference fixtures for FLUX.2 [klein] (issue #63) in ``tests/fixtures/flux2/``.
+
+The runner never imports torch. This script runs in the reference environment of make_flux_reference.py (the same
+pinned versions; see its docstring), builds a tiny random-weight ``Flux2KleinPipeline`` with diffusers' own PyTorch
+classes -- ``Flux2Transformer2DModel``, ``AutoencoderKLFlux2``, transformers' ``Qwen3ForCausalLM`` and a
+``Qwen2TokenizerFast`` -- saves it in the published layout (``tiny-flux2-klein/``) and records what they compute, module
+by module and for whole pipeline calls from the runner's noise, in ``flux2.npz``. No hub: the weights come from fixed
+torch seeds; the tokenizer is a byte-level BPE trained here with ``tokenizers`` on make_flux_reference.py's corpus,
+with Qwen's special tokens and the tail of Qwen3's chat template (what ``apply_chat_template(...,
+add_generation_prompt=True, enable_thinking=False)`` renders for one user message). Running it twice writes identical
+files.
+
+Run from the checkout's root::
+
+    /work/refvenv/bin/python tests/helpers/make_flux2_reference.py            # writes tests/fixtures/flux2/
+    /work/refvenv/bin/python tests/helpers/make_flux2_reference.py --out DIR  # somewhere else
+
+It also records the parameter counts of diffusers' and transformers' classes at FLUX.2 [klein] 4B's and 9B's published
+shapes (built on the meta device: nothing is allocated), which the runner's ``-arch`` models are checked against.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from make_flux_reference import T5_CORPUS, _np, _save_npz, _versions
+
+ROOT = Path(__file__).resolve().parents[2]
+DEFAULT_OUT = ROOT / "tests" / "fixtures" / "flux2"
+SEED = 0
+PROMPT = "a red cube on a table"
+NEGATIVE_PROMPT = "blurry"
+HEIGHT, WIDTH = 32, 64  # not square: rows and columns of the tokens are told apart
+NUM_DEVICES = 2
+MAX_SEQUENCE_LENGTH = 40  # Flux2KleinPipeline pads (and cuts) every prompt to this many tokens
+STEPS = 3
+GUIDANCE = 4.0  # the base (undistilled) model's classifier-free guidance
+OUT_LAYERS = (9, 18, 27)  # Flux2KleinPipeline's text_encoder_out_layers
+
+# FLUX.2 [klein]'s transformer at toy size: two heads of 16 (= 4 x 4, the four rotary axes), one double-stream
+# block, two single-stream ones; 2x2-patchified 8-channel latents in (32), three Qwen3 layers' width (3 x 32).
+TRANSFORMER = dict(patch_size=1, in_channels=32, num_layers=1, num_single_layers=2, attention_head_dim=16,
+                   num_attention_heads=2, joint_attention_dim=96, timestep_guidance_channels=256, mlp_ratio=3.0,
+                   axes_dims_rope=(4, 4, 4, 4), rope_theta=2000, eps=1e-6, guidance_embeds=False)
+# FLUX.2's VAE (AutoencoderKLFlux2): quant convs, a batch norm's running statistics over the 2x2-patchified latents;
+# four levels (8x down-sampling, as the real one) at toy width, 8 latent channels (the real one: 32).
+VAE = dict(in_channels=3, out_channels=3, down_block_types=("DownEncoderBlock2D",) * 4,
+           up_block_types=("UpDecoderBlock2D",) * 4, block_out_channels=(4, 8, 8, 8), layers_per_block=1,
+           act_fn="silu", latent_channels=8, norm_num_groups=2, sample_size=32, force_upcast=True,
+           use_quant_conv=True, use_post_quant_conv=True, mid_block_add_attention=True, batch_norm_eps=1e-4,
+           batch_norm_momentum=0.1, patch_size=(2, 2))
+# Qwen3 (Qwen3-4B's kind: grouped-query attention with per-head q/k RMS norms, tied embeddings) at toy width, deep
+# enough that hidden states 9, 18 and 27 are layers' outputs as in the real 36-layer model.
+QWEN3 = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=28, num_attention_heads=4, num_key_value_heads=2,
+             head_dim=8, max_position_embeddings=512, rope_theta=1000000.0, rms_norm_eps=1e-6, hidden_act="silu",
+             tie_word_embeddings=True, attention_bias=False, use_sliding_window=False)
+# FLUX.2 [klein]'s scheduler config (black-forest-labs/FLUX.2-klein-4B scheduler/scheduler_config.json's values; the
+# pipeline passes its own mu, compute_empirical_mu)
+SCHEDULER = dict(num_train_timesteps=1000, shift=3.0, use_dynamic_shifting=True, base_shift=0.5, max_shift=1.15,
+                 base_image_seq_len=256, max_image_seq_len=4096, time_shift_type="exponential")
+SPECIAL = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")  # Qwen's, ids after the vocabulary's
+ADDED = ("<think>", "</think>")  # Qwen3's added (not special) tokens
+# The tail of Qwen3's chat template that one user message with enable_thinking=False renders
+CHAT_TEMPLATE = ("{%- for message in messages %}{{- '<|im_start|>' + message.role + '\\n' + message.content + "
+                 "'<|im_end|>' + '\\n' }}{%- endfor %}{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}"
+                 "{%- if enable_thinking is defined and enable_thinking is false %}"
+                 "{{- '<think>\\n\\n</think>\\n\\n' }}{%- endif %}{%- endif %}")
+VOCAB = 300
+COMPONENT_SEEDS = dict(transformer=SEED, vae=SEED + 1, text_encoder=SEED + 2)
+
+# Published shapes (black-forest-labs/FLUX.2-klein-4B and -9B: transformer/config.json, text_encoder/config.json
+# (Qwen3-4B, Qwen3-8B), vae/config.json), for the parameter counts of the -arch models.
+ARCH = {
+    "4b": dict(transformer=dict(num_layers=5, num_single_layers=20, num_attention_heads=24, joint_attention_dim=7680),
+               qwen3=dict(hidden_size=2560, intermediate_size=9728, num_hidden_layers=36, num_attention_heads=32,
+                          num_key_value_heads=8, head_dim=128, vocab_size=151936, tie_word_embeddings=True)),
+    "9b": dict(transformer=dict(num_layers=8, num_single_layers=24, num_attention_heads=32, joint_attention_dim=12288),
+               qwen3=dict(hidden_size=4096, intermediate_size=12288, num_hidden_layers=36, num_attention_heads=32,
+                          num_key_value_heads=8, head_dim=128, vocab_size=151936, tie_word_embeddings=False)),
+}
+
+
+def _tokenizer(staging: Path):
+    """A Qwen2TokenizerFast over a byte-level BPE trained here (Qwen's layout: the vocabulary, then <|endoftext|>,
+    <|im_start|>, <|im_end|> as special tokens and <think>, </think> as added ones; no BOS or EOS added; padded
+    with <|endoftext|> on the right)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import AddedToken, Qwen2TokenizerFast
+
+    backend = Tokenizer(models.BPE())
+    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    backend.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=VOCAB, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+                                  show_progress=False)
+    backend.train_from_iterator(T5_CORPUS.splitlines(), trainer=trainer)
+    staging.mkdir(parents=True, exist_ok=True)
+    backend.save(str(staging / "tokenizer.json"))
+    tokenizer = Qwen2TokenizerFast(tokenizer_file=str(staging / "tokenizer.json"), unk_token=None, bos_token=None,
+                                   eos_token="<|im_end|>", pad_token="<|endoftext|>", model_max_length=131072)
+    tokenizer.add_special_tokens({"additional_special_tokens": [AddedToken(t, special=True) for t in SPECIAL[1:]]})
+    tokenizer.add_special_tokens({"pad_token": "<|endoftext|>"})
+    tokenizer.add_tokens([AddedToken(t, special=False, normalized=False) for t in ADDED])
+    tokenizer.chat_template = CHAT_TEMPLATE
+    return tokenizer
+
+
+def _build(staging: Path, distilled: bool = True):
+    import torch
+    from diffusers import (
+        AutoencoderKLFlux2,
+        FlowMatchEulerDiscreteScheduler,
+        Flux2KleinPipeline,
+        Flux2Transformer2DModel,
+    )
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    tokenizer = _tokenizer(staging / "tokenizer")
+    torch.manual_seed(COMPONENT_SEEDS["transformer"])
+    transformer = Flux2Transformer2DModel(**TRANSFORMER)
+    torch.manual_seed(COMPONENT_SEEDS["vae"])
+    vae = AutoencoderKLFlux2(**VAE)
+    with torch.no_grad():  # the batch norm's statistics as a trained VAE has them (not 0 and 1)
+        vae.bn.running_mean.copy_(0.3 * torch.randn(vae.bn.running_mean.shape))
+        vae.bn.running_var.copy_(0.5 + torch.rand(vae.bn.running_var.shape))
+    torch.manual_seed(COMPONENT_SEEDS["text_encoder"])
+    config = Qwen3Config(vocab_size=-(-len(tokenizer) // 16) * 16, pad_token_id=tokenizer.pad_token_id,
+                         eos_token_id=tokenizer.eos_token_id, bos_token_id=None, **QWEN3)
+    text_encoder = Qwen3ForCausalLM(config)
+    text_encoder.config.torch_dtype = "float32"
+    scheduler = FlowMatchEulerDiscreteScheduler(**SCHEDULER)
+    pipeline = Flux2KleinPipeline(scheduler=scheduler, vae=vae, text_encoder=text_encoder, tokenizer=tokenizer,
+                                  transformer=transformer, is_distilled=distilled)
+    for module in (transformer, vae, text_encoder):
+        module.eval()
+    pipeline.set_progress_bar_config(disable=True)
+    return pipeline
+
+
+def runner_noise() -> np.ndarray:
+    """The runner's initial latents for seed SEED on NUM_DEVICES devices, one image each: device i draws
+    ``jax.random.normal(split(PRNGKey(seed), num_devices)[i], (1, 4 c, H/16, W/16), float32)`` -- the patchified
+    latents Flux2KleinPipeline.prepare_latents draws (families/flux2/engine/stages.py: txt2img)."""
+    import jax
+    import jax.numpy as jnp
+
+    keys = jax.random.split(jax.random.PRNGKey(SEED), NUM_DEVICES)
+    shape = (1, 4 * VAE["latent_channels"], HEIGHT // 16, WIDTH // 16)
+    return np.concatenate([np.asarray(jax.random.normal(key, shape, dtype=jnp.float32)) for key in keys])
+
+
+def _module_references(pipeline) -> dict[str, np.ndarray]:
+    """Each module on fixed inputs: the Qwen3 hidden states the pipeline stacks, the transformer's prediction, the
+    VAE's decode and encode (its posterior's mean), and the pipeline's own helpers."""
+    import torch
+
+    out: dict[str, np.ndarray] = {}
+    rng = np.random.default_rng(SEED)
+    with torch.no_grad():
+        text = pipeline.tokenizer.apply_chat_template([{"role": "user", "content": PROMPT}], tokenize=False,
+                                                      add_generation_prompt=True, enable_thinking=False)
+        inputs = pipeline.tokenizer(text, return_tensors="pt", padding="max_length", truncation=True,
+                                    max_length=MAX_SEQUENCE_LENGTH)
+        hidden = pipeline.text_encoder(input_ids=inputs["input_ids"], attention_mask=inputs["attention_mask"],
+                                       output_hidden_states=True, use_cache=False).hidden_states
+        out["qwen3.text"] = np.asarray(text)
+        out["qwen3.input_ids"] = _np(inputs["input_ids"])
+        out["qwen3.attention_mask"] = _np(inputs["attention_mask"])
+        out["qwen3.hidden_states"] = np.stack([_np(h) for h in hidden])  # (layers + 1, 1, seq, width)
+        out["prompt_embeds"] = _np(pipeline.encode_prompt(PROMPT, max_sequence_length=MAX_SEQUENCE_LENGTH)[0])
+
+        tokens, text_tokens = 8, 5
+        x = rng.standard_normal((2, tokens, TRANSFORMER["in_channels"])).astype(np.float32)
+        context = rng.standard_normal((2, text_tokens, TRANSFORMER["joint_attention_dim"])).astype(np.float32)
+        latents = torch.zeros((1, TRANSFORMER["in_channels"], 2, 4))
+        img_ids = pipeline._prepare_latent_ids(latents)
+        txt_ids = pipeline._prepare_text_ids(torch.from_numpy(context))
+        timestep = np.asarray([0.7, 0.25], np.float32)
+        prediction = pipeline.transformer(hidden_states=torch.from_numpy(x), encoder_hidden_states=torch.from_numpy(
+            context), timestep=torch.from_numpy(timestep), img_ids=img_ids, txt_ids=txt_ids, guidance=None,
+            return_dict=False)[0]
+        out.update({"transformer.hidden_states": x, "transformer.encoder_hidden_states": context,
+                    "transformer.timestep": timestep, "transformer.img_ids": _np(img_ids),
+                    "transformer.txt_ids": _np(txt_ids), "transformer.out": _np(prediction)})
+
+        vae_latents = rng.standard_normal((1, VAE["latent_channels"], 4, 8)).astype(np.float32)
+        out["vae.latents"] = vae_latents
+        out["vae.decoded"] = _np(pipeline.vae.decode(torch.from_numpy(vae_latents)).sample)
+        image = rng.uniform(-1, 1, (1, 3, 32, 64)).astype(np.float32)
+        out["vae.image"] = image
+        out["vae.encoded_mean"] = _np(pipeline.vae.encode(torch.from_numpy(image)).latent_dist.mean)
+        out["vae.bn_mean"] = _np(pipeline.vae.bn.running_mean)
+        out["vae.bn_var"] = _np(pipeline.vae.bn.running_var)
+    return out
+
+
+def _call(pipeline, latents: np.ndarray, **kwargs) -> np.ndarray:
+    import torch
+
+    batch = latents.shape[0]
+    with torch.no_grad():  # (the pipeline packs the (batch, 4 c, h, w) latents it is given itself)
+        images = pipeline(prompt=[PROMPT] * batch, height=HEIGHT, width=WIDTH, num_inference_steps=STEPS,
+                          max_sequence_length=MAX_SEQUENCE_LENGTH, latents=torch.from_numpy(latents), output_type="np", **kwargs).images
+    return np.asarray(images, dtype=np.float32)
+
+
+def _pipeline_references(pipeline) -> dict[str, np.ndarray]:
+    """The distilled pipeline (no guidance) and the base one (classifier-free guidance with the empty negative
+    prompt) from the runner's noise, with the schedule the pipeline sets."""
+    from diffusers.pipelines.flux2.pipeline_flux2_klein import compute_empirical_mu
+
+    latents = runner_noise()
+    out = {"latents": latents, "images": _call(pipeline, latents, guidance_scale=1.0)}
+    seq_len = (HEIGHT // 16) * (WIDTH // 16)
+    out["mu"] = np.asarray(compute_empirical_mu(seq_len, STEPS), np.float64)
+    out["sigmas"] = _np(pipeline.scheduler.sigmas)
+    pipeline.register_to_config(is_distilled=False)
+    try:
+        out["base_images"] = _call(pipeline, latents, guidance_scale=GUIDANCE)
+    finally:
+        pipeline.register_to_config(is_distilled=True)
+    if np.abs(out["base_images"] - out["images"]).max() < 1e-3:
+        raise RuntimeError("guidance changed nothing: the reference would not tell CFG from none")
+    return out
+
+
+def _parameter_counts() -> dict[str, np.ndarray]:
+    """diffusers' and transformers' parameter counts at klein's published shapes (meta device; the VAE's buffers --
+    the batch norm's statistics -- counted as the runner counts them, with its parameters)."""
+    import torch
+    from diffusers import AutoencoderKLFlux2, Flux2Transformer2DModel
+    from transformers import Qwen3Config, Qwen3Model
+
+    out = {}
+    with torch.device("meta"):
+        for size, spec in ARCH.items():
+            transformer = Flux2Transformer2DModel(**dict(TRANSFORMER, in_channels=128, attention_head_dim=128,
+                                                         axes_dims_rope=(32, 32, 32, 32), **spec["transformer"]))
+            out[f"params.{size}.transformer"] = np.asarray(sum(p.numel() for p in transformer.parameters()), np.int64)
+            qwen3 = Qwen3Model(Qwen3Config(**dict(QWEN3, **spec["qwen3"])))
+            out[f"params.{size}.text_encoder"] = np.asarray(sum(p.numel() for p in qwen3.parameters()), np.int64)
+        vae = AutoencoderKLFlux2()
+        out["params.vae"] = np.asarray(sum(p.numel() for p in vae.parameters()) + sum(
+            b.numel() for name, b in vae.named_buffers() if name.startswith("bn.running")), np.int64)
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as staging:
+        pipeline = _build(Path(staging))
+        folder = args.out / "tiny-flux2-klein"
+        if folder.exists():
+            shutil.rmtree(folder)
+        pipeline.save_pretrained(folder, safe_serialization=True)
+        arrays = {**_module_references(pipeline), **_pipeline_references(pipeline), **_parameter_counts(),
+                  "prompt": np.asarray(PROMPT), "height": np.asarray(HEIGHT), "width": np.asarray(WIDTH),
+                  "steps": np.asarray(STEPS), "guidance": np.asarray(GUIDANCE), "seed": np.asarray(SEED),
+                  "num_devices": np.asarray(NUM_DEVICES), "max_sequence_length": np.asarray(MAX_SEQUENCE_LENGTH)}
+    from diffusers import Flux2KleinPipeline
+
+    reloaded = Flux2KleinPipeline.from_pretrained(folder)
+    reloaded.set_progress_bar_config(disable=True)
+    if not np.array_equal(_call(reloaded, arrays["latents"], guidance_scale=1.0), arrays["images"]):
+        raise RuntimeError("the saved folder does not reproduce the recorded images")
+    _save_npz(args.out / "flux2.npz", arrays)
+    versions = dict(_versions(), script="tests/helpers/make_flux2_reference.py")
+    (args.out / "VERSIONS.json").write_text(json.dumps(versions, indent=2, sort_keys=True) + "\n")
+    print(f"wrote {args.out}/flux2.npz and {folder}/")
+
+
+if __name__ == "__main__":
+    main()

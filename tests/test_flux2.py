@@ -1,0 +1,177 @@
+"""FLUX.2 [klein] (issue #63) against diffusers 0.39's PyTorch ``Flux2KleinPipeline``: the tiny pipeline
+tests/helpers/make_flux2_reference.py made and saved with diffusers' and transformers' own classes
+(tests/fixtures/flux2/tiny-flux2-klein: a toy Qwen3, the transformer, the VAE with its batch-norm statistics) and what
+they compute (``flux2.npz``) -- each module on fixed inputs, and the pipeline's images for the runner's own noise (seed
+0 on 2 devices, 32x64, 3 steps, 40 chat tokens), distilled and as a base model with classifier-free guidance 4."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from PIL import Image
+
+from helpers.cli import ONE_DEVICE, assert_one_line_error, run_cli
+
+FIXTURES = Path(__file__).resolve().parent / "fixtures" / "flux2"
+FOLDER = FIXTURES / "tiny-flux2-klein"
+TOLERANCE = 2 / 255
+RUN = ["model=local", "model.name=tiny-flux2", "model.family=flux2", "dtype=fp32", "sampling.num_inference_steps=3",
+       "sampling.height=32", "sampling.width=64", "parallelism.num_devices=2", "parallelism.per_device_batch_size=1",
+       "prompts.texts=[a red cube on a table]", "prompts.max_sequence_length=40", "tracking=none",
+       "metrics.clip_score.enabled=false", "seed=0"]
+
+
+@pytest.fixture(scope="module")
+def reference() -> dict[str, np.ndarray]:
+    with np.load(FIXTURES / "flux2.npz") as data:
+        return {key: data[key] for key in data.files}
+
+
+def images(run_dir: Path) -> np.ndarray:
+    records = json.loads((run_dir / "images.json").read_text())
+    return np.stack([np.asarray(Image.open(run_dir / r["file"]), np.float32) / 255 for r in records])
+
+
+def base_copy(folder: Path) -> Path:
+    """The tiny pipeline as a base (undistilled) model: its index says is_distilled false, as the base klein's do."""
+    shutil.copytree(FOLDER, folder)
+    index = json.loads((folder / "model_index.json").read_text())
+    (folder / "model_index.json").write_text(json.dumps(dict(index, is_distilled=False)))
+    return folder
+
+
+def converted(component: str, module, tensors=None) -> dict:
+    from sdjax_runner.families.flux.models.convert import convert_state_dict, load_safetensors
+
+    files = sorted((FOLDER / component).glob("*.safetensors"))
+    state = tensors or {k: v for f in files for k, v in load_safetensors(f).items()}
+    return convert_state_dict({k: v for k, v in state.items() if k != "bn.num_batches_tracked"}, module, np.float32)
+
+
+def test_the_tokenizer_and_qwen3_are_transformers_own(reference):
+    """The chat text, its ids and mask are Qwen2TokenizerFast's (with Qwen3's template, thinking off) and every hidden
+    state of the runner's Qwen3 is Qwen3ForCausalLM's (fp32, CPU) within 1e-5 of their scale."""
+    from sdjax_runner.families.flux.models.convert import load_safetensors
+    from sdjax_runner.models.nn.qwen3 import Qwen3TextModel, torch_names
+    from sdjax_runner.models.nn.qwen_tokenizer import QwenTokenizer, chat_text
+
+    text = chat_text(str(reference["prompt"]))
+    assert text == str(reference["qwen3.text"])
+    tokenizer = QwenTokenizer.from_folder(FOLDER / "tokenizer")
+    encoded = tokenizer([text], padding="max_length", max_length=int(reference["max_sequence_length"]),
+                        truncation=True, return_tensors="np")
+    np.testing.assert_array_equal(encoded.input_ids, reference["qwen3.input_ids"])
+    np.testing.assert_array_equal(encoded.attention_mask, reference["qwen3.attention_mask"])
+    assert 0 < encoded.attention_mask.sum() < encoded.attention_mask.size  # padded: the mask is read
+    config = json.loads((FOLDER / "text_encoder" / "config.json").read_text())
+    model = Qwen3TextModel.from_config(config)
+    params = converted("text_encoder", model, torch_names(load_safetensors(FOLDER / "text_encoder" / "model.safetensors")))
+    wanted = tuple(range(config["num_hidden_layers"] + 1))  # the embeddings, each layer, the last one normed
+    ours = np.asarray(model.apply({"params": params}, jnp.asarray(encoded.input_ids),
+                                  jnp.asarray(encoded.attention_mask), wanted))[:, 0]
+    theirs = reference["qwen3.hidden_states"][:, 0]
+    assert ours.shape == theirs.shape
+    assert np.abs(ours - theirs).max() <= 1e-5 * np.abs(theirs).max()
+
+
+def test_the_transformer_and_the_vae_are_diffusers_own(reference):
+    """Flux2Transformer2DModel's prediction (two images at two timesteps, position ids as the pipeline makes them) and
+    AutoencoderKLFlux2's decode and encode on the same weights, within 1e-5 of their scale; the pipeline's ids are
+    the runner's."""
+    from sdjax_runner.families.flux2.engine.stages import image_ids, text_ids
+    from sdjax_runner.families.flux2.models.autoencoder import FlaxFlux2AutoencoderKL
+    from sdjax_runner.families.flux2.models.transformer import FlaxFlux2Transformer
+
+    img_ids, txt_ids = reference["transformer.img_ids"][0], reference["transformer.txt_ids"][0]
+    np.testing.assert_array_equal(image_ids(2, 4), img_ids)
+    np.testing.assert_array_equal(text_ids(txt_ids.shape[0]), txt_ids)
+    transformer = FlaxFlux2Transformer.from_config(json.loads((FOLDER / "transformer" / "config.json").read_text()))
+    out = transformer.apply({"params": converted("transformer", transformer)}, reference["transformer.hidden_states"],
+                            reference["transformer.encoder_hidden_states"], reference["transformer.timestep"],
+                            img_ids.astype(np.float32), txt_ids.astype(np.float32))
+    theirs = reference["transformer.out"]
+    assert np.abs(np.asarray(out) - theirs).max() <= 1e-5 * np.abs(theirs).max()
+
+    vae = FlaxFlux2AutoencoderKL.from_config(json.loads((FOLDER / "vae" / "config.json").read_text()))
+    params = converted("vae", vae)
+    np.testing.assert_array_equal(params["bn"]["running_var"], reference["vae.bn_var"])
+    decoded = np.asarray(vae.apply({"params": params}, reference["vae.latents"], method=vae.decode))
+    assert np.abs(decoded - reference["vae.decoded"]).max() <= 1e-5 * np.abs(reference["vae.decoded"]).max()
+    mean = np.asarray(vae.apply({"params": params}, reference["vae.image"], method=vae.encode).mean)
+    assert np.abs(mean.transpose(0, 3, 1, 2) - reference["vae.encoded_mean"]).max() <= 1e-5
+
+
+def test_the_full_size_architectures_have_diffusers_parameter_counts(reference):
+    """flux2-klein-4b-arch and -9b-arch: the transformer, the Qwen3 text encoder (without its LM head) and the VAE (its
+    batch-norm statistics counted) have the parameter counts of diffusers' and transformers' classes at the published
+    shapes (the reference maker counts them on the meta device)."""
+    from flax.traverse_util import flatten_dict
+
+    from sdjax_runner.families.flux2.models.autoencoder import FlaxFlux2AutoencoderKL
+    from sdjax_runner.families.flux2.models.builtin import FLUX2_SPECS
+    from sdjax_runner.families.flux2.models.transformer import FlaxFlux2Transformer
+    from sdjax_runner.models.checkpoints import param_shapes
+    from sdjax_runner.models.nn.qwen3 import Qwen3TextModel
+
+    def count(module) -> int:
+        return sum(int(np.prod(leaf.shape)) for leaf in flatten_dict(param_shapes(module, "diffusers")).values())
+
+    for size in ("4b", "9b"):
+        spec = FLUX2_SPECS[f"flux2-klein-{size}-arch"]
+        assert count(FlaxFlux2Transformer.from_config(spec["transformer"])) == reference[f"params.{size}.transformer"]
+        assert count(Qwen3TextModel.from_config(spec["qwen3"])) == reference[f"params.{size}.text_encoder"]
+        assert count(FlaxFlux2AutoencoderKL.from_config(spec["vae"])) == reference["params.vae"]
+
+
+@pytest.mark.slow
+def test_klein_from_the_command_line_is_diffusers_pipeline_distilled_and_base(tmp_path, reference):
+    """The distilled folder from the command line gives Flux2KleinPipeline's images; as a base model a guidance sweep
+    compiles once and gives its classifier-free guidance's images at 4 and, at 1 (no guidance), the distilled ones."""
+    result = run_cli(*RUN, f"model.pretrained_model_name_or_path={FOLDER}", "hydra.run.dir=run", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert float(np.abs(images(tmp_path / "run") - reference["images"]).max()) <= TOLERANCE
+    record = json.loads((tmp_path / "run" / "images.json").read_text())[0]
+    assert (record["family"], record["sampler"], record["steps"]) == ("flux2", "Euler", 3)
+
+    sweep = tmp_path / "sweep"
+    result = run_cli("-m", *RUN, f"model.pretrained_model_name_or_path={base_copy(tmp_path / 'base')}",
+                     "sampling.guidance_scale=4,1", f"hydra.sweep.dir={sweep}", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert float(np.abs(images(sweep / "0") - reference["base_images"]).max()) <= TOLERANCE
+    assert float(np.abs(images(sweep / "1") - reference["images"]).max()) <= TOLERANCE
+    assert json.loads((sweep / "1" / "timings.json").read_text())["compile_reused"] == 1  # the scale is traced
+    assert json.loads((sweep / "0" / "images.json").read_text())[0]["guidance_scale"] == 4
+
+
+@pytest.mark.slow
+def test_the_smoke_experiment_and_a_k_sampler_run_on_the_builtin_model(tmp_path):
+    """``+experiment=flux2_smoke`` on the built-in tiny model, with FLUX.1's flow k samplers on FLUX.2's shift: the
+    Euler images and DPM++ 2M's differ, both finite and not flat, recorded as FLUX.2's."""
+    sweep = tmp_path / "sweep"
+    result = run_cli("-m", "+experiment=flux2_smoke", *ONE_DEVICE, "sampler=euler,dpmpp_2m", "tracking=none",
+                     "metrics.clip_score.enabled=false", f"hydra.sweep.dir={sweep}", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    euler, dpm = images(sweep / "0"), images(sweep / "1")
+    assert euler.shape == dpm.shape == (8, 32, 32, 3)
+    assert min(float(euler.std()), float(dpm.std())) > 0.01
+    assert np.abs(euler - dpm).max() > 0.01
+    records = json.loads((sweep / "1" / "images.json").read_text())
+    assert {(r["family"], r["model"], r["sampler"]) for r in records} == {("flux2", "tiny-random-flux2", "DPM++ 2M")}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("overrides", "expected"), [
+    (["sampling.guidance_scale=3"], "error: sampling.guidance_scale: 3, but tiny-flux2 is a distilled FLUX.2 [klein]"),
+    (["prompts.negative=blurry"], "error: prompts.negative: given, but tiny-flux2 is a distilled FLUX.2 [klein]"),
+    (["prompts.syntax=a1111"], "error: prompts.syntax: a1111:"),
+])
+def test_what_a_distilled_klein_does_not_read_is_one_line(tmp_path, overrides, expected):
+    result = run_cli(*RUN, f"model.pretrained_model_name_or_path={FOLDER}", *overrides, "hydra.run.dir=run",
+                     cwd=tmp_path, process=True)
+    assert_one_line_error(result, expected)
+    assert not (tmp_path / "run" / "images.json").exists()
