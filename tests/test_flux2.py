@@ -53,6 +53,7 @@ def converted(component: str, module, tensors=None) -> dict:
     return convert_state_dict({k: v for k, v in state.items() if k != "bn.num_batches_tracked"}, module, np.float32)
 
 
+@pytest.mark.slow  # (seconds of tracing: kept out of the fast tier, whose budget is two minutes)
 def test_the_tokenizer_and_qwen3_are_transformers_own(reference):
     """The chat text, its ids and mask are Qwen2TokenizerFast's (with Qwen3's template, thinking off) and every hidden
     state of the runner's Qwen3 is Qwen3ForCausalLM's (fp32, CPU) within 1e-5 of their scale."""
@@ -79,6 +80,7 @@ def test_the_tokenizer_and_qwen3_are_transformers_own(reference):
     assert np.abs(ours - theirs).max() <= 1e-5 * np.abs(theirs).max()
 
 
+@pytest.mark.slow  # (seconds of tracing: kept out of the fast tier, whose budget is two minutes)
 def test_the_transformer_and_the_vae_are_diffusers_own(reference):
     """Flux2Transformer2DModel's prediction (two images at two timesteps, position ids as the pipeline makes them) and
     AutoencoderKLFlux2's decode and encode on the same weights, within 1e-5 of their scale; the pipeline's ids are
@@ -106,6 +108,7 @@ def test_the_transformer_and_the_vae_are_diffusers_own(reference):
     assert np.abs(mean.transpose(0, 3, 1, 2) - reference["vae.encoded_mean"]).max() <= 1e-5
 
 
+@pytest.mark.slow  # (seconds of tracing: kept out of the fast tier, whose budget is two minutes)
 def test_the_full_size_architectures_have_diffusers_parameter_counts(reference):
     """flux2-klein-4b-arch and -9b-arch: the transformer, the Qwen3 text encoder (without its LM head) and the VAE (its
     batch-norm statistics counted) have the parameter counts of diffusers' and transformers' classes at the published
@@ -129,13 +132,21 @@ def test_the_full_size_architectures_have_diffusers_parameter_counts(reference):
 
 
 @pytest.mark.slow
-def test_klein_from_the_command_line_is_diffusers_pipeline_distilled_and_base(tmp_path, reference):
-    """The distilled folder from the command line gives Flux2KleinPipeline's images; as a base model a guidance sweep
-    compiles once and gives its classifier-free guidance's images at 4 and, at 1 (no guidance), the distilled ones."""
-    result = run_cli(*RUN, f"model.pretrained_model_name_or_path={FOLDER}", "hydra.run.dir=run", cwd=tmp_path)
+def test_klein_from_the_command_line_is_diffusers_pipeline_distilled_with_a_lora_and_base(tmp_path, reference):
+    """The distilled folder from the command line with a LoRA in diffusers' / PEFT's layout gives Flux2KleinPipeline's
+    images with it loaded by diffusers' load_lora_weights at scale 1 and the plain ones at 0 (one program); as a base
+    model a guidance sweep compiles once and gives its classifier-free guidance's images at 4 and, at 1 (no guidance),
+    the distilled ones."""
+    lora = FIXTURES / "tiny-flux2-lora.safetensors"
+    sweep = tmp_path / "lora"
+    result = run_cli("-m", *RUN, f"model.pretrained_model_name_or_path={FOLDER}", f"lora=[{{path: {lora}}}]",
+                     "lora.0.scale=1,0", f"hydra.sweep.dir={sweep}", cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
-    assert float(np.abs(images(tmp_path / "run") - reference["images"]).max()) <= TOLERANCE
-    record = json.loads((tmp_path / "run" / "images.json").read_text())[0]
+    assert "lora: tiny-flux2-lora.safetensors at scale 1 merged into 6 layer(s) (transformer 6)" in result.stdout + result.stderr
+    assert float(np.abs(images(sweep / "0") - reference["lora_images"]).max()) <= TOLERANCE
+    assert float(np.abs(images(sweep / "1") - reference["images"]).max()) <= TOLERANCE
+    assert json.loads((sweep / "1" / "timings.json").read_text())["compile_reused"] == 1  # the scale is traced
+    record = json.loads((sweep / "1" / "images.json").read_text())[0]
     assert (record["family"], record["sampler"], record["steps"]) == ("flux2", "Euler", 3)
 
     sweep = tmp_path / "sweep"
@@ -146,6 +157,26 @@ def test_klein_from_the_command_line_is_diffusers_pipeline_distilled_and_base(tm
     assert float(np.abs(images(sweep / "1") - reference["images"]).max()) <= TOLERANCE
     assert json.loads((sweep / "1" / "timings.json").read_text())["compile_reused"] == 1  # the scale is traced
     assert json.loads((sweep / "0" / "images.json").read_text())[0]["guidance_scale"] == 4
+
+
+@pytest.mark.slow
+def test_an_edit_with_a_reference_image_is_diffusers_with_the_weights_split_across_devices(tmp_path, reference):
+    """mode=edit with init_image (Flux2KleinPipeline's ``image``, at the run's size) on the base model, the weights split
+    across the devices (parallelism.params=sharded): diffusers' images without guidance and with guidance 4, one
+    program; the records and the A1111 line name the reference image."""
+    Image.fromarray(reference["edit_image"]).save(tmp_path / "reference.png")
+    sweep = tmp_path / "edit"
+    result = run_cli("-m", *RUN, f"model.pretrained_model_name_or_path={base_copy(tmp_path / 'base')}",
+                     "sampling.height=64", "sampling.width=128", "mode=edit", f"init_image={tmp_path / 'reference.png'}",
+                     "parallelism=sharded", "parallelism.params=sharded", "sampling.guidance_scale=1,4",
+                     f"hydra.sweep.dir={sweep}", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert float(np.abs(images(sweep / "0") - reference["edit_images"]).max()) <= TOLERANCE
+    assert float(np.abs(images(sweep / "1") - reference["base_edit_images"]).max()) <= TOLERANCE
+    assert json.loads((sweep / "1" / "timings.json").read_text())["compile_reused"] == 1
+    record = json.loads((sweep / "1" / "images.json").read_text())[0]
+    assert record["mode"] == "edit" and record["init_image"].endswith("reference.png")
+    assert "Edit image: " in Image.open(sweep / "1" / record["file"]).text["parameters"]
 
 
 @pytest.mark.slow

@@ -15,7 +15,8 @@ Run from the checkout's root::
     /work/refvenv/bin/python tests/helpers/make_flux2_reference.py            # writes tests/fixtures/flux2/
     /work/refvenv/bin/python tests/helpers/make_flux2_reference.py --out DIR  # somewhere else
 
-It also records the parameter counts of diffusers' and transformers' classes at FLUX.2 [klein] 4B's and 9B's published
+It also writes a LoRA in diffusers' / PEFT's layout (``tiny-flux2-lora.safetensors``) and the pipeline's images with it
+loaded by diffusers' ``load_lora_weights`` (peft 0.17.1 in that environment too), and records the parameter counts of diffusers' and transformers' classes at FLUX.2 [klein] 4B's and 9B's published
 shapes (built on the meta device: nothing is allocated), which the runner's ``-arch`` models are checked against.
 """
 
@@ -45,6 +46,7 @@ SEED = 0
 PROMPT = "a red cube on a table"
 NEGATIVE_PROMPT = "blurry"
 HEIGHT, WIDTH = 32, 64  # not square: rows and columns of the tokens are told apart
+EDIT_HEIGHT, EDIT_WIDTH = 64, 128  # the editing runs' size and their reference image's (diffusers takes 64 at least)
 NUM_DEVICES = 2
 MAX_SEQUENCE_LENGTH = 40  # Flux2KleinPipeline pads (and cuts) every prompt to this many tokens
 STEPS = 3
@@ -150,7 +152,7 @@ def _build(staging: Path, distilled: bool = True):
     return pipeline
 
 
-def runner_noise() -> np.ndarray:
+def runner_noise(height: int = HEIGHT, width: int = WIDTH) -> np.ndarray:
     """The runner's initial latents for seed SEED on NUM_DEVICES devices, one image each: device i draws
     ``jax.random.normal(split(PRNGKey(seed), num_devices)[i], (1, 4 c, H/16, W/16), float32)`` -- the patchified
     latents Flux2KleinPipeline.prepare_latents draws (families/flux2/engine/stages.py: txt2img)."""
@@ -158,7 +160,7 @@ def runner_noise() -> np.ndarray:
     import jax.numpy as jnp
 
     keys = jax.random.split(jax.random.PRNGKey(SEED), NUM_DEVICES)
-    shape = (1, 4 * VAE["latent_channels"], HEIGHT // 16, WIDTH // 16)
+    shape = (1, 4 * VAE["latent_channels"], height // 16, width // 16)
     return np.concatenate([np.asarray(jax.random.normal(key, shape, dtype=jnp.float32)) for key in keys])
 
 
@@ -210,9 +212,9 @@ def _module_references(pipeline) -> dict[str, np.ndarray]:
 def _call(pipeline, latents: np.ndarray, **kwargs) -> np.ndarray:
     import torch
 
-    batch = latents.shape[0]
+    batch, _, height, width = latents.shape
     with torch.no_grad():  # (the pipeline packs the (batch, 4 c, h, w) latents it is given itself)
-        images = pipeline(prompt=[PROMPT] * batch, height=HEIGHT, width=WIDTH, num_inference_steps=STEPS,
+        images = pipeline(prompt=[PROMPT] * batch, height=16 * height, width=16 * width, num_inference_steps=STEPS,
                           max_sequence_length=MAX_SEQUENCE_LENGTH, latents=torch.from_numpy(latents), output_type="np", **kwargs).images
     return np.asarray(images, dtype=np.float32)
 
@@ -234,6 +236,69 @@ def _pipeline_references(pipeline) -> dict[str, np.ndarray]:
         pipeline.register_to_config(is_distilled=True)
     if np.abs(out["base_images"] - out["images"]).max() < 1e-3:
         raise RuntimeError("guidance changed nothing: the reference would not tell CFG from none")
+    return out
+
+
+# A FLUX.2 LoRA in diffusers' / PEFT's layout (what Flux2LoraLoaderMixin reads: the transformer's module paths): module
+# -> (fan_in, fan_out), rank 4, no alpha -- attention, feed-forward, the fused single-block projections and a shared
+# modulation.
+LORA_MODULES = {"transformer.transformer_blocks.0.attn.to_q": (32, 32),
+                "transformer.transformer_blocks.0.attn.add_k_proj": (32, 32),
+                "transformer.transformer_blocks.0.ff.linear_in": (32, 192),
+                "transformer.single_transformer_blocks.1.attn.to_qkv_mlp_proj": (32, 288),
+                "transformer.single_transformer_blocks.0.attn.to_out": (128, 32),
+                "transformer.double_stream_modulation_img.linear": (32, 192)}
+LORA_RANK = 4
+
+
+def _lora_reference(folder: Path, out: Path) -> dict[str, np.ndarray]:
+    """``tiny-flux2-lora.safetensors`` (:data:`LORA_MODULES`, NumPy seed 5) and the distilled pipeline's images with it
+    loaded by diffusers' own ``load_lora_weights`` (peft), for the runner's latents."""
+    from diffusers import Flux2KleinPipeline
+    from safetensors.numpy import save_file
+
+    rng = np.random.default_rng(5)
+    tensors = {}
+    for module, (fan_in, fan_out) in LORA_MODULES.items():
+        tensors[f"{module}.lora_A.weight"] = (0.3 * rng.standard_normal((LORA_RANK, fan_in))).astype(np.float32)
+        tensors[f"{module}.lora_B.weight"] = (0.3 * rng.standard_normal((fan_out, LORA_RANK))).astype(np.float32)
+    path = out / "tiny-flux2-lora.safetensors"
+    save_file(tensors, str(path))
+    pipeline = Flux2KleinPipeline.from_pretrained(folder, local_files_only=True)
+    pipeline.set_progress_bar_config(disable=True)
+    pipeline.load_lora_weights(str(out), weight_name=path.name)
+    if set(pipeline.get_list_adapters()) != {"transformer"}:
+        raise RuntimeError(f"diffusers loaded the LoRA into {pipeline.get_list_adapters()}")
+    return {"lora_images": _call(pipeline, runner_noise(), guidance_scale=1.0)}
+
+
+def edit_image() -> np.ndarray:
+    """The reference image the editing runs read: EDIT_WIDTH x EDIT_HEIGHT RGB, uint8 from NumPy seed 7, as the test
+    writes it to a PNG."""
+    rng = np.random.default_rng(7)
+    rows = np.linspace(0, 1, EDIT_HEIGHT)[:, None, None]
+    columns = np.linspace(0, 1, EDIT_WIDTH)[None, :, None]
+    colour = rng.uniform(size=(1, 1, 3))
+    noise = 0.1 * rng.uniform(size=(EDIT_HEIGHT, EDIT_WIDTH, 3))
+    return np.round(255 * np.clip(0.5 * rows + 0.5 * columns * colour + noise, 0, 1)).astype(np.uint8)
+
+
+def _edit_references(pipeline) -> dict[str, np.ndarray]:
+    """Flux2KleinPipeline given one reference image (its ``image``: VAE-encoded at its own size, the posterior's mode,
+    patchified, normalised by the batch norm's statistics, its tokens after the noise's with time coordinate 10),
+    distilled and as a base model at guidance 4, from the runner's noise."""
+    from PIL import Image
+
+    image, latents = edit_image(), runner_noise(EDIT_HEIGHT, EDIT_WIDTH)
+    out = {"edit_image": image, "edit_images": _call(pipeline, latents, guidance_scale=1.0,
+                                                     image=Image.fromarray(image))}
+    if np.abs(out["edit_images"] - _call(pipeline, latents, guidance_scale=1.0)).max() < 1e-3:
+        raise RuntimeError("the reference image changed nothing: the reference would not tell editing from txt2img")
+    pipeline.register_to_config(is_distilled=False)
+    try:
+        out["base_edit_images"] = _call(pipeline, latents, guidance_scale=GUIDANCE, image=Image.fromarray(image))
+    finally:
+        pipeline.register_to_config(is_distilled=True)
     return out
 
 
@@ -268,7 +333,8 @@ def main() -> None:
         if folder.exists():
             shutil.rmtree(folder)
         pipeline.save_pretrained(folder, safe_serialization=True)
-        arrays = {**_module_references(pipeline), **_pipeline_references(pipeline), **_parameter_counts(),
+        arrays = {**_module_references(pipeline), **_pipeline_references(pipeline), **_edit_references(pipeline),
+                  **_parameter_counts(),
                   "prompt": np.asarray(PROMPT), "height": np.asarray(HEIGHT), "width": np.asarray(WIDTH),
                   "steps": np.asarray(STEPS), "guidance": np.asarray(GUIDANCE), "seed": np.asarray(SEED),
                   "num_devices": np.asarray(NUM_DEVICES), "max_sequence_length": np.asarray(MAX_SEQUENCE_LENGTH)}
@@ -278,6 +344,7 @@ def main() -> None:
     reloaded.set_progress_bar_config(disable=True)
     if not np.array_equal(_call(reloaded, arrays["latents"], guidance_scale=1.0), arrays["images"]):
         raise RuntimeError("the saved folder does not reproduce the recorded images")
+    arrays.update(_lora_reference(folder, args.out))
     _save_npz(args.out / "flux2.npz", arrays)
     versions = dict(_versions(), script="tests/helpers/make_flux2_reference.py")
     (args.out / "VERSIONS.json").write_text(json.dumps(versions, indent=2, sort_keys=True) + "\n")

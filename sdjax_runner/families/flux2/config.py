@@ -21,7 +21,7 @@ def _flux2_values(config: Any) -> None:
 # diffusers' Flux2KleinPipeline defaults: 50 steps, guidance 4.0 (a base model's; a distilled one reads none), 512
 # tokens of chat text per prompt.
 ENTRY = FamilyEntry("flux2", "FLUX.2 [klein]: a Qwen3 text encoder, a flow-matching transformer, a 32-channel VAE",
-                    ("Flux2KleinPipeline",), tiny="tiny-random-flux2", modes=("txt2img",),
+                    ("Flux2KleinPipeline",), tiny="tiny-random-flux2", modes=("txt2img", "edit"),
                     start_step=flow_start_step,
                     builtins=("tiny-random-flux2", "tiny-random-flux2-base", "flux2-klein-4b-arch",
                               "flux2-klein-9b-arch"),

@@ -23,13 +23,14 @@ class Flux2Tokens(FluxTokens):
 
 
 def check_loaded(plan: Any, loaded: Any) -> None:
-    """A distilled [klein] (its index's ``is_distilled``) reads no guidance: a sampling.guidance_scale, a negative
-    prompt or a guider given for it is one line each, as diffusers ignores the first with a warning."""
+    """A distilled [klein] (its index's ``is_distilled``) reads no guidance: a sampling.guidance_scale over 1 (1 is no
+    guidance: A1111's "CFG scale: 1", which its images' infotext says), a negative prompt or a guider given for it is
+    one line each, where diffusers ignores the first with a warning."""
     if not loaded.pipeline.distilled:
         return
     name = plan.model.name
     why = f"{name} is a distilled FLUX.2 [klein] (its index says is_distilled), which runs without guidance"
-    if plan.guidance_given:
+    if plan.guidance_given and plan.guidance_scale > 1:
         raise UserError("sampling.guidance_scale", f"{plan.guidance_scale:g}, but {why}",
                         "null, or a base model (FLUX.2-klein-base-*) for classifier-free guidance")
     if plan.negative is not None:
@@ -88,7 +89,7 @@ def transformer_call(pipeline: Any, per_device_images: int, height: int, width: 
 
     batch = per_device_images * (1 if pipeline.distilled else 2)
     factor = pipeline.vae_scale_factor
-    seq = stages.latent_side(height, factor) * stages.latent_side(width, factor)
+    seq = stages.latent_side(height, factor) * stages.latent_side(width, factor) * (2 if mode == "edit" else 1)
     transformer = pipeline.transformer
     hidden = jax.ShapeDtypeStruct((batch, seq, transformer.in_channels), pipeline.dtype)
     context = jax.ShapeDtypeStruct((batch, tokens, transformer.joint_attention_dim), pipeline.dtype)

@@ -131,6 +131,34 @@ def txt2img(pipeline: Any, params: dict, key, spec: Any, batch: int, inputs: dic
     return Start(jax.random.normal(key, shape=shape, dtype=jnp.float32))
 
 
+def edit(pipeline: Any, params: dict, key, spec: Any, batch: int, inputs: dict) -> Start:
+    """Editing with a reference image (Flux2KleinPipeline's ``image``): :func:`txt2img`'s noise, and the init image
+    (``inputs["init"]``, in [-1, 1], at the run's size) as the pipeline encodes a reference -- the mode of the VAE's
+    posterior (no draw), patchified, normalised by the batch norm's statistics, packed -- as ``Conditioning.reference``:
+    tokens every transformer call reads after the noise's, at time coordinate 10 (:func:`reference_ids`)."""
+    import jax.numpy as jnp
+
+    from sdjax_runner.families.flux2.models.autoencoder import patchify
+
+    start = txt2img(pipeline, params, key, spec, batch, inputs)
+    vae = pipeline.vae
+    posterior = vae.apply({"params": params["vae"]}, inputs["init"].astype(vae.dtype), method=vae.encode)
+    latents = patchify(posterior.mode().transpose((0, 3, 1, 2)).astype(jnp.float32))
+    normalised = vae.apply({"params": params["vae"]}, latents, method=vae.normalise)
+    return start._replace(conditioning={"reference": pack(normalised)})
+
+
+REFERENCE_TIME = 10  # _prepare_image_ids' scale: the i-th reference image's time coordinate is 10 + 10 i
+
+
+def reference_ids(height: int, width: int) -> np.ndarray:
+    """(h w, 4) float32 positions of a reference image's tokens: (10, row, column, 0) (``_prepare_image_ids``, one
+    image)."""
+    ids = image_ids(height, width)
+    ids[:, 0] = REFERENCE_TIME
+    return ids
+
+
 def velocity_model(pipeline: Any, params: dict, conditioning: Conditioning, guidance: Guidance, spec: Any,
                    batch: int, steps: Optional[np.ndarray] = None):
     """``velocity(tokens, sigma, index=None)``: the transformer's prediction for packed latents at ``sigma`` (a scalar
@@ -140,8 +168,10 @@ def velocity_model(pipeline: Any, params: dict, conditioning: Conditioning, guid
     import jax.numpy as jnp
 
     factor = pipeline.vae_scale_factor
-    img_ids = jnp.asarray(image_ids(latent_side(spec.height, factor), latent_side(spec.width, factor)))
-    txt_ids = jnp.asarray(text_ids(conditioning.context.shape[1]))
+    grid = (latent_side(spec.height, factor), latent_side(spec.width, factor))
+    reference = conditioning.reference  # a reference image's tokens (edit), read after the noise's
+    ids = image_ids(*grid) if reference is None else np.concatenate([image_ids(*grid), reference_ids(*grid)])
+    img_ids, txt_ids = jnp.asarray(ids), jnp.asarray(text_ids(conditioning.context.shape[1]))
     guided_halves = conditioning.added is not None
     context = conditioning.context
     if guided_halves:
@@ -151,10 +181,13 @@ def velocity_model(pipeline: Any, params: dict, conditioning: Conditioning, guid
 
     def velocity(x, sigma, index=None):
         x = x.astype(pipeline.dtype)
+        tokens = x.shape[1]
+        if reference is not None:
+            x = jnp.concatenate([x, reference.astype(pipeline.dtype)], axis=1)
         halves = 2 if guided_halves else 1
         t = jnp.broadcast_to(jnp.asarray(sigma).astype(pipeline.dtype), (halves * batch,)).astype(pipeline.dtype)
         out = pipeline.transformer.apply({"params": params["transformer"]}, jnp.concatenate([x] * halves), context,
-                                         t, img_ids, txt_ids)
+                                         t, img_ids, txt_ids)[:, :tokens]  # the prediction: the noise's tokens
         if not guided_halves:
             return out
         uncond, cond = out[:batch], out[batch:]
