@@ -180,9 +180,28 @@ def test_an_edit_with_a_reference_image_is_diffusers_with_the_weights_split_acro
 
 
 @pytest.mark.slow
+def test_inpainting_is_diffusers_klein_inpaint_pipeline(tmp_path, reference):
+    """mode=inpaint (diffusers' Flux2KleinInpaintPipeline: the image noised to strength 0.6's start, read as a
+    reference too, blended back outside the mask resized bilinearly to the tokens) on the base model: its images
+    without guidance and with guidance 4, one program."""
+    Image.fromarray(reference["edit_image"]).save(tmp_path / "image.png")
+    Image.fromarray(reference["inpaint_mask"]).save(tmp_path / "mask.png")
+    sweep = tmp_path / "inpaint"
+    result = run_cli("-m", *RUN, f"model.pretrained_model_name_or_path={base_copy(tmp_path / 'base')}",
+                     "sampling.height=64", "sampling.width=128", "mode=inpaint", f"init_image={tmp_path / 'image.png'}",
+                     f"mask_image={tmp_path / 'mask.png'}", f"strength={float(reference['inpaint_strength'])}",
+                     "sampling.guidance_scale=1,4", f"hydra.sweep.dir={sweep}", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert float(np.abs(images(sweep / "0") - reference["inpaint_images"]).max()) <= TOLERANCE
+    assert float(np.abs(images(sweep / "1") - reference["base_inpaint_images"]).max()) <= TOLERANCE
+    assert json.loads((sweep / "1" / "timings.json").read_text())["compile_reused"] == 1
+
+
+@pytest.mark.slow
 def test_the_smoke_experiment_and_a_k_sampler_run_on_the_builtin_model(tmp_path):
     """``+experiment=flux2_smoke`` on the built-in tiny model, with FLUX.1's flow k samplers on FLUX.2's shift: the
-    Euler images and DPM++ 2M's differ, both finite and not flat, recorded as FLUX.2's."""
+    Euler images and DPM++ 2M's differ, both finite and not flat, recorded as FLUX.2's; a rerun gives the same images
+    and from_png remakes one from its PNG (the chat length given again: no infotext carries it, as for FLUX.1's T5)."""
     sweep = tmp_path / "sweep"
     result = run_cli("-m", "+experiment=flux2_smoke", *ONE_DEVICE, "sampler=euler,dpmpp_2m", "tracking=none",
                      "metrics.clip_score.enabled=false", f"hydra.sweep.dir={sweep}", cwd=tmp_path)
@@ -193,6 +212,16 @@ def test_the_smoke_experiment_and_a_k_sampler_run_on_the_builtin_model(tmp_path)
     assert np.abs(euler - dpm).max() > 0.01
     records = json.loads((sweep / "1" / "images.json").read_text())
     assert {(r["family"], r["model"], r["sampler"]) for r in records} == {("flux2", "tiny-random-flux2", "DPM++ 2M")}
+    result = run_cli(str(sweep / "1"), command="rerun", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "rerun: identical -- all 8 image(s) match" in result.stdout + result.stderr
+    png = sweep / "1" / records[0]["file"]
+    assert "CFG scale: 1," in Image.open(png).text["parameters"]  # no guidance, as A1111 and Forge write it
+    result = run_cli(str(png), *ONE_DEVICE, "prompts.max_sequence_length=48", "tracking=none",
+                     "metrics.clip_score.enabled=false", "hydra.run.dir=from_png", command="from_png", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    remade = json.loads((tmp_path / "from_png" / "images.json").read_text())[0]
+    assert (remade["pixels_sha256"], remade["sampler"]) == (records[0]["pixels_sha256"], "DPM++ 2M")
 
 
 @pytest.mark.slow

@@ -302,6 +302,53 @@ def _edit_references(pipeline) -> dict[str, np.ndarray]:
     return out
 
 
+INPAINT_STRENGTH = 0.6  # of 3 steps: the last 2 run (get_timesteps: int(3 - 3 * 0.6) = 1 is the start)
+
+
+def inpaint_mask() -> np.ndarray:
+    """The mask the inpainting runs read: EDIT_HEIGHT x EDIT_WIDTH, 255 (repaint) in a rectangle whose edges fall
+    half-way between the pixels the pipeline's bilinear resize to the token grid reads (so some tokens are 0.5)."""
+    mask = np.zeros((EDIT_HEIGHT, EDIT_WIDTH), np.uint8)
+    mask[24:56, 40:104] = 255
+    return mask
+
+
+def _inpaint_references(pipeline) -> dict[str, np.ndarray]:
+    """Flux2KleinInpaintPipeline on the same components (distilled, and base at guidance 4): the reference image
+    repainted in the mask's area at strength 0.6 -- its latents (the posterior's mode) noised to the start with the
+    runner's noise (the pipeline module's randn_tensor given those draws), read again as a reference image's tokens, and
+    blended back outside the mask (resized bilinearly to the token grid) after each step."""
+    import torch
+    from diffusers import Flux2KleinInpaintPipeline
+    from diffusers.pipelines.flux2 import pipeline_flux2_klein_inpaint as module
+    from PIL import Image
+
+    noise = runner_noise(EDIT_HEIGHT, EDIT_WIDTH)
+
+    def given_noise(shape, generator=None, device=None, dtype=None, layout=None):
+        if tuple(shape) != noise.shape:
+            raise RuntimeError(f"the pipeline drew {tuple(shape)}, the runner's noise is {noise.shape}")
+        return torch.from_numpy(noise).to(dtype)
+
+    inpaint = Flux2KleinInpaintPipeline(**pipeline.components, is_distilled=True)
+    inpaint.set_progress_bar_config(disable=True)
+    out = {"inpaint_mask": inpaint_mask(), "inpaint_strength": np.asarray(INPAINT_STRENGTH)}
+    saved = module.randn_tensor
+    module.randn_tensor = given_noise
+    try:
+        for key, distilled, guidance in (("inpaint_images", True, 1.0), ("base_inpaint_images", False, GUIDANCE)):
+            inpaint.register_to_config(is_distilled=distilled)
+            with torch.no_grad():
+                images = inpaint(prompt=[PROMPT] * NUM_DEVICES, image=Image.fromarray(edit_image()),
+                                 mask_image=Image.fromarray(inpaint_mask()), strength=INPAINT_STRENGTH,
+                                 num_inference_steps=STEPS, guidance_scale=guidance,
+                                 max_sequence_length=MAX_SEQUENCE_LENGTH, output_type="np").images
+            out[key] = np.asarray(images, dtype=np.float32)
+    finally:
+        module.randn_tensor = saved
+    return out
+
+
 def _parameter_counts() -> dict[str, np.ndarray]:
     """diffusers' and transformers' parameter counts at klein's published shapes (meta device; the VAE's buffers --
     the batch norm's statistics -- counted as the runner counts them, with its parameters)."""
@@ -334,7 +381,7 @@ def main() -> None:
             shutil.rmtree(folder)
         pipeline.save_pretrained(folder, safe_serialization=True)
         arrays = {**_module_references(pipeline), **_pipeline_references(pipeline), **_edit_references(pipeline),
-                  **_parameter_counts(),
+                  **_inpaint_references(pipeline), **_parameter_counts(),
                   "prompt": np.asarray(PROMPT), "height": np.asarray(HEIGHT), "width": np.asarray(WIDTH),
                   "steps": np.asarray(STEPS), "guidance": np.asarray(GUIDANCE), "seed": np.asarray(SEED),
                   "num_devices": np.asarray(NUM_DEVICES), "max_sequence_length": np.asarray(MAX_SEQUENCE_LENGTH)}

@@ -10,10 +10,12 @@ from typing import Any
 from sdjax_runner.config import guiders, samplers
 from sdjax_runner.config.family_entry import FamilyEntry, read_as_written
 from sdjax_runner.config.modes import flow_start_step
+from sdjax_runner.families.flux.config import flow_inpaint
 
 
 def _flux2_values(config: Any) -> None:
     """Settings FLUX.2 has no use for, each refused in one line rather than ignored."""
+    flow_inpaint(config, "FLUX.2")
     read_as_written(config, "FLUX.2", "FLUX.2 reads three of Qwen3's hidden layers (9, 18, 27), which no clip skip "
                     "changes")
 
@@ -21,7 +23,7 @@ def _flux2_values(config: Any) -> None:
 # diffusers' Flux2KleinPipeline defaults: 50 steps, guidance 4.0 (a base model's; a distilled one reads none), 512
 # tokens of chat text per prompt.
 ENTRY = FamilyEntry("flux2", "FLUX.2 [klein]: a Qwen3 text encoder, a flow-matching transformer, a 32-channel VAE",
-                    ("Flux2KleinPipeline",), tiny="tiny-random-flux2", modes=("txt2img", "edit"),
+                    ("Flux2KleinPipeline",), tiny="tiny-random-flux2", modes=("txt2img", "edit", "inpaint"),
                     start_step=flow_start_step,
                     builtins=("tiny-random-flux2", "tiny-random-flux2-base", "flux2-klein-4b-arch",
                               "flux2-klein-9b-arch"),

@@ -10,7 +10,7 @@ from sdjax_runner.families.flux2.engine import family as flux2
 from sdjax_runner.families.flux2.engine import stages
 
 FAMILY = Family("flux2", check_loaded=flux2.check_loaded, with_scheduler=flux2.with_scheduler, tokens=flux2.Flux2Tokens,
-                negative=flux2.negative, encode=stages.encode, modes={"txt2img": stages.txt2img, "edit": stages.edit},
+                negative=flux2.negative, encode=stages.encode, modes={"txt2img": stages.txt2img, "edit": stages.edit, "inpaint": stages.inpaint},
                 samplers={name: flux_samplers.k_sampler(name, stages) for name in flux_samplers.SAMPLERS},
                 decode=stages.decode, structure=flux2.structure, denoiser_call=flux2.transformer_call,
                 guidance=flux2.guidance, split_weights=flux2.split_weights)

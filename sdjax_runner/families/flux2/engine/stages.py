@@ -22,7 +22,7 @@ from sdjax_runner.config import guiders
 from sdjax_runner.engine.encode import Conditioning
 from sdjax_runner.engine.guiders import Guidance, flow_step, guided
 from sdjax_runner.engine.modes.start import Start
-from sdjax_runner.families.flux.engine.stages import euler_step, noised_start
+from sdjax_runner.families.flux.engine.stages import euler_step, kept_area, noised_start
 
 
 def latent_side(pixels: int, vae_scale_factor: int) -> int:
@@ -131,21 +131,56 @@ def txt2img(pipeline: Any, params: dict, key, spec: Any, batch: int, inputs: dic
     return Start(jax.random.normal(key, shape=shape, dtype=jnp.float32))
 
 
-def edit(pipeline: Any, params: dict, key, spec: Any, batch: int, inputs: dict) -> Start:
-    """Editing with a reference image (Flux2KleinPipeline's ``image``): :func:`txt2img`'s noise, and the init image
-    (``inputs["init"]``, in [-1, 1], at the run's size) as the pipeline encodes a reference -- the mode of the VAE's
-    posterior (no draw), patchified, normalised by the batch norm's statistics, packed -- as ``Conditioning.reference``:
-    tokens every transformer call reads after the noise's, at time coordinate 10 (:func:`reference_ids`)."""
+def reference_latents(pipeline: Any, params: dict, pixels):
+    """``pixels`` ((batch, 3, H, W) in [-1, 1]) as the pipelines encode an image: the mode of the VAE's posterior (no
+    draw), patchified, normalised by the batch norm's statistics -- ``(batch, 4 c, H/16, W/16)`` float32."""
     import jax.numpy as jnp
 
     from sdjax_runner.families.flux2.models.autoencoder import patchify
 
-    start = txt2img(pipeline, params, key, spec, batch, inputs)
     vae = pipeline.vae
-    posterior = vae.apply({"params": params["vae"]}, inputs["init"].astype(vae.dtype), method=vae.encode)
+    posterior = vae.apply({"params": params["vae"]}, pixels.astype(vae.dtype), method=vae.encode)
     latents = patchify(posterior.mode().transpose((0, 3, 1, 2)).astype(jnp.float32))
-    normalised = vae.apply({"params": params["vae"]}, latents, method=vae.normalise)
-    return start._replace(conditioning={"reference": pack(normalised)})
+    return vae.apply({"params": params["vae"]}, latents, method=vae.normalise)
+
+
+def edit(pipeline: Any, params: dict, key, spec: Any, batch: int, inputs: dict) -> Start:
+    """Editing with a reference image (Flux2KleinPipeline's ``image``): :func:`txt2img`'s noise, and the init image
+    (``inputs["init"]``, at the run's size) encoded (:func:`reference_latents`) and packed, as
+    ``Conditioning.reference``: tokens every transformer call reads after the noise's, at time coordinate 10
+    (:func:`reference_ids`)."""
+    start = txt2img(pipeline, params, key, spec, batch, inputs)
+    return start._replace(conditioning={"reference": pack(reference_latents(pipeline, params, inputs["init"]))})
+
+
+def bilinear(mask, height: int, width: int):
+    """``mask`` (batch, 1, H, W) at ``height`` x ``width`` by PyTorch's bilinear interpolation without antialiasing
+    (``interpolate(mode="bilinear", align_corners=False)``: output pixel ``i`` reads source ``(i + 0.5) * H / height -
+    0.5``, clamped at 0, between its two neighbours), float32."""
+    import jax.numpy as jnp
+
+    def weights(size: int, out: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        source = np.maximum((np.arange(out, dtype=np.float32) + np.float32(0.5)) * np.float32(size / out)
+                            - np.float32(0.5), np.float32(0))
+        low = np.floor(source).astype(np.int32)
+        return low, np.minimum(low + 1, size - 1), (source - low).astype(np.float32)
+
+    rows, columns = weights(mask.shape[-2], height), weights(mask.shape[-1], width)
+    mask = mask.astype(jnp.float32)
+    mask = mask[:, :, rows[0]] * (1 - rows[2])[:, None] + mask[:, :, rows[1]] * rows[2][:, None]
+    return mask[:, :, :, columns[0]] * (1 - columns[2]) + mask[:, :, :, columns[1]] * columns[2]
+
+
+def inpaint(pipeline: Any, params: dict, key, spec: Any, batch: int, inputs: dict) -> Start:
+    """Inpainting (diffusers' Flux2KleinInpaintPipeline): the init image encoded (:func:`reference_latents`) is both
+    where the sampler starts -- noised with :func:`txt2img`'s noise to the step strength gives (``inputs["start"]``,
+    traced) -- and a reference image's tokens every call reads; after each step the latents outside the mask are set
+    back to it, noised to the next sigma (``Start.keep``: 1 - the binary mask resized bilinearly to the token grid,
+    so its edges are fractions)."""
+    start = txt2img(pipeline, params, key, spec, batch, inputs)
+    image = reference_latents(pipeline, params, inputs["init"])
+    keep = 1.0 - bilinear(inputs["mask"], *start.noise.shape[-2:])
+    return start._replace(image=image, step=inputs["start"], keep=keep, conditioning={"reference": pack(image)})
 
 
 REFERENCE_TIME = 10  # _prepare_image_ids' scale: the i-th reference image's time coordinate is 10 + 10 i
@@ -213,11 +248,13 @@ def euler(pipeline: Any, params: dict, conditioning: Conditioning, start: Start,
     sigmas = flow_sigmas(spec.steps, height * width)
     timesteps = jnp.asarray(sigmas[:-1] * np.float32(1000))  # the scheduler's, float32
     steps_dt = jnp.asarray(sigmas[1:] - sigmas[:-1])
-    latents = pack(noised_start(start, sigmas)).astype(start.noise.dtype)
+    latents = pack(noised_start(start, sigmas)).astype(start.noise.dtype)  # the noise, or inpainting's noised image
     velocity = velocity_model(pipeline, params, conditioning, guidance, spec, latents.shape[0])
+    blend = kept_area(start, sigmas, pack)  # inpainting: the kept area set back after each step
 
     def step(index, x):
-        return euler_step(x, steps_dt[index], velocity(x, timesteps[index].astype(pipeline.dtype) / 1000, index))
+        v = velocity(x, timesteps[index].astype(pipeline.dtype) / 1000, index)
+        return blend(index, euler_step(x, steps_dt[index], v))
 
     return unpack(jax.lax.fori_loop(start.step, spec.steps, step, latents), height, width)
 
