@@ -169,9 +169,9 @@ class Attention(layers.Module):
                 _dense(context.shape[-1], "to_add_out", self.dtype, self.param_dtype)(out[:, :text]))
 
 
-class TransformerBlock(layers.Module):
-    """``Flux2TransformerBlock`` (double stream) with the shared modulations ``mod_img`` / ``mod_txt`` (two sets each:
-    attention, then feed-forward). Returns ``(context, x)``, as diffusers does."""
+class BlockFields(layers.Module):
+    """What every block (and the single-stream blocks' attention) is built with: the width, the heads, the MLP's
+    ratio, the norms' eps, the attention implementation and the dtypes."""
 
     dim: int
     heads: int
@@ -181,6 +181,12 @@ class TransformerBlock(layers.Module):
     implementation: str = "dot_product"
     dtype: Any = jnp.float32
     param_dtype: Any = jnp.float32
+
+
+class TransformerBlock(BlockFields):
+    """``Flux2TransformerBlock`` (double stream) with the shared modulations ``mod_img`` / ``mod_txt`` (two sets each:
+    attention, then feed-forward). Returns ``(context, x)``, as diffusers does."""
+
 
     @nn.compact
     def __call__(self, x: jax.Array, context: jax.Array, mod_img: Any, mod_txt: Any,
@@ -200,19 +206,11 @@ class TransformerBlock(layers.Module):
         return context, x
 
 
-class ParallelSelfAttention(layers.Module):
+class ParallelSelfAttention(BlockFields):
     """``Flux2ParallelSelfAttention`` (the single-stream blocks'): one projection to q, k, v and the MLP's input
     (``to_qkv_mlp_proj``), per-head RMS norms and rotary tables on q and k, attention, SwiGLU on the MLP part, both
     through one output projection (``to_out``)."""
 
-    dim: int
-    heads: int
-    head_dim: int
-    mlp_ratio: float
-    eps: float
-    implementation: str = "dot_product"
-    dtype: Any = jnp.float32
-    param_dtype: Any = jnp.float32
 
     @nn.compact
     def __call__(self, x: jax.Array, rope: tuple[jax.Array, jax.Array]) -> jax.Array:
@@ -229,18 +227,10 @@ class ParallelSelfAttention(layers.Module):
         return _dense(self.dim, "to_out", self.dtype, self.param_dtype)(jnp.concatenate([out, swiglu(mlp_in)], -1))
 
 
-class SingleTransformerBlock(layers.Module):
+class SingleTransformerBlock(BlockFields):
     """``Flux2SingleTransformerBlock`` over ``[context; x]`` with the shared single-stream modulation ``mod`` (one
     set). Returns ``(context, x)`` split back at the text length."""
 
-    dim: int
-    heads: int
-    head_dim: int
-    mlp_ratio: float
-    eps: float
-    implementation: str = "dot_product"
-    dtype: Any = jnp.float32
-    param_dtype: Any = jnp.float32
 
     @nn.compact
     def __call__(self, x: jax.Array, context: jax.Array, mod: Any,
