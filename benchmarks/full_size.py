@@ -1,4 +1,4 @@
-"""Full-size Stable Diffusion, FLUX.1 and SD 3.5 on one accelerator: compile time, seconds per batch, images/s, MFU.
+"""Full-size Stable Diffusion, FLUX.1, SD 3.5 and FLUX.2 [klein] on one accelerator: compile time, seconds per batch, images/s, MFU.
 
     python benchmarks/full_size.py --out docs/full_size.json
 
@@ -6,7 +6,7 @@ Needs a GPU or TPU (a full-size UNet step takes ~44 s on 2 CPU cores). Uses the 
 random-weight architectures (model=sd-v1-arch, model=sdxl-arch: the exact shapes, no hub needed),
 built on first use into $SDJAX_RUNNER_CACHE_DIR. Every part is one ``python -m sdjax_runner -m``
 process; parts A and B share a fresh persistent compilation cache, so B's compile is the warm one.
-They run in the order G, H, J, A, E, B, F, C, I, D (the numbers still missing first), and --out is rewritten
+They run in the order G, H, J, K, A, E, B, F, C, I, D (the numbers still missing first), and --out is rewritten
 after each, so a call cut off by a device's time limit keeps what it finished (--log: every sweep's output).
 
   A. SD-1.x, bf16 (--dtype), 512x512, 50 PNDM steps, guidance 7.5, 8 images as one batch on one device,
@@ -30,6 +30,9 @@ after each, so a call cut off by a device's time limit keeps what it finished (-
      weight-only), each against the plain run (PSNR/SSIM against it, the skipped calls, the executed FLOPs, each
      device's bytes of the transformer): cache=none,first_block x quantize=none,int8, one model load; --skip-frontier
      leaves it out.
+  K. FLUX.2 [klein] 4B (model=flux2-klein-4b-arch: its exact shapes, random bf16 weights, ~16 GB built once), bf16,
+     1024x1024, 4 flow-matching Euler steps without guidance (the distilled model's), 512 chat tokens, 1 image per
+     batch (--klein-batches), attention default and cudnn_flash (--klein-attention); --skip-klein leaves it out.
   I. A1111's Hires. fix on SD-1.x: --sd-size, then 2x (1024x1024 by default), DPM++ 2M Karras, 20 steps each pass
      (--hires-steps), strength 0.7, latent (bilinear) and Lanczos upscalers, --hires-batches images, best attention
      of A; --skip-hires leaves it out.
@@ -102,6 +105,13 @@ def main() -> None:
     parser.add_argument("--sd3-attention", nargs="+", default=["default", "cudnn_flash"])
     parser.add_argument("--sd3-tokens", type=int, default=256, help="prompts.max_sequence_length of part H")
     parser.add_argument("--skip-frontier", action="store_true", help="leave part J out")
+    parser.add_argument("--skip-klein", action="store_true", help="leave part K out")
+    parser.add_argument("--klein-model", default="flux2-klein-4b-arch")
+    parser.add_argument("--klein-size", type=int, default=1024)
+    parser.add_argument("--klein-steps", type=int, default=4)
+    parser.add_argument("--klein-batches", type=int, nargs="+", default=[1])
+    parser.add_argument("--klein-attention", nargs="+", default=["default", "cudnn_flash"])
+    parser.add_argument("--klein-tokens", type=int, default=512, help="prompts.max_sequence_length of part K")
     parser.add_argument("--frontier-threshold", type=float, default=0.08, help="part J: First-Block Cache's threshold")
     parser.add_argument("--skip-hires", action="store_true")
     parser.add_argument("--hires-steps", type=int, default=20,
@@ -114,6 +124,7 @@ def main() -> None:
     # --sd-size 64 --xl-size 64 --steps 2 --xl-steps 2 --attention default dot_product --batches 2
     # --flux-model tiny-random-flux --flux-size 32 --flux-steps 2 --flux-attention default --flux-tokens 16
     # --sd3-model tiny-random-sd3 --sd3-size 32 --sd3-steps 2 --sd3-attention default --sd3-tokens 16 --hires-steps 2
+    # --klein-model tiny-random-flux2 --klein-size 32 --klein-steps 2 --klein-attention default --klein-tokens 48
     parser.add_argument("--sd-model", default="sd-v1-arch")
     parser.add_argument("--xl-model", default="sdxl-arch")
     parser.add_argument("--sd-size", type=int, default=512)
@@ -161,7 +172,7 @@ def main() -> None:
 
 def flow_parts(args, sweep, report: dict, save) -> None:
     """G (FLUX.1 [dev]) and H (SD 3.5 Large), each at both attentions; guidance 3.5: FLUX.1 [dev]'s default,
-    SD 3.5 Large's card's."""
+    SD 3.5 Large's card's; J (FLUX.1's frontier) and K (FLUX.2 [klein] 4B)."""
     for part, name, prefix in (("g", "G_flux_dev_1024_28_steps", "flux"), ("h", "H_sd35_large_1024_28_steps", "sd3")):
         if getattr(args, f"skip_{prefix}"):
             continue
@@ -181,6 +192,14 @@ def flow_parts(args, sweep, report: dict, save) -> None:
                     "cache=none,first_block", f"cache.threshold={args.frontier_threshold}", "quantize=none,int8",
                     "+metrics.reference_point={cache:none,quantize:none}"]
         report["J_flux_dev_frontier_cache_and_int8"] = [frontier_point(j) for j in sweep(frontier, "j", images=True)]
+        save()
+    if not args.skip_klein:  # a distilled klein: no guidance to set
+        size = args.klein_size
+        klein = [f"model={args.klein_model}", f"sampling.height={size}", f"sampling.width={size}",
+                 f"sampling.num_inference_steps={args.klein_steps}", f"prompts.max_sequence_length={args.klein_tokens}",
+                 "performance.attention=" + ",".join(args.klein_attention),
+                 "parallelism.per_device_batch_size=" + ",".join(map(str, args.klein_batches))]
+        report["K_flux2_klein_4b_1024_4_steps"] = [point(j) for j in sweep(klein, "k")]
         save()
 
 

@@ -157,6 +157,8 @@ class ImageRecord(_Record):
     init_image: Optional[str] = None  # optional: the init image's file name (img2img, inpaint)
     mask_image: Optional[str] = None  # optional: the mask's file name (inpaint)
     control_image: Optional[str] = None  # optional: the control image's file name (controlnet, control)
+    # optional: more reference images' file names, in order, comma-separated (reference_images: FLUX.2's edit, inpaint)
+    reference_images: Optional[str] = None
     file: Optional[str] = None  # the PNG, relative to the run directory ("images/0000_seed0.png")
     pixels_sha256: Optional[str] = None  # SHA-256 of its H x W x 3 uint8 pixels (what a re-run compares)
     non_finite: Optional[bool] = None  # whether the pipeline's output had NaN or infinite pixels (written as 0)

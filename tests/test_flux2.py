@@ -178,6 +178,17 @@ def test_an_edit_with_a_reference_image_is_diffusers_with_the_weights_split_acro
     assert record["mode"] == "edit" and record["init_image"].endswith("reference.png")
     assert "Edit image: " in Image.open(sweep / "1" / record["file"]).text["parameters"]
 
+    # two reference images (the pipeline's image list): the second's tokens at time coordinate 20
+    Image.fromarray(reference["second_image"]).save(tmp_path / "second.png")
+    result = run_cli(*RUN, f"model.pretrained_model_name_or_path={FOLDER}", "sampling.height=64", "sampling.width=128",
+                     "mode=edit", f"init_image={tmp_path / 'reference.png'}",
+                     f"reference_images=[{tmp_path / 'second.png'}]", "hydra.run.dir=two", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert float(np.abs(images(tmp_path / "two") - reference["two_reference_images"]).max()) <= TOLERANCE
+    record = json.loads((tmp_path / "two" / "images.json").read_text())[0]
+    assert record["reference_images"] == "second.png"
+    assert "Reference images: second.png" in Image.open(tmp_path / "two" / record["file"]).text["parameters"]
+
 
 @pytest.mark.slow
 def test_inpainting_is_diffusers_klein_inpaint_pipeline(tmp_path, reference):
@@ -195,6 +206,15 @@ def test_inpainting_is_diffusers_klein_inpaint_pipeline(tmp_path, reference):
     assert float(np.abs(images(sweep / "0") - reference["inpaint_images"]).max()) <= TOLERANCE
     assert float(np.abs(images(sweep / "1") - reference["base_inpaint_images"]).max()) <= TOLERANCE
     assert json.loads((sweep / "1" / "timings.json").read_text())["compile_reused"] == 1
+
+    # with a reference image beside (the pipeline's image_reference, time coordinate 20), distilled
+    Image.fromarray(reference["second_image"]).save(tmp_path / "second.png")
+    result = run_cli(*RUN, f"model.pretrained_model_name_or_path={FOLDER}", "sampling.height=64", "sampling.width=128",
+                     "mode=inpaint", f"init_image={tmp_path / 'image.png'}", f"mask_image={tmp_path / 'mask.png'}",
+                     f"strength={float(reference['inpaint_strength'])}", f"reference_images={tmp_path / 'second.png'}",
+                     "hydra.run.dir=referenced", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert float(np.abs(images(tmp_path / "referenced") - reference["inpaint_reference_images"]).max()) <= TOLERANCE
 
 
 @pytest.mark.slow
@@ -234,4 +254,15 @@ def test_what_a_distilled_klein_does_not_read_is_one_line(tmp_path, overrides, e
     result = run_cli(*RUN, f"model.pretrained_model_name_or_path={FOLDER}", *overrides, "hydra.run.dir=run",
                      cwd=tmp_path, process=True)
     assert_one_line_error(result, expected)
+    assert not (tmp_path / "run" / "images.json").exists()
+
+
+@pytest.mark.slow
+def test_reference_images_on_a_family_that_reads_none_are_one_line(tmp_path):
+    """reference_images with FLUX.1 Kontext's edit (which reads its init image alone) is one line before anything
+    loads; with a mode that reads none (txt2img) it is said and the run goes on (config/modes.check's rule)."""
+    init = Path(__file__).resolve().parent.parent / "examples" / "init.png"
+    result = run_cli("+experiment=kontext_smoke", f"init_image={init}", f"reference_images=[{init}]",
+                     "hydra.run.dir=run", cwd=tmp_path, process=True)
+    assert_one_line_error(result, "error: reference_images: given, but tiny-random-flux-kontext is a FLUX.1")
     assert not (tmp_path / "run" / "images.json").exists()

@@ -136,5 +136,5 @@ def test_the_kontext_smoke_experiment_edits_the_example_image_on_the_builtin_mod
     assert "Edit image: init.png -> mode=edit" in remade.stdout + remade.stderr
     assert records_of(tmp_path / "from_png")[0]["pixels_sha256"] == records[0]["pixels_sha256"]
     unedited = run_cli(str(png), *quiet, "hydra.run.dir=without", command="from_png", cwd=tmp_path)
-    assert "not honoured: Edit image: init.png: FLUX.1 Kontext's input image; give init_image=PATH to remake the " \
-           "edit" in unedited.stdout + unedited.stderr
+    assert ("not honoured: Edit image: init.png: the edited input image (FLUX.1 Kontext's, FLUX.2's); give "
+            "init_image=PATH to remake the edit") in unedited.stdout + unedited.stderr

@@ -32,7 +32,7 @@ def test_each_mode_is_one_entry_that_the_schema_and_the_engine_agree_with():
                                        "control_end"}, name  # what engine/generate.py places
         assert ("start" in entry.numbers) == (entry.default_strength is not None), name  # strength -> start step
         assert modes.strength(name, None) == entry.default_strength
-    assert modes.IMAGE_KEYS == ("init_image", "mask_image", "controlnet.image")
+    assert modes.IMAGE_KEYS == ("init_image", "mask_image", "reference_images", "controlnet.image")
 
 
 def _config(mode: str, **values):
@@ -40,7 +40,8 @@ def _config(mode: str, **values):
     from types import SimpleNamespace
 
     return SimpleNamespace(mode=GenerationMode[mode], init_image=values.get("init_image"),
-                           mask_image=values.get("mask_image"), strength=None,
+                           mask_image=values.get("mask_image"), reference_images=values.get("reference_images"),
+                           strength=None,
                            sampling=SimpleNamespace(num_inference_steps=20),
                            controlnet=SimpleNamespace(model=values.get("controlnet.model"),
                                                       image=values.get("controlnet.image"), conditioning_scale=1.0))
@@ -67,9 +68,11 @@ def test_a_modes_images_are_read_under_its_entrys_names(mode, tmp_path):
 
     path = tmp_path / "in.png"
     Image.fromarray(np.full((16, 16, 3), 200, np.uint8)).save(path)
-    inputs = read_mode_inputs(mode, str(path), str(path), str(path), prompts=1)
+    inputs = read_mode_inputs(mode, str(path), str(path), str(path), prompts=1, references=[str(path)] * 2)
     arrays = inputs.arrays(1, 16, 16, "stretch")
-    assert tuple(arrays) == modes.MODES[mode].per_image
+    assert sorted(arrays) == sorted(modes.MODES[mode].per_image)  # (the optional references too, given here)
+    if "references" in arrays:  # every prompt's row holds every reference image
+        assert arrays["references"].shape == (1, 2, 3, 16, 16)
 
 
 def test_each_family_is_one_entry_in_config_models_and_engine():

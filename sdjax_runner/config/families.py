@@ -51,6 +51,18 @@ def runs_mode(family: FamilyEntry, mode: str, model_name: str) -> None:
                         f"{', '.join(family.modes)}", ", ".join(family.modes))
 
 
+def takes_references(family: FamilyEntry, config: Any) -> None:
+    """reference_images, where the mode reads them (config/modes.py: edit, inpaint), on a family that takes more
+    reference images (FamilyEntry.reference_images: FLUX.2 [klein]); one line for another."""
+    from sdjax_runner.config.modes import MODES, REFERENCES
+
+    given = config.reference_images not in (None, "", [])
+    if given and REFERENCES in MODES[config.mode.name].optional_images and not family.reference_images:
+        raise UserError("reference_images", f"given, but {config.model.name} is a {family.title} model, which reads no "
+                        "more reference images (FLUX.2 [klein]'s editing and inpainting do)",
+                        "null (the init image alone), or a FLUX.2 [klein] model")
+
+
 def _folder_family(path: Optional[str]) -> Optional[str]:
     """The family a local folder's ``model_index.json`` names, or None where it cannot tell (no such folder yet,
     a hub id, a file the loader will refuse with its own line)."""
@@ -140,6 +152,7 @@ def with_defaults(config: Any) -> Any:
             raise UserError("prompts.max_sequence_length", f"{length}: {family.title.split(':')[0]}'s T5 reads at "
                             f"most {MAX_SEQUENCE_LENGTH} tokens", f"1..{MAX_SEQUENCE_LENGTH} (null: {family.t5_tokens})")
     runs_mode(family, config.mode.name, config.model.name)
+    takes_references(family, config)
     if family.check is not None:
         family.check(config)
     return dataclasses.replace(

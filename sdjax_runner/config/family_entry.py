@@ -49,6 +49,8 @@ class FamilyEntry:
     true_cfg: bool = False
     embeddings: bool = False
     guidance_rescale: bool = False
+    # whether its edit and inpaint modes read more reference images (reference_images: FLUX.2 [klein]'s)
+    reference_images: bool = False
     refiner: bool = False  # model.refiner: an SDXL refiner taking over the last steps (config/refiner.py)
     guiders: tuple[str, ...] = (guiders.DEFAULT,)  # the guiders (config/guiders.py) its samplers run
     # guider.layers where a perturbing guider (pag, seg) is given none: diffusers' PAG pipeline's default pag_applied_layers

@@ -200,7 +200,10 @@ def overrides(info: Infotext, model_options: tuple[str, ...], dtype_options: tup
         family.read_infotext(reading)
     _read_strength(reading, has_init_image)
     _read_image_mode(reading, "Edit image", has_init_image, "edit",
-                     "FLUX.1 Kontext's input image; give init_image=PATH to remake the edit")
+                     "the edited input image (FLUX.1 Kontext's, FLUX.2's); give init_image=PATH to remake the edit")
+    if "Reference images" in reading.settings:  # (their files, which a line cannot give)
+        reading.skip("Reference images", "FLUX.2's more reference images; give reference_images=[PATH, ...] (in this "
+                     "order) to remake the image")
     # (with an init image, and a mask, Canny/Depth's img2img and inpaint)
     controlled = "control_inpaint" if has_init_image and has_mask_image else \
         "control_img2img" if has_init_image else "control"

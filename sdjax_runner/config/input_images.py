@@ -52,6 +52,7 @@ MAX_FILE_BYTES = 256 * 2**20  # read whole: a sparse file of terabytes costs no 
 MAX_SCALED = 4
 EXTENSIONS = (".png", ".jpg", ".jpeg", ".webp", ".bmp", ".tif", ".tiff")
 log = logging.getLogger("sdjax_runner")
+MAX_REFERENCES = 8  # reference_images: each adds the image's tokens to every transformer call
 ALLOWED = "an image file (PNG, JPEG, WebP, ...), a folder of them, or a list of files paired with the prompts"
 
 
@@ -231,14 +232,20 @@ class ModeInputs:
     init: tuple[InputImage, ...] = ()
     mask: tuple[InputImage, ...] = ()
     control: tuple[InputImage, ...] = ()
+    references: tuple[InputImage, ...] = ()  # reference_images: every one read by every prompt, in order
 
     def all(self) -> list[InputImage]:
-        return [*self.init, *self.mask, *self.control]
+        return [*self.init, *self.mask, *self.control, *self.references]
 
     def arrays(self, prompts: int, height: int, width: int, resize_mode: str) -> dict[str, np.ndarray]:
         """Per prompt, fitted: ``init`` (P, 3, H, W) in [-1, 1] (the VAE's input), ``mask`` (P, 1, H, W)
-        of 0 (keep) and 1 (repaint), ``control`` (P, 3, H, W) in [0, 1] (the ControlNet's input)."""
+        of 0 (keep) and 1 (repaint), ``control`` (P, 3, H, W) in [0, 1] (the ControlNet's input); ``references``
+        (P, R, 3, H, W) in [-1, 1], every prompt's row the same R images."""
         out = {}
+        if self.references:
+            shared = np.stack([fitted(image, height, width, resize_mode) for image in self.references])
+            shared = 2.0 * shared.astype(np.float32).transpose(0, 3, 1, 2) / 255.0 - 1.0
+            out["references"] = np.broadcast_to(shared, (prompts, *shared.shape)).copy()
         for name, images in (("init", self.init), ("mask", self.mask), ("control", self.control)):
             if not images:
                 continue
@@ -253,11 +260,18 @@ class ModeInputs:
         return out
 
 
-def read_mode_inputs(mode: str, init: Any, mask: Any, control: Any, prompts: int) -> ModeInputs:
+def read_mode_inputs(mode: str, init: Any, mask: Any, control: Any, prompts: int,
+                     references: Any = None) -> ModeInputs:
     """Every image ``mode`` reads (its entry in config/modes.py), checked (config/modes.py ``check`` made sure
-    the keys it needs are set); a mask has its init image's size."""
+    the keys it needs are set); a mask has its init image's size. ``references`` (reference_images), where the mode
+    reads them: every one for every prompt, at most :data:`MAX_REFERENCES`."""
     values = {"init_image": init, "mask_image": mask, "controlnet.image": control}
     read = {name: read_images(key, values[key], prompts, mask=name == "mask") for name, key in MODES[mode].images}
     if "mask" in read:
         same_sizes("mask_image", read["mask"], read["init"])
+    if references not in (None, "", []) and MODES[mode].optional_images:
+        paths = _paths("reference_images", references)
+        if len(paths) > MAX_REFERENCES:
+            raise UserError("reference_images", f"has {len(paths)} images", f"at most {MAX_REFERENCES}")
+        read["references"] = tuple(read_image("reference_images", path, False) for path in paths)
     return ModeInputs(**read)

@@ -46,6 +46,9 @@ class ModeEntry:
     # The images it reads: (traced input name, config key), in reading order; each is a per-image array of the
     # program (engine/generate.py places the prompt's row with each image), fitted by config/input_images.py.
     images: tuple[tuple[str, str], ...] = ()
+    # Images it reads where they are given and the family takes them (FamilyEntry.reference_images): (traced input
+    # name, config key), placed as its images are
+    optional_images: tuple[tuple[str, str], ...] = ()
     other_keys: tuple[str, ...] = ()  # further keys it needs set (besides its images')
     numbers: tuple[str, ...] = ()  # its traced numbers: "start" (the start step, from strength), "control_scale"
     default_strength: Optional[float] = None  # diffusers' default strength; None: the mode takes no strength
@@ -58,12 +61,21 @@ class ModeEntry:
 
     @property
     def per_image(self) -> tuple[str, ...]:
-        """Its traced per-image inputs' names."""
-        return tuple(name for name, _ in self.images)
+        """Its traced per-image inputs' names (the optional ones' too: placed where given)."""
+        return tuple(name for name, _ in self.images + self.optional_images)
+
+    @property
+    def reads(self) -> tuple[str, ...]:
+        """Every config key of an image it reads: its needed ones and its optional ones."""
+        return tuple(key for _, key in self.images + self.optional_images)
 
 
 # A ControlNet's traced numbers (engine/generate.py places them): its scale, a union model's mode, its window of steps
 CONTROLNET_NUMBERS = ("control_scale", "control_mode", "control_start", "control_end")
+
+
+# More reference images (reference_images), every prompt reading all of them: FLUX.2 [klein]'s editing and inpainting
+REFERENCES = ("references", "reference_images")
 
 
 def _registry(*entries: ModeEntry) -> dict[str, ModeEntry]:
@@ -75,12 +87,13 @@ MODES = _registry(
     # diffusers' default strengths: its img2img pipelines 0.8, its inpaint pipelines 1.0 (pure noise).
     ModeEntry("img2img", images=(("init", "init_image"),), numbers=("start",), default_strength=0.8),
     ModeEntry("inpaint", images=(("init", "init_image"), ("mask", "mask_image")), numbers=("start",),
+              optional_images=(REFERENCES,),
               default_strength=1.0),
     ModeEntry("controlnet", images=(("control", "controlnet.image"),), other_keys=("controlnet.model",),
               numbers=CONTROLNET_NUMBERS, check=check_controlnet_folder),
     # FLUX.1 Kontext's in-context editing (diffusers' FluxKontextPipeline): from noise, the init image's latents as
     # more tokens beside the noise's in every transformer call; no strength (the whole schedule runs)
-    ModeEntry("edit", images=(("init", "init_image"),)),
+    ModeEntry("edit", images=(("init", "init_image"),), optional_images=(REFERENCES,)),
     # FLUX.1 Canny [dev] and Depth [dev] (diffusers' FluxControlPipeline): from noise, the control image's latents
     # (an edge map, a depth map: the model's own kind of control image, made by the user) as more input channels of
     # every transformer call; no strength, no separate ControlNet (the transformer is the control model)
@@ -102,7 +115,7 @@ if tuple(MODES) != tuple(GenerationMode.__members__):
 # Read off the registry.
 DEFAULT_STRENGTH = {e.name: e.default_strength for e in MODES.values() if e.default_strength is not None}
 # Keys whose sweep reads images (config/sweep_points.py).
-IMAGE_KEYS = tuple(dict.fromkeys(key for e in MODES.values() for _, key in e.images))
+IMAGE_KEYS = tuple(dict.fromkeys(key for e in MODES.values() for key in e.reads))
 
 
 def strength(mode: str, value: Optional[float]) -> Optional[float]:
@@ -137,11 +150,12 @@ def check(cfg: Any, sampler: str, start: Callable[[int, Optional[float]], int] =
     (FamilyEntry.start_step)."""
     entry = MODES[cfg.mode.name]
     values = {"init_image": cfg.init_image, "mask_image": cfg.mask_image, "controlnet.model": cfg.controlnet.model,
-              "controlnet.image": cfg.controlnet.image}
+              "controlnet.image": cfg.controlnet.image, "reference_images": cfg.reference_images}
     for key in entry.needs:
         if values[key] in (None, "", []):
             raise UserError(key, f"a value is required with mode={entry.name}", f"{key}=PATH")
-    unused = [key for key, value in values.items() if value not in (None, "", []) and key not in entry.needs]
+    read = entry.needs + entry.reads
+    unused = [key for key, value in values.items() if value not in (None, "", []) and key not in read]
     if cfg.strength is not None and entry.default_strength is None:
         unused.append("strength")
     if unused:

@@ -295,7 +295,7 @@ def check_values(config: RunConfig) -> Checked:
     if config.prompts.syntax.name == "a1111":
         check_syntax(prompts, names, config.prompts.negative)
     inputs = read_mode_inputs(config.mode.name, config.init_image, config.mask_image, config.controlnet.image,
-                              len(prompts))
+                              len(prompts), config.reference_images)
     return Checked(prompts, inputs, names)
 
 

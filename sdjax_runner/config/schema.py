@@ -622,6 +622,10 @@ class RunConfig:
     # inpaint: the mask, white = repaint, black = keep; the init image's size. Read as A1111 reads masks: RGB by
     # its luminance, RGBA with transparency by its alpha (config/input_images.py).
     mask_image: Any = None
+    # edit / inpaint on a family that reads more reference images (FLUX.2 [klein]: diffusers' Flux2KleinPipeline's
+    # image list, Flux2KleinInpaintPipeline's image_reference): a file, or a folder / list of files, every one read by
+    # every prompt, in order after init_image. Resized to height x width by resize_mode.
+    reference_images: Any = None
     # img2img / inpaint: how much of the schedule runs, in (0, 1]: the last int(steps * strength) of the
     # steps run, from the image noised to that level (diffusers' rule). null: diffusers' defaults, 0.8 for
     # img2img, 1.0 (from pure noise) for inpaint. A traced input: a sweep over it compiles once.

@@ -258,7 +258,8 @@ class Engine:
             passes += ((spec.hires.steps, spec.hires.height, spec.hires.width, images * second.calls_per_step),)
         # With a refiner the loop runs two UNets, each on its own steps: not counted yet, so no FLOPs rather than wrong
         flops = None if spec.refiner else self.reuse.flops(program.prepared, generator.compiled, passes,
-                                                           plan.num_devices, spec.prompt_tokens, spec.mode)
+                                                           plan.num_devices, spec.prompt_tokens, spec.mode,
+                                                           spec.references)
         if program.key and flops is not None:  # a warm start needs no FLOPs lowering
             executable_cache.save_flops(plan.compilation_cache.dir, program.key, flops)
         # with the decoding program's (XLA's count on one device), None where either is unknown

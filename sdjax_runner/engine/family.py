@@ -43,8 +43,9 @@ class Family:
     samplers: Mapping[str, Callable]  # stage 3 per sampler (engine/samplers): -> the final latents
     decode: Callable[[Any, dict, Any], Any]  # stage 4: (pipeline, params, latents) -> pixels in [0, 1]
     structure: Callable[[Any], list]  # the pipeline's configs its compiled programs depend on
-    # (pipeline, images per device, height, width, tokens, mode=...) -> one guided denoiser call on a device's
-    # images in that mode (FLUX.1 Kontext's edit reads its input image's tokens too), as shapes
+    # (pipeline, images per device, height, width, tokens, mode=..., references=...) -> one guided denoiser call on a
+    # device's images in that mode (FLUX.1 Kontext's edit reads its input image's tokens too; FLUX.2's edit and
+    # inpaint ``references`` more images' too), as shapes
     # (engine/efficiency.step_flops counts it; models/quantize.py traces it)
     denoiser_call: Callable[..., DenoiserCall]
     denoiser: str = "transformer"  # the denoiser's pipeline attribute and weights' key ("unet" for the SD family)

@@ -57,6 +57,7 @@ class Spec:
     scheduler_overrides: tuple = ()
     prediction_type: Optional[str] = None
     mode: str = "txt2img"  # engine/modes
+    references: int = 0  # reference_images read (FLUX.2's edit and inpaint): each adds its tokens to every call
     sampler: str = "scheduler"  # engine/samplers: a k-diffusion sampler, or "scheduler" (diffusers')
     sigmas: Optional[str] = None  # a k sampler's sigma schedule (engine/samplers/sigmas.py)
     eta: Optional[float] = None  # sampling.eta (None: the sampler's default)
@@ -118,7 +119,8 @@ def program_spec(plan: Any, pipeline: Any, height: int, width: int, family: str,
                 scheduler_overrides=tuple(sorted((str(k), repr(v)) for k, v in plan.scheduler.config_overrides.items())),
                 prediction_type=getattr(prediction, "name", prediction),
                 sampler=plan.sampling.sampler, sigmas=plan.sampling.sigmas, eta=plan.sampling.eta,
-                mode=plan.generation, controlnet=controlnet, clip_skip=plan.clip_skip, prompt_chunks=chunks,
+                mode=plan.generation, references=len(plan.inputs.references), controlnet=controlnet,
+                clip_skip=plan.clip_skip, prompt_chunks=chunks,
                 family=family, text_tokens=plan.max_sequence_length, params=plan.params_placement,
                 true_cfg=plan.true_cfg_scale is not None, cfg_rescale=plan.guidance_rescale is not None,
                 guider=plan.guider.name, guider_window=plan.guider.window, guider_layers=plan.guider.layers,

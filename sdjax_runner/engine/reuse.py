@@ -374,16 +374,16 @@ class ReuseCache:
             self.flops_of.pop(old, None)
 
     def flops(self, prepared: Prepared, compiled: Any, passes: tuple[tuple[int, int, int, float], ...],
-              num_devices: int, tokens: int = TOKENS, mode: str = "txt2img") -> Any:
+              num_devices: int, tokens: int = TOKENS, mode: str = "txt2img", references: int = 0) -> Any:
         """FLOPs of one batch (XLA's count, see efficiency.py), once per compiled program. ``passes``: each sampling
         loop's (steps, height, width, images per device its denoiser call counts: Spec.calls_per_step) -- one, or
-        two with Hires. fix's second pass; ``mode``: the program's (what its denoiser call reads)."""
+        two with Hires. fix's second pass; ``mode``, ``references``: the program's (what its denoiser call reads)."""
         from sdjax_runner.engine import efficiency
 
         if prepared.compile_key not in self.flops_of:
             family = FAMILIES[prepared.entry.loaded.family]
             loops = [(steps, efficiency.step_flops(family.denoiser_call(prepared.pipeline, images, height, width, tokens,
-                                                                        mode=mode),
+                                                                        mode=mode, references=references),
                                                    family.denoiser, prepared.pipeline, host_weights(prepared.entry)))
                      for steps, height, width, images in passes]
             self.flops_of[prepared.compile_key] = efficiency.batch_flops(compiled, loops, num_devices)

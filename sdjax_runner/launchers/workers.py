@@ -38,6 +38,7 @@ PROBE = ".workers_probe"
 # share a program; anything else may not (a wrong guess costs a compile, never a wrong image).
 NOT_PROGRAM_KEYS = ("seed", "run_name", "experiment", "output", "timing", "tracking", "metrics", "report", "paths",
                     "strength", "init_image", "mask_image", "reuse", "compilation_cache")
+# (reference_images is not among them: how many there are shapes the program)
 NOT_PROGRAM_SUBKEYS = {"sampling": ("guidance_scale",), "prompts": ("texts", "negative", "file", "fill"),
                        "controlnet": ("image", "conditioning_scale", "guidance_start", "guidance_end")}
 

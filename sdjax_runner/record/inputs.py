@@ -20,7 +20,7 @@ if TYPE_CHECKING:
 
 # Config keys that may hold a path relative to the working directory (and the LoRA entries' paths).
 PATH_KEYS = ("model.pretrained_model_name_or_path", "model.checkpoint", "model.refiner", "metrics.reference",
-             "init_image", "mask_image", "controlnet.image", "controlnet.model")
+             "init_image", "mask_image", "controlnet.image", "controlnet.model", "reference_images")
 _COMMIT = re.compile(r"[0-9a-f]{40}")
 
 

@@ -218,6 +218,7 @@ def a1111_parameters(meta: ImageRecord) -> str:
         + (f", Hires CFG Scale: {meta.hires_guidance_scale}" if meta.hires_guidance_scale is not None else "")
         + (f", Mask: {meta.mask_image}" if meta.mask_image else "")
         + (f", Edit image: {quoted(str(meta.init_image))}" if meta.mode == "edit" else "")
+        + (f", Reference images: {quoted(str(meta.reference_images))}" if meta.reference_images else "")
         + (f", Control image: {quoted(str(meta.control_image))}"
            if meta.mode in ("control", "control_img2img", "control_inpaint") else "")
         + (f", ControlNet: {quoted(str(meta.controlnet))}, Control weight: {meta.conditioning_scale}"
@@ -473,6 +474,7 @@ def image_meta(plan: Plan, height: int, width: int, guidance: str = "cfg", shift
         prompt_syntax=plan.syntax if plan.syntax != "plain" else None,
         mode=plan.generation,
         strength=plan.strength,
+        reference_images=", ".join(Path(image.path).name for image in plan.inputs.references) or None,
         controlnet=plan.controlnet or None,
         conditioning_scale=plan.conditioning_scale if plan.controlnet else None,
         control_mode=plan.control_mode,

@@ -82,6 +82,7 @@ CHAT_TEMPLATE = ("{%- for message in messages %}{{- '<|im_start|>' + message.rol
                  "{%- if enable_thinking is defined and enable_thinking is false %}"
                  "{{- '<think>\\n\\n</think>\\n\\n' }}{%- endif %}{%- endif %}")
 VOCAB = 300
+ATTENTION_GAIN = 3.0  # the transformer's value and output projections, scaled (_build)
 COMPONENT_SEEDS = dict(transformer=SEED, vae=SEED + 1, text_encoder=SEED + 2)
 
 # Published shapes (black-forest-labs/FLUX.2-klein-4B and -9B: transformer/config.json, text_encoder/config.json
@@ -133,6 +134,10 @@ def _build(staging: Path, distilled: bool = True):
     tokenizer = _tokenizer(staging / "tokenizer")
     torch.manual_seed(COMPONENT_SEEDS["transformer"])
     transformer = Flux2Transformer2DModel(**TRANSFORMER)
+    with torch.no_grad():  # its attention's values scaled up: the reference images move the images by more than the
+        for name, parameter in transformer.named_parameters():  # checks' bound (at random initialisation they barely do)
+            if any(part in name for part in ("attn.to_v.", "attn.to_out.", "attn.to_qkv_mlp_proj.")):
+                parameter.mul_(ATTENTION_GAIN)
     torch.manual_seed(COMPONENT_SEEDS["vae"])
     vae = AutoencoderKLFlux2(**VAE)
     with torch.no_grad():  # the batch norm's statistics as a trained VAE has them (not 0 and 1)
@@ -299,7 +304,20 @@ def _edit_references(pipeline) -> dict[str, np.ndarray]:
         out["base_edit_images"] = _call(pipeline, latents, guidance_scale=GUIDANCE, image=Image.fromarray(image))
     finally:
         pipeline.register_to_config(is_distilled=True)
+    second = second_image()  # two reference images: the second's tokens at time coordinate 20
+    out["second_image"] = second
+    out["two_reference_images"] = _call(pipeline, latents, guidance_scale=1.0,
+                                        image=[Image.fromarray(image), Image.fromarray(second)])
+    if np.abs(out["two_reference_images"] - out["edit_images"]).max() < 1e-3:
+        raise RuntimeError("the second reference image changed nothing")
     return out
+
+
+def second_image() -> np.ndarray:
+    """A second reference image, EDIT_WIDTH x EDIT_HEIGHT: the first's colours reversed, from NumPy seed 8's noise."""
+    rng = np.random.default_rng(8)
+    return np.clip(255 - edit_image().astype(int) + rng.integers(-20, 20, size=(EDIT_HEIGHT, EDIT_WIDTH, 3)),
+                   0, 255).astype(np.uint8)
 
 
 INPAINT_STRENGTH = 0.6  # of 3 steps: the last 2 run (get_timesteps: int(3 - 3 * 0.6) = 1 is the start)
@@ -344,6 +362,13 @@ def _inpaint_references(pipeline) -> dict[str, np.ndarray]:
                                  num_inference_steps=STEPS, guidance_scale=guidance,
                                  max_sequence_length=MAX_SEQUENCE_LENGTH, output_type="np").images
             out[key] = np.asarray(images, dtype=np.float32)
+        inpaint.register_to_config(is_distilled=True)
+        with torch.no_grad():  # and a reference image beside (image_reference: time coordinate 20)
+            images = inpaint(prompt=[PROMPT] * NUM_DEVICES, image=Image.fromarray(edit_image()),
+                             image_reference=Image.fromarray(second_image()), mask_image=Image.fromarray(inpaint_mask()),
+                             strength=INPAINT_STRENGTH, num_inference_steps=STEPS, guidance_scale=1.0,
+                             max_sequence_length=MAX_SEQUENCE_LENGTH, output_type="np").images
+        out["inpaint_reference_images"] = np.asarray(images, dtype=np.float32)
     finally:
         module.randn_tensor = saved
     return out

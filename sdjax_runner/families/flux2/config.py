@@ -28,5 +28,5 @@ ENTRY = FamilyEntry("flux2", "FLUX.2 [klein]: a Qwen3 text encoder, a flow-match
                     builtins=("tiny-random-flux2", "tiny-random-flux2-base", "flux2-klein-4b-arch",
                               "flux2-klein-9b-arch"),
                     steps=50, guidance=4.0, check=_flux2_values, sampling=samplers.resolve_flow, t5_tokens=512,
-                    a1111_prompts=False, guiders=guiders.COMBINING, sampler_names_scheduler=True,
+                    a1111_prompts=False, guiders=guiders.COMBINING, reference_images=True, sampler_names_scheduler=True,
                     scheduler_settings=False, short="FLUX.2")

@@ -129,7 +129,7 @@ def structure(pipeline: Any) -> list:
 
 
 def transformer_call(pipeline: Any, per_device_images: int, height: int, width: int, tokens: int,
-                     mode: str = "txt2img") -> DenoiserCall:
+                     mode: str = "txt2img", references: int = 0) -> DenoiserCall:
     """One transformer call on a device's images (no guidance batch: FLUX.1 is distilled); ``tokens``: T5's
     sequence length; in ``mode`` edit (Kontext) the input image's tokens after the noise's."""
     import jax

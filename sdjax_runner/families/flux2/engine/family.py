@@ -81,15 +81,17 @@ def structure(pipeline: Any) -> list:
 
 
 def transformer_call(pipeline: Any, per_device_images: int, height: int, width: int, tokens: int,
-                     mode: str = "txt2img") -> DenoiserCall:
+                     mode: str = "txt2img", references: int = 0) -> DenoiserCall:
     """One transformer call on a device's images (a base model's two guidance halves in one batch); ``tokens``: the
-    prompt's."""
+    prompt's; in ``mode`` edit or inpaint the reference images' tokens after the noise's -- the init image's and
+    ``references`` more."""
     import jax
     import jax.numpy as jnp
 
     batch = per_device_images * (1 if pipeline.distilled else 2)
     factor = pipeline.vae_scale_factor
-    seq = stages.latent_side(height, factor) * stages.latent_side(width, factor) * (2 if mode == "edit" else 1)
+    images = 1 + (1 + references if mode in ("edit", "inpaint") else 0)  # the noise's tokens, then the references'
+    seq = stages.latent_side(height, factor) * stages.latent_side(width, factor) * images
     transformer = pipeline.transformer
     hidden = jax.ShapeDtypeStruct((batch, seq, transformer.in_channels), pipeline.dtype)
     context = jax.ShapeDtypeStruct((batch, tokens, transformer.joint_attention_dim), pipeline.dtype)

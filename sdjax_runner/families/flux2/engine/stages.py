@@ -144,13 +144,27 @@ def reference_latents(pipeline: Any, params: dict, pixels):
     return vae.apply({"params": params["vae"]}, latents, method=vae.normalise)
 
 
+def reference_tokens(pipeline: Any, params: dict, first, inputs: dict):
+    """The reference images' tokens, in order: ``first`` (the init image's :func:`reference_latents`), then each of
+    ``inputs["references"]`` ((batch, R, 3, H, W), reference_images) encoded alike, packed and concatenated --
+    ``(batch, (1 + R) h w, 4 c)``, read at time coordinates 10, 20, ... (:func:`velocity_model`)."""
+    import jax.numpy as jnp
+
+    images = [first]
+    more = inputs.get("references")
+    if more is not None:
+        images += [reference_latents(pipeline, params, more[:, r]) for r in range(more.shape[1])]
+    return jnp.concatenate([pack(image) for image in images], axis=1)
+
+
 def edit(pipeline: Any, params: dict, key, spec: Any, batch: int, inputs: dict) -> Start:
-    """Editing with a reference image (Flux2KleinPipeline's ``image``): :func:`txt2img`'s noise, and the init image
-    (``inputs["init"]``, at the run's size) encoded (:func:`reference_latents`) and packed, as
-    ``Conditioning.reference``: tokens every transformer call reads after the noise's, at time coordinate 10
-    (:func:`reference_ids`)."""
+    """Editing with reference images (Flux2KleinPipeline's ``image``, one or a list): :func:`txt2img`'s noise, and
+    the init image (``inputs["init"]``, at the run's size) and any more (reference_images) encoded
+    (:func:`reference_latents`) and packed, as ``Conditioning.reference``: tokens every transformer call reads after
+    the noise's, the i-th image's at time coordinate 10 (i + 1) (:func:`reference_ids`)."""
     start = txt2img(pipeline, params, key, spec, batch, inputs)
-    return start._replace(conditioning={"reference": pack(reference_latents(pipeline, params, inputs["init"]))})
+    tokens = reference_tokens(pipeline, params, reference_latents(pipeline, params, inputs["init"]), inputs)
+    return start._replace(conditioning={"reference": tokens})
 
 
 def bilinear(mask, height: int, width: int):
@@ -180,18 +194,22 @@ def inpaint(pipeline: Any, params: dict, key, spec: Any, batch: int, inputs: dic
     start = txt2img(pipeline, params, key, spec, batch, inputs)
     image = reference_latents(pipeline, params, inputs["init"])
     keep = 1.0 - bilinear(inputs["mask"], *start.noise.shape[-2:])
-    return start._replace(image=image, step=inputs["start"], keep=keep, conditioning={"reference": pack(image)})
+    references = reference_tokens(pipeline, params, image, inputs)  # (and image_reference: reference_images)
+    return start._replace(image=image, step=inputs["start"], keep=keep, conditioning={"reference": references})
 
 
 REFERENCE_TIME = 10  # _prepare_image_ids' scale: the i-th reference image's time coordinate is 10 + 10 i
 
 
-def reference_ids(height: int, width: int) -> np.ndarray:
-    """(h w, 4) float32 positions of a reference image's tokens: (10, row, column, 0) (``_prepare_image_ids``, one
-    image)."""
-    ids = image_ids(height, width)
-    ids[:, 0] = REFERENCE_TIME
-    return ids
+def reference_ids(height: int, width: int, count: int = 1) -> np.ndarray:
+    """(count h w, 4) float32 positions of ``count`` reference images' tokens, each ``height`` x ``width``: (10 (i + 1),
+    row, column, 0) for the i-th (``_prepare_image_ids``)."""
+    blocks = []
+    for i in range(count):
+        ids = image_ids(height, width)
+        ids[:, 0] = REFERENCE_TIME * (i + 1)
+        blocks.append(ids)
+    return np.concatenate(blocks)
 
 
 def velocity_model(pipeline: Any, params: dict, conditioning: Conditioning, guidance: Guidance, spec: Any,
@@ -205,7 +223,8 @@ def velocity_model(pipeline: Any, params: dict, conditioning: Conditioning, guid
     factor = pipeline.vae_scale_factor
     grid = (latent_side(spec.height, factor), latent_side(spec.width, factor))
     reference = conditioning.reference  # a reference image's tokens (edit), read after the noise's
-    ids = image_ids(*grid) if reference is None else np.concatenate([image_ids(*grid), reference_ids(*grid)])
+    count = 0 if reference is None else reference.shape[1] // (grid[0] * grid[1])  # reference images, each the grid's
+    ids = image_ids(*grid) if reference is None else np.concatenate([image_ids(*grid), reference_ids(*grid, count)])
     img_ids, txt_ids = jnp.asarray(ids), jnp.asarray(text_ids(conditioning.context.shape[1]))
     guided_halves = conditioning.added is not None
     context = conditioning.context

@@ -64,7 +64,7 @@ def sd_encode(pipeline: Any, params: dict, ids, negative_ids, spec: Any, inputs:
 
 
 def unet_call(pipeline: Any, per_device_images: float, height: int, width: int, tokens: int,
-              mode: str = "txt2img") -> DenoiserCall:
+              mode: str = "txt2img", references: int = 0) -> DenoiserCall:
     """One guided UNet application (the batch doubled for classifier-free guidance); ``tokens``: the prompt's length
     as the UNet reads it (77, or 77 per chunk with A1111's syntax)."""
     import jax

@@ -93,7 +93,7 @@ def structure(pipeline: Any) -> list:
 
 
 def transformer_call(pipeline: Any, per_device_images: float, height: int, width: int, tokens: int,
-                     mode: str = "txt2img") -> DenoiserCall:
+                     mode: str = "txt2img", references: int = 0) -> DenoiserCall:
     """One guided transformer call on a device's images (the negative and positive halves in one batch; with
     perturbed-attention guidance a third, ``per_device_images`` counting it as half an image each); ``tokens``: T5's
     sequence length (the conditioning is 77 CLIP tokens plus these)."""
