@@ -149,6 +149,18 @@ def test_klein_from_the_command_line_is_diffusers_pipeline_distilled_with_a_lora
     record = json.loads((sweep / "1" / "images.json").read_text())[0]
     assert (record["family"], record["sampler"], record["steps"]) == ("flux2", "Euler", 3)
 
+    # the transformer as one file in BFL's layout (the reference maker wrote it and read it back with diffusers'
+    # from_single_file), here as ComfyUI saves it (model.diffusion_model. before every name), on the folder as base
+    from safetensors.numpy import load_file, save_file
+
+    tensors = load_file(FIXTURES / "tiny-flux2-klein-transformer.safetensors")
+    save_file({f"model.diffusion_model.{name}": value for name, value in tensors.items()}, tmp_path / "comfy.safetensors")
+    result = run_cli(*RUN, f"model.pretrained_model_name_or_path={FOLDER}", f"model.checkpoint={tmp_path / 'comfy.safetensors'}",
+                     "hydra.run.dir=single", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert float(np.abs(images(tmp_path / "single") - reference["images"]).max()) <= TOLERANCE
+    assert json.loads((tmp_path / "single" / "images.json").read_text())[0]["checkpoint"].startswith("comfy.safetensors")
+
     sweep = tmp_path / "sweep"
     result = run_cli("-m", *RUN, f"model.pretrained_model_name_or_path={base_copy(tmp_path / 'base')}",
                      "sampling.guidance_scale=4,1", f"hydra.sweep.dir={sweep}", cwd=tmp_path)

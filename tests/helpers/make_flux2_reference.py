@@ -374,6 +374,55 @@ def _inpaint_references(pipeline) -> dict[str, np.ndarray]:
     return out
 
 
+def _bfl_single_file(folder: Path, out: Path) -> None:
+    """``tiny-flux2-klein-transformer.safetensors``: the tiny transformer as one file in Black Forest Labs' layout (the
+    hub's flux-2-klein-4b.safetensors' names), written by inverting diffusers' convert_flux2_transformer_checkpoint_
+    to_diffusers, and checked by loading it back with diffusers' own ``from_single_file``: the same weights."""
+    import torch
+    from diffusers import Flux2Transformer2DModel
+    from safetensors.torch import save_file
+
+    transformer = Flux2Transformer2DModel.from_pretrained(folder / "transformer", local_files_only=True)
+    state = {name: value.detach().clone() for name, value in transformer.state_dict().items()}
+    double = {"attn.norm_q.weight": "img_attn.norm.query_norm.scale", "attn.norm_k.weight": "img_attn.norm.key_norm.scale",
+              "attn.to_out.0.weight": "img_attn.proj.weight", "ff.linear_in.weight": "img_mlp.0.weight",
+              "ff.linear_out.weight": "img_mlp.2.weight", "attn.norm_added_q.weight": "txt_attn.norm.query_norm.scale",
+              "attn.norm_added_k.weight": "txt_attn.norm.key_norm.scale", "attn.to_add_out.weight": "txt_attn.proj.weight",
+              "ff_context.linear_in.weight": "txt_mlp.0.weight", "ff_context.linear_out.weight": "txt_mlp.2.weight"}
+    single = {"attn.to_qkv_mlp_proj.weight": "linear1.weight", "attn.to_out.weight": "linear2.weight",
+              "attn.norm_q.weight": "norm.query_norm.scale", "attn.norm_k.weight": "norm.key_norm.scale"}
+    top = {"x_embedder.weight": "img_in.weight", "context_embedder.weight": "txt_in.weight",
+           "time_guidance_embed.timestep_embedder.linear_1.weight": "time_in.in_layer.weight",
+           "time_guidance_embed.timestep_embedder.linear_2.weight": "time_in.out_layer.weight",
+           "double_stream_modulation_img.linear.weight": "double_stream_modulation_img.lin.weight",
+           "double_stream_modulation_txt.linear.weight": "double_stream_modulation_txt.lin.weight",
+           "single_stream_modulation.linear.weight": "single_stream_modulation.lin.weight",
+           "proj_out.weight": "final_layer.linear.weight"}
+    bfl = {}
+    for i in range(TRANSFORMER["num_layers"]):
+        prefix = f"transformer_blocks.{i}."
+        for ours, theirs in double.items():
+            bfl[f"double_blocks.{i}.{theirs}"] = state.pop(prefix + ours)
+        for stream, names in (("img", ("to_q", "to_k", "to_v")), ("txt", ("add_q_proj", "add_k_proj", "add_v_proj"))):
+            bfl[f"double_blocks.{i}.{stream}_attn.qkv.weight"] = torch.cat(
+                [state.pop(f"{prefix}attn.{name}.weight") for name in names])
+    for i in range(TRANSFORMER["num_single_layers"]):
+        for ours, theirs in single.items():
+            bfl[f"single_blocks.{i}.{theirs}"] = state.pop(f"single_transformer_blocks.{i}.{ours}")
+    for ours, theirs in top.items():
+        bfl[theirs] = state.pop(ours)
+    scale, shift = state.pop("norm_out.linear.weight").chunk(2)
+    bfl["final_layer.adaLN_modulation.1.weight"] = torch.cat([shift, scale])
+    if state:
+        raise RuntimeError(f"not written in BFL's layout: {sorted(state)}")
+    path = out / "tiny-flux2-klein-transformer.safetensors"
+    save_file({name: value.contiguous() for name, value in sorted(bfl.items())}, str(path))
+    loaded = Flux2Transformer2DModel.from_single_file(str(path), config=str(folder / "transformer"))
+    for name, value in transformer.state_dict().items():
+        if not torch.equal(loaded.state_dict()[name], value):
+            raise RuntimeError(f"from_single_file does not read {name} back")
+
+
 def _parameter_counts() -> dict[str, np.ndarray]:
     """diffusers' and transformers' parameter counts at klein's published shapes (meta device; the VAE's buffers --
     the batch norm's statistics -- counted as the runner counts them, with its parameters)."""
@@ -417,6 +466,7 @@ def main() -> None:
     if not np.array_equal(_call(reloaded, arrays["latents"], guidance_scale=1.0), arrays["images"]):
         raise RuntimeError("the saved folder does not reproduce the recorded images")
     arrays.update(_lora_reference(folder, args.out))
+    _bfl_single_file(folder, args.out)
     _save_npz(args.out / "flux2.npz", arrays)
     versions = dict(_versions(), script="tests/helpers/make_flux2_reference.py")
     (args.out / "VERSIONS.json").write_text(json.dumps(versions, indent=2, sort_keys=True) + "\n")

@@ -21,10 +21,12 @@ PREFIXES = ("", "model.diffusion_model.")
 
 def architecture_of(keys: frozenset[str], name: str = "") -> Optional[str]:
     """"flux-dev" / "flux-schnell" for a FLUX.1 transformer in Black Forest Labs' layout (with or without
-    ComfyUI's model.diffusion_model. prefix; [dev] has the guidance embedder guidance_in.*), else None."""
+    ComfyUI's model.diffusion_model. prefix; [dev] has the guidance embedder guidance_in.*), else None. Its double
+    blocks modulate themselves (img_mod): FLUX.2's, in the same layout, share one modulation and are not FLUX.1's."""
     for prefix in PREFIXES:
         inner = {k[len(prefix):] for k in keys if k.startswith(prefix)}
-        if any(k.startswith("double_blocks.") for k in inner) and any(k.startswith("single_blocks.") for k in inner):
+        if any(k.startswith("double_blocks.") and ".img_mod." in k for k in inner) \
+                and any(k.startswith("single_blocks.") for k in inner):
             return "flux-dev" if any(k.startswith("guidance_in.") for k in inner) else "flux-schnell"
     return None
 

@@ -5,12 +5,36 @@ its built-in models, and the settings it has no use for (yet), each refused in o
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Optional
 
 from sdjax_runner.config import guiders, samplers
 from sdjax_runner.config.family_entry import FamilyEntry, read_as_written
 from sdjax_runner.config.modes import flow_start_step
+from sdjax_runner.config.weight_files import Architecture
+from sdjax_runner.errors import UserError
 from sdjax_runner.families.flux.config import flow_inpaint
+
+# A FLUX.2 transformer as one file in Black Forest Labs' layout (the hub's flux-2-klein-4b.safetensors, ComfyUI's saves);
+# the rest of the pipeline from the base folder (null: the distilled klein repository of its size: 9B's by its blocks)
+SINGLE_FILES = {"flux2-klein": Architecture("FLUX.2 [klein]", "black-forest-labs/FLUX.2-klein-4B"),
+                "flux2-klein-9b": Architecture("FLUX.2 [klein] 9B", "black-forest-labs/FLUX.2-klein-9B")}
+KLEIN_9B = (8, 24)  # its (double, single) blocks
+DEV_SINGLE_BLOCKS = 48  # FLUX.2 [dev]'s single blocks (its text encoder is Mistral's: not run)
+
+
+def architecture_of(keys: frozenset[str], name: str = "") -> Optional[str]:
+    """"flux2-klein-9b" for a FLUX.2 transformer in BFL's layout (families/flux2/models/single_file.py: its shared
+    single-stream modulation) of klein 9B's blocks, "flux2-klein" for another klein's (4B's, or one of a base folder's
+    own shape); FLUX.2 [dev]'s is one line; else None."""
+    from sdjax_runner.families.flux2.models.single_file import double_blocks, is_flux2, single_blocks
+
+    if not is_flux2(keys):
+        return None
+    blocks = (double_blocks(keys), single_blocks(keys))
+    if blocks[1] == DEV_SINGLE_BLOCKS:
+        raise UserError("model.checkpoint", f"{name}: a FLUX.2 [dev] transformer ({blocks[0]} double, {blocks[1]} single "
+                        "blocks), whose Mistral text encoder is not run yet", "a FLUX.2 [klein] transformer file")
+    return "flux2-klein-9b" if blocks == KLEIN_9B else "flux2-klein"
 
 
 def _flux2_values(config: Any) -> None:
@@ -29,4 +53,5 @@ ENTRY = FamilyEntry("flux2", "FLUX.2 [klein]: a Qwen3 text encoder, a flow-match
                               "flux2-klein-9b-arch"),
                     steps=50, guidance=4.0, check=_flux2_values, sampling=samplers.resolve_flow, t5_tokens=512,
                     a1111_prompts=False, guiders=guiders.COMBINING, reference_images=True, sampler_names_scheduler=True,
-                    scheduler_settings=False, short="FLUX.2")
+                    scheduler_settings=False, short="FLUX.2", single_files=SINGLE_FILES,
+                    architecture_of=architecture_of, checkpoint_holds=lambda keys: ("transformer",))

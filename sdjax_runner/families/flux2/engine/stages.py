@@ -212,6 +212,20 @@ def reference_ids(height: int, width: int, count: int = 1) -> np.ndarray:
     return np.concatenate(blocks)
 
 
+def position_ids(pipeline: Any, spec: Any, conditioning: Conditioning) -> tuple[Any, Any]:
+    """(img_ids, txt_ids) of a call: the noise's tokens', then each reference image's (``conditioning.reference``,
+    every one of the run's size) at its time coordinate; the text's."""
+    import jax.numpy as jnp
+
+    factor = pipeline.vae_scale_factor
+    grid = (latent_side(spec.height, factor), latent_side(spec.width, factor))
+    ids = image_ids(*grid)
+    if conditioning.reference is not None:
+        count = conditioning.reference.shape[1] // (grid[0] * grid[1])
+        ids = np.concatenate([ids, reference_ids(*grid, count)])
+    return jnp.asarray(ids), jnp.asarray(text_ids(conditioning.context.shape[1]))
+
+
 def velocity_model(pipeline: Any, params: dict, conditioning: Conditioning, guidance: Guidance, spec: Any,
                    batch: int, steps: Optional[np.ndarray] = None):
     """``velocity(tokens, sigma, index=None)``: the transformer's prediction for packed latents at ``sigma`` (a scalar
@@ -220,12 +234,8 @@ def velocity_model(pipeline: Any, params: dict, conditioning: Conditioning, guid
     (the Euler loop's) or ``sigma``'s place among ``steps`` (a k sampler's sigmas)."""
     import jax.numpy as jnp
 
-    factor = pipeline.vae_scale_factor
-    grid = (latent_side(spec.height, factor), latent_side(spec.width, factor))
-    reference = conditioning.reference  # a reference image's tokens (edit), read after the noise's
-    count = 0 if reference is None else reference.shape[1] // (grid[0] * grid[1])  # reference images, each the grid's
-    ids = image_ids(*grid) if reference is None else np.concatenate([image_ids(*grid), reference_ids(*grid, count)])
-    img_ids, txt_ids = jnp.asarray(ids), jnp.asarray(text_ids(conditioning.context.shape[1]))
+    img_ids, txt_ids = position_ids(pipeline, spec, conditioning)
+    reference = conditioning.reference  # the reference images' tokens (edit, inpaint), read after the noise's
     guided_halves = conditioning.added is not None
     context = conditioning.context
     if guided_halves:

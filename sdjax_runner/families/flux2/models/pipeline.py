@@ -100,25 +100,28 @@ def own_modules() -> dict[str, tuple[Any, Any, str]]:
 def load_flux2(directory: Path, index: dict, model: ModelConfig, dtype: DtypeConfig, checkpoint: Any,
                checkpoint_sha256: Optional[str]) -> loading.LoadedModel:
     """A FLUX.2 [klein] folder read component by component (the module docstring), as
-    :data:`sdjax_runner.models.loaders.LOADERS` calls a family's loader; a single-file checkpoint is refused."""
+    :data:`sdjax_runner.models.loaders.LOADERS` calls a family's loader; with a single-file checkpoint
+    (``model.checkpoint``: a transformer in BFL's layout) the transformer's weights come from it, the rest from the
+    folder."""
     import jax.numpy as jnp
 
     if model.safety_checker:
         raise UserError("model.safety_checker", f"{directory} is a {WHAT} pipeline, which has no safety checker",
                         "false")
-    if checkpoint is not None:
-        raise UserError("model.checkpoint", f"{checkpoint.path.name}: {WHAT} single files are not read yet",
-                        f"null (a {WHAT} pipeline folder in diffusers' layout)")
     for name in COMPONENTS:
         flux.component_class(directory, index, name, COMPONENTS, WHAT)
     activations = getattr(jnp, dtype.activations_dtype.name)
     weights = loading.numpy_dtype(dtype.weights_dtype.name)
-    for name in ("transformer", "vae"):
+    for name in ("transformer", "vae") if checkpoint is None else ("vae",):
         flux.check_weight_files(directory, name, "diffusers", model.variant)
     schedule = flux.scheduler_config(directory, WHAT)
     modules = own_modules()
-    transformer, transformer_params, transformer_files = flux.load_own(directory, "transformer", model.variant,
-                                                                       activations, weights, modules, WHAT)
+    if checkpoint is not None:  # a transformer in BFL's layout (families/flux2/models/single_file.py), the rest the folder's
+        transformer, transformer_params, transformer_files = flux.transformer_from_checkpoint(
+            directory, checkpoint, checkpoint_sha256, activations, weights, _transformer, _single_file_params, WHAT)
+    else:
+        transformer, transformer_params, transformer_files = flux.load_own(directory, "transformer", model.variant,
+                                                                           activations, weights, modules, WHAT)
     vae_dtype = loading.component_dtype(directory, "vae", activations)
     vae_weights = np.dtype(np.float32) if vae_dtype != activations else weights
     vae, vae_params, vae_files = flux.load_own(directory, "vae", model.variant, vae_dtype, vae_weights, modules, WHAT)
@@ -133,12 +136,28 @@ def load_flux2(directory: Path, index: dict, model: ModelConfig, dtype: DtypeCon
     files = {"transformer": transformer_files, "vae": vae_files, "text_encoder": text_files}
     formats = {name: "flax" if found[0].name in (flux.FLAX_WEIGHTS, QWEN3_FLAX) else "safetensors"
                for name, found in files.items()}
+    if checkpoint is not None:
+        formats["transformer"] = "single_file"
     pipeline = Flux2Pipeline(transformer=transformer, vae=vae, text_encoder=text_encoder, tokenizer=tokenizer,
                              scheduler_config=schedule, vae_scale_factor=2 ** (len(vae.block_out_channels) - 1),
                              distilled=bool(index.get("is_distilled", False)), dtype=activations)
     params = {"transformer": transformer_params, "vae": vae_params, "text_encoder": text_params}
     return loading.LoadedModel(pipeline, params, None, 0.0, str(directory), formats,
                                flux.variant_components(model.variant, files), FAMILY)
+
+
+def _transformer(config: dict, dtype: Any) -> Any:
+    from sdjax_runner.families.flux2.models.transformer import FlaxFlux2Transformer
+
+    return FlaxFlux2Transformer.from_config(config, dtype=dtype)
+
+
+def _single_file_params(module: Any, tensors: dict, weights: np.dtype, name: str) -> dict:
+    """A BFL-layout file's tensors renamed to diffusers' names, converted to the transformer's params."""
+    from sdjax_runner.families.flux.models.convert import convert_state_dict
+    from sdjax_runner.families.flux2.models.single_file import diffusers_state_dict
+
+    return convert_state_dict(diffusers_state_dict(tensors, name), module, weights, f"{name}'s FLUX.2 transformer")
 
 
 def load_qwen3(directory: Path, variant: Optional[str], weights: np.dtype) -> tuple[Any, dict, tuple[Path, ...]]:
