@@ -79,7 +79,7 @@ HOSTILE = {
     "an entry that is neither a component nor a setting": (
         lambda m: _edit_index(m, "watermark", 1),
         "{m}/model_index.json: component 'watermark' is 1, not [library, class] (pipeline settings allowed beside "
-        "the components: requires_safety_checker, force_zeros_for_empty_prompt, add_watermarker)"),
+        "the components: requires_safety_checker, force_zeros_for_empty_prompt, add_watermarker, is_distilled)"),
     "truncated weights": (_truncated_weights, "{m}/unet/: cannot be loaded ("),
     # refused before the run starts (config/folder_files.py reads the folder's text files first): no run folder
     "a config that is not JSON": (_config_not_json, "{m}/vae/config.json is not JSON (JSONDecodeError)"),
