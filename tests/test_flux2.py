@@ -149,6 +149,14 @@ def test_klein_from_the_command_line_is_diffusers_pipeline_distilled_with_a_lora
     record = json.loads((sweep / "1" / "images.json").read_text())[0]
     assert (record["family"], record["sampler"], record["steps"]) == ("flux2", "Euler", 3)
 
+    # a LoRA in ai-toolkit's layout (BFL's names after diffusion_model.; a double block's fused q/k/v, a single block's
+    # fused projections, a shared modulation), which diffusers' load_lora_weights converts itself
+    result = run_cli(*RUN, f"model.pretrained_model_name_or_path={FOLDER}",
+                     f"lora=[{{path: {FIXTURES / 'tiny-flux2-bfl-lora.safetensors'}}}]", "hydra.run.dir=bfl", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "merged into 7 layer(s) (transformer 7)" in result.stdout + result.stderr  # q, k, v from the fused one
+    assert float(np.abs(images(tmp_path / "bfl") - reference["bfl_lora_images"]).max()) <= TOLERANCE
+
     # the transformer as one file in BFL's layout (the reference maker wrote it and read it back with diffusers'
     # from_single_file), here as ComfyUI saves it (model.diffusion_model. before every name), on the folder as base
     from safetensors.numpy import load_file, save_file

@@ -275,7 +275,11 @@ def test_a_flux_lora_is_matched_to_the_transformers_kernels(tmp_path, cache_dir)
     down, up = adapter.factors[("transformer", ("single_transformer_blocks_0", "proj_out", "kernel"))]
     assert down.shape == (160, 4) and up.shape == (4, 32)  # alpha = rank: the update is A.T @ B.T
     # kohya's FLUX layout: BFL names; a fused q/k/v's up factor is cut into the three projections' rows
-    kohya = lora.read(str(_write_kohya_flux_lora(tmp_path / "kohya.safetensors")), weights, "lora.0.path")
+    from sdjax_runner.models.loaders import LOADERS
+
+    renaming = LOADERS["flux"].lora_modules  # (the engine passes the loaded model's family's)
+    kohya = lora.read(str(_write_kohya_flux_lora(tmp_path / "kohya.safetensors")), weights, "lora.0.path", None,
+                      renaming)
     assert set(kohya.factors) == {("transformer", ("transformer_blocks_0", "attn", name, "kernel"))
                                   for name in ("to_q", "to_k", "to_v")} | {
         ("transformer", ("single_transformer_blocks_0", "attn", name, "kernel")) for name in ("to_q", "to_k", "to_v")
@@ -295,7 +299,7 @@ def test_a_flux_lora_is_matched_to_the_transformers_kernels(tmp_path, cache_dir)
 
         save_file({"lora_unet_double_blocks_0_img_nonsense.lora_down.weight": np.zeros((4, 32), np.float32),
                    "lora_unet_double_blocks_0_img_nonsense.lora_up.weight": np.zeros((32, 4), np.float32)}, str(bad))
-        lora.read(str(bad), weights, "lora.0.path")
+        lora.read(str(bad), weights, "lora.0.path", None, renaming)
 
 
 @pytest.mark.slow

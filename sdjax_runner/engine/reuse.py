@@ -291,6 +291,7 @@ class ReuseCache:
             entry.quantized_key, entry.quantized_weights, entry.quantized_component = (), None, ""
             return ()
         from sdjax_runner.models import lora, quantize
+        from sdjax_runner.models.loaders import LOADERS
 
         key = (spec.quantize, tuple((adapter.path, adapter.sha256, adapter.scale) for adapter in plan.lora))
         if entry.quantized_key != key:
@@ -302,7 +303,8 @@ class ReuseCache:
             weights = entry.loaded.host_weights[component]
             merged = 0
             if plan.lora:
-                adapters = [lora.read(given.path, entry.loaded.host_weights, f"lora.{index}.path", given.sha256)
+                adapters = [lora.read(given.path, entry.loaded.host_weights, f"lora.{index}.path", given.sha256,
+                                      LOADERS[entry.loaded.family].lora_modules)
                             for index, given in enumerate(plan.lora)]
                 weights, merged = lora.merged_on_host(weights, component, adapters,
                                                       [given.scale for given in plan.lora])
@@ -320,12 +322,14 @@ class ReuseCache:
         placed once per model and placement (a scale sweep only merges again). ``merged_already``: a component
         whose weights came merged (quantized after merging on the host: :meth:`quantized`), left as placed."""
         from sdjax_runner.models import lora
+        from sdjax_runner.models.loaders import LOADERS
 
         key = (tuple((adapter.path, adapter.sha256) for adapter in plan.lora), placement, merged_already)
         if entry.lora_on != key:
             entry.lora_factors, entry.lora_on = {}, ()
             for index, given in enumerate(plan.lora):
-                adapter = lora.read(given.path, entry.loaded.host_weights, f"lora.{index}.path", given.sha256)
+                adapter = lora.read(given.path, entry.loaded.host_weights, f"lora.{index}.path", given.sha256,
+                                      LOADERS[entry.loaded.family].lora_modules)
                 for (component, kernel_path), pair in adapter.factors.items():
                     if component != merged_already:
                         entry.lora_factors[(component, kernel_path, index)] = mode.place_params(pair, devices)

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
 import numpy as np
 
@@ -26,3 +26,7 @@ class FamilyLoader:
     # (the model's own VAE module, a single file's tensors under diffusers' names, the weights' dtype, the file's
     # name) -> host weights: another VAE as one file
     vae_from_state: Callable[[Any, dict, np.dtype, str], dict]
+    # (a LoRA's modules, the transformer's params, the file's name, config key) -> the modules under the transformer's
+    # own names: the family's LoRAs in its original layout (kohya's, ai-toolkit's BFL names: models/lora.read); None:
+    # its LoRAs name the modules as the runner's modules do (diffusers', PEFT's)
+    lora_modules: Optional[Callable[[dict, dict, str, str], dict]] = None

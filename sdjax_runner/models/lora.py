@@ -17,6 +17,8 @@ Layouts read (``A`` = down, ``B`` = up; a module's update is ``alpha / rank * B 
                       Labs' module names (families/flux/models/single_file.py's table, underscored), lora_te1_ for CLIP. A
                       fused projection's update is split as its weight is: the down factor shared, the up factor's
                       rows cut into q, k, v (and a single block's MLP input), as diffusers' kohya FLUX conversion does.
+    ai-toolkit FLUX.2 diffusion_model.double_blocks.N.img_attn.qkv.lora_A.weight ...: BFL's names too (families/flux2/
+                      models/lora_names.py); the family's loader renames both layouts (FamilyLoader.lora_modules).
 
 A convolution's down factor may be shaped as the convolution, ``rank x in x kh x kw`` with a 1x1 up factor (PEFT's
 and kohya's LoCon for 3x3 convolutions: LCM-LoRA and Hyper-SD adapt the resnets' ``conv1`` / ``conv2`` and the
@@ -36,6 +38,7 @@ import functools
 import hashlib
 import os
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
@@ -48,7 +51,8 @@ from sdjax_runner.files import not_a_file
 # Key prefix -> pipeline component.
 PREFIXES = (("lora_unet_", "unet"), ("lora_te1_", "text_encoder"), ("lora_te2_", "text_encoder_2"),
             ("lora_te_", "text_encoder"), ("unet.", "unet"), ("text_encoder_2.", "text_encoder_2"),
-            ("text_encoder.", "text_encoder"), ("transformer.", "transformer"))
+            ("text_encoder.", "text_encoder"), ("transformer.", "transformer"),
+            ("diffusion_model.", "unet"))  # ai-toolkit's FLUX LoRAs: BFL's names, as kohya's lora_unet_ (renaming)
 # The components LoRA adapts (those the loaded model has).
 COMPONENTS = ("unet", "text_encoder", "text_encoder_2", "transformer")
 # Key suffix -> which factor it is.
@@ -130,10 +134,14 @@ def _matrix(value: np.ndarray, what: str, name: str, config_key: str) -> np.ndar
                     "a matrix, a 1x1 convolution's weight, or a down factor shaped as its convolution")
 
 
-def read(path: str, params: dict, config_key: str, expected_sha256: Optional[str] = None) -> Adapter:
+def read(path: str, params: dict, config_key: str, expected_sha256: Optional[str] = None,
+         renaming: Optional[Callable[[dict, dict, str, str], dict]] = None) -> Adapter:
     """The adapter at ``path`` matched to ``params`` (host weights); one-line errors for what does not
     fit. The file is read once and hashed from those bytes; ``expected_sha256`` (the plan's) that
-    differs means it was replaced since the plan, and what was read is not run under the old hash."""
+    differs means it was replaced since the plan, and what was read is not run under the old hash.
+    ``renaming``: the model family's (FamilyLoader.lora_modules): (modules, the transformer's params, the file's
+    name, config_key) -> the modules under the transformer's own names, for a family whose LoRAs come in its
+    original layout too (FLUX.1's and FLUX.2's: kohya's and ai-toolkit's Black Forest Labs names)."""
     from sdjax_runner.tensor_files import UnreadableTensors, tensors_from_bytes
 
     file = Path(path).expanduser()
@@ -167,8 +175,8 @@ def read(path: str, params: dict, config_key: str, expected_sha256: Optional[str
     if unknown:
         raise UserError(config_key, f"{file.name}: {len(unknown)} key(s) in no known LoRA layout, e.g. {unknown[0]}",
                         "kohya lora_unet_/lora_te_ or PEFT/diffusers unet./text_encoder./transformer. keys")
-    if "single_transformer_blocks_0" in params.get("transformer", {}):  # FLUX.1: lora_unet_ is kohya's BFL names
-        modules = _kohya_flux(modules, params["transformer"], file.name, config_key)
+    if renaming is not None and "transformer" in params:  # lora_unet_ / diffusion_model.: the original layout's names
+        modules = renaming(modules, params["transformer"], file.name, config_key)
     targets = kernels(params)
     unmatched = sorted(m for m in modules if m not in targets)
     if unmatched:
@@ -204,33 +212,6 @@ def read(path: str, params: dict, config_key: str, expected_sha256: Optional[str
         factors[(component, path_)] = ((down.T.astype(np.float32) * np.float32(alpha / rank)),
                                        up.T.astype(np.float32))
     return Adapter(str(file), sha256, factors)
-
-
-def _kohya_flux(modules: dict, transformer: dict, name: str, config_key: str) -> dict:
-    """``modules`` with kohya's FLUX.1 transformer modules (``unet`` ``double_blocks_0_img_attn_qkv``...) renamed to
-    the transformer's own (diffusers' paths, underscored), a fused projection's factors split into its parts: the
-    down factor (and alpha) shared, the up factor's rows cut as the weight's are (families/flux/models/single_file.py)."""
-    from sdjax_runner.families.flux.models import single_file as bfl
-
-    width = int(np.shape(transformer["transformer_blocks_0"]["attn"]["to_q"]["kernel"])[-1])
-    out = {}
-    for (component, module), parts in modules.items():
-        if component != "unet":
-            out[(component, module)] = parts
-            continue
-        renamed = bfl.underscored(module)
-        if renamed is None:
-            raise UserError(config_key, f"{name}: lora_unet_{module} is no module of a FLUX.1 transformer in kohya's "
-                            "layout", "a LoRA made for FLUX.1")
-        targets, fused = renamed
-        up = parts.get("up")
-        bounds = bfl.part_rows(len(targets), width, None if up is None else int(np.shape(up)[0])) if fused else None
-        for i, target in enumerate(targets):
-            piece = dict(parts)
-            if bounds is not None and up is not None:
-                piece["up"] = np.asarray(up)[bounds[i]:bounds[i + 1]]
-            out[("transformer", target.replace(".", "_"))] = piece
-    return out
 
 
 def _leaf(tree: Any, path: tuple) -> Any:

@@ -274,7 +274,36 @@ def _lora_reference(folder: Path, out: Path) -> dict[str, np.ndarray]:
     pipeline.load_lora_weights(str(out), weight_name=path.name)
     if set(pipeline.get_list_adapters()) != {"transformer"}:
         raise RuntimeError(f"diffusers loaded the LoRA into {pipeline.get_list_adapters()}")
-    return {"lora_images": _call(pipeline, runner_noise(), guidance_scale=1.0)}
+    images = {"lora_images": _call(pipeline, runner_noise(), guidance_scale=1.0)}
+    return {**images, **_bfl_lora_reference(folder, out)}
+
+
+# An ai-toolkit FLUX.2 LoRA (BFL's module names after diffusion_model.): module -> (fan_in, fan_out), rank 4, with the
+# fused q/k/v of a double block and a single block's fused projections
+BFL_LORA_MODULES = {"double_blocks.0.img_attn.qkv": (32, 96), "double_blocks.0.txt_mlp.0": (32, 192),
+                    "single_blocks.0.linear1": (32, 288), "single_blocks.1.linear2": (128, 32),
+                    "double_stream_modulation_txt.lin": (32, 192)}
+
+
+def _bfl_lora_reference(folder: Path, out: Path) -> dict[str, np.ndarray]:
+    """``tiny-flux2-bfl-lora.safetensors`` (:data:`BFL_LORA_MODULES`, NumPy seed 6) and the distilled pipeline's images
+    with it loaded by diffusers' ``load_lora_weights`` (which converts ai-toolkit's layout itself)."""
+    from diffusers import Flux2KleinPipeline
+    from safetensors.numpy import save_file
+
+    rng = np.random.default_rng(6)
+    tensors = {}
+    for module, (fan_in, fan_out) in BFL_LORA_MODULES.items():
+        tensors[f"diffusion_model.{module}.lora_A.weight"] = (0.3 * rng.standard_normal((LORA_RANK, fan_in))).astype(
+            np.float32)
+        tensors[f"diffusion_model.{module}.lora_B.weight"] = (0.3 * rng.standard_normal((fan_out, LORA_RANK))).astype(
+            np.float32)
+    path = out / "tiny-flux2-bfl-lora.safetensors"
+    save_file(tensors, str(path))
+    pipeline = Flux2KleinPipeline.from_pretrained(folder, local_files_only=True)
+    pipeline.set_progress_bar_config(disable=True)
+    pipeline.load_lora_weights(str(out), weight_name=path.name)
+    return {"bfl_lora_images": _call(pipeline, runner_noise(), guidance_scale=1.0)}
 
 
 def edit_image() -> np.ndarray:

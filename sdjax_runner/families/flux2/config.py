@@ -22,12 +22,37 @@ KLEIN_9B = (8, 24)  # its (double, single) blocks
 DEV_SINGLE_BLOCKS = 48  # FLUX.2 [dev]'s single blocks (its text encoder is Mistral's: not run)
 
 
+PREFIX = "model.diffusion_model."  # ComfyUI's saves
+MARKER = "single_stream_modulation.lin.weight"  # diffusers' CHECKPOINT_KEY_NAMES["flux2"]: FLUX.2's alone
+
+
+def stripped(names) -> dict[str, str]:
+    """{name without ComfyUI's prefix: the file's name}."""
+    if any(name.startswith(PREFIX + "double_blocks.") for name in names):
+        return {name[len(PREFIX):]: name for name in names if name.startswith(PREFIX)}
+    return {name: name for name in names}
+
+
+def is_flux2(names) -> bool:
+    """Whether a single file's tensor names are a FLUX.2 transformer's in BFL's layout."""
+    return any(name in (MARKER, PREFIX + MARKER) for name in names)
+
+
+def double_blocks(names) -> int:
+    """How many double-stream blocks the file's transformer has (5: klein 4B, 8: klein 9B)."""
+    return len({name.split(".")[1] for name in stripped(names) if name.startswith("double_blocks.")})
+
+
+def single_blocks(names) -> int:
+    """How many single-stream blocks it has (20: klein 4B, 24: klein 9B)."""
+    return len({name.split(".")[1] for name in stripped(names) if name.startswith("single_blocks.")})
+
+
+
 def architecture_of(keys: frozenset[str], name: str = "") -> Optional[str]:
     """"flux2-klein-9b" for a FLUX.2 transformer in BFL's layout (families/flux2/models/single_file.py: its shared
     single-stream modulation) of klein 9B's blocks, "flux2-klein" for another klein's (4B's, or one of a base folder's
     own shape); FLUX.2 [dev]'s is one line; else None."""
-    from sdjax_runner.families.flux2.models.single_file import double_blocks, is_flux2, single_blocks
-
     if not is_flux2(keys):
         return None
     blocks = (double_blocks(keys), single_blocks(keys))

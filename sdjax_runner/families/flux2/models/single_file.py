@@ -17,9 +17,9 @@ from typing import Optional
 
 import numpy as np
 
+from sdjax_runner.families.flux2.config import stripped
 from sdjax_runner.models.checkpoints import WeightsMismatch
 
-PREFIX = "model.diffusion_model."  # ComfyUI's saves
 # BFL name (after the block prefix, without .weight / .scale) -> diffusers name, for a double block
 DOUBLE = {"img_attn.norm.query_norm": "attn.norm_q", "img_attn.norm.key_norm": "attn.norm_k",
           "img_attn.proj": "attn.to_out.0", "img_mlp.0": "ff.linear_in", "img_mlp.2": "ff.linear_out",
@@ -38,29 +38,6 @@ TOP = {"img_in": "x_embedder", "txt_in": "context_embedder",
        "double_stream_modulation_txt.lin": "double_stream_modulation_txt.linear",
        "single_stream_modulation.lin": "single_stream_modulation.linear", "final_layer.linear": "proj_out"}
 SWAPPED = {"final_layer.adaLN_modulation.1": "norm_out.linear"}  # shift, scale -> scale, shift
-MARKER = "single_stream_modulation.lin.weight"  # diffusers' CHECKPOINT_KEY_NAMES["flux2"]: FLUX.2's alone
-
-
-def stripped(names) -> dict[str, str]:
-    """{name without ComfyUI's prefix: the file's name}."""
-    if any(name.startswith(PREFIX + "double_blocks.") for name in names):
-        return {name[len(PREFIX):]: name for name in names if name.startswith(PREFIX)}
-    return {name: name for name in names}
-
-
-def is_flux2(names) -> bool:
-    """Whether a single file's tensor names are a FLUX.2 transformer's in BFL's layout."""
-    return any(name in (MARKER, PREFIX + MARKER) for name in names)
-
-
-def double_blocks(names) -> int:
-    """How many double-stream blocks the file's transformer has (5: klein 4B, 8: klein 9B)."""
-    return len({name.split(".")[1] for name in stripped(names) if name.startswith("double_blocks.")})
-
-
-def single_blocks(names) -> int:
-    """How many single-stream blocks it has (20: klein 4B, 24: klein 9B)."""
-    return len({name.split(".")[1] for name in stripped(names) if name.startswith("single_blocks.")})
 
 
 def diffusers_state_dict(tensors: Mapping[str, np.ndarray], source: str) -> dict[str, np.ndarray]:
