@@ -16,6 +16,7 @@ import pytest
 from PIL import Image
 
 from helpers.cli import ONE_DEVICE, assert_one_line_error, run_cli
+from helpers.images import recorded_pixels
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "flux2"
 FOLDER = FIXTURES / "tiny-flux2-klein"
@@ -33,8 +34,8 @@ def reference() -> dict[str, np.ndarray]:
 
 
 def images(run_dir: Path) -> np.ndarray:
-    records = json.loads((run_dir / "images.json").read_text())
-    return np.stack([np.asarray(Image.open(run_dir / r["file"]), np.float32) / 255 for r in records])
+    """The run's images in its records' order, in [0, 1]."""
+    return np.stack(recorded_pixels(run_dir)).astype(np.float32) / 255
 
 
 def base_copy(folder: Path) -> Path:
