@@ -287,3 +287,43 @@ def test_reference_images_on_a_family_that_reads_none_are_one_line(tmp_path):
                      "hydra.run.dir=run", cwd=tmp_path, process=True)
     assert_one_line_error(result, "error: reference_images: given, but tiny-random-flux-kontext is a FLUX.1")
     assert not (tmp_path / "run" / "images.json").exists()
+
+
+def test_a_flux2_images_infotext_reads_back_with_its_edit_and_reference_images_said():
+    """A FLUX.2 edit's A1111 line (as record/rundir.py writes it) read by from_png's reading: the family from its
+    model, CFG scale 1 as guidance 1 (none, on a distilled model), the edit mode where init_image is given, and its more
+    reference images said -- a line cannot give their files."""
+    from sdjax_runner.config import infotext
+
+    line = ("a red cube\nSteps: 4, Sampler: Euler, CFG scale: 1, Seed: 3, Size: 64x32, Model: tiny-random-flux2, "
+            'Dtype: float32, Batch: 0, Device: 0, Edit image: init.png, Reference images: "b.png, c.png"')
+    info = infotext.parse(line)
+    out = infotext.overrides(info, ("tiny-random-flux2",), ("fp32",), has_init_image=True)
+    assert {"mode=edit", "sampling.guidance_scale=1.0", "seed=3", "model=tiny-random-flux2"} <= set(out.overrides)
+    assert any(said.startswith("Reference images: ") and "give reference_images=[PATH, ...]" in said
+               for said in out.not_honoured), out.not_honoured
+    assert "Prompt: read as written (FLUX.2 reads no A1111 emphasis)" in out.honoured
+
+
+@pytest.mark.parametrize(("blocks", "expected"), [((5, 20), "flux2-klein"), ((8, 24), "flux2-klein-9b"),
+                                                  ((1, 2), "flux2-klein"), ((8, 48), "error")])
+def test_a_flux2_single_file_is_told_by_its_blocks(blocks, expected):
+    """BFL-layout FLUX.2 files (the shared modulation's key, with or without ComfyUI's prefix): klein 9B by its
+    blocks, any other klein (4B's, a base folder's own shape) as klein, FLUX.2 [dev] (48 single blocks, a Mistral
+    text encoder) one line; a FLUX.1 file is not FLUX.2's, nor FLUX.2's FLUX.1's."""
+    from sdjax_runner.errors import UserError
+    from sdjax_runner.families.flux.config import architecture_of as flux1_architecture
+    from sdjax_runner.families.flux2.config import architecture_of
+
+    for prefix in ("", "model.diffusion_model."):
+        keys = frozenset({f"{prefix}single_stream_modulation.lin.weight", f"{prefix}img_in.weight"}
+                         | {f"{prefix}double_blocks.{i}.img_attn.qkv.weight" for i in range(blocks[0])}
+                         | {f"{prefix}single_blocks.{i}.linear1.weight" for i in range(blocks[1])})
+        assert flux1_architecture(keys) is None
+        if expected == "error":
+            with pytest.raises(UserError, match="FLUX.2 \\[dev\\] transformer"):
+                architecture_of(keys, "flux2-dev.safetensors")
+        else:
+            assert architecture_of(keys, "x.safetensors") == expected
+    flux1 = frozenset({"double_blocks.0.img_mod.lin.weight", "single_blocks.0.linear1.weight"})
+    assert architecture_of(flux1) is None and flux1_architecture(flux1) == "flux-schnell"
