@@ -1,16 +1,16 @@
 """What the engine needs of FLUX.2 [klein] besides its stages (:mod:`.stages`): its prompts' tokens, its checks once a
-model is loaded, its pipeline for a job's settings, what its compiled programs depend on and the FLOPs of one
-transformer call. engine/families.py's ``FAMILIES["flux2"]`` is made of these, the stages and FLUX.1's flow samplers
-(families/flux/engine/samplers.py) driven by FLUX.2's velocity."""
+model is loaded, what its compiled programs depend on and the FLOPs of one transformer call. engine/families.py's
+``FAMILIES["flux2"]`` is made of these, the stages, FLUX.1's flow samplers (families/flux/engine/samplers.py) driven
+by FLUX.2's velocity, and FLUX.1's pipeline per job and block-by-block gathering of split weights (the transformer's
+blocks carry FLUX.1's list names and ``gather_blocks``)."""
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Any, Optional
 
 from sdjax_runner.engine.family import DenoiserCall
 from sdjax_runner.errors import UserError
-from sdjax_runner.families.flux.engine.family import ATTENTION, FluxTokens
+from sdjax_runner.families.flux.engine.family import FluxTokens
 from sdjax_runner.families.flux2.engine import stages
 from sdjax_runner.models.checkpoints import config_dict
 
@@ -47,30 +47,6 @@ def guidance(pipeline: Any) -> str:
 def negative(negative_prompt: Optional[str], pipeline: Any, chunks: int) -> Optional[str]:
     """A base model's negative prompt (diffusers' "" when none is given); a distilled model has none."""
     return None if pipeline.distilled else negative_prompt or ""
-
-
-def with_scheduler(loaded: Any, scheduler: Any, prediction_type: Any = None, attention: str = "default"):
-    """The pipeline for a job: its transformer set up for ``attention``; no scheduler state (the flow schedule is the
-    program's constants)."""
-    pipeline = loaded.pipeline
-    transformer = pipeline.transformer.clone(attention_implementation=ATTENTION[attention])
-    return dataclasses.replace(pipeline, transformer=transformer), {}
-
-
-BLOCKS = ("transformer_blocks", "single_transformer_blocks")
-
-
-def split_weights(pipeline: Any, specs: dict) -> tuple[Any, Any]:
-    """parallelism.params=sharded: the transformer gathers each block's split weights as the block runs (one block
-    whole at a time, every block of a kind placed alike); the rest of the weights are gathered per component."""
-    from sdjax_runner.engine.split import gather_tree
-
-    def gather_block(kind: str, block: Any) -> Any:
-        return gather_tree(block, specs["transformer"][f"{kind}_0"])
-
-    transformer = pipeline.transformer.clone(gather_blocks=gather_block)
-    return dataclasses.replace(pipeline, transformer=transformer), \
-        lambda component, key: component == "transformer" and key.rsplit("_", 1)[0] in BLOCKS
 
 
 def structure(pipeline: Any) -> list:

@@ -57,14 +57,6 @@ def perturbed_layers(layers: tuple[str, ...], weights: dict, model: str) -> None
     check_layers(layers, names, model, blocks, "transformer_blocks.1.attn")
 
 
-def with_scheduler(loaded: Any, scheduler: Any, prediction_type: Any = None, attention: str = "default"):
-    """The pipeline for a job: its transformer set up for ``attention``; no scheduler state (the flow schedule is
-    the program's constants)."""
-    pipeline = loaded.pipeline
-    transformer = pipeline.transformer.clone(attention_implementation=ATTENTION[attention])
-    return dataclasses.replace(pipeline, transformer=transformer), {}
-
-
 def split_weights(pipeline: Any, specs: dict) -> tuple[Any, Any]:
     """parallelism.params=sharded: the transformer gathers each block's split weights as the block runs (one block
     whole at a time; each block has its own placement: the last one and SD 3.5 Medium's dual-attention blocks
