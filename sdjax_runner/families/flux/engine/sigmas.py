@@ -33,23 +33,27 @@ def flow_model(config: dict[str, Any], height: int, width: int, vae_scale_factor
     """(table of T sigmas, increasing, float32; sigma(t) for a float32 array of timesteps) of ComfyUI's model
     sampling for a FLUX.1 scheduler ``config`` at ``height`` x ``width`` (module docstring)."""
     if config.get("use_dynamic_shifting", False):
-        mu = math.exp(shift_mu(image_seq_len(height, width, vae_scale_factor), config))
+        return exponential_model(shift_mu(image_seq_len(height, width, vae_scale_factor), config))
+    shift = np.float32(config.get("shift", 1.0))
 
-        def sigma(t: np.ndarray) -> np.ndarray:
-            return (np.float32(mu) / (np.float32(mu) + (np.float32(1) / t - np.float32(1)))).astype(np.float32)
+    def sigma(t: np.ndarray) -> np.ndarray:
+        if shift == 1.0:
+            return t.astype(np.float32)
+        return (shift * t / (np.float32(1) + (shift - np.float32(1)) * t)).astype(np.float32)
 
-        steps = 10000
-    else:
-        shift = np.float32(config.get("shift", 1.0))
-
-        def sigma(t: np.ndarray) -> np.ndarray:
-            if shift == 1.0:
-                return t.astype(np.float32)
-            return (shift * t / (np.float32(1) + (shift - np.float32(1)) * t)).astype(np.float32)
-
-        steps = 1000
-    table = sigma(np.arange(1, steps + 1, dtype=np.float32) / np.float32(steps))
+    table = sigma(np.arange(1, 1001, dtype=np.float32) / np.float32(1000))
     return table, sigma
+
+
+def exponential_model(mu: float):
+    """(table, sigma(t)) of ComfyUI's ModelSamplingFlux for the shift ``mu``: ``sigma(t) = exp(mu) / (exp(mu) + 1/t -
+    1)`` in float32 over T = 10000 (FLUX.1 [dev]'s ``calculate_shift``; FLUX.2's ``compute_empirical_mu``)."""
+    scale = np.float32(math.exp(mu))
+
+    def sigma(t: np.ndarray) -> np.ndarray:
+        return (scale / (scale + (np.float32(1) / t - np.float32(1)))).astype(np.float32)
+
+    return sigma(np.arange(1, 10001, dtype=np.float32) / np.float32(10000)), sigma
 
 
 def schedule(name: str, steps: int, table: np.ndarray, sigma) -> np.ndarray:

@@ -54,16 +54,22 @@ def flow_sigmas(steps: int, seq_len: int, config: dict) -> np.ndarray:
     """The schedule's ``steps + 1`` sigmas (the last 0), float32, as ``FluxPipeline`` sets them: ``linspace(1,
     1/steps, steps)`` shifted -- by ``exp(mu) / (exp(mu) + 1/s - 1)`` with dynamic shifting ([dev]), else by
     ``shift * s / (1 + (shift - 1) * s)`` ([schnell]: shift 1, unchanged). Host constants of the program."""
-    import math
-
     base = np.linspace(1.0, 1 / steps, steps).astype(np.float32)
     if config.get("use_dynamic_shifting", False):
-        mu = math.exp(shift_mu(seq_len, config))
-        shifted = mu / (mu + (1 / base - 1))
+        shifted = exponential_shift(base, shift_mu(seq_len, config))
     else:
         shift = float(config.get("shift", 1.0))
         shifted = shift * base / (1 + (shift - 1) * base)
     return np.append(shifted.astype(np.float32), np.float32(0.0))
+
+
+def exponential_shift(sigmas: np.ndarray, mu: float) -> np.ndarray:
+    """``FlowMatchEulerDiscreteScheduler.time_shift`` (exponential, sigma 1) of float32 ``sigmas``: ``exp(mu) / (exp(mu)
+    + 1/s - 1)``, exp(mu) a Python float as diffusers computes it."""
+    import math
+
+    scale = math.exp(mu)
+    return (scale / (scale + (1 / sigmas - 1))).astype(np.float32)
 
 
 def pack(latents):

@@ -13,7 +13,6 @@ its noise so) between the stages, and packed as tokens ``(batch, h w, 4 c)`` ins
 
 from __future__ import annotations
 
-import math
 from typing import Any, Optional
 
 import numpy as np
@@ -22,7 +21,7 @@ from sdjax_runner.config import guiders
 from sdjax_runner.engine.encode import Conditioning
 from sdjax_runner.engine.guiders import Guidance, flow_step, guided
 from sdjax_runner.engine.modes.start import Start
-from sdjax_runner.families.flux.engine.stages import euler_step, kept_area, noised_start
+from sdjax_runner.families.flux.engine.stages import euler_step, exponential_shift, kept_area, noised_start
 
 
 def latent_side(pixels: int, vae_scale_factor: int) -> int:
@@ -75,22 +74,18 @@ def flow_sigmas(steps: int, seq_len: int) -> np.ndarray:
     steps)`` shifted by ``exp(mu) / (exp(mu) + 1/s - 1)`` with :func:`empirical_mu` (the scheduler's dynamic shift,
     exponential). Host constants of the program."""
     base = np.linspace(1.0, 1 / steps, steps).astype(np.float32)
-    mu = math.exp(empirical_mu(seq_len, steps))
-    return np.append((mu / (mu + (1 / base - 1))).astype(np.float32), np.float32(0.0))
+    return np.append(exponential_shift(base, empirical_mu(seq_len, steps)), np.float32(0.0))
 
 
 def sigma_table(pipeline: Any, spec: Any):
     """(table of sigmas, sigma(t)) of the k samplers' model sampling on FLUX.2 (families/flux/engine/samplers.py):
     ComfyUI's ModelSamplingFlux form -- ``sigma(t) = exp(mu) / (exp(mu) + 1/t - 1)`` over T = 10000 -- with the
     pipeline's own shift (:func:`empirical_mu` for the image's tokens and the step count)."""
+    from sdjax_runner.families.flux.engine.sigmas import exponential_model
+
     factor = pipeline.vae_scale_factor
-    seq_len = latent_side(spec.height, factor) * latent_side(spec.width, factor)
-    mu = np.float32(math.exp(empirical_mu(seq_len, spec.steps)))
-
-    def sigma(t: np.ndarray) -> np.ndarray:
-        return (mu / (mu + (np.float32(1) / t - np.float32(1)))).astype(np.float32)
-
-    return sigma(np.arange(1, 10001, dtype=np.float32) / np.float32(10000)), sigma
+    return exponential_model(empirical_mu(latent_side(spec.height, factor) * latent_side(spec.width, factor),
+                                          spec.steps))
 
 
 def prompt_ids(pipeline: Any, texts: list[str], max_sequence_length: int) -> np.ndarray:
@@ -169,20 +164,14 @@ def edit(pipeline: Any, params: dict, key, spec: Any, batch: int, inputs: dict) 
 
 def bilinear(mask, height: int, width: int):
     """``mask`` (batch, 1, H, W) at ``height`` x ``width`` by PyTorch's bilinear interpolation without antialiasing
-    (``interpolate(mode="bilinear", align_corners=False)``: output pixel ``i`` reads source ``(i + 0.5) * H / height -
-    0.5``, clamped at 0, between its two neighbours), float32."""
+    (``interpolate(mode="bilinear", align_corners=False)``: Hires. fix's latent upscaler's weights, engine/upscale.py,
+    along each axis), float32."""
     import jax.numpy as jnp
 
-    def weights(size: int, out: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        source = np.maximum((np.arange(out, dtype=np.float32) + np.float32(0.5)) * np.float32(size / out)
-                            - np.float32(0.5), np.float32(0))
-        low = np.floor(source).astype(np.int32)
-        return low, np.minimum(low + 1, size - 1), (source - low).astype(np.float32)
+    from sdjax_runner.engine.upscale import bilinear as weights
 
     rows, columns = weights(mask.shape[-2], height), weights(mask.shape[-1], width)
-    mask = mask.astype(jnp.float32)
-    mask = mask[:, :, rows[0]] * (1 - rows[2])[:, None] + mask[:, :, rows[1]] * rows[2][:, None]
-    return mask[:, :, :, columns[0]] * (1 - columns[2]) + mask[:, :, :, columns[1]] * columns[2]
+    return jnp.einsum("oh,bchw,pw->bcop", rows, mask.astype(jnp.float32), columns)
 
 
 def inpaint(pipeline: Any, params: dict, key, spec: Any, batch: int, inputs: dict) -> Start:
