@@ -103,12 +103,20 @@ def part_rows(parts: int, width: int, rows: Optional[int]) -> list[int]:
 def underscored(module: str) -> Optional[tuple[tuple[str, ...], bool]]:
     """kohya's underscored BFL module name (``double_blocks_0_img_attn_qkv``, ``single_blocks_3_linear1``,
     ``final_layer_linear``) -> (the diffusers module paths it is, whether they are a fused projection's parts);
-    None for a name the table does not know."""
+    None for a name the table does not know (:func:`underscored_in` FLUX.1's tables)."""
+    return underscored_in(module, (DOUBLE, DOUBLE_FUSED), (SINGLE, {"linear1": SINGLE_FUSED}), TOP)
+
+
+def underscored_in(module: str, double: tuple[dict, dict], single: tuple[dict, dict],
+                   top: dict) -> Optional[tuple[tuple[str, ...], bool]]:
+    """An underscored BFL module name looked up in a transformer's tables -- ``double`` and ``single``: (BFL name ->
+    diffusers name, fused BFL name -> its parts' diffusers names) of a double or single block; ``top``: outside the
+    blocks (the swapped final modulation left out: refused) -- as :func:`underscored` returns it."""
     found = re.fullmatch(r"(double_blocks|single_blocks)_(\d+)_(.+)", module)
     if found:
         block, number, inside = found.groups()
         prefix = f"{'transformer_blocks' if block == 'double_blocks' else 'single_transformer_blocks'}.{number}."
-        table, fused = (DOUBLE, DOUBLE_FUSED) if block == "double_blocks" else (SINGLE, {"linear1": SINGLE_FUSED})
+        table, fused = double if block == "double_blocks" else single
         plain = {key.replace(".", "_"): value for key, value in table.items()}
         joined = {key.replace(".", "_"): value for key, value in fused.items()}
         if inside in plain:
@@ -116,8 +124,8 @@ def underscored(module: str) -> Optional[tuple[tuple[str, ...], bool]]:
         if inside in joined:
             return tuple(prefix + part for part in joined[inside]), True
         return None
-    top = {key.replace(".", "_"): value for key, value in TOP.items()}  # (not the swapped modulation: refused)
-    return ((top[module],), False) if module in top else None
+    outside = {key.replace(".", "_"): value for key, value in top.items()}
+    return ((outside[module],), False) if module in outside else None
 
 
 def inner_dim(module: Any) -> int:

@@ -7,53 +7,22 @@ q/k/v shares its down factor and has its up factor's rows cut in three; a single
 
 from __future__ import annotations
 
-import re
 from typing import Optional
 
-import numpy as np
-
-from sdjax_runner.errors import UserError
-from sdjax_runner.families.flux2.models.single_file import DOUBLE, DOUBLE_FUSED, SINGLE, SWAPPED, TOP
+from sdjax_runner.families.flux.models.lora_names import bfl_renamed
+from sdjax_runner.families.flux.models.single_file import underscored_in
+from sdjax_runner.families.flux2.models.single_file import DOUBLE, DOUBLE_FUSED, SINGLE, TOP
 
 
 def underscored(module: str) -> Optional[tuple[tuple[str, ...], bool]]:
     """An underscored BFL module name (``double_blocks_0_img_attn_qkv``, ``single_blocks_3_linear1``, ``img_in``) -> (the
     diffusers module paths it is, whether they are a fused projection's parts); None for one the tables do not know
     (the final layer's modulation among them: its halves are swapped in the weights, and diffusers' LoRA conversion
-    does not swap them)."""
-    found = re.fullmatch(r"(double_blocks|single_blocks)_(\d+)_(.+)", module)
-    if found:
-        block, number, inside = found.groups()
-        prefix = f"{'transformer_blocks' if block == 'double_blocks' else 'single_transformer_blocks'}.{number}."
-        table = {key.replace(".", "_"): value for key, value in (DOUBLE if block == "double_blocks" else SINGLE).items()}
-        fused = {key.replace(".", "_"): value for key, value in DOUBLE_FUSED.items()} if block == "double_blocks" else {}
-        if inside in table:
-            return (prefix + table[inside],), False
-        if inside in fused:
-            return tuple(prefix + part for part in fused[inside]), True
-        return None
-    top = {key.replace(".", "_"): value for key, value in TOP.items() if key not in SWAPPED}
-    return ((top[module],), False) if module in top else None
+    does not swap them). FLUX.1's lookup (families/flux/models/single_file.underscored_in) on FLUX.2's tables."""
+    return underscored_in(module, (DOUBLE, DOUBLE_FUSED), (SINGLE, {}), TOP)
 
 
 def bfl_modules(modules: dict, transformer: dict, name: str, config_key: str) -> dict:
-    """``modules`` with the transformer's modules in BFL's names (component ``unet``) renamed to its own; a fused q/k/v's
-    up factor cut into three equal row blocks, the down factor (and alpha) shared."""
-    out = {}
-    for (component, module), parts in modules.items():
-        if component != "unet":
-            out[(component, module)] = parts
-            continue
-        renamed = underscored(module)
-        if renamed is None:
-            raise UserError(config_key, f"{name}: {module} is no module of a FLUX.2 transformer in Black Forest Labs' "
-                            "layout a LoRA adapts", "a LoRA made for FLUX.2 [klein]")
-        targets, fused = renamed
-        up = parts.get("up")
-        rows = int(np.shape(up)[0]) // len(targets) if fused and up is not None else None
-        for i, target in enumerate(targets):
-            piece = dict(parts)
-            if rows is not None and up is not None:
-                piece["up"] = np.asarray(up)[i * rows:(i + 1) * rows]
-            out[("transformer", target.replace(".", "_"))] = piece
-    return out
+    """FLUX.1's renaming (families/flux/models/lora_names.bfl_renamed) with FLUX.2's table: a fused q/k/v's up factor
+    cut into its three equal row blocks, the down factor (and alpha) shared."""
+    return bfl_renamed(modules, transformer, name, config_key, underscored, "FLUX.2")
