@@ -242,17 +242,17 @@ class ModeInputs:
         of 0 (keep) and 1 (repaint), ``control`` (P, 3, H, W) in [0, 1] (the ControlNet's input); ``references``
         (P, R, 3, H, W) in [-1, 1], every prompt's row the same R images."""
         out = {}
-        if self.references:
-            shared = np.stack([fitted(image, height, width, resize_mode) for image in self.references])
-            shared = 2.0 * shared.astype(np.float32).transpose(0, 3, 1, 2) / 255.0 - 1.0
-            out["references"] = np.broadcast_to(shared, (prompts, *shared.shape)).copy()
-        for name, images in (("init", self.init), ("mask", self.mask), ("control", self.control)):
+        for name, images in (("init", self.init), ("mask", self.mask), ("control", self.control),
+                             ("references", self.references)):
             if not images:
                 continue
             each = [fitted(image, height, width, resize_mode) for image in images]  # once per distinct image
-            rows = np.stack([paired(each, k) for k in range(prompts)])
-            rows = rows.astype(np.float32).transpose(0, 3, 1, 2) / 255.0
-            if name == "init":
+            if name == "references":  # every prompt reads all of them
+                rows = np.broadcast_to(np.stack(each), (prompts, len(each), *each[0].shape))
+            else:
+                rows = np.stack([paired(each, k) for k in range(prompts)])
+            rows = np.moveaxis(rows.astype(np.float32), -1, -3) / 255.0  # channels first
+            if name in ("init", "references"):  # the VAE's input
                 rows = 2.0 * rows - 1.0
             elif name == "mask":
                 rows = (rows >= 0.5).astype(np.float32)

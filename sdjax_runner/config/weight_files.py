@@ -67,6 +67,17 @@ def safetensors_file(path: Path, key: str, wanted: str, pickled: str, allowed: s
                         "loaded and are not read", allowed)
 
 
+COMFY_PREFIX = "model.diffusion_model."  # before a transformer's names in ComfyUI's saves of BFL-layout files
+
+
+def without_comfy_prefix(names) -> dict[str, str]:
+    """{a BFL-layout transformer's tensor name: the file's name}: ComfyUI's prefix taken off where its double blocks
+    carry it (the other tensors of such a file -- text encoders, a VAE -- are left out), else every name as it is."""
+    if any(name.startswith(COMFY_PREFIX + "double_blocks.") for name in names):
+        return {name[len(COMFY_PREFIX):]: name for name in names if name.startswith(COMFY_PREFIX)}
+    return {name: name for name in names}
+
+
 def checkpoint_keys(path: Path) -> tuple[str, ...]:
     """A single-file checkpoint's tensor names, from its header alone (milliseconds); which family's file it is,
     config/families.open_checkpoint asks each family's entry."""

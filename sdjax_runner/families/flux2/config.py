@@ -10,7 +10,7 @@ from typing import Any, Optional
 from sdjax_runner.config import guiders, samplers
 from sdjax_runner.config.family_entry import FamilyEntry, read_as_written
 from sdjax_runner.config.modes import flow_start_step
-from sdjax_runner.config.weight_files import Architecture
+from sdjax_runner.config.weight_files import COMFY_PREFIX, Architecture, without_comfy_prefix
 from sdjax_runner.errors import UserError
 from sdjax_runner.families.flux.config import flow_inpaint
 
@@ -22,30 +22,18 @@ KLEIN_9B = (8, 24)  # its (double, single) blocks
 DEV_SINGLE_BLOCKS = 48  # FLUX.2 [dev]'s single blocks (its text encoder is Mistral's: not run)
 
 
-PREFIX = "model.diffusion_model."  # ComfyUI's saves
 MARKER = "single_stream_modulation.lin.weight"  # diffusers' CHECKPOINT_KEY_NAMES["flux2"]: FLUX.2's alone
-
-
-def stripped(names) -> dict[str, str]:
-    """{name without ComfyUI's prefix: the file's name}."""
-    if any(name.startswith(PREFIX + "double_blocks.") for name in names):
-        return {name[len(PREFIX):]: name for name in names if name.startswith(PREFIX)}
-    return {name: name for name in names}
 
 
 def is_flux2(names) -> bool:
     """Whether a single file's tensor names are a FLUX.2 transformer's in BFL's layout."""
-    return any(name in (MARKER, PREFIX + MARKER) for name in names)
+    return any(name in (MARKER, COMFY_PREFIX + MARKER) for name in names)
 
 
-def double_blocks(names) -> int:
-    """How many double-stream blocks the file's transformer has (5: klein 4B, 8: klein 9B)."""
-    return len({name.split(".")[1] for name in stripped(names) if name.startswith("double_blocks.")})
-
-
-def single_blocks(names) -> int:
-    """How many single-stream blocks it has (20: klein 4B, 24: klein 9B)."""
-    return len({name.split(".")[1] for name in stripped(names) if name.startswith("single_blocks.")})
+def blocks(names, kind: str) -> int:
+    """How many blocks of ``kind`` (double_blocks: 5 in klein 4B, 8 in 9B; single_blocks: 20, 24) the file's
+    transformer has."""
+    return len({name.split(".")[1] for name in without_comfy_prefix(names) if name.startswith(kind + ".")})
 
 
 
@@ -55,11 +43,11 @@ def architecture_of(keys: frozenset[str], name: str = "") -> Optional[str]:
     own shape); FLUX.2 [dev]'s is one line; else None."""
     if not is_flux2(keys):
         return None
-    blocks = (double_blocks(keys), single_blocks(keys))
-    if blocks[1] == DEV_SINGLE_BLOCKS:
-        raise UserError("model.checkpoint", f"{name}: a FLUX.2 [dev] transformer ({blocks[0]} double, {blocks[1]} single "
+    counts = (blocks(keys, "double_blocks"), blocks(keys, "single_blocks"))
+    if counts[1] == DEV_SINGLE_BLOCKS:
+        raise UserError("model.checkpoint", f"{name}: a FLUX.2 [dev] transformer ({counts[0]} double, {counts[1]} single "
                         "blocks), whose Mistral text encoder is not run yet", "a FLUX.2 [klein] transformer file")
-    return "flux2-klein-9b" if blocks == KLEIN_9B else "flux2-klein"
+    return "flux2-klein-9b" if counts == KLEIN_9B else "flux2-klein"
 
 
 def _flux2_values(config: Any) -> None:

@@ -18,6 +18,7 @@ from typing import Any, Optional
 
 import numpy as np
 
+from sdjax_runner.config.weight_files import without_comfy_prefix
 from sdjax_runner.models.checkpoints import WeightsMismatch
 
 # BFL name (after the block prefix) -> diffusers name, for a double block (transformer_blocks.N).
@@ -46,21 +47,13 @@ TOP = {"time_in.in_layer": "time_text_embed.timestep_embedder.linear_1",
        "txt_in": "context_embedder", "img_in": "x_embedder", "final_layer.linear": "proj_out"}
 SWAPPED = {"final_layer.adaLN_modulation.1": "norm_out.linear"}  # shift, scale -> scale, shift
 
-def _strip(names) -> dict[str, str]:
-    """{name without the prefix the transformer's names carry: the file's name}."""
-    prefix = "model.diffusion_model."
-    if any(name.startswith(prefix + "double_blocks.") for name in names):
-        return {name[len(prefix):]: name for name in names if name.startswith(prefix)}
-    return {name: name for name in names}
-
-
 def diffusers_state_dict(tensors: Mapping[str, np.ndarray], width: int, source: str) -> dict[str, np.ndarray]:
     """The transformer's tensors of a BFL-layout file (``tensors``: name -> array) under diffusers' names;
     ``width``: the transformer's heads x head dim, which sizes the fused projections' parts. WeightsMismatch naming
     the first BFL name the table does not know (the converter then checks every diffusers name and shape against
     the module)."""
     out: dict[str, np.ndarray] = {}
-    for name, key in _strip(tensors).items():
+    for name, key in without_comfy_prefix(tensors).items():
         array = tensors[key]
         block, _, rest = name.partition(".")
         if block in ("double_blocks", "single_blocks"):

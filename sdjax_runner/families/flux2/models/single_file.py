@@ -17,7 +17,7 @@ from typing import Optional
 
 import numpy as np
 
-from sdjax_runner.families.flux2.config import stripped
+from sdjax_runner.config.weight_files import without_comfy_prefix
 from sdjax_runner.models.checkpoints import WeightsMismatch
 
 # BFL name (after the block prefix, without .weight / .scale) -> diffusers name, for a double block
@@ -44,7 +44,7 @@ def diffusers_state_dict(tensors: Mapping[str, np.ndarray], source: str) -> dict
     """The transformer's tensors of a BFL-layout file under diffusers' names; WeightsMismatch naming the first BFL name
     the table does not know (the converter then checks every diffusers name and shape against the module)."""
     out: dict[str, np.ndarray] = {}
-    for name, key in stripped(tensors).items():
+    for name, key in without_comfy_prefix(tensors).items():
         array = tensors[key]
         stem, _, kind = name.rpartition(".")
         kind = "weight" if kind == "scale" else kind
